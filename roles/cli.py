@@ -1,0 +1,47 @@
+"""The command line shared by every role: ``zbus-<role> [--job FILE] [--index N]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from roles.job import Job, JobError, load_job
+from zbus.logs import setup_logging
+
+
+def parse_role_args(role: str, argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=f"zbus-{role}", description=f"Run one zbus {role}.")
+    parser.add_argument("--job", help="job file (default: $ZBUS_JOB, else the built-in job)")
+    parser.add_argument("--index", type=int, default=0, help="which one of its role (0-based)")
+    return parser.parse_args(argv)
+
+
+def load_job_or_exit(path: str | None, who: str) -> Job:
+    """The job, or one clear line on stderr and exit status 2 (no traceback)."""
+    try:
+        return load_job(path)
+    except JobError as exc:
+        print(f"zbus {who}: job error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def count_of(job: Job, role: str) -> int:
+    return {"worker": job.cluster.workers, "ps": job.cluster.shards}.get(role, 1)
+
+
+def role_main(role_cls: Any, argv: list[str] | None = None) -> None:
+    role = role_cls.role
+    args = parse_role_args(role, argv)
+    job = load_job_or_exit(args.job, role)
+    if not 0 <= args.index < count_of(job, role):
+        print(f"zbus {role}: --index {args.index} is outside 0..{count_of(job, role) - 1} "
+              f"for this job", file=sys.stderr)
+        raise SystemExit(2)
+    setup_logging(f"{role}-{args.index}")
+    try:
+        node = role_cls(job, args.index)
+    except (OSError, RuntimeError) as exc:  # a port in use, no CUDA device, ...
+        print(f"zbus {role}-{args.index}: cannot start: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    sys.exit(node.run())

@@ -1,0 +1,379 @@
+"""Control: membership and health of the cluster, the job's lifecycle, the aggregation rounds,
+and the summary.
+
+Lifecycle: every expected node says Hello (same job fingerprint) and Ready -> EpochStart(e) ->
+the feeder reports EpochTrained(e) -> an epoch-end Aggregate round so that every worker holds
+the same weights -> Evaluate(e, round) -> EvalReport(e) -> the next epoch, or Finish (every node
+sends its final counters) -> summary.json -> Stop -> exit (0 when the job completed).
+
+The job fails, with the reason in the summary and a non-zero exit, when a node reports a
+Failure, a ready node misses heartbeats for ``node_timeout_s``, the nodes are not all ready
+within ``start_timeout_s``, or nothing progresses for ``stall_timeout_s``.
+
+Commands that stand (the current epoch or evaluation, the round in flight, Finish) are
+re-published every heartbeat interval, so a subscriber that joined late or lost a message
+still acts on them; every role handles repeats idempotently.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import zmq
+
+from roles.cli import load_job_or_exit, parse_role_args
+from roles.job import Job, job_to_toml
+from roles.rundir import MetricsLog, atomic_write, make_run_dir
+from roles.summary import build_summary
+from zbus.logs import setup_logging
+from zbus.node import Loop
+from zbus.wire import (
+    Aggregate,
+    EpochStart,
+    EpochTrained,
+    EvalReport,
+    Evaluate,
+    Failure,
+    Finish,
+    Heartbeat,
+    Hello,
+    Message,
+    ProtocolError,
+    Ready,
+    RoundDone,
+    RoundReady,
+    Stop,
+    Welcome,
+)
+
+log = logging.getLogger(__name__)
+THROUGHPUT_EVERY_S = 5.0
+
+
+@dataclass
+class NodeState:
+    role: str
+    index: int
+    host: str
+    pid: int
+    last_seen: float
+    state: str = "starting"
+    ready: bool = False
+    final: bool = False
+    load: dict = field(default_factory=dict)
+    counters: dict = field(default_factory=dict)
+
+
+def _info_int(info: dict, key: str) -> int:
+    value = info.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ProtocolError("bad_field", f"Ready info {key!r} must be a count, got {value!r}")
+    return value
+
+
+class Control(Loop):
+    def __init__(self, job: Job, environ: dict | None = None):
+        c = job.cluster
+        super().__init__("control-0", c.heartbeat_s, c.max_message_bytes)
+        self.job = job
+        self.router = self.bind(zmq.ROUTER, c.endpoint("control"), self.on_node)
+        self.pub = self.bind(zmq.PUB, c.endpoint("control_pub"), sndhwm=100_000)
+        self.run_dir = make_run_dir(job.name, environ)
+        self.run_id = self.run_dir.name
+        atomic_write(self.run_dir / "config.toml", job_to_toml(job).encode())
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
+        self.expected = c.expected_nodes()
+        self.workers = [n for n in self.expected if n.startswith("worker-")]
+        self.nodes: dict[str, NodeState] = {}
+        self.phase = "starting"
+        self.epoch = -1
+        self.round = 0
+        self.round_in_flight = False
+        self.epoch_end_round: int | None = None
+        self.ready_workers: set[str] = set()
+        self.standing: dict[str, Message] = {}
+        self.data: dict[str, Any] = {}
+        self.epochs: list[dict] = []
+        self.rounds_done = 0
+        self.started = time.monotonic()
+        self.last_progress = self.started
+        self.finish_deadline = 0.0
+        self.next_publish = 0.0
+        self.next_throughput = self.started + THROUGHPUT_EVERY_S
+        self.last_acked = (self.started, 0)
+        self.termination: str | None = None
+        self.metrics.write("start", job=job.name, run_id=self.run_id, nodes=self.expected,
+                           fingerprint=job.fingerprint())
+        log.info("run %s: waiting for %d nodes (%s)", self.run_id, len(self.expected),
+                 ", ".join(self.expected))
+
+    # -- messages from nodes -----------------------------------------------------------------
+    def on_node(self, identity: bytes | None, env) -> None:
+        node_id = identity.decode(errors="replace")
+        msg = env.msg
+        if isinstance(msg, Hello):
+            self.handle_hello(identity, node_id, msg)
+            return
+        node = self.nodes.get(node_id)
+        if node is None:
+            raise ProtocolError("unregistered", f"{type(msg).__name__} from {node_id!r}, "
+                                                "which has not said Hello")
+        node.last_seen = time.monotonic()
+        match msg:
+            case Heartbeat():
+                self.handle_heartbeat(node_id, node, msg)
+            case Ready(info=info):
+                self.handle_ready(node_id, node, info)
+            case Failure(reason=reason):
+                self.fail(f"{node_id}: {reason}")
+            case RoundReady(round=r):
+                if r == self.round + 1 and node_id in self.workers:
+                    self.ready_workers.add(node_id)
+                    self.maybe_aggregate()
+            case EpochTrained() as m:
+                self.handle_epoch_trained(m)
+            case RoundDone() as m:
+                self.handle_round_done(m)
+            case EvalReport() as m:
+                self.handle_eval(m)
+            case _:
+                self.unexpected(env, "control socket")
+
+    def handle_hello(self, identity: bytes, node_id: str, hello: Hello) -> None:
+        claimed = f"{hello.role}-{hello.index}"
+        reason = ""
+        if claimed != node_id or claimed not in self.expected:
+            reason = (f"{claimed} (socket identity {node_id!r}) is not a node of job "
+                      f"{self.job.name!r}, which has {', '.join(self.expected)}")
+        elif hello.fingerprint != self.job.fingerprint():
+            reason = (f"{claimed} runs a different job (fingerprint {hello.fingerprint}, "
+                      f"control has {self.job.fingerprint()}): start every node with the same "
+                      "job file and ZBUS_* settings")
+        elif node_id in self.nodes and self.nodes[node_id].pid != hello.pid \
+                and self.phase != "starting":
+            reason = f"{node_id} is already running as pid {self.nodes[node_id].pid}"
+        if reason:
+            log.warning("refused a node: %s", reason)
+            self.send(self.router, Welcome(accepted=False, reason=reason, run_id=self.run_id,
+                                           run_dir=""), identity=identity)
+            return
+        if node_id not in self.nodes or self.nodes[node_id].pid != hello.pid:
+            self.nodes[node_id] = NodeState(hello.role, hello.index, hello.host, hello.pid,
+                                            time.monotonic())
+            log.info("%s joined from %s pid %d", node_id, hello.host, hello.pid)
+            self.metrics.write("join", node=node_id, host=hello.host, pid=hello.pid)
+        self.send(self.router, Welcome(accepted=True, reason="", run_id=self.run_id,
+                                       run_dir=str(self.run_dir)), identity=identity)
+
+    def handle_heartbeat(self, node_id: str, node: NodeState, beat: Heartbeat) -> None:
+        if node_id == "feeder-0" and beat.counters.get("samples_acked") != \
+                node.counters.get("samples_acked"):
+            self.last_progress = time.monotonic()
+        node.state, node.load, node.counters = beat.state, beat.load, beat.counters
+        node.final = node.final or beat.final
+
+    def handle_ready(self, node_id: str, node: NodeState, info: dict) -> None:
+        if node_id == "feeder-0":
+            self.data = {k: _info_int(info, k) for k in
+                         ("samples_in_data", "eval_samples", "rows_read", "rejected_rows")}
+            oracle = info.get("oracle_auc")
+            self.data["oracle_auc"] = oracle if isinstance(oracle, float) else None
+        node.ready = True
+        log.info("%s ready %s", node_id, orjson.dumps(info).decode())
+        if self.phase == "starting" and all(
+                n in self.nodes and self.nodes[n].ready for n in self.expected):
+            self.start_epoch(0)
+
+    # -- the lifecycle -----------------------------------------------------------------------
+    def publish(self, msg: Message, standing: str | None = None) -> None:
+        if standing:
+            self.standing[standing] = msg
+        self.send(self.pub, msg)
+
+    def start_epoch(self, epoch: int) -> None:
+        self.epoch, self.phase = epoch, "training"
+        self.epoch_end_round = None
+        self.last_progress = time.monotonic()
+        self.metrics.write("epoch_start", epoch=epoch)
+        log.info("epoch %d of %d starts", epoch + 1, self.job.train.epochs)
+        self.publish(EpochStart(epoch=epoch), "data")
+
+    def maybe_aggregate(self) -> None:
+        if (self.phase == "training" and not self.round_in_flight
+                and self.ready_workers.issuperset(self.workers)):
+            self.issue_round(f"every worker did {self.job.train.sync_every} local steps")
+
+    def issue_round(self, reason: str) -> None:
+        self.round += 1
+        self.round_in_flight = True
+        self.ready_workers.clear()
+        self.metrics.write("aggregate", round=self.round, reason=reason)
+        self.publish(Aggregate(round=self.round, participants=self.workers, reason=reason),
+                     "round")
+
+    def handle_round_done(self, done: RoundDone) -> None:
+        if done.round != self.round or not self.round_in_flight:
+            return
+        self.round_in_flight = False
+        self.standing.pop("round", None)
+        self.rounds_done += 1
+        self.last_progress = time.monotonic()
+        self.metrics.write("round_done", round=done.round, contributors=done.contributors,
+                           coefficient=done.coefficient, samples=done.samples)
+        if self.phase == "syncing":
+            self.sync_for_eval()
+        else:
+            self.maybe_aggregate()
+
+    def handle_epoch_trained(self, m: EpochTrained) -> None:
+        if self.phase != "training" or m.epoch != self.epoch:
+            return
+        self.epochs.append({"epoch": m.epoch, "train_samples": m.samples,
+                            "train_loss": m.loss_sum / m.weight_sum if m.weight_sum else None,
+                            "train_s": round(m.seconds, 3)})
+        self.phase = "syncing"
+        self.last_progress = time.monotonic()
+        self.sync_for_eval()
+
+    def sync_for_eval(self) -> None:
+        """One last round so that every worker evaluates the same weights."""
+        if self.round_in_flight:
+            return  # the round in flight finishes first
+        if self.epoch_end_round is None:
+            self.issue_round("end of epoch")
+            self.epoch_end_round = self.round
+            return
+        self.phase = "evaluating"
+        self.publish(Evaluate(epoch=self.epoch, round=self.epoch_end_round), "data")
+
+    def handle_eval(self, m: EvalReport) -> None:
+        if self.phase != "evaluating" or m.epoch != self.epoch:
+            return
+        record = self.epochs[-1]
+        record.update(auc=m.auc, logloss=m.logloss, eval_samples=m.samples)
+        self.metrics.write("epoch", **record)
+        log.info("epoch %d: train loss %.4f, eval auc %.4f, logloss %.4f (%d samples in "
+                 "%.1f s)", m.epoch + 1, record["train_loss"] or float("nan"), m.auc,
+                 m.logloss, record["train_samples"], record["train_s"])
+        self.last_progress = time.monotonic()
+        if m.epoch + 1 < self.job.train.epochs:
+            self.start_epoch(m.epoch + 1)
+        else:
+            self.phase = "finishing"
+            self.standing.clear()
+            self.finish_deadline = time.monotonic() + max(3 * self.heartbeat_s, 2.0)
+            self.publish(Finish(), "finish")
+
+    # -- the clock -----------------------------------------------------------------------------
+    def on_tick(self, now: float) -> None:
+        if self.termination:
+            self.end("terminated", f"control received {self.termination}")
+            return
+        if now >= self.next_publish:
+            self.next_publish = now + self.heartbeat_s
+            for msg in list(self.standing.values()):
+                self.send(self.pub, msg)
+        if now >= self.next_throughput:
+            self.record_throughput(now)
+        c = self.job.cluster
+        if self.phase == "starting" and now - self.started > c.start_timeout_s:
+            missing = [n for n in self.expected if n not in self.nodes
+                       or not self.nodes[n].ready]
+            self.fail(f"not ready after {c.start_timeout_s:.0f} s: {', '.join(missing)}")
+            return
+        for node_id, node in self.nodes.items():
+            if node.ready and now - node.last_seen > c.node_timeout_s:
+                self.fail(f"{node_id} missed heartbeats for {now - node.last_seen:.1f} s "
+                          f"(node_timeout_s = {c.node_timeout_s})")
+                return
+        if self.phase in ("training", "syncing", "evaluating") \
+                and now - self.last_progress > self.job.train.stall_timeout_s:
+            self.fail(f"no progress for {self.job.train.stall_timeout_s:.0f} s in phase "
+                      f"{self.phase}")
+            return
+        if self.phase == "finishing" and (now > self.finish_deadline or all(
+                self.nodes[n].final for n in self.expected)):
+            self.end("completed", "")
+
+    def record_throughput(self, now: float) -> None:
+        self.next_throughput = now + THROUGHPUT_EVERY_S
+        acked = self.nodes.get("feeder-0", NodeState("", 0, "", 0, 0)).counters.get(
+            "samples_acked", 0)
+        then, before = self.last_acked
+        if isinstance(acked, int) and self.phase != "starting":
+            self.metrics.write("throughput", samples=acked,
+                               samples_per_s=round((acked - before) / (now - then), 1))
+            self.last_acked = (now, acked)
+
+    # -- the end ---------------------------------------------------------------------------------
+    def fail(self, reason: str) -> None:
+        log.error("job failed: %s", reason)
+        self.metrics.write("failure", reason=reason)
+        self.end("failed", reason)
+
+    def end(self, status: str, reason: str) -> None:
+        if self.phase == "done":
+            return
+        self.phase = "done"
+        summary = build_summary(
+            job=self.job, run_id=self.run_id, run_dir=str(self.run_dir), status=status,
+            reason=reason, data=self.data, epochs=self.epochs,
+            counters={**{n: s.counters for n, s in self.nodes.items()},
+                      self.node_id: {**self.traffic.as_dict(),
+                                     "rejected_messages": dict(self.rejected)}},
+            wall_s=time.monotonic() - self.started,
+            rounds=self.rounds_done)
+        path = self.run_dir / "summary.json"
+        atomic_write(path, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+        self.metrics.write("end", status=status, reason=reason)
+        self.metrics.close()
+        print_headline(summary, path)
+        self.send(self.pub, Stop(ok=status == "completed", reason=reason or status))
+        self.exit_code = 0 if status == "completed" else 1
+        self.stopping = True
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.termination = signal.Signals(signum).name
+
+    def close(self) -> None:
+        self.pub.setsockopt(zmq.LINGER, 1000)  # let Stop reach the nodes
+        self.pub.close()
+        super().close()
+
+
+def print_headline(s: dict, path: Any) -> None:
+    out = sys.stdout
+    if s["ok"]:
+        oracle = f" (oracle {s['oracle_auc']:.4f})" if s.get("oracle_auc") else ""
+        print(f"zbus: job {s['job']} completed in {s['wall_s']:.1f} s: auc {s['auc']:.4f}"
+              f"{oracle}, logloss {s['logloss']:.4f}", file=out)
+        workers = ", ".join(f"{w} {n}" for w, n in s["workers"].items())
+        rate = s["samples_per_s"] or 0
+        print(f"zbus: {s['samples_trained']} samples trained at {rate:,.0f}/s ({workers}); "
+              f"{s['rejected_rows'] or 0} rows rejected", file=out)
+    else:
+        print(f"zbus: job {s['job']} {s['status']}: {s['reason']}", file=out)
+    print(f"zbus: summary in {os.path.relpath(path)}", file=out, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_role_args("control", argv)
+    job = load_job_or_exit(args.job, "control")
+    setup_logging("control-0")
+    try:
+        control = Control(job)
+    except OSError as exc:
+        print(f"zbus control: cannot start: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    sys.exit(control.run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Reading, transforming and generating training data (no sockets here)."""

@@ -1,0 +1,204 @@
+"""Readers for the three file formats, one record per line, ``.gz`` read transparently.
+
+- ``csv``: comma-separated, header row (fields may be double-quoted);
+- ``tsv``: tab-separated, header row;
+- ``criteo``: tab-separated, no header: label, 13 integer columns I1..I13, 26 hex columns C1..C26.
+
+A row is rejected (counted, kept with its file and line number, and the training goes on) when
+it has the wrong number of fields, a number that does not parse, a NaN or infinite number, an
+unknown or missing label, or a missing/unparsable timestamp. Empty lines are skipped.
+Missing values: an empty field or ``?`` is missing; a missing dense value becomes the training
+mean (see ``transforms``), a missing categorical value is its field's own "missing" key.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import gzip
+import io
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MISSING = ("", "?")
+CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
+
+
+class DataError(ValueError):
+    """The data cannot be read as the job describes it (missing file or column, ...)."""
+
+
+@dataclass(frozen=True)
+class Schema:
+    label: str
+    dense: list[str]
+    sparse: list[str]
+    positive: tuple[str, ...] = ()
+    negative: tuple[str, ...] = ()
+    timestamp: str = ""
+
+
+@dataclass(frozen=True)
+class Rejected:
+    file: str
+    line: int
+    reason: str
+    text: str
+
+
+@dataclass
+class RawTable:
+    """Accepted rows, in file order: label 0/1, dense values (NaN = missing), categorical
+    values as text, timestamps (or None); plus the rejected rows."""
+
+    labels: np.ndarray
+    dense: np.ndarray
+    sparse: np.ndarray
+    timestamps: np.ndarray | None
+    rows_read: int
+    rejected: list[Rejected] = field(default_factory=list)
+
+
+def resolve_paths(path: str) -> list[str]:
+    """A file, or every file a glob matches (sorted)."""
+    if any(c in path for c in "*?["):
+        paths = sorted(p for p in glob.glob(path) if os.path.isfile(p))
+    else:
+        paths = [path] if os.path.isfile(path) else []
+    if not paths:
+        raise DataError(f"[data] path {path!r} matches no file")
+    return paths
+
+
+def _open(path: str) -> io.TextIOBase:
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="")
+    return open(path, encoding="utf-8", errors="replace", newline="")
+
+
+def _splitter(fmt: str):
+    if fmt == "csv":
+        def split(line: str) -> list[str]:
+            if '"' in line:
+                return next(csv.reader([line]))
+            return line.split(",")
+        return split
+    return lambda line: line.split("\t")
+
+
+class _RowError(Exception):
+    pass
+
+
+class _RowParser:
+    def __init__(self, columns: list[str], schema: Schema, where: str):
+        index = {name: i for i, name in enumerate(columns)}
+        wanted = [("label", schema.label)] + [("dense", c) for c in schema.dense] \
+            + [("sparse", c) for c in schema.sparse] \
+            + ([("timestamp", schema.timestamp)] if schema.timestamp else [])
+        for kind, name in wanted:
+            if name not in index:
+                raise DataError(f"[data] {kind} column {name!r} is not in {where} "
+                                f"(columns: {', '.join(columns)})")
+        self.width = len(columns)
+        self.label = index[schema.label]
+        self.dense = [(c, index[c]) for c in schema.dense]
+        self.sparse = [index[c] for c in schema.sparse]
+        self.timestamp = index[schema.timestamp] if schema.timestamp else None
+        self.positive = set(schema.positive)
+        self.negative = set(schema.negative)
+
+    def parse(self, fields: list[str]) -> tuple[float, list[float], list[str], int]:
+        if len(fields) != self.width:
+            raise _RowError(f"expected {self.width} fields, got {len(fields)}")
+        return (self._label(fields[self.label].strip()),
+                [self._number(name, fields[i]) for name, i in self.dense],
+                ["" if (v := fields[i].strip()) in MISSING else v for i in self.sparse],
+                self._timestamp(fields[self.timestamp]) if self.timestamp is not None else 0)
+
+    def _label(self, raw: str) -> float:
+        if self.positive:
+            if raw in self.positive:
+                return 1.0
+            if raw in self.negative or (not self.negative and raw not in MISSING):
+                return 0.0
+            raise _RowError(f"label {raw!r} is not a known value")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise _RowError(f"label {raw!r} is not a number") from None
+        if not math.isfinite(value):
+            raise _RowError(f"label {raw!r} is not finite")
+        return 1.0 if value > 0 else 0.0
+
+    @staticmethod
+    def _number(name: str, raw: str) -> float:
+        raw = raw.strip()
+        if raw in MISSING:
+            return math.nan
+        try:
+            value = float(raw)
+        except ValueError:
+            raise _RowError(f"column {name!r}: cannot parse {raw!r} as a number") from None
+        if not math.isfinite(value):
+            raise _RowError(f"column {name!r}: non-finite value {raw!r}")
+        return value
+
+    def _timestamp(self, raw: str) -> int:
+        value = self._number("timestamp", raw)
+        if math.isnan(value):
+            raise _RowError("missing timestamp")
+        return int(value)
+
+
+def _lines(path: str) -> Iterator[tuple[int, str]]:
+    with _open(path) as f:
+        for number, line in enumerate(f, start=1):
+            yield number, line.rstrip("\r\n")
+
+
+def read_table(paths: list[str], fmt: str, schema: Schema) -> RawTable:
+    split = _splitter(fmt)
+    labels: list[float] = []
+    dense: list[list[float]] = []
+    sparse: list[list[str]] = []
+    stamps: list[int] = []
+    rejected: list[Rejected] = []
+    rows_read = 0
+    for path in paths:
+        lines = _lines(path)
+        if fmt == "criteo":
+            columns = CRITEO_COLUMNS
+        else:
+            try:
+                _, header = next(lines)
+            except StopIteration:
+                raise DataError(f"{path} is empty (a header row is expected)") from None
+            columns = [c.strip() for c in split(header.lstrip("\ufeff"))]
+        parser = _RowParser(columns, schema, path)
+        for number, line in lines:
+            if not line.strip():
+                continue
+            rows_read += 1
+            try:
+                label, numbers, values, stamp = parser.parse(split(line))
+            except (_RowError, csv.Error) as exc:
+                rejected.append(Rejected(path, number, str(exc), line))
+                continue
+            labels.append(label)
+            dense.append(numbers)
+            sparse.append(values)
+            stamps.append(stamp)
+    n = len(labels)
+    return RawTable(
+        labels=np.asarray(labels, dtype=np.float32),
+        dense=np.asarray(dense, dtype=np.float64).reshape(n, len(schema.dense)),
+        sparse=np.asarray(sparse, dtype=str).reshape(n, len(schema.sparse)),
+        timestamps=np.asarray(stamps, dtype=np.int64) if schema.timestamp else None,
+        rows_read=rows_read,
+        rejected=rejected,
+    )

@@ -1,0 +1,47 @@
+"""``zbus-spawn ROLE``: start the job's N shards or M workers, each its own process, and
+supervise them (one Procfile line runs however many the job names).
+
+SIGTERM/SIGINT are passed on to the children; it exits when they all have, with the first
+non-zero exit status among them (0 when all ended well).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import time
+
+from roles.cli import count_of, load_job_or_exit
+
+ROLES = ("ps", "worker")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="zbus-spawn", description=__doc__.splitlines()[0])
+    parser.add_argument("role", choices=ROLES)
+    parser.add_argument("--job", help="job file (default: $ZBUS_JOB, else the built-in job)")
+    parser.add_argument("--count", type=int, help="how many (default: from the job)")
+    args = parser.parse_args(argv)
+    job = load_job_or_exit(args.job, f"spawn {args.role}")
+    count = args.count if args.count is not None else count_of(job, args.role)
+    extra = ["--job", args.job] if args.job else []
+    children = [subprocess.Popen([sys.executable, "-m", f"roles.{args.role}",
+                                  "--index", str(i), *extra]) for i in range(count)]
+
+    def forward(signum: int, _frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    while any(child.poll() is None for child in children):
+        time.sleep(0.2)
+    codes = [child.returncode for child in children]
+    sys.exit(next((c for c in codes if c != 0), 0))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""summary.json: the final figures of a run, assembled from what control collected (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from roles.job import Job
+
+CHANNELS = ("samples", "keys", "lookups", "embeddings", "embedding_grads", "dense_sync",
+            "acks", "control")
+
+
+def _num(value: Any) -> float:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+def channel_bytes(counters: list[dict]) -> dict[str, int]:
+    """Bytes sent per channel, summed over the nodes (each message counted once, by its
+    sender)."""
+    total = dict.fromkeys(CHANNELS, 0)
+    for c in counters:
+        sent = c.get("bytes_out")
+        if isinstance(sent, dict):
+            for channel, n in sent.items():
+                if channel in total:
+                    total[channel] += int(_num(n))
+    return total
+
+
+def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: str,
+                  data: dict, epochs: list[dict], counters: dict[str, dict],
+                  wall_s: float, rounds: int) -> dict:
+    evaluated = [e for e in epochs if "auc" in e]
+    last = evaluated[-1] if evaluated else {}
+    train_s = sum(e.get("train_s", 0.0) for e in epochs)
+    feeder = counters.get("feeder-0", {})
+    acked_by = feeder.get("acked_by") if isinstance(feeder.get("acked_by"), dict) else {}
+    samples_trained = int(_num(feeder.get("samples_acked")))
+    workers = {f"worker-{i}": int(_num(acked_by.get(f"worker-{i}")))
+               for i in range(job.cluster.workers)}
+    rejected_messages = {node: c["rejected_messages"] for node, c in sorted(counters.items())
+                         if isinstance(c.get("rejected_messages"), dict)
+                         and c["rejected_messages"]}
+    shards = {node: {k: c.get(k) for k in ("keys", "updates", "duplicates_refused")}
+              for node, c in sorted(counters.items()) if node.startswith("ps-")}
+    return {
+        "job": job.name,
+        "run_id": run_id,
+        "run_dir": run_dir,
+        "ok": status == "completed",
+        "status": status,
+        "reason": reason,
+        "auc": last.get("auc"),
+        "logloss": last.get("logloss"),
+        "oracle_auc": data.get("oracle_auc"),
+        "epochs": len(evaluated),
+        "epochs_planned": job.train.epochs,
+        "samples_in_data": data.get("samples_in_data"),
+        "eval_samples": data.get("eval_samples"),
+        "rows_read": data.get("rows_read"),
+        "rejected_rows": data.get("rejected_rows"),
+        "samples_trained": samples_trained,
+        "wall_s": round(wall_s, 3),
+        "train_s": round(train_s, 3),
+        "samples_per_s": round(samples_trained / train_s, 1) if train_s > 0 else None,
+        "workers": workers,
+        "sync": job.train.sync,
+        "rounds": rounds,
+        "bytes": channel_bytes(list(counters.values())),
+        "shards": shards,
+        "rejected_messages": rejected_messages,
+        "per_epoch": epochs,
+    }

@@ -1,0 +1,70 @@
+#!/usr/bin/env python
+"""Throughput of the cluster against the no-communication limit, measured in one run.
+
+The same model (embeddings + MLP, sparse Adagrad + Adam), data and batch size are trained
+(1) in one plain PyTorch process (``roles.reference``) and (2) by the cluster on this host over
+TCP loopback, for each cluster shape. Samples/s counts training only (the cluster's start-up,
+about 5 s of process starts and imports, and evaluation are excluded on both sides). Every
+measurement is repeated; the table shows medians and the ratio of the medians.
+
+    .venv/bin/python scripts/bench_throughput.py [--repeats 3] [--batch 1024] [--rows 200000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+from roles.data.dataset import load_dataset
+from roles.job import load_job
+from roles.local import LocalCluster, clean_environ, toml_value
+from roles.reference import train_reference
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--rows", type=int, default=200_000, help="synthetic rows")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--shapes", default="1x1,2x2", help="workers x shards, comma-separated")
+    args = parser.parse_args()
+    settings = {"train__batch_size": args.batch, "train__epochs": args.epochs,
+                "data__synthetic__rows": args.rows}
+    env = clean_environ()
+    env.update({f"ZBUS_{k.upper()}": toml_value(v) for k, v in settings.items()})
+    job = load_job(None, environ=env)
+    data = load_dataset(job)
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for workers, shards in shapes:
+            single, cluster, aucs = [], [], []
+            for r in range(args.repeats):
+                single.append(train_reference(job, data)["samples_per_s"])
+                workdir = Path(tmp) / f"{workers}x{shards}-{r}"
+                with LocalCluster(workdir, transport="tcp", cluster__workers=workers,
+                                  cluster__shards=shards, **settings) as c:
+                    if c.run_job(timeout=600) != 0:
+                        raise SystemExit(f"cluster run failed:\n{c.logs()}")
+                    s = c.summary()
+                cluster.append(s["samples_per_s"])
+                aucs.append(s["auc"])
+                print(f"  {workers}w/{shards}s run {r + 1}: single {single[-1]:,.0f}/s, "
+                      f"cluster {cluster[-1]:,.0f}/s, auc {s['auc']:.4f}", flush=True)
+            rows.append((workers, shards, statistics.median(single),
+                         statistics.median(cluster), statistics.median(aucs)))
+    print(f"\nbatch {args.batch}, {data.n_train:,} training rows x {args.epochs} epochs, "
+          f"medians of {args.repeats}")
+    print("| workers/shards | single process (samples/s) | cluster (samples/s) | ratio | "
+          "cluster AUC |")
+    print("|---|---|---|---|---|")
+    for workers, shards, one, many, auc in rows:
+        print(f"| {workers}/{shards} | {one:,.0f} | {many:,.0f} | {many / one:.2f} | "
+              f"{auc:.4f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Make .venv (once) and install zbus with its test tools into it; quick when nothing changed.
+# PyTorch: the CPU build is installed first when torch is missing, because a bare `torch`
+# requirement pulls several GB of CUDA packages. To use a CUDA build, install it into .venv
+# yourself first (or set ZBUS_TORCH_SPEC, e.g. ZBUS_TORCH_SPEC="torch==2.5.1").
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${ZBUS_VENV:-$root/.venv}
+python=${PYTHON:-python3}
+
+if [ ! -x "$venv/bin/python" ]; then
+  "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+    echo "zbus needs Python >= 3.11; set PYTHON=/path/to/python3.11" >&2; exit 1; }
+  echo "zbus setup: creating $venv" >&2
+  "$python" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+
+if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
+  echo "zbus setup: installing PyTorch (CPU build)" >&2
+  if [ -n "${ZBUS_TORCH_SPEC:-}" ]; then
+    "${pip[@]}" install -q "$ZBUS_TORCH_SPEC"
+  elif ! "${pip[@]}" install -q "torch==2.13.0+cpu" 2>/dev/null; then
+    # No local CPU wheel of that version: take the current CPU build from PyTorch's index.
+    "${pip[@]}" install -q torch --index-url https://download.pytorch.org/whl/cpu
+  fi
+fi
+
+stamp="$venv/.zbus-installed"
+want=$(cat "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "zbus setup: installing zbus and its test tools" >&2
+  "${pip[@]}" install -q -e "$root[test]" 2>&1 | grep -v "is ignored: it is neither" >&2 || true
+  "$venv/bin/python" -c 'import zbus, roles, zmq, torch, honcho' # fails loudly if incomplete
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,74 @@
+"""Helpers for integration tests: real role processes on loopback (``roles.local``), and a
+fake control that admits single roles so that they can be driven over their real sockets."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import zmq
+
+from roles.local import BIN, LocalCluster
+from zbus import wire
+
+REPO = Path(__file__).resolve().parent.parent
+ADULT_JOB = REPO / "jobs" / "adult.toml"
+__all__ = ["ADULT_JOB", "BIN", "REPO", "Cluster", "FakeControl", "recv_within"]
+
+
+class Cluster(LocalCluster):
+    """A LocalCluster with a short heartbeat, so that tests detect things quickly."""
+
+    def __init__(self, workdir: Path, job: Path | None = None, transport: str = "ipc",
+                 **settings: object):
+        settings.setdefault("cluster__heartbeat_s", 0.25)
+        super().__init__(workdir, job, transport, **settings)
+
+
+def recv_within(sock: zmq.Socket, timeout_s: float = 10.0) -> list[bytes]:
+    """One multipart message, or AssertionError when none arrives in time."""
+    if not sock.poll(int(timeout_s * 1000)):
+        raise AssertionError(f"no message within {timeout_s} s")
+    return sock.recv_multipart()
+
+
+class FakeControl:
+    """The test plays control: binds control's endpoints, admits nodes, reads heartbeats."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.bind(cluster.job.cluster.endpoint("control"))
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.bind(cluster.job.cluster.endpoint("control_pub"))
+        self.beats: dict[str, wire.Heartbeat] = {}
+
+    def admit(self, nodes: set[str], timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        admitted: set[str] = set()
+        while admitted != nodes:
+            assert time.monotonic() < deadline, f"only {admitted} said Hello"
+            identity, *frames = recv_within(self.router, deadline - time.monotonic())
+            env = wire.decode(frames)
+            if isinstance(env.msg, wire.Hello):
+                admitted.add(identity.decode())
+                self.router.send_multipart([identity, *wire.Welcome(
+                    accepted=True, reason="", run_id="t", run_dir=str(self.cluster.run_dir)
+                ).to_frames("control-0")])
+
+    def heartbeat(self, node: str, until, timeout_s: float = 20.0) -> wire.Heartbeat:
+        """The first heartbeat of ``node`` whose counters satisfy ``until``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert time.monotonic() < deadline, f"no matching heartbeat of {node}: " \
+                f"{self.beats.get(node)}"
+            identity, *frames = recv_within(self.router, deadline - time.monotonic())
+            env = wire.decode(frames)
+            if isinstance(env.msg, wire.Heartbeat):
+                self.beats[identity.decode()] = env.msg
+                if identity.decode() == node and until(env.msg.counters):
+                    return env.msg
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)

@@ -1,0 +1,117 @@
+"""Live roles on real sockets take malformed and hostile messages without crashing, count them,
+and still serve the next valid message."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import zmq
+from harness import FakeControl, recv_within
+
+from roles.embedding_table import initial_rows
+from zbus import wire
+
+GARBAGE = [
+    [b"\x00\xff garbage"],
+    [b"Lookup", b"{not json"],
+    [b"Nope", b"{}"],
+    [b"Lookup", b'{"v":2,"from":"x","seq":1,"f":{"batch_id":1,"train":true},"a":[]}'],
+    [b"BatchKeys", b'{"v":1,"from":"x","seq":1,"f":{"batch_id":1,"samples":1,"fields":1},'
+                   b'"a":[["int32",[1]],["int64",[5]]]}', b"\0" * 4, b"\0" * 8],
+]
+
+
+def dealer(ctx: zmq.Context, endpoint: str, identity: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IDENTITY, identity.encode())
+    sock.connect(endpoint)
+    return sock
+
+
+def reply(sock: zmq.Socket) -> wire.Message:
+    return wire.decode(recv_within(sock)).msg
+
+
+def test_control_rejects_garbage_and_strangers_then_admits_a_node(cluster):
+    c = cluster()
+    control = c.start_role("control")
+    ctx = zmq.Context()
+    try:
+        endpoint = c.job.cluster.endpoint("control")
+        node = dealer(ctx, endpoint, "worker-0")
+        for frames in GARBAGE:
+            node.send_multipart(frames)
+        hello = dict(role="worker", index=0, host="h", pid=os.getpid(),
+                     fingerprint=c.job.fingerprint())
+        node.send_multipart(wire.Hello(**{**hello, "fingerprint": "0" * 16}).to_frames())
+        refused = reply(node)
+        assert not refused.accepted and "runs a different job" in refused.reason
+        stranger = dealer(ctx, endpoint, "intruder-0")
+        stranger.send_multipart(wire.Hello(**{**hello, "role": "intruder"}).to_frames())
+        refused = reply(stranger)
+        assert not refused.accepted and "is not a node of job" in refused.reason
+        node.send_multipart(wire.Heartbeat(role="worker", index=0, state="x", load={},
+                                           counters={}, final=False).to_frames())
+        node.send_multipart(wire.Hello(**hello).to_frames())
+        welcome = reply(node)
+        assert welcome.accepted and welcome.run_dir == str(c.run_dir)
+    finally:
+        ctx.destroy(linger=0)
+    control.send_signal(signal.SIGTERM)
+    assert c.wait(timeout=30) == 1
+    s = c.summary()
+    assert s["status"] == "terminated"
+    counted = s["rejected_messages"]["control-0"]
+    assert counted["unregistered"] == 1  # the heartbeat before Hello
+    assert sum(counted.values()) == len(GARBAGE) + 1
+
+
+def test_shard_and_aggregator_serve_after_garbage(cluster):
+    c = cluster(cluster__shards=1, cluster__workers=1)
+    fake = FakeControl(c)
+    ctx = zmq.Context()
+    try:
+        c.start_role("ps", 0)
+        c.start_role("aggregator", 0)
+        fake.admit({"ps-0", "aggregator-0"})
+        shard = dealer(ctx, c.job.cluster.endpoint("ps-0"), "worker-0")
+        for frames in GARBAGE:
+            shard.send_multipart(frames)
+        keys = np.array([11, -4, 11, 2**60], dtype=np.int64)
+        shard.send_multipart(wire.BatchKeys(batch_id=7, samples=2, fields=2,
+                                            positions=np.arange(4, dtype=np.int32),
+                                            keys=keys).to_frames())
+        shard.send_multipart(wire.Lookup(batch_id=7, train=True).to_frames())
+        emb = reply(shard)
+        t = c.job.train
+        dim = c.job.model.embedding_dim
+        assert np.array_equal(emb.rows[emb.inverse],
+                              initial_rows(keys, dim, t.embedding_init, t.seed))
+        grads = np.ones((len(emb.rows), dim), dtype=np.float32)
+        bad_grads = wire.EmbeddingGrads(batch_id=7, grads=np.ones((1, 3), np.float32))
+        shard.send_multipart(bad_grads.to_frames())                      # wrong shape
+        shard.send_multipart(wire.EmbeddingGrads(batch_id=7, grads=grads).to_frames())
+        shard.send_multipart(wire.EmbeddingGrads(batch_id=7, grads=grads).to_frames())
+        beat = fake.heartbeat("ps-0", lambda k: k.get("updates") == 1
+                              and k.get("duplicates_refused") == 1)
+        rejected = beat.counters["rejected_messages"]
+        assert rejected["bad_shape"] == 1 and sum(rejected.values()) == len(GARBAGE) + 1
+
+        agg = dealer(ctx, c.job.cluster.endpoint("aggregator"), "worker-0")
+        for frames in GARBAGE:
+            agg.send_multipart(frames)
+        agg.send_multipart(wire.Contribution(round=1, coefficient=1.0, samples=1,
+                                             delta=np.ones(3, np.float32)).to_frames())
+        agg.send_multipart(wire.WeightsRequest().to_frames())
+        weights = reply(agg)
+        assert weights.round == 0 and weights.params.size > 1000
+        beat = fake.heartbeat("aggregator-0", lambda k: k["rejected_messages"].get("bad_shape"))
+        assert sum(beat.counters["rejected_messages"].values()) == len(GARBAGE) + 1
+        for name in ("ps-0", "aggregator-0"):
+            assert c.procs[name].poll() is None, c.log(name)
+    finally:
+        ctx.destroy(linger=0)
+        fake.close()

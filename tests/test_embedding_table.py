@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import numpy as np
+
+from roles.embedding_table import EmbeddingTable, KeyIndex, initial_rows
+
+
+def test_index_agrees_with_a_dict_through_growth():
+    rng = np.random.default_rng(1)
+    index, reference = KeyIndex(capacity=16), {}
+    for _ in range(40):
+        keys = np.unique(rng.integers(-2**63, 2**63 - 1, size=300, dtype=np.int64))
+        keys = np.concatenate([keys, np.array(list(reference)[:50], dtype=np.int64)])
+        keys = np.unique(keys)
+        found = index.find(keys)
+        for k, r in zip(keys.tolist(), found.tolist(), strict=True):
+            assert r == reference.get(k, -1)
+        new = keys[found < 0]
+        rows = np.arange(len(reference), len(reference) + len(new))
+        index.insert(new, rows)
+        reference.update(zip(new.tolist(), rows.tolist(), strict=True))
+    assert len(index) == len(reference)
+    assert index.capacity >= 2 * len(reference)
+    keys, rows = index.items()
+    assert dict(zip(keys.tolist(), rows.tolist(), strict=True)) == reference
+
+
+def test_colliding_home_slots_are_all_placed():
+    index = KeyIndex(capacity=16)
+    keys = np.arange(7, dtype=np.int64)  # 7 keys in 16 slots: home slots collide
+    index.insert(keys, keys * 10)
+    assert index.find(keys).tolist() == (keys * 10).tolist()
+    assert index.find(np.array([99], dtype=np.int64)).tolist() == [-1]
+
+
+def test_new_rows_are_deterministic_per_key_whatever_the_order():
+    keys = np.array([5, -7, 2**62, 11], dtype=np.int64)
+    a = EmbeddingTable(8, 0.05, 0.1, seed=3)
+    b = EmbeddingTable(8, 0.05, 0.1, seed=3, capacity=2)
+    ra = a.rows_for(keys)
+    b.rows_for(np.array([99, 98], dtype=np.int64))
+    rb = b.rows_for(keys[::-1].copy())[::-1]
+    assert np.array_equal(a.weights[ra], b.weights[rb])
+    assert np.array_equal(a.weights[ra], initial_rows(keys, 8, 0.05, 3))
+    assert np.abs(a.weights[ra]).max() <= 0.05
+    assert not np.array_equal(initial_rows(keys, 8, 0.05, 4), a.weights[ra])
+    assert len(np.unique(a.weights[ra], axis=0)) == 4
+
+
+def test_rows_are_created_once_and_keep_their_number():
+    t = EmbeddingTable(4, 0.1, 0.1, capacity=2)
+    first = t.rows_for(np.array([1, 2, 3], dtype=np.int64))
+    again = t.rows_for(np.array([0, 1, 2, 3, 4], dtype=np.int64))
+    assert again[1:4].tolist() == first.tolist()
+    assert len(t) == 5
+
+
+def test_adagrad_step_matches_the_formula():
+    t = EmbeddingTable(3, 0.1, lr=0.5)
+    rows = t.rows_for(np.array([10, 20], dtype=np.int64))
+    w0 = t.weights[rows].copy()
+    g = np.array([[1.0, -2.0, 0.5], [0.0, 3.0, 1.0]], dtype=np.float32)
+    t.adagrad(rows, g)
+    t.adagrad(rows, g)
+    acc = 2 * g * g
+    expected = w0 - 0.5 * g / (np.sqrt(g * g) + 1e-10) - 0.5 * g / (np.sqrt(acc) + 1e-10)
+    assert np.allclose(t.weights[rows], expected, atol=1e-6)

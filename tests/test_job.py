@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from roles.job import JobError, job_to_toml, load_job, parse_job
+
+SYNTHETIC = "[data]\nsource = 'synthetic'\n"
+
+ADULT = Path(__file__).resolve().parent.parent / "jobs" / "adult.toml"
+
+
+def test_builtin_default_job_is_synthetic():
+    job = load_job(environ={})
+    assert job.data.source == "synthetic"
+    assert job.cluster.workers == 2 and job.cluster.shards == 2
+    assert job.sparse_fields == [f"c{i}" for i in range(8)]
+
+
+def test_zbus_job_names_the_file_and_data_path_is_relative_to_it():
+    job = load_job(environ={"ZBUS_JOB": str(ADULT)})
+    assert job.name == "adult"
+    assert Path(job.data.path) == ADULT.parent.parent / "data" / "adult.csv.gz"
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("[train]\nepoch = 3", "unknown key [train] epoch (did you mean 'epochs'?)"),
+    ("[trian]\nepochs = 3", "unknown key trian (did you mean 'train'?)"),
+    ("[train]\nepochs = 'three'", "[train] epochs must be an integer, got 'three'"),
+    ("[train]\nepochs = 0", "[train] epochs must be >= 1"),
+    ("[train]\nsync = 'sometimes'", "[train] sync must be one of 'step', 'every'"),
+    ("[model]\nhidden = 64", "[model] hidden must be a list"),
+    ("[model]\nhidden = [64, 'x']", "[model] hidden must be an integer, got 'x'"),
+    ("[data]\nsource = 'file'\nlabel = 'y'\nsparse = ['a']", "[data] path is required"),
+    ("[data.synthetic]\nrows = true", "[data.synthetic] rows must be an integer"),
+    ("[cluster.endpoints]\nnope = 'tcp://h:1'", "unknown endpoint 'nope'"),
+    ("[cluster.endpoints]\ncontrol = 'h:1'", "must start with one of tcp://"),
+    ("name = 'a b'", "name must be"),
+    ("[train\n", "not valid TOML"),
+])
+def test_mistakes_are_named(text, needle):
+    with pytest.raises(JobError) as err:
+        parse_job(text if "[data]" in text else text + "\n[data]\nsource = 'synthetic'\n",
+                  environ={})
+    assert needle in str(err.value)
+
+
+def test_environment_overrides_any_key():
+    env = {"ZBUS_TRAIN__EPOCHS": "1", "ZBUS_MODEL__HIDDEN": "[32, 16]",
+           "ZBUS_DATA__SYNTHETIC__ROWS": "500", "ZBUS_CLUSTER__HOST": "10.0.0.7",
+           "ZBUS_JOB": "ignored-here", "ZBUS_RUN_DIR": "/tmp/x"}
+    job = parse_job(SYNTHETIC, environ=env)
+    assert job.train.epochs == 1
+    assert job.model.hidden == [32, 16]
+    assert job.data.synthetic.rows == 500
+    assert job.cluster.host == "10.0.0.7"
+    assert job.cluster.endpoint("ps-1") == "tcp://10.0.0.7:47111"
+
+
+def test_unknown_or_bad_override_is_named():
+    with pytest.raises(JobError, match="ZBUS_TRAIN__EPOCH names no job key"):
+        parse_job(SYNTHETIC, environ={"ZBUS_TRAIN__EPOCH": "1"})
+    with pytest.raises(JobError, match=r"\[train\] epochs must be an integer"):
+        parse_job(SYNTHETIC, environ={"ZBUS_TRAIN__EPOCHS": "many"})
+
+
+def test_override_of_data_path_is_relative_to_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    job = parse_job(ADULT.read_text(), base_dir=ADULT.parent,
+                    environ={"ZBUS_DATA__PATH": "mine.csv"})
+    assert job.data.path == str(tmp_path / "mine.csv")
+
+
+def test_missing_job_file_is_a_job_error(tmp_path):
+    with pytest.raises(JobError, match="cannot read job file"):
+        load_job(str(tmp_path / "none.toml"), environ={})
+
+
+def test_fingerprint_tells_jobs_apart():
+    a = parse_job(SYNTHETIC, environ={})
+    assert a.fingerprint() == parse_job(SYNTHETIC, environ={}).fingerprint()
+    other = parse_job(SYNTHETIC, environ={"ZBUS_TRAIN__EPOCHS": "9"})
+    assert a.fingerprint() != other.fingerprint()
+
+
+def test_effective_config_reads_back_as_the_same_job():
+    job = load_job(str(ADULT), environ={"ZBUS_CLUSTER__ENDPOINTS": '{control = "ipc:///t/c"}'})
+    again = parse_job(job_to_toml(job), environ={})
+    assert dataclasses.replace(again, origin=job.origin) == job

@@ -1,0 +1,200 @@
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zbus import wire
+from zbus.wire import ProtocolError, decode
+
+
+def sample(cls: type) -> wire.Message:
+    """A valid instance of any message type."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        if "dtype" in f.metadata:
+            dtype, ndim = f.metadata["dtype"], f.metadata["ndim"]
+            values[f.name] = np.zeros((3,) * ndim, dtype=dtype)
+            continue
+        t = {s: k for s, k in cls._scalars}[f.name]
+        values[f.name] = {int: 3, float: 0.5, str: "x", bool: True, dict: {"a": 1}}.get(
+            t, ["worker-0"])
+    if cls is wire.BatchKeys:
+        values.update(samples=2, fields=2, positions=np.array([0, 3], np.int32),
+                      keys=np.array([-5, 2**62], np.int64))
+    if cls is wire.Embeddings:
+        values.update(positions=np.array([0, 1], np.int32), inverse=np.array([0, 0], np.int32),
+                      rows=np.ones((1, 4), np.float32))
+    return cls(**values)
+
+
+ALL = sorted(wire.message_types().values(), key=lambda c: c.__name__)
+
+
+@pytest.mark.parametrize("cls", ALL, ids=lambda c: c.__name__)
+def test_every_message_round_trips(cls):
+    msg = sample(cls)
+    env = decode(msg.to_frames("worker-1", 42))
+    assert env.sender == "worker-1" and env.seq == 42
+    assert type(env.msg) is cls
+    for f in dataclasses.fields(cls):
+        a, b = getattr(msg, f.name), getattr(env.msg, f.name)
+        if isinstance(a, np.ndarray):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+        else:
+            assert a == b
+    assert type(cls.from_frames(msg.to_frames())) is cls
+
+
+def test_large_arrays_are_not_copied_on_decode():
+    params = np.arange(1 << 20, dtype=np.float32)
+    frames = wire.Weights(round=1, step=0, params=params).to_frames()
+    payload = bytearray(frames[2])
+    frames[2] = payload
+    decoded = decode(frames).msg.params
+    assert np.shares_memory(decoded, np.frombuffer(payload, dtype=np.float32))
+    assert not decoded.flags.writeable
+    assert np.array_equal(decoded, params)
+
+
+def test_from_frames_rejects_another_type():
+    with pytest.raises(ProtocolError) as err:
+        wire.Hello.from_frames(wire.Finish().to_frames())
+    assert err.value.kind == "unexpected_type"
+
+
+def frames_with_header(cls=wire.Lookup, **changes):
+    frames = sample(cls).to_frames("w", 1)
+    header = orjson.loads(frames[1])
+    for key, value in changes.items():
+        if key in ("v", "from", "seq", "f", "a"):
+            header[key] = value
+        else:
+            header["f"][key] = value
+    frames[1] = orjson.dumps(header)
+    return frames
+
+
+MALFORMED = {
+    "no frames": ([], "truncated"),
+    "tag only": ([b"Lookup"], "truncated"),
+    "unknown type": ([b"Nope", b"{}"], "unknown_type"),
+    "binary tag": ([b"\xff\xfe", b"{}"], "unknown_type"),
+    "huge tag": ([b"A" * 1000, b"{}"], "unknown_type"),
+    "header not json": ([b"Lookup", b"{not json"], "bad_header"),
+    "header a list": ([b"Lookup", b"[1, 2]"], "bad_header"),
+    "header huge": ([b"Lookup", b" " * (wire.MAX_HEADER_BYTES + 1)], "header_too_large"),
+    "missing envelope key": ([b"Lookup", b'{"v": 1, "from": "x", "seq": 1, "f": {}}'],
+                             "bad_header"),
+    "wrong version": (frames_with_header(v=99), "bad_version"),
+    "version as text": (frames_with_header(v="1"), "bad_version"),
+    "sender not text": (frames_with_header(**{"from": 5}), "bad_header"),
+    "seq is bool": (frames_with_header(seq=True), "bad_header"),
+    "missing field": (frames_with_header(f={"batch_id": 1}), "bad_field"),
+    "extra field": (frames_with_header(f={"batch_id": 1, "train": True, "x": 1}), "bad_field"),
+    "int field as text": (frames_with_header(batch_id="7"), "bad_field"),
+    "int field as bool": (frames_with_header(batch_id=False), "bad_field"),
+    "bool field as int": (frames_with_header(train=1), "bad_field"),
+    "float field as text": (frames_with_header(wire.EvalReport, auc="high"), "bad_field"),
+    "list of wrong items": (frames_with_header(wire.Aggregate, participants=[1, 2]),
+                            "bad_field"),
+    "arrays declared for none": (frames_with_header(a=[["float32", [1]]]), "bad_arrays"),
+}
+
+
+@pytest.mark.parametrize("frames,kind", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_messages_are_rejected(frames, kind):
+    with pytest.raises(ProtocolError) as err:
+        decode(frames)
+    assert err.value.kind == kind
+
+
+def batch_frames():
+    return sample(wire.SampleBatch).to_frames()
+
+
+def edit_arrays(frames, index, entry=None, frame=None):
+    header = orjson.loads(frames[1])
+    if entry is not None:
+        header["a"][index] = entry
+    frames[1] = orjson.dumps(header)
+    if frame is not None:
+        frames[2 + index] = frame
+    return frames
+
+
+ARRAY_CASES = {
+    "frame missing": (batch_frames()[:-1], "frame_count"),
+    "frame extra": (batch_frames() + [b"x"], "frame_count"),
+    "wrong dtype": (edit_arrays(batch_frames(), 0, ["float64", [3, 3]]), "bad_array"),
+    "wrong ndim": (edit_arrays(batch_frames(), 0, ["float32", [9]]), "bad_array"),
+    "negative dim": (edit_arrays(batch_frames(), 1, ["float32", [-3]]), "bad_array"),
+    "absurd dim": (edit_arrays(batch_frames(), 1, ["float32", [2**50]]), "bad_array"),
+    "short frame": (edit_arrays(batch_frames(), 0, frame=b"\0" * 8), "bad_size"),
+    "shape/size mismatch": (edit_arrays(batch_frames(), 0, ["float32", [3, 4]]), "bad_size"),
+}
+
+
+@pytest.mark.parametrize("frames,kind", ARRAY_CASES.values(), ids=ARRAY_CASES.keys())
+def test_malformed_arrays_are_rejected(frames, kind):
+    with pytest.raises(ProtocolError) as err:
+        decode(frames)
+    assert err.value.kind == kind
+
+
+def test_consistency_rules():
+    f32, i32, i64 = np.float32, np.int32, np.int64
+    bad = [
+        wire.SampleBatch(batch_id=1, epoch=0, eval=False, min_round=0,
+                         dense=np.zeros((3, 2), f32), labels=np.zeros(2, f32),
+                         weights=np.zeros(3, f32)),
+        wire.SampleBatch(batch_id=1, epoch=0, eval=False, min_round=0,
+                         dense=np.full((1, 1), np.inf, f32), labels=np.zeros(1, f32),
+                         weights=np.zeros(1, f32)),
+        wire.BatchKeys(batch_id=1, samples=2, fields=2, positions=np.array([4], i32),
+                       keys=np.array([1], i64)),
+        wire.BatchKeys(batch_id=1, samples=2, fields=2, positions=np.array([-1], i32),
+                       keys=np.array([1], i64)),
+        wire.BatchKeys(batch_id=1, samples=2, fields=2, positions=np.array([0, 1], i32),
+                       keys=np.array([1], i64)),
+        wire.Embeddings(batch_id=1, positions=np.array([0], i32), inverse=np.array([1], i32),
+                        rows=np.zeros((1, 4), f32)),
+        wire.Contribution(round=1, coefficient=-1.0, samples=1, delta=np.zeros(2, f32)),
+        wire.Contribution(round=1, coefficient=1.0, samples=1,
+                          delta=np.array([np.nan], f32)),
+    ]
+    for msg in bad:
+        with pytest.raises(ProtocolError) as err:
+            decode(msg.to_frames())
+        assert err.value.kind == "inconsistent", msg
+
+
+def test_non_finite_scalar_is_rejected():
+    frames = frames_with_header(wire.EvalReport)
+    frames[1] = frames[1].replace(b'"auc":0.5', b'"auc":1e999')
+    with pytest.raises(ProtocolError):
+        decode(frames)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=200), max_size=6))
+def test_random_frames_only_ever_raise_protocol_error(frames):
+    try:
+        decode(frames)
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(ALL), st.integers(0, 3), st.binary(max_size=64))
+def test_one_corrupted_frame_only_ever_raises_protocol_error(cls, which, junk):
+    frames = list(sample(cls).to_frames())
+    frames[which % len(frames)] = junk
+    try:
+        decode(frames)
+    except ProtocolError:
+        pass

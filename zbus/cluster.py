@@ -1,0 +1,71 @@
+"""Where every role listens: the cluster section of a job, resolved to ZeroMQ endpoints.
+
+By default every endpoint is ``tcp://<host>:<base_port + offset>``; ``endpoints`` overrides any
+of them one by one (a ``tcp://`` address on another host, or an ``ipc://`` path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Offsets from base_port of the endpoints that roles bind.
+FIXED_ENDPOINTS = {
+    "control": 0,          # control ROUTER: Hello, heartbeats and reports from every node
+    "control_pub": 1,      # control PUB: lifecycle commands
+    "samples": 2,          # feeder PUSH: the sample queue
+    "ledger": 3,           # feeder ROUTER: acknowledgements from workers
+    "aggregator": 4,       # aggregator ROUTER: contributions, step gradients, weight requests
+    "aggregator_pub": 5,   # aggregator PUB: new dense weights
+}
+PS_OFFSET = 10             # ps shard i binds base_port + 10 + i
+SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Counts of processes and the endpoints they bind and connect to."""
+
+    workers: int = field(default=2, metadata={"min": 1, "max": 255})
+    shards: int = field(default=2, metadata={"min": 1, "max": 255})
+    host: str = "127.0.0.1"
+    base_port: int = field(default=47100, metadata={"min": 1024, "max": 65000})
+    endpoints: dict[str, str] = field(default_factory=dict)
+    heartbeat_s: float = field(default=1.0, metadata={"min": 0.05, "max": 60.0})
+    node_timeout_s: float = field(default=10.0, metadata={"min": 0.5})
+    start_timeout_s: float = field(default=180.0, metadata={"min": 1.0})
+    orphan_timeout_s: float = field(default=120.0, metadata={"min": 1.0})
+    max_message_mb: float = field(default=256.0, metadata={"min": 0.01})
+
+    def __post_init__(self) -> None:
+        names = self.endpoint_names()
+        for name, address in self.endpoints.items():
+            if name not in names:
+                raise ValueError(f"[cluster.endpoints] has unknown endpoint {name!r}; "
+                                 f"known: {', '.join(sorted(names))}")
+            if not address.startswith(SCHEMES):
+                raise ValueError(f"[cluster.endpoints] {name} = {address!r} must start with "
+                                 f"one of {', '.join(SCHEMES)}")
+
+    def endpoint_names(self) -> list[str]:
+        return [*FIXED_ENDPOINTS, *(f"ps-{i}" for i in range(self.shards))]
+
+    def endpoint(self, name: str) -> str:
+        if name in self.endpoints:
+            return self.endpoints[name]
+        if name in FIXED_ENDPOINTS:
+            offset = FIXED_ENDPOINTS[name]
+        elif name.startswith("ps-") and name[3:].isdigit() and int(name[3:]) < self.shards:
+            offset = PS_OFFSET + int(name[3:])
+        else:
+            raise KeyError(f"no endpoint {name!r}")
+        return f"tcp://{self.host}:{self.base_port + offset}"
+
+    @property
+    def max_message_bytes(self) -> int:
+        return int(self.max_message_mb * 1024 * 1024)
+
+    def expected_nodes(self) -> list[str]:
+        """Node ids control waits for before training starts."""
+        return ["feeder-0", "aggregator-0",
+                *(f"ps-{i}" for i in range(self.shards)),
+                *(f"worker-{i}" for i in range(self.workers))]

@@ -1,0 +1,25 @@
+"""Load figures a node reports in its heartbeats, from psutil."""
+
+from __future__ import annotations
+
+import psutil
+
+
+class LoadSampler:
+    """CPU percent of this process since the last sample, resident memory, and cumulative
+    network bytes per interface of the host (control turns them into rates)."""
+
+    def __init__(self) -> None:
+        self._proc = psutil.Process()
+        self._proc.cpu_percent(None)  # the first call only primes the counter
+
+    def sample(self) -> dict:
+        try:
+            nics = psutil.net_io_counters(pernic=True)
+        except OSError:  # some containers hide /proc/net/dev
+            nics = {}
+        return {
+            "cpu": self._proc.cpu_percent(None),
+            "rss": self._proc.memory_info().rss,
+            "net": {name: [c.bytes_sent, c.bytes_recv] for name, c in nics.items()},
+        }

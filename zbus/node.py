@@ -1,0 +1,297 @@
+"""The skeleton every role runs on.
+
+``Loop`` is a single-threaded event loop over ZeroMQ sockets: a ``zmq.Poller`` whose timeout is
+the heartbeat interval, a handler per socket, counting of malformed messages (logged once per
+kind, never fatal), per-channel byte counts, and SIGTERM/SIGINT that end the loop within one
+poll interval. ``Node`` adds the link to control that every role but control has: Hello until
+Welcome, heartbeats with load figures and counters, and the lifecycle commands on control's PUB.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket as _socket
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from zbus import sockets
+from zbus.cluster import ClusterConfig
+from zbus.load import LoadSampler
+from zbus.wire import (
+    Envelope,
+    Failure,
+    Finish,
+    Heartbeat,
+    Hello,
+    Message,
+    ProtocolError,
+    Stop,
+    Welcome,
+)
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[bytes | None, Envelope], None]
+DRAIN_PER_POLL = 64      # messages taken from one socket before looking at the others
+STOP_LINGER_S = 0.5      # after Stop, leave control a moment to finish its own exit first
+
+
+class Loop:
+    """Event loop over registered sockets; subclasses add sockets and handlers."""
+
+    def __init__(self, node_id: str, heartbeat_s: float, max_message_bytes: int | None = None):
+        self.node_id = node_id
+        self.heartbeat_s = heartbeat_s
+        self.max_message_bytes = max_message_bytes
+        self.ctx = zmq.Context()
+        self.poller = zmq.Poller()
+        self.traffic = sockets.Traffic()
+        self.rejected: Counter[str] = Counter()
+        self.stopping = False
+        self.exit_code = 0
+        self._handlers: dict[zmq.Socket, tuple[Handler, bool]] = {}
+        self._events: dict[zmq.Socket, int] = {}
+        self._seq = 0
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    # -- sockets ---------------------------------------------------------------------------
+    def bind(self, kind: int, endpoint: str, handler: Handler | None = None,
+             **options: Any) -> zmq.Socket:
+        options.setdefault("max_bytes", self.max_message_bytes)
+        sock = sockets.bind(self.ctx, kind, endpoint, **options)
+        if handler is not None:
+            self.watch(sock, handler, router=kind == zmq.ROUTER)
+        return sock
+
+    def connect(self, kind: int, endpoint: str, handler: Handler | None = None,
+                **options: Any) -> zmq.Socket:
+        options.setdefault("max_bytes", self.max_message_bytes)
+        options.setdefault("identity", self.node_id)
+        sock = sockets.connect(self.ctx, kind, endpoint, **options)
+        if handler is not None:
+            self.watch(sock, handler, router=kind == zmq.ROUTER)
+        return sock
+
+    def watch(self, sock: zmq.Socket, handler: Handler, *, router: bool = False) -> None:
+        self._handlers[sock] = (handler, router)
+        self._set_events(sock, zmq.POLLIN)
+
+    def pause(self, sock: zmq.Socket, paused: bool) -> None:
+        """Stop (or resume) reading a socket; its messages wait in ZeroMQ's queue meanwhile."""
+        events = self._events.get(sock, 0)
+        self._set_events(sock, events & ~zmq.POLLIN if paused else events | zmq.POLLIN)
+
+    def want_writable(self, sock: zmq.Socket, wanted: bool) -> None:
+        events = self._events.get(sock, 0)
+        self._set_events(sock, events | zmq.POLLOUT if wanted else events & ~zmq.POLLOUT)
+
+    def _set_events(self, sock: zmq.Socket, events: int) -> None:
+        if self._events.get(sock, 0) == events:
+            return
+        if events:
+            self.poller.register(sock, events)
+            self._events[sock] = events
+        else:
+            self.poller.unregister(sock)
+            self._events.pop(sock, None)
+
+    def send(self, sock: zmq.Socket, msg: Message, identity: bytes | None = None,
+             flags: int = 0) -> int:
+        self._seq += 1
+        return sockets.send(sock, msg, sender=self.node_id, seq=self._seq,
+                            traffic=self.traffic, identity=identity, flags=flags)
+
+    def reject(self, exc: ProtocolError, where: str = "") -> None:
+        """Count a malformed or unexpected message; log the first of each kind."""
+        self.rejected[exc.kind] += 1
+        if self.rejected[exc.kind] == 1:
+            log.warning("%s rejected a message%s (%s); further ones of this kind are "
+                        "only counted", self.node_id, f" on {where}" if where else "", exc)
+
+    def unexpected(self, env: Envelope, where: str) -> None:
+        self.reject(ProtocolError("unexpected_type",
+                                  f"{type(env.msg).__name__} from {env.sender!r}"), where)
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self) -> int:
+        try:
+            self.on_start()
+            while not self.stopping:
+                ready = self.poller.poll(max(0, int(self.poll_timeout_s() * 1000)))
+                for sock, events in ready:
+                    if events & zmq.POLLIN and sock in self._handlers:
+                        self._drain(sock)
+                    if events & zmq.POLLOUT:
+                        self.on_writable(sock)
+                self.on_tick(time.monotonic())
+        except Exception as exc:  # a bug or a broken environment: say it, tell control, exit
+            log.exception("%s crashed", self.node_id)
+            self.on_crash(f"{type(exc).__name__}: {exc}")
+            self.exit_code = 1
+        finally:
+            self.close()
+        return self.exit_code
+
+    def _drain(self, sock: zmq.Socket) -> None:
+        handler, router = self._handlers[sock]
+        for _ in range(DRAIN_PER_POLL):
+            try:
+                identity, env = sockets.recv(sock, router=router, traffic=self.traffic)
+            except zmq.Again:
+                return
+            except ProtocolError as exc:
+                self.reject(exc)
+                continue
+            try:
+                handler(identity, env)
+            except ProtocolError as exc:  # well-formed, but wrong for this role or this moment
+                self.reject(exc, type(env.msg).__name__)
+            if sock not in self._events or not self._events[sock] & zmq.POLLIN:
+                return  # the handler paused this socket
+
+    def poll_timeout_s(self) -> float:
+        return self.heartbeat_s
+
+    def on_start(self) -> None:
+        """Called once before the loop."""
+
+    def on_tick(self, now: float) -> None:
+        """Called after every poll (at least once per heartbeat interval)."""
+
+    def on_writable(self, sock: zmq.Socket) -> None:
+        """Called when a socket registered with want_writable can take a message."""
+
+    def on_crash(self, reason: str) -> None:
+        """Called when the loop dies of an exception."""
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if not self.stopping:
+            log.info("%s received %s, stopping", self.node_id, signal.Signals(signum).name)
+        self.stopping = True
+
+    def close(self) -> None:
+        for sock in list(self._handlers):
+            self._handlers.pop(sock, None)
+        self.ctx.destroy(linger=0)
+
+
+class Node(Loop):
+    """A role process other than control: registers with control and heartbeats to it."""
+
+    role = "node"
+
+    def __init__(self, cluster: ClusterConfig, index: int, fingerprint: str):
+        super().__init__(f"{self.role}-{index}", cluster.heartbeat_s, cluster.max_message_bytes)
+        self.cluster = cluster
+        self.index = index
+        self.fingerprint = fingerprint
+        self.state = "starting"
+        self.run_id = ""
+        self.run_dir = ""
+        self.welcomed = False
+        self.load = LoadSampler()
+        self.control = self.connect(zmq.DEALER, cluster.endpoint("control"),
+                                    self._on_control_reply)
+        self.commands = self.connect(zmq.SUB, cluster.endpoint("control_pub"),
+                                     self._on_command)
+        self._next_beat = 0.0
+        self._stop_at: float | None = None
+        self._last_heard = time.monotonic()
+
+    def to_control(self, msg: Message) -> None:
+        self.send(self.control, msg)
+
+    def heartbeat(self, final: bool = False) -> None:
+        self.to_control(Heartbeat(role=self.role, index=self.index, state=self.state,
+                                  load=self.load.sample(),
+                                  counters={**self.counters(), **self.traffic.as_dict(),
+                                            "rejected_messages": dict(self.rejected)},
+                                  final=final))
+
+    def counters(self) -> dict:
+        """The role's own figures for heartbeats and the summary."""
+        return {}
+
+    def fail(self, reason: str) -> None:
+        """A fatal problem: tell control why, then exit non-zero."""
+        log.error("%s: %s", self.node_id, reason)
+        self.to_control(Failure(reason=reason))
+        self.exit_code = 1
+        self.stopping = True
+
+    def on_crash(self, reason: str) -> None:
+        try:
+            self.to_control(Failure(reason=f"{self.node_id} crashed: {reason}"))
+        except zmq.ZMQError:
+            pass
+
+    # -- control link ----------------------------------------------------------------------------
+    def _on_control_reply(self, _identity: bytes | None, env: Envelope) -> None:
+        self._last_heard = time.monotonic()
+        match env.msg:
+            case Welcome(accepted=True) as w:
+                if not self.welcomed:
+                    self.welcomed = True
+                    self.run_id, self.run_dir = w.run_id, w.run_dir
+                    log.info("%s joined run %s", self.node_id, w.run_id)
+                    self.on_welcome()
+            case Welcome(accepted=False, reason=reason):
+                log.error("%s refused by control: %s", self.node_id, reason)
+                self.exit_code = 2
+                self.stopping = True
+            case _:
+                self.unexpected(env, "control link")
+
+    def _on_command(self, _identity: bytes | None, env: Envelope) -> None:
+        self._last_heard = time.monotonic()
+        match env.msg:
+            case Stop(ok=ok, reason=reason):
+                if self._stop_at is None:
+                    log.info("%s: job ended (%s)", self.node_id, reason or "ok")
+                    self.exit_code = 0 if ok else 1
+                    self._stop_at = time.monotonic() + STOP_LINGER_S
+            case Finish():
+                if self.welcomed:
+                    self.on_finish()
+                    self.heartbeat(final=True)
+            case _ if self.welcomed:
+                self.handle_command(env)
+
+    def handle_command(self, env: Envelope) -> None:
+        """Lifecycle commands from control's PUB other than Stop and Finish."""
+
+    def on_welcome(self) -> None:
+        """Called once control admitted this node."""
+
+    def on_finish(self) -> None:
+        """Called when control asks for final figures."""
+
+    def on_tick(self, now: float) -> None:
+        if now >= self._next_beat:
+            self._next_beat = now + self.heartbeat_s
+            if self.welcomed:
+                self.heartbeat()
+            else:
+                self.to_control(Hello(role=self.role, index=self.index,
+                                      host=_socket.gethostname(), pid=os.getpid(),
+                                      fingerprint=self.fingerprint))
+        if self._stop_at is not None and now >= self._stop_at:
+            self.stopping = True
+        if now - self._last_heard > self.cluster.orphan_timeout_s:
+            log.error("%s: nothing from control for %.0f s, giving up", self.node_id,
+                      now - self._last_heard)
+            self.exit_code = 1
+            self.stopping = True
+
+    def close(self) -> None:
+        # Let a last Failure or final heartbeat reach control.
+        self.control.setsockopt(zmq.LINGER, 500)
+        self.control.close()
+        super().close()

@@ -1,0 +1,112 @@
+"""Socket helpers: every zbus socket is made here, with linger 0, high-water marks and a cap
+on incoming message size, and every message goes through ``send``/``recv`` so that bytes are
+counted per channel."""
+
+from __future__ import annotations
+
+import os
+import socket as _socket
+from collections import Counter
+from typing import Any
+
+import zmq
+
+from zbus.wire import Envelope, Message, ProtocolError, decode
+
+DEFAULT_HWM = 1000
+
+
+def make_socket(ctx: zmq.Context, kind: int, *, identity: str | None = None,
+                sndhwm: int = DEFAULT_HWM, rcvhwm: int = DEFAULT_HWM,
+                max_bytes: int | None = None) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, sndhwm)
+    sock.setsockopt(zmq.RCVHWM, rcvhwm)
+    if max_bytes:
+        sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity.encode())
+    if kind == zmq.ROUTER:
+        # A node that restarts under the same id takes its identity over at once.
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    if kind == zmq.SUB:
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+    return sock
+
+
+def bind(ctx: zmq.Context, kind: int, endpoint: str, **options: Any) -> zmq.Socket:
+    sock = make_socket(ctx, kind, **options)
+    if endpoint.startswith("ipc://"):
+        os.makedirs(os.path.dirname(endpoint[len("ipc://"):]) or ".", exist_ok=True)
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        sock.close(0)
+        raise OSError(f"cannot bind {endpoint}: {exc} (another job on this port? set "
+                      f"[cluster] base_port or ZBUS_CLUSTER__BASE_PORT)") from exc
+    return sock
+
+
+def connect(ctx: zmq.Context, kind: int, endpoint: str, **options: Any) -> zmq.Socket:
+    sock = make_socket(ctx, kind, **options)
+    sock.connect(endpoint)
+    return sock
+
+
+class Traffic:
+    """Bytes and messages sent and received, per channel."""
+
+    def __init__(self) -> None:
+        self.bytes_out: Counter[str] = Counter()
+        self.bytes_in: Counter[str] = Counter()
+        self.msgs_out: Counter[str] = Counter()
+        self.msgs_in: Counter[str] = Counter()
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        return {"bytes_out": dict(self.bytes_out), "bytes_in": dict(self.bytes_in),
+                "msgs_out": dict(self.msgs_out), "msgs_in": dict(self.msgs_in)}
+
+
+def send(sock: zmq.Socket, msg: Message, *, sender: str, seq: int, traffic: Traffic,
+         identity: bytes | None = None, flags: int = 0) -> int:
+    """Encode and send; large arrays go without a copy. Returns the payload bytes."""
+    frames = msg.to_frames(sender, seq)
+    nbytes = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
+    if identity is not None:
+        frames.insert(0, identity)
+    sock.send_multipart(frames, flags=flags, copy=False)
+    traffic.bytes_out[msg.CHANNEL] += nbytes
+    traffic.msgs_out[msg.CHANNEL] += 1
+    return nbytes
+
+
+def recv(sock: zmq.Socket, *, router: bool, traffic: Traffic,
+         flags: int = zmq.NOBLOCK) -> tuple[bytes | None, Envelope]:
+    """Receive and decode one message; raises zmq.Again when none waits and ProtocolError
+    when the message is malformed (it is consumed either way)."""
+    frames = sock.recv_multipart(flags=flags, copy=False)
+    identity = None
+    if router:
+        identity = frames[0].bytes
+        frames = frames[1:]
+        if not frames:
+            raise ProtocolError("truncated", "identity frame only")
+    env = decode(frames)
+    traffic.bytes_in[env.msg.CHANNEL] += env.nbytes
+    traffic.msgs_in[env.msg.CHANNEL] += 1
+    return identity, env
+
+
+def free_tcp_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports the kernel says are free right now (for tests and benchmarks)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

@@ -1,0 +1,500 @@
+"""The zbus wire format and the catalogue of every message that crosses the bus.
+
+Frame layout of one message (one ZeroMQ multipart message; a ROUTER socket puts the peer's
+identity frame in front, which the socket helpers in ``zbus.sockets`` strip and add):
+
+    frame 0    type tag: the message class name in ASCII, e.g. ``b"Heartbeat"``; it is also the
+               topic a SUB socket sees first
+    frame 1    header, one orjson object::
+
+                   {"v": PROTOCOL_VERSION, "from": "<sender node id>", "seq": <sender sequence>,
+                    "f": {<the message's scalar fields>},
+                    "a": [["<dtype>", [dim, ...]], ...]}     one entry per array field, in order
+
+    frame 2..  one raw frame per array field: the C-contiguous little-endian bytes of the array,
+               sent without copying when large and rebuilt with ``np.frombuffer`` (read-only)
+
+Decoding checks, and raises ``ProtocolError`` (with a short ``kind`` for counting) when any fails:
+the frame count, the type tag (known, ASCII), the header size and JSON, the protocol version,
+``from``/``seq``, every scalar field (present, right JSON type, nothing extra), every array
+(dtype exactly as declared, number of dimensions, frame size equal to dtype x shape) and the
+message's own consistency rules (``check``). A role that receives a bad message counts it by kind,
+logs the first of each kind and carries on.
+
+Channels: every message type belongs to one channel, the unit in which nodes count bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import orjson
+
+PROTOCOL_VERSION = 1
+MAX_HEADER_BYTES = 64 * 1024
+MAX_TAG_BYTES = 64
+
+_DTYPES = {
+    "float32": np.dtype("<f4"),
+    "float64": np.dtype("<f8"),
+    "int32": np.dtype("<i4"),
+    "int64": np.dtype("<i8"),
+    "uint8": np.dtype("u1"),
+}
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow the wire format; ``kind`` names the failed check."""
+
+    def __init__(self, kind: str, detail: str):
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+
+def array(dtype: str, ndim: int) -> Any:
+    """Declare an array field of a message: sent as its own raw frame."""
+    if dtype not in _DTYPES:
+        raise TypeError(f"unsupported dtype {dtype}")
+    return field(metadata={"dtype": dtype, "ndim": ndim})
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A decoded message with the envelope fields every message carries."""
+
+    sender: str
+    seq: int
+    msg: Message
+    nbytes: int
+
+
+_REGISTRY: dict[str, type[Message]] = {}
+_SCALARS = {int: "integer", float: "number", str: "string", bool: "boolean",
+            list: "list", dict: "object"}
+
+
+def _check_scalar(name: str, value: Any, kind: Any) -> Any:
+    origin = typing.get_origin(kind) or kind
+    if origin is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif origin is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok:
+            value = float(value)
+            ok = math.isfinite(value)
+    elif origin is list:
+        (item,) = typing.get_args(kind)
+        ok = isinstance(value, list) and all(
+            isinstance(v, item) and not isinstance(v, bool) for v in value)
+    else:
+        ok = isinstance(value, origin)
+    if not ok:
+        raise ProtocolError("bad_field", f"field {name!r} must be a finite {_SCALARS[origin]}, "
+                                         f"got {type(value).__name__}")
+    return value
+
+
+class Message:
+    """Base of every message type: the generic codec over the dataclass fields."""
+
+    __slots__ = ()
+    CHANNEL: ClassVar[str] = "control"
+    _scalars: ClassVar[tuple[tuple[str, Any], ...]] = ()
+    _arrays: ClassVar[tuple[tuple[str, str, int], ...]] = ()
+
+    def check(self) -> None:
+        """Consistency rules between fields; raise ProtocolError when broken."""
+
+    def to_frames(self, sender: str = "", seq: int = 0) -> list[Any]:
+        arrays, descr = [], []
+        for name, dtype, ndim in self._arrays:
+            arr = np.ascontiguousarray(getattr(self, name), dtype=_DTYPES[dtype])
+            if arr.ndim != ndim:
+                raise ValueError(f"{type(self).__name__}.{name} must have {ndim} dimensions")
+            arrays.append(arr.data if arr.nbytes else b"")
+            descr.append([dtype, list(arr.shape)])
+        header = {"v": PROTOCOL_VERSION, "from": sender, "seq": seq,
+                  "f": {name: getattr(self, name) for name, _ in self._scalars}, "a": descr}
+        return [type(self).__name__.encode(), orjson.dumps(header), *arrays]
+
+    @classmethod
+    def from_frames(cls, frames: typing.Sequence[Any]) -> Message:
+        msg = decode(frames).msg
+        if not isinstance(msg, cls):
+            raise ProtocolError("unexpected_type", f"expected {cls.__name__}, "
+                                                   f"got {type(msg).__name__}")
+        return msg
+
+
+def message(channel: str = "control"):
+    """Register a frozen, slotted dataclass as a message type of the given channel."""
+
+    def wrap(cls):
+        cls = dataclass(frozen=True, slots=True)(cls)
+        hints = typing.get_type_hints(cls)
+        scalars, arrays = [], []
+        for f in dataclasses.fields(cls):
+            if "dtype" in f.metadata:
+                arrays.append((f.name, f.metadata["dtype"], f.metadata["ndim"]))
+            else:
+                scalars.append((f.name, hints[f.name]))
+        cls.CHANNEL = channel
+        cls._scalars = tuple(scalars)
+        cls._arrays = tuple(arrays)
+        _REGISTRY[cls.__name__] = cls
+        return cls
+
+    return wrap
+
+
+def _buffer(frame: Any) -> memoryview:
+    buf = getattr(frame, "buffer", frame)  # zmq.Frame or any bytes-like object
+    try:
+        view = memoryview(buf)
+        return view if view.ndim == 1 and view.format == "B" else view.cast("B")
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError("bad_frame", f"frame of type {type(frame).__name__}") from exc
+
+
+def decode(frames: typing.Sequence[Any]) -> Envelope:
+    """Decode and validate one message (identity frames already removed)."""
+    if len(frames) < 2:
+        raise ProtocolError("truncated", f"{len(frames)} frame(s), a message has at least 2")
+    tag = _buffer(frames[0])
+    if len(tag) > MAX_TAG_BYTES:
+        raise ProtocolError("unknown_type", f"type tag of {len(tag)} bytes")
+    try:
+        cls = _REGISTRY[bytes(tag).decode("ascii")]
+    except (UnicodeDecodeError, KeyError):
+        raise ProtocolError("unknown_type", f"type tag {bytes(tag)[:32]!r}") from None
+    raw = _buffer(frames[1])
+    if len(raw) > MAX_HEADER_BYTES:
+        raise ProtocolError("header_too_large", f"{len(raw)} bytes > {MAX_HEADER_BYTES}")
+    try:
+        header = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise ProtocolError("bad_header", "header is not JSON") from None
+    if not isinstance(header, dict) or set(header) != {"v", "from", "seq", "f", "a"}:
+        raise ProtocolError("bad_header", "header must be an object with v, from, seq, f, a")
+    if header["v"] != PROTOCOL_VERSION:
+        raise ProtocolError("bad_version", f"protocol version {header['v']!r}, "
+                                           f"this node speaks {PROTOCOL_VERSION}")
+    sender, seq, fields, descr = header["from"], header["seq"], header["f"], header["a"]
+    if not isinstance(sender, str) or not isinstance(seq, int) or isinstance(seq, bool):
+        raise ProtocolError("bad_header", "from must be a string and seq an integer")
+    if not isinstance(fields, dict) or set(fields) != {n for n, _ in cls._scalars}:
+        raise ProtocolError("bad_field", f"{cls.__name__} fields must be exactly "
+                                         f"{sorted(n for n, _ in cls._scalars)}")
+    values = {name: _check_scalar(name, fields[name], kind) for name, kind in cls._scalars}
+    if not isinstance(descr, list) or len(descr) != len(cls._arrays):
+        raise ProtocolError("bad_arrays", f"{cls.__name__} has {len(cls._arrays)} array(s)")
+    if len(frames) != 2 + len(cls._arrays):
+        raise ProtocolError("frame_count", f"{len(frames)} frames for {cls.__name__}, "
+                                           f"expected {2 + len(cls._arrays)}")
+    nbytes = len(tag) + len(raw)
+    for (name, dtype, ndim), entry, frame in zip(cls._arrays, descr, frames[2:], strict=True):
+        values[name] = _decode_array(name, dtype, ndim, entry, frame)
+        nbytes += values[name].nbytes
+    msg = cls(**values)
+    msg.check()
+    return Envelope(sender=sender, seq=seq, msg=msg, nbytes=nbytes)
+
+
+def _decode_array(name: str, dtype: str, ndim: int, entry: Any, frame: Any) -> np.ndarray:
+    if (not isinstance(entry, list) or len(entry) != 2 or entry[0] != dtype
+            or not isinstance(entry[1], list) or len(entry[1]) != ndim
+            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40
+                       for d in entry[1])):
+        raise ProtocolError("bad_array", f"array {name!r} must be {dtype} with {ndim} dims, "
+                                         f"declared {str(entry)[:80]}")
+    dt = _DTYPES[dtype]
+    buf = _buffer(frame)
+    shape = tuple(entry[1])
+    if math.prod(shape) * dt.itemsize != len(buf):
+        raise ProtocolError("bad_size", f"array {name!r} of shape {shape} needs "
+                                        f"{math.prod(shape) * dt.itemsize} bytes, got {len(buf)}")
+    arr = np.frombuffer(buf, dtype=dt).reshape(shape)
+    arr.flags.writeable = False  # a view of the message buffer: copy before changing it
+    return arr
+
+
+def message_types() -> dict[str, type[Message]]:
+    """Every registered message type by tag (for tests and fuzzing)."""
+    return dict(_REGISTRY)
+
+
+def _require(cond: bool, detail: str) -> None:
+    if not cond:
+        raise ProtocolError("inconsistent", detail)
+
+
+# ---------------------------------------------------------------------------------------------
+# The catalogue. Node <-> control (DEALER -> ROUTER), channel "control".
+
+
+@message()
+class Hello(Message):
+    """A node announces itself to control; repeated until control answers with Welcome."""
+
+    role: str
+    index: int
+    host: str
+    pid: int
+    fingerprint: str  # hash of the node's effective job: every node must run the same job
+
+
+@message()
+class Welcome(Message):
+    """Control's answer to Hello: admitted or not, and the run directory to write into."""
+
+    accepted: bool
+    reason: str
+    run_id: str
+    run_dir: str
+
+
+@message()
+class Heartbeat(Message):
+    """Periodic load and counters of a node. ``load``: cpu (percent), rss (bytes),
+    net (interface -> [bytes sent, bytes received], cumulative); ``counters``: the role's own
+    figures, including ``bytes_out``/``bytes_in`` per channel. ``final`` answers Finish."""
+
+    role: str
+    index: int
+    state: str
+    load: dict
+    counters: dict
+    final: bool
+
+
+@message()
+class Ready(Message):
+    """A node finished its start-up (the feeder has loaded its data; ``info`` says what)."""
+
+    info: dict
+
+
+@message()
+class Failure(Message):
+    """A node cannot go on (bad data, a broken peer); control fails the job with the reason."""
+
+    reason: str
+
+
+@message()
+class RoundReady(Message):
+    """A worker has done its local steps for round ``round`` (sync mode every)."""
+
+    round: int
+    steps: int
+
+
+@message()
+class EpochTrained(Message):
+    """The feeder: every training batch of ``epoch`` is acknowledged."""
+
+    epoch: int
+    samples: int
+    batches: int
+    loss_sum: float
+    weight_sum: float
+    seconds: float
+
+
+@message()
+class EvalReport(Message):
+    """The feeder: evaluation of ``epoch`` finished."""
+
+    epoch: int
+    auc: float
+    logloss: float
+    samples: int
+
+
+@message()
+class RoundDone(Message):
+    """The aggregator combined round ``round`` and published the new weights."""
+
+    round: int
+    contributors: list[str]
+    coefficient: float
+    samples: int
+
+
+# Control PUB -> every node, channel "control".
+
+
+@message()
+class EpochStart(Message):
+    epoch: int
+
+
+@message()
+class Aggregate(Message):
+    """Every worker in ``participants`` sends its Contribution for ``round``."""
+
+    round: int
+    participants: list[str]
+    reason: str
+
+
+@message()
+class Evaluate(Message):
+    """The feeder sends the eval split; workers evaluate with weights of ``round`` or later."""
+
+    epoch: int
+    round: int
+
+
+@message()
+class Finish(Message):
+    """Training and evaluation are over: every node sends a final Heartbeat."""
+
+
+@message()
+class Stop(Message):
+    """The job ended (``ok`` says how); every node exits."""
+
+    ok: bool
+    reason: str
+
+
+# Feeder -> ps shard (DEALER -> ROUTER), channel "keys".
+
+
+@message("keys")
+class BatchKeys(Message):
+    """The sparse keys of one batch that this shard owns. ``positions`` index the batch's
+    flattened (sample, field) grid; ``keys`` are the 64-bit ids at those positions."""
+
+    batch_id: int
+    samples: int
+    fields: int
+    positions: np.ndarray = array("int32", 1)
+    keys: np.ndarray = array("int64", 1)
+
+    def check(self) -> None:
+        _require(self.positions.shape == self.keys.shape, "positions and keys differ in length")
+        grid = self.samples * self.fields
+        _require(self.samples >= 0 and self.fields > 0, "samples/fields out of range")
+        _require(not self.positions.size
+                 or (self.positions.min() >= 0 and self.positions.max() < grid),
+                 "position outside the batch")
+
+
+# Worker <-> ps shard (DEALER -> ROUTER).
+
+
+@message("lookups")
+class Lookup(Message):
+    """A worker asks a shard for the embeddings of a batch; ``train`` false for evaluation
+    (the shard then forgets the batch after answering)."""
+
+    batch_id: int
+    train: bool
+
+
+@message("embeddings")
+class Embeddings(Message):
+    """The shard's rows for a batch: ``rows[inverse[i]]`` is the embedding at ``positions[i]``."""
+
+    batch_id: int
+    positions: np.ndarray = array("int32", 1)
+    inverse: np.ndarray = array("int32", 1)
+    rows: np.ndarray = array("float32", 2)
+
+    def check(self) -> None:
+        _require(self.positions.shape == self.inverse.shape, "positions and inverse differ")
+        _require(not self.inverse.size
+                 or (self.inverse.min() >= 0 and self.inverse.max() < self.rows.shape[0]),
+                 "inverse index outside rows")
+
+
+@message("embedding_grads")
+class EmbeddingGrads(Message):
+    """Gradient of the loss for each row the shard sent for the batch (same order)."""
+
+    batch_id: int
+    grads: np.ndarray = array("float32", 2)
+
+
+# Feeder -> worker (PUSH -> PULL), channel "samples"; worker -> feeder, channel "acks".
+
+
+@message("samples")
+class SampleBatch(Message):
+    """Dense features, labels and sample weights of one batch. No sparse keys: the worker gets
+    the batch's embeddings from the shards by ``batch_id``. Evaluation batches (``eval``) must be
+    scored with weights of round ``min_round`` or later."""
+
+    batch_id: int
+    epoch: int
+    eval: bool
+    min_round: int
+    dense: np.ndarray = array("float32", 2)
+    labels: np.ndarray = array("float32", 1)
+    weights: np.ndarray = array("float32", 1)
+
+    def check(self) -> None:
+        n = self.dense.shape[0]
+        _require(self.labels.shape == (n,) and self.weights.shape == (n,),
+                 "dense, labels and weights differ in length")
+        _require(bool(np.isfinite(self.dense).all()) and bool(np.isfinite(self.weights).all()),
+                 "non-finite features or weights")
+
+
+@message("acks")
+class Ack(Message):
+    """A worker finished a batch: training batches carry the loss, eval batches the scores."""
+
+    batch_id: int
+    samples: int
+    loss_sum: float
+    weight_sum: float
+    preds: np.ndarray = array("float32", 1)
+
+
+# Worker <-> aggregator (DEALER -> ROUTER, and aggregator PUB), channel "dense_sync".
+
+
+@message("dense_sync")
+class WeightsRequest(Message):
+    """A worker asks for the current global dense weights (at start, or when it missed some)."""
+
+
+@message("dense_sync")
+class Weights(Message):
+    """Global dense weights after round ``round`` (and ``step`` gradient steps in mode step)."""
+
+    round: int
+    step: int
+    params: np.ndarray = array("float32", 1)
+
+
+@message("dense_sync")
+class StepGrad(Message):
+    """Sync mode step: one local dense gradient, averaged over ``coefficient`` sample weight."""
+
+    coefficient: float
+    grads: np.ndarray = array("float32", 1)
+
+
+@message("dense_sync")
+class Contribution(Message):
+    """A worker's share of round ``round``: its change of the dense weights since its last
+    contribution (``delta``, empty when it trained nothing) and the sample weight behind it."""
+
+    round: int
+    coefficient: float
+    samples: int
+    delta: np.ndarray = array("float32", 1)
+
+    def check(self) -> None:
+        _require(self.coefficient >= 0 and self.samples >= 0, "negative coefficient or samples")
+        _require(bool(np.isfinite(self.delta).all()), "non-finite delta")
