@@ -87,6 +87,9 @@ class Ledger:
     def sent(self, batch_id: int, rows: np.ndarray, eval: bool) -> None:
         self.in_flight[batch_id] = InFlight(rows, eval, time.monotonic())
 
+    def peek(self, batch_id: int) -> InFlight | None:
+        return self.in_flight.get(batch_id)
+
     def acked(self, batch_id: int) -> InFlight | None:
         """The batch's record, or None (and counted) for an ack of no batch in flight."""
         entry = self.in_flight.pop(batch_id, None)

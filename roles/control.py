@@ -102,7 +102,6 @@ class Control(Loop):
         self.data: dict[str, Any] = {}
         self.epochs: list[dict] = []
         self.rounds_done = 0
-        self.started = time.monotonic()
         self.last_progress = self.started
         self.finish_deadline = 0.0
         self.next_publish = 0.0
@@ -173,9 +172,9 @@ class Control(Loop):
                                        run_dir=str(self.run_dir)), identity=identity)
 
     def handle_heartbeat(self, node_id: str, node: NodeState, beat: Heartbeat) -> None:
-        if node_id == "feeder-0" and beat.counters.get("samples_acked") != \
-                node.counters.get("samples_acked"):
-            self.last_progress = time.monotonic()
+        if node_id == "feeder-0" and beat.counters.get("batches_acked") != \
+                node.counters.get("batches_acked"):
+            self.last_progress = time.monotonic()  # training or evaluation moves on
         node.state, node.load, node.counters = beat.state, beat.load, beat.counters
         node.final = node.final or beat.final
 
@@ -304,8 +303,8 @@ class Control(Loop):
 
     def record_throughput(self, now: float) -> None:
         self.next_throughput = now + THROUGHPUT_EVERY_S
-        acked = self.nodes.get("feeder-0", NodeState("", 0, "", 0, 0)).counters.get(
-            "samples_acked", 0)
+        feeder = self.nodes.get("feeder-0")
+        acked = feeder.counters.get("samples_acked") if feeder else None
         then, before = self.last_acked
         if isinstance(acked, int) and self.phase != "starting":
             self.metrics.write("throughput", samples=acked,
@@ -314,8 +313,7 @@ class Control(Loop):
 
     # -- the end ---------------------------------------------------------------------------------
     def fail(self, reason: str) -> None:
-        log.error("job failed: %s", reason)
-        self.metrics.write("failure", reason=reason)
+        self.metrics.write("failure", reason=reason)  # the headline prints the reason
         self.end("failed", reason)
 
     def end(self, status: str, reason: str) -> None:
@@ -327,7 +325,9 @@ class Control(Loop):
             reason=reason, data=self.data, epochs=self.epochs,
             counters={**{n: s.counters for n, s in self.nodes.items()},
                       self.node_id: {**self.traffic.as_dict(),
-                                     "rejected_messages": dict(self.rejected)}},
+                                     "rejected_messages": dict(self.rejected),
+                                     "idle_s": self.idle_s,
+                                     "uptime_s": time.monotonic() - self.started}},
             wall_s=time.monotonic() - self.started,
             rounds=self.rounds_done)
         path = self.run_dir / "summary.json"

@@ -77,6 +77,7 @@ class Feeder(Node):
         self.preds: np.ndarray | None = None
         self.samples_acked = 0
         self.batches_sent = 0
+        self.batches_acked = 0
         self.acked_by: Counter[str] = Counter()
 
     # -- start-up --------------------------------------------------------------------------
@@ -171,14 +172,16 @@ class Feeder(Node):
                 self.unexpected(env, "ledger")
 
     def handle_ack(self, worker: str, ack: Ack) -> None:
-        entry = self.ledger.in_flight.get(ack.batch_id)
-        if entry is None:
-            self.ledger.acked(ack.batch_id)  # counted as a duplicate
-            return
-        if ack.samples != len(entry.rows) or (entry.eval and ack.preds.shape != entry.rows.shape):
+        sent = self.ledger.peek(ack.batch_id)
+        if sent is not None and (ack.samples != len(sent.rows)
+                                 or (sent.eval and ack.preds.shape != sent.rows.shape)):
+            # rejected before the ledger forgets the batch: a bad ack must not lose it
             raise ProtocolError("inconsistent", f"ack of batch {ack.batch_id} does not match "
-                                                f"the batch sent ({len(entry.rows)} samples)")
-        self.ledger.acked(ack.batch_id)
+                                                f"the batch sent ({len(sent.rows)} samples)")
+        entry = self.ledger.acked(ack.batch_id)
+        if entry is None:
+            return  # not in flight: a duplicate, counted by the ledger
+        self.batches_acked += 1
         if entry.eval:
             self.preds[entry.rows - self.data.n_train] = ack.preds
         else:
@@ -213,6 +216,7 @@ class Feeder(Node):
 
     def counters(self) -> dict:
         return {"epoch": self.epoch, "batches_sent": self.batches_sent,
+                "batches_acked": self.batches_acked,
                 "samples_acked": self.samples_acked, "in_flight": len(self.ledger.in_flight),
                 "duplicate_acks": self.ledger.duplicate_acks, "acked_by": dict(self.acked_by),
                 "window": self.window}

@@ -3,12 +3,11 @@ dense features, concatenated, through an MLP to one logit."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
 from roles.job import Job
+from zbus.cluster import ClusterConfig
 
 
 class CtrNet(nn.Module):
@@ -50,8 +49,16 @@ def pick_device(setting: str) -> torch.device:
     return torch.device("cpu")
 
 
-def set_threads(setting: int, workers_here: int) -> int:
-    """Torch intra-op threads: the setting, or the cores shared among this host's workers."""
-    threads = setting or max(1, (os.cpu_count() or 1) // max(1, workers_here))
+def auto_threads(cluster: ClusterConfig, cpus: int) -> int:
+    """Torch threads per worker when the job leaves it to zbus. On one host the feeder and
+    every shard keep a core busy, and the workers share the rest; across hosts a worker cannot
+    know who shares its machine, so it takes all the cores (set torch_threads when it is not
+    alone)."""
+    if cluster.single_host():
+        return max(1, (cpus - 1 - cluster.shards) // cluster.workers)
+    return max(1, cpus)
+
+
+def set_threads(threads: int) -> int:
     torch.set_num_threads(threads)
     return threads

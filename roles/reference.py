@@ -8,6 +8,7 @@ Used by the throughput benchmark and as the quality reference.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -21,7 +22,7 @@ from roles.model import build_model, set_threads, weighted_loss_sum
 
 
 def train_reference(job: Job, data: Dataset, threads: int = 0) -> dict:
-    set_threads(threads, 1)
+    set_threads(threads or os.cpu_count() or 1)
     torch.sparse.check_sparse_tensor_invariants.disable()  # torch warns when left implicit
     uniq, inverse = np.unique(data.keys, return_inverse=True)
     index = torch.from_numpy(inverse.reshape(data.keys.shape).astype(np.int64))

@@ -6,6 +6,7 @@ from typing import Any
 
 from roles.job import Job
 
+WORKER_TIMES = ("compute_s", "lookup_wait_s", "step_wait_s")
 CHANNELS = ("samples", "keys", "lookups", "embeddings", "embedding_grads", "dense_sync",
             "acks", "control")
 
@@ -43,6 +44,10 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
                          and c["rejected_messages"]}
     shards = {node: {k: c.get(k) for k in ("keys", "updates", "duplicates_refused")}
               for node, c in sorted(counters.items()) if node.startswith("ps-")}
+    busy = {node: round(1 - _num(c.get("idle_s")) / _num(c["uptime_s"]), 3)
+            for node, c in sorted(counters.items()) if _num(c.get("uptime_s")) > 0}
+    worker_time = {node: {k: round(_num(c.get(k)), 3) for k in WORKER_TIMES}
+                   for node, c in sorted(counters.items()) if node.startswith("worker-")}
     return {
         "job": job.name,
         "run_id": run_id,
@@ -64,6 +69,8 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "train_s": round(train_s, 3),
         "samples_per_s": round(samples_trained / train_s, 1) if train_s > 0 else None,
         "workers": workers,
+        "worker_time_s": worker_time,
+        "busy": busy,
         "sync": job.train.sync,
         "rounds": rounds,
         "bytes": channel_bytes(list(counters.values())),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ import zmq
 
 from roles.cli import role_main
 from roles.job import Job
-from roles.model import build_model, pick_device, set_threads, weighted_loss_sum
+from roles.model import auto_threads, build_model, pick_device, set_threads, weighted_loss_sum
 from zbus.node import Node
 from zbus.wire import (
     Ack,
@@ -71,7 +72,7 @@ class Worker(Node):
         c, t = job.cluster, job.train
         self.fields, self.dim = len(job.sparse_fields), job.model.embedding_dim
         self.n_dense = len(job.dense_fields)
-        self.threads = set_threads(t.torch_threads, c.workers)
+        self.threads = set_threads(t.torch_threads or auto_threads(c, os.cpu_count() or 1))
         self.device = pick_device(t.device)
         self.model = build_model(job).to(self.device)
         self.params = list(self.model.parameters())

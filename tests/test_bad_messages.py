@@ -115,3 +115,39 @@ def test_shard_and_aggregator_serve_after_garbage(cluster):
     finally:
         ctx.destroy(linger=0)
         fake.close()
+
+
+def test_feeder_keeps_a_batch_whose_ack_is_malformed(cluster):
+    c = cluster(cluster__shards=1, cluster__workers=1, data__synthetic__rows=2000)
+    fake = FakeControl(c)
+    ctx = zmq.Context()
+    try:
+        c.start_role("feeder")
+        fake.admit({"feeder-0"})
+        queue = ctx.socket(zmq.PULL)
+        queue.setsockopt(zmq.LINGER, 0)
+        queue.connect(c.job.cluster.endpoint("samples"))
+        acks = dealer(ctx, c.job.cluster.endpoint("ledger"), "worker-0")
+        for _ in range(3):  # repeated, as control does, until the feeder has loaded its data
+            fake.pub.send_multipart(wire.EpochStart(epoch=0).to_frames("control-0"))
+            if queue.poll(2000):
+                break
+        batch = wire.SampleBatch.from_frames(recv_within(queue))
+        n = len(batch.labels)
+        for frames in GARBAGE:
+            acks.send_multipart(frames)
+        wrong = wire.Ack(batch_id=batch.batch_id, samples=n + 1, loss_sum=0.0, weight_sum=0.0,
+                         preds=np.zeros(0, np.float32))
+        acks.send_multipart(wrong.to_frames())
+        beat = fake.heartbeat("feeder-0", lambda k: k["rejected_messages"].get("inconsistent"))
+        assert beat.counters["batches_acked"] == 0  # the batch is still in flight
+        right = wire.Ack(batch_id=batch.batch_id, samples=n, loss_sum=1.0, weight_sum=float(n),
+                         preds=np.zeros(0, np.float32))
+        acks.send_multipart(right.to_frames())
+        acks.send_multipart(right.to_frames())  # a duplicate is counted, not applied twice
+        beat = fake.heartbeat("feeder-0", lambda k: k["duplicate_acks"] == 1)
+        assert beat.counters["batches_acked"] == 1 and beat.counters["samples_acked"] == n
+        assert sum(beat.counters["rejected_messages"].values()) == len(GARBAGE) + 1
+    finally:
+        ctx.destroy(linger=0)
+        fake.close()

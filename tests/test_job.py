@@ -89,3 +89,15 @@ def test_effective_config_reads_back_as_the_same_job():
     job = load_job(str(ADULT), environ={"ZBUS_CLUSTER__ENDPOINTS": '{control = "ipc:///t/c"}'})
     again = parse_job(job_to_toml(job), environ={})
     assert dataclasses.replace(again, origin=job.origin) == job
+
+
+def test_auto_threads_leave_cores_to_the_other_roles_on_one_host():
+    from roles.model import auto_threads
+    one_host = parse_job(SYNTHETIC + "[cluster]\nworkers = 2\nshards = 2\n", environ={})
+    assert one_host.cluster.single_host()
+    assert auto_threads(one_host.cluster, 2) == 1
+    assert auto_threads(one_host.cluster, 16) == 6   # (16 - feeder - 2 shards) // 2
+    spread = parse_job(SYNTHETIC + "[cluster.endpoints]\n\"ps-1\" = \"tcp://10.0.0.3:1\"\n",
+                       environ={})
+    assert not spread.cluster.single_host()
+    assert auto_threads(spread.cluster, 16) == 16

@@ -89,11 +89,13 @@ def test_bad_rows_are_counted_and_set_aside_with_line_numbers(cluster, tmp_path)
                    20: "label 'maybe' is not a known value"}
 
 
-@pytest.mark.parametrize("role", ["control", "feeder", "ps", "worker", "aggregator"])
+@pytest.mark.parametrize("role", ["control", "feeder", "ps", "worker", "aggregator",
+                                  "spawn worker"])
 def test_a_bad_job_file_fails_at_start_with_one_clear_line(tmp_path, role):
     job = tmp_path / "bad.toml"
     job.write_text(ADULT_JOB.read_text().replace("epochs = 3", "epoch = 3"))
-    done = subprocess.run([sys.executable, "-m", f"roles.{role}", "--job", str(job)],
+    module, *args = role.split()
+    done = subprocess.run([sys.executable, "-m", f"roles.{module}", *args, "--job", str(job)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip() == (f"zbus {role}: job error: unknown key [train] epoch "

@@ -57,7 +57,7 @@ def test_tsv_and_gzip(tmp_path):
     t = read_table([str(path)], "tsv", schema)
     assert t.labels.tolist() == [1.0, 0.0]
     assert t.dense[:, 0].tolist() == [5.0, -2.0]
-    assert [r.reason for r in t.rejected] == ["label 'x' is not a number"]
+    assert [r.reason for r in t.rejected] == ["column 'y': cannot parse 'x' as a number"]
 
 
 def test_criteo_format_has_no_header(tmp_path):

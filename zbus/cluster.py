@@ -60,6 +60,15 @@ class ClusterConfig:
             raise KeyError(f"no endpoint {name!r}")
         return f"tcp://{self.host}:{self.base_port + offset}"
 
+    def single_host(self) -> bool:
+        """Every endpoint is on this host (loopback TCP, ipc or inproc)."""
+        def local(address: str) -> bool:
+            if not address.startswith("tcp://"):
+                return True
+            host = address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+            return host in ("localhost", "::1") or host.startswith("127.")
+        return all(local(self.endpoint(name)) for name in self.endpoint_names())
+
     @property
     def max_message_bytes(self) -> int:
         return int(self.max_message_mb * 1024 * 1024)

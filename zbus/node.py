@@ -55,6 +55,8 @@ class Loop:
         self.rejected: Counter[str] = Counter()
         self.stopping = False
         self.exit_code = 0
+        self.started = time.monotonic()
+        self.idle_s = 0.0  # time spent waiting in poll: 1 - idle_s / uptime is the loop's load
         self._handlers: dict[zmq.Socket, tuple[Handler, bool]] = {}
         self._events: dict[zmq.Socket, int] = {}
         self._seq = 0
@@ -124,7 +126,9 @@ class Loop:
         try:
             self.on_start()
             while not self.stopping:
+                waited = time.monotonic()
                 ready = self.poller.poll(max(0, int(self.poll_timeout_s() * 1000)))
+                self.idle_s += time.monotonic() - waited
                 for sock, events in ready:
                     if events & zmq.POLLIN and sock in self._handlers:
                         self._drain(sock)
@@ -177,8 +181,7 @@ class Loop:
         self.stopping = True
 
     def close(self) -> None:
-        for sock in list(self._handlers):
-            self._handlers.pop(sock, None)
+        self._handlers.clear()
         self.ctx.destroy(linger=0)
 
 
@@ -209,10 +212,13 @@ class Node(Loop):
         self.send(self.control, msg)
 
     def heartbeat(self, final: bool = False) -> None:
+        now = time.monotonic()
         self.to_control(Heartbeat(role=self.role, index=self.index, state=self.state,
                                   load=self.load.sample(),
                                   counters={**self.counters(), **self.traffic.as_dict(),
-                                            "rejected_messages": dict(self.rejected)},
+                                            "rejected_messages": dict(self.rejected),
+                                            "idle_s": round(self.idle_s, 3),
+                                            "uptime_s": round(now - self.started, 3)},
                                   final=final))
 
     def counters(self) -> dict:
@@ -241,7 +247,8 @@ class Node(Loop):
                     self.welcomed = True
                     self.run_id, self.run_dir = w.run_id, w.run_dir
                     log.info("%s joined run %s", self.node_id, w.run_id)
-                    self.on_welcome()
+                    self.on_welcome()  # may take long (loading data): count silence anew
+                    self._last_heard = time.monotonic()
             case Welcome(accepted=False, reason=reason):
                 log.error("%s refused by control: %s", self.node_id, reason)
                 self.exit_code = 2
@@ -252,14 +259,13 @@ class Node(Loop):
     def _on_command(self, _identity: bytes | None, env: Envelope) -> None:
         self._last_heard = time.monotonic()
         match env.msg:
-            case Stop(ok=ok, reason=reason):
-                if self._stop_at is None:
-                    log.info("%s: job ended (%s)", self.node_id, reason or "ok")
+            case Stop(ok=ok):
+                if self._stop_at is None:  # control states the reason; nodes just say how
+                    log.info("%s: job %s, exiting", self.node_id, "done" if ok else "failed")
                     self.exit_code = 0 if ok else 1
                     self._stop_at = time.monotonic() + STOP_LINGER_S
             case Finish():
                 if self.welcomed:
-                    self.on_finish()
                     self.heartbeat(final=True)
             case _ if self.welcomed:
                 self.handle_command(env)
@@ -269,9 +275,6 @@ class Node(Loop):
 
     def on_welcome(self) -> None:
         """Called once control admitted this node."""
-
-    def on_finish(self) -> None:
-        """Called when control asks for final figures."""
 
     def on_tick(self, now: float) -> None:
         if now >= self._next_beat:

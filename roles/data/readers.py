@@ -106,6 +106,7 @@ class _RowParser:
                                 f"(columns: {', '.join(columns)})")
         self.width = len(columns)
         self.label = index[schema.label]
+        self.label_name = schema.label
         self.dense = [(c, index[c]) for c in schema.dense]
         self.sparse = [index[c] for c in schema.sparse]
         self.timestamp = index[schema.timestamp] if schema.timestamp else None
@@ -127,12 +128,9 @@ class _RowParser:
             if raw in self.negative or (not self.negative and raw not in MISSING):
                 return 0.0
             raise _RowError(f"label {raw!r} is not a known value")
-        try:
-            value = float(raw)
-        except ValueError:
-            raise _RowError(f"label {raw!r} is not a number") from None
-        if not math.isfinite(value):
-            raise _RowError(f"label {raw!r} is not finite")
+        value = self._number(self.label_name, raw)
+        if math.isnan(value):
+            raise _RowError("missing label")
         return 1.0 if value > 0 else 0.0
 
     @staticmethod
