@@ -200,6 +200,9 @@ class Worker(Node):
                 if s.dense.shape[1] != self.n_dense:
                     raise ProtocolError("bad_shape", f"batch with {s.dense.shape[1]} dense "
                                                      f"features, model has {self.n_dense}")
+                if s.batch_id in self.by_id:
+                    raise ProtocolError("duplicate_batch", f"batch {s.batch_id} is already "
+                                                           "in this worker's pipeline")
                 batch = PulledBatch(s, [None] * len(self.shards))
                 self.pipeline.append(batch)
                 self.by_id[s.batch_id] = batch

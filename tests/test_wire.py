@@ -166,6 +166,8 @@ def test_consistency_rules():
         wire.Contribution(round=1, coefficient=-1.0, samples=1, delta=np.zeros(2, f32)),
         wire.Contribution(round=1, coefficient=1.0, samples=1,
                           delta=np.array([np.nan], f32)),
+        wire.Weights(round=1, step=0, params=np.array([1.0, np.inf], f32)),
+        wire.StepGrad(coefficient=1.0, grads=np.array([np.nan], f32)),
     ]
     for msg in bad:
         with pytest.raises(ProtocolError) as err:

@@ -124,10 +124,9 @@ class Loop:
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> int:
         try:
-            self.on_start()
             while not self.stopping:
                 waited = time.monotonic()
-                ready = self.poller.poll(max(0, int(self.poll_timeout_s() * 1000)))
+                ready = self.poller.poll(int(self.heartbeat_s * 1000))
                 self.idle_s += time.monotonic() - waited
                 for sock, events in ready:
                     if events & zmq.POLLIN and sock in self._handlers:
@@ -159,12 +158,6 @@ class Loop:
                 self.reject(exc, type(env.msg).__name__)
             if sock not in self._events or not self._events[sock] & zmq.POLLIN:
                 return  # the handler paused this socket
-
-    def poll_timeout_s(self) -> float:
-        return self.heartbeat_s
-
-    def on_start(self) -> None:
-        """Called once before the loop."""
 
     def on_tick(self, now: float) -> None:
         """Called after every poll (at least once per heartbeat interval)."""

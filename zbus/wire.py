@@ -476,6 +476,9 @@ class Weights(Message):
     step: int
     params: np.ndarray = array("float32", 1)
 
+    def check(self) -> None:
+        _require(bool(np.isfinite(self.params).all()), "non-finite weights")
+
 
 @message("dense_sync")
 class StepGrad(Message):
@@ -483,6 +486,9 @@ class StepGrad(Message):
 
     coefficient: float
     grads: np.ndarray = array("float32", 1)
+
+    def check(self) -> None:
+        _require(bool(np.isfinite(self.grads).all()), "non-finite gradient")
 
 
 @message("dense_sync")
