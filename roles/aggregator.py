@@ -2,10 +2,12 @@
 
 - sync ``step``: each StepGrad is applied at once with the aggregator's Adam and answered with
   the new weights (an asynchronous dense parameter server: no worker waits for another);
-- rounds (every mode, and the epoch-end round of every mode): control publishes Aggregate(r)
-  with its participants; when each has sent its Contribution for r, the new weights are the
-  old ones plus the coefficient-weighted mean of the deltas (``roles.aggregation``); they go
-  out on PUB as Weights(r) and control hears RoundDone(r). Rounds complete in order.
+- rounds (modes every and round, and the epoch-end round of step): control publishes
+  Aggregate(r) with its participants; when each of them that is still a member (control's
+  Membership: a worker that died or left is not waited for) has sent its Contribution for r,
+  the new weights are the old ones plus the coefficient-weighted mean of the deltas received
+  (``roles.aggregation``); they go out on PUB as Weights(r) and control hears RoundDone(r) with
+  the samples each contributor trained. Rounds complete in order.
 - WeightsRequest is answered with the current weights (start-up, or a worker that missed some).
 """
 
@@ -25,6 +27,7 @@ from zbus.node import Node
 from zbus.wire import (
     Aggregate,
     Contribution,
+    Membership,
     ProtocolError,
     Ready,
     RoundDone,
@@ -54,6 +57,7 @@ class Aggregator(Node):
         self.round = 0
         self.steps = 0
         self.expected: dict[int, list[str]] = {}
+        self.members: set[str] | None = None
         self.received: dict[int, dict[str, Contribution]] = {}
         self.stale_contributions = 0
 
@@ -97,6 +101,9 @@ class Aggregator(Node):
             case Aggregate(round=r, participants=who) if r > self.round:
                 self.expected[r] = list(who)
                 self.complete_rounds()
+            case Membership(workers=workers):
+                self.members = set(workers)
+                self.complete_rounds()
             case _:
                 pass
 
@@ -105,14 +112,17 @@ class Aggregator(Node):
             r = self.round + 1
             who = self.expected.get(r)
             got = self.received.get(r, {})
-            if who is None or any(w not in got for w in who):
+            if who is None or any(w not in got and (self.members is None or w in self.members)
+                                  for w in who):
                 return
-            parts = [got[w] for w in who]
+            contributors = [w for w in who if w in got]
+            parts = [got[w] for w in contributors]
             self.params = self.params + combine([p.delta for p in parts],
                                                 [p.coefficient for p in parts], self.size)
             self.round = r
             self.send(self.pub, self.weights())
-            self.to_control(RoundDone(round=r, contributors=who,
+            self.to_control(RoundDone(round=r, contributors=contributors,
+                                      samples_by=[p.samples for p in parts],
                                       coefficient=sum(p.coefficient for p in parts),
                                       samples=sum(p.samples for p in parts)))
             del self.expected[r]

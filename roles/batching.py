@@ -6,7 +6,7 @@ epoch the training batches come first (seq 0..) and the eval batches follow them
 
 from __future__ import annotations
 
-import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,6 +23,12 @@ def make_batch_id(epoch: int, feeder: int, seq: int) -> int:
 
 def split_batch_id(batch_id: int) -> tuple[int, int, int]:
     return batch_id >> 40, (batch_id >> 32) & 0xFF, batch_id & 0xFFFFFFFF
+
+
+def sample_batch_bytes(batch_size: int, dense: int) -> int:
+    """About the size of one SampleBatch on the wire: the sample queue's kernel buffers are
+    sized to it, so that a worker cannot hold more than a batch or two it has not pulled."""
+    return batch_size * (dense + 2) * 4 + 1024
 
 
 @dataclass
@@ -66,33 +72,99 @@ class Plan:
         return make_batch_id(self.epoch, self.feeder, self.first_seq + i), rows
 
 
+SENT, TAKEN, QUEUED = "sent", "taken", "queued"
+
+
 @dataclass
 class InFlight:
     rows: np.ndarray
     eval: bool
-    sent_at: float
+    round: int
+    state: str = SENT        # sent (not taken yet), taken, queued (to be sent again)
+    worker: str = ""         # who took it last; kept when queued again
+    sends: int = 1
 
 
 @dataclass
 class Ledger:
-    """Batches sent and not yet acknowledged, at most ``window`` of them."""
+    """Every batch sent and not yet acknowledged (at most ``window``), who holds it, and the
+    batches to send again.
+
+    A batch is granted to one worker only (``take``) and only that worker's ack counts. When
+    workers are lost (dead or gone), their batches are queued to be sent again under the same
+    id, and so is every batch sent but not yet taken, since it may have been sitting in a lost
+    worker's socket buffer; if the first copy turns up at a live worker after all, that worker
+    gets the batch and the second copy is refused, so no batch is trained twice. A worker
+    declared lost whose ack arrives late still has it counted, unless another worker took the
+    batch meanwhile.
+
+    Stragglers: at the end of a pass (or of a sync round) the feeder has nothing new to send,
+    while batches may sit untaken in a slow worker's socket buffers. When a worker reports it is
+    idle, the oldest batches sent once and not taken get a second copy; whichever copy is taken
+    first is trained, the other refused.
+    """
 
     window: int
     in_flight: dict[int, InFlight] = field(default_factory=dict)
+    resend: deque[int] = field(default_factory=deque)
     duplicate_acks: int = 0
+    refused_takes: int = 0
+    requeued: int = 0
+    straggler_copies: int = 0
 
     def has_room(self) -> bool:
         return len(self.in_flight) < self.window
 
-    def sent(self, batch_id: int, rows: np.ndarray, eval: bool) -> None:
-        self.in_flight[batch_id] = InFlight(rows, eval, time.monotonic())
+    def sent(self, batch_id: int, rows: np.ndarray, eval: bool, round_: int = 0) -> None:
+        self.in_flight[batch_id] = InFlight(rows, eval, round_)
 
     def peek(self, batch_id: int) -> InFlight | None:
         return self.in_flight.get(batch_id)
 
-    def acked(self, batch_id: int) -> InFlight | None:
-        """The batch's record, or None (and counted) for an ack of no batch in flight."""
-        entry = self.in_flight.pop(batch_id, None)
-        if entry is None:
+    def take(self, batch_id: int, worker: str) -> bool:
+        """Grant the batch to ``worker`` unless another worker holds it (or it is done)."""
+        entry = self.in_flight.get(batch_id)
+        if entry is None or entry.state == TAKEN:
+            self.refused_takes += 1
+            return False
+        entry.state, entry.worker = TAKEN, worker
+        return True
+
+    def acked(self, batch_id: int, worker: str) -> InFlight | None:
+        """The batch's record, or None (counted) for an ack that is not the holder's."""
+        entry = self.in_flight.get(batch_id)
+        if entry is None or not entry.worker or entry.worker != worker:
             self.duplicate_acks += 1
-        return entry
+            return None
+        return self.in_flight.pop(batch_id)
+
+    def requeue(self, lost: set[str]) -> int:
+        """Queue again the batches of lost workers and every batch not yet taken."""
+        count = 0
+        for batch_id, entry in self.in_flight.items():
+            if entry.state == SENT or (entry.state == TAKEN and entry.worker in lost):
+                entry.state = QUEUED
+                self.resend.append(batch_id)
+                count += 1
+        self.requeued += count
+        return count
+
+    def next_resend(self) -> tuple[int, InFlight] | None:
+        """The next batch to send again (marked sent), or None."""
+        while self.resend:
+            batch_id = self.resend.popleft()
+            entry = self.in_flight.get(batch_id)
+            if entry is not None and entry.state == QUEUED:  # else taken or acked meanwhile
+                entry.state = SENT
+                entry.sends += 1
+                return batch_id, entry
+        return None
+
+    def straggler(self) -> tuple[int, InFlight] | None:
+        """The oldest batch sent once and not taken yet, to send a second copy of."""
+        for batch_id, entry in self.in_flight.items():
+            if entry.state == SENT and entry.sends == 1:
+                entry.sends += 1
+                self.straggler_copies += 1
+                return batch_id, entry
+        return None

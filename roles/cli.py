@@ -9,11 +9,16 @@ from typing import Any
 from roles.job import Job, JobError, load_job
 from zbus.logs import setup_logging
 
+MAX_WORKERS = 255
+
 
 def parse_role_args(role: str, argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"zbus-{role}", description=f"Run one zbus {role}.")
     parser.add_argument("--job", help="job file (default: $ZBUS_JOB, else the built-in job)")
     parser.add_argument("--index", type=int, default=0, help="which one of its role (0-based)")
+    if role == "worker":
+        parser.add_argument("--slowdown", type=float, default=1.0, metavar="N",
+                            help="test and demo aid: take N times as long per batch (idling)")
     return parser.parse_args(argv)
 
 
@@ -27,20 +32,27 @@ def load_job_or_exit(path: str | None, who: str) -> Job:
 
 
 def count_of(job: Job, role: str) -> int:
+    """How many of a role the job starts with."""
     return {"worker": job.cluster.workers, "ps": job.cluster.shards}.get(role, 1)
+
+
+def index_limit(job: Job, role: str) -> int:
+    """Workers may join a running job under any new index; other roles are a fixed set."""
+    return MAX_WORKERS if role == "worker" else count_of(job, role)
 
 
 def role_main(role_cls: Any, argv: list[str] | None = None) -> None:
     role = role_cls.role
     args = parse_role_args(role, argv)
     job = load_job_or_exit(args.job, role)
-    if not 0 <= args.index < count_of(job, role):
-        print(f"zbus {role}: --index {args.index} is outside 0..{count_of(job, role) - 1} "
+    if not 0 <= args.index < index_limit(job, role):
+        print(f"zbus {role}: --index {args.index} is outside 0..{index_limit(job, role) - 1} "
               f"for this job", file=sys.stderr)
         raise SystemExit(2)
     setup_logging(f"{role}-{args.index}")
+    options = {"slowdown": args.slowdown} if role == "worker" else {}
     try:
-        node = role_cls(job, args.index)
+        node = role_cls(job, args.index, **options)
     except (OSError, RuntimeError) as exc:  # a port in use, no CUDA device, ...
         print(f"zbus {role}-{args.index}: cannot start: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

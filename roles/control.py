@@ -22,14 +22,14 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import zmq
 
-from roles.cli import load_job_or_exit, parse_role_args
+from roles.cli import MAX_WORKERS, load_job_or_exit, parse_role_args
 from roles.job import Job, job_to_toml
+from roles.membership import ALIVE, Members, NodeState
 from roles.rundir import MetricsLog, atomic_write, make_run_dir
 from roles.summary import build_summary
 from zbus.logs import setup_logging
@@ -44,10 +44,13 @@ from zbus.wire import (
     Finish,
     Heartbeat,
     Hello,
+    Leaving,
+    Membership,
     Message,
     ProtocolError,
     Ready,
     RoundDone,
+    RoundDrained,
     RoundReady,
     Stop,
     Welcome,
@@ -55,20 +58,6 @@ from zbus.wire import (
 
 log = logging.getLogger(__name__)
 THROUGHPUT_EVERY_S = 5.0
-
-
-@dataclass
-class NodeState:
-    role: str
-    index: int
-    host: str
-    pid: int
-    last_seen: float
-    state: str = "starting"
-    ready: bool = False
-    final: bool = False
-    load: dict = field(default_factory=dict)
-    counters: dict = field(default_factory=dict)
 
 
 def _info_int(info: dict, key: str) -> int:
@@ -83,35 +72,38 @@ class Control(Loop):
         c = job.cluster
         super().__init__("control-0", c.heartbeat_s, c.max_message_bytes)
         self.job = job
+        self.sync = job.train.sync
         self.router = self.bind(zmq.ROUTER, c.endpoint("control"), self.on_node)
         self.pub = self.bind(zmq.PUB, c.endpoint("control_pub"), sndhwm=100_000)
         self.run_dir = make_run_dir(job.name, environ)
         self.run_id = self.run_dir.name
         atomic_write(self.run_dir / "config.toml", job_to_toml(job).encode())
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
-        self.expected = c.expected_nodes()
-        self.workers = [n for n in self.expected if n.startswith("worker-")]
-        self.nodes: dict[str, NodeState] = {}
+        self.members = Members(c.expected_nodes(), MAX_WORKERS, self.started)
         self.phase = "starting"
         self.epoch = -1
         self.round = 0
         self.round_in_flight = False
         self.epoch_end_round: int | None = None
+        self.drained: list[int] = []          # sync mode round: drained rounds not yet issued
         self.ready_workers: set[str] = set()
         self.standing: dict[str, Message] = {}
         self.data: dict[str, Any] = {}
         self.epochs: list[dict] = []
         self.rounds_done = 0
+        self.round_samples: dict[str, list[int]] = {}
+        self.no_workers_since: float | None = None
         self.last_progress = self.started
         self.finish_deadline = 0.0
         self.next_publish = 0.0
         self.next_throughput = self.started + THROUGHPUT_EVERY_S
         self.last_acked = (self.started, 0)
         self.termination: str | None = None
-        self.metrics.write("start", job=job.name, run_id=self.run_id, nodes=self.expected,
+        expected = self.members.expected
+        self.metrics.write("start", job=job.name, run_id=self.run_id, nodes=expected,
                            fingerprint=job.fingerprint())
-        log.info("run %s: waiting for %d nodes (%s)", self.run_id, len(self.expected),
-                 ", ".join(self.expected))
+        log.info("run %s: waiting for %d nodes (%s)", self.run_id, len(expected),
+                 ", ".join(expected))
 
     # -- messages from nodes -----------------------------------------------------------------
     def on_node(self, identity: bytes | None, env) -> None:
@@ -120,10 +112,16 @@ class Control(Loop):
         if isinstance(msg, Hello):
             self.handle_hello(identity, node_id, msg)
             return
-        node = self.nodes.get(node_id)
+        node = self.members.nodes.get(node_id)
         if node is None:
             raise ProtocolError("unregistered", f"{type(msg).__name__} from {node_id!r}, "
                                                 "which has not said Hello")
+        if node.status != ALIVE:  # declared failed, yet it speaks: it must not go on
+            self.send(self.router, Welcome(
+                accepted=False, run_id=self.run_id, run_dir="",
+                reason=f"{node_id} was declared {node.status}; restart it to rejoin"),
+                identity=identity)
+            return
         node.last_seen = time.monotonic()
         match msg:
             case Heartbeat():
@@ -132,10 +130,16 @@ class Control(Loop):
                 self.handle_ready(node_id, node, info)
             case Failure(reason=reason):
                 self.fail(f"{node_id}: {reason}")
+            case Leaving(reason=reason):
+                log.info("%s left: %s", node_id, reason)
+                if self.members.leave(node_id, time.monotonic(), reason):
+                    self.membership_changed()
             case RoundReady(round=r):
-                if r == self.round + 1 and node_id in self.workers:
+                if r == self.round + 1 and self.sync == "every":
                     self.ready_workers.add(node_id)
                     self.maybe_aggregate()
+            case RoundDrained(round=r):
+                self.handle_drained(r)
             case EpochTrained() as m:
                 self.handle_epoch_trained(m)
             case RoundDone() as m:
@@ -146,28 +150,20 @@ class Control(Loop):
                 self.unexpected(env, "control socket")
 
     def handle_hello(self, identity: bytes, node_id: str, hello: Hello) -> None:
-        claimed = f"{hello.role}-{hello.index}"
-        reason = ""
-        if claimed != node_id or claimed not in self.expected:
-            reason = (f"{claimed} (socket identity {node_id!r}) is not a node of job "
-                      f"{self.job.name!r}, which has {', '.join(self.expected)}")
-        elif hello.fingerprint != self.job.fingerprint():
-            reason = (f"{claimed} runs a different job (fingerprint {hello.fingerprint}, "
+        reason = self.members.refusal(node_id, hello.role, hello.index, hello.pid)
+        if not reason and hello.fingerprint != self.job.fingerprint():
+            reason = (f"{node_id} runs a different job (fingerprint {hello.fingerprint}, "
                       f"control has {self.job.fingerprint()}): start every node with the same "
                       "job file and ZBUS_* settings")
-        elif node_id in self.nodes and self.nodes[node_id].pid != hello.pid \
-                and self.phase != "starting":
-            reason = f"{node_id} is already running as pid {self.nodes[node_id].pid}"
         if reason:
             log.warning("refused a node: %s", reason)
             self.send(self.router, Welcome(accepted=False, reason=reason, run_id=self.run_id,
                                            run_dir=""), identity=identity)
             return
-        if node_id not in self.nodes or self.nodes[node_id].pid != hello.pid:
-            self.nodes[node_id] = NodeState(hello.role, hello.index, hello.host, hello.pid,
-                                            time.monotonic())
-            log.info("%s joined from %s pid %d", node_id, hello.host, hello.pid)
-            self.metrics.write("join", node=node_id, host=hello.host, pid=hello.pid)
+        if self.members.admit(node_id, hello.role, hello.index, hello.host, hello.pid,
+                              time.monotonic()):
+            log.info("%s said hello from %s pid %d", node_id, hello.host, hello.pid)
+            self.metrics.write("hello", node=node_id, host=hello.host, pid=hello.pid)
         self.send(self.router, Welcome(accepted=True, reason="", run_id=self.run_id,
                                        run_dir=str(self.run_dir)), identity=identity)
 
@@ -184,11 +180,23 @@ class Control(Loop):
                          ("samples_in_data", "eval_samples", "rows_read", "rejected_rows")}
             oracle = info.get("oracle_auc")
             self.data["oracle_auc"] = oracle if isinstance(oracle, float) else None
-        node.ready = True
         log.info("%s ready %s", node_id, orjson.dumps(info).decode())
-        if self.phase == "starting" and all(
-                n in self.nodes and self.nodes[n].ready for n in self.expected):
+        if self.members.mark_ready(node_id, time.monotonic()):
+            self.membership_changed()
+        if self.phase == "starting" and self.members.all_expected_ready():
             self.start_epoch(0)
+
+    def membership_changed(self) -> None:
+        workers = self.members.live_workers()
+        event = self.members.events[-1]
+        self.metrics.write("membership", version=self.members.version, workers=workers,
+                           node=event["node"], change=event["event"],
+                           reason=event.get("reason", ""))
+        log.info("workers now: %s (%s %s)", ", ".join(workers) or "none", event["node"],
+                 event["event"])
+        self.publish(Membership(version=self.members.version, workers=workers), "members")
+        self.ready_workers &= set(workers)
+        self.maybe_aggregate()
 
     # -- the lifecycle -----------------------------------------------------------------------
     def publish(self, msg: Message, standing: str | None = None) -> None:
@@ -205,8 +213,9 @@ class Control(Loop):
         self.publish(EpochStart(epoch=epoch), "data")
 
     def maybe_aggregate(self) -> None:
-        if (self.phase == "training" and not self.round_in_flight
-                and self.ready_workers.issuperset(self.workers)):
+        live = self.members.live_workers()
+        if (self.sync == "every" and self.phase == "training" and not self.round_in_flight
+                and live and self.ready_workers.issuperset(live)):
             self.issue_round(f"every worker did {self.job.train.sync_every} local steps")
 
     def issue_round(self, reason: str) -> None:
@@ -214,8 +223,19 @@ class Control(Loop):
         self.round_in_flight = True
         self.ready_workers.clear()
         self.metrics.write("aggregate", round=self.round, reason=reason)
-        self.publish(Aggregate(round=self.round, participants=self.workers, reason=reason),
-                     "round")
+        self.publish(Aggregate(round=self.round, participants=self.members.live_workers(),
+                               reason=reason), "round")
+
+    def handle_drained(self, round_: int) -> None:
+        """Sync mode round: every batch of the round is acknowledged; aggregate it, in order."""
+        if self.sync == "round" and round_ > self.round and round_ not in self.drained:
+            self.drained.append(round_)
+            self.issue_drained()
+
+    def issue_drained(self) -> None:
+        if self.drained and not self.round_in_flight and self.drained[0] == self.round + 1:
+            round_ = self.drained.pop(0)
+            self.issue_round(f"round {round_} queue drained")
 
     def handle_round_done(self, done: RoundDone) -> None:
         if done.round != self.round or not self.round_in_flight:
@@ -224,8 +244,13 @@ class Control(Loop):
         self.standing.pop("round", None)
         self.rounds_done += 1
         self.last_progress = time.monotonic()
-        self.metrics.write("round_done", round=done.round, contributors=done.contributors,
+        by_worker = dict(zip(done.contributors, done.samples_by, strict=True))
+        for worker in set(self.round_samples) | set(by_worker):
+            self.round_samples.setdefault(worker, [0] * (self.rounds_done - 1)).append(
+                by_worker.get(worker, 0))
+        self.metrics.write("round_done", round=done.round, samples_by=by_worker,
                            coefficient=done.coefficient, samples=done.samples)
+        self.issue_drained()
         if self.phase == "syncing":
             self.sync_for_eval()
         else:
@@ -242,13 +267,17 @@ class Control(Loop):
         self.sync_for_eval()
 
     def sync_for_eval(self) -> None:
-        """One last round so that every worker evaluates the same weights."""
-        if self.round_in_flight:
-            return  # the round in flight finishes first
+        """Every worker evaluates the same weights: in mode round those of the epoch's last
+        round, otherwise of one more round."""
+        if self.round_in_flight or self.drained:
+            return  # rounds still to finish first
         if self.epoch_end_round is None:
-            self.issue_round("end of epoch")
-            self.epoch_end_round = self.round
-            return
+            if self.sync == "round":
+                self.epoch_end_round = self.round
+            else:
+                self.issue_round("end of epoch")
+                self.epoch_end_round = self.round
+                return
         self.phase = "evaluating"
         self.publish(Evaluate(epoch=self.epoch, round=self.epoch_end_round), "data")
 
@@ -283,27 +312,38 @@ class Control(Loop):
             self.record_throughput(now)
         c = self.job.cluster
         if self.phase == "starting" and now - self.started > c.start_timeout_s:
-            missing = [n for n in self.expected if n not in self.nodes
-                       or not self.nodes[n].ready]
-            self.fail(f"not ready after {c.start_timeout_s:.0f} s: {', '.join(missing)}")
+            self.fail(f"not ready after {c.start_timeout_s:.0f} s: "
+                      f"{', '.join(self.members.missing())}")
             return
-        for node_id, node in self.nodes.items():
-            if node.ready and now - node.last_seen > c.node_timeout_s:
-                self.fail(f"{node_id} missed heartbeats for {now - node.last_seen:.1f} s "
-                          f"(node_timeout_s = {c.node_timeout_s})")
+        for node_id in self.members.silent(now, c.node_timeout_s):
+            node = self.members.nodes[node_id]
+            reason = (f"{node_id} missed heartbeats for {now - node.last_seen:.1f} s "
+                      f"(node_timeout_s = {c.node_timeout_s})")
+            if node.role != "worker":
+                self.fail(reason)
                 return
-        if self.phase in ("training", "syncing", "evaluating") \
-                and now - self.last_progress > self.job.train.stall_timeout_s:
+            log.warning("%s; its batches go to the other workers", reason)
+            if self.members.fail(node_id, now, reason):
+                self.membership_changed()
+        active = self.phase in ("training", "syncing", "evaluating")
+        if active and not self.members.live_workers():
+            self.no_workers_since = self.no_workers_since or now
+            if now - self.no_workers_since > c.node_timeout_s:
+                self.fail(f"no live worker for {c.node_timeout_s:.0f} s")
+                return
+        else:
+            self.no_workers_since = None
+        if active and now - self.last_progress > self.job.train.stall_timeout_s:
             self.fail(f"no progress for {self.job.train.stall_timeout_s:.0f} s in phase "
                       f"{self.phase}")
             return
-        if self.phase == "finishing" and (now > self.finish_deadline or all(
-                self.nodes[n].final for n in self.expected)):
+        if self.phase == "finishing" and (now > self.finish_deadline
+                                          or self.members.all_final()):
             self.end("completed", "")
 
     def record_throughput(self, now: float) -> None:
         self.next_throughput = now + THROUGHPUT_EVERY_S
-        feeder = self.nodes.get("feeder-0")
+        feeder = self.members.nodes.get("feeder-0")
         acked = feeder.counters.get("samples_acked") if feeder else None
         then, before = self.last_acked
         if isinstance(acked, int) and self.phase != "starting":
@@ -323,13 +363,14 @@ class Control(Loop):
         summary = build_summary(
             job=self.job, run_id=self.run_id, run_dir=str(self.run_dir), status=status,
             reason=reason, data=self.data, epochs=self.epochs,
-            counters={**{n: s.counters for n, s in self.nodes.items()},
+            counters={**{n: s.counters for n, s in self.members.nodes.items()},
                       self.node_id: {**self.traffic.as_dict(),
                                      "rejected_messages": dict(self.rejected),
                                      "idle_s": self.idle_s,
                                      "uptime_s": time.monotonic() - self.started}},
             wall_s=time.monotonic() - self.started,
-            rounds=self.rounds_done)
+            rounds=self.rounds_done, round_samples=self.round_samples,
+            membership=self.members.events)
         path = self.run_dir / "summary.json"
         atomic_write(path, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         self.metrics.write("end", status=status, reason=reason)

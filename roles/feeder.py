@@ -1,10 +1,15 @@
 """The feeder: reads the data, sends each batch's sparse keys to the shards that own them and
 its dense features, labels and weights to the sample queue, and keeps the ledger of batches
-in flight. It reports each finished training pass and scores each evaluation pass.
+in flight (``roles.batching.Ledger``). It reports each finished training pass (and, in sync
+mode round, each drained round) and scores each evaluation pass.
 
-Flow control: at most ``window`` batches are unacknowledged at a time, and a batch is only
-built when the sample queue can take it (POLLOUT), so the keys and the samples of a batch are
-always sent together and the shards never hold keys of more than ``window`` batches.
+Flow control: at most ``window`` batches are unacknowledged at a time (``prefetch + 2`` per
+live worker, plus 2), and a batch is only built when the sample queue can take it (POLLOUT), so
+the keys and the samples of a batch always leave together and no buffer grows without bound.
+
+Every batch a worker pulls, it asks to take (Taken -> Grant): each batch is granted to one
+worker, and only that worker's ack counts. When control's membership loses a worker, its
+batches and every batch not yet taken are sent again under the same id (see the Ledger).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from roles.batching import Ledger, Plan
+from roles.batching import Ledger, Plan, sample_batch_bytes
 from roles.cli import role_main
 from roles.data.dataset import Dataset, load_dataset
 from roles.data.hashing import shard_of
@@ -33,9 +38,14 @@ from zbus.wire import (
     EpochTrained,
     EvalReport,
     Evaluate,
+    Grant,
+    Idle,
+    Membership,
     ProtocolError,
     Ready,
+    RoundDrained,
     SampleBatch,
+    Taken,
 )
 
 log = logging.getLogger(__name__)
@@ -57,19 +67,26 @@ class Feeder(Node):
     def __init__(self, job: Job, index: int = 0):
         super().__init__(job.cluster, index, job.fingerprint())
         self.job = job
-        c = job.cluster
-        self.window = c.workers * (job.train.prefetch + 2) + 2
-        self.samples = self.bind(zmq.PUSH, c.endpoint("samples"), sndhwm=job.train.prefetch)
-        self.acks = self.bind(zmq.ROUTER, c.endpoint("ledger"), self.on_ack)
-        self.shards = [self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"),
-                                    sndhwm=4 * self.window) for i in range(c.shards)]
+        c, t = job.cluster, job.train
+        self.samples = self.bind(zmq.PUSH, c.endpoint("samples"), sndhwm=1,
+                                 kernel_buffer=sample_batch_bytes(t.batch_size,
+                                                                  len(job.dense_fields)))
+        self.acks = self.bind(zmq.ROUTER, c.endpoint("ledger"), self.on_worker)
+        self.ledger = Ledger(self.window_for(c.workers))
+        self.shards = [self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"), sndhwm=0)
+                       for i in range(c.shards)]  # bounded by the window, never blocks
+        self.round_batches = c.workers * t.round_iterations if t.sync == "round" else 0
         self.data: Dataset | None = None
         self.owner: np.ndarray | None = None
-        self.ledger = Ledger(self.window)
         self.plan: Plan | None = None
+        self.members: set[str] = set()
+        self.members_version = -1
         self.epoch = -1
         self.evaluated = -1
         self.eval_round = 0
+        self.sync_round = 1          # sync mode round: the round being fed
+        self.round_sent = 0
+        self.round_samples = 0
         self.epoch_started = 0.0
         self.loss_sum = 0.0
         self.weight_sum = 0.0
@@ -77,8 +94,15 @@ class Feeder(Node):
         self.preds: np.ndarray | None = None
         self.samples_acked = 0
         self.batches_sent = 0
+        self.batches_resent = 0
         self.batches_acked = 0
+        self.copies_wanted = 0  # second copies of untaken batches that idle workers could use
         self.acked_by: Counter[str] = Counter()
+
+    def window_for(self, workers: int) -> int:
+        """Batches in flight: per worker, its prefetch and the one it trains, as many again
+        that a slow worker may hold in socket buffers, and some in transit."""
+        return max(1, workers) * (2 * self.job.train.prefetch + 6) + 2
 
     # -- start-up --------------------------------------------------------------------------
     def on_welcome(self) -> None:
@@ -108,6 +132,8 @@ class Feeder(Node):
     # -- commands from control -------------------------------------------------------------
     def handle_command(self, env) -> None:
         match env.msg:
+            case Membership(version=v, workers=workers) if v > self.members_version:
+                self.handle_membership(v, set(workers))
             case EpochStart(epoch=e) if self.data is not None and e > self.epoch:
                 self.start_training(e)
             case Evaluate(epoch=e, round=r) if self.data is not None and e > self.evaluated \
@@ -115,6 +141,15 @@ class Feeder(Node):
                 self.start_evaluation(e, r)
             case _:
                 pass  # other commands, and repeats of ones already acted on
+
+    def handle_membership(self, version: int, workers: set[str]) -> None:
+        lost = self.members - workers
+        self.members, self.members_version = workers, version
+        self.ledger.window = self.window_for(len(workers))
+        if lost:
+            count = self.ledger.requeue(lost)
+            log.warning("lost %s: %d batch(es) go out again", ", ".join(sorted(lost)), count)
+        self.pump()
 
     def start_training(self, epoch: int) -> None:
         d = self.data
@@ -139,16 +174,44 @@ class Feeder(Node):
     def on_writable(self, sock: zmq.Socket) -> None:
         self.pump()
 
-    def pump(self) -> None:
-        """Send batches while the plan has some, the window has room and the queue takes them."""
-        while (self.plan is not None and not self.plan.exhausted() and self.ledger.has_room()
-               and self.samples.getsockopt(zmq.EVENTS) & zmq.POLLOUT):
-            self.send_batch(*self.plan.take())
-        self.want_writable(self.samples, self.plan is not None and not self.plan.exhausted()
-                           and self.ledger.has_room())
+    def at_tail(self) -> bool:
+        """Every batch of the pass (or, in sync mode round, of the round) has been sent."""
+        return self.plan is not None and (self.plan.exhausted() or (
+            not self.plan.eval and bool(self.round_batches)
+            and self.round_sent >= self.round_batches))
 
-    def send_batch(self, batch_id: int, rows: np.ndarray) -> None:
-        d, plan = self.data, self.plan
+    def may_send_new(self) -> bool:
+        # sync mode round: the next round's batches wait until this round is acknowledged
+        return self.plan is not None and not self.at_tail() and self.ledger.has_room()
+
+    def pump(self) -> None:
+        """Send batches again, then new ones (or, at the end of a pass or round, second copies
+        of stragglers), while the queue takes them (POLLOUT)."""
+        if not self.at_tail():
+            self.copies_wanted = 0  # copies are for the end of a pass, when nothing is new
+        while self.samples.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+            again = self.ledger.next_resend()
+            if again is None and self.copies_wanted:
+                again = self.ledger.straggler()
+                self.copies_wanted = self.copies_wanted - 1 if again else 0
+            if again is not None:
+                batch_id, entry = again
+                self.send_batch(batch_id, entry.rows, entry.eval, entry.round)
+                self.batches_resent += 1
+            elif self.may_send_new():
+                batch_id, rows = self.plan.take()
+                round_ = 0 if self.plan.eval or not self.round_batches else self.sync_round
+                self.send_batch(batch_id, rows, self.plan.eval, round_)
+                self.ledger.sent(batch_id, rows, self.plan.eval, round_)
+                self.batches_sent += 1
+                self.round_sent += not self.plan.eval
+            else:
+                break
+        self.want_writable(self.samples, bool(self.ledger.resend) or self.may_send_new()
+                           or bool(self.copies_wanted))
+
+    def send_batch(self, batch_id: int, rows: np.ndarray, eval: bool, round_: int) -> None:
+        d = self.data
         keys = d.keys[rows].ravel()
         owner = self.owner[rows].ravel()
         for shard, sock in enumerate(self.shards):
@@ -157,17 +220,22 @@ class Feeder(Node):
                                       fields=len(d.fields), positions=positions,
                                       keys=keys[positions]))
         self.send(self.samples, SampleBatch(
-            batch_id=batch_id, epoch=plan.epoch, eval=plan.eval,
-            min_round=self.eval_round if plan.eval else 0, dense=d.dense[rows],
+            batch_id=batch_id, epoch=self.epoch, eval=eval,
+            min_round=self.eval_round if eval else 0, round=round_, dense=d.dense[rows],
             labels=d.labels[rows], weights=np.ones(len(rows), dtype=np.float32)))
-        self.ledger.sent(batch_id, rows, plan.eval)
-        self.batches_sent += 1
 
-    # -- acknowledgements ------------------------------------------------------------------
-    def on_ack(self, identity: bytes | None, env) -> None:
+    # -- takes and acknowledgements --------------------------------------------------------
+    def on_worker(self, identity: bytes | None, env) -> None:
+        worker = identity.decode(errors="replace")
         match env.msg:
+            case Taken(batch_id=b):
+                self.send(self.acks, Grant(batch_id=b, granted=self.ledger.take(b, worker)),
+                          identity=identity)
             case Ack() as ack:
-                self.handle_ack(identity.decode(errors="replace"), ack)
+                self.handle_ack(worker, ack)
+            case Idle():
+                self.copies_wanted += self.job.train.prefetch + 1
+                self.pump()
             case _:
                 self.unexpected(env, "ledger")
 
@@ -178,9 +246,9 @@ class Feeder(Node):
             # rejected before the ledger forgets the batch: a bad ack must not lose it
             raise ProtocolError("inconsistent", f"ack of batch {ack.batch_id} does not match "
                                                 f"the batch sent ({len(sent.rows)} samples)")
-        entry = self.ledger.acked(ack.batch_id)
+        entry = self.ledger.acked(ack.batch_id, worker)
         if entry is None:
-            return  # not in flight: a duplicate, counted by the ledger
+            return  # not the holder's ack (a duplicate or a lost worker's), counted
         self.batches_acked += 1
         if entry.eval:
             self.preds[entry.rows - self.data.n_train] = ack.preds
@@ -189,9 +257,20 @@ class Feeder(Node):
             self.weight_sum += ack.weight_sum
             self.epoch_samples += ack.samples
             self.samples_acked += ack.samples
+            self.round_samples += ack.samples
             self.acked_by[worker] += ack.samples
+        if not self.ledger.in_flight and self.plan is not None:
+            self.pass_drained()
         self.pump()
-        if self.plan is not None and self.plan.exhausted() and not self.ledger.in_flight:
+
+    def pass_drained(self) -> None:
+        """Nothing is in flight: a sync round, and maybe the whole pass, is done."""
+        plan = self.plan
+        if self.round_batches and not plan.eval and self.round_sent:
+            self.to_control(RoundDrained(round=self.sync_round, samples=self.round_samples))
+            self.sync_round += 1
+            self.round_sent = self.round_samples = 0
+        if plan.exhausted():
             self.finish_pass()
 
     def finish_pass(self) -> None:
@@ -215,11 +294,14 @@ class Feeder(Node):
                                          weight_sum=self.weight_sum, seconds=seconds))
 
     def counters(self) -> dict:
+        ledger = self.ledger
         return {"epoch": self.epoch, "batches_sent": self.batches_sent,
-                "batches_acked": self.batches_acked,
-                "samples_acked": self.samples_acked, "in_flight": len(self.ledger.in_flight),
-                "duplicate_acks": self.ledger.duplicate_acks, "acked_by": dict(self.acked_by),
-                "window": self.window}
+                "batches_resent": self.batches_resent, "batches_acked": self.batches_acked,
+                "samples_acked": self.samples_acked, "in_flight": len(ledger.in_flight),
+                "requeued_batches": ledger.requeued, "duplicate_acks": ledger.duplicate_acks,
+                "refused_takes": ledger.refused_takes, "acked_by": dict(self.acked_by),
+                "straggler_copies": ledger.straggler_copies,
+                "window": ledger.window}
 
 
 def main() -> None:

@@ -99,8 +99,9 @@ class ModelConfig:
 class TrainConfig:
     epochs: int = field(default=3, metadata={"min": 1, "max": 4095})
     batch_size: int = field(default=256, metadata={"min": 1, "max": 1 << 20})
-    sync: str = field(default="every", metadata={"choices": ("step", "every")})
+    sync: str = field(default="every", metadata={"choices": ("step", "every", "round")})
     sync_every: int = field(default=8, metadata={"min": 1})
+    round_iterations: int = field(default=32, metadata={"min": 1})
     dense_lr: float = field(default=1e-3, metadata={"min": 0.0})
     embedding_lr: float = field(default=0.05, metadata={"min": 0.0})
     embedding_init: float = field(default=0.05, metadata={"min": 0.0})

@@ -81,19 +81,38 @@ class LocalCluster:
         self.procs[name] = proc
         return proc
 
-    def start_role(self, role: str, index: int = 0) -> subprocess.Popen:
+    def start_role(self, role: str, index: int = 0, *args: str) -> subprocess.Popen:
         return self.start(f"{role}-{index}", [sys.executable, "-m", f"roles.{role}",
-                                              "--index", str(index)])
+                                              "--index", str(index), *args])
 
-    def start_all(self) -> None:
+    def start_all(self, slowdown: dict[int, float] | None = None) -> None:
+        """Every role of the job; ``slowdown`` maps worker indexes to --slowdown factors."""
         c = self.job.cluster
+        slowdown = slowdown or {}
         self.start_role("control")
         self.start_role("feeder")
         for i in range(c.shards):
             self.start_role("ps", i)
         for i in range(c.workers):
-            self.start_role("worker", i)
+            self.start_role("worker", i, "--slowdown", str(slowdown.get(i, 1.0)))
         self.start_role("aggregator")
+
+    def events(self) -> list[dict]:
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
+
+    def wait_for_event(self, predicate, timeout: float = 120.0) -> dict:
+        """The first metrics event satisfying ``predicate`` (control must stay up meanwhile)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = next((e for e in self.events() if predicate(e)), None)
+            if found is not None:
+                return found
+            if time.monotonic() > deadline or self.procs["control-0"].poll() is not None:
+                raise AssertionError(f"no such event within {timeout} s:\n{self.logs()}")
+            time.sleep(0.1)
 
     def wait(self, name: str = "control-0", timeout: float = 240.0) -> int:
         try:
@@ -102,8 +121,8 @@ class LocalCluster:
             raise AssertionError(f"{name} still running after {timeout} s; its log:\n"
                                  + self.log(name)[-4000:]) from None
 
-    def run_job(self, timeout: float = 240.0) -> int:
-        self.start_all()
+    def run_job(self, timeout: float = 240.0, slowdown: dict[int, float] | None = None) -> int:
+        self.start_all(slowdown)
         return self.wait(timeout=timeout)
 
     def log(self, name: str) -> str:

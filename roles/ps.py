@@ -4,7 +4,10 @@ Per batch: the feeder sends the keys this shard owns (BatchKeys); the shard dedu
 or creates their rows and keeps (rows, positions, inverse) until the batch's gradients arrive.
 A worker's Lookup is answered as soon as both the keys and the request are here (in either
 order). EmbeddingGrads are applied once per batch: the shard remembers applied batch ids (the
-current and the previous epoch), so a gradient sent twice is refused and counted.
+current and the previous epoch), so a gradient sent twice is refused and counted. A batch sent
+again (its worker died) brings its keys again: while the batch is held that is a no-op, after
+its gradients were applied the rows are held again for the new worker's look-up, and its
+gradients will be refused.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from zbus.wire import (
 
 log = logging.getLogger(__name__)
 MAX_WAITING = 10_000  # look-ups parked for keys that have not arrived (bounded)
+MAX_EVAL_KEPT = 256   # answered eval batches still held, for a second copy's look-up
 
 
 @dataclass
@@ -54,9 +58,10 @@ class Shard(Node):
         self.held: dict[int, HeldBatch] = {}
         self.waiting: OrderedDict[int, list[tuple[bytes, bool]]] = OrderedDict()
         self.applied: set[int] = set()
+        self.answered_eval: OrderedDict[int, None] = OrderedDict()
         self.newest_epoch = 0
         self.counts = {"key_messages": 0, "lookups": 0, "updates": 0, "duplicates_refused": 0,
-                       "keys_received": 0}
+                       "keys_received": 0, "keys_repeated": 0}
 
     def on_welcome(self) -> None:
         self.state = "ready"
@@ -74,8 +79,9 @@ class Shard(Node):
                 self.unexpected(env, "shard socket")
 
     def handle_keys(self, msg: BatchKeys) -> None:
-        if msg.batch_id in self.held or msg.batch_id in self.applied:
-            raise ProtocolError("duplicate_batch", f"keys of batch {msg.batch_id} again")
+        if msg.batch_id in self.held:
+            self.counts["keys_repeated"] += 1
+            return
         self._forget_old_epochs(split_batch_id(msg.batch_id)[0])
         uniq, inverse = np.unique(msg.keys, return_inverse=True)
         self.held[msg.batch_id] = HeldBatch(rows=self.table.rows_for(uniq),
@@ -90,15 +96,17 @@ class Shard(Node):
         if msg.batch_id in self.held:
             self.answer(identity, msg.batch_id, msg.train)
             return
-        if msg.batch_id in self.applied:
-            raise ProtocolError("late_lookup", f"batch {msg.batch_id} is already trained")
         self.waiting.setdefault(msg.batch_id, []).append((identity, msg.train))
         while len(self.waiting) > MAX_WAITING:
             dropped, _ = self.waiting.popitem(last=False)
             self.reject(ProtocolError("lookup_dropped", f"batch {dropped} never got its keys"))
 
     def answer(self, identity: bytes, batch_id: int, train: bool) -> None:
-        held = self.held[batch_id] if train else self.held.pop(batch_id)
+        held = self.held[batch_id]
+        if not train:  # eval batches get no gradients: keep the newest few, in case a copy
+            self.answered_eval[batch_id] = None  # of the batch was sent again
+            while len(self.answered_eval) > MAX_EVAL_KEPT:
+                self.held.pop(self.answered_eval.popitem(last=False)[0], None)
         self.send(self.sock, Embeddings(batch_id=batch_id, positions=held.positions,
                                         inverse=held.inverse,
                                         rows=self.table.weights[held.rows]), identity=identity)
@@ -107,6 +115,7 @@ class Shard(Node):
     def handle_grads(self, msg: EmbeddingGrads) -> None:
         if msg.batch_id in self.applied:
             self.counts["duplicates_refused"] += 1
+            self.held.pop(msg.batch_id, None)
             return
         held = self.held.get(msg.batch_id)
         if held is None:

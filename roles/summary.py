@@ -15,6 +15,11 @@ def _num(value: Any) -> float:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
+def _index(node: str) -> int:
+    tail = node.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
 def channel_bytes(counters: list[dict]) -> dict[str, int]:
     """Bytes sent per channel, summed over the nodes (each message counted once, by its
     sender)."""
@@ -30,15 +35,17 @@ def channel_bytes(counters: list[dict]) -> dict[str, int]:
 
 def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: str,
                   data: dict, epochs: list[dict], counters: dict[str, dict],
-                  wall_s: float, rounds: int) -> dict:
+                  wall_s: float, rounds: int, round_samples: dict[str, list[int]],
+                  membership: list[dict]) -> dict:
     evaluated = [e for e in epochs if "auc" in e]
     last = evaluated[-1] if evaluated else {}
     train_s = sum(e.get("train_s", 0.0) for e in epochs)
     feeder = counters.get("feeder-0", {})
     acked_by = feeder.get("acked_by") if isinstance(feeder.get("acked_by"), dict) else {}
     samples_trained = int(_num(feeder.get("samples_acked")))
-    workers = {f"worker-{i}": int(_num(acked_by.get(f"worker-{i}")))
-               for i in range(job.cluster.workers)}
+    names = {f"worker-{i}" for i in range(job.cluster.workers)} | set(acked_by) | {
+        n for n in counters if n.startswith("worker-")}
+    workers = {w: int(_num(acked_by.get(w))) for w in sorted(names, key=_index)}
     rejected_messages = {node: c["rejected_messages"] for node, c in sorted(counters.items())
                          if isinstance(c.get("rejected_messages"), dict)
                          and c["rejected_messages"]}
@@ -73,6 +80,16 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "busy": busy,
         "sync": job.train.sync,
         "rounds": rounds,
+        "round_samples": round_samples,
+        "requeued_batches": int(_num(feeder.get("requeued_batches"))),
+        "straggler_copies": int(_num(feeder.get("straggler_copies"))),
+        "duplicates_refused": {
+            "embedding_updates": sum(int(_num(c.get("duplicates_refused")))
+                                     for n, c in counters.items() if n.startswith("ps-")),
+            "acks": int(_num(feeder.get("duplicate_acks"))),
+            "batch_copies": int(_num(feeder.get("refused_takes"))),
+        },
+        "membership": membership,
         "bytes": channel_bytes(list(counters.values())),
         "shards": shards,
         "rejected_messages": rejected_messages,

@@ -1,20 +1,28 @@
 """A worker: one replica of the dense network.
 
 Per batch it pulls dense features, labels and weights from the sample queue (never sparse
-keys), asks every shard for the batch's embeddings by batch id, runs forward and backward,
-sends each shard the gradients of its rows, updates the dense weights and acknowledges the
-batch to the feeder. Up to ``prefetch`` batches are pulled ahead so that their look-ups are in
-flight while the current batch trains.
+keys), asks every shard for its embeddings by batch id, asks the feeder to take it (each batch
+is granted to one worker), runs forward and backward, sends each shard the gradients of its
+rows, updates the dense weights and acknowledges the batch to the feeder. Up to ``prefetch``
+batches are pulled ahead with their look-ups in flight while the current one trains, but only
+the next one to run is taken: the rest stay untaken, so at the end of a pass the feeder can
+hand copies of them to an idle worker instead of waiting for a slow one.
 
-Dense synchronisation (``[train] sync``):
+Dense synchronisation (``[train] sync``), see ``roles.replica`` for the round arithmetic:
 
 - ``step``: the dense gradient of every step goes to the aggregator, which applies it with its
   Adam and answers with the new weights; the worker waits for them (no local optimiser).
-- ``every``: the worker trains with its own Adam. After ``sync_every`` local steps it tells
-  control it is ready; when control publishes Aggregate(r) it sends its delta (weights now
-  minus weights at its last contribution) and keeps training. When the combined weights W(r)
-  arrive it adopts ``W(r) + (its progress since it contributed)``, so no local step is lost
-  and no worker ever blocks on a slower one.
+- ``every``: local Adam; after ``sync_every`` local steps the worker tells control it is
+  ready; on Aggregate(r) it contributes its delta and keeps training.
+- ``round``: local Adam; the feeder releases ``round_iterations`` batches per worker per
+  round, control calls Aggregate(r) when they are all acknowledged, and a worker trains a batch
+  of round r + 1 only after it has contributed to round r, so that M (its samples in the
+  round) is exact.
+
+SIGTERM: the worker stops pulling, finishes the batches it was granted, tells control it is
+leaving and exits 0 (a second SIGTERM, or ``LEAVE_TIMEOUT_S``, ends it at once: whatever it
+still holds, the feeder sends again). ``--slowdown N`` (a test and demo aid) makes every batch
+take N times as long, idling rather than burning CPU, like a slower machine.
 """
 
 from __future__ import annotations
@@ -23,16 +31,19 @@ import functools
 import logging
 import os
 import time
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 import zmq
 
+from roles.batching import sample_batch_bytes
 from roles.cli import role_main
 from roles.job import Job
 from roles.model import auto_threads, build_model, pick_device, set_threads, weighted_loss_sum
+from roles.replica import Replica
 from zbus.node import Node
 from zbus.wire import (
     Ack,
@@ -40,109 +51,98 @@ from zbus.wire import (
     Contribution,
     EmbeddingGrads,
     Embeddings,
+    Grant,
+    Idle,
+    Leaving,
     Lookup,
+    Message,
     ProtocolError,
     Ready,
     RoundReady,
     SampleBatch,
     StepGrad,
+    Taken,
     Weights,
     WeightsRequest,
 )
 
 log = logging.getLogger(__name__)
+LEAVE_TIMEOUT_S = 5.0
 
 
 @dataclass
 class PulledBatch:
     sample: SampleBatch
     replies: list[Embeddings | None]
+    asked: bool = False       # Taken sent to the feeder
+    granted: bool = False
     asked_at: float = field(default_factory=time.monotonic)
 
-    def complete(self) -> bool:
+    def has_embeddings(self) -> bool:
         return all(r is not None for r in self.replies)
+
+    def complete(self) -> bool:
+        return self.granted and self.has_embeddings()
 
 
 class Worker(Node):
     role = "worker"
 
-    def __init__(self, job: Job, index: int):
+    def __init__(self, job: Job, index: int, slowdown: float = 1.0):
+        self.leaving = False  # before the signal handlers are installed
         super().__init__(job.cluster, index, job.fingerprint())
         self.job = job
         c, t = job.cluster, job.train
         self.fields, self.dim = len(job.sparse_fields), job.model.embedding_dim
         self.n_dense = len(job.dense_fields)
+        self.slowdown = max(1.0, slowdown)
         self.threads = set_threads(t.torch_threads or auto_threads(c, os.cpu_count() or 1))
         self.device = pick_device(t.device)
-        self.model = build_model(job).to(self.device)
-        self.params = list(self.model.parameters())
-        self.size = sum(p.numel() for p in self.params)
         self.step_mode = t.sync == "step"
-        self.optimizer = None if self.step_mode else torch.optim.Adam(self.params, lr=t.dense_lr)
-        self.samples = self.connect(zmq.PULL, c.endpoint("samples"), self.on_sample,
-                                    rcvhwm=t.prefetch)
+        self.replica = Replica(build_model(job).to(self.device), self.device,
+                               None if self.step_mode else t.dense_lr)
+        self.samples = self.connect(zmq.PULL, c.endpoint("samples"), self.on_sample, rcvhwm=1,
+                                    kernel_buffer=sample_batch_bytes(t.batch_size,
+                                                                     self.n_dense))
         self.pause(self.samples, True)  # until the first weights are here
-        self.acks = self.connect(zmq.DEALER, c.endpoint("ledger"))
+        self.feeder = self.connect(zmq.DEALER, c.endpoint("ledger"), self.on_feeder)
         self.shards = [self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"),
                                     functools.partial(self.on_shard, i))
                        for i in range(c.shards)]
         self.aggregator = self.connect(zmq.DEALER, c.endpoint("aggregator"), self.on_reply)
         self.weights_pub = self.connect(zmq.SUB, c.endpoint("aggregator_pub"),
                                         self.on_broadcast)
-        self.pipeline: deque[PulledBatch] = deque()
-        self.by_id: dict[int, PulledBatch] = {}
-        self.version = -1                 # round of the global weights adopted last
-        self.base: np.ndarray | None = None   # weights at the last contribution or adoption
-        self.sent: np.ndarray | None = None   # weights when the in-flight contribution left
-        self.sent_round = -1
+        self.pipeline: dict[int, PulledBatch] = {}   # in pull order
         self.deferred_round: int | None = None
         self.awaiting_step: tuple[PulledBatch, float, float] | None = None
+        self.parked: tuple[list[tuple[zmq.Socket, Message]], Callable[[], None]] | None = None
         self.step_sent_at = 0.0
-        self.replies_due: deque[str] = deque()  # "request" or "step": the aggregator answers
-        self.asked_weights_at = 0.0             # a DEALER's requests in order
-        self.steps_since = 0
-        self.coef_since = 0.0
-        self.samples_since = 0
+        self.replies_due: list[str] = []  # "request" or "step": the aggregator answers a
+        self.asked_weights_at = 0.0       # DEALER's requests in order
         self.ready_sent_for = -1
+        self.idle_said = False
+        self.leave_by = 0.0
         self.counts = {"samples_trained": 0, "batches_trained": 0, "eval_samples": 0,
-                       "contributions": 0, "rounds_adopted": 0, "lookup_wait_s": 0.0,
-                       "compute_s": 0.0, "step_wait_s": 0.0}
+                       "contributions": 0, "rounds_adopted": 0, "refused_batches": 0,
+                       "copies_ignored": 0,
+                       "lookup_wait_s": 0.0, "compute_s": 0.0, "step_wait_s": 0.0,
+                       "slowdown": self.slowdown}
 
     # -- weights -----------------------------------------------------------------------------
-    def get_flat(self) -> np.ndarray:
-        with torch.no_grad():
-            return torch.cat([p.detach().reshape(-1) for p in self.params]).cpu().numpy()
-
-    def set_flat(self, flat: np.ndarray) -> None:
-        source = torch.from_numpy(np.array(flat, dtype=np.float32)).to(self.device)
-        offset = 0
-        with torch.no_grad():
-            for p in self.params:
-                n = p.numel()
-                p.copy_(source[offset:offset + n].view_as(p))
-                offset += n
-
     def adopt(self, w: Weights) -> None:
-        """Take the global weights of a newer round, keeping local progress not yet in them."""
-        if w.params.shape != (self.size,):
+        if w.params.shape != (self.replica.size,):
             raise ProtocolError("bad_shape", f"weights of {w.params.shape}, model has "
-                                             f"{self.size} parameters")
-        if w.round <= self.version:
+                                             f"{self.replica.size} parameters")
+        if not self.replica.adopt(w.round, w.params):
             return
-        new = np.array(w.params, dtype=np.float32)
-        if self.base is not None:
-            reference = self.sent if self.sent is not None else self.base
-            new = new + (self.get_flat() - reference)
-        self.set_flat(new)
-        self.base = np.array(w.params, dtype=np.float32)
-        self.version, self.sent, self.sent_round = w.round, None, -1
         self.counts["rounds_adopted"] += 1
         if self.state == "starting":
             self.state = "ready"
             self.to_control(Ready(info={"device": str(self.device), "threads": self.threads,
-                                        "parameters": self.size}))
-            self.pause(self.samples, False)
-        if self.deferred_round is not None and self.deferred_round > self.version:
+                                        "parameters": self.replica.size,
+                                        "slowdown": self.slowdown}))
+            self.pause(self.samples, self.leaving)
+        if self.deferred_round is not None and self.deferred_round > self.replica.version:
             round_, self.deferred_round = self.deferred_round, None
             self.contribute(round_)
         self.advance()
@@ -158,7 +158,7 @@ class Worker(Node):
     def on_reply(self, _identity: bytes | None, env) -> None:
         match env.msg:
             case Weights() as w if self.replies_due:
-                if self.replies_due.popleft() == "step":
+                if self.replies_due.pop(0) == "step":
                     self.finish_step(w)
                 else:
                     self.adopt(w)
@@ -175,9 +175,9 @@ class Worker(Node):
     def handle_command(self, env) -> None:
         match env.msg:
             case Aggregate(round=r, participants=who) if self.node_id in who:
-                if r <= self.version or r == self.sent_round:
+                if r <= self.replica.settled_round:
                     return  # a repeat of a round already done or contributed
-                if self.sent is not None:
+                if self.replica.in_flight:
                     self.deferred_round = r  # one round in flight at a time
                 else:
                     self.contribute(r)
@@ -185,13 +185,11 @@ class Worker(Node):
                 pass
 
     def contribute(self, round_: int) -> None:
-        flat = self.get_flat()
-        delta = np.zeros(0, dtype=np.float32) if self.step_mode else flat - self.base
-        self.send(self.aggregator, Contribution(round=round_, coefficient=self.coef_since,
-                                                samples=self.samples_since, delta=delta))
-        self.sent, self.sent_round = flat, round_
-        self.steps_since, self.coef_since, self.samples_since = 0, 0.0, 0
+        delta, coefficient, samples = self.replica.contribute(round_, not self.step_mode)
+        self.send(self.aggregator, Contribution(round=round_, coefficient=coefficient,
+                                                samples=samples, delta=delta))
         self.counts["contributions"] += 1
+        self.advance()  # batches of the next round may go now
 
     # -- batches -------------------------------------------------------------------------------
     def on_sample(self, _identity: bytes | None, env) -> None:
@@ -200,54 +198,89 @@ class Worker(Node):
                 if s.dense.shape[1] != self.n_dense:
                     raise ProtocolError("bad_shape", f"batch with {s.dense.shape[1]} dense "
                                                      f"features, model has {self.n_dense}")
-                if s.batch_id in self.by_id:
-                    raise ProtocolError("duplicate_batch", f"batch {s.batch_id} is already "
-                                                           "in this worker's pipeline")
-                batch = PulledBatch(s, [None] * len(self.shards))
-                self.pipeline.append(batch)
-                self.by_id[s.batch_id] = batch
+                if s.batch_id in self.pipeline:  # a second copy of a straggler: have it
+                    self.counts["copies_ignored"] += 1
+                    return
+                self.pipeline[s.batch_id] = PulledBatch(s, [None] * len(self.shards))
+                self.idle_said = False
                 for sock in self.shards:
                     self.send(sock, Lookup(batch_id=s.batch_id, train=not s.eval))
-                if len(self.pipeline) > self.job.train.prefetch:
-                    self.pause(self.samples, True)
+                self.ask_next()
+                self.pause(self.samples, self.leaving
+                           or len(self.pipeline) > self.job.train.prefetch)
             case _:
                 self.unexpected(env, "sample queue")
+
+    def on_feeder(self, _identity: bytes | None, env) -> None:
+        match env.msg:
+            case Grant(batch_id=b, granted=granted) if b in self.pipeline:
+                if granted:
+                    self.pipeline[b].granted = True
+                else:  # another worker holds this batch (a copy sent again)
+                    del self.pipeline[b]
+                    self.counts["refused_batches"] += 1
+                    self.ask_next()
+                self.advance()
+            case _:
+                self.unexpected(env, "feeder link")
 
     def on_shard(self, shard: int, _identity: bytes | None, env) -> None:
         match env.msg:
             case Embeddings() as e:
-                batch = self.by_id.get(e.batch_id)
+                batch = self.pipeline.get(e.batch_id)
                 if batch is None:
-                    raise ProtocolError("unknown_batch", f"embeddings for batch {e.batch_id} "
-                                                         f"from {env.sender!r}")
+                    return  # the batch was refused to this worker meanwhile
                 grid = len(batch.sample.labels) * self.fields
                 if e.rows.shape[1:] != (self.dim,) or (e.positions.size and
                                                        e.positions.max() >= grid):
                     raise ProtocolError("bad_shape", f"embeddings of batch {e.batch_id} do "
                                                      "not fit the batch")
                 batch.replies[shard] = e
-                if batch.complete():
+                if batch.has_embeddings():
                     self.counts["lookup_wait_s"] += time.monotonic() - batch.asked_at
                 self.advance()
             case _:
                 self.unexpected(env, "shard link")
 
+    def ask_next(self) -> None:
+        """Keep one batch taken ahead of the one training: the first not yet asked for."""
+        if any(b.asked for b in self.pipeline.values()):
+            return
+        batch = next(iter(self.pipeline.values()), None)
+        if batch is not None:
+            batch.asked = True
+            self.send(self.feeder, Taken(batch_id=batch.sample.batch_id))
+
+    def ready_to_run(self, batch: PulledBatch) -> bool:
+        s = batch.sample
+        if not batch.complete():
+            return False
+        if s.eval:
+            return self.replica.version >= s.min_round
+        return s.round <= self.replica.settled_round + 1  # round mode: round r-1 contributed
+
     def advance(self) -> None:
-        """Train (or score) the batches at the head of the pipeline whose embeddings are in."""
-        while self.pipeline and self.pipeline[0].complete() and self.awaiting_step is None:
-            head = self.pipeline[0]
-            if head.sample.eval and self.version < head.sample.min_round:
-                if time.monotonic() - self.asked_weights_at > 2 * self.heartbeat_s:
-                    self.request_weights()  # the broadcast may have been missed
-                return
-            self.pipeline.popleft()
-            del self.by_id[head.sample.batch_id]
-            if head.sample.eval:
-                self.score(head)
+        """Train (or score) every batch that can go: granted, embeddings in, its round due."""
+        while self.awaiting_step is None and self.parked is None:
+            batch = next((b for b in self.pipeline.values() if self.ready_to_run(b)), None)
+            if batch is None:
+                break
+            del self.pipeline[batch.sample.batch_id]
+            self.ask_next()  # its grant comes back while this one trains
+            if batch.sample.eval:
+                self.score(batch)
             else:
-                self.train(head)
-        if len(self.pipeline) <= self.job.train.prefetch and self.state != "starting":
-            self.pause(self.samples, False)
+                self.train(batch)
+        waiting_eval = any(b.complete() and b.sample.eval for b in self.pipeline.values())
+        if waiting_eval and time.monotonic() - self.asked_weights_at > 2 * self.heartbeat_s:
+            self.request_weights()  # the round's broadcast may have been missed
+        if self.state != "starting":
+            self.pause(self.samples, self.leaving
+                       or len(self.pipeline) > self.job.train.prefetch)
+            if not (self.pipeline or self.idle_said or self.leaving or self.parked
+                    or self.awaiting_step):
+                self.idle_said = True  # said once until the next batch arrives
+                self.send(self.feeder, Idle())
 
     def assemble(self, batch: PulledBatch) -> torch.Tensor:
         n = len(batch.sample.labels)
@@ -263,70 +296,116 @@ class Worker(Node):
     def train(self, batch: PulledBatch) -> None:
         started = time.monotonic()
         s = batch.sample
+        model = self.replica.model
         emb = self.assemble(batch).requires_grad_(True)
         dense, labels, weights = self.tensors(s)
         weight_sum = float(weights.sum())
-        loss_sum = weighted_loss_sum(self.model(emb, dense), labels, weights)
-        self.model.zero_grad(set_to_none=True)
+        loss_sum = weighted_loss_sum(model(emb, dense), labels, weights)
+        model.zero_grad(set_to_none=True)
         (loss_sum / max(weight_sum, 1e-12)).backward()
         grad = emb.grad.reshape(-1, self.dim)
+        outbox: list[tuple[zmq.Socket, Message]] = []
         for sock, e in zip(self.shards, batch.replies, strict=True):
             rows = torch.zeros((e.rows.shape[0], self.dim), device=self.device)
             positions = torch.from_numpy(e.positions.astype(np.int64)).to(self.device)
             inverse = torch.from_numpy(e.inverse.astype(np.int64)).to(self.device)
             rows.index_add_(0, inverse, grad[positions])
-            self.send(sock, EmbeddingGrads(batch_id=s.batch_id, grads=rows.cpu().numpy()))
+            outbox.append((sock, EmbeddingGrads(batch_id=s.batch_id, grads=rows.cpu().numpy())))
         loss = float(loss_sum.detach())
-        self.counts["compute_s"] += time.monotonic() - started
         if self.step_mode:
-            grads = torch.cat([p.grad.reshape(-1) for p in self.params]).cpu().numpy()
-            self.replies_due.append("step")
-            self.send(self.aggregator, StepGrad(coefficient=weight_sum, grads=grads))
-            self.awaiting_step = (batch, loss, weight_sum)
-            self.step_sent_at = time.monotonic()
+            outbox.append((self.aggregator, StepGrad(coefficient=weight_sum,
+                                                     grads=self.replica.dense_grads())))
+            then = functools.partial(self.await_step, batch, loss, weight_sum)
+        else:
+            self.replica.optimizer.step()
+            then = functools.partial(self.finish_batch, batch, loss, weight_sum)
+        self.release(outbox, then, time.monotonic() - started)
+
+    def release(self, outbox: list[tuple[zmq.Socket, Message]], then: Callable[[], None],
+                took: float) -> None:
+        """Send a finished batch's messages, now or, slowed down, after (slowdown - 1) x took."""
+        self.counts["compute_s"] += took
+        if self.slowdown > 1:
+            self.parked = (outbox, then)
+            self.wake_at = time.monotonic() + (self.slowdown - 1) * took
             return
-        self.optimizer.step()
-        self.finish_batch(batch, loss, weight_sum)
+        for sock, msg in outbox:
+            self.send(sock, msg)
+        then()
+
+    def await_step(self, batch: PulledBatch, loss: float, weight_sum: float) -> None:
+        self.replies_due.append("step")
+        self.awaiting_step = (batch, loss, weight_sum)
+        self.step_sent_at = time.monotonic()
 
     def finish_step(self, w: Weights) -> None:
+        if self.awaiting_step is None or w.params.shape != (self.replica.size,):
+            raise ProtocolError("bad_shape", "step weights that do not fit")
         batch, loss, weight_sum = self.awaiting_step
         self.awaiting_step = None
         self.counts["step_wait_s"] += time.monotonic() - self.step_sent_at
-        if w.params.shape != (self.size,):
-            raise ProtocolError("bad_shape", "step weights do not fit the model")
-        self.set_flat(w.params)
-        self.base = np.array(w.params, dtype=np.float32)
+        self.replica.replace(w.params)
         self.finish_batch(batch, loss, weight_sum)
         self.advance()
 
     def finish_batch(self, batch: PulledBatch, loss: float, weight_sum: float) -> None:
         n = len(batch.sample.labels)
-        self.send(self.acks, Ack(batch_id=batch.sample.batch_id, samples=n, loss_sum=loss,
-                                 weight_sum=weight_sum, preds=np.zeros(0, dtype=np.float32)))
+        self.send(self.feeder, Ack(batch_id=batch.sample.batch_id, samples=n, loss_sum=loss,
+                                   weight_sum=weight_sum, preds=np.zeros(0, dtype=np.float32)))
         self.counts["samples_trained"] += n
         self.counts["batches_trained"] += 1
-        self.steps_since += 1
-        self.coef_since += weight_sum
-        self.samples_since += n
+        self.replica.trained(n, weight_sum)
         self.state = "training"
-        next_round = (self.sent_round if self.sent is not None else self.version) + 1
-        if (not self.step_mode and self.steps_since >= self.job.train.sync_every
+        next_round = self.replica.settled_round + 1
+        if (self.job.train.sync == "every" and self.replica.steps_since >= self.job.train.sync_every
                 and self.ready_sent_for < next_round):
             self.ready_sent_for = next_round
-            self.to_control(RoundReady(round=next_round, steps=self.steps_since))
+            self.to_control(RoundReady(round=next_round, steps=self.replica.steps_since))
 
     def score(self, batch: PulledBatch) -> None:
+        started = time.monotonic()
         s = batch.sample
         with torch.no_grad():
             dense, _, _ = self.tensors(s)
-            probs = torch.sigmoid(self.model(self.assemble(batch), dense)).cpu().numpy()
-        self.send(self.acks, Ack(batch_id=s.batch_id, samples=len(s.labels), loss_sum=0.0,
-                                 weight_sum=0.0, preds=probs.astype(np.float32)))
+            probs = torch.sigmoid(self.replica.model(self.assemble(batch), dense)).cpu().numpy()
         self.counts["eval_samples"] += len(s.labels)
         self.state = "evaluating"
+        ack = Ack(batch_id=s.batch_id, samples=len(s.labels), loss_sum=0.0, weight_sum=0.0,
+                  preds=probs.astype(np.float32))
+        self.release([(self.feeder, ack)], lambda: None, time.monotonic() - started)
+
+    # -- the clock and leaving -----------------------------------------------------------------
+    def on_tick(self, now: float) -> None:
+        if self.parked is not None and now >= (self.wake_at or 0.0):
+            (outbox, then), self.parked, self.wake_at = self.parked, None, None
+            for sock, msg in outbox:
+                self.send(sock, msg)
+            then()
+            self.advance()
+        if self.leaving:
+            self.leave_when_done(now)
+        super().on_tick(now)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.leaving or not self.welcomed or self.state == "starting":
+            super()._on_signal(signum, frame)  # nothing to hand back, or asked twice
+            return
+        log.info("%s: asked to stop; finishing its batches, then leaving", self.node_id)
+        self.leaving = True
+        self.leave_by = time.monotonic() + LEAVE_TIMEOUT_S
+
+    def leave_when_done(self, now: float) -> None:
+        self.pause(self.samples, True)
+        busy = self.awaiting_step is not None or self.parked is not None or any(
+            b.granted for b in self.pipeline.values())
+        if busy and now < self.leave_by:
+            return
+        self.to_control(Leaving(reason="stopped" if not busy else
+                                f"stopped with {len(self.pipeline)} batch(es) unfinished"))
+        self.stopping = True
 
     def counters(self) -> dict:
-        return {**self.counts, "round": self.version, "pipeline": len(self.pipeline),
+        return {**self.counts, "round": self.replica.version, "pipeline": len(self.pipeline),
                 "device": str(self.device)}
 
 

@@ -52,7 +52,7 @@ def test_control_rejects_garbage_and_strangers_then_admits_a_node(cluster):
         stranger = dealer(ctx, endpoint, "intruder-0")
         stranger.send_multipart(wire.Hello(**{**hello, "role": "intruder"}).to_frames())
         refused = reply(stranger)
-        assert not refused.accepted and "is not a node of job" in refused.reason
+        assert not refused.accepted and "is not a node of this job" in refused.reason
         node.send_multipart(wire.Heartbeat(role="worker", index=0, state="x", load={},
                                            counters={}, final=False).to_frames())
         node.send_multipart(wire.Hello(**hello).to_frames())
@@ -134,6 +134,11 @@ def test_feeder_keeps_a_batch_whose_ack_is_malformed(cluster):
                 break
         batch = wire.SampleBatch.from_frames(recv_within(queue))
         n = len(batch.labels)
+        acks.send_multipart(wire.Taken(batch_id=batch.batch_id).to_frames())
+        assert reply(acks).granted
+        other = dealer(ctx, c.job.cluster.endpoint("ledger"), "worker-1")
+        other.send_multipart(wire.Taken(batch_id=batch.batch_id).to_frames())
+        assert not reply(other).granted           # one batch, one worker
         for frames in GARBAGE:
             acks.send_multipart(frames)
         wrong = wire.Ack(batch_id=batch.batch_id, samples=n + 1, loss_sum=0.0, weight_sum=0.0,
@@ -145,9 +150,30 @@ def test_feeder_keeps_a_batch_whose_ack_is_malformed(cluster):
                          preds=np.zeros(0, np.float32))
         acks.send_multipart(right.to_frames())
         acks.send_multipart(right.to_frames())  # a duplicate is counted, not applied twice
-        beat = fake.heartbeat("feeder-0", lambda k: k["duplicate_acks"] == 1)
+        other.send_multipart(right.to_frames())   # nor is the ack of a worker not holding it
+        beat = fake.heartbeat("feeder-0", lambda k: k["duplicate_acks"] == 2)
         assert beat.counters["batches_acked"] == 1 and beat.counters["samples_acked"] == n
+        assert beat.counters["refused_takes"] == 1
         assert sum(beat.counters["rejected_messages"].values()) == len(GARBAGE) + 1
     finally:
         ctx.destroy(linger=0)
         fake.close()
+
+
+def test_control_sends_away_a_worker_it_declared_failed(cluster):
+    c = cluster(cluster__node_timeout_s=1.0)
+    c.start_role("control")
+    ctx = zmq.Context()
+    try:
+        node = dealer(ctx, c.job.cluster.endpoint("control"), "worker-0")
+        node.send_multipart(wire.Hello(role="worker", index=0, host="h", pid=os.getpid(),
+                                       fingerprint=c.job.fingerprint()).to_frames())
+        assert reply(node).accepted
+        node.send_multipart(wire.Ready(info={}).to_frames())
+        c.wait_for_event(lambda e: e["event"] == "membership" and e["change"] == "failed")
+        node.send_multipart(wire.Heartbeat(role="worker", index=0, state="back", load={},
+                                           counters={}, final=False).to_frames())
+        sent_away = reply(node)
+        assert not sent_away.accepted and "declared failed" in sent_away.reason
+    finally:
+        ctx.destroy(linger=0)

@@ -21,8 +21,8 @@ def sample(cls: type) -> wire.Message:
             values[f.name] = np.zeros((3,) * ndim, dtype=dtype)
             continue
         t = {s: k for s, k in cls._scalars}[f.name]
-        values[f.name] = {int: 3, float: 0.5, str: "x", bool: True, dict: {"a": 1}}.get(
-            t, ["worker-0"])
+        values[f.name] = {int: 3, float: 0.5, str: "x", bool: True, dict: {"a": 1},
+                          list[str]: ["worker-0"], list[int]: [7]}[t]
     if cls is wire.BatchKeys:
         values.update(samples=2, fields=2, positions=np.array([0, 3], np.int32),
                       keys=np.array([-5, 2**62], np.int64))
@@ -149,12 +149,14 @@ def test_malformed_arrays_are_rejected(frames, kind):
 def test_consistency_rules():
     f32, i32, i64 = np.float32, np.int32, np.int64
     bad = [
-        wire.SampleBatch(batch_id=1, epoch=0, eval=False, min_round=0,
+        wire.SampleBatch(batch_id=1, epoch=0, eval=False, min_round=0, round=0,
                          dense=np.zeros((3, 2), f32), labels=np.zeros(2, f32),
                          weights=np.zeros(3, f32)),
-        wire.SampleBatch(batch_id=1, epoch=0, eval=False, min_round=0,
+        wire.SampleBatch(batch_id=1, epoch=0, eval=False, min_round=0, round=0,
                          dense=np.full((1, 1), np.inf, f32), labels=np.zeros(1, f32),
                          weights=np.zeros(1, f32)),
+        wire.RoundDone(round=1, contributors=["worker-0"], samples_by=[], coefficient=1.0,
+                       samples=1),
         wire.BatchKeys(batch_id=1, samples=2, fields=2, positions=np.array([4], i32),
                        keys=np.array([1], i64)),
         wire.BatchKeys(batch_id=1, samples=2, fields=2, positions=np.array([-1], i32),

@@ -57,6 +57,7 @@ class Loop:
         self.exit_code = 0
         self.started = time.monotonic()
         self.idle_s = 0.0  # time spent waiting in poll: 1 - idle_s / uptime is the loop's load
+        self.wake_at: float | None = None  # a role that needs on_tick sooner than a heartbeat
         self._handlers: dict[zmq.Socket, tuple[Handler, bool]] = {}
         self._events: dict[zmq.Socket, int] = {}
         self._seq = 0
@@ -126,7 +127,9 @@ class Loop:
         try:
             while not self.stopping:
                 waited = time.monotonic()
-                ready = self.poller.poll(int(self.heartbeat_s * 1000))
+                timeout = self.heartbeat_s if self.wake_at is None else \
+                    min(self.heartbeat_s, max(0.0, self.wake_at - waited))
+                ready = self.poller.poll(int(timeout * 1000))
                 self.idle_s += time.monotonic() - waited
                 for sock, events in ready:
                     if events & zmq.POLLIN and sock in self._handlers:
@@ -242,7 +245,7 @@ class Node(Loop):
                     log.info("%s joined run %s", self.node_id, w.run_id)
                     self.on_welcome()  # may take long (loading data): count silence anew
                     self._last_heard = time.monotonic()
-            case Welcome(accepted=False, reason=reason):
+            case Welcome(accepted=False, reason=reason):  # at Hello, or later: sent away
                 log.error("%s refused by control: %s", self.node_id, reason)
                 self.exit_code = 2
                 self.stopping = True

@@ -18,11 +18,17 @@ DEFAULT_HWM = 1000
 
 def make_socket(ctx: zmq.Context, kind: int, *, identity: str | None = None,
                 sndhwm: int = DEFAULT_HWM, rcvhwm: int = DEFAULT_HWM,
-                max_bytes: int | None = None) -> zmq.Socket:
+                max_bytes: int | None = None, kernel_buffer: int | None = None) -> zmq.Socket:
+    """``kernel_buffer`` caps the TCP socket buffers (SO_SNDBUF and SO_RCVBUF): high-water
+    marks count messages in ZeroMQ's queues only, while loopback TCP buffers grow to megabytes
+    and would let a slow reader hold hundreds of messages (ipc buffers are not sized by it)."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, sndhwm)
     sock.setsockopt(zmq.RCVHWM, rcvhwm)
+    if kernel_buffer:
+        sock.setsockopt(zmq.SNDBUF, kernel_buffer)
+        sock.setsockopt(zmq.RCVBUF, kernel_buffer)
     if max_bytes:
         sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
     if identity is not None:

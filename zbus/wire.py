@@ -288,6 +288,21 @@ class Failure(Message):
 
 
 @message()
+class Leaving(Message):
+    """A worker stops (SIGTERM) after finishing the batches it was granted."""
+
+    reason: str
+
+
+@message()
+class RoundDrained(Message):
+    """The feeder (sync mode round): every batch of round ``round`` is acknowledged."""
+
+    round: int
+    samples: int
+
+
+@message()
 class RoundReady(Message):
     """A worker has done its local steps for round ``round`` (sync mode every)."""
 
@@ -323,8 +338,13 @@ class RoundDone(Message):
 
     round: int
     contributors: list[str]
+    samples_by: list[int]  # samples each contributor trained for the round, in that order
     coefficient: float
     samples: int
+
+    def check(self) -> None:
+        _require(len(self.samples_by) == len(self.contributors),
+                 "samples_by and contributors differ in length")
 
 
 # Control PUB -> every node, channel "control".
@@ -333,6 +353,14 @@ class RoundDone(Message):
 @message()
 class EpochStart(Message):
     epoch: int
+
+
+@message()
+class Membership(Message):
+    """The live workers; ``version`` rises with every change (joined, left, failed)."""
+
+    version: int
+    workers: list[str]
 
 
 @message()
@@ -394,7 +422,7 @@ class BatchKeys(Message):
 @message("lookups")
 class Lookup(Message):
     """A worker asks a shard for the embeddings of a batch; ``train`` false for evaluation
-    (the shard then forgets the batch after answering)."""
+    (no gradients will follow)."""
 
     batch_id: int
     train: bool
@@ -424,7 +452,7 @@ class EmbeddingGrads(Message):
     grads: np.ndarray = array("float32", 2)
 
 
-# Feeder -> worker (PUSH -> PULL), channel "samples"; worker -> feeder, channel "acks".
+# Feeder -> worker (PUSH -> PULL), channel "samples"; worker <-> feeder, channel "acks".
 
 
 @message("samples")
@@ -437,6 +465,7 @@ class SampleBatch(Message):
     epoch: int
     eval: bool
     min_round: int
+    round: int  # sync mode round: the round the batch belongs to (0 in other modes)
     dense: np.ndarray = array("float32", 2)
     labels: np.ndarray = array("float32", 1)
     weights: np.ndarray = array("float32", 1)
@@ -447,6 +476,28 @@ class SampleBatch(Message):
                  "dense, labels and weights differ in length")
         _require(bool(np.isfinite(self.dense).all()) and bool(np.isfinite(self.weights).all()),
                  "non-finite features or weights")
+
+
+@message("acks")
+class Taken(Message):
+    """A worker pulled the batch and asks to train it."""
+
+    batch_id: int
+
+
+@message("acks")
+class Idle(Message):
+    """A worker has nothing to train and nothing pulled: at the end of a pass the feeder sends
+    it copies of batches that sit untaken elsewhere."""
+
+
+@message("acks")
+class Grant(Message):
+    """The feeder's answer to Taken. Each batch is granted to one worker only: after a worker
+    dies its batches are sent again, and a copy another worker already holds is refused."""
+
+    batch_id: int
+    granted: bool
 
 
 @message("acks")

@@ -1,0 +1,87 @@
+"""A worker's replica of the dense network and its synchronisation state (no sockets).
+
+Rounds (sync modes every and round): the worker contributes its *delta* — its weights now minus
+``base``, its weights at its previous contribution or adoption — with the sample weight and the
+samples behind it, and keeps training. When the combined weights W(r) arrive it adopts
+``W(r) + (its weights now - its weights when it contributed)``: the progress it made while the
+round was in flight is kept, and contributed next time. One round is in flight at a time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class Replica:
+    def __init__(self, model: torch.nn.Module, device: torch.device, local_lr: float | None):
+        self.model = model
+        self.device = device
+        self.params = list(model.parameters())
+        self.size = sum(p.numel() for p in self.params)
+        self.optimizer = (torch.optim.Adam(self.params, lr=local_lr)
+                          if local_lr is not None else None)
+        self.version = -1                       # round of the global weights adopted last
+        self.base: np.ndarray | None = None     # weights at the last contribution or adoption
+        self.sent: np.ndarray | None = None     # weights when the in-flight contribution left
+        self.sent_round = -1
+        self.steps_since = 0
+        self.coef_since = 0.0
+        self.samples_since = 0
+
+    def flat(self) -> np.ndarray:
+        with torch.no_grad():
+            return torch.cat([p.detach().reshape(-1) for p in self.params]).cpu().numpy()
+
+    def load(self, flat: np.ndarray) -> None:
+        source = torch.from_numpy(np.array(flat, dtype=np.float32)).to(self.device)
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                p.copy_(source[offset:offset + n].view_as(p))
+                offset += n
+
+    def dense_grads(self) -> np.ndarray:
+        return torch.cat([p.grad.reshape(-1) for p in self.params]).cpu().numpy()
+
+    @property
+    def in_flight(self) -> bool:
+        return self.sent is not None
+
+    @property
+    def settled_round(self) -> int:
+        """The last round this replica contributed to or adopted."""
+        return max(self.version, self.sent_round)
+
+    def adopt(self, round_: int, params: np.ndarray) -> bool:
+        """Take the global weights of a newer round, keeping local progress not yet in them."""
+        if round_ <= self.version:
+            return False
+        new = np.array(params, dtype=np.float32)
+        if self.base is not None:
+            reference = self.sent if self.sent is not None else self.base
+            new = new + (self.flat() - reference)
+        self.load(new)
+        self.base = np.array(params, dtype=np.float32)
+        self.version, self.sent, self.sent_round = round_, None, -1
+        return True
+
+    def replace(self, params: np.ndarray) -> None:
+        """Sync mode step: the aggregator's answer is the new local model."""
+        self.load(params)
+        self.base = np.array(params, dtype=np.float32)
+
+    def contribute(self, round_: int, with_delta: bool) -> tuple[np.ndarray, float, int]:
+        """(delta, coefficient, samples) for ``round_``; the replica then counts it in flight."""
+        flat = self.flat()
+        delta = flat - self.base if with_delta else np.zeros(0, dtype=np.float32)
+        result = (delta, self.coef_since, self.samples_since)
+        self.sent, self.sent_round = flat, round_
+        self.steps_since, self.coef_since, self.samples_since = 0, 0.0, 0
+        return result
+
+    def trained(self, samples: int, weight_sum: float) -> None:
+        self.steps_since += 1
+        self.coef_since += weight_sum
+        self.samples_since += samples

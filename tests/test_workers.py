@@ -1,0 +1,106 @@
+"""Heterogeneous and changing workers: the pull queue, the batch ledger, joining and leaving."""
+
+from __future__ import annotations
+
+import math
+import signal
+
+from harness import ADULT_JOB
+
+ADULT_TRAIN_ROWS = 39074
+
+
+def batches_per_epoch(rows: int, batch_size: int) -> int:
+    return math.ceil(rows / batch_size)
+
+
+def assert_every_batch_trained_once(s: dict, epochs: int, batch_size: int = 256) -> None:
+    assert s["ok"], s["reason"]
+    assert s["samples_trained"] == s["samples_in_data"] * epochs
+    assert sum(s["workers"].values()) == s["samples_trained"]
+    batches = batches_per_epoch(s["samples_in_data"], batch_size) * epochs
+    for shard, figures in s["shards"].items():  # every batch updates every shard exactly once
+        assert figures["updates"] == batches, (shard, figures, batches)
+
+
+# A wider MLP makes the workers' compute (not the feeder or the 2 shared cores) set the pace,
+# as on real machines of different speeds; the queue then splits by speed.
+HEAVY = {"cluster__shards": 1, "model__hidden": [512, 256]}
+# The same, slowed 4x, makes epochs last seconds: long enough to kill, stop or add a worker.
+SLOW = {"model__hidden": [512, 256]}
+
+
+def test_a_faster_worker_takes_more_and_quality_holds(cluster):
+    even = cluster(ADULT_JOB, **HEAVY)
+    assert even.run_job() == 0, even.logs()
+    uneven = cluster(ADULT_JOB, **HEAVY)
+    assert uneven.run_job(slowdown={1: 3.0}) == 0, uneven.logs()
+    s = uneven.summary()
+    assert_every_batch_trained_once(s, epochs=3)
+    fast, slow = s["workers"]["worker-0"], s["workers"]["worker-1"]
+    assert fast >= 2.5 * slow, s["workers"]
+    assert abs(s["auc"] - even.summary()["auc"]) <= 0.005, (s["auc"], even.summary()["auc"])
+
+
+def mid_epoch(e: dict) -> bool:
+    """The third aggregation round: well inside the first epoch (of about ten rounds)."""
+    return e["event"] == "round_done" and e["round"] >= 3
+
+
+def test_a_killed_worker_loses_no_batch_and_none_is_trained_twice(cluster):
+    c = cluster(ADULT_JOB, train__epochs=2, cluster__node_timeout_s=1.5, **SLOW)
+    c.start_all(slowdown={0: 4.0, 1: 4.0})
+    c.wait_for_event(mid_epoch)
+    c.procs["worker-1"].send_signal(signal.SIGKILL)
+    assert c.wait() == 0, c.logs()
+    s = c.summary()
+    assert_every_batch_trained_once(s, epochs=2)
+    assert s["requeued_batches"] > 0  # the kill caught batches in flight
+    assert s["auc"] >= 0.89
+    assert [(m["node"], m["event"]) for m in s["membership"] if m["event"] != "joined"] == [
+        ("worker-1", "failed")]
+
+
+def test_a_worker_stopped_with_sigterm_finishes_its_batches_and_leaves(cluster):
+    c = cluster(ADULT_JOB, train__epochs=2, **SLOW)
+    c.start_all(slowdown={0: 4.0, 1: 4.0})
+    c.wait_for_event(mid_epoch)
+    c.procs["worker-1"].send_signal(signal.SIGTERM)
+    assert c.wait("worker-1", timeout=30) == 0
+    assert c.wait() == 0, c.logs()
+    s = c.summary()
+    assert_every_batch_trained_once(s, epochs=2)
+    left = [m for m in s["membership"] if m["event"] == "left"]
+    assert [m["node"] for m in left] == ["worker-1"]
+    assert s["workers"]["worker-1"] > 0
+
+
+def test_a_worker_started_mid_job_joins_and_trains(cluster):
+    c = cluster(ADULT_JOB, train__epochs=3, **SLOW)
+    c.start_all(slowdown={0: 4.0, 1: 4.0})
+    c.wait_for_event(lambda e: e["event"] == "epoch_start")
+    c.start_role("worker", 2)
+    c.wait_for_event(lambda e: e["event"] == "membership" and e["node"] == "worker-2")
+    assert c.wait() == 0, c.logs()
+    s = c.summary()
+    assert_every_batch_trained_once(s, epochs=3)
+    assert s["workers"]["worker-2"] > 0
+    assert ("worker-2", "joined") in [(m["node"], m["event"]) for m in s["membership"]]
+    assert s["auc"] >= 0.895
+
+
+def test_round_mode_weighs_each_worker_by_its_samples_in_the_round(cluster):
+    # a round of 2 x 32 batches: much more than a worker's pipeline and socket buffers hold
+    c = cluster(ADULT_JOB, train__sync="round", train__round_iterations=32, **HEAVY)
+    assert c.run_job(slowdown={1: 3.0}) == 0, c.logs()
+    s = c.summary()
+    assert_every_batch_trained_once(s, epochs=3)
+    assert s["auc"] >= 0.895
+    per_round = [sum(ms) for ms in zip(*s["round_samples"].values(), strict=True)]
+    full_round = 2 * 32 * 256
+    assert per_round.count(full_round) >= len(per_round) - 3  # all but each epoch's last
+    assert sum(per_round) == s["samples_trained"]
+    fast, slow = (sum(s["round_samples"][w]) for w in ("worker-0", "worker-1"))
+    assert fast > 1.5 * slow  # each round's tail evens the split out a little
+    done = [e for e in c.events() if e["event"] == "round_done"]
+    assert [sum(e["samples_by"].values()) for e in done] == per_round
