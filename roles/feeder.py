@@ -3,13 +3,14 @@ its dense features, labels and weights to the sample queue, and keeps the ledger
 in flight (``roles.batching.Ledger``). It reports each finished training pass (and, in sync
 mode round, each drained round) and scores each evaluation pass.
 
-Flow control: at most ``window`` batches are unacknowledged at a time (``prefetch + 2`` per
-live worker, plus 2), and a batch is only built when the sample queue can take it (POLLOUT), so
-the keys and the samples of a batch always leave together and no buffer grows without bound.
+Flow control: at most ``window`` batches are unacknowledged at a time (see ``window_for``),
+and a batch is only built when the sample queue can take it (POLLOUT), so the keys and the
+samples of a batch always leave together and no buffer grows without bound.
 
-Every batch a worker pulls, it asks to take (Taken -> Grant): each batch is granted to one
+A worker asks to take the next batch it will run (Taken -> Grant): each batch is granted to one
 worker, and only that worker's ack counts. When control's membership loses a worker, its
-batches and every batch not yet taken are sent again under the same id (see the Ledger).
+batches and every batch not yet taken are sent again under the same id; at the end of a pass,
+an idle worker gets second copies of batches still untaken elsewhere (see the Ledger).
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ import functools
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,7 +77,7 @@ class PulledBatch:
     replies: list[Embeddings | None]
     asked: bool = False       # Taken sent to the feeder
     granted: bool = False
-    asked_at: float = field(default_factory=time.monotonic)
+    looked_up_at: float = field(default_factory=time.monotonic)
 
     def has_embeddings(self) -> bool:
         return all(r is not None for r in self.replies)
@@ -117,8 +118,8 @@ class Worker(Node):
         self.awaiting_step: tuple[PulledBatch, float, float] | None = None
         self.parked: tuple[list[tuple[zmq.Socket, Message]], Callable[[], None]] | None = None
         self.step_sent_at = 0.0
-        self.replies_due: list[str] = []  # "request" or "step": the aggregator answers a
-        self.asked_weights_at = 0.0       # DEALER's requests in order
+        self.replies_due: deque[str] = deque()  # "request" or "step": the aggregator answers
+        self.asked_weights_at = 0.0             # a DEALER's requests in order
         self.ready_sent_for = -1
         self.idle_said = False
         self.leave_by = 0.0
@@ -141,7 +142,7 @@ class Worker(Node):
             self.to_control(Ready(info={"device": str(self.device), "threads": self.threads,
                                         "parameters": self.replica.size,
                                         "slowdown": self.slowdown}))
-            self.pause(self.samples, self.leaving)
+            self.gate_pulling()
         if self.deferred_round is not None and self.deferred_round > self.replica.version:
             round_, self.deferred_round = self.deferred_round, None
             self.contribute(round_)
@@ -158,7 +159,7 @@ class Worker(Node):
     def on_reply(self, _identity: bytes | None, env) -> None:
         match env.msg:
             case Weights() as w if self.replies_due:
-                if self.replies_due.pop(0) == "step":
+                if self.replies_due.popleft() == "step":
                     self.finish_step(w)
                 else:
                     self.adopt(w)
@@ -206,8 +207,7 @@ class Worker(Node):
                 for sock in self.shards:
                     self.send(sock, Lookup(batch_id=s.batch_id, train=not s.eval))
                 self.ask_next()
-                self.pause(self.samples, self.leaving
-                           or len(self.pipeline) > self.job.train.prefetch)
+                self.gate_pulling()
             case _:
                 self.unexpected(env, "sample queue")
 
@@ -237,10 +237,14 @@ class Worker(Node):
                                                      "not fit the batch")
                 batch.replies[shard] = e
                 if batch.has_embeddings():
-                    self.counts["lookup_wait_s"] += time.monotonic() - batch.asked_at
+                    self.counts["lookup_wait_s"] += time.monotonic() - batch.looked_up_at
                 self.advance()
             case _:
                 self.unexpected(env, "shard link")
+
+    def gate_pulling(self) -> None:
+        """Pull while the pipeline has room for another batch, and not while leaving."""
+        self.pause(self.samples, self.leaving or len(self.pipeline) > self.job.train.prefetch)
 
     def ask_next(self) -> None:
         """Keep one batch taken ahead of the one training: the first not yet asked for."""
@@ -275,8 +279,7 @@ class Worker(Node):
         if waiting_eval and time.monotonic() - self.asked_weights_at > 2 * self.heartbeat_s:
             self.request_weights()  # the round's broadcast may have been missed
         if self.state != "starting":
-            self.pause(self.samples, self.leaving
-                       or len(self.pipeline) > self.job.train.prefetch)
+            self.gate_pulling()
             if not (self.pipeline or self.idle_said or self.leaving or self.parked
                     or self.awaiting_step):
                 self.idle_said = True  # said once until the next batch arrives
@@ -329,6 +332,9 @@ class Worker(Node):
             self.parked = (outbox, then)
             self.wake_at = time.monotonic() + (self.slowdown - 1) * took
             return
+        self.deliver(outbox, then)
+
+    def deliver(self, outbox: list[tuple[zmq.Socket, Message]], then: Callable[[], None]) -> None:
         for sock, msg in outbox:
             self.send(sock, msg)
         then()
@@ -378,9 +384,7 @@ class Worker(Node):
     def on_tick(self, now: float) -> None:
         if self.parked is not None and now >= (self.wake_at or 0.0):
             (outbox, then), self.parked, self.wake_at = self.parked, None, None
-            for sock, msg in outbox:
-                self.send(sock, msg)
-            then()
+            self.deliver(outbox, then)
             self.advance()
         if self.leaving:
             self.leave_when_done(now)
