@@ -5,7 +5,15 @@ aggregator adds the coefficient-weighted mean of the deltas to the global weight
 worker started the round from the same global weights this is exactly the weighted average of
 the workers' weights; sending deltas instead of weights is what lets a worker keep training
 while a round is in flight (it keeps the progress made after its contribution, see
-``roles.worker``). A contribution with coefficient 0 (nothing trained) does not count.
+``roles.replica``). Deltas rather than gradients: between two rounds a worker takes many local
+steps with its own Adam, and the sum of what those steps did is its delta; its gradients alone
+would lose the optimiser's work. A contribution with coefficient 0 (nothing trained) does not
+count. A worker's coefficient is the sum of the sample weights it trained on since its last
+contribution (``roles.data.weighting``: decayed, merged samples weigh more or less).
+
+Hierarchical aggregation: each group aggregator forwards ``partial_sum`` of its contributions
+(sum of c_i x delta_i and sum of c_i, in float64) to the root, which adds the partials up and
+divides once, so the result equals the flat combination.
 """
 
 from __future__ import annotations
@@ -13,8 +21,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def combine(deltas: list[np.ndarray], coefficients: list[float], size: int) -> np.ndarray:
-    """sum_i c_i * delta_i / sum_i c_i over the contributions that trained something."""
+def partial_sum(deltas: list[np.ndarray], coefficients: list[float],
+                size: int) -> tuple[np.ndarray, float]:
+    """(sum_i c_i * delta_i, sum_i c_i) over the contributions that trained something."""
     total = np.zeros(size, dtype=np.float64)
     weight = 0.0
     for delta, c in zip(deltas, coefficients, strict=True):
@@ -23,9 +32,27 @@ def combine(deltas: list[np.ndarray], coefficients: list[float], size: int) -> n
                 raise ValueError(f"delta of shape {delta.shape}, expected ({size},)")
             total += c * delta.astype(np.float64)
             weight += c
+    return total, weight
+
+
+def combine_partials(partials: list[tuple[np.ndarray, float]], size: int) -> np.ndarray:
+    """The weighted mean delta from partial sums (zero when nothing was trained)."""
+    total = np.zeros(size, dtype=np.float64)
+    weight = 0.0
+    for part, c in partials:
+        if c > 0:
+            if part.shape != (size,):
+                raise ValueError(f"partial sum of shape {part.shape}, expected ({size},)")
+            total += part
+            weight += c
     if weight == 0:
         return np.zeros(size, dtype=np.float32)
     return (total / weight).astype(np.float32)
+
+
+def combine(deltas: list[np.ndarray], coefficients: list[float], size: int) -> np.ndarray:
+    """sum_i c_i * delta_i / sum_i c_i over the contributions that trained something."""
+    return combine_partials([partial_sum(deltas, coefficients, size)], size)
 
 
 class Adam:

@@ -1,42 +1,67 @@
-"""The aggregator: owner of the global dense weights.
+"""The aggregator: owner of the global dense weights, their backups and their export.
 
 - sync ``step``: each StepGrad is applied at once with the aggregator's Adam and answered with
   the new weights (an asynchronous dense parameter server: no worker waits for another);
-- rounds (modes every and round, and the epoch-end round of step): control publishes
+- rounds (modes every, round and lazy, and the epoch-end round of step): control publishes
   Aggregate(r) with its participants; when each of them that is still a member (control's
   Membership: a worker that died or left is not waited for) has sent its Contribution for r,
   the new weights are the old ones plus the coefficient-weighted mean of the deltas received
   (``roles.aggregation``); they go out on PUB as Weights(r) and control hears RoundDone(r) with
-  the samples each contributor trained. Rounds complete in order.
+  the samples each contributor trained. Rounds complete in order. A contribution marked
+  ``done`` (its worker leaves) counts in its round; that worker gets no further weights.
+- hierarchical (``[cluster] aggregators = K > 1``): aggregator i combines the workers whose
+  index % K == i; aggregators 1..K-1 forward their Partial sums to aggregator 0, the root,
+  which combines its own group and the partials, publishes, backs up and exports.
+- backups (root): after each round, when the weights moved by ``backup_change_min`` (relative)
+  since the last backup, and whenever an operator asks (BackupNow); written atomically, the
+  newest ``backups_kept`` kept (``roles.model_files``). The initial weights are backup 0.
+- recovery: a restarted root is told by control to Restore the latest backup; it publishes it
+  as round r of a new generation, and workers replace their weights with it.
 - WeightsRequest is answered with the current weights (start-up, or a worker that missed some).
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 import torch
 import zmq
 
-from roles.aggregation import Adam, combine
+from roles import live
+from roles.aggregation import Adam, combine_partials, partial_sum
 from roles.cli import role_main
 from roles.job import Job
 from roles.model import build_model
+from roles.model_files import DENSE, Backups, load_dense, save_named
 from zbus.node import Node
 from zbus.wire import (
     Aggregate,
+    BackupNow,
+    BackupWritten,
     Contribution,
+    Export,
+    Exported,
     Membership,
+    Partial,
     ProtocolError,
     Ready,
+    Restore,
+    Restored,
     RoundDone,
+    Settings,
     StepGrad,
     Weights,
     WeightsRequest,
 )
 
 log = logging.getLogger(__name__)
+
+
+def worker_index(node_id: str) -> int:
+    tail = node_id.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
 
 
 class Aggregator(Node):
@@ -46,34 +71,58 @@ class Aggregator(Node):
         super().__init__(job.cluster, index, job.fingerprint())
         self.job = job
         c = job.cluster
-        self.router = self.bind(zmq.ROUTER, c.endpoint("aggregator"), self.on_worker)
-        self.pub = self.bind(zmq.PUB, c.endpoint("aggregator_pub"), sndhwm=64)
+        self.is_root = index == 0
+        self.router = self.bind(zmq.ROUTER, c.aggregator_endpoint(index), self.on_peer)
+        self.pub = self.bind(zmq.PUB, c.endpoint("aggregator_pub"), sndhwm=64) \
+            if self.is_root else None
+        self.up = None if self.is_root else self.connect(zmq.DEALER, c.aggregator_endpoint(0))
+        model = build_model(job)
+        self.layout = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
         with torch.no_grad():
-            self.params = torch.cat([p.reshape(-1) for p in build_model(job).parameters()]) \
+            self.params = torch.cat([p.reshape(-1) for p in model.parameters()]) \
                 .numpy().astype(np.float32)
         self.size = len(self.params)
+        self.leaves = [f"aggregator-{i}" for i in range(1, c.aggregators)] if self.is_root else []
         self.step_mode = job.train.sync == "step"
         self.adam = Adam(self.size, job.train.dense_lr) if self.step_mode else None
+        self.settings = live.initial(job.aggregation)
+        self.settings_version = -1
         self.round = 0
         self.steps = 0
+        self.generation = 0
         self.expected: dict[int, list[str]] = {}
         self.members: set[str] | None = None
         self.received: dict[int, dict[str, Contribution]] = {}
-        self.stale_contributions = 0
+        self.partials: dict[int, dict[str, Partial]] = {}
+        self.done: set[str] = set()
+        self.backups: Backups | None = None
+        self.backup_request = 0
+        self.export_request = 0
+        self.counts = {"stale_contributions": 0, "refused_weights": 0, "partials": 0,
+                       "restores": 0}
 
     def on_welcome(self) -> None:
+        if self.is_root:
+            self.backups = Backups(Path(self.run_dir) / "backups")
+            if not self.backups.existing():  # a first start: the initial weights are backup 0
+                self.back_up(force=True)
         self.state = "ready"
-        self.to_control(Ready(info={"parameters": self.size}))
+        self.to_control(Ready(info={"parameters": self.size, "root": self.is_root}))
 
     def weights(self) -> Weights:
-        return Weights(round=self.round, step=self.steps, params=self.params.copy())
+        return Weights(round=self.round, step=self.steps, generation=self.generation,
+                       params=self.params.copy())
 
-    def on_worker(self, identity: bytes | None, env) -> None:
-        worker = identity.decode(errors="replace")
+    # -- messages from workers and group aggregators ----------------------------------------
+    def on_peer(self, identity: bytes | None, env) -> None:
+        peer = identity.decode(errors="replace")
         match env.msg:
-            case WeightsRequest():
+            case WeightsRequest() if self.is_root:
+                if peer in self.done:
+                    self.counts["refused_weights"] += 1
+                    return
                 self.send(self.router, self.weights(), identity=identity)
-            case StepGrad() as g:
+            case StepGrad() as g if self.is_root:
                 if not self.step_mode:
                     raise ProtocolError("wrong_mode", "StepGrad while sync is not 'step'")
                 if g.grads.shape != (self.size,):
@@ -82,20 +131,33 @@ class Aggregator(Node):
                 self.steps += 1
                 self.send(self.router, self.weights(), identity=identity)
             case Contribution() as c:
-                self.handle_contribution(worker, c)
+                self.handle_contribution(peer, c)
+            case Partial() as p if self.is_root and peer in self.leaves:
+                if p.round <= self.round:
+                    self.counts["stale_contributions"] += 1
+                    return
+                if p.total.shape != (self.size,):
+                    raise ProtocolError("bad_shape", f"partial sum of {p.total.shape}")
+                self.partials.setdefault(p.round, {})[peer] = p
+                self.counts["partials"] += 1
+                self.complete_rounds()
             case _:
                 self.unexpected(env, "aggregator socket")
 
     def handle_contribution(self, worker: str, c: Contribution) -> None:
         if c.round <= self.round:
-            self.stale_contributions += 1
+            self.counts["stale_contributions"] += 1
             return
         if c.delta.size not in (0, self.size):
             raise ProtocolError("bad_shape", f"delta of {c.delta.size} values, model has "
                                              f"{self.size}")
+        if self.cluster.group_of(worker_index(worker)) != self.index:
+            raise ProtocolError("wrong_group", f"{worker} belongs to aggregator "
+                                               f"{self.cluster.group_of(worker_index(worker))}")
         self.received.setdefault(c.round, {})[worker] = c
         self.complete_rounds()
 
+    # -- commands from control ----------------------------------------------------------------
     def handle_command(self, env) -> None:
         match env.msg:
             case Aggregate(round=r, participants=who) if r > self.round:
@@ -104,33 +166,114 @@ class Aggregator(Node):
             case Membership(workers=workers):
                 self.members = set(workers)
                 self.complete_rounds()
+            case Settings(version=v, values=values) if v > self.settings_version:
+                self.settings_version = v
+                self.settings.update({k: values[k] for k in self.settings if k in values})
+            case Restore() as r if r.generation > self.generation:
+                self.restore(r)
+            case BackupNow(request=n) if self.is_root and n > self.backup_request:
+                self.backup_request = n
+                self.back_up(force=True)
+            case Export(request=n, dir=where) if self.is_root and n > self.export_request:
+                self.export_request = n
+                self.export(n, Path(where))
             case _:
                 pass
+
+    def group_ready(self, r: int, who: list[str]) -> bool:
+        got = self.received.get(r, {})
+        mine = [w for w in who if self.cluster.group_of(worker_index(w)) == self.index]
+        if any(w not in got and (self.members is None or w in self.members) for w in mine):
+            return False
+        return all(leaf in self.partials.get(r, {}) for leaf in self.leaves)
 
     def complete_rounds(self) -> None:
         while True:
             r = self.round + 1
             who = self.expected.get(r)
-            got = self.received.get(r, {})
-            if who is None or any(w not in got and (self.members is None or w in self.members)
-                                  for w in who):
+            if who is None or not self.group_ready(r, who):
                 return
-            contributors = [w for w in who if w in got]
-            parts = [got[w] for w in contributors]
-            self.params = self.params + combine([p.delta for p in parts],
-                                                [p.coefficient for p in parts], self.size)
+            got = {w: c for w, c in self.received.get(r, {}).items() if w in who or c.done}
+            total, coefficient = partial_sum([c.delta for c in got.values()],
+                                             [c.coefficient for c in got.values()], self.size)
+            contributors, samples_by = list(got), [c.samples for c in got.values()]
+            done = [w for w, c in got.items() if c.done]
+            partials = self.partials.get(r, {})
             self.round = r
+            self.forget_through(r)
+            if not self.is_root:
+                self.send(self.up, Partial(round=r, contributors=contributors,
+                                           samples_by=samples_by, done=done,
+                                           coefficient=coefficient, samples=sum(samples_by),
+                                           total=total))
+                continue
+            parts = [(total, coefficient)]
+            for p in partials.values():
+                parts.append((p.total, p.coefficient))
+                contributors += p.contributors
+                samples_by += p.samples_by
+                coefficient += p.coefficient
+                done += p.done
+            self.params = self.params + combine_partials(parts, self.size)
+            self.done.update(done)
             self.send(self.pub, self.weights())
             self.to_control(RoundDone(round=r, contributors=contributors,
-                                      samples_by=[p.samples for p in parts],
-                                      coefficient=sum(p.coefficient for p in parts),
-                                      samples=sum(p.samples for p in parts)))
-            del self.expected[r]
-            self.received.pop(r, None)
+                                      samples_by=samples_by, coefficient=coefficient,
+                                      samples=sum(samples_by)))
+            self.back_up()
+
+    def forget_through(self, r: int) -> None:
+        for table in (self.expected, self.received, self.partials):
+            for old in [k for k in table if k <= r]:
+                del table[old]
+
+    # -- backups, recovery, export --------------------------------------------------------------
+    def back_up(self, force: bool = False) -> None:
+        due, change = self.backups.due(self.params, self.settings["backup_change_min"])
+        if not (due or force):
+            return
+        path = self.backups.write(self.params, self.round, self.generation, change,
+                                  self.settings["backups_kept"])
+        log.info("backup after round %d: %s (change %.3f)", self.round, path.name, change)
+        self.to_control(BackupWritten(round=self.round, path=str(path),
+                                      change=change if np.isfinite(change) else -1.0))
+
+    def restore(self, r: Restore) -> None:
+        self.generation = r.generation
+        self.forget_through(r.round)
+        if self.is_root:
+            on_disk = self.backups.existing()
+            path = Path(r.path) if r.path else on_disk[-1]
+            params, meta = load_dense(path)
+            if params.shape != (self.size,):
+                self.fail(f"backup {path} has {params.shape} weights, the model "
+                          f"{self.size}")
+                return
+            self.params = params
+            self.backups.last = params.copy()
+            log.warning("restored %s (round %s) as round %d", path, meta.get("round"),
+                        r.round)
+        self.round = r.round
+        self.counts["restores"] += 1
+        if self.is_root:
+            self.send(self.pub, self.weights())
+            self.to_control(Restored(generation=r.generation, round=r.round))
+        self.complete_rounds()
+
+    def export(self, request: int, where: Path) -> None:
+        where.mkdir(parents=True, exist_ok=True)
+        tensors, offset = {}, 0
+        for name, shape in self.layout:
+            n = int(np.prod(shape))
+            tensors[name] = self.params[offset:offset + n].reshape(shape)
+            offset += n
+        save_named(where / DENSE, tensors)
+        self.to_control(Exported(request=request, part="dense", files=[DENSE]))
 
     def counters(self) -> dict:
-        return {"round": self.round, "steps": self.steps, "parameters": self.size,
-                "stale_contributions": self.stale_contributions}
+        return {**self.counts, "round": self.round, "steps": self.steps,
+                "parameters": self.size, "generation": self.generation,
+                "backups": self.backups.written if self.backups else 0}
 
 
 def main() -> None:

@@ -33,7 +33,8 @@ def load_job_or_exit(path: str | None, who: str) -> Job:
 
 def count_of(job: Job, role: str) -> int:
     """How many of a role the job starts with."""
-    return {"worker": job.cluster.workers, "ps": job.cluster.shards}.get(role, 1)
+    return {"worker": job.cluster.workers, "ps": job.cluster.shards,
+            "aggregator": job.cluster.aggregators}.get(role, 1)
 
 
 def index_limit(job: Job, role: str) -> int:

@@ -3,11 +3,17 @@ and the summary.
 
 Lifecycle: every expected node says Hello (same job fingerprint) and Ready -> EpochStart(e) ->
 the feeder reports EpochTrained(e) -> an epoch-end Aggregate round so that every worker holds
-the same weights -> Evaluate(e, round) -> EvalReport(e) -> the next epoch, or Finish (every node
-sends its final counters) -> summary.json -> Stop -> exit (0 when the job completed).
+the same weights -> Evaluate(e, round) -> EvalReport(e) -> the next epoch, or Export (the model
+into runs/<run>/export/) -> Finish (every node sends its final counters) -> summary.json ->
+Stop -> exit (0 when the job completed).
+
+Sync mode lazy, probes, network metering and operators' requests (live settings) are in
+``roles.control_lazy``; backups, the recovery of a restarted aggregator and exports in
+``roles.control_model``.
 
 The job fails, with the reason in the summary and a non-zero exit, when a node reports a
-Failure, a ready node misses heartbeats for ``node_timeout_s``, the nodes are not all ready
+Failure, a ready node other than a worker or an aggregator (which may be started again within
+``recovery_timeout_s``) misses heartbeats for ``node_timeout_s``, the nodes are not all ready
 within ``start_timeout_s``, or nothing progresses for ``stall_timeout_s``.
 
 Commands that stand (the current epoch or evaluation, the round in flight, Finish) are
@@ -27,7 +33,11 @@ from typing import Any
 import orjson
 import zmq
 
+from roles import live
 from roles.cli import MAX_WORKERS, load_job_or_exit, parse_role_args
+from roles.control_lazy import LazyControl
+from roles.control_model import ExportInProgress, ModelKeeping
+from roles.decision import HostMeter
 from roles.job import Job, job_to_toml
 from roles.membership import ALIVE, Members, NodeState
 from roles.rundir import MetricsLog, atomic_write, make_run_dir
@@ -36,10 +46,13 @@ from zbus.logs import setup_logging
 from zbus.node import Loop
 from zbus.wire import (
     Aggregate,
+    BackupWritten,
+    Decision,
     EpochStart,
     EpochTrained,
     EvalReport,
     Evaluate,
+    Exported,
     Failure,
     Finish,
     Heartbeat,
@@ -47,11 +60,14 @@ from zbus.wire import (
     Leaving,
     Membership,
     Message,
+    ProbeReply,
     ProtocolError,
     Ready,
+    Restored,
     RoundDone,
     RoundDrained,
     RoundReady,
+    Settings,
     Stop,
     Welcome,
 )
@@ -67,7 +83,7 @@ def _info_int(info: dict, key: str) -> int:
     return value
 
 
-class Control(Loop):
+class Control(LazyControl, ModelKeeping, Loop):
     def __init__(self, job: Job, environ: dict | None = None):
         c = job.cluster
         super().__init__("control-0", c.heartbeat_s, c.max_message_bytes)
@@ -75,6 +91,7 @@ class Control(Loop):
         self.sync = job.train.sync
         self.router = self.bind(zmq.ROUTER, c.endpoint("control"), self.on_node)
         self.pub = self.bind(zmq.PUB, c.endpoint("control_pub"), sndhwm=100_000)
+        self.requests = self.bind(zmq.ROUTER, c.endpoint("control_req"), self.on_request)
         self.run_dir = make_run_dir(job.name, environ)
         self.run_id = self.run_dir.name
         atomic_write(self.run_dir / "config.toml", job_to_toml(job).encode())
@@ -99,9 +116,32 @@ class Control(Loop):
         self.next_throughput = self.started + THROUGHPUT_EVERY_S
         self.last_acked = (self.started, 0)
         self.termination: str | None = None
+        # sync mode lazy: the decision and what it rests on
+        self.settings = live.initial(job.aggregation)
+        self.settings_version = 0
+        self.settings_changes: list[dict] = []
+        self.hosts: dict[str, HostMeter] = {}
+        self.local_rounds: dict[str, int] = {}
+        self.idle_workers: set[str] = set()
+        self.probe_nonce = 0
+        self.next_probe = 0.0
+        self.next_decision = 0.0
+        self.last_decision: Decision | None = None
+        self.last_decision_kind = ""
+        self.decisions = {"aggregate": 0, "wait": 0}
+        # backups, recovery, export
+        self.backups: list[dict] = []
+        self.generation = 0
+        self.recoveries: list[dict] = []
+        self.aggregator_lost_at: float | None = None
+        self.export: ExportInProgress | None = None
+        self.export_request = 0
+        self.exports: list[dict] = []
+        self.backup_request = 0
         expected = self.members.expected
         self.metrics.write("start", job=job.name, run_id=self.run_id, nodes=expected,
                            fingerprint=job.fingerprint())
+        self.publish(Settings(version=self.settings_version, values=self.settings), "settings")
         log.info("run %s: waiting for %d nodes (%s)", self.run_id, len(expected),
                  ", ".join(expected))
 
@@ -134,10 +174,16 @@ class Control(Loop):
                 log.info("%s left: %s", node_id, reason)
                 if self.members.leave(node_id, time.monotonic(), reason):
                     self.membership_changed()
-            case RoundReady(round=r):
-                if r == self.round + 1 and self.sync == "every":
-                    self.ready_workers.add(node_id)
-                    self.maybe_aggregate()
+            case ProbeReply():
+                node.probe_pending_since = None
+            case RoundReady() as m:
+                self.handle_round_ready(node_id, m)
+            case BackupWritten() as m:
+                self.handle_backup(node_id, m)
+            case Restored() as m:
+                self.handle_restored(m)
+            case Exported() as m:
+                self.handle_exported(m)
             case RoundDrained(round=r):
                 self.handle_drained(r)
             case EpochTrained() as m:
@@ -160,8 +206,13 @@ class Control(Loop):
             self.send(self.router, Welcome(accepted=False, reason=reason, run_id=self.run_id,
                                            run_dir=""), identity=identity)
             return
+        before = self.members.nodes.get(node_id)
         if self.members.admit(node_id, hello.role, hello.index, hello.host, hello.pid,
                               time.monotonic()):
+            if before is not None and before.ready and hello.role == "aggregator":
+                log.warning("%s restarted (pid %d, was %d): it will restore the latest "
+                            "backup", node_id, hello.pid, before.pid)
+                self.aggregator_lost_at = self.aggregator_lost_at or time.monotonic()
             log.info("%s said hello from %s pid %d", node_id, hello.host, hello.pid)
             self.metrics.write("hello", node=node_id, host=hello.host, pid=hello.pid)
         self.send(self.router, Welcome(accepted=True, reason="", run_id=self.run_id,
@@ -173,16 +224,20 @@ class Control(Loop):
             self.last_progress = time.monotonic()  # training or evaluation moves on
         node.state, node.load, node.counters = beat.state, beat.load, beat.counters
         node.final = node.final or beat.final
+        self.meter_network(node, beat.load)
 
     def handle_ready(self, node_id: str, node: NodeState, info: dict) -> None:
         if node_id == "feeder-0":
             self.data = {k: _info_int(info, k) for k in
-                         ("samples_in_data", "eval_samples", "rows_read", "rejected_rows")}
+                         ("samples_in_data", "eval_samples", "rows_read", "rejected_rows",
+                                  "dropped_rows", "merged_rows")}
             oracle = info.get("oracle_auc")
             self.data["oracle_auc"] = oracle if isinstance(oracle, float) else None
         log.info("%s ready %s", node_id, orjson.dumps(info).decode())
         if self.members.mark_ready(node_id, time.monotonic()):
             self.membership_changed()
+        if node.role == "aggregator" and self.phase not in ("starting", "done"):
+            self.restore_aggregators()
         if self.phase == "starting" and self.members.all_expected_ready():
             self.start_epoch(0)
 
@@ -212,16 +267,35 @@ class Control(Loop):
         log.info("epoch %d of %d starts", epoch + 1, self.job.train.epochs)
         self.publish(EpochStart(epoch=epoch), "data")
 
+    def handle_round_ready(self, node_id: str, m: RoundReady) -> None:
+        if m.round != self.round + 1:
+            return  # progress towards a round already issued
+        if self.sync == "every":
+            self.ready_workers.add(node_id)
+        elif self.sync == "lazy":
+            self.local_rounds[node_id] = m.steps // self.job.train.sync_every
+            if m.idle:
+                self.idle_workers.add(node_id)
+            else:
+                self.idle_workers.discard(node_id)
+        self.maybe_aggregate()
+
     def maybe_aggregate(self) -> None:
-        live = self.members.live_workers()
-        if (self.sync == "every" and self.phase == "training" and not self.round_in_flight
-                and live and self.ready_workers.issuperset(live)):
+        live_workers = self.members.live_workers()
+        if self.phase != "training" or self.round_in_flight or not live_workers \
+                or self.aggregator_lost_at is not None:
+            return
+        if self.sync == "every" and self.ready_workers.issuperset(live_workers):
             self.issue_round(f"every worker did {self.job.train.sync_every} local steps")
+        elif self.sync == "lazy":
+            self.decide(live_workers)
 
     def issue_round(self, reason: str) -> None:
         self.round += 1
         self.round_in_flight = True
         self.ready_workers.clear()
+        self.local_rounds.clear()
+        self.idle_workers.clear()
         self.metrics.write("aggregate", round=self.round, reason=reason)
         self.publish(Aggregate(round=self.round, participants=self.members.live_workers(),
                                reason=reason), "round")
@@ -294,10 +368,14 @@ class Control(Loop):
         if m.epoch + 1 < self.job.train.epochs:
             self.start_epoch(m.epoch + 1)
         else:
-            self.phase = "finishing"
-            self.standing.clear()
-            self.finish_deadline = time.monotonic() + max(3 * self.heartbeat_s, 2.0)
-            self.publish(Finish(), "finish")
+            self.phase = "exporting"
+            self.start_export(final=True)
+
+    def finish(self) -> None:
+        self.phase = "finishing"
+        self.standing.clear()
+        self.finish_deadline = time.monotonic() + max(3 * self.heartbeat_s, 2.0)
+        self.publish(Finish(), "finish")
 
     # -- the clock -----------------------------------------------------------------------------
     def on_tick(self, now: float) -> None:
@@ -308,6 +386,8 @@ class Control(Loop):
             self.next_publish = now + self.heartbeat_s
             for msg in list(self.standing.values()):
                 self.send(self.pub, msg)
+        if now >= self.next_probe:
+            self.probe(now)
         if now >= self.next_throughput:
             self.record_throughput(now)
         c = self.job.cluster
@@ -319,13 +399,28 @@ class Control(Loop):
             node = self.members.nodes[node_id]
             reason = (f"{node_id} missed heartbeats for {now - node.last_seen:.1f} s "
                       f"(node_timeout_s = {c.node_timeout_s})")
+            if node.role == "aggregator" and self.sync != "step":
+                log.warning("%s; waiting up to %.0f s for it to restart", reason,
+                            self.job.train.recovery_timeout_s)
+                self.members.fail(node_id, now, reason)
+                self.aggregator_lost_at = self.aggregator_lost_at or now
+                continue
             if node.role != "worker":
                 self.fail(reason)
                 return
             log.warning("%s; its batches go to the other workers", reason)
             if self.members.fail(node_id, now, reason):
                 self.membership_changed()
-        active = self.phase in ("training", "syncing", "evaluating")
+        if self.aggregator_lost_at is not None and \
+                now - self.aggregator_lost_at > self.job.train.recovery_timeout_s:
+            self.fail(f"the aggregator did not come back within recovery_timeout_s = "
+                      f"{self.job.train.recovery_timeout_s:.0f} s")
+            return
+        if self.export is not None and now - self.export.started > c.node_timeout_s * 3:
+            self.export_failed(now)
+        if self.sync == "lazy":
+            self.maybe_aggregate()
+        active = self.phase in ("training", "syncing", "evaluating", "exporting")
         if active and not self.members.live_workers():
             self.no_workers_since = self.no_workers_since or now
             if now - self.no_workers_since > c.node_timeout_s:
@@ -334,8 +429,10 @@ class Control(Loop):
         else:
             self.no_workers_since = None
         if active and now - self.last_progress > self.job.train.stall_timeout_s:
+            last = f"; last aggregation decision: {self.last_decision.reason}" \
+                if self.last_decision and self.phase == "training" else ""
             self.fail(f"no progress for {self.job.train.stall_timeout_s:.0f} s in phase "
-                      f"{self.phase}")
+                      f"{self.phase}{last}")
             return
         if self.phase == "finishing" and (now > self.finish_deadline
                                           or self.members.all_final()):
@@ -370,7 +467,11 @@ class Control(Loop):
                                      "uptime_s": time.monotonic() - self.started}},
             wall_s=time.monotonic() - self.started,
             rounds=self.rounds_done, round_samples=self.round_samples,
-            membership=self.members.events)
+            membership=self.members.events,
+            model={"backups": self.backups, "recoveries": self.recoveries,
+                   "exports": self.exports, "settings_changes": self.settings_changes,
+                   "settings": self.settings, "decisions": self.decisions,
+                   "last_decision": self.last_decision.reason if self.last_decision else None})
         path = self.run_dir / "summary.json"
         atomic_write(path, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         self.metrics.write("end", status=status, reason=reason)

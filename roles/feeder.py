@@ -30,6 +30,7 @@ from roles.data.hashing import shard_of
 from roles.data.readers import DataError, Rejected
 from roles.job import Job
 from roles.metrics import auc, logloss
+from roles.model_files import TRANSFORM, write_json
 from roles.rundir import atomic_write
 from zbus.node import Node
 from zbus.wire import (
@@ -39,6 +40,8 @@ from zbus.wire import (
     EpochTrained,
     EvalReport,
     Evaluate,
+    Export,
+    Exported,
     Grant,
     Idle,
     Membership,
@@ -99,6 +102,7 @@ class Feeder(Node):
         self.batches_acked = 0
         self.copies_wanted = 0  # second copies of untaken batches that idle workers could use
         self.acked_by: Counter[str] = Counter()
+        self.export_request = 0
 
     def window_for(self, workers: int) -> int:
         """Batches in flight: per worker, its prefetch and the one it trains, as many again
@@ -127,6 +131,7 @@ class Feeder(Node):
         self.to_control(Ready(info={
             "samples_in_data": d.n_train, "eval_samples": d.n_eval, "rows_read": d.rows_read,
             "rejected_rows": len(d.rejected), "oracle_auc": d.oracle_auc,
+            "dropped_rows": d.dropped_rows, "merged_rows": d.merged_rows,
             "fields": len(d.fields), "dense": int(d.dense.shape[1]),
         }))
 
@@ -140,8 +145,20 @@ class Feeder(Node):
             case Evaluate(epoch=e, round=r) if self.data is not None and e > self.evaluated \
                     and e == self.epoch:
                 self.start_evaluation(e, r)
+            case Export(request=n, dir=where) if self.data is not None \
+                    and n > self.export_request:
+                self.export_request = n
+                self.export(n, Path(where))
             case _:
                 pass  # other commands, and repeats of ones already acted on
+
+    def export(self, request: int, where: Path) -> None:
+        """The dense transform, so that the export scores raw rows as training saw them."""
+        t = self.data.transform
+        where.mkdir(parents=True, exist_ok=True)
+        write_json(where / TRANSFORM, {"dense": self.job.dense_fields, "log1p": t.log1p,
+                                       "mean": t.mean.tolist(), "std": t.std.tolist()})
+        self.to_control(Exported(request=request, part="transform", files=[TRANSFORM]))
 
     def handle_membership(self, version: int, workers: set[str]) -> None:
         lost = self.members - workers
@@ -223,7 +240,7 @@ class Feeder(Node):
         self.send(self.samples, SampleBatch(
             batch_id=batch_id, epoch=self.epoch, eval=eval,
             min_round=self.eval_round if eval else 0, round=round_, dense=d.dense[rows],
-            labels=d.labels[rows], weights=np.ones(len(rows), dtype=np.float32)))
+            labels=d.labels[rows], weights=d.weights[rows]))
 
     # -- takes and acknowledgements --------------------------------------------------------
     def on_worker(self, identity: bytes | None, env) -> None:

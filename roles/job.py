@@ -26,6 +26,7 @@ import orjson
 
 from zbus.cluster import ClusterConfig
 
+DECAY_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
 RESERVED_ENV = {"ZBUS_JOB", "ZBUS_RUN_DIR", "ZBUS_LOG_LEVEL", "ZBUS_VENV", "ZBUS_TORCH_SPEC"}
 
 
@@ -69,11 +70,17 @@ class DataConfig:
     eval_fraction: float = field(default=0.2, metadata={"min": 0.01, "max": 0.9})
     log1p: bool = True
     max_rejected_fraction: float = field(default=0.1, metadata={"min": 0.0, "max": 1.0})
+    decay_base: float = field(default=1.0, metadata={"min": 1.0, "max": 1e6})
+    decay_unit: str = field(default="day", metadata={"choices": tuple(DECAY_UNITS)})
+    drop_below: float = field(default=0.001, metadata={"min": 0.0, "max": 1.0})
+    merge: bool = False
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def __post_init__(self) -> None:
         if self.source != "file":
             return
+        if self.decay_base > 1.0 and not self.timestamp:
+            raise ValueError("[data] decay_base > 1 needs a timestamp column ([data] timestamp)")
         if not self.path:
             raise ValueError("[data] path is required when source = \"file\"")
         if self.format != "criteo" and not self.sparse:
@@ -99,7 +106,8 @@ class ModelConfig:
 class TrainConfig:
     epochs: int = field(default=3, metadata={"min": 1, "max": 4095})
     batch_size: int = field(default=256, metadata={"min": 1, "max": 1 << 20})
-    sync: str = field(default="every", metadata={"choices": ("step", "every", "round")})
+    sync: str = field(default="every",
+                      metadata={"choices": ("step", "every", "round", "lazy")})
     sync_every: int = field(default=8, metadata={"min": 1})
     round_iterations: int = field(default=32, metadata={"min": 1})
     dense_lr: float = field(default=1e-3, metadata={"min": 0.0})
@@ -111,6 +119,29 @@ class TrainConfig:
     shuffle: bool = True
     seed: int = 7
     stall_timeout_s: float = field(default=300.0, metadata={"min": 1.0})
+    recovery_timeout_s: float = field(default=120.0, metadata={"min": 1.0})
+
+
+@dataclass(frozen=True)
+class AggregationConfig:
+    """Sync mode lazy: when control lets the workers' dense weights be combined, and when the
+    aggregator backs the result up. Every key marked ``live`` can be changed while the job runs
+    (``zbus-ctl set``, the console); see ``roles.live``."""
+
+    net_util_max: float = field(default=0.30, metadata={"min": 0.001, "max": 1.0, "live": True})
+    failure_rate_max: float = field(default=0.05,
+                                    metadata={"min": 0.001, "max": 1.0, "live": True})
+    probe_timeout_s: float = field(default=3.0, metadata={"min": 0.05, "max": 600.0,
+                                                          "live": True})
+    min_local_rounds: int = field(default=4, metadata={"min": 1, "max": 10_000, "live": True})
+    max_local_rounds: int = field(default=16, metadata={"min": 1, "max": 10_000, "live": True})
+    backup_change_min: float = field(default=0.05, metadata={"min": 0.0, "max": 100.0,
+                                                             "live": True})
+    backups_kept: int = field(default=3, metadata={"min": 1, "max": 1000, "live": True})
+
+    def __post_init__(self) -> None:
+        if self.min_local_rounds > self.max_local_rounds:
+            raise ValueError("[aggregation] min_local_rounds must be <= max_local_rounds")
 
 
 @dataclass(frozen=True)
@@ -119,6 +150,7 @@ class Job:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     origin: str = field(default="", metadata={"internal": True})  # where the job was read
 

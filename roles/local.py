@@ -19,7 +19,6 @@ import orjson
 import psutil
 
 from roles.job import Job, load_job
-from zbus.cluster import FIXED_ENDPOINTS
 from zbus.sockets import free_tcp_ports
 
 BIN = Path(sys.executable).parent
@@ -33,9 +32,8 @@ def clean_environ() -> dict[str, str]:
     return env
 
 
-def endpoint_overrides(shards: int, transport: str, ipc_dir: str) -> str:
+def endpoint_overrides(names: list[str], transport: str, ipc_dir: str) -> str:
     """A TOML inline table for ZBUS_CLUSTER__ENDPOINTS: ipc paths, or free TCP ports."""
-    names = [*FIXED_ENDPOINTS, *(f"ps-{i}" for i in range(shards))]
     if transport == "ipc":
         addresses = [f"ipc://{ipc_dir}/{name}" for name in names]
     else:
@@ -64,9 +62,8 @@ class LocalCluster:
             self.env[f"ZBUS_{key.upper()}"] = toml_value(value)
         if job is not None:
             self.env["ZBUS_JOB"] = str(job)
-        shards = load_job(None, environ=self.env).cluster.shards
-        self.env["ZBUS_CLUSTER__ENDPOINTS"] = endpoint_overrides(shards, transport,
-                                                                 self.ipc_dir)
+        names = load_job(None, environ=self.env).cluster.endpoint_names()
+        self.env["ZBUS_CLUSTER__ENDPOINTS"] = endpoint_overrides(names, transport, self.ipc_dir)
         self.job: Job = load_job(None, environ=self.env)
         self.procs: dict[str, subprocess.Popen] = {}
 
@@ -95,7 +92,8 @@ class LocalCluster:
             self.start_role("ps", i)
         for i in range(c.workers):
             self.start_role("worker", i, "--slowdown", str(slowdown.get(i, 1.0)))
-        self.start_role("aggregator")
+        for i in range(c.aggregators):
+            self.start_role("aggregator", i)
 
     def events(self) -> list[dict]:
         path = self.run_dir / "metrics.jsonl"

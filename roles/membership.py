@@ -26,6 +26,7 @@ class NodeState:
     final: bool = False
     load: dict = field(default_factory=dict)
     counters: dict = field(default_factory=dict)
+    probe_pending_since: float | None = None  # oldest probe not answered yet
 
 
 class Members:
@@ -45,7 +46,8 @@ class Members:
             return (f"{claimed} (socket identity {node_id!r}) is not a node of this job, "
                     f"which has {', '.join(self.expected)} (and workers may join)")
         known = self.nodes.get(node_id)
-        if known is not None and known.status == ALIVE and known.pid != pid and known.ready:
+        if (known is not None and known.status == ALIVE and known.pid != pid and known.ready
+                and role != "aggregator"):  # a new aggregator process is a restart: recovery
             return f"{node_id} is already running as pid {known.pid}"
         return ""
 
@@ -102,6 +104,9 @@ class Members:
 
     def missing(self) -> list[str]:
         return [n for n in self.expected if n not in self.nodes or not self.nodes[n].ready]
+
+    def live_nodes(self) -> list[NodeState]:
+        return [s for s in self.nodes.values() if s.ready and s.status == ALIVE]
 
     def silent(self, now: float, timeout: float) -> list[str]:
         """Ready, live nodes not heard from for longer than ``timeout``."""

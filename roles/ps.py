@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import zmq
@@ -23,11 +24,14 @@ from roles.batching import split_batch_id
 from roles.cli import role_main
 from roles.embedding_table import EmbeddingTable
 from roles.job import Job
+from roles.model_files import embeddings_file, save_embeddings
 from zbus.node import Node
 from zbus.wire import (
     BatchKeys,
     EmbeddingGrads,
     Embeddings,
+    Export,
+    Exported,
     Lookup,
     ProtocolError,
     Ready,
@@ -60,12 +64,31 @@ class Shard(Node):
         self.applied: set[int] = set()
         self.answered_eval: OrderedDict[int, None] = OrderedDict()
         self.newest_epoch = 0
+        self.export_request = 0
         self.counts = {"key_messages": 0, "lookups": 0, "updates": 0, "duplicates_refused": 0,
                        "keys_received": 0, "keys_repeated": 0}
 
     def on_welcome(self) -> None:
         self.state = "ready"
         self.to_control(Ready(info={"keys": len(self.table)}))
+
+    def handle_command(self, env) -> None:
+        match env.msg:
+            case Export(request=n, dir=where) if n > self.export_request:
+                self.export_request = n
+                self.export(n, Path(where))
+            case _:
+                pass
+
+    def export(self, request: int, where: Path) -> None:
+        """A snapshot of every row this shard holds (the export's embeddings-ps-<i>.npz)."""
+        where.mkdir(parents=True, exist_ok=True)
+        keys, rows = self.table.index.items()
+        order = np.argsort(rows)
+        name = embeddings_file(self.index)
+        save_embeddings(where / name, keys[order], self.table.weights[rows[order]])
+        log.info("exported %d rows to %s", len(keys), where / name)
+        self.to_control(Exported(request=request, part=self.node_id, files=[name]))
 
     def on_message(self, identity: bytes | None, env) -> None:
         match env.msg:

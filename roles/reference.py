@@ -34,6 +34,7 @@ def train_reference(job: Job, data: Dataset, threads: int = 0) -> dict:
     emb_opt = torch.optim.Adagrad(table.parameters(), lr=job.train.embedding_lr)
     dense = torch.from_numpy(data.dense)
     labels = torch.from_numpy(data.labels)
+    sample_weights = torch.from_numpy(data.weights)
     n_train, bs = data.n_train, job.train.batch_size
     epochs, train_s = [], 0.0
     for epoch in range(job.train.epochs):
@@ -42,24 +43,25 @@ def train_reference(job: Job, data: Dataset, threads: int = 0) -> dict:
             np.random.default_rng(job.train.seed * 1000 + epoch).shuffle(order)
         order_t = torch.from_numpy(order)
         start = time.perf_counter()
-        loss_sum = 0.0
+        loss_sum = weight_sum = 0.0
         for lo in range(0, n_train, bs):
             idx = order_t[lo:lo + bs]
             logits = net(table(index[idx]), dense[idx])
-            y = labels[idx]
-            loss = weighted_loss_sum(logits, y, torch.ones_like(y))
+            w = sample_weights[idx]
+            loss = weighted_loss_sum(logits, labels[idx], w)
             dense_opt.zero_grad()
             emb_opt.zero_grad()
-            (loss / len(idx)).backward()
+            (loss / w.sum().clamp_min(1e-12)).backward()
             dense_opt.step()
             emb_opt.step()
             loss_sum += float(loss.detach())
+            weight_sum += float(w.sum())
         train_s += time.perf_counter() - start
         with torch.no_grad():
             ev = torch.arange(n_train, len(labels))
             probs = torch.sigmoid(net(table(index[ev]), dense[ev])).numpy()
         y_eval = data.labels[n_train:]
-        epochs.append({"epoch": epoch, "train_loss": loss_sum / n_train,
+        epochs.append({"epoch": epoch, "train_loss": loss_sum / weight_sum,
                        "auc": auc(y_eval, probs), "logloss": logloss(y_eval, probs)})
     return {"auc": epochs[-1]["auc"], "logloss": epochs[-1]["logloss"],
             "oracle_auc": data.oracle_auc, "samples_trained": n_train * job.train.epochs,

@@ -67,6 +67,14 @@ class Replica:
         self.version, self.sent, self.sent_round = round_, None, -1
         return True
 
+    def reset(self, round_: int, params: np.ndarray) -> None:
+        """Recovery: the weights restored from a backup replace this replica's outright; the
+        progress since (and any contribution in flight) is dropped."""
+        self.load(params)
+        self.base = np.array(params, dtype=np.float32)
+        self.version, self.sent, self.sent_round = round_, None, -1
+        self.steps_since, self.coef_since, self.samples_since = 0, 0.0, 0
+
     def replace(self, params: np.ndarray) -> None:
         """Sync mode step: the aggregator's answer is the new local model."""
         self.load(params)

@@ -1,5 +1,5 @@
-"""``zbus-spawn ROLE``: start the job's N shards or M workers, each its own process, and
-supervise them (one Procfile line runs however many the job names).
+"""``zbus-spawn ROLE``: start the job's N shards, M workers or K aggregators, each its own
+process, and supervise them (one Procfile line runs however many the job names).
 
 SIGTERM/SIGINT are passed on to the children; it exits when they all have, with the first
 non-zero exit status among them (0 when all ended well).
@@ -15,7 +15,7 @@ import time
 
 from roles.cli import count_of, load_job_or_exit
 
-ROLES = ("ps", "worker")
+ROLES = ("ps", "worker", "aggregator")
 
 
 def main(argv: list[str] | None = None) -> None:

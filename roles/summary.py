@@ -20,12 +20,12 @@ def _index(node: str) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
-def channel_bytes(counters: list[dict]) -> dict[str, int]:
-    """Bytes sent per channel, summed over the nodes (each message counted once, by its
-    sender)."""
+def channel_bytes(counters: list[dict], direction: str = "bytes_out") -> dict[str, int]:
+    """Bytes per channel summed over the nodes: sent (each message counted once, by its
+    sender), or received (a message published to N subscribers counts N times)."""
     total = dict.fromkeys(CHANNELS, 0)
     for c in counters:
-        sent = c.get("bytes_out")
+        sent = c.get(direction)
         if isinstance(sent, dict):
             for channel, n in sent.items():
                 if channel in total:
@@ -36,7 +36,8 @@ def channel_bytes(counters: list[dict]) -> dict[str, int]:
 def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: str,
                   data: dict, epochs: list[dict], counters: dict[str, dict],
                   wall_s: float, rounds: int, round_samples: dict[str, list[int]],
-                  membership: list[dict]) -> dict:
+                  membership: list[dict], model: dict | None = None) -> dict:
+    model = model or {}
     evaluated = [e for e in epochs if "auc" in e]
     last = evaluated[-1] if evaluated else {}
     train_s = sum(e.get("train_s", 0.0) for e in epochs)
@@ -71,6 +72,8 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "eval_samples": data.get("eval_samples"),
         "rows_read": data.get("rows_read"),
         "rejected_rows": data.get("rejected_rows"),
+        "dropped_rows": data.get("dropped_rows"),
+        "merged_rows": data.get("merged_rows"),
         "samples_trained": samples_trained,
         "wall_s": round(wall_s, 3),
         "train_s": round(train_s, 3),
@@ -90,7 +93,20 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
             "batch_copies": int(_num(feeder.get("refused_takes"))),
         },
         "membership": membership,
+        "aggregation_decisions": model.get("decisions", {}),
+        "last_decision": model.get("last_decision"),
+        "settings": model.get("settings", {}),
+        "settings_changes": model.get("settings_changes", []),
+        "backups": len(model.get("backups", [])),
+        "latest_backup": max(model["backups"], key=lambda b: b["round"])["path"]
+        if model.get("backups") else None,
+        "recoveries": len(model.get("recoveries", [])),
+        "recovery": model.get("recoveries", []),
+        "export": next((e["dir"] for e in reversed(model.get("exports", []))
+                        if e.get("final") and "error" not in e), None),
+        "exports": model.get("exports", []),
         "bytes": channel_bytes(list(counters.values())),
+        "bytes_received": channel_bytes(list(counters.values()), "bytes_in"),
         "shards": shards,
         "rejected_messages": rejected_messages,
         "per_epoch": epochs,

@@ -18,10 +18,18 @@ Dense synchronisation (``[train] sync``), see ``roles.replica`` for the round ar
   round, control calls Aggregate(r) when they are all acknowledged, and a worker trains a batch
   of round r + 1 only after it has contributed to round r, so that M (its samples in the
   round) is exact.
+- ``lazy``: local Adam; a local round is ``sync_every`` local steps, and the worker reports
+  each one to control (RoundReady), which decides when to aggregate (``roles.decision``). A
+  worker that has done ``max_local_rounds`` local rounds since its last contribution waits.
 
-SIGTERM: the worker stops pulling, finishes the batches it was granted, tells control it is
-leaving and exits 0 (a second SIGTERM, or ``LEAVE_TIMEOUT_S``, ends it at once: whatever it
-still holds, the feeder sends again). ``--slowdown N`` (a test and demo aid) makes every batch
+Weights of a newer restore generation (the aggregator restarted and restored a backup)
+replace the replica's weights outright. With ``[cluster] aggregators`` > 1 a worker sends its
+contributions to aggregator ``index % aggregators``, everything else to the root.
+
+SIGTERM: the worker stops pulling, finishes the batches it was granted, sends its last dense
+progress as a contribution marked ``done``, tells control it is leaving and exits 0 (a second
+SIGTERM, or ``LEAVE_TIMEOUT_S``, ends it at once: whatever it still holds, the feeder sends
+again). ``--slowdown N`` (a test and demo aid) makes every batch
 take N times as long, idling rather than burning CPU, like a slower machine.
 """
 
@@ -40,6 +48,7 @@ import numpy as np
 import torch
 import zmq
 
+from roles import live
 from roles.batching import sample_batch_bytes
 from roles.cli import role_main
 from roles.job import Job
@@ -59,8 +68,10 @@ from zbus.wire import (
     Message,
     ProtocolError,
     Ready,
+    Restore,
     RoundReady,
     SampleBatch,
+    Settings,
     StepGrad,
     Taken,
     Weights,
@@ -111,6 +122,9 @@ class Worker(Node):
                                     functools.partial(self.on_shard, i))
                        for i in range(c.shards)]
         self.aggregator = self.connect(zmq.DEALER, c.endpoint("aggregator"), self.on_reply)
+        group = c.group_of(index)
+        self.group_aggregator = self.aggregator if group == 0 else \
+            self.connect(zmq.DEALER, c.aggregator_endpoint(group))
         self.weights_pub = self.connect(zmq.SUB, c.endpoint("aggregator_pub"),
                                         self.on_broadcast)
         self.pipeline: dict[int, PulledBatch] = {}   # in pull order
@@ -121,11 +135,17 @@ class Worker(Node):
         self.replies_due: deque[str] = deque()  # "request" or "step": the aggregator answers
         self.asked_weights_at = 0.0             # a DEALER's requests in order
         self.ready_sent_for = -1
+        self.idle_since: float | None = None  # said Idle, and nothing has come since
+        self.generation = 0
+        self.restore_wanted = 0
+        self.lazy = t.sync == "lazy"
+        self.settings = live.initial(job.aggregation)
+        self.settings_version = -1
         self.idle_said = False
         self.leave_by = 0.0
         self.counts = {"samples_trained": 0, "batches_trained": 0, "eval_samples": 0,
                        "contributions": 0, "rounds_adopted": 0, "refused_batches": 0,
-                       "copies_ignored": 0,
+                       "copies_ignored": 0, "restores": 0, "waits_at_max": 0,
                        "lookup_wait_s": 0.0, "compute_s": 0.0, "step_wait_s": 0.0,
                        "slowdown": self.slowdown}
 
@@ -134,7 +154,17 @@ class Worker(Node):
         if w.params.shape != (self.replica.size,):
             raise ProtocolError("bad_shape", f"weights of {w.params.shape}, model has "
                                              f"{self.replica.size} parameters")
-        if not self.replica.adopt(w.round, w.params):
+        if w.generation < self.generation:
+            return  # from before a restore
+        if w.generation > self.generation:
+            log.warning("%s: weights restored from a backup (generation %d, round %d) "
+                        "replace its own", self.node_id, w.generation, w.round)
+            self.generation = w.generation
+            self.replica.reset(w.round, w.params)
+            self.counts["restores"] += 1
+            if self.deferred_round is not None and self.deferred_round <= w.round:
+                self.deferred_round = None
+        elif not self.replica.adopt(w.round, w.params):
             return
         self.counts["rounds_adopted"] += 1
         if self.state == "starting":
@@ -175,6 +205,13 @@ class Worker(Node):
 
     def handle_command(self, env) -> None:
         match env.msg:
+            case Settings(version=v, values=values) if v > self.settings_version:
+                self.settings_version = v
+                self.settings.update({k: values[k] for k in self.settings if k in values})
+                self.advance()  # max_local_rounds may have risen
+            case Restore(generation=g) if g > max(self.generation, self.restore_wanted):
+                self.restore_wanted = g  # ask until the restored weights are here: their
+                self.request_weights()   # broadcast may leave before this SUB reconnects
             case Aggregate(round=r, participants=who) if self.node_id in who:
                 if r <= self.replica.settled_round:
                     return  # a repeat of a round already done or contributed
@@ -185,10 +222,10 @@ class Worker(Node):
             case _:
                 pass
 
-    def contribute(self, round_: int) -> None:
+    def contribute(self, round_: int, done: bool = False) -> None:
         delta, coefficient, samples = self.replica.contribute(round_, not self.step_mode)
-        self.send(self.aggregator, Contribution(round=round_, coefficient=coefficient,
-                                                samples=samples, delta=delta))
+        self.send(self.group_aggregator, Contribution(round=round_, coefficient=coefficient,
+                                                      samples=samples, done=done, delta=delta))
         self.counts["contributions"] += 1
         self.advance()  # batches of the next round may go now
 
@@ -204,6 +241,7 @@ class Worker(Node):
                     return
                 self.pipeline[s.batch_id] = PulledBatch(s, [None] * len(self.shards))
                 self.idle_said = False
+                self.idle_since = None
                 for sock in self.shards:
                     self.send(sock, Lookup(batch_id=s.batch_id, train=not s.eval))
                 self.ask_next()
@@ -261,7 +299,13 @@ class Worker(Node):
             return False
         if s.eval:
             return self.replica.version >= s.min_round
+        if self.lazy and self.at_max_local_rounds():
+            return False  # wait for an aggregation
         return s.round <= self.replica.settled_round + 1  # round mode: round r-1 contributed
+
+    def at_max_local_rounds(self) -> bool:
+        limit = self.settings["max_local_rounds"] * self.job.train.sync_every
+        return self.replica.steps_since >= limit
 
     def advance(self) -> None:
         """Train (or score) every batch that can go: granted, embeddings in, its round due."""
@@ -284,6 +328,11 @@ class Worker(Node):
                     or self.awaiting_step):
                 self.idle_said = True  # said once until the next batch arrives
                 self.send(self.feeder, Idle())
+                self.idle_since = time.monotonic()
+
+    def report_progress(self, idle: bool = False) -> None:
+        self.to_control(RoundReady(round=self.replica.settled_round + 1,
+                                   steps=self.replica.steps_since, idle=idle))
 
     def assemble(self, batch: PulledBatch) -> torch.Tensor:
         n = len(batch.sample.labels)
@@ -363,10 +412,14 @@ class Worker(Node):
         self.replica.trained(n, weight_sum)
         self.state = "training"
         next_round = self.replica.settled_round + 1
-        if (self.job.train.sync == "every" and self.replica.steps_since >= self.job.train.sync_every
+        every = self.job.train.sync_every
+        if (self.job.train.sync == "every" and self.replica.steps_since >= every
                 and self.ready_sent_for < next_round):
             self.ready_sent_for = next_round
-            self.to_control(RoundReady(round=next_round, steps=self.replica.steps_since))
+            self.report_progress()
+        elif self.lazy and self.replica.steps_since % every == 0:
+            self.report_progress()  # one more local round
+            self.counts["waits_at_max"] += self.at_max_local_rounds()
 
     def score(self, batch: PulledBatch) -> None:
         started = time.monotonic()
@@ -388,6 +441,13 @@ class Worker(Node):
             self.advance()
         if self.leaving:
             self.leave_when_done(now)
+        if self.restore_wanted > self.generation and \
+                now - self.asked_weights_at > 2 * self.heartbeat_s:
+            self.request_weights()
+        if self.lazy and self.idle_since is not None and now - self.idle_since >= \
+                self.heartbeat_s:
+            self.idle_since = None  # starved for a while (the end of a pass): do not hold
+            self.report_progress(idle=True)  # the aggregation back
         super().on_tick(now)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -401,16 +461,23 @@ class Worker(Node):
     def leave_when_done(self, now: float) -> None:
         self.pause(self.samples, True)
         busy = self.awaiting_step is not None or self.parked is not None or any(
-            b.granted for b in self.pipeline.values())
+            b.granted for b in self.pipeline.values()) or self.replica.in_flight
         if busy and now < self.leave_by:
             return
+        if not busy and not self.step_mode and self.replica.samples_since:
+            # the dense progress since the last contribution counts in the next round
+            self.contribute(self.replica.settled_round + 1, done=True)
         self.to_control(Leaving(reason="stopped" if not busy else
                                 f"stopped with {len(self.pipeline)} batch(es) unfinished"))
         self.stopping = True
 
+    def close(self) -> None:
+        self.group_aggregator.setsockopt(zmq.LINGER, 1000)  # a last contribution on leaving
+        super().close()
+
     def counters(self) -> dict:
-        return {**self.counts, "round": self.replica.version, "pipeline": len(self.pipeline),
-                "device": str(self.device)}
+        return {**self.counts, "round": self.replica.version, "generation": self.generation,
+                "pipeline": len(self.pipeline), "device": str(self.device)}
 
 
 def main() -> None:

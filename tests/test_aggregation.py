@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from roles.aggregation import Adam, combine
+from roles.aggregation import Adam, combine, combine_partials, partial_sum
 
 
 def test_combine_is_the_coefficient_weighted_mean_of_deltas():
@@ -39,3 +39,20 @@ def test_adam_matches_torch():
         reference.step()
         flat = ours.step(flat, g)
     assert np.allclose(flat, param.detach().numpy(), atol=1e-6)
+
+
+def test_hierarchical_combination_equals_the_flat_one():
+    rng = np.random.default_rng(2)
+    deltas = [rng.normal(size=7).astype(np.float32) for _ in range(5)]
+    coef = [3.0, 0.5, 0.0, 12.0, 7.25]
+    flat = combine(deltas, coef, 7)
+    groups = [[0, 3], [1], [2, 4], []]  # an empty group sends an empty partial
+    partials = [partial_sum([deltas[i] for i in g], [coef[i] for i in g], 7) for g in groups]
+    assert np.array_equal(combine_partials(partials, 7), flat)
+    assert sum(c for _, c in partials) == sum(coef)
+
+
+def test_sample_weights_decide_each_workers_share():
+    # a worker that trained on fresher (heavier) samples moves the model more
+    fresh, stale = np.ones(3, np.float32), -np.ones(3, np.float32)
+    assert np.allclose(combine([fresh, stale], [0.9 * 100, 0.1 * 100], 3), 0.8)

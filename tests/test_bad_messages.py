@@ -17,9 +17,11 @@ GARBAGE = [
     [b"\x00\xff garbage"],
     [b"Lookup", b"{not json"],
     [b"Nope", b"{}"],
-    [b"Lookup", b'{"v":2,"from":"x","seq":1,"f":{"batch_id":1,"train":true},"a":[]}'],
-    [b"BatchKeys", b'{"v":1,"from":"x","seq":1,"f":{"batch_id":1,"samples":1,"fields":1},'
-                   b'"a":[["int32",[1]],["int64",[5]]]}', b"\0" * 4, b"\0" * 8],
+    [b"Lookup", b'{"v":%d,"from":"x","seq":1,"f":{"batch_id":1,"train":true},"a":[]}'
+     % (wire.PROTOCOL_VERSION + 1)],                                  # a future version
+    [b"BatchKeys", b'{"v":%d,"from":"x","seq":1,"f":{"batch_id":1,"samples":1,"fields":1},'
+                   b'"a":[["int32",[1]],["int64",[5]]]}' % wire.PROTOCOL_VERSION,
+     b"\0" * 4, b"\0" * 8],                                          # 5 keys in 8 bytes
 ]
 
 
@@ -32,7 +34,11 @@ def dealer(ctx: zmq.Context, endpoint: str, identity: str) -> zmq.Socket:
 
 
 def reply(sock: zmq.Socket) -> wire.Message:
-    return wire.decode(recv_within(sock)).msg
+    """The next message other than control's health probes."""
+    while True:
+        msg = wire.decode(recv_within(sock)).msg
+        if not isinstance(msg, wire.Probe):
+            return msg
 
 
 def test_control_rejects_garbage_and_strangers_then_admits_a_node(cluster):
@@ -103,7 +109,7 @@ def test_shard_and_aggregator_serve_after_garbage(cluster):
         agg = dealer(ctx, c.job.cluster.endpoint("aggregator"), "worker-0")
         for frames in GARBAGE:
             agg.send_multipart(frames)
-        agg.send_multipart(wire.Contribution(round=1, coefficient=1.0, samples=1,
+        agg.send_multipart(wire.Contribution(round=1, coefficient=1.0, samples=1, done=False,
                                              delta=np.ones(3, np.float32)).to_frames())
         agg.send_multipart(wire.WeightsRequest().to_frames())
         weights = reply(agg)

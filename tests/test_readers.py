@@ -88,3 +88,23 @@ def test_missing_file_and_missing_column_are_named(tmp_path):
     path = write(tmp_path / "a.csv", "y,n,c,d,ts\n")
     with pytest.raises(DataError, match="dense column 'm' is not in"):
         read_table([path], "csv", SCHEMA)
+
+
+def test_timestamps_are_unix_seconds_or_iso_dates_and_anything_else_is_a_rejected_row(tmp_path):
+    text = ("y,n,m,c,d,ts\n"
+            "yes,1,2,a,b,2026-01-02\n"                  # 2 ISO date: midnight UTC
+            "no,1,2,a,b,2026-01-02T01:00:00+01:00\n"    # 3 ISO with offset
+            "no,1,2,a,b,yesterday\n"                    # 4 does not parse
+            "no,1,2,a,b,inf\n"                          # 5 non-finite
+            "no,1,2,a,b,1767312000.9\n")                # 6 unix seconds
+    t = read_table([write(tmp_path / "a.csv", text)], "csv", SCHEMA)
+    assert t.timestamps.tolist() == [1767312000, 1767312000, 1767312000]
+    assert [(r.line, r.reason) for r in t.rejected] == [
+        (4, "timestamp 'yesterday' is neither unix seconds nor an ISO 8601 date/time"),
+        (5, "non-finite timestamp 'inf'")]
+
+
+def test_a_schema_without_label_reads_rows_for_scoring(tmp_path):
+    schema = Schema(label="", dense=["n"], sparse=["c"])
+    t = read_table([write(tmp_path / "a.csv", "c,n\na,1\nb,2\n")], "csv", schema)
+    assert np.isnan(t.labels).all() and t.dense[:, 0].tolist() == [1.0, 2.0]

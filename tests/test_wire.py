@@ -52,7 +52,7 @@ def test_every_message_round_trips(cls):
 
 def test_large_arrays_are_not_copied_on_decode():
     params = np.arange(1 << 20, dtype=np.float32)
-    frames = wire.Weights(round=1, step=0, params=params).to_frames()
+    frames = wire.Weights(round=1, step=0, generation=0, params=params).to_frames()
     payload = bytearray(frames[2])
     frames[2] = payload
     decoded = decode(frames).msg.params
@@ -165,10 +165,10 @@ def test_consistency_rules():
                        keys=np.array([1], i64)),
         wire.Embeddings(batch_id=1, positions=np.array([0], i32), inverse=np.array([1], i32),
                         rows=np.zeros((1, 4), f32)),
-        wire.Contribution(round=1, coefficient=-1.0, samples=1, delta=np.zeros(2, f32)),
-        wire.Contribution(round=1, coefficient=1.0, samples=1,
+        wire.Contribution(round=1, coefficient=-1.0, samples=1, done=False, delta=np.zeros(2, f32)),
+        wire.Contribution(round=1, coefficient=1.0, samples=1, done=False,
                           delta=np.array([np.nan], f32)),
-        wire.Weights(round=1, step=0, params=np.array([1.0, np.inf], f32)),
+        wire.Weights(round=1, step=0, generation=0, params=np.array([1.0, np.inf], f32)),
         wire.StepGrad(coefficient=1.0, grads=np.array([np.nan], f32)),
     ]
     for msg in bad:

@@ -16,8 +16,11 @@ FIXED_ENDPOINTS = {
     "ledger": 3,           # feeder ROUTER: acknowledgements from workers
     "aggregator": 4,       # aggregator ROUTER: contributions, step gradients, weight requests
     "aggregator_pub": 5,   # aggregator PUB: new dense weights
+    "control_req": 6,      # control ROUTER: requests of operators (zbus-ctl, the console)
 }
 PS_OFFSET = 10             # ps shard i binds base_port + 10 + i
+AGGREGATOR_OFFSET = 280    # aggregator i >= 1 (hierarchical aggregation) binds 280 + i
+MAX_AGGREGATORS = 16
 SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
@@ -27,6 +30,7 @@ class ClusterConfig:
 
     workers: int = field(default=2, metadata={"min": 1, "max": 255})
     shards: int = field(default=2, metadata={"min": 1, "max": 255})
+    aggregators: int = field(default=1, metadata={"min": 1, "max": MAX_AGGREGATORS})
     host: str = "127.0.0.1"
     base_port: int = field(default=47100, metadata={"min": 1024, "max": 65000})
     endpoints: dict[str, str] = field(default_factory=dict)
@@ -35,6 +39,8 @@ class ClusterConfig:
     start_timeout_s: float = field(default=180.0, metadata={"min": 1.0})
     orphan_timeout_s: float = field(default=120.0, metadata={"min": 1.0})
     max_message_mb: float = field(default=256.0, metadata={"min": 0.01})
+    interfaces: list[str] = field(default_factory=list)  # for network utilisation; [] = auto
+    link_mbps: float = field(default=10_000.0, metadata={"min": 1.0})
 
     def __post_init__(self) -> None:
         names = self.endpoint_names()
@@ -47,7 +53,8 @@ class ClusterConfig:
                                  f"one of {', '.join(SCHEMES)}")
 
     def endpoint_names(self) -> list[str]:
-        return [*FIXED_ENDPOINTS, *(f"ps-{i}" for i in range(self.shards))]
+        return [*FIXED_ENDPOINTS, *(f"ps-{i}" for i in range(self.shards)),
+                *(f"aggregator-{i}" for i in range(1, self.aggregators))]
 
     def endpoint(self, name: str) -> str:
         if name in self.endpoints:
@@ -56,9 +63,20 @@ class ClusterConfig:
             offset = FIXED_ENDPOINTS[name]
         elif name.startswith("ps-") and name[3:].isdigit() and int(name[3:]) < self.shards:
             offset = PS_OFFSET + int(name[3:])
+        elif (name.startswith("aggregator-") and name[11:].isdigit()
+              and 0 < int(name[11:]) < self.aggregators):
+            offset = AGGREGATOR_OFFSET + int(name[11:])
         else:
             raise KeyError(f"no endpoint {name!r}")
         return f"tcp://{self.host}:{self.base_port + offset}"
+
+    def aggregator_endpoint(self, index: int) -> str:
+        """Where aggregator ``index`` listens: the root (0) at ``aggregator``."""
+        return self.endpoint("aggregator" if index == 0 else f"aggregator-{index}")
+
+    def group_of(self, worker_index: int) -> int:
+        """The aggregator that combines this worker's contributions (hierarchical)."""
+        return worker_index % self.aggregators
 
     def single_host(self) -> bool:
         """Every endpoint is on this host (loopback TCP, ipc or inproc)."""
@@ -75,6 +93,6 @@ class ClusterConfig:
 
     def expected_nodes(self) -> list[str]:
         """Node ids control waits for before training starts."""
-        return ["feeder-0", "aggregator-0",
+        return ["feeder-0", *(f"aggregator-{i}" for i in range(self.aggregators)),
                 *(f"ps-{i}" for i in range(self.shards)),
                 *(f"worker-{i}" for i in range(self.workers))]

@@ -30,6 +30,8 @@ from zbus.wire import (
     Heartbeat,
     Hello,
     Message,
+    Probe,
+    ProbeReply,
     ProtocolError,
     Stop,
     Welcome,
@@ -245,6 +247,8 @@ class Node(Loop):
                     log.info("%s joined run %s", self.node_id, w.run_id)
                     self.on_welcome()  # may take long (loading data): count silence anew
                     self._last_heard = time.monotonic()
+            case Probe(nonce=nonce) if self.welcomed:
+                self.to_control(ProbeReply(nonce=nonce))
             case Welcome(accepted=False, reason=reason):  # at Hello, or later: sent away
                 log.error("%s refused by control: %s", self.node_id, reason)
                 self.exit_code = 2

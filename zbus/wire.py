@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 import orjson
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_HEADER_BYTES = 64 * 1024
 MAX_TAG_BYTES = 64
 
@@ -304,10 +304,46 @@ class RoundDrained(Message):
 
 @message()
 class RoundReady(Message):
-    """A worker has done its local steps for round ``round`` (sync mode every)."""
+    """A worker's local progress towards round ``round``: ``steps`` local steps since its last
+    contribution (sync mode every: sent once ``sync_every`` are done; lazy: after every local
+    round of ``sync_every`` steps). ``idle``: it has nothing more to train for now."""
 
     round: int
     steps: int
+    idle: bool
+
+
+@message()
+class ProbeReply(Message):
+    """A node's answer to control's Probe."""
+
+    nonce: int
+
+
+@message()
+class BackupWritten(Message):
+    """The aggregator wrote a backup of the dense weights after ``round`` (atomically)."""
+
+    round: int
+    path: str
+    change: float  # relative change of the weights since the previous backup
+
+
+@message()
+class Restored(Message):
+    """The aggregator loaded the backup control named and published it as round ``round``."""
+
+    generation: int
+    round: int
+
+
+@message()
+class Exported(Message):
+    """A node wrote its part of export ``request`` (file names relative to the export dir)."""
+
+    request: int
+    part: str
+    files: list[str]
 
 
 @message()
@@ -347,6 +383,38 @@ class RoundDone(Message):
                  "samples_by and contributors differ in length")
 
 
+# Control -> one node (ROUTER -> DEALER), channel "control".
+
+
+@message()
+class Probe(Message):
+    """Control's periodic health probe: a node answers ProbeReply at once. A node that has not
+    answered within ``probe_timeout_s`` counts towards the cluster failure rate."""
+
+    nonce: int
+
+
+# Operators (zbus-ctl, the console) <-> control's request endpoint (DEALER -> ROUTER).
+
+
+@message()
+class ControlRequest(Message):
+    """``action``: ``settings`` (read), ``set`` (apply ``changes``: name -> value), ``export``,
+    ``backup``."""
+
+    action: str
+    changes: dict
+
+
+@message()
+class ControlReply(Message):
+    """``ok`` and a message saying what happened (or why not); the effective live settings."""
+
+    ok: bool
+    message: str
+    settings: dict
+
+
 # Control PUB -> every node, channel "control".
 
 
@@ -370,6 +438,53 @@ class Aggregate(Message):
     round: int
     participants: list[str]
     reason: str
+
+
+@message()
+class Decision(Message):
+    """Sync mode lazy: control's aggregation decision, published each time it is taken, with
+    the figures behind it (``local_rounds``: worker -> local rounds since the last round)."""
+
+    round: int
+    aggregate: bool
+    reason: str
+    net_util: float
+    failure_rate: float
+    local_rounds: dict
+
+
+@message()
+class Settings(Message):
+    """The effective live settings (``roles.live``); ``version`` rises with every change."""
+
+    version: int
+    values: dict
+
+
+@message()
+class BackupNow(Message):
+    """The aggregator writes a backup whatever the change (an operator asked)."""
+
+    request: int
+
+
+@message()
+class Restore(Message):
+    """The aggregator restarted: it loads the backup at ``path`` and publishes it as round
+    ``round`` under restore ``generation``; workers replace their dense weights with it."""
+
+    generation: int
+    round: int
+    path: str
+
+
+@message()
+class Export(Message):
+    """Write the model into ``dir``: the aggregator the dense weights, each shard its
+    embeddings, the feeder the dense transform; each answers Exported."""
+
+    request: int
+    dir: str
 
 
 @message()
@@ -521,10 +636,13 @@ class WeightsRequest(Message):
 
 @message("dense_sync")
 class Weights(Message):
-    """Global dense weights after round ``round`` (and ``step`` gradient steps in mode step)."""
+    """Global dense weights after round ``round`` (and ``step`` gradient steps in mode step).
+    ``generation`` counts restores from backup: weights of a newer generation replace a
+    worker's weights outright."""
 
     round: int
     step: int
+    generation: int
     params: np.ndarray = array("float32", 1)
 
     def check(self) -> None:
@@ -545,13 +663,36 @@ class StepGrad(Message):
 @message("dense_sync")
 class Contribution(Message):
     """A worker's share of round ``round``: its change of the dense weights since its last
-    contribution (``delta``, empty when it trained nothing) and the sample weight behind it."""
+    contribution (``delta``, empty when it trained nothing) and the sample weight behind it.
+    ``done``: the worker leaves; it gets no further weights."""
 
     round: int
     coefficient: float
     samples: int
+    done: bool
     delta: np.ndarray = array("float32", 1)
 
     def check(self) -> None:
         _require(self.coefficient >= 0 and self.samples >= 0, "negative coefficient or samples")
         _require(bool(np.isfinite(self.delta).all()), "non-finite delta")
+
+
+@message("dense_sync")
+class Partial(Message):
+    """Hierarchical aggregation: a group aggregator's share of round ``round``, forwarded to the
+    root: ``total`` = sum of coefficient x delta over its contributors, ``coefficient`` the sum
+    of their coefficients (float64, so that the root's combination equals the flat one)."""
+
+    round: int
+    contributors: list[str]
+    samples_by: list[int]
+    done: list[str]
+    coefficient: float
+    samples: int
+    total: np.ndarray = array("float64", 1)
+
+    def check(self) -> None:
+        _require(len(self.samples_by) == len(self.contributors),
+                 "samples_by and contributors differ in length")
+        _require(self.coefficient >= 0 and self.samples >= 0, "negative coefficient or samples")
+        _require(bool(np.isfinite(self.total).all()), "non-finite partial sum")

@@ -1,7 +1,10 @@
-"""A job's data, ready to batch: keys, transformed dense features, labels, and the split.
+"""A job's data, ready to batch: keys, transformed dense features, labels, sample weights and
+the split.
 
 The eval split is the last ``eval_fraction`` of the accepted rows in file order (for synthetic
-data, the latest rows in time); the dense transform is fitted on the training rows only.
+data, the latest rows in time); the dense transform is fitted on the training rows only. Time
+decay, dropping and merging (``roles.data.weighting``) apply to the training rows; eval rows
+keep weight 1, so that eval AUC and logloss mean what they always mean.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from roles.data.hashing import hash_column
 from roles.data.readers import DataError, Rejected, Schema, read_table, resolve_paths
 from roles.data.synthetic import generate
 from roles.data.transforms import DenseTransform
-from roles.job import Job
+from roles.data.weighting import weigh
+from roles.job import DECAY_UNITS, Job
 from roles.metrics import auc
 
 
@@ -24,18 +28,23 @@ class Dataset:
     keys: np.ndarray          # int64 [rows, fields]
     dense: np.ndarray         # float32 [rows, dense]
     labels: np.ndarray        # float32 [rows]
+    weights: np.ndarray       # float32 [rows]: decay x count (1 for eval rows)
     timestamps: np.ndarray | None
     n_train: int
     rows_read: int
+    transform: DenseTransform
     rejected: list[Rejected] = field(default_factory=list)
     oracle_auc: float | None = None
+    dropped_rows: int = 0     # training rows whose decayed weight fell below drop_below
+    merged_rows: int = 0      # training rows merged into an identical one
 
     @property
     def n_eval(self) -> int:
         return len(self.labels) - self.n_train
 
 
-def _split(rows: int, eval_fraction: float) -> int:
+def split_point(rows: int, eval_fraction: float) -> int:
+    """How many of ``rows`` accepted rows are training rows (the rest, the last, are eval)."""
     n_eval = int(round(rows * eval_fraction))
     n_train = rows - n_eval
     if n_train < 1 or n_eval < 1:
@@ -50,7 +59,7 @@ def load_dataset(job: Job) -> Dataset:
     if data.source == "synthetic":
         s = data.synthetic
         gen = generate(s.rows, s.vocab, s.dense, s.zipf, s.signal, s.days, s.seed)
-        n_train = _split(s.rows, data.eval_fraction)
+        n_train = split_point(s.rows, data.eval_fraction)
         labels, raw_dense, values, stamps = gen.labels, gen.dense, gen.values, gen.timestamps
         oracle = auc(labels[n_train:], gen.probs[n_train:])
         rows_read, rejected = s.rows, []
@@ -66,7 +75,7 @@ def load_dataset(job: Job) -> Dataset:
                             f"max_rejected_fraction = {data.max_rejected_fraction}; does the "
                             f"schema match the data? First: {first.file}:{first.line}: "
                             f"{first.reason}")
-        n_train = _split(len(table.labels), data.eval_fraction)
+        n_train = split_point(len(table.labels), data.eval_fraction)
         labels, raw_dense, values, stamps = (table.labels, table.dense, table.sparse,
                                              table.timestamps)
         oracle = None
@@ -74,6 +83,18 @@ def load_dataset(job: Job) -> Dataset:
     keys = np.empty(values.shape, dtype=np.int64)
     for f, name in enumerate(fields):
         keys[:, f] = hash_column(name, values[:, f])
-    return Dataset(fields=fields, keys=keys, dense=transform.apply(raw_dense),
-                   labels=np.asarray(labels, dtype=np.float32), timestamps=stamps,
-                   n_train=n_train, rows_read=rows_read, rejected=rejected, oracle_auc=oracle)
+    dense = transform.apply(raw_dense)
+    labels = np.asarray(labels, dtype=np.float32)
+    w = weigh(keys[:n_train], dense[:n_train], labels[:n_train],
+              None if stamps is None else stamps[:n_train], base=data.decay_base,
+              unit_s=DECAY_UNITS[data.decay_unit], drop_below=data.drop_below, merge=data.merge)
+    if not len(w.rows):
+        raise DataError(f"every training row was dropped: decayed weights below drop_below = "
+                        f"{data.drop_below} (decay_base = {data.decay_base})")
+    keep = np.concatenate([w.rows, np.arange(n_train, len(labels))])
+    weights = np.concatenate([w.weights, np.ones(len(labels) - n_train, dtype=np.float32)])
+    return Dataset(fields=fields, keys=keys[keep], dense=dense[keep], labels=labels[keep],
+                   weights=weights, timestamps=None if stamps is None else stamps[keep],
+                   n_train=len(w.rows), rows_read=rows_read, transform=transform,
+                   rejected=rejected, oracle_auc=oracle, dropped_rows=w.dropped,
+                   merged_rows=w.merged)

@@ -6,7 +6,9 @@
 
 A row is rejected (counted, kept with its file and line number, and the training goes on) when
 it has the wrong number of fields, a number that does not parse, a NaN or infinite number, an
-unknown or missing label, or a missing/unparsable timestamp. Empty lines are skipped.
+unknown or missing label, or a missing/unparsable timestamp (unix seconds or ISO 8601). A
+schema without a label column (``zbus-predict`` on unlabelled rows) reads labels as NaN. Empty
+lines are skipped.
 Missing values: an empty field or ``?`` is missing; a missing dense value becomes the training
 mean (see ``transforms``), a missing categorical value is its field's own "missing" key.
 """
@@ -21,6 +23,7 @@ import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import numpy as np
 
@@ -97,7 +100,8 @@ class _RowError(Exception):
 class _RowParser:
     def __init__(self, columns: list[str], schema: Schema, where: str):
         index = {name: i for i, name in enumerate(columns)}
-        wanted = [("label", schema.label)] + [("dense", c) for c in schema.dense] \
+        wanted = ([("label", schema.label)] if schema.label else []) \
+            + [("dense", c) for c in schema.dense] \
             + [("sparse", c) for c in schema.sparse] \
             + ([("timestamp", schema.timestamp)] if schema.timestamp else [])
         for kind, name in wanted:
@@ -105,7 +109,7 @@ class _RowParser:
                 raise DataError(f"[data] {kind} column {name!r} is not in {where} "
                                 f"(columns: {', '.join(columns)})")
         self.width = len(columns)
-        self.label = index[schema.label]
+        self.label = index[schema.label] if schema.label else None  # None: scoring only
         self.label_name = schema.label
         self.dense = [(c, index[c]) for c in schema.dense]
         self.sparse = [index[c] for c in schema.sparse]
@@ -116,7 +120,7 @@ class _RowParser:
     def parse(self, fields: list[str]) -> tuple[float, list[float], list[str], int]:
         if len(fields) != self.width:
             raise _RowError(f"expected {self.width} fields, got {len(fields)}")
-        return (self._label(fields[self.label].strip()),
+        return (self._label(fields[self.label].strip()) if self.label is not None else math.nan,
                 [self._number(name, fields[i]) for name, i in self.dense],
                 ["" if (v := fields[i].strip()) in MISSING else v for i in self.sparse],
                 self._timestamp(fields[self.timestamp]) if self.timestamp is not None else 0)
@@ -147,9 +151,23 @@ class _RowParser:
         return value
 
     def _timestamp(self, raw: str) -> int:
-        value = self._number("timestamp", raw)
-        if math.isnan(value):
+        """Unix seconds, or an ISO 8601 date or date-time (UTC unless it says otherwise)."""
+        text = raw.strip()
+        if text in MISSING:
             raise _RowError("missing timestamp")
+        try:
+            value = float(text)
+        except ValueError:
+            try:
+                when = datetime.fromisoformat(text)
+            except ValueError:
+                raise _RowError(f"timestamp {text!r} is neither unix seconds nor an ISO 8601 "
+                                "date/time") from None
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=UTC)
+            return int(when.timestamp())
+        if not math.isfinite(value):
+            raise _RowError(f"non-finite timestamp {text!r}")
         return int(value)
 
 

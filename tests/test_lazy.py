@@ -1,0 +1,122 @@
+"""Lazy aggregation, backups, recovery, export and live settings: whole jobs on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import orjson
+import zmq
+from harness import ADULT_JOB, BIN, REPO, recv_within
+
+from zbus import wire
+
+ADULT = REPO / "data" / "adult.csv.gz"
+ADULT_TRAIN_ROWS = 39074
+
+
+def test_lazy_matches_step_with_far_fewer_dense_bytes_and_its_export_predicts_the_same(
+        cluster, tmp_path):
+    step = cluster(ADULT_JOB, train__sync="step")
+    assert step.run_job() == 0, step.logs()
+    lazy = cluster(ADULT_JOB, train__sync="lazy")
+    assert lazy.run_job() == 0, lazy.logs()
+    s, z = step.summary(), lazy.summary()
+    assert abs(z["auc"] - s["auc"]) <= 0.005, (z["auc"], s["auc"])
+    assert z["bytes_received"]["dense_sync"] * 10 <= s["bytes_received"]["dense_sync"], \
+        (z["bytes_received"], s["bytes_received"])
+    assert z["samples_trained"] == ADULT_TRAIN_ROWS * 3
+    assert z["aggregation_decisions"]["aggregate"] >= 1 and z["backups"] >= 1
+    decisions = [e for e in lazy.events() if e["event"] == "aggregate"]
+    assert any(e["reason"].startswith("aggregate: network") for e in decisions), decisions
+    backups = sorted((lazy.run_dir / "backups").glob("dense-r*.npz"))
+    assert 1 <= len(backups) <= 3  # backups_kept
+    # the export scores the eval split exactly as the job did
+    out = tmp_path / "scores.tsv"
+    done = subprocess.run([str(BIN / "zbus-predict"), z["export"], str(ADULT), "--split",
+                           "eval", "--out", str(out)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    figures = orjson.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["scored"] == z["eval_samples"] == 9768
+    assert abs(figures["auc"] - z["auc"]) < 1e-6, (figures, z["auc"])
+    assert len(out.read_text().splitlines()) == 9768 + 1
+
+
+def test_killed_aggregator_restarts_from_the_latest_backup_and_the_job_finishes(cluster):
+    c = cluster(ADULT_JOB, train__sync="lazy", train__epochs=3,
+                aggregation__min_local_rounds=2)
+    c.start_all()
+    c.wait_for_event(lambda e: e["event"] == "round_done" and e["round"] >= 3)
+    os.killpg(c.procs["aggregator-0"].pid, signal.SIGKILL)
+    c.procs["aggregator-0"].wait()
+    c.start("aggregator-0-again", [sys.executable, "-m", "roles.aggregator", "--index", "0"])
+    assert c.wait(timeout=240) == 0, c.logs()
+    s = c.summary()
+    assert s["ok"] and s["recoveries"] == 1, s["recovery"]
+    assert s["auc"] >= 0.89, s["auc"]
+    assert s["samples_trained"] == ADULT_TRAIN_ROWS * 3  # the remaining data, once
+    (restore,) = [e for e in c.events() if e["event"] == "restore"]
+    assert restore["path"].endswith(".npz") and "dense-r" in restore["path"]
+    assert "restored" in c.log("aggregator-0-again")
+    assert "Traceback" not in c.log("aggregator-0-again") + c.log("control-0")
+
+
+def test_hierarchical_aggregation_trains_adult(cluster):
+    c = cluster(ADULT_JOB, train__sync="lazy", train__epochs=2, cluster__workers=3,
+                cluster__aggregators=2, cluster__shards=1)
+    assert c.run_job() == 0, c.logs()
+    s = c.summary()
+    assert s["auc"] >= 0.895, s["auc"]
+    assert s["samples_trained"] == ADULT_TRAIN_ROWS * 2
+    rounds = [e for e in c.events() if e["event"] == "round_done"]
+    # the root's RoundDone names the leaf's worker (worker-1) among the contributors
+    assert any("worker-1" in e["samples_by"] and "worker-0" in e["samples_by"]
+               for e in rounds), rounds
+
+
+def test_decayed_and_merged_samples_train_once_each(cluster):
+    c = cluster(None, data__synthetic__rows=20000, data__synthetic__dense=0,
+                data__synthetic__vocab=[3, 4, 5], data__synthetic__days=60,
+                data__decay_base=1.1, data__drop_below=0.05, data__merge=True,
+                train__epochs=1, train__sync="lazy", cluster__workers=2, cluster__shards=1)
+    assert c.run_job() == 0, c.logs()
+    s = c.summary()
+    assert s["dropped_rows"] > 0 and s["merged_rows"] > 0, s
+    assert s["samples_in_data"] + s["dropped_rows"] + s["merged_rows"] == 16000
+    assert s["samples_trained"] == s["samples_in_data"]
+
+
+def test_live_settings_are_validated_applied_and_recorded(cluster):
+    c = cluster(ADULT_JOB)
+    c.start_role("control")  # no nodes needed: settings are control's
+    endpoint = c.job.cluster.endpoint("control_req")
+
+    def ctl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / "zbus-ctl"), "--endpoint", endpoint, "--timeout",
+                               "20", *args], capture_output=True, text=True, timeout=60,
+                              env=c.env)
+
+    ctx = zmq.Context()
+    try:  # garbage and a wrong message type on the request endpoint are only counted
+        sock = ctx.socket(zmq.DEALER)
+        sock.connect(endpoint)
+        sock.send_multipart([b"\x00 garbage"])
+        sock.send_multipart(wire.Idle().to_frames("intruder"))
+        assert not wire.decode(recv_within(sock)).msg.ok  # "Idle is not a request"
+    finally:
+        ctx.destroy(linger=0)
+    ok = ctl("set", "net_util_max=0.5", "max_local_rounds=20")
+    assert ok.returncode == 0 and "applied" in ok.stdout, ok.stdout + ok.stderr
+    refused = ctl("set", "net_util_max=1.5", "min_local_rounds=3")
+    assert refused.returncode == 1
+    assert "net_util_max must be in [0.001, 1.0], got 1.5" in refused.stdout
+    crossed = ctl("set", "min_local_rounds=30")
+    assert crossed.returncode == 1 and "must be <= max_local_rounds (20)" in crossed.stdout
+    now = ctl("settings")
+    assert "net_util_max = 0.5 " in now.stdout and "min_local_rounds = 4 " in now.stdout
+    changes = [e for e in c.events() if e["event"] == "setting"]
+    assert [e["changes"] for e in changes] == [{"net_util_max": 0.5, "max_local_rounds": 20}]
+    assert "[aggregation] net_util_max = 0.5" in (c.run_dir / "config.toml").read_text()

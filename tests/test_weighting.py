@@ -1,0 +1,78 @@
+"""Time decay, dropping and merging of samples (pure), and that merging changes no step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from roles.data.weighting import decay_weights, weigh
+from roles.job import load_job
+from roles.model import build_model, weighted_loss_sum
+
+DAY = 86400
+
+
+def test_decay_is_base_to_the_minus_age_in_whole_units_before_the_newest():
+    stamps = np.array([10 * DAY + 5, 10 * DAY + 80000, 9 * DAY, 7 * DAY + 1])
+    w = decay_weights(stamps // DAY, 2.0)
+    assert w.tolist() == [1.0, 1.0, 0.5, 0.125]
+
+
+def test_samples_below_drop_below_are_dropped_and_counted():
+    n = 6
+    stamps = np.arange(n) * DAY  # ages 5..0 days
+    got = weigh(np.arange(n).reshape(n, 1), np.zeros((n, 0), np.float32), np.zeros(n),
+                stamps, base=10.0, unit_s=DAY, drop_below=0.001, merge=False)
+    assert got.dropped == 2 and got.rows.tolist() == [2, 3, 4, 5]  # 1e-5, 1e-4 dropped
+    assert got.weights.tolist() == pytest.approx([1e-3, 1e-2, 1e-1, 1.0])
+
+
+def test_identical_samples_of_one_time_bucket_merge_with_their_count():
+    keys = np.array([[1, 2], [1, 2], [1, 3], [1, 2], [1, 2]])
+    dense = np.array([[0.5], [0.5], [0.5], [0.5], [0.7]], np.float32)
+    labels = np.array([1, 1, 1, 0, 1], np.float32)
+    stamps = np.array([DAY + 1, DAY + 2, DAY + 3, DAY + 4, 5])  # the last: a day older
+    got = weigh(keys, dense, labels, stamps, base=2.0, unit_s=DAY, drop_below=0.0,
+                merge=True)
+    assert got.rows.tolist() == [0, 2, 3, 4] and got.counts.tolist() == [2, 1, 1, 1]
+    assert got.weights.tolist() == [2.0, 1.0, 1.0, 0.5] and got.merged == 1
+
+
+def test_without_timestamps_nothing_decays_and_merging_is_over_all_rows():
+    keys = np.array([[4], [4], [4]])
+    got = weigh(keys, np.zeros((3, 0), np.float32), np.ones(3), None, base=1.0, unit_s=DAY,
+                drop_below=0.5, merge=True)
+    assert got.rows.tolist() == [0] and got.weights.tolist() == [3.0] and got.dropped == 0
+
+
+def test_a_merged_batch_trains_exactly_like_the_unmerged_one():
+    rng = np.random.default_rng(3)
+    job = load_job(None, environ={})  # the built-in job's model
+    model = build_model(job)
+    fields, dim, n_dense = len(job.sparse_fields), job.model.embedding_dim, len(job.dense_fields)
+    unique_emb = rng.normal(size=(4, fields, dim)).astype(np.float32)
+    unique_dense = rng.normal(size=(4, n_dense)).astype(np.float32)
+    labels = np.array([1, 0, 1, 0], np.float32)
+    decay = np.array([1.0, 0.5, 0.25, 1.0], np.float32)
+    counts = np.array([3, 1, 2, 5])
+    rows = np.repeat(np.arange(4), counts)  # the unmerged batch: each sample count times
+
+    def step(emb, dense, y, w):
+        model.zero_grad()
+        emb_t = torch.from_numpy(emb).requires_grad_(True)
+        w_t = torch.from_numpy(w)
+        loss = weighted_loss_sum(model(emb_t, torch.from_numpy(dense)), torch.from_numpy(y),
+                                 w_t) / w_t.sum()
+        loss.backward()
+        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).numpy().copy()
+        return float(loss.detach()), grads, emb_t.grad.numpy()
+
+    merged = step(unique_emb, unique_dense, labels, decay * counts)
+    plain = step(unique_emb[rows], unique_dense[rows], labels[rows], decay[rows])
+    assert merged[0] == pytest.approx(plain[0], abs=1e-6)
+    assert np.allclose(merged[1], plain[1], atol=1e-6)
+    # the embedding gradient of a merged sample is the sum over its copies
+    summed = np.zeros_like(merged[2])
+    np.add.at(summed, rows, plain[2])
+    assert np.allclose(merged[2], summed, atol=1e-6)
