@@ -314,8 +314,6 @@ class Control(LazyControl, ModelKeeping, Loop):
     def handle_round_done(self, done: RoundDone) -> None:
         if done.round != self.round or not self.round_in_flight:
             return
-        self.round_in_flight = False
-        self.standing.pop("round", None)
         self.rounds_done += 1
         self.last_progress = time.monotonic()
         by_worker = dict(zip(done.contributors, done.samples_by, strict=True))
@@ -324,6 +322,12 @@ class Control(LazyControl, ModelKeeping, Loop):
                 by_worker.get(worker, 0))
         self.metrics.write("round_done", round=done.round, samples_by=by_worker,
                            coefficient=done.coefficient, samples=done.samples)
+        self.round_over()
+
+    def round_over(self) -> None:
+        """The round in flight is done (or void: its aggregator was restored): go on."""
+        self.round_in_flight = False
+        self.standing.pop("round", None)
         self.issue_drained()
         if self.phase == "syncing":
             self.sync_for_eval()

@@ -99,14 +99,7 @@ class ModelKeeping:
         self.metrics.write("restored", **self.recoveries[-1])
         log.info("recovered: the aggregator published the backup as round %d", m.round)
         self.last_progress = time.monotonic()
-        if self.round_in_flight:  # its contributions died with the aggregator
-            self.round_in_flight = False
-            self.standing.pop("round", None)
-        self.issue_drained()
-        if self.phase == "syncing":
-            self.sync_for_eval()
-        else:
-            self.maybe_aggregate()
+        self.round_over()  # a round in flight is void: its contributions died
 
     def start_export(self, final: bool) -> str:
         self.export_request += 1

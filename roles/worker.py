@@ -138,6 +138,7 @@ class Worker(Node):
         self.idle_since: float | None = None  # said Idle, and nothing has come since
         self.generation = 0
         self.restore_wanted = 0
+        self.contributed_at = 0.0
         self.lazy = t.sync == "lazy"
         self.settings = live.initial(job.aggregation)
         self.settings_version = -1
@@ -227,6 +228,7 @@ class Worker(Node):
         self.send(self.group_aggregator, Contribution(round=round_, coefficient=coefficient,
                                                       samples=samples, done=done, delta=delta))
         self.counts["contributions"] += 1
+        self.contributed_at = time.monotonic()
         self.advance()  # batches of the next round may go now
 
     # -- batches -------------------------------------------------------------------------------
@@ -319,9 +321,7 @@ class Worker(Node):
                 self.score(batch)
             else:
                 self.train(batch)
-        waiting_eval = any(b.complete() and b.sample.eval for b in self.pipeline.values())
-        if waiting_eval and time.monotonic() - self.asked_weights_at > 2 * self.heartbeat_s:
-            self.request_weights()  # the round's broadcast may have been missed
+        self.ask_for_missed_weights(time.monotonic())
         if self.state != "starting":
             self.gate_pulling()
             if not (self.pipeline or self.idle_said or self.leaving or self.parked
@@ -333,6 +333,20 @@ class Worker(Node):
     def report_progress(self, idle: bool = False) -> None:
         self.to_control(RoundReady(round=self.replica.settled_round + 1,
                                    steps=self.replica.steps_since, idle=idle))
+
+    def ask_for_missed_weights(self, now: float) -> None:
+        """A broadcast of weights can be missed (a SUB reconnecting to a restarted aggregator):
+        ask for the current weights, at most once per two heartbeats, while something waits for
+        weights that must exist by now: restored ones, those of the round in flight when the
+        next round was called (rounds complete in order), or those an eval batch needs."""
+        if now - self.asked_weights_at <= 2 * self.heartbeat_s or self.state == "starting":
+            return
+        waiting = (self.restore_wanted > self.generation
+                   or (self.deferred_round is not None and self.replica.in_flight
+                       and now - self.contributed_at > 2 * self.heartbeat_s)
+                   or any(b.complete() and b.sample.eval for b in self.pipeline.values()))
+        if waiting:
+            self.request_weights()
 
     def assemble(self, batch: PulledBatch) -> torch.Tensor:
         n = len(batch.sample.labels)
@@ -441,9 +455,7 @@ class Worker(Node):
             self.advance()
         if self.leaving:
             self.leave_when_done(now)
-        if self.restore_wanted > self.generation and \
-                now - self.asked_weights_at > 2 * self.heartbeat_s:
-            self.request_weights()
+        self.ask_for_missed_weights(now)
         if self.lazy and self.idle_since is not None and now - self.idle_since >= \
                 self.heartbeat_s:
             self.idle_since = None  # starved for a while (the end of a pass): do not hold
