@@ -35,14 +35,13 @@ from roles.cli import role_main
 from roles.job import Job
 from roles.model import build_model
 from roles.model_files import DENSE, Backups, load_dense, save_named
+from zbus.cluster import node_index
 from zbus.node import Node
 from zbus.wire import (
     Aggregate,
     BackupNow,
     BackupWritten,
     Contribution,
-    Export,
-    Exported,
     Membership,
     Partial,
     ProtocolError,
@@ -57,11 +56,6 @@ from zbus.wire import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def worker_index(node_id: str) -> int:
-    tail = node_id.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else -1
 
 
 class Aggregator(Node):
@@ -85,8 +79,7 @@ class Aggregator(Node):
         self.leaves = [f"aggregator-{i}" for i in range(1, c.aggregators)] if self.is_root else []
         self.step_mode = job.train.sync == "step"
         self.adam = Adam(self.size, job.train.dense_lr) if self.step_mode else None
-        self.settings = live.initial(job.aggregation)
-        self.settings_version = -1
+        self.settings = live.LiveValues(job.aggregation)
         self.round = 0
         self.steps = 0
         self.generation = 0
@@ -97,7 +90,6 @@ class Aggregator(Node):
         self.done: set[str] = set()
         self.backups: Backups | None = None
         self.backup_request = 0
-        self.export_request = 0
         self.counts = {"stale_contributions": 0, "refused_weights": 0, "partials": 0,
                        "restores": 0}
 
@@ -151,9 +143,9 @@ class Aggregator(Node):
         if c.delta.size not in (0, self.size):
             raise ProtocolError("bad_shape", f"delta of {c.delta.size} values, model has "
                                              f"{self.size}")
-        if self.cluster.group_of(worker_index(worker)) != self.index:
+        if self.cluster.group_of(node_index(worker)) != self.index:
             raise ProtocolError("wrong_group", f"{worker} belongs to aggregator "
-                                               f"{self.cluster.group_of(worker_index(worker))}")
+                                               f"{self.cluster.group_of(node_index(worker))}")
         self.received.setdefault(c.round, {})[worker] = c
         self.complete_rounds()
 
@@ -166,23 +158,19 @@ class Aggregator(Node):
             case Membership(workers=workers):
                 self.members = set(workers)
                 self.complete_rounds()
-            case Settings(version=v, values=values) if v > self.settings_version:
-                self.settings_version = v
-                self.settings.update({k: values[k] for k in self.settings if k in values})
+            case Settings() as m:
+                self.settings.take(m)
             case Restore() as r if r.generation > self.generation:
                 self.restore(r)
             case BackupNow(request=n) if self.is_root and n > self.backup_request:
                 self.backup_request = n
                 self.back_up(force=True)
-            case Export(request=n, dir=where) if self.is_root and n > self.export_request:
-                self.export_request = n
-                self.export(n, Path(where))
             case _:
                 pass
 
     def group_ready(self, r: int, who: list[str]) -> bool:
         got = self.received.get(r, {})
-        mine = [w for w in who if self.cluster.group_of(worker_index(w)) == self.index]
+        mine = [w for w in who if self.cluster.group_of(node_index(w)) == self.index]
         if any(w not in got and (self.members is None or w in self.members) for w in mine):
             return False
         return all(leaf in self.partials.get(r, {}) for leaf in self.leaves)
@@ -260,7 +248,9 @@ class Aggregator(Node):
             self.to_control(Restored(generation=r.generation, round=r.round))
         self.complete_rounds()
 
-    def export(self, request: int, where: Path) -> None:
+    def export_part(self, where: Path) -> tuple[str, list[str]] | None:
+        if not self.is_root:
+            return None
         where.mkdir(parents=True, exist_ok=True)
         tensors, offset = {}, 0
         for name, shape in self.layout:
@@ -268,7 +258,7 @@ class Aggregator(Node):
             tensors[name] = self.params[offset:offset + n].reshape(shape)
             offset += n
         save_named(where / DENSE, tensors)
-        self.to_control(Exported(request=request, part="dense", files=[DENSE]))
+        return "dense", [DENSE]
 
     def counters(self) -> dict:
         return {**self.counts, "round": self.round, "steps": self.steps,

@@ -40,8 +40,6 @@ from zbus.wire import (
     EpochTrained,
     EvalReport,
     Evaluate,
-    Export,
-    Exported,
     Grant,
     Idle,
     Membership,
@@ -102,7 +100,6 @@ class Feeder(Node):
         self.batches_acked = 0
         self.copies_wanted = 0  # second copies of untaken batches that idle workers could use
         self.acked_by: Counter[str] = Counter()
-        self.export_request = 0
 
     def window_for(self, workers: int) -> int:
         """Batches in flight: per worker, its prefetch and the one it trains, as many again
@@ -145,20 +142,18 @@ class Feeder(Node):
             case Evaluate(epoch=e, round=r) if self.data is not None and e > self.evaluated \
                     and e == self.epoch:
                 self.start_evaluation(e, r)
-            case Export(request=n, dir=where) if self.data is not None \
-                    and n > self.export_request:
-                self.export_request = n
-                self.export(n, Path(where))
             case _:
                 pass  # other commands, and repeats of ones already acted on
 
-    def export(self, request: int, where: Path) -> None:
+    def export_part(self, where: Path) -> tuple[str, list[str]] | None:
         """The dense transform, so that the export scores raw rows as training saw them."""
+        if self.data is None:
+            return None
         t = self.data.transform
         where.mkdir(parents=True, exist_ok=True)
         write_json(where / TRANSFORM, {"dense": self.job.dense_fields, "log1p": t.log1p,
                                        "mean": t.mean.tolist(), "std": t.std.tolist()})
-        self.to_control(Exported(request=request, part="transform", files=[TRANSFORM]))
+        return "transform", [TRANSFORM]
 
     def handle_membership(self, version: int, workers: set[str]) -> None:
         lost = self.members - workers

@@ -13,6 +13,7 @@ import difflib
 from typing import Any
 
 from roles.job import AggregationConfig
+from zbus.wire import Settings
 
 
 class SettingError(ValueError):
@@ -72,3 +73,23 @@ def apply(current: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
         raise SettingError(f"min_local_rounds ({new['min_local_rounds']}) must be <= "
                            f"max_local_rounds ({new['max_local_rounds']})")
     return new
+
+
+class LiveValues:
+    """A node's copy of the live settings, kept up to date from control's ``Settings``
+    broadcasts (re-published every heartbeat: only a newer version changes anything)."""
+
+    def __init__(self, config: AggregationConfig):
+        self.values = initial(config)
+        self.version = -1
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def take(self, msg: Settings) -> bool:
+        """Apply a broadcast; True when it was newer than what this node had."""
+        if msg.version <= self.version:
+            return False
+        self.version = msg.version
+        self.values.update({k: msg.values[k] for k in self.values if k in msg.values})
+        return True

@@ -30,8 +30,6 @@ from zbus.wire import (
     BatchKeys,
     EmbeddingGrads,
     Embeddings,
-    Export,
-    Exported,
     Lookup,
     ProtocolError,
     Ready,
@@ -64,7 +62,6 @@ class Shard(Node):
         self.applied: set[int] = set()
         self.answered_eval: OrderedDict[int, None] = OrderedDict()
         self.newest_epoch = 0
-        self.export_request = 0
         self.counts = {"key_messages": 0, "lookups": 0, "updates": 0, "duplicates_refused": 0,
                        "keys_received": 0, "keys_repeated": 0}
 
@@ -72,15 +69,7 @@ class Shard(Node):
         self.state = "ready"
         self.to_control(Ready(info={"keys": len(self.table)}))
 
-    def handle_command(self, env) -> None:
-        match env.msg:
-            case Export(request=n, dir=where) if n > self.export_request:
-                self.export_request = n
-                self.export(n, Path(where))
-            case _:
-                pass
-
-    def export(self, request: int, where: Path) -> None:
+    def export_part(self, where: Path) -> tuple[str, list[str]]:
         """A snapshot of every row this shard holds (the export's embeddings-ps-<i>.npz)."""
         where.mkdir(parents=True, exist_ok=True)
         keys, rows = self.table.index.items()
@@ -88,7 +77,7 @@ class Shard(Node):
         name = embeddings_file(self.index)
         save_embeddings(where / name, keys[order], self.table.weights[rows[order]])
         log.info("exported %d rows to %s", len(keys), where / name)
-        self.to_control(Exported(request=request, part=self.node_id, files=[name]))
+        return self.node_id, [name]
 
     def on_message(self, identity: bytes | None, env) -> None:
         match env.msg:

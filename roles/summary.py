@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from roles.job import Job
+from zbus.cluster import node_index
 
 WORKER_TIMES = ("compute_s", "lookup_wait_s", "step_wait_s")
 CHANNELS = ("samples", "keys", "lookups", "embeddings", "embedding_grads", "dense_sync",
@@ -13,11 +14,6 @@ CHANNELS = ("samples", "keys", "lookups", "embeddings", "embedding_grads", "dens
 
 def _num(value: Any) -> float:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
-
-
-def _index(node: str) -> int:
-    tail = node.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else 0
 
 
 def channel_bytes(counters: list[dict], direction: str = "bytes_out") -> dict[str, int]:
@@ -46,7 +42,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
     samples_trained = int(_num(feeder.get("samples_acked")))
     names = {f"worker-{i}" for i in range(job.cluster.workers)} | set(acked_by) | {
         n for n in counters if n.startswith("worker-")}
-    workers = {w: int(_num(acked_by.get(w))) for w in sorted(names, key=_index)}
+    workers = {w: int(_num(acked_by.get(w))) for w in sorted(names, key=node_index)}
     rejected_messages = {node: c["rejected_messages"] for node, c in sorted(counters.items())
                          if isinstance(c.get("rejected_messages"), dict)
                          and c["rejected_messages"]}

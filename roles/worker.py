@@ -140,8 +140,7 @@ class Worker(Node):
         self.restore_wanted = 0
         self.contributed_at = 0.0
         self.lazy = t.sync == "lazy"
-        self.settings = live.initial(job.aggregation)
-        self.settings_version = -1
+        self.settings = live.LiveValues(job.aggregation)
         self.idle_said = False
         self.leave_by = 0.0
         self.counts = {"samples_trained": 0, "batches_trained": 0, "eval_samples": 0,
@@ -206,9 +205,7 @@ class Worker(Node):
 
     def handle_command(self, env) -> None:
         match env.msg:
-            case Settings(version=v, values=values) if v > self.settings_version:
-                self.settings_version = v
-                self.settings.update({k: values[k] for k in self.settings if k in values})
+            case Settings() as m if self.settings.take(m):
                 self.advance()  # max_local_rounds may have risen
             case Restore(generation=g) if g > max(self.generation, self.restore_wanted):
                 self.restore_wanted = g  # ask until the restored weights are here: their

@@ -24,6 +24,12 @@ MAX_AGGREGATORS = 16
 SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
+def node_index(node_id: str) -> int:
+    """The index in a node id (``worker-3`` -> 3); -1 when it has none."""
+    tail = node_id.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     """Counts of processes and the endpoints they bind and connect to."""

@@ -16,6 +16,7 @@ import socket as _socket
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -25,6 +26,8 @@ from zbus.cluster import ClusterConfig
 from zbus.load import LoadSampler
 from zbus.wire import (
     Envelope,
+    Export,
+    Exported,
     Failure,
     Finish,
     Heartbeat,
@@ -203,6 +206,7 @@ class Node(Loop):
         self.commands = self.connect(zmq.SUB, cluster.endpoint("control_pub"),
                                      self._on_command)
         self._next_beat = 0.0
+        self._export_request = 0
         self._stop_at: float | None = None
         self._last_heard = time.monotonic()
 
@@ -267,11 +271,22 @@ class Node(Loop):
             case Finish():
                 if self.welcomed:
                     self.heartbeat(final=True)
+            case Export(request=n, dir=where) if self.welcomed and n > self._export_request:
+                written = self.export_part(Path(where))
+                if written is not None:  # once per request (the command is re-published)
+                    self._export_request = n
+                    part, files = written
+                    self.to_control(Exported(request=n, part=part, files=files))
             case _ if self.welcomed:
                 self.handle_command(env)
 
     def handle_command(self, env: Envelope) -> None:
-        """Lifecycle commands from control's PUB other than Stop and Finish."""
+        """Lifecycle commands from control's PUB other than Stop, Finish and Export."""
+
+    def export_part(self, where: Path) -> tuple[str, list[str]] | None:
+        """Write this node's part of a model export into ``where``: (part name, file names),
+        or None when it has no part (or cannot write it yet: the command comes again)."""
+        return None
 
     def on_welcome(self) -> None:
         """Called once control admitted this node."""
