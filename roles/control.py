@@ -7,9 +7,9 @@ the same weights -> Evaluate(e, round) -> EvalReport(e) -> the next epoch, or Ex
 into runs/<run>/export/) -> Finish (every node sends its final counters) -> summary.json ->
 Stop -> exit (0 when the job completed).
 
-Sync mode lazy, probes, network metering and operators' requests (live settings) are in
-``roles.control_lazy``; backups, the recovery of a restarted aggregator and exports in
-``roles.control_model``.
+Sync mode lazy, probes and network metering are in ``roles.control_lazy``; backups, the
+recovery of a restarted aggregator and exports in ``roles.control_model``; operators' requests
+(actions, live settings) and the status published for consoles in ``roles.control_operator``.
 
 The job fails, with the reason in the summary and a non-zero exit, when a node reports a
 Failure, a ready node other than a worker or an aggregator (which may be started again within
@@ -37,10 +37,12 @@ from roles import live
 from roles.cli import MAX_WORKERS, load_job_or_exit, parse_role_args
 from roles.control_lazy import LazyControl
 from roles.control_model import ExportInProgress, ModelKeeping
+from roles.control_operator import Operators
 from roles.decision import HostMeter
 from roles.job import Job, job_to_toml
 from roles.membership import ALIVE, Members, NodeState
 from roles.rundir import MetricsLog, atomic_write, make_run_dir
+from roles.status import StatusBuilder
 from roles.summary import build_summary
 from zbus.logs import setup_logging
 from zbus.node import Loop
@@ -83,7 +85,7 @@ def _info_int(info: dict, key: str) -> int:
     return value
 
 
-class Control(LazyControl, ModelKeeping, Loop):
+class Control(Operators, LazyControl, ModelKeeping, Loop):
     def __init__(self, job: Job, environ: dict | None = None):
         c = job.cluster
         super().__init__("control-0", c.heartbeat_s, c.max_message_bytes)
@@ -92,6 +94,7 @@ class Control(LazyControl, ModelKeeping, Loop):
         self.router = self.bind(zmq.ROUTER, c.endpoint("control"), self.on_node)
         self.pub = self.bind(zmq.PUB, c.endpoint("control_pub"), sndhwm=100_000)
         self.requests = self.bind(zmq.ROUTER, c.endpoint("control_req"), self.on_request)
+        self.status_pub = self.bind(zmq.PUB, c.endpoint("status"), sndhwm=16)
         self.run_dir = make_run_dir(job.name, environ)
         self.run_id = self.run_dir.name
         atomic_write(self.run_dir / "config.toml", job_to_toml(job).encode())
@@ -116,6 +119,11 @@ class Control(LazyControl, ModelKeeping, Loop):
         self.next_throughput = self.started + THROUGHPUT_EVERY_S
         self.last_acked = (self.started, 0)
         self.termination: str | None = None
+        self.finish_status = ("completed", "")
+        # operators: the status consoles watch, and feeding paused on request
+        self.status = StatusBuilder(c.heartbeat_s, self.started)
+        self.next_status = 0.0
+        self.paused = False
         # sync mode lazy: the decision and what it rests on
         self.settings = live.initial(job.aggregation)
         self.settings_version = 0
@@ -127,6 +135,7 @@ class Control(LazyControl, ModelKeeping, Loop):
         self.next_probe = 0.0
         self.next_decision = 0.0
         self.last_decision: Decision | None = None
+        self.last_decision_at = 0.0
         self.last_decision_kind = ""
         self.decisions = {"aggregate": 0, "wait": 0}
         # backups, recovery, export
@@ -225,6 +234,7 @@ class Control(LazyControl, ModelKeeping, Loop):
         node.state, node.load, node.counters = beat.state, beat.load, beat.counters
         node.final = node.final or beat.final
         self.meter_network(node, beat.load)
+        self.status.heard(node_id, node.role, beat.counters, time.monotonic())
 
     def handle_ready(self, node_id: str, node: NodeState, info: dict) -> None:
         if node_id == "feeder-0":
@@ -375,7 +385,9 @@ class Control(LazyControl, ModelKeeping, Loop):
             self.phase = "exporting"
             self.start_export(final=True)
 
-    def finish(self) -> None:
+    def finish(self, status: tuple[str, str] = ("completed", "")) -> None:
+        """Every node sends its final counters, then the job ends with ``status``."""
+        self.finish_status = status
         self.phase = "finishing"
         self.standing.clear()
         self.finish_deadline = time.monotonic() + max(3 * self.heartbeat_s, 2.0)
@@ -392,6 +404,10 @@ class Control(LazyControl, ModelKeeping, Loop):
                 self.send(self.pub, msg)
         if now >= self.next_probe:
             self.probe(now)
+        if now >= self.next_status:
+            self.publish_status(now)
+        if self.paused:
+            self.last_progress = now  # an operator paused feeding: nothing is stalled
         if now >= self.next_throughput:
             self.record_throughput(now)
         c = self.job.cluster
@@ -440,7 +456,7 @@ class Control(LazyControl, ModelKeeping, Loop):
             return
         if self.phase == "finishing" and (now > self.finish_deadline
                                           or self.members.all_final()):
-            self.end("completed", "")
+            self.end(*self.finish_status)
 
     def record_throughput(self, now: float) -> None:
         self.next_throughput = now + THROUGHPUT_EVERY_S
@@ -481,8 +497,10 @@ class Control(LazyControl, ModelKeeping, Loop):
         self.metrics.write("end", status=status, reason=reason)
         self.metrics.close()
         print_headline(summary, path)
-        self.send(self.pub, Stop(ok=status == "completed", reason=reason or status))
-        self.exit_code = 0 if status == "completed" else 1
+        ok = status in ("completed", "stopped")  # stopped: an operator ended it on purpose
+        self.send(self.pub, Stop(ok=ok, reason=reason or status))
+        self.publish_status(time.monotonic())  # consoles see the end
+        self.exit_code = 0 if ok else 1
         self.stopping = True
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -491,6 +509,8 @@ class Control(LazyControl, ModelKeeping, Loop):
     def close(self) -> None:
         self.pub.setsockopt(zmq.LINGER, 1000)  # let Stop reach the nodes
         self.pub.close()
+        self.status_pub.setsockopt(zmq.LINGER, 500)  # and the last status the consoles
+        self.status_pub.close()
         super().close()
 
 

@@ -1,8 +1,7 @@
-"""Control's side of sync mode lazy and of operators: the figures the aggregation decision rests
-on (network utilisation from heartbeats, failure rate from probes), the decision itself
-(``roles.decision``), and the request endpoint with the live settings (``roles.live``).
-``LazyControl`` is a part of ``roles.control.Control`` (a mixin over its state), kept here to
-keep each module readable.
+"""Control's side of sync mode lazy: the figures the aggregation decision rests on (network
+utilisation from heartbeats, failure rate from probes) and the decision itself
+(``roles.decision``). ``LazyControl`` is a part of ``roles.control.Control`` (a mixin over its
+state), kept here to keep each module readable.
 """
 
 from __future__ import annotations
@@ -10,82 +9,15 @@ from __future__ import annotations
 import logging
 import time
 
-from roles import live
 from roles.decision import HostMeter, counted_interfaces, decide, failure_rate, utilisation
 from roles.membership import ALIVE, NodeState
-from roles.rundir import atomic_write
-from zbus.wire import (
-    BackupNow,
-    ControlReply,
-    ControlRequest,
-    Decision,
-    Probe,
-    ProtocolError,
-    Settings,
-)
+from zbus.wire import Decision, Probe, ProtocolError
 
 log = logging.getLogger(__name__)
 
 
 class LazyControl:
-    """The aggregation decision, probes, network metering and operators' requests."""
-
-    def on_request(self, identity: bytes | None, env) -> None:
-        match env.msg:
-            case ControlRequest(action=action, changes=changes):
-                ok, message = self.handle_request(action, changes, env.sender)
-            case _:
-                ok, message = False, f"{type(env.msg).__name__} is not a request"
-                self.unexpected(env, "request endpoint")
-        self.send(self.requests, ControlReply(ok=ok, message=message,
-                                              settings=dict(self.settings)),
-                  identity=identity)
-
-    def handle_request(self, action: str, changes: dict, sender: str) -> tuple[bool, str]:
-        running = self.phase in ("training", "syncing", "evaluating")
-        match action:
-            case "settings":
-                return True, f"settings version {self.settings_version}"
-            case "set":
-                try:
-                    new = live.apply(self.settings, changes)
-                except live.SettingError as exc:
-                    log.warning("refused a settings change from %s: %s", sender, exc)
-                    return False, str(exc)
-                return True, self.apply_settings(new, sender)
-            case "export" if running and self.export is None:
-                return True, f"exporting to {self.start_export(final=False)}"
-            case "export":
-                return False, f"cannot export now (phase {self.phase}, " + \
-                    ("an export is in progress)" if self.export else "not training)")
-            case "backup" if running:
-                self.backup_request += 1
-                self.publish(BackupNow(request=self.backup_request), "backup")
-                return True, "the aggregator backs up now"
-            case "backup":
-                return False, f"cannot back up now (phase {self.phase})"
-            case _:
-                return False, (f"unknown action {action!r}; actions: settings, set, export, "
-                               "backup")
-
-    def apply_settings(self, new: dict, sender: str) -> str:
-        changed = {k: v for k, v in new.items() if self.settings[k] != v}
-        self.settings = new
-        self.settings_version += 1
-        self.publish(Settings(version=self.settings_version, values=new), "settings")
-        record = {"version": self.settings_version, "changes": changed, "by": sender}
-        self.settings_changes.append(record)
-        self.metrics.write("setting", **record)
-        config = self.run_dir / "config.toml"
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        lines = "".join(f"# live change {self.settings_version} at {stamp} by {sender}: "
-                        f"[aggregation] {k} = {v!r}\n" for k, v in changed.items())
-        atomic_write(config, config.read_bytes() + lines.encode())
-        log.info("settings version %d from %s: %s", self.settings_version, sender,
-                 ", ".join(f"{k} = {v}" for k, v in changed.items()) or "no change")
-        self.maybe_aggregate()
-        return "applied: " + (", ".join(f"{k} = {v}" for k, v in changed.items())
-                              or "no change")
+    """The aggregation decision, probes and network metering."""
 
     def meter_network(self, node: NodeState, load: dict) -> None:
         net, speeds = load.get("net"), load.get("speed", {})
@@ -127,7 +59,7 @@ class LazyControl:
         kind = "aggregate" if verdict.aggregate else \
             ";".join(b.split(" ")[0] for b in verdict.blockers)
         changed, self.last_decision_kind = kind != self.last_decision_kind, kind
-        self.last_decision = decision
+        self.last_decision, self.last_decision_at = decision, now
         self.decisions["aggregate" if verdict.aggregate else "wait"] += 1
         self.send(self.pub, decision)
         if changed and not verdict.aggregate:

@@ -4,6 +4,9 @@
     zbus-ctl set net_util_max=0.5 ...       change live settings (all or none are applied)
     zbus-ctl export                         export the model now (runs/<run>/export-<n>/)
     zbus-ctl backup                         back the dense weights up now
+    zbus-ctl aggregate                      call an aggregation round now (sync every, lazy)
+    zbus-ctl pause | resume                 stop or restart feeding new batches
+    zbus-ctl stop                           end the job (status "stopped", exit 0)
 
 Control's request endpoint comes from the job's cluster section (``--job``, ``ZBUS_JOB``,
 ``ZBUS_CLUSTER__*``) or ``--endpoint``. Exit status: 0 done, 1 refused, 2 no answer or usage.
@@ -20,6 +23,7 @@ import zmq
 
 from roles import live
 from roles.cli import load_job_or_exit
+from roles.control_operator import ACTIONS
 from zbus import sockets
 from zbus.wire import ControlReply, ControlRequest, ProtocolError
 
@@ -58,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--job", help="job file (default: $ZBUS_JOB, else the built-in job)")
     parser.add_argument("--endpoint", help="control's request endpoint (default: from the job)")
     parser.add_argument("--timeout", type=float, default=5.0)
-    parser.add_argument("action", choices=("settings", "set", "export", "backup"))
+    parser.add_argument("action", choices=ACTIONS)
     parser.add_argument("changes", nargs="*", help="name=value (with set)")
     args = parser.parse_args(argv)
     endpoint = args.endpoint or load_job_or_exit(args.job, "ctl").cluster.endpoint("control_req")

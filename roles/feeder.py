@@ -40,6 +40,7 @@ from zbus.wire import (
     EpochTrained,
     EvalReport,
     Evaluate,
+    Feeding,
     Grant,
     Idle,
     Membership,
@@ -100,6 +101,9 @@ class Feeder(Node):
         self.batches_acked = 0
         self.copies_wanted = 0  # second copies of untaken batches that idle workers could use
         self.acked_by: Counter[str] = Counter()
+        self.train_loss_sum = 0.0    # over the whole job, for the console's loss curve
+        self.train_weight_sum = 0.0
+        self.paused = False          # an operator paused feeding: no new batch goes out
 
     def window_for(self, workers: int) -> int:
         """Batches in flight: per worker, its prefetch and the one it trains, as many again
@@ -142,6 +146,10 @@ class Feeder(Node):
             case Evaluate(epoch=e, round=r) if self.data is not None and e > self.evaluated \
                     and e == self.epoch:
                 self.start_evaluation(e, r)
+            case Feeding(paused=paused) if paused != self.paused:
+                self.paused = paused
+                log.info("feeding %s by an operator", "paused" if paused else "resumed")
+                self.pump()
             case _:
                 pass  # other commands, and repeats of ones already acted on
 
@@ -195,7 +203,8 @@ class Feeder(Node):
 
     def may_send_new(self) -> bool:
         # sync mode round: the next round's batches wait until this round is acknowledged
-        return self.plan is not None and not self.at_tail() and self.ledger.has_room()
+        return (self.plan is not None and not self.paused and not self.at_tail()
+                and self.ledger.has_room())
 
     def pump(self) -> None:
         """Send batches again, then new ones (or, at the end of a pass or round, second copies
@@ -268,6 +277,8 @@ class Feeder(Node):
         else:
             self.loss_sum += ack.loss_sum
             self.weight_sum += ack.weight_sum
+            self.train_loss_sum += ack.loss_sum
+            self.train_weight_sum += ack.weight_sum
             self.epoch_samples += ack.samples
             self.samples_acked += ack.samples
             self.round_samples += ack.samples
@@ -311,6 +322,8 @@ class Feeder(Node):
         return {"epoch": self.epoch, "batches_sent": self.batches_sent,
                 "batches_resent": self.batches_resent, "batches_acked": self.batches_acked,
                 "samples_acked": self.samples_acked, "in_flight": len(ledger.in_flight),
+                "epoch_samples": self.epoch_samples, "paused": self.paused,
+                "train_loss_sum": self.train_loss_sum, "train_weight_sum": self.train_weight_sum,
                 "requeued_batches": ledger.requeued, "duplicate_acks": ledger.duplicate_acks,
                 "refused_takes": ledger.refused_takes, "acked_by": dict(self.acked_by),
                 "straggler_copies": ledger.straggler_copies,

@@ -486,6 +486,7 @@ class Worker(Node):
 
     def counters(self) -> dict:
         return {**self.counts, "round": self.replica.version, "generation": self.generation,
+                "round_samples": self.replica.samples_since,
                 "pipeline": len(self.pipeline), "device": str(self.device)}
 
 

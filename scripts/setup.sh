@@ -31,6 +31,6 @@ want=$(cat "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "zbus setup: installing zbus and its test tools" >&2
   "${pip[@]}" install -q -e "$root[test]" 2>&1 | grep -v "is ignored: it is neither" >&2 || true
-  "$venv/bin/python" -c 'import zbus, roles, zmq, torch, honcho' # fails loudly if incomplete
+  "$venv/bin/python" -c 'import zbus, roles, console, zmq, torch, honcho, textual' # fails loudly if incomplete
   echo "$want" > "$stamp"
 fi

@@ -17,6 +17,7 @@ FIXED_ENDPOINTS = {
     "aggregator": 4,       # aggregator ROUTER: contributions, step gradients, weight requests
     "aggregator_pub": 5,   # aggregator PUB: new dense weights
     "control_req": 6,      # control ROUTER: requests of operators (zbus-ctl, the console)
+    "status": 7,           # control PUB: the job's status for consoles (nodes never see it)
 }
 PS_OFFSET = 10             # ps shard i binds base_port + 10 + i
 AGGREGATOR_OFFSET = 280    # aggregator i >= 1 (hierarchical aggregation) binds 280 + i
@@ -41,6 +42,7 @@ class ClusterConfig:
     base_port: int = field(default=47100, metadata={"min": 1024, "max": 65000})
     endpoints: dict[str, str] = field(default_factory=dict)
     heartbeat_s: float = field(default=1.0, metadata={"min": 0.05, "max": 60.0})
+    status_s: float = field(default=0.25, metadata={"min": 0.05, "max": 10.0})
     node_timeout_s: float = field(default=10.0, metadata={"min": 0.5})
     start_timeout_s: float = field(default=180.0, metadata={"min": 1.0})
     orphan_timeout_s: float = field(default=120.0, metadata={"min": 1.0})

@@ -400,7 +400,8 @@ class Probe(Message):
 @message()
 class ControlRequest(Message):
     """``action``: ``settings`` (read), ``set`` (apply ``changes``: name -> value), ``export``,
-    ``backup``."""
+    ``backup``, ``aggregate`` (a round now), ``pause`` / ``resume`` (feeding), ``stop`` (end
+    the job)."""
 
     action: str
     changes: dict
@@ -498,6 +499,39 @@ class Evaluate(Message):
 @message()
 class Finish(Message):
     """Training and evaluation are over: every node sends a final Heartbeat."""
+
+
+@message()
+class Feeding(Message):
+    """An operator paused (or resumed) the feeder: while ``paused`` it sends no new batch;
+    batches already out are trained and acknowledged as usual."""
+
+    paused: bool
+
+
+@message("status")
+class Status(Message):
+    """Control's picture of the job for consoles, published every ``status_s`` (channel
+    "status"). ``body`` is an orjson object in one uint8 frame (with many nodes it outgrows the
+    header cap); its layout is ``roles.status.STATUS_LAYOUT`` and its ``"layout"`` key names
+    that version, which a console checks."""
+
+    run_id: str
+    body: np.ndarray = array("uint8", 1)
+
+    def snapshot(self) -> dict:
+        """The body as a dict; ProtocolError when it is not one JSON object."""
+        try:
+            value = orjson.loads(self.body.tobytes())
+        except orjson.JSONDecodeError:
+            raise ProtocolError("bad_body", "Status body is not JSON") from None
+        if not isinstance(value, dict):
+            raise ProtocolError("bad_body", "Status body is not a JSON object")
+        return value
+
+    @classmethod
+    def of(cls, run_id: str, snapshot: dict) -> Status:
+        return cls(run_id=run_id, body=np.frombuffer(orjson.dumps(snapshot), dtype=np.uint8))
 
 
 @message()

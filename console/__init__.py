@@ -1,0 +1,1 @@
+"""The zbus operator console (Textual): ``zbus-console``."""

@@ -1,0 +1,209 @@
+"""``zbus-console``: the operator's terminal UI for a running job.
+
+It talks only to control: a subscription to its status (``[cluster.endpoints] status``) and
+its request endpoint (``control_req``), both taken from the job's cluster section (``--job``,
+``ZBUS_JOB``, ``ZBUS_CLUSTER__*``) or given with ``--status`` / ``--requests``. So it works
+the same beside ``honcho start`` and against a cluster on other hosts.
+
+Keys: 1-4 the tabs (cluster, nodes, training, partition), s live settings, a aggregate now,
+p pause or resume feeding, b back up now, e export now, x twice stop the job, o sort the node
+table by the next column (or click a header), q quit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
+
+from console import format as fmt
+from console.bus import BusLink, Endpoints, LinkChanged, ReplyArrived, StatusArrived
+from console.panels import NODE_COLUMNS, ClusterPanel, NodeTable, PartitionPanel, TrainingPanel
+from console.settings_screen import SettingsScreen
+
+STOP_CONFIRM_S = 3.0
+TABS = ("cluster", "nodes", "training", "partition")
+
+
+class ZbusConsole(App):
+    CSS_PATH = Path(__file__).with_name("console.tcss")  # absolute: subclasses live elsewhere
+    TITLE = "zbus console"
+    BINDINGS = [
+        Binding("s", "settings", "settings"),
+        Binding("a", "request('aggregate')", "aggregate"),
+        Binding("p", "pause", "pause/resume"),
+        Binding("b", "request('backup')", "backup"),
+        Binding("e", "request('export')", "export", show=False),
+        Binding("x", "stop", "stop"),
+        Binding("o", "sort", "sort", show=False),
+        Binding("q", "quit", "quit"),
+        *(Binding(str(i + 1), f"tab('{name}')", name, show=False)
+          for i, name in enumerate(TABS)),
+    ]
+
+    def __init__(self, endpoints: Endpoints | None) -> None:
+        """``endpoints`` None: no link (snapshot tests post the messages themselves)."""
+        super().__init__()
+        self.endpoints = endpoints
+        self.link: BusLink | None = None
+        self.snapshot: dict | None = None
+        self.connected = False
+        self.link_detail = "not connected"
+        self.stop_armed_at = 0.0
+        self.updates = 0  # snapshots shown (the console benchmark counts them)
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="link-line")
+        with TabbedContent(initial="cluster", id="tabs"):
+            with TabPane("Cluster", id="cluster"):
+                yield ClusterPanel(id="cluster-panel")
+            with TabPane("Nodes", id="nodes"):
+                yield NodeTable(id="node-table")
+            with TabPane("Training", id="training"):
+                yield TrainingPanel(id="training-panel")
+            with TabPane("Partition", id="partition"):
+                yield PartitionPanel(id="partition-panel")
+        yield Static("", id="notice")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.show_link()
+        if self.endpoints is not None:
+            self.link = BusLink(self.endpoints, self.post_message)
+            self.run_link()
+
+    @work(exclusive=True, group="bus")
+    async def run_link(self) -> None:
+        await self.link.run()
+
+    # -- from the link -----------------------------------------------------------------------
+    def closing(self) -> bool:
+        """The app is shutting down: messages the link posted just before are dropped."""
+        return not self.screen_stack
+
+    def on_status_arrived(self, message: StatusArrived) -> None:
+        if self.closing():
+            return
+        snap = self.snapshot = message.snapshot
+        self.query_one(ClusterPanel).show(snap)
+        self.query_one(NodeTable).show(snap["nodes"])
+        self.query_one(TrainingPanel).show(snap)
+        self.query_one(PartitionPanel).show(snap)
+        self.show_link()
+        self.updates += 1
+
+    def on_link_changed(self, message: LinkChanged) -> None:
+        if self.closing():
+            return
+        self.connected, self.link_detail = message.connected, message.detail
+        self.show_link()
+
+    def on_reply_arrived(self, message: ReplyArrived) -> None:
+        if self.closing():
+            return
+        screen = self.screen
+        if isinstance(screen, SettingsScreen) and message.action == "set":
+            screen.show_result(message.ok, message.text)
+            if message.settings:
+                screen.show_effective(message.settings, inputs_too=message.ok)
+        self.notice(f"{message.action}: " + (message.text if message.ok
+                                             else f"refused: {message.text}"),
+                    "ok" if message.ok else "refused")
+
+    def show_link(self) -> None:
+        line = self.query_one("#link-line", Static)
+        if not self.connected:
+            line.set_classes("down")
+            line.update(f"✗ {self.link_detail}")
+            return
+        line.set_classes("up")
+        s = self.snapshot
+        if s is None:
+            line.update(f"● {self.link_detail}")
+            return
+        epoch = f"epoch {s['epoch'] + 1}/{s['epochs']}" if s["epoch"] >= 0 else "epoch -"
+        paused = "  PAUSED" if s["paused"] else ""
+        line.update(f"● {s['job']} {s['run_id']}  {s['phase']}  {epoch}  round {s['round']}"
+                    f"  sync {s['sync']}{paused}")
+
+    def notice(self, text: str, kind: str = "") -> None:
+        widget = self.query_one("#notice", Static)
+        widget.set_classes(kind)
+        widget.update(text)
+
+    # -- actions -------------------------------------------------------------------------------
+    def send_request(self, action: str, changes: dict | None = None) -> None:
+        if self.link is None:
+            self.notice(f"{action}: not connected to control", "refused")
+            return
+        self.link.request(action, changes)
+
+    def action_request(self, action: str) -> None:
+        self.notice(f"{action}: asking control ...")
+        self.send_request(action)
+
+    def action_pause(self) -> None:
+        paused = bool(self.snapshot and self.snapshot["paused"])
+        self.action_request("resume" if paused else "pause")
+
+    def action_stop(self) -> None:
+        now = time.monotonic()
+        if now - self.stop_armed_at > STOP_CONFIRM_S:
+            self.stop_armed_at = now
+            self.notice("press x again within 3 s to stop the job", "refused")
+            return
+        self.stop_armed_at = 0.0
+        self.action_request("stop")
+
+    def action_settings(self) -> None:
+        if self.snapshot is None:
+            self.notice("settings: no status from control yet", "refused")
+            return
+        self.push_screen(SettingsScreen(self.snapshot["settings"]))
+
+    def action_tab(self, name: str) -> None:
+        self.query_one(TabbedContent).active = name
+
+    def action_sort(self) -> None:
+        table = self.query_one(NodeTable)
+        self.notice(f"nodes sorted by {table.cycle_sort()}")
+        if self.snapshot:
+            table.show(self.snapshot["nodes"])
+
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        if not isinstance(event.data_table, NodeTable):
+            return
+        key = NODE_COLUMNS[event.column_index][1]
+        if key in fmt.SORT_KEYS:
+            event.data_table.sort_by = key
+            self.notice(f"nodes sorted by {key}")
+            if self.snapshot:
+                event.data_table.show(self.snapshot["nodes"])
+
+
+def endpoints_from_args(argv: list[str] | None) -> Endpoints:
+    parser = argparse.ArgumentParser(prog="zbus-console", description=__doc__.splitlines()[0])
+    parser.add_argument("--job", help="job file (default: $ZBUS_JOB, else the built-in job)")
+    parser.add_argument("--status", help="control's status endpoint (default: from the job)")
+    parser.add_argument("--requests", help="control's request endpoint (default: from the job)")
+    args = parser.parse_args(argv)
+    if args.status and args.requests:
+        return Endpoints(args.status, args.requests)
+    from roles.cli import load_job_or_exit  # only when the job file has to say
+
+    cluster = load_job_or_exit(args.job, "console").cluster
+    return Endpoints(args.status or cluster.endpoint("status"),
+                     args.requests or cluster.endpoint("control_req"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ZbusConsole(endpoints_from_args(argv)).run()
+
+
+if __name__ == "__main__":
+    main()

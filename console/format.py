@@ -1,0 +1,99 @@
+"""How the console writes figures (pure): sizes, rates, durations, gauges against a threshold,
+and the order of the node table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+
+DASH = "-"
+STATE_STYLE = {"alive": ("● alive", "green"), "suspect": ("? suspect", "bold yellow"),
+               "failed": ("✗ failed", "bold red"), "left": ("○ left", "dim")}
+
+
+def size(n: float | None) -> str:
+    """Bytes, short: 512B, 3.4K, 120M, 2.1G."""
+    if n is None:
+        return DASH
+    for unit in ("B", "K", "M", "G"):
+        if abs(n) < 1024 or unit == "G":
+            return f"{n:.0f}{unit}" if unit == "B" or n >= 100 else f"{n:.1f}{unit}"
+        n /= 1024
+    return DASH  # not reached
+
+
+def rate(n: float | None) -> str:
+    """Bytes per second, short."""
+    return DASH if n is None else size(n)
+
+
+def count(n: float | None) -> str:
+    """A count, short: 950, 12.3k, 4.5M."""
+    if n is None:
+        return DASH
+    if abs(n) < 1000:
+        return f"{n:.0f}"
+    if abs(n) < 1_000_000:
+        return f"{n / 1000:.1f}k"
+    return f"{n / 1_000_000:.1f}M"
+
+
+def duration(s: float | None) -> str:
+    """Seconds, short: 45s, 3m20s, 2h05m."""
+    if s is None:
+        return DASH
+    s = int(round(s))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def age(s: float | None) -> str:
+    return DASH if s is None else f"{s:.1f}s"
+
+
+def state(value: str) -> Text:
+    label, style = STATE_STYLE.get(value, (value, ""))
+    return Text(label, style=style)
+
+
+def gauge(value: float | None, limit: float, width: int = 30) -> Text:
+    """A bar of ``value`` on a scale of 0..max(2 x limit, value), with the limit marked ``|``:
+    green below the limit, red at or above it."""
+    text = Text()
+    if value is None:
+        return Text("no figure yet", style="dim")
+    scale = max(2 * limit, value, 1e-9)
+    filled = min(width, round(value / scale * width))
+    mark = min(width - 1, round(limit / scale * width))
+    style = "bold red" if value >= limit else "green"
+    for i in range(width):
+        if i == mark:
+            text.append("|", style="bold")
+        elif i < filled:
+            text.append("█", style=style)
+        else:
+            text.append("░", style="dim")
+    return text
+
+
+SORT_KEYS = ("role", "state", "cpu", "rss", "in_per_s", "out_per_s", "samples_per_s",
+             "backlog", "round_samples", "beat_age_s")
+ROLE_ORDER = {"control": 0, "feeder": 1, "aggregator": 2, "ps": 3, "worker": 4}
+STATE_ORDER = {"failed": 0, "suspect": 1, "left": 2, "alive": 3}
+
+
+def sort_nodes(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """Rows in table order: by role then index, or by a figure (largest first; failed and
+    suspect nodes first when sorting by state)."""
+    def by_role(r: dict) -> tuple:
+        return ROLE_ORDER.get(r.get("role"), 9), r.get("index", 0)
+
+    if key == "role":
+        return sorted(rows, key=by_role)
+    if key == "state":
+        return sorted(rows, key=lambda r: (STATE_ORDER.get(r.get("state"), 9), *by_role(r)))
+    return sorted(rows, key=lambda r: (r.get(key) is None, -(r.get(key) or 0), *by_role(r)))

@@ -1,0 +1,174 @@
+"""The console's panels. Each only displays: ``show(snapshot)`` lays out what control
+published (``roles.status`` describes the snapshot), nothing here talks to the bus."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import DataTable, ProgressBar, Sparkline, Static
+
+from console import format as fmt
+
+# (header, the row's key it shows and sorts by); the id names the role, so the role has no
+# column of its own (sorting by role is the default order)
+NODE_COLUMNS = (("id", "role"), ("state", "state"), ("cpu%", "cpu"), ("mem", "rss"),
+                ("in/s", "in_per_s"), ("out/s", "out_per_s"), ("smp/s", "samples_per_s"),
+                ("queue", "backlog"), ("M", "round_samples"), ("beat", "beat_age_s"),
+                ("host:pid", None), ("doing", None))
+
+
+class NodeTable(DataTable):
+    """Every node control knows, one row each; ``sort_by`` names the figure rows are sorted
+    by (a header click or the ``o`` key changes it)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self.sort_by = "role"
+        self.rows_shown: list[dict] = []
+
+    def on_mount(self) -> None:
+        for label, _ in NODE_COLUMNS:
+            self.add_column(label, key=label)
+
+    def show(self, rows: list[dict]) -> None:
+        # the highlighted node stays highlighted wherever the new order puts it
+        selected = None
+        if 0 <= self.cursor_row < len(self.rows_shown):
+            selected = self.rows_shown[self.cursor_row]["id"]
+        self.rows_shown = fmt.sort_nodes(rows, self.sort_by)
+        self.clear()
+        for r in self.rows_shown:
+            self.add_row(
+                r["id"], fmt.state(r["state"]), fmt.count(r["cpu"]), fmt.size(r["rss"]),
+                fmt.rate(r["in_per_s"]), fmt.rate(r["out_per_s"]),
+                fmt.count(r["samples_per_s"]), fmt.count(r["backlog"]),
+                fmt.count(r["round_samples"]), fmt.age(r["beat_age_s"]),
+                f"{r['host']}:{r['pid']}", r["doing"], key=r["id"])
+        ids = [r["id"] for r in self.rows_shown]
+        if selected in ids:
+            self.move_cursor(row=ids.index(selected), scroll=False)
+
+    def cycle_sort(self) -> str:
+        keys = fmt.SORT_KEYS
+        self.sort_by = keys[(keys.index(self.sort_by) + 1) % len(keys)]
+        return self.sort_by
+
+
+class ClusterPanel(Vertical):
+    def compose(self) -> ComposeResult:
+        yield Static(id="gauges")
+        yield Static(id="cluster-facts")
+
+    def show(self, snap: dict) -> None:
+        c = snap["cluster"]
+        gauges = Text()
+        gauges.append("network  ")
+        gauges.append_text(fmt.gauge(c["net_util"], c["net_util_max"]))
+        gauges.append(f" {c['net_util']:.3f} / max {c['net_util_max']:g}\n")
+        gauges.append("failures ")
+        gauges.append_text(fmt.gauge(c["failure_rate"], c["failure_rate_max"]))
+        gauges.append(f" {c['failure_rate']:.3f} / max {c['failure_rate_max']:g}")
+        self.query_one("#gauges", Static).update(gauges)
+        in_flight = " (in flight)" if snap["round_in_flight"] else ""
+        d = c["decision"]
+        if d is not None:
+            verdict = Text(f"round {d['round']}: ")
+            verdict.append(d["reason"], style="green" if d["aggregate"] else "yellow")
+            verdict.append(f" ({fmt.duration(d['age_s'])} ago)", style="dim")
+        else:
+            verdict = Text(f"sync mode {snap['sync']}: control does not decide rounds",
+                           style="dim")
+        latest = c["latest_backup"]
+        backup = f", latest round {latest['round']}" if latest else ""
+        states = Counter(r["state"] for r in snap["nodes"])
+        facts = Text("\nnodes     ")
+        for name in ("alive", "suspect", "failed", "left"):
+            facts.append(f"{states[name]} {name}", style=fmt.STATE_STYLE[name][1]
+                         if states[name] and name != "alive" else "")
+            facts.append("  ")
+        facts.append(f"\nworkers   {c['live_workers']} live     round {snap['round']}{in_flight}"
+                     f"     rounds done {c['rounds_done']}\n")
+        facts.append("decision  ")
+        facts.append_text(verdict)
+        facts.append(f"\ndecisions {c['decisions']['aggregate']} aggregate, "
+                     f"{c['decisions']['wait']} wait\n")
+        facts.append(f"backups   {c['backups']}{backup}     recoveries {c['recoveries']}\n")
+        feeding = Text("paused by an operator", style="bold yellow") if snap["paused"] \
+            else Text("running")
+        facts.append("feeding   ")
+        facts.append_text(feeding)
+        self.query_one("#cluster-facts", Static).update(facts)
+
+
+class TrainingPanel(Vertical):
+    def compose(self) -> ComposeResult:
+        yield Static(id="epoch-line")
+        yield ProgressBar(total=100, show_eta=False, id="epoch-progress")
+        yield Static(id="throughput-line")
+        yield Static("loss", classes="plot-label")
+        yield Sparkline([], id="loss-plot")
+        yield Static("samples/s", classes="plot-label")
+        yield Sparkline([], id="speed-plot")
+        yield Static(id="epochs-line")
+
+    def show(self, snap: dict) -> None:
+        t = snap["training"]
+        epoch = snap["epoch"]
+        shown = f"epoch {epoch + 1} of {snap['epochs']}" if epoch >= 0 else "not started"
+        self.query_one("#epoch-line", Static).update(
+            f"{shown}   phase {snap['phase']}   ETA epoch {fmt.duration(t['eta_epoch_s'])}, "
+            f"job {fmt.duration(t['eta_job_s'])}")
+        bar = self.query_one("#epoch-progress", ProgressBar)
+        bar.update(total=max(1, t["samples_per_epoch"]),
+                   progress=min(t["epoch_samples"], t["samples_per_epoch"]))
+        losses = [x for x in t["history"]["loss"] if x is not None]
+        last = f"{losses[-1]:.4f}" if losses else fmt.DASH
+        self.query_one("#throughput-line", Static).update(
+            f"throughput {fmt.count(t['samples_per_s'])} samples/s   trained "
+            f"{fmt.count(t['samples_acked'])} samples   loss now {last}")
+        self.query_one("#loss-plot", Sparkline).data = losses
+        self.query_one("#speed-plot", Sparkline).data = t["history"]["samples_per_s"]
+        done = [e for e in t["epochs"] if e.get("auc") is not None]
+        line = "  ".join(f"{e['epoch'] + 1}: {e['auc']:.4f}" for e in done[-5:])
+        self.query_one("#epochs-line", Static).update(
+            "eval auc by epoch  " + (line or "no epoch evaluated yet"))
+
+
+class PartitionPanel(Vertical):
+    def compose(self) -> ComposeResult:
+        yield Static(id="embedding-head")
+        yield DataTable(id="shards", cursor_type="none")
+        yield Static(id="model-partition")
+
+    def on_mount(self) -> None:
+        self.query_one("#shards", DataTable).add_columns(
+            "shard", "keys", "keys/s", "share", "capacity", "overflow", "moved")
+
+    def show(self, snap: dict) -> None:
+        e = snap["partition"]["embeddings"]
+        skew = e.get("skew_aware")
+        head = Text(f"embedding shards: {e['placement']} placement", style="bold")
+        imbalance = f"   max/mean load {e['imbalance']:.2f}" if e.get("imbalance") else ""
+        head.append(imbalance)
+        if skew is None:
+            head.append("\nskew-aware placement: not in use", style="dim")
+        self.query_one("#embedding-head", Static).update(head)
+        table = self.query_one("#shards", DataTable)
+        table.clear()
+        for s in e["shards"]:
+            share = f"{s['share']:.1%}" if s.get("share") is not None else fmt.DASH
+            table.add_row(str(s["shard"]), fmt.count(s["keys"]), fmt.count(s["keys_per_s"]),
+                          share, fmt.count(s.get("capacity")), fmt.count(s.get("overflow")),
+                          fmt.count(s.get("moved")))
+        model = snap["partition"].get("model")
+        text = Text("model partition: ", style="bold")
+        if model is None:
+            text.append("not in use (every worker holds the whole dense network)", style="dim")
+        else:
+            text.append(f"{model.get('parts')} parts, cut critical edges "
+                        f"{model.get('cut_critical')}, load per device "
+                        f"{model.get('load')}")
+        self.query_one("#model-partition", Static).update(text)

@@ -1,0 +1,186 @@
+"""The console driven with Pilot against a real control process (and real nodes where the screen
+needs them) on loopback. What control did is asserted from control (its status, its metrics
+and summary, or a zbus-ctl request), not from the widgets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+
+from harness import ADULT_JOB, REPO
+
+from console.app import ZbusConsole
+from console.bus import Endpoints
+from console.panels import NodeTable
+from console.settings_screen import SettingsScreen
+from roles.ctl import request
+
+SIZE = (80, 24)
+
+
+def endpoints(c) -> Endpoints:
+    return Endpoints(c.job.cluster.endpoint("status"), c.job.cluster.endpoint("control_req"))
+
+
+async def until(pilot, predicate, what: str, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"console: {what} not within {timeout} s "
+                                 f"(link: {pilot.app.link_detail})")
+        await pilot.pause(0.1)
+
+
+def state_cell(app, node_id: str) -> str:
+    table = app.query_one(NodeTable)
+    return str(table.get_cell(node_id, "state")) if node_id in \
+        {r["id"] for r in table.rows_shown} else ""
+
+
+def control_settings(c) -> dict:
+    return request(c.job.cluster.endpoint("control_req"), "settings").settings
+
+
+def test_node_table_failed_worker_and_the_actions_reach_control(cluster):
+    c = cluster(ADULT_JOB, train__sync="lazy", train__epochs=30, cluster__workers=3,
+                cluster__node_timeout_s=2.0, aggregation__min_local_rounds=10_000,
+                aggregation__max_local_rounds=10_000)
+    c.start_all(slowdown={0: 4.0, 1: 4.0, 2: 4.0})
+    nodes = {"feeder-0", "aggregator-0", "ps-0", "ps-1", "worker-0", "worker-1", "worker-2"}
+
+    def events(kind: str) -> list[dict]:
+        return [e for e in c.events() if e["event"] == kind]
+
+    async def drive() -> None:
+        app = ZbusConsole(endpoints(c))
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("2")  # the node table
+            await until(pilot, lambda: {r["id"] for r in app.query_one(NodeTable).rows_shown}
+                        >= nodes and app.snapshot["phase"] == "training",
+                        "every node in the table while training")
+            assert all("alive" in state_cell(app, n) for n in nodes)
+            os.killpg(c.procs["worker-2"].pid, signal.SIGKILL)
+            await until(pilot, lambda: "failed" in state_cell(app, "worker-2"),
+                        "worker-2 marked failed")
+            assert "alive" in state_cell(app, "worker-0")
+            # aggregate now: with min_local_rounds out of reach only an operator calls rounds
+            rounds = len(events("aggregate"))
+            await pilot.press("a")
+            await until(pilot, lambda: len(events("aggregate")) > rounds, "a round called")
+            assert events("aggregate")[-1]["reason"].startswith("aggregate now: asked by "
+                                                                "console-")
+            await pilot.press("p")
+            await until(pilot, lambda: events("pause"), "pause reaching control")
+            await until(pilot, lambda: any(r["id"] == "feeder-0" and r["doing"] == "paused"
+                                           for r in app.snapshot["nodes"]), "feeder paused")
+            await pilot.press("p")
+            await until(pilot, lambda: events("resume"), "resume reaching control")
+            backups = len(events("backup"))
+            await pilot.press("b")
+            await until(pilot, lambda: len(events("backup")) > backups, "a backup written")
+            await pilot.press("x")  # armed only: a single x stops nothing
+            await pilot.pause(0.5)
+            assert c.procs["control-0"].poll() is None and not events("stop")
+            await pilot.press("x")
+            await until(pilot, lambda: events("stop"), "stop reaching control")
+
+    asyncio.run(drive())
+    assert c.wait(timeout=60) == 0, c.logs()
+    s = c.summary()
+    assert s["status"] == "stopped" and s["reason"].startswith("stopped by console-"), s
+    assert "worker-2" in {e["node"] for e in s["membership"] if e["event"] == "failed"}
+
+
+def test_settings_screen_changes_control_and_a_refused_value_changes_nothing(cluster):
+    c = cluster(ADULT_JOB, cluster__start_timeout_s=600)
+    c.start_role("control")
+
+    async def drive() -> None:
+        app = ZbusConsole(endpoints(c))
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.snapshot, "a status from control")
+            await pilot.press("s")
+            screen = await until(pilot, lambda: isinstance(app.screen, SettingsScreen)
+                                 and app.screen, "the settings screen")
+
+            async def apply(name: str, text: str) -> str:
+                box = screen.query_one(f"#set-{name}")
+                box.value = ""
+                box.focus()
+                await pilot.press(*text)
+                before = str(screen.query_one("#settings-result").render())
+                await pilot.click("#apply")
+                return await until(pilot, lambda: (r := str(screen.query_one(
+                    "#settings-result").render())) != before and not r.startswith("sent")
+                    and r, f"control's answer to {name} = {text}")
+
+            assert (await apply("net_util_max", "0.5")).startswith("applied: net_util_max")
+            assert control_settings(c)["net_util_max"] == 0.5
+            refused = await apply("net_util_max", "1.5")
+            assert refused == "refused: net_util_max must be in [0.001, 1.0], got 1.5"
+            assert control_settings(c)["net_util_max"] == 0.5  # nothing changed
+            assert str(screen.query_one("#now-net_util_max").render()) == "now 0.5"
+            screen.query_one("#set-net_util_max").value = "0.5"
+            refused = await apply("min_local_rounds", "20")  # above max_local_rounds 16
+            assert refused.startswith("refused: min_local_rounds (20) must be <= "), refused
+            assert control_settings(c)["min_local_rounds"] == 4
+
+    asyncio.run(drive())
+    assert c.procs["control-0"].poll() is None  # refusals did not hurt control
+
+
+def test_console_says_when_control_is_gone_and_reconnects_when_it_is_back(cluster):
+    c = cluster(ADULT_JOB, transport="tcp", cluster__start_timeout_s=600)
+    first = c.start_role("control")
+
+    async def drive() -> None:
+        app = ZbusConsole(endpoints(c))
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.connected, "connected")
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+            await until(pilot, lambda: not app.connected, "the link reported down")
+            line = str(app.query_one("#link-line").render())
+            assert "no connection" in line and c.job.cluster.endpoint("status") in line, line
+            await pilot.press("b")  # a request with nobody to answer it is refused in time
+            await until(pilot, lambda: "no answer from control" in str(
+                app.query_one("#notice").render()), "the request timing out", timeout=20)
+            again = c.start("control-again", [sys.executable, "-m", "roles.control"])
+            await until(pilot, lambda: app.connected, "reconnected", timeout=30)
+            await until(pilot, lambda: app.snapshot["phase"] == "starting", "a status")
+            assert again.poll() is None
+
+    asyncio.run(drive())
+
+
+def test_the_table_shows_32_reporting_nodes(cluster):
+    c = cluster(ADULT_JOB, cluster__workers=27, cluster__shards=3,
+                train__stall_timeout_s=600)
+    c.start_role("control")
+    c.start("sim-nodes", [sys.executable, str(REPO / "scripts" / "sim_nodes.py")])
+
+    async def drive() -> None:
+        app = ZbusConsole(endpoints(c))
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("2")
+            await until(pilot, lambda: len(app.query_one(NodeTable).rows_shown) == 32
+                        and app.snapshot["phase"] == "training", "32 rows")
+            rows = app.query_one(NodeTable).rows_shown
+            assert [r["id"] for r in rows[:5]] == ["feeder-0", "aggregator-0", "ps-0", "ps-1",
+                                                    "ps-2"]
+            await until(pilot, lambda: all(r["samples_per_s"] for r in app.snapshot["nodes"]
+                                           if r["role"] == "worker"), "worker rates")
+            await pilot.press("o", "o", "o", "o", "o", "o")  # sort by samples per second
+            assert app.query_one(NodeTable).sort_by == "samples_per_s"
+            await pilot.pause(0.5)
+            speeds = [r["samples_per_s"] for r in app.query_one(NodeTable).rows_shown
+                      if r["samples_per_s"] is not None]
+            assert speeds == sorted(speeds, reverse=True) and len(speeds) == 28  # and feeder
+
+    asyncio.run(drive())

@@ -1,0 +1,41 @@
+"""The console's layout at 80x24, fixed by snapshots (pytest-textual-snapshot): every tab, the
+settings screen and the no-connection banner, showing a status captured from a real lazy job
+(tests/data/console_status.json; worker-1 marked suspect and worker-2 failed by hand).
+After an intended change of layout: ``pytest tests/test_console_snapshots.py --snapshot-update``
+and look at the new SVGs before committing them."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from harness import REPO
+
+from console.app import ZbusConsole
+from console.bus import LinkChanged, StatusArrived
+
+STATUS = orjson.loads((REPO / "tests" / "data" / "console_status.json").read_bytes())
+SIZE = (80, 24)
+
+
+async def connected(pilot) -> None:
+    pilot.app.post_message(LinkChanged(True, "control at tcp://10.0.0.1:47107"))
+    pilot.app.post_message(StatusArrived(STATUS))
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("keys", [(), ("2",), ("3",), ("4",), ("s",)],
+                         ids=["cluster", "nodes", "training", "partition", "settings"])
+def test_screens(snap_compare, keys):
+    assert snap_compare(ZbusConsole(None), press=keys, terminal_size=SIZE,
+                        run_before=connected)
+
+
+def test_no_connection(snap_compare):
+    async def lost(pilot) -> None:
+        await connected(pilot)
+        pilot.app.post_message(LinkChanged(False, "no connection: control at "
+                                                  "tcp://10.0.0.1:47107 silent for 9 s, "
+                                                  "retrying"))
+        await pilot.pause()
+
+    assert snap_compare(ZbusConsole(None), terminal_size=SIZE, run_before=lost)
