@@ -84,7 +84,7 @@ class ZbusConsole(App):
     # -- from the link -----------------------------------------------------------------------
     def closing(self) -> bool:
         """The app is shutting down: messages the link posted just before are dropped."""
-        return not self.screen_stack
+        return not self.is_running or not self.screen_stack
 
     def on_status_arrived(self, message: StatusArrived) -> None:
         if self.closing():

@@ -48,7 +48,7 @@ def control_settings(c) -> dict:
 
 
 def test_node_table_failed_worker_and_the_actions_reach_control(cluster):
-    c = cluster(ADULT_JOB, train__sync="lazy", train__epochs=30, cluster__workers=3,
+    c = cluster(ADULT_JOB, train__sync="lazy", train__epochs=100, cluster__workers=3,
                 cluster__node_timeout_s=2.0, aggregation__min_local_rounds=10_000,
                 aggregation__max_local_rounds=10_000)
     c.start_all(slowdown={0: 4.0, 1: 4.0, 2: 4.0})
