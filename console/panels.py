@@ -108,11 +108,12 @@ class TrainingPanel(Vertical):
         yield Static(id="epoch-line")
         yield ProgressBar(total=100, show_eta=False, id="epoch-progress")
         yield Static(id="throughput-line")
-        yield Static("loss", classes="plot-label")
+        yield Static("loss", id="loss-label", classes="plot-label")
         yield Sparkline([], id="loss-plot")
+        yield Static(id="epochs-line", classes="plot-label")
+        yield Sparkline([], id="auc-plot")
         yield Static("samples/s", classes="plot-label")
         yield Sparkline([], id="speed-plot")
-        yield Static(id="epochs-line")
 
     def show(self, snap: dict) -> None:
         t = snap["training"]
@@ -135,6 +136,7 @@ class TrainingPanel(Vertical):
         line = "  ".join(f"{e['epoch'] + 1}: {e['auc']:.4f}" for e in done[-5:])
         self.query_one("#epochs-line", Static).update(
             "eval auc by epoch  " + (line or "no epoch evaluated yet"))
+        self.query_one("#auc-plot", Sparkline).data = [e["auc"] for e in done]
 
 
 class PartitionPanel(Vertical):
