@@ -74,6 +74,7 @@ class BusLink:
         self.traffic = sockets.Traffic()
         self.rejected = 0
         self.connected: bool | None = None
+        self.detail = ""  # the last LinkChanged posted
         self.last_status: float | None = None
 
     def request(self, action: str, changes: dict | None = None) -> None:
@@ -184,8 +185,6 @@ class BusLink:
                 f"{now - self.last_status:.0f} s, retrying")
 
     def _link(self, connected: bool, detail: str) -> None:
-        if connected != self.connected or (not connected and detail != self._detail):
-            self.connected, self._detail = connected, detail
+        if connected != self.connected or (not connected and detail != self.detail):
+            self.connected, self.detail = connected, detail
             self.post(LinkChanged(connected, detail))
-
-    _detail = ""

@@ -13,7 +13,7 @@ STATE_STYLE = {"alive": ("● alive", "green"), "suspect": ("? suspect", "bold y
 
 
 def size(n: float | None) -> str:
-    """Bytes, short: 512B, 3.4K, 120M, 2.1G."""
+    """Bytes (or bytes per second), short: 512B, 3.4K, 120M, 2.1G."""
     if n is None:
         return DASH
     for unit in ("B", "K", "M", "G"):
@@ -21,11 +21,6 @@ def size(n: float | None) -> str:
             return f"{n:.0f}{unit}" if unit == "B" or n >= 100 else f"{n:.1f}{unit}"
         n /= 1024
     return DASH  # not reached
-
-
-def rate(n: float | None) -> str:
-    """Bytes per second, short."""
-    return DASH if n is None else size(n)
 
 
 def count(n: float | None) -> str:

@@ -43,7 +43,7 @@ class NodeTable(DataTable):
         for r in self.rows_shown:
             self.add_row(
                 r["id"], fmt.state(r["state"]), fmt.count(r["cpu"]), fmt.size(r["rss"]),
-                fmt.rate(r["in_per_s"]), fmt.rate(r["out_per_s"]),
+                fmt.size(r["in_per_s"]), fmt.size(r["out_per_s"]),
                 fmt.count(r["samples_per_s"]), fmt.count(r["backlog"]),
                 fmt.count(r["round_samples"]), fmt.age(r["beat_age_s"]),
                 f"{r['host']}:{r['pid']}", r["doing"], key=r["id"])

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from roles.job import Job, job_to_toml
-from roles.model_files import JOB, MANIFEST, write_json
+from roles.model_files import JOB, MANIFEST, newest_backup, write_json
 from roles.rundir import atomic_write
 from zbus.wire import BackupWritten, Export, Exported, Restore, Restored
 
@@ -72,7 +72,8 @@ class ModelKeeping:
 
     def latest_backup(self) -> str:
         """The newest backup the aggregator reported ('' when none: it finds its own)."""
-        return max(self.backups, key=lambda b: b["round"])["path"] if self.backups else ""
+        newest = newest_backup(self.backups)
+        return newest["path"] if newest else ""
 
     def restore_aggregators(self) -> None:
         """An aggregator restarted: every aggregator goes back to the latest backup, published

@@ -15,6 +15,7 @@ import logging
 import time
 
 from roles import live
+from roles.model_files import newest_backup
 from roles.rundir import atomic_write
 from zbus.wire import BackupNow, ControlReply, ControlRequest, Feeding, Settings, Status
 
@@ -127,7 +128,6 @@ class Operators:
     def snapshot(self, now: float) -> dict:
         nodes, s, d = self.members.nodes, self.settings, self.last_decision
         net_util, failures = self.cluster_figures()
-        latest = max(self.backups, key=lambda b: b["round"]) if self.backups else None
         return {
             "layout": 1, "job": self.job.name, "run_id": self.run_id,
             "run_dir": str(self.run_dir), "phase": self.phase, "sync": self.sync,
@@ -144,7 +144,7 @@ class Operators:
                     "round": d.round, "aggregate": d.aggregate, "reason": d.reason,
                     "age_s": round(now - self.last_decision_at, 1)},
                 "decisions": dict(self.decisions), "rounds_done": self.rounds_done,
-                "backups": len(self.backups), "latest_backup": latest,
+                "backups": len(self.backups), "latest_backup": newest_backup(self.backups),
                 "recoveries": len(self.recoveries)},
             "training": self.status.training(
                 feeder=nodes.get("feeder-0"), samples_per_epoch=self.data.get(

@@ -67,6 +67,11 @@ def relative_change(new: np.ndarray, old: np.ndarray) -> float:
     return diff / base
 
 
+def newest_backup(records: list[dict]) -> dict | None:
+    """The record (round, path, change, generation) of the newest backup reported, or None."""
+    return max(records, key=lambda b: b["round"]) if records else None
+
+
 class Backups:
     """The backup rule: after an aggregation, back up when the weights changed by at least
     ``change_min`` (relative) since the last backup; keep the newest ``kept``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from roles.job import Job
+from roles.model_files import newest_backup
 from zbus.cluster import node_index
 
 WORKER_TIMES = ("compute_s", "lookup_wait_s", "step_wait_s")
@@ -94,8 +95,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "settings": model.get("settings", {}),
         "settings_changes": model.get("settings_changes", []),
         "backups": len(model.get("backups", [])),
-        "latest_backup": max(model["backups"], key=lambda b: b["round"])["path"]
-        if model.get("backups") else None,
+        "latest_backup": (newest_backup(model.get("backups", [])) or {}).get("path"),
         "recoveries": len(model.get("recoveries", [])),
         "recovery": model.get("recoveries", []),
         "export": next((e["dir"] for e in reversed(model.get("exports", []))
