@@ -34,6 +34,11 @@ def count(n: float | None) -> str:
     return f"{n / 1_000_000:.1f}M"
 
 
+def ratio(r: float | None) -> str:
+    """A ratio such as max/mean load: 1.23."""
+    return DASH if r is None else f"{r:.2f}"
+
+
 def duration(s: float | None) -> str:
     """Seconds, short: 45s, 3m20s, 2h05m."""
     if s is None:

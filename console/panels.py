@@ -147,7 +147,7 @@ class PartitionPanel(Vertical):
 
     def on_mount(self) -> None:
         self.query_one("#shards", DataTable).add_columns(
-            "shard", "keys", "keys/s", "share", "capacity", "overflow", "moved")
+            "shard", "keys", "keys/s", "share", "assigned", "capacity", "overflow", "moved in")
 
     def show(self, snap: dict) -> None:
         e = snap["partition"]["embeddings"]
@@ -157,14 +157,24 @@ class PartitionPanel(Vertical):
         head.append(imbalance)
         if skew is None:
             head.append("\nskew-aware placement: not in use", style="dim")
+        else:
+            pause = skew.get("pause_s_last")
+            head.append(
+                f"\nkey map v{skew['version']} ({skew['phase']})   window {skew['window']}   "
+                f"capacity {skew.get('capacity_source') or fmt.DASH}   "
+                f"assigned max/mean {fmt.ratio(skew.get('imbalance_assigned'))}"
+                f"\nmigrations {skew['migrations']}   keys moved "
+                f"{fmt.count(skew['moved_keys'])}   last pause "
+                f"{fmt.DASH if pause is None else f'{pause * 1000:.0f} ms'}   "
+                f"history records {skew['records']}")
         self.query_one("#embedding-head", Static).update(head)
         table = self.query_one("#shards", DataTable)
         table.clear()
         for s in e["shards"]:
             share = f"{s['share']:.1%}" if s.get("share") is not None else fmt.DASH
             table.add_row(str(s["shard"]), fmt.count(s["keys"]), fmt.count(s["keys_per_s"]),
-                          share, fmt.count(s.get("capacity")), fmt.count(s.get("overflow")),
-                          fmt.count(s.get("moved")))
+                          share, fmt.count(s.get("assigned")), fmt.count(s.get("capacity")),
+                          fmt.count(s.get("overflow")), fmt.count(s.get("moved")))
         model = snap["partition"].get("model")
         text = Text("model partition: ", style="bold")
         if model is None:

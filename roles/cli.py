@@ -10,15 +10,16 @@ from roles.job import Job, JobError, load_job
 from zbus.logs import setup_logging
 
 MAX_WORKERS = 255
+SLOWED_ROLES = {"worker": "per batch (idling)", "ps": "per piece of work (sleeping)"}
 
 
 def parse_role_args(role: str, argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"zbus-{role}", description=f"Run one zbus {role}.")
     parser.add_argument("--job", help="job file (default: $ZBUS_JOB, else the built-in job)")
     parser.add_argument("--index", type=int, default=0, help="which one of its role (0-based)")
-    if role == "worker":
+    if role in SLOWED_ROLES:
         parser.add_argument("--slowdown", type=float, default=1.0, metavar="N",
-                            help="test and demo aid: take N times as long per batch (idling)")
+                            help=f"test and demo aid: take N times as long {SLOWED_ROLES[role]}")
     return parser.parse_args(argv)
 
 
@@ -51,7 +52,7 @@ def role_main(role_cls: Any, argv: list[str] | None = None) -> None:
               f"for this job", file=sys.stderr)
         raise SystemExit(2)
     setup_logging(f"{role}-{args.index}")
-    options = {"slowdown": args.slowdown} if role == "worker" else {}
+    options = {"slowdown": args.slowdown} if role in SLOWED_ROLES else {}
     try:
         node = role_cls(job, args.index, **options)
     except (OSError, RuntimeError) as exc:  # a port in use, no CUDA device, ...

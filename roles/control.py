@@ -38,6 +38,7 @@ from roles.cli import MAX_WORKERS, load_job_or_exit, parse_role_args
 from roles.control_lazy import LazyControl
 from roles.control_model import ExportInProgress, ModelKeeping
 from roles.control_operator import Operators
+from roles.control_placement import PlacementKeeping
 from roles.decision import HostMeter
 from roles.job import Job, job_to_toml
 from roles.membership import ALIVE, Members, NodeState
@@ -50,6 +51,7 @@ from zbus.wire import (
     Aggregate,
     BackupWritten,
     Decision,
+    Drained,
     EpochStart,
     EpochTrained,
     EvalReport,
@@ -59,9 +61,11 @@ from zbus.wire import (
     Finish,
     Heartbeat,
     Hello,
+    KeyCounts,
     Leaving,
     Membership,
     Message,
+    Moved,
     ProbeReply,
     ProtocolError,
     Ready,
@@ -85,7 +89,7 @@ def _info_int(info: dict, key: str) -> int:
     return value
 
 
-class Control(Operators, LazyControl, ModelKeeping, Loop):
+class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, Loop):
     def __init__(self, job: Job, environ: dict | None = None):
         c = job.cluster
         super().__init__("control-0", c.heartbeat_s, c.max_message_bytes)
@@ -147,6 +151,7 @@ class Control(Operators, LazyControl, ModelKeeping, Loop):
         self.export_request = 0
         self.exports: list[dict] = []
         self.backup_request = 0
+        self.init_placement()  # skew-aware key placement (roles.control_placement)
         expected = self.members.expected
         self.metrics.write("start", job=job.name, run_id=self.run_id, nodes=expected,
                            fingerprint=job.fingerprint())
@@ -201,6 +206,12 @@ class Control(Operators, LazyControl, ModelKeeping, Loop):
                 self.handle_round_done(m)
             case EvalReport() as m:
                 self.handle_eval(m)
+            case KeyCounts() as m:
+                self.handle_key_counts(node_id, m)
+            case Drained() as m:
+                self.handle_placement_drained(node_id, m)
+            case Moved() as m:
+                self.handle_moved(node_id, m)
             case _:
                 self.unexpected(env, "control socket")
 
@@ -234,6 +245,8 @@ class Control(Operators, LazyControl, ModelKeeping, Loop):
         node.state, node.load, node.counters = beat.state, beat.load, beat.counters
         node.final = node.final or beat.final
         self.meter_network(node, beat.load)
+        if node.role == "ps":
+            self.record_work(node.index, beat.counters)
         self.status.heard(node_id, node.role, beat.counters, time.monotonic())
 
     def handle_ready(self, node_id: str, node: NodeState, info: dict) -> None:
@@ -491,7 +504,8 @@ class Control(Operators, LazyControl, ModelKeeping, Loop):
             model={"backups": self.backups, "recoveries": self.recoveries,
                    "exports": self.exports, "settings_changes": self.settings_changes,
                    "settings": self.settings, "decisions": self.decisions,
-                   "last_decision": self.last_decision.reason if self.last_decision else None})
+                   "last_decision": self.last_decision.reason if self.last_decision else None},
+            placement=self.placement_summary())
         path = self.run_dir / "summary.json"
         atomic_write(path, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         self.metrics.write("end", status=status, reason=reason)

@@ -153,5 +153,6 @@ class Operators:
                 running=self.phase in ("training", "syncing", "evaluating")),
             "settings": {"version": self.settings_version, "values": dict(s),
                          "ranges": live.describe()},
-            "partition": {"embeddings": self.status.embeddings(nodes), "model": None},
+            "partition": {"embeddings": self.status.embeddings(nodes, self.placement_state()),
+                          "model": None},
         }

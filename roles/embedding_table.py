@@ -146,3 +146,29 @@ class EmbeddingTable:
         acc = self.accum[rows] + grads * grads
         self.accum[rows] = acc
         self.weights[rows] -= self.lr * grads / (np.sqrt(acc) + self.eps)
+
+    def accept(self, keys: np.ndarray, weights: np.ndarray, accum: np.ndarray) -> None:
+        """Take over distinct keys' rows and Adagrad state from another shard (a handover);
+        a key already here is overwritten."""
+        if len(keys):
+            rows = self.rows_for(np.asarray(keys, dtype=np.int64))
+            self.weights[rows] = weights
+            self.accum[rows] = accum
+
+    def release(self, leaving: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Remove the keys whose rows are marked in ``leaving`` (bool per row); return their
+        keys, rows and Adagrad state. The remaining rows are renumbered (compacted), so no row
+        number taken before stays valid."""
+        keys, rows = self.index.items()
+        gone = leaving[rows]
+        out = (keys[gone], self.weights[rows[gone]].copy(), self.accum[rows[gone]].copy())
+        stay_keys, stay_rows = keys[~gone], rows[~gone]
+        order = np.argsort(stay_rows)
+        stay_keys, stay_rows = stay_keys[order], stay_rows[order]
+        n = len(stay_rows)
+        self.weights[:n] = self.weights[stay_rows]
+        self.accum[:n] = self.accum[stay_rows]
+        self.index = KeyIndex(max(1024, 2 * n))
+        self.index.insert(stay_keys, np.arange(n, dtype=np.int64))
+        self.size = n
+        return out

@@ -11,6 +11,12 @@ A worker asks to take the next batch it will run (Taken -> Grant): each batch is
 worker, and only that worker's ack counts. When control's membership loses a worker, its
 batches and every batch not yet taken are sent again under the same id; at the end of a pass,
 an idle worker gets second copies of batches still untaken elsewhere (see the Ledger).
+
+Skew-aware placement (``[placement] mode = "skew"``): the feeder counts the keys of the batches
+it sends per allocation window (a SpaceSaving summary of the heaviest, pairs per bucket and per
+shard) and sends control the window's KeyCounts. When control publishes a new key map it stops
+sending new batches, reports Drained once nothing is in flight, and routes by the new map when
+control says it is active (the shards have handed their rows over).
 """
 
 from __future__ import annotations
@@ -26,16 +32,17 @@ import zmq
 from roles.batching import Ledger, Plan, sample_batch_bytes
 from roles.cli import role_main
 from roles.data.dataset import Dataset, load_dataset
-from roles.data.hashing import shard_of
 from roles.data.readers import DataError, Rejected
 from roles.job import Job
 from roles.metrics import auc, logloss
 from roles.model_files import TRANSFORM, write_json
+from roles.placement import HeavyHitters, KeyMap
 from roles.rundir import atomic_write
 from zbus.node import Node
 from zbus.wire import (
     Ack,
     BatchKeys,
+    Drained,
     EpochStart,
     EpochTrained,
     EvalReport,
@@ -43,7 +50,9 @@ from zbus.wire import (
     Feeding,
     Grant,
     Idle,
+    KeyCounts,
     Membership,
+    Placement,
     ProtocolError,
     Ready,
     RoundDrained,
@@ -52,6 +61,7 @@ from zbus.wire import (
 )
 
 log = logging.getLogger(__name__)
+COUNT_EVERY = 16  # batches whose keys are counted together (skew-aware placement)
 
 
 def write_rejected(path: Path, rejected: list[Rejected]) -> None:
@@ -104,6 +114,20 @@ class Feeder(Node):
         self.train_loss_sum = 0.0    # over the whole job, for the console's loss curve
         self.train_weight_sum = 0.0
         self.paused = False          # an operator paused feeding: no new batch goes out
+        p = job.placement
+        self.skew = p.mode == "skew"
+        self.keymap = KeyMap.hashed(c.shards, p.buckets_per_shard)
+        self.window = 0              # the allocation window being counted
+        self.window_batches = 0
+        self.placing: int | None = None   # a key map version waiting for the feeder to drain
+        self.drained_for = -1
+        self.new_window()
+
+    def new_window(self) -> None:
+        self.heavy = HeavyHitters(self.job.placement.heavy_keys)
+        self.uncounted: list[np.ndarray] = []   # batches' keys not yet in the summary
+        self.bucket_pairs = np.zeros(len(self.keymap.buckets), dtype=np.int64)
+        self.shard_pairs = np.zeros(self.keymap.shards, dtype=np.int64)
 
     def window_for(self, workers: int) -> int:
         """Batches in flight: per worker, its prefetch and the one it trains, as many again
@@ -120,7 +144,7 @@ class Feeder(Node):
             self.fail(f"cannot load data: {exc}")
             return
         d = self.data
-        self.owner = shard_of(d.keys, self.job.cluster.shards).astype(np.uint8)
+        self.owner = self.keymap.owner_of(d.keys).astype(np.uint8)
         if d.rejected:
             path = Path(self.run_dir) / "rejected.tsv"
             write_rejected(path, d.rejected)
@@ -146,12 +170,68 @@ class Feeder(Node):
             case Evaluate(epoch=e, round=r) if self.data is not None and e > self.evaluated \
                     and e == self.epoch:
                 self.start_evaluation(e, r)
+            case Placement(version=v) as msg if self.skew and v > self.keymap.version:
+                self.handle_placement(msg)
             case Feeding(paused=paused) if paused != self.paused:
                 self.paused = paused
                 log.info("feeding %s by an operator", "paused" if paused else "resumed")
                 self.pump()
             case _:
                 pass  # other commands, and repeats of ones already acted on
+
+    # -- placement ---------------------------------------------------------------------------
+    def handle_placement(self, msg: Placement) -> None:
+        if msg.phase != "active":
+            if self.placing != msg.version:
+                log.info("placement %d: pausing until the shards have moved keys", msg.version)
+            self.placing = msg.version
+            self.maybe_drained()
+            return
+        if msg.owners.size and msg.owners.max() >= self.keymap.shards or \
+                msg.buckets.shape != self.keymap.buckets.shape \
+                or msg.buckets.max() >= self.keymap.shards:
+            raise ProtocolError("bad_placement", "a key map that does not fit this cluster")
+        self.keymap = KeyMap(msg.version, self.keymap.shards, np.array(msg.buckets),
+                             np.array(msg.keys), np.array(msg.owners))
+        if self.data is not None:
+            self.owner = self.keymap.owner_of(self.data.keys).astype(np.uint8)
+        self.placing = None
+        log.info("placement %d active: %d keys placed off their bucket", msg.version,
+                 len(msg.keys))
+        self.pump()
+
+    def maybe_drained(self) -> None:
+        if self.placing is not None and not self.ledger.in_flight \
+                and self.drained_for != self.placing:
+            self.drained_for = self.placing
+            self.to_control(Drained(version=self.placing))
+
+    def count_keys(self, keys: np.ndarray, owner: np.ndarray) -> None:
+        """Count a new training batch's keys into the window; close the window when full.
+        Keys go into the summary COUNT_EVERY batches at a time (one np.unique over many
+        batches costs far less than one per batch)."""
+        self.uncounted.append(keys)
+        if len(self.uncounted) >= COUNT_EVERY:
+            self.heavy.add(np.concatenate(self.uncounted))
+            self.uncounted.clear()
+        self.bucket_pairs += np.bincount(self.keymap.bucket_of(keys),
+                                         minlength=len(self.bucket_pairs))
+        self.shard_pairs += np.bincount(owner, minlength=len(self.shard_pairs))
+        self.window_batches += 1
+        every = self.job.placement.window_batches
+        if (every and self.window_batches >= every) or (not every and self.plan.exhausted()):
+            self.close_window()
+
+    def close_window(self) -> None:
+        h = self.heavy
+        if self.uncounted:
+            h.add(np.concatenate(self.uncounted))
+        self.to_control(KeyCounts(window=self.window, version=self.keymap.version, size=h.size,
+                                  pairs=h.total, keys=h.keys, counts=h.counts, errors=h.errors,
+                                  bucket_pairs=self.bucket_pairs, shard_pairs=self.shard_pairs))
+        self.window += 1
+        self.window_batches = 0
+        self.new_window()
 
     def export_part(self, where: Path) -> tuple[str, list[str]] | None:
         """The dense transform, so that the export scores raw rows as training saw them."""
@@ -203,8 +283,8 @@ class Feeder(Node):
 
     def may_send_new(self) -> bool:
         # sync mode round: the next round's batches wait until this round is acknowledged
-        return (self.plan is not None and not self.paused and not self.at_tail()
-                and self.ledger.has_room())
+        return (self.plan is not None and not self.paused and self.placing is None
+                and not self.at_tail() and self.ledger.has_room())
 
     def pump(self) -> None:
         """Send batches again, then new ones (or, at the end of a pass or round, second copies
@@ -223,7 +303,9 @@ class Feeder(Node):
             elif self.may_send_new():
                 batch_id, rows = self.plan.take()
                 round_ = 0 if self.plan.eval or not self.round_batches else self.sync_round
-                self.send_batch(batch_id, rows, self.plan.eval, round_)
+                keys, owner = self.send_batch(batch_id, rows, self.plan.eval, round_)
+                if self.skew and not self.plan.eval:
+                    self.count_keys(keys, owner)
                 self.ledger.sent(batch_id, rows, self.plan.eval, round_)
                 self.batches_sent += 1
                 self.round_sent += not self.plan.eval
@@ -232,19 +314,22 @@ class Feeder(Node):
         self.want_writable(self.samples, bool(self.ledger.resend) or self.may_send_new()
                            or bool(self.copies_wanted))
 
-    def send_batch(self, batch_id: int, rows: np.ndarray, eval: bool, round_: int) -> None:
+    def send_batch(self, batch_id: int, rows: np.ndarray, eval: bool,
+                   round_: int) -> tuple[np.ndarray, np.ndarray]:
+        """Send one batch: its keys to their shards, its samples to the queue."""
         d = self.data
         keys = d.keys[rows].ravel()
         owner = self.owner[rows].ravel()
         for shard, sock in enumerate(self.shards):
             positions = np.flatnonzero(owner == shard).astype(np.int32)
-            self.send(sock, BatchKeys(batch_id=batch_id, samples=len(rows),
+            self.send(sock, BatchKeys(batch_id=batch_id, window=self.window, samples=len(rows),
                                       fields=len(d.fields), positions=positions,
                                       keys=keys[positions]))
         self.send(self.samples, SampleBatch(
             batch_id=batch_id, epoch=self.epoch, eval=eval,
             min_round=self.eval_round if eval else 0, round=round_, dense=d.dense[rows],
             labels=d.labels[rows], weights=d.weights[rows]))
+        return keys, owner
 
     # -- takes and acknowledgements --------------------------------------------------------
     def on_worker(self, identity: bytes | None, env) -> None:
@@ -285,6 +370,7 @@ class Feeder(Node):
             self.acked_by[worker] += ack.samples
         if not self.ledger.in_flight and self.plan is not None:
             self.pass_drained()
+        self.maybe_drained()
         self.pump()
 
     def pass_drained(self) -> None:
@@ -327,7 +413,8 @@ class Feeder(Node):
                 "requeued_batches": ledger.requeued, "duplicate_acks": ledger.duplicate_acks,
                 "refused_takes": ledger.refused_takes, "acked_by": dict(self.acked_by),
                 "straggler_copies": ledger.straggler_copies,
-                "window": ledger.window}
+                "window": ledger.window, "placement_version": self.keymap.version,
+                "placement_window": self.window, "placing": self.placing is not None}
 
 
 def main() -> None:

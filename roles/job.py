@@ -145,6 +145,27 @@ class AggregationConfig:
 
 
 @dataclass(frozen=True)
+class PlacementConfig:
+    """Where embedding keys live (``roles.placement``): ``hash`` (key mod shards, fixed) or
+    ``skew`` (heavy keys and buckets of light keys placed by predicted shard capacity each
+    allocation window, moved between shards while the job runs)."""
+
+    mode: str = field(default="hash", metadata={"choices": ("hash", "skew")})
+    window_batches: int = field(default=50, metadata={"min": 0})  # 0: one window per epoch
+    heavy_keys: int = field(default=4096, metadata={"min": 1, "max": 1 << 20})
+    buckets_per_shard: int = field(default=64, metadata={"min": 1, "max": 4096})
+    min_windows: int = field(default=3, metadata={"min": 1})
+    min_gain: float = field(default=0.10, metadata={"min": 0.0, "max": 1.0})
+    capacities: list[float] = _list()
+    predictor_steps: int = field(default=300, metadata={"min": 1, "max": 100_000})
+    drain_timeout_s: float = field(default=10.0, metadata={"min": 0.1})
+
+    def __post_init__(self) -> None:
+        if any(not c > 0 for c in self.capacities):
+            raise ValueError("[placement] capacities must be positive")
+
+
+@dataclass(frozen=True)
 class Job:
     name: str = "job"
     data: DataConfig = field(default_factory=DataConfig)
@@ -152,11 +173,16 @@ class Job:
     train: TrainConfig = field(default_factory=TrainConfig)
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
     origin: str = field(default="", metadata={"internal": True})  # where the job was read
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
             raise ValueError("name must be non-empty letters, digits, '-', '_' or '.'")
+        caps = self.placement.capacities
+        if caps and len(caps) != self.cluster.shards:
+            raise ValueError(f"[placement] capacities lists {len(caps)} figure(s) for "
+                             f"{self.cluster.shards} shard(s)")
 
     @property
     def sparse_fields(self) -> list[str]:

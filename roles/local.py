@@ -82,14 +82,16 @@ class LocalCluster:
         return self.start(f"{role}-{index}", [sys.executable, "-m", f"roles.{role}",
                                               "--index", str(index), *args])
 
-    def start_all(self, slowdown: dict[int, float] | None = None) -> None:
-        """Every role of the job; ``slowdown`` maps worker indexes to --slowdown factors."""
+    def start_all(self, slowdown: dict[int, float] | None = None,
+                  ps_slowdown: dict[int, float] | None = None) -> None:
+        """Every role of the job; ``slowdown`` maps worker indexes to --slowdown factors,
+        ``ps_slowdown`` shard indexes."""
         c = self.job.cluster
-        slowdown = slowdown or {}
+        slowdown, ps_slowdown = slowdown or {}, ps_slowdown or {}
         self.start_role("control")
         self.start_role("feeder")
         for i in range(c.shards):
-            self.start_role("ps", i)
+            self.start_role("ps", i, "--slowdown", str(ps_slowdown.get(i, 1.0)))
         for i in range(c.workers):
             self.start_role("worker", i, "--slowdown", str(slowdown.get(i, 1.0)))
         for i in range(c.aggregators):
@@ -119,8 +121,9 @@ class LocalCluster:
             raise AssertionError(f"{name} still running after {timeout} s; its log:\n"
                                  + self.log(name)[-4000:]) from None
 
-    def run_job(self, timeout: float = 240.0, slowdown: dict[int, float] | None = None) -> int:
-        self.start_all(slowdown)
+    def run_job(self, timeout: float = 240.0, slowdown: dict[int, float] | None = None,
+                ps_slowdown: dict[int, float] | None = None) -> int:
+        self.start_all(slowdown, ps_slowdown)
         return self.wait(timeout=timeout)
 
     def log(self, name: str) -> str:

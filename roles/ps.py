@@ -8,11 +8,23 @@ current and the previous epoch), so a gradient sent twice is refused and counted
 again (its worker died) brings its keys again: while the batch is held that is a no-op, after
 its gradients were applied the rows are held again for the new worker's look-up, and its
 gradients will be refused.
+
+Skew-aware placement (``roles.placement``): the shard times its work per allocation window of
+the batches (look-ups: finding or creating rows and gathering them; updates: the Adagrad step),
+in CPU time of its thread (``time.thread_time``: on a shared machine, wall time would count the
+moments the scheduler gave the core to someone else as the shard's own slowness), and reports
+the last few windows in its heartbeat; control turns them into the capacity predictor's
+history. When control publishes a key map in phase ``move``, the shard waits until
+no training batch it holds still expects gradients, sends every other shard one Handover with
+the rows (and Adagrad state) it no longer owns, takes the rows others send it, and reports
+Moved. ``--slowdown N`` (a test aid) makes the shard N times as slow: it sleeps (N - 1) x the
+CPU time each piece of work took (and counts that as its processing time).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +37,16 @@ from roles.cli import role_main
 from roles.embedding_table import EmbeddingTable
 from roles.job import Job
 from roles.model_files import embeddings_file, save_embeddings
+from roles.placement import KeyMap
 from zbus.node import Node
 from zbus.wire import (
     BatchKeys,
     EmbeddingGrads,
     Embeddings,
+    Handover,
     Lookup,
+    Moved,
+    Placement,
     ProtocolError,
     Ready,
 )
@@ -38,6 +54,8 @@ from zbus.wire import (
 log = logging.getLogger(__name__)
 MAX_WAITING = 10_000  # look-ups parked for keys that have not arrived (bounded)
 MAX_EVAL_KEPT = 256   # answered eval batches still held, for a second copy's look-up
+WINDOWS_REPORTED = 4  # allocation windows whose work the heartbeat carries
+LOOKUP_PAIRS, LOOKUP_S, UPDATE_PAIRS, UPDATE_S = range(4)
 
 
 @dataclass
@@ -45,15 +63,30 @@ class HeldBatch:
     rows: np.ndarray       # table row of each distinct key
     positions: np.ndarray  # int32 position in the batch grid of each key occurrence
     inverse: np.ndarray    # int32 index into rows of each key occurrence
+    window: int = 0        # the feeder's allocation window
+    train: bool = True     # gradients will follow (false once a look-up said eval)
 
 
 class Shard(Node):
     role = "ps"
 
-    def __init__(self, job: Job, index: int):
+    def __init__(self, job: Job, index: int, slowdown: float = 1.0):
         super().__init__(job.cluster, index, job.fingerprint())
         self.job = job
-        self.sock = self.bind(zmq.ROUTER, job.cluster.endpoint(f"ps-{index}"), self.on_message)
+        c = job.cluster
+        self.sock = self.bind(zmq.ROUTER, c.endpoint(f"ps-{index}"), self.on_message)
+        self.slowdown = max(1.0, slowdown)
+        self.skew = job.placement.mode == "skew"
+        self.peers = {i: self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"), sndhwm=0)
+                      for i in range(c.shards) if i != index and self.skew}
+        self.work: OrderedDict[int, list[float]] = OrderedDict()  # window -> work figures
+        self.version = 0                      # the key map this shard's rows follow
+        self.moving: KeyMap | None = None     # a handover waiting for held batches' grads
+        self.moving_since = 0.0
+        self.received: dict[int, int] = {}    # version -> Handovers received
+        self.received_keys: dict[int, int] = {}
+        self.sent_keys = 0
+        self.moved_version = 0                # the last placement whose handover is complete
         t = job.train
         self.table = EmbeddingTable(job.model.embedding_dim, t.embedding_init, t.embedding_lr,
                                     seed=t.seed)
@@ -63,7 +96,9 @@ class Shard(Node):
         self.answered_eval: OrderedDict[int, None] = OrderedDict()
         self.newest_epoch = 0
         self.counts = {"key_messages": 0, "lookups": 0, "updates": 0, "duplicates_refused": 0,
-                       "keys_received": 0, "keys_repeated": 0}
+                       "keys_received": 0, "keys_repeated": 0, "lookup_s": 0.0,
+                       "update_s": 0.0, "keys_moved_out": 0, "keys_moved_in": 0,
+                       "handovers": 0, "handovers_forced": 0}
 
     def on_welcome(self) -> None:
         self.state = "ready"
@@ -87,18 +122,54 @@ class Shard(Node):
                 self.handle_lookup(identity, msg)
             case EmbeddingGrads() as msg:
                 self.handle_grads(msg)
+            case Handover() as msg if self.skew:
+                self.handle_handover(msg)
             case _:
                 self.unexpected(env, "shard socket")
+
+    def handle_command(self, env) -> None:
+        match env.msg:
+            case Placement(version=v, phase="move") as msg if self.skew and v > self.version \
+                    and (self.moving is None or self.moving.version < v):
+                self.moving = KeyMap(v, self.job.cluster.shards, np.array(msg.buckets),
+                                     np.array(msg.keys), np.array(msg.owners))
+                if self.moving.buckets.max() >= self.moving.shards or (
+                        msg.owners.size and msg.owners.max() >= self.moving.shards):
+                    self.moving = None
+                    raise ProtocolError("bad_placement", "a shard outside the cluster")
+                self.moving_since = time.monotonic()
+                self.try_handover()
+            case _:
+                pass
+
+    # -- work accounting (the capacity predictor's records) ------------------------------------
+    def worked(self, window: int, pairs_at: int, seconds_at: int, pairs: int,
+               started: float) -> None:
+        took = time.thread_time() - started
+        if self.slowdown > 1:
+            time.sleep((self.slowdown - 1) * took)  # a slower machine: busy for longer
+            took *= self.slowdown
+        figures = self.work.get(window)
+        if figures is None:
+            figures = self.work[window] = [0.0, 0.0, 0.0, 0.0]
+            while len(self.work) > WINDOWS_REPORTED:
+                self.work.popitem(last=False)
+        figures[pairs_at] += pairs
+        figures[seconds_at] += took
+        self.counts["lookup_s" if seconds_at == LOOKUP_S else "update_s"] += took
 
     def handle_keys(self, msg: BatchKeys) -> None:
         if msg.batch_id in self.held:
             self.counts["keys_repeated"] += 1
             return
+        started = time.thread_time()
         self._forget_old_epochs(split_batch_id(msg.batch_id)[0])
         uniq, inverse = np.unique(msg.keys, return_inverse=True)
         self.held[msg.batch_id] = HeldBatch(rows=self.table.rows_for(uniq),
                                             positions=msg.positions,
-                                            inverse=inverse.astype(np.int32).reshape(-1))
+                                            inverse=inverse.astype(np.int32).reshape(-1),
+                                            window=msg.window)
+        self.worked(msg.window, LOOKUP_PAIRS, LOOKUP_S, len(msg.keys), started)
         self.counts["key_messages"] += 1
         self.counts["keys_received"] += len(msg.keys)
         for identity, train in self.waiting.pop(msg.batch_id, []):
@@ -114,14 +185,17 @@ class Shard(Node):
             self.reject(ProtocolError("lookup_dropped", f"batch {dropped} never got its keys"))
 
     def answer(self, identity: bytes, batch_id: int, train: bool) -> None:
+        started = time.thread_time()
         held = self.held[batch_id]
         if not train:  # eval batches get no gradients: keep the newest few, in case a copy
-            self.answered_eval[batch_id] = None  # of the batch was sent again
+            held.train = False                   # of the batch was sent again
+            self.answered_eval[batch_id] = None
             while len(self.answered_eval) > MAX_EVAL_KEPT:
                 self.held.pop(self.answered_eval.popitem(last=False)[0], None)
+        rows = self.table.weights[held.rows]
+        self.worked(held.window, LOOKUP_PAIRS, LOOKUP_S, 0, started)
         self.send(self.sock, Embeddings(batch_id=batch_id, positions=held.positions,
-                                        inverse=held.inverse,
-                                        rows=self.table.weights[held.rows]), identity=identity)
+                                        inverse=held.inverse, rows=rows), identity=identity)
         self.counts["lookups"] += 1
 
     def handle_grads(self, msg: EmbeddingGrads) -> None:
@@ -136,10 +210,68 @@ class Shard(Node):
         if msg.grads.shape != (len(held.rows), self.table.dim):
             raise ProtocolError("bad_shape", f"gradients of shape {msg.grads.shape} for "
                                              f"{len(held.rows)} rows of {self.table.dim}")
+        started = time.thread_time()
         del self.held[msg.batch_id]
         self.table.adagrad(held.rows, msg.grads)
         self.applied.add(msg.batch_id)
         self.counts["updates"] += 1
+        self.worked(held.window, UPDATE_PAIRS, UPDATE_S, len(held.positions), started)
+        if self.moving is not None:
+            self.try_handover()
+
+    # -- placement: handing rows over ----------------------------------------------------------
+    def on_tick(self, now: float) -> None:
+        super().on_tick(now)
+        if self.moving is not None:
+            self.try_handover()
+
+    def try_handover(self) -> None:
+        """Hand over the rows this shard no longer owns, once no held training batch still
+        expects gradients (feeders have drained, so those are in flight), or after
+        ``drain_timeout_s`` (their gradients will be refused; counted)."""
+        keymap = self.moving
+        pending = [b for b, h in self.held.items() if h.train and b not in self.applied]
+        if pending:
+            if time.monotonic() - self.moving_since < self.job.placement.drain_timeout_s:
+                return
+            log.warning("placement %d: %d held batch(es) never got gradients; handing over "
+                        "without them", keymap.version, len(pending))
+            self.counts["handovers_forced"] += 1
+        self.moving = None
+        self.held.clear()           # row numbers change below; nothing still needs them
+        self.answered_eval.clear()
+        keys, rows = self.table.index.items()
+        leaving = np.zeros(self.table.size, dtype=bool)
+        owner = keymap.owner_of(keys)
+        leaving[rows[owner != self.index]] = True
+        moved, weights, accum = self.table.release(leaving)
+        owner = keymap.owner_of(moved)
+        for peer, sock in self.peers.items():
+            mine = owner == peer
+            self.send(sock, Handover(version=keymap.version, keys=moved[mine],
+                                     weights=weights[mine], accum=accum[mine]))
+        self.version = keymap.version
+        self.sent_keys = len(moved)
+        self.counts["keys_moved_out"] += len(moved)
+        self.counts["handovers"] += 1
+        log.info("placement %d: handed %d keys over", keymap.version, len(moved))
+        self.maybe_moved(keymap.version)
+
+    def handle_handover(self, msg: Handover) -> None:
+        if msg.version <= self.moved_version:
+            return  # a repeat of a finished handover
+        self.table.accept(msg.keys, msg.weights, msg.accum)
+        self.received[msg.version] = self.received.get(msg.version, 0) + 1
+        self.received_keys[msg.version] = self.received_keys.get(msg.version, 0) + len(msg.keys)
+        self.counts["keys_moved_in"] += len(msg.keys)
+        self.maybe_moved(msg.version)
+
+    def maybe_moved(self, version: int) -> None:
+        if version == self.version and self.received.get(version, 0) == len(self.peers):
+            self.to_control(Moved(version=version, sent=self.sent_keys,
+                                  received=self.received_keys.pop(version, 0)))
+            del self.received[version]
+            self.moved_version = version
 
     def _forget_old_epochs(self, epoch: int) -> None:
         if epoch > self.newest_epoch:
@@ -148,7 +280,9 @@ class Shard(Node):
 
     def counters(self) -> dict:
         return {**self.counts, "keys": len(self.table), "held_batches": len(self.held),
-                "waiting_lookups": len(self.waiting)}
+                "waiting_lookups": len(self.waiting), "placement_version": self.version,
+                "slowdown": self.slowdown,
+                "windows": {str(w): [round(v, 6) for v in f] for w, f in self.work.items()}}
 
 
 def main() -> None:

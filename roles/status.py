@@ -15,8 +15,10 @@ and throughput, and lays out one snapshot: the ``Status`` message's body. Its ke
     training    {samples_acked, epoch_samples, samples_per_epoch, samples_per_s, eta_epoch_s,
                  eta_job_s, history {t, loss, samples_per_s}, epochs [...]}
     settings    {version, values, ranges}
-    partition   {embeddings {placement, shards [{shard, keys, keys_per_s, share}],
-                 imbalance, skew_aware}, model}
+    partition   {embeddings {placement, shards [{shard, keys, keys_per_s, share, and with
+                 skew-aware placement capacity, assigned, overflow, moved, slowdown}],
+                 imbalance, skew_aware (roles.control_placement.placement_state) | null},
+                 model}
 
 ``state`` is the node's health as control sees it: alive, suspect (silent for more than
 ``SUSPECT_BEATS`` heartbeats or a probe unanswered past ``probe_timeout_s``, not yet failed),
@@ -163,8 +165,10 @@ class StatusBuilder:
                 "epochs": [{k: e.get(k) for k in ("epoch", "train_loss", "auc", "logloss")}
                            for e in epochs_done]}
 
-    def embeddings(self, nodes: dict[str, NodeState]) -> dict:
-        """Hash placement's shards: the keys each holds and the keys per second it serves."""
+    def embeddings(self, nodes: dict[str, NodeState], skew: dict | None = None) -> dict:
+        """The shards: keys each holds, keys per second it serves; with skew-aware placement
+        (``skew``: control's placement state) also each shard's predicted capacity and
+        assigned pairs of the last window, its overflowing heavy keys and keys moved in."""
         shards = sorted((n for n in nodes.values() if n.role == "ps"), key=lambda n: n.index)
         rates = [self.rate(f"ps-{n.index}", "keys") or 0.0 for n in shards]
         total = sum(rates)
@@ -172,5 +176,15 @@ class StatusBuilder:
                  "keys_per_s": round(r, 1), "share": round(r / total, 4) if total else None}
                 for n, r in zip(shards, rates, strict=True)]
         imbalance = round(max(rates) / (total / len(rates)), 3) if total else None
-        return {"placement": "hash", "shards": rows, "imbalance": imbalance,
-                "skew_aware": None}
+        if skew is not None:
+            for row, n in zip(rows, shards, strict=True):
+                i = n.index
+                for key, values in (("capacity", skew.get("capacity")),
+                                    ("assigned", skew.get("assigned")),
+                                    ("overflow", skew.get("overflow_by_shard"))):
+                    row[key] = values[i] if isinstance(values, list) and i < len(values) \
+                        else None
+                row["moved"] = int(_number(n.counters.get("keys_moved_in")) or 0)
+                row["slowdown"] = _number(n.counters.get("slowdown"))
+        return {"placement": "skew" if skew is not None else "hash", "shards": rows,
+                "imbalance": imbalance, "skew_aware": skew}

@@ -33,7 +33,8 @@ def channel_bytes(counters: list[dict], direction: str = "bytes_out") -> dict[st
 def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: str,
                   data: dict, epochs: list[dict], counters: dict[str, dict],
                   wall_s: float, rounds: int, round_samples: dict[str, list[int]],
-                  membership: list[dict], model: dict | None = None) -> dict:
+                  membership: list[dict], model: dict | None = None,
+                  placement: dict | None = None) -> dict:
     model = model or {}
     evaluated = [e for e in epochs if "auc" in e]
     last = evaluated[-1] if evaluated else {}
@@ -47,7 +48,9 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
     rejected_messages = {node: c["rejected_messages"] for node, c in sorted(counters.items())
                          if isinstance(c.get("rejected_messages"), dict)
                          and c["rejected_messages"]}
-    shards = {node: {k: c.get(k) for k in ("keys", "updates", "duplicates_refused")}
+    shards = {node: {k: c.get(k) for k in ("keys", "updates", "duplicates_refused",
+                                           "keys_moved_out", "keys_moved_in", "lookup_s",
+                                           "update_s")}
               for node, c in sorted(counters.items()) if node.startswith("ps-")}
     busy = {node: round(1 - _num(c.get("idle_s")) / _num(c["uptime_s"]), 3)
             for node, c in sorted(counters.items()) if _num(c.get("uptime_s")) > 0}
@@ -104,6 +107,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "bytes": channel_bytes(list(counters.values())),
         "bytes_received": channel_bytes(list(counters.values()), "bytes_in"),
         "shards": shards,
+        "placement": placement or {"mode": job.placement.mode},
         "rejected_messages": rejected_messages,
         "per_epoch": epochs,
     }

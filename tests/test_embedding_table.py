@@ -65,3 +65,27 @@ def test_adagrad_step_matches_the_formula():
     acc = 2 * g * g
     expected = w0 - 0.5 * g / (np.sqrt(g * g) + 1e-10) - 0.5 * g / (np.sqrt(acc) + 1e-10)
     assert np.allclose(t.weights[rows], expected, atol=1e-6)
+
+
+def test_release_and_accept_move_rows_with_their_state():
+    a = EmbeddingTable(4, 0.1, 0.5, seed=3)
+    b = EmbeddingTable(4, 0.1, 0.5, seed=3)
+    keys = np.arange(-50, 50, dtype=np.int64) * 977
+    rows = a.rows_for(keys)
+    a.adagrad(rows, np.ones((len(keys), 4), np.float32))
+    before = {int(k): (a.weights[r].copy(), a.accum[r].copy())
+              for k, r in zip(keys, rows, strict=True)}
+    leaving = np.zeros(a.size, dtype=bool)
+    leaving[rows[::3]] = True
+    moved, weights, accum = a.release(leaving)
+    assert sorted(moved) == sorted(keys[::3]) and len(a) == len(keys) - len(moved)
+    b.accept(moved, weights, accum)
+    for table, expect in ((a, np.setdiff1d(keys, moved)), (b, moved)):
+        found = table.index.find(expect)
+        assert (found >= 0).all() and (found < table.size).all()
+        for k, r in zip(expect, found, strict=True):
+            w, acc = before[int(k)]
+            assert np.array_equal(table.weights[r], w) and np.array_equal(table.accum[r], acc)
+    assert (a.index.find(moved) == -1).all()
+    again = a.rows_for(moved[:2])   # a key that comes back starts from its initial row
+    assert np.array_equal(a.weights[again], initial_rows(moved[:2], 4, 0.1, 3))

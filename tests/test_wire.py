@@ -29,6 +29,11 @@ def sample(cls: type) -> wire.Message:
     if cls is wire.Embeddings:
         values.update(positions=np.array([0, 1], np.int32), inverse=np.array([0, 0], np.int32),
                       rows=np.ones((1, 4), np.float32))
+    if cls is wire.Placement:
+        values.update(phase="move", keys=np.array([-5, 9], np.int64),
+                      owners=np.array([1, 0], np.int64))
+    if cls is wire.KeyCounts:
+        values.update(counts=np.array([4, 2, 1], np.int64), errors=np.array([1, 0, 0], np.int64))
     return cls(**values)
 
 
@@ -157,12 +162,28 @@ def test_consistency_rules():
                          weights=np.zeros(1, f32)),
         wire.RoundDone(round=1, contributors=["worker-0"], samples_by=[], coefficient=1.0,
                        samples=1),
-        wire.BatchKeys(batch_id=1, samples=2, fields=2, positions=np.array([4], i32),
+        wire.BatchKeys(batch_id=1, window=0, samples=2, fields=2, positions=np.array([4], i32),
                        keys=np.array([1], i64)),
-        wire.BatchKeys(batch_id=1, samples=2, fields=2, positions=np.array([-1], i32),
+        wire.BatchKeys(batch_id=1, window=0, samples=2, fields=2, positions=np.array([-1], i32),
                        keys=np.array([1], i64)),
-        wire.BatchKeys(batch_id=1, samples=2, fields=2, positions=np.array([0, 1], i32),
+        wire.BatchKeys(batch_id=1, window=0, samples=2, fields=2, positions=np.array([0, 1], i32),
                        keys=np.array([1], i64)),
+        wire.Placement(version=1, phase="later", buckets=np.zeros(2, i64), keys=np.zeros(0, i64),
+                       owners=np.zeros(0, i64)),
+        wire.Placement(version=1, phase="move", buckets=np.zeros(2, i64),
+                       keys=np.array([3, 1], i64), owners=np.array([0, 1], i64)),
+        wire.Placement(version=1, phase="move", buckets=np.array([0, -1], i64),
+                       keys=np.zeros(0, i64), owners=np.zeros(0, i64)),
+        wire.KeyCounts(window=0, version=0, size=1, pairs=3, keys=np.array([1, 2], i64),
+                       counts=np.array([3, 1], i64), errors=np.zeros(2, i64),
+                       bucket_pairs=np.zeros(2, i64), shard_pairs=np.zeros(2, i64)),
+        wire.KeyCounts(window=0, version=0, size=4, pairs=3, keys=np.array([1], i64),
+                       counts=np.array([3], i64), errors=np.array([4], i64),
+                       bucket_pairs=np.zeros(2, i64), shard_pairs=np.zeros(2, i64)),
+        wire.Handover(version=1, keys=np.array([1], i64), weights=np.full((1, 2), np.nan, f32),
+                      accum=np.zeros((1, 2), f32)),
+        wire.Handover(version=1, keys=np.array([1, 2], i64), weights=np.zeros((1, 2), f32),
+                      accum=np.zeros((1, 2), f32)),
         wire.Embeddings(batch_id=1, positions=np.array([0], i32), inverse=np.array([1], i32),
                         rows=np.zeros((1, 4), f32)),
         wire.Contribution(round=1, coefficient=-1.0, samples=1, done=False, delta=np.zeros(2, f32)),

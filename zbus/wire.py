@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 import orjson
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAX_HEADER_BYTES = 64 * 1024
 MAX_TAG_BYTES = 64
 
@@ -542,15 +542,109 @@ class Stop(Message):
     reason: str
 
 
+# Skew-aware placement (roles.placement): feeders count, control places, shards hand over.
+
+
+@message()
+class KeyCounts(Message):
+    """A feeder's counts of allocation window ``window``: its SpaceSaving summary of the
+    heaviest keys (``counts`` over-estimate by at most ``errors``; a summary of ``size``
+    counters), all its key-value pairs (``pairs``), pairs per bucket of the key map and pairs
+    per shard under the routing of version ``version``."""
+
+    window: int
+    version: int
+    size: int
+    pairs: int
+    keys: np.ndarray = array("int64", 1)
+    counts: np.ndarray = array("int64", 1)
+    errors: np.ndarray = array("int64", 1)
+    bucket_pairs: np.ndarray = array("int64", 1)
+    shard_pairs: np.ndarray = array("int64", 1)
+
+    def check(self) -> None:
+        _require(self.keys.shape == self.counts.shape == self.errors.shape,
+                 "keys, counts and errors differ in length")
+        _require(0 < self.size and len(self.keys) <= self.size, "more keys than counters")
+        _require(self.window >= 0 and self.version >= 0 and self.pairs >= 0,
+                 "negative window, version or pairs")
+        for name in ("counts", "errors", "bucket_pairs", "shard_pairs"):
+            values = getattr(self, name)
+            _require(not values.size or values.min() >= 0, f"negative {name}")
+        _require(not self.errors.size or bool((self.errors <= self.counts).all()),
+                 "an error larger than its count")
+
+
+@message()
+class Placement(Message):
+    """The key map of ``version`` (standing; control PUB). ``phase``: ``drain`` (feeders send
+    no new batch and report Drained once nothing is in flight), ``move`` (shards hand the rows
+    they no longer own to their new owners, and report Moved), ``active`` (feeders route by
+    this version). Key k is on ``owners[i]`` when ``keys[i] == k`` (``keys`` sorted), else on
+    ``buckets[k mod len(buckets)]``."""
+
+    PHASES: ClassVar[tuple[str, ...]] = ("drain", "move", "active")
+    version: int
+    phase: str
+    buckets: np.ndarray = array("int64", 1)
+    keys: np.ndarray = array("int64", 1)
+    owners: np.ndarray = array("int64", 1)
+
+    def check(self) -> None:
+        _require(self.phase in self.PHASES, f"phase must be one of {self.PHASES}")
+        _require(self.version >= 0 and self.buckets.size > 0, "no buckets")
+        _require(self.keys.shape == self.owners.shape, "keys and owners differ in length")
+        _require(bool((self.buckets >= 0).all()) and (not self.owners.size
+                                                      or self.owners.min() >= 0),
+                 "negative shard")
+        _require(self.keys.size < 2 or bool((np.diff(self.keys) > 0).all()),
+                 "keys not sorted and distinct")
+
+
+@message()
+class Drained(Message):
+    """A feeder paused for placement ``version`` has nothing in flight."""
+
+    version: int
+
+
+@message("handover")
+class Handover(Message):
+    """Shard -> shard (DEALER -> ROUTER): the rows of placement ``version`` that move to the
+    receiver, with their Adagrad state. Every shard sends one to every other (maybe empty)."""
+
+    version: int
+    keys: np.ndarray = array("int64", 1)
+    weights: np.ndarray = array("float32", 2)
+    accum: np.ndarray = array("float32", 2)
+
+    def check(self) -> None:
+        _require(self.weights.shape == self.accum.shape
+                 and self.weights.shape[0] == self.keys.shape[0], "rows and keys differ")
+        _require(bool(np.isfinite(self.weights).all()) and bool(np.isfinite(self.accum).all()),
+                 "non-finite rows")
+
+
+@message()
+class Moved(Message):
+    """A shard has sent and received every Handover of placement ``version``."""
+
+    version: int
+    sent: int
+    received: int
+
+
 # Feeder -> ps shard (DEALER -> ROUTER), channel "keys".
 
 
 @message("keys")
 class BatchKeys(Message):
     """The sparse keys of one batch that this shard owns. ``positions`` index the batch's
-    flattened (sample, field) grid; ``keys`` are the 64-bit ids at those positions."""
+    flattened (sample, field) grid; ``keys`` are the 64-bit ids at those positions; ``window``
+    is the feeder's allocation window the batch belongs to (the shard's load records)."""
 
     batch_id: int
+    window: int
     samples: int
     fields: int
     positions: np.ndarray = array("int32", 1)

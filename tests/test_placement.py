@@ -1,0 +1,135 @@
+"""Skew-aware placement, pure parts: heavy-hitter counting and merging, the mapping, best fit
+with overflow."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from roles.data.hashing import shard_of
+from roles.placement import HeavyHitters, KeyMap, lower_bound, max_over_mean, place
+
+
+def zipf_keys(n: int, distinct: int, exponent: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    p = np.arange(1, distinct + 1, dtype=np.float64) ** -exponent
+    ids = rng.choice(distinct, size=n, p=p / p.sum())
+    return (ids * 7919 + 13).astype(np.int64)  # keys unrelated to their rank's parity
+
+
+def test_exact_counts_while_the_summary_has_room():
+    hh = HeavyHitters(100)
+    hh.add(np.array([5, 5, 7, 5, 9], dtype=np.int64))
+    hh.add(np.array([7, 7], dtype=np.int64))
+    assert list(hh.keys) == [5, 7, 9] and list(hh.counts) == [3, 3, 1]
+    assert hh.errors.sum() == 0 and hh.total == 7
+
+
+def test_counts_never_underestimate_and_errors_bound_them():
+    keys = zipf_keys(50_000, 5_000, 1.1, seed=1)
+    hh = HeavyHitters(200)
+    for chunk in np.array_split(keys, 37):
+        hh.add(chunk)
+    true = Counter(keys.tolist())
+    for k, c, e in zip(hh.keys, hh.counts, hh.errors, strict=True):
+        assert c - e <= true[int(k)] <= c
+    top = [k for k, _ in true.most_common(20)]
+    assert set(top) <= set(hh.keys.tolist())  # the heaviest keys are all there
+    assert hh.total == len(keys)
+
+
+def test_merged_summaries_equal_one_summary_of_everything_on_the_heavy_keys():
+    keys = zipf_keys(40_000, 3_000, 1.2, seed=2)
+    a, b, whole = HeavyHitters(300), HeavyHitters(300), HeavyHitters(300)
+    for chunk in np.array_split(keys[:25_000], 10):
+        a.add(chunk)
+    for chunk in np.array_split(keys[25_000:], 10):
+        b.add(chunk)
+    whole.add(keys)
+    a.merge(b)
+    true = Counter(keys.tolist())
+    assert a.total == whole.total == len(keys)
+    for k, c, e in zip(a.keys, a.counts, a.errors, strict=True):
+        assert c - e <= true[int(k)] <= c
+    assert list(a.keys[:30]) == list(whole.keys[:30])
+
+
+def test_version_zero_is_hash_placement_and_the_table_overrides():
+    keys = np.random.default_rng(3).integers(-2**62, 2**62, size=10_000)
+    m = KeyMap.hashed(4, 16)
+    assert np.array_equal(m.owner_of(keys), shard_of(keys, 4))
+    moved = m.with_table(1, keys[:3], np.array([3, 3, 3]), m.buckets)
+    owners = moved.owner_of(keys)
+    assert (owners[:3] == 3).all() and np.array_equal(owners[3:], shard_of(keys[3:], 4))
+    assert len(moved.keys) == 3 - int((shard_of(keys[:3], 4) == 3).sum())
+
+
+def shard_loads(keymap: KeyMap, keys: np.ndarray) -> np.ndarray:
+    return np.bincount(keymap.owner_of(keys), minlength=keymap.shards).astype(float)
+
+
+def window(keymap: KeyMap, keys: np.ndarray, size: int):
+    hh = HeavyHitters(size)
+    hh.add(keys)
+    return hh, np.bincount(keymap.bucket_of(keys), minlength=len(keymap.buckets))
+
+
+def test_capacities_are_respected_and_the_next_window_is_balanced():
+    k = 4
+    m = KeyMap.hashed(k, 64)
+    first, second = zipf_keys(200_000, 50_000, 1.0, 4), zipf_keys(200_000, 50_000, 1.0, 5)
+    hh, buckets = window(m, first, 2000)
+    caps = np.full(k, len(first) / k)
+    alloc = place(hh, buckets, caps, m)
+    assert alloc.keymap.version == 1 and len(alloc.overflow) == 0
+    assert (alloc.loads <= caps + 1e-6).all()
+    assert max_over_mean(shard_loads(m, second)) > 1.1          # hash
+    assert max_over_mean(shard_loads(alloc.keymap, second)) < 1.05
+
+
+def test_unequal_capacities_get_proportional_load():
+    m = KeyMap.hashed(2, 64)
+    keys = zipf_keys(100_000, 20_000, 1.1, 6)
+    hh, buckets = window(m, keys, 1000)
+    alloc = place(hh, buckets, np.array([2.0, 1.0]) * len(keys) / 3, m)
+    loads = shard_loads(alloc.keymap, keys)
+    assert loads[1] / loads[0] == pytest.approx(0.5, abs=0.03)
+
+
+def test_a_key_bigger_than_any_capacity_overflows_and_is_alone_on_its_shard():
+    k = 4
+    m = KeyMap.hashed(k, 64)
+    keys = zipf_keys(200_000, 100_000, 1.5, 7)   # the top key is about 38 % of the pairs
+    hh, buckets = window(m, keys, 2000)
+    alloc = place(hh, buckets, np.full(k, len(keys) / k), m)
+    hot = hh.keys[0]
+    assert hot in alloc.overflow and alloc.overflow_by_shard.sum() == len(alloc.overflow)
+    hot_shard = alloc.keymap.owner_of(np.array([hot]))[0]
+    assert hot_shard == m.owner_of(np.array([hot]))[0]   # it kept its shard
+    loads = shard_loads(alloc.keymap, keys)
+    share = hh.counts[0] / len(keys)
+    assert loads[hot_shard] == pytest.approx(hh.counts[0], rel=0.01)  # nothing else there
+    assert max_over_mean(loads) <= 1.05 * lower_bound(share, k)
+    # carried: next window the overflowing key is placed first among equals
+    again = place(hh, buckets, np.full(k, len(keys) / k), alloc.keymap, carried=alloc.overflow)
+    assert again.moved_keys == 0 and again.moved_buckets == 0
+
+
+def test_two_overflowing_keys_on_one_shard_are_split():
+    m = KeyMap.hashed(4, 4)
+    hot = np.array([0, 4], dtype=np.int64)                     # both on shard 0 by hash
+    cold = np.arange(8, 8 + 4000, dtype=np.int64)
+    keys = np.concatenate([np.repeat(hot, 3000), cold])
+    hh, buckets = window(m, keys, 10)
+    alloc = place(hh, buckets, np.full(4, len(keys) / 4 * 0.9), m)
+    owners = alloc.keymap.owner_of(hot)
+    assert owners[0] != owners[1]
+
+
+def test_a_placement_that_already_fits_moves_nothing():
+    m = KeyMap.hashed(2, 8)
+    keys = np.arange(10_000, dtype=np.int64)
+    hh, buckets = window(m, keys, 50)
+    alloc = place(hh, buckets, np.full(2, 6000.0), m)
+    assert alloc.moved_keys == 0 and alloc.moved_buckets == 0
+    assert alloc.keymap.same_as(KeyMap(1, 2, m.buckets))
