@@ -131,12 +131,14 @@ class Shard(Node):
         match env.msg:
             case Placement(version=v, phase="move") as msg if self.skew and v > self.version \
                     and (self.moving is None or self.moving.version < v):
-                self.moving = KeyMap(v, self.job.cluster.shards, np.array(msg.buckets),
-                                     np.array(msg.keys), np.array(msg.owners))
-                if self.moving.buckets.max() >= self.moving.shards or (
-                        msg.owners.size and msg.owners.max() >= self.moving.shards):
-                    self.moving = None
-                    raise ProtocolError("bad_placement", "a shard outside the cluster")
+                shards = self.job.cluster.shards
+                if len(msg.buckets) != shards * self.job.placement.buckets_per_shard \
+                        or msg.buckets.max() >= shards \
+                        or (msg.owners.size and msg.owners.max() >= shards):
+                    raise ProtocolError("bad_placement", "a key map that does not fit this "
+                                                         "cluster")
+                self.moving = KeyMap(v, shards, np.array(msg.buckets), np.array(msg.keys),
+                                     np.array(msg.owners))
                 self.moving_since = time.monotonic()
                 self.try_handover()
             case _:
