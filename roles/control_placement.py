@@ -26,8 +26,8 @@ import numpy as np
 
 from roles.capacity import CapacityPredictor, Record, append_records, equal_or_configured
 from roles.placement import HeavyHitters, KeyMap, max_over_mean, place
-from roles.ps import LOOKUP_PAIRS, LOOKUP_S, UPDATE_PAIRS, UPDATE_S
-from zbus.wire import Drained, KeyCounts, Moved, Placement, ProtocolError
+from roles.ps import WORK_SLOTS
+from zbus.wire import Drained, KeyCounts, Moved, ProtocolError
 
 log = logging.getLogger(__name__)
 WINDOWS_KEPT = 32   # per-window partition state kept for the status and the summary
@@ -61,10 +61,6 @@ class PlacementKeeping:
         self.carried = np.zeros(0, dtype=np.int64)
         self.windows: list[dict] = []        # partition state per closed window (newest last)
         self.migrations: list[dict] = []
-
-    def placement_message(self, keymap: KeyMap, phase: str) -> Placement:
-        return Placement(version=keymap.version, phase=phase, buckets=keymap.buckets,
-                         keys=keymap.keys, owners=keymap.owners)
 
     def feeders(self) -> set[str]:
         return {n for n, s in self.members.nodes.items() if s.role == "feeder"}
@@ -150,7 +146,7 @@ class PlacementKeeping:
         log.info("placement: window %d, max load/capacity %.3f -> %.3f predicted; moving %d "
                  "heavy keys and %d buckets (version %d)", window, fill_now, fill_new,
                  alloc.moved_keys, alloc.moved_buckets, alloc.keymap.version)
-        self.publish(self.placement_message(alloc.keymap, "drain"), "placement")
+        self.publish(alloc.keymap.message("drain"), "placement")
 
     # -- the migration -----------------------------------------------------------------------
     def handle_placement_drained(self, node_id: str, m: Drained) -> None:
@@ -160,7 +156,7 @@ class PlacementKeeping:
         mig.drained.add(node_id)
         if mig.drained >= self.feeders():
             mig.moving_since = time.monotonic()
-            self.publish(self.placement_message(mig.keymap, "move"), "placement")
+            self.publish(mig.keymap.message("move"), "placement")
 
     def handle_moved(self, node_id: str, m: Moved) -> None:
         mig = self.migration
@@ -181,7 +177,7 @@ class PlacementKeeping:
             self.metrics.write("placement", **record)
             log.info("placement %d active: %d keys moved, feeding paused %.3f s",
                      record["version"], record["moved_keys"], record["pause_s"])
-            self.publish(self.placement_message(self.keymap, "active"), "placement")
+            self.publish(self.keymap.message("active"), "placement")
 
     # -- the shards' work: history records -----------------------------------------------------
     def record_work(self, shard: int, counters: dict) -> None:
@@ -201,8 +197,8 @@ class PlacementKeeping:
                 continue
             self.recorded.add((w, shard))
             total = self.window_pairs[w]
-            new = [Record(w, "lookup", shard, total, int(f[LOOKUP_PAIRS]), f[LOOKUP_S]),
-                   Record(w, "update", shard, total, int(f[UPDATE_PAIRS]), f[UPDATE_S])]
+            new = [Record(w, op, shard, total, int(f[pairs_at]), f[seconds_at])
+                   for op, (pairs_at, seconds_at) in WORK_SLOTS.items()]
             self.records += new
             append_records(self.run_dir / "placement", new)
 

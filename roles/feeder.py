@@ -187,12 +187,8 @@ class Feeder(Node):
             self.placing = msg.version
             self.maybe_drained()
             return
-        if msg.owners.size and msg.owners.max() >= self.keymap.shards or \
-                msg.buckets.shape != self.keymap.buckets.shape \
-                or msg.buckets.max() >= self.keymap.shards:
-            raise ProtocolError("bad_placement", "a key map that does not fit this cluster")
-        self.keymap = KeyMap(msg.version, self.keymap.shards, np.array(msg.buckets),
-                             np.array(msg.keys), np.array(msg.owners))
+        self.keymap = KeyMap.from_message(msg, self.keymap.shards,
+                                          self.job.placement.buckets_per_shard)
         if self.data is not None:
             self.owner = self.keymap.owner_of(self.data.keys).astype(np.uint8)
         self.placing = None

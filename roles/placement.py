@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from roles.data.hashing import shard_of
+from zbus.wire import Placement, ProtocolError
 
 
 def _top(keys: np.ndarray, counts: np.ndarray, errors: np.ndarray, size: int):
@@ -132,10 +133,19 @@ class KeyMap:
         order = np.argsort(keys[off], kind="stable")
         return KeyMap(version, self.shards, buckets, keys[off][order], owners[off][order])
 
-    def same_as(self, other: KeyMap) -> bool:
-        return (np.array_equal(self.buckets, other.buckets)
-                and np.array_equal(self.keys, other.keys)
-                and np.array_equal(self.owners, other.owners))
+    def message(self, phase: str) -> Placement:
+        """This map as control publishes it, in ``phase`` (drain, move or active)."""
+        return Placement(version=self.version, phase=phase, buckets=self.buckets,
+                         keys=self.keys, owners=self.owners)
+
+    @classmethod
+    def from_message(cls, msg: Placement, shards: int, buckets_per_shard: int) -> KeyMap:
+        """The map a Placement carries; ProtocolError when it does not fit this cluster."""
+        if (len(msg.buckets) != shards * buckets_per_shard or msg.buckets.max() >= shards
+                or (msg.owners.size and msg.owners.max() >= shards)):
+            raise ProtocolError("bad_placement", "a key map that does not fit this cluster")
+        return cls(msg.version, shards, np.array(msg.buckets), np.array(msg.keys),
+                   np.array(msg.owners))
 
 
 @dataclass(frozen=True)

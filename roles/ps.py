@@ -55,7 +55,8 @@ log = logging.getLogger(__name__)
 MAX_WAITING = 10_000  # look-ups parked for keys that have not arrived (bounded)
 MAX_EVAL_KEPT = 256   # answered eval batches still held, for a second copy's look-up
 WINDOWS_REPORTED = 4  # allocation windows whose work the heartbeat carries
-LOOKUP_PAIRS, LOOKUP_S, UPDATE_PAIRS, UPDATE_S = range(4)
+# where each operation's pairs and seconds sit in a window's work figures
+WORK_SLOTS = {"lookup": (0, 1), "update": (2, 3)}
 
 
 @dataclass
@@ -83,8 +84,7 @@ class Shard(Node):
         self.version = 0                      # the key map this shard's rows follow
         self.moving: KeyMap | None = None     # a handover waiting for held batches' grads
         self.moving_since = 0.0
-        self.received: dict[int, int] = {}    # version -> Handovers received
-        self.received_keys: dict[int, int] = {}
+        self.received: dict[int, list[int]] = {}  # version -> [Handovers, keys] received
         self.sent_keys = 0
         self.moved_version = 0                # the last placement whose handover is complete
         t = job.train
@@ -131,22 +131,16 @@ class Shard(Node):
         match env.msg:
             case Placement(version=v, phase="move") as msg if self.skew and v > self.version \
                     and (self.moving is None or self.moving.version < v):
-                shards = self.job.cluster.shards
-                if len(msg.buckets) != shards * self.job.placement.buckets_per_shard \
-                        or msg.buckets.max() >= shards \
-                        or (msg.owners.size and msg.owners.max() >= shards):
-                    raise ProtocolError("bad_placement", "a key map that does not fit this "
-                                                         "cluster")
-                self.moving = KeyMap(v, shards, np.array(msg.buckets), np.array(msg.keys),
-                                     np.array(msg.owners))
+                self.moving = KeyMap.from_message(msg, self.job.cluster.shards,
+                                                  self.job.placement.buckets_per_shard)
                 self.moving_since = time.monotonic()
                 self.try_handover()
             case _:
                 pass
 
     # -- work accounting (the capacity predictor's records) ------------------------------------
-    def worked(self, window: int, pairs_at: int, seconds_at: int, pairs: int,
-               started: float) -> None:
+    def worked(self, window: int, op: str, pairs: int, started: float) -> None:
+        """Count a piece of work (``op``: lookup or update) begun at thread time ``started``."""
         took = time.thread_time() - started
         if self.slowdown > 1:
             time.sleep((self.slowdown - 1) * took)  # a slower machine: busy for longer
@@ -156,9 +150,10 @@ class Shard(Node):
             figures = self.work[window] = [0.0, 0.0, 0.0, 0.0]
             while len(self.work) > WINDOWS_REPORTED:
                 self.work.popitem(last=False)
+        pairs_at, seconds_at = WORK_SLOTS[op]
         figures[pairs_at] += pairs
         figures[seconds_at] += took
-        self.counts["lookup_s" if seconds_at == LOOKUP_S else "update_s"] += took
+        self.counts[f"{op}_s"] += took
 
     def handle_keys(self, msg: BatchKeys) -> None:
         if msg.batch_id in self.held:
@@ -171,7 +166,7 @@ class Shard(Node):
                                             positions=msg.positions,
                                             inverse=inverse.astype(np.int32).reshape(-1),
                                             window=msg.window)
-        self.worked(msg.window, LOOKUP_PAIRS, LOOKUP_S, len(msg.keys), started)
+        self.worked(msg.window, "lookup", len(msg.keys), started)
         self.counts["key_messages"] += 1
         self.counts["keys_received"] += len(msg.keys)
         for identity, train in self.waiting.pop(msg.batch_id, []):
@@ -195,7 +190,7 @@ class Shard(Node):
             while len(self.answered_eval) > MAX_EVAL_KEPT:
                 self.held.pop(self.answered_eval.popitem(last=False)[0], None)
         rows = self.table.weights[held.rows]
-        self.worked(held.window, LOOKUP_PAIRS, LOOKUP_S, 0, started)
+        self.worked(held.window, "lookup", 0, started)
         self.send(self.sock, Embeddings(batch_id=batch_id, positions=held.positions,
                                         inverse=held.inverse, rows=rows), identity=identity)
         self.counts["lookups"] += 1
@@ -217,7 +212,7 @@ class Shard(Node):
         self.table.adagrad(held.rows, msg.grads)
         self.applied.add(msg.batch_id)
         self.counts["updates"] += 1
-        self.worked(held.window, UPDATE_PAIRS, UPDATE_S, len(held.positions), started)
+        self.worked(held.window, "update", len(held.positions), started)
         if self.moving is not None:
             self.try_handover()
 
@@ -263,16 +258,17 @@ class Shard(Node):
         if msg.version <= self.moved_version:
             return  # a repeat of a finished handover
         self.table.accept(msg.keys, msg.weights, msg.accum)
-        self.received[msg.version] = self.received.get(msg.version, 0) + 1
-        self.received_keys[msg.version] = self.received_keys.get(msg.version, 0) + len(msg.keys)
+        got = self.received.setdefault(msg.version, [0, 0])
+        got[0] += 1
+        got[1] += len(msg.keys)
         self.counts["keys_moved_in"] += len(msg.keys)
         self.maybe_moved(msg.version)
 
     def maybe_moved(self, version: int) -> None:
-        if version == self.version and self.received.get(version, 0) == len(self.peers):
-            self.to_control(Moved(version=version, sent=self.sent_keys,
-                                  received=self.received_keys.pop(version, 0)))
-            del self.received[version]
+        handovers, keys = self.received.get(version, (0, 0))
+        if version == self.version and handovers == len(self.peers):
+            self.to_control(Moved(version=version, sent=self.sent_keys, received=keys))
+            self.received.pop(version, None)
             self.moved_version = version
 
     def _forget_old_epochs(self, epoch: int) -> None:

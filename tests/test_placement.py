@@ -132,4 +132,20 @@ def test_a_placement_that_already_fits_moves_nothing():
     hh, buckets = window(m, keys, 50)
     alloc = place(hh, buckets, np.full(2, 6000.0), m)
     assert alloc.moved_keys == 0 and alloc.moved_buckets == 0
-    assert alloc.keymap.same_as(KeyMap(1, 2, m.buckets))
+    assert alloc.keymap.version == 1 and np.array_equal(alloc.keymap.buckets, m.buckets)
+    assert len(alloc.keymap.keys) == len(alloc.keymap.owners) == 0
+
+
+def test_a_key_map_travels_as_a_placement_and_one_that_does_not_fit_is_refused():
+    from zbus.wire import ProtocolError, decode
+
+    m = KeyMap.hashed(2, 4).with_table(3, np.array([5, 8]), np.array([0, 1]),
+                                       np.arange(8) % 2)
+    msg = decode(m.message("move").to_frames()).msg
+    again = KeyMap.from_message(msg, 2, 4)
+    keys = np.arange(-100, 100, dtype=np.int64)
+    assert again.version == 3 and np.array_equal(again.owner_of(keys), m.owner_of(keys))
+    with pytest.raises(ProtocolError):
+        KeyMap.from_message(msg, 2, 8)        # another bucket count
+    with pytest.raises(ProtocolError):
+        KeyMap.from_message(KeyMap(4, 3, np.arange(8) % 3).message("move"), 2, 4)
