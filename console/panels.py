@@ -175,12 +175,24 @@ class PartitionPanel(Vertical):
             table.add_row(str(s["shard"]), fmt.count(s["keys"]), fmt.count(s["keys_per_s"]),
                           share, fmt.count(s.get("assigned")), fmt.count(s.get("capacity")),
                           fmt.count(s.get("overflow")), fmt.count(s.get("moved")))
-        model = snap["partition"].get("model")
-        text = Text("model partition: ", style="bold")
-        if model is None:
-            text.append("not in use (every worker holds the whole dense network)", style="dim")
-        else:
-            text.append(f"{model.get('parts')} parts, cut critical edges "
-                        f"{model.get('cut_critical')}, load per device "
-                        f"{model.get('load')}")
-        self.query_one("#model-partition", Static).update(text)
+        self.query_one("#model-partition", Static).update(
+            model_partition_text(snap["partition"].get("model")))
+
+
+def model_partition_text(model: dict | None) -> Text:
+    """The dense network's plan over a model-parallel group's devices, one line per part."""
+    text = Text("model partition: ", style="bold")
+    if model is None:
+        text.append("not in use (every worker holds the whole dense network)", style="dim")
+        return text
+    bound = "in bound" if model.get("balanced") else "over bound"
+    text.append(f"{model['parts']} parts per group")
+    text.append(f"\ncut critical edges {model['cut_critical']} of {model['critical_edges']}  "
+                f"cut edges {model['cut_edges']}  {fmt.count(model['bytes_per_step'])}B/step"
+                f"  balance {fmt.ratio(model.get('balance'))} {bound}")
+    total = sum(model["load"]) or 1.0
+    for part, (load, nodes) in enumerate(zip(model["load"], model["nodes"], strict=True)):
+        listed = ", ".join(nodes) or "none"
+        text.append(f"\n  part {part}: load {load / total:5.1%}, {len(nodes)} sub-tasks: ")
+        text.append(listed if len(listed) <= 38 else listed[:37] + "…", style="dim")
+    return text

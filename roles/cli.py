@@ -34,8 +34,9 @@ def load_job_or_exit(path: str | None, who: str) -> Job:
 
 def count_of(job: Job, role: str) -> int:
     """How many of a role the job starts with."""
-    return {"worker": job.cluster.workers, "ps": job.cluster.shards,
-            "aggregator": job.cluster.aggregators}.get(role, 1)
+    c = job.cluster
+    return {"worker": c.workers, "ps": c.shards, "aggregator": c.aggregators,
+            "part": c.workers * (c.parts - 1)}.get(role, 1)
 
 
 def index_limit(job: Job, role: str) -> int:

@@ -65,6 +65,7 @@ from zbus.wire import (
     Leaving,
     Membership,
     Message,
+    ModelPlan,
     Moved,
     ProbeReply,
     ProtocolError,
@@ -152,12 +153,34 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, Loop):
         self.exports: list[dict] = []
         self.backup_request = 0
         self.init_placement()  # skew-aware key placement (roles.control_placement)
+        self.model_plan = self.plan_model()  # model parallelism: the network's partition
         expected = self.members.expected
         self.metrics.write("start", job=job.name, run_id=self.run_id, nodes=expected,
                            fingerprint=job.fingerprint())
         self.publish(Settings(version=self.settings_version, values=self.settings), "settings")
         log.info("run %s: waiting for %d nodes (%s)", self.run_id, len(expected),
                  ", ".join(expected))
+
+    def plan_model(self) -> dict | None:
+        """With ``[cluster] parts`` > 1: partition the traced network over each group's
+        members, write the plan to the run directory and publish it (standing)."""
+        if self.job.cluster.parts < 2:
+            return None
+        from roles.model_graph import plan_job  # torch: only for model-parallel jobs
+
+        plan = plan_job(self.job)
+        summary = plan.summary()
+        (self.run_dir / "partition").mkdir(exist_ok=True)
+        atomic_write(self.run_dir / "partition" / "plan.json",
+                     orjson.dumps({**summary, "owner": plan.owner}, option=orjson.OPT_INDENT_2))
+        self.metrics.write("model_plan", **{k: v for k, v in summary.items() if k != "nodes"})
+        log.info("model plan: %d parts, loads %s (balance %.2f%s), %d cut edges of which %d "
+                 "critical, %d bytes per step", plan.parts, plan.load, plan.balance,
+                 "" if plan.balanced else f" > bound {self.job.partition.balance}",
+                 plan.cut_edges, plan.cut_critical, plan.bytes_per_step)
+        self.publish(ModelPlan(parts=plan.parts, owner=plan.owner, summary=summary),
+                     "model_plan")
+        return summary
 
     # -- messages from nodes -----------------------------------------------------------------
     def on_node(self, identity: bytes | None, env) -> None:
@@ -438,6 +461,10 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, Loop):
                 self.members.fail(node_id, now, reason)
                 self.aggregator_lost_at = self.aggregator_lost_at or now
                 continue
+            if node.role == "part":
+                log.warning("%s; its group stops when its leader finds it gone", reason)
+                self.members.fail(node_id, now, reason)
+                continue
             if node.role != "worker":
                 self.fail(reason)
                 return
@@ -505,7 +532,7 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, Loop):
                    "exports": self.exports, "settings_changes": self.settings_changes,
                    "settings": self.settings, "decisions": self.decisions,
                    "last_decision": self.last_decision.reason if self.last_decision else None},
-            placement=self.placement_summary())
+            placement=self.placement_summary(), model_plan=self.model_plan)
         path = self.run_dir / "summary.json"
         atomic_write(path, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         self.metrics.write("end", status=status, reason=reason)

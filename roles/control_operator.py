@@ -154,5 +154,5 @@ class Operators:
             "settings": {"version": self.settings_version, "values": dict(s),
                          "ranges": live.describe()},
             "partition": {"embeddings": self.status.embeddings(nodes, self.placement_state()),
-                          "model": None},
+                          "model": self.model_plan},
         }

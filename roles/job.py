@@ -166,6 +166,21 @@ class PlacementConfig:
 
 
 @dataclass(frozen=True)
+class PartitionConfig:
+    """How the network is split over the ``[cluster] parts`` processes of a model-parallel
+    group (``roles.partitioner``): an edge is critical when its tensor is larger than
+    ``critical_bytes`` or (``critical_path``) it lies on the longest path of the graph."""
+
+    critical_bytes: float = field(default=1 << 20, metadata={"min": 0.0})
+    critical_path: bool = True
+    balance: float = field(default=1.2, metadata={"min": 1.0, "max": 100.0})
+    threshold: float = field(default=-0.5, metadata={"min": -1000.0, "max": 1000.0})
+    target: str = field(default="every", metadata={"choices": ("every", "flow")})
+    tries: int = field(default=8, metadata={"min": 1, "max": 1000})
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class Job:
     name: str = "job"
     data: DataConfig = field(default_factory=DataConfig)
@@ -174,11 +189,16 @@ class Job:
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
     origin: str = field(default="", metadata={"internal": True})  # where the job was read
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
             raise ValueError("name must be non-empty letters, digits, '-', '_' or '.'")
+        if self.cluster.parts > 1 and self.train.sync == "step":
+            raise ValueError("[cluster] parts > 1 (model parallelism) needs [train] sync = "
+                             "\"every\", \"round\" or \"lazy\": in sync mode step the "
+                             "aggregator takes every step's whole gradient from one process")
         caps = self.placement.capacities
         if caps and len(caps) != self.cluster.shards:
             raise ValueError(f"[placement] capacities lists {len(caps)} figure(s) for "

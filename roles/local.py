@@ -94,6 +94,8 @@ class LocalCluster:
             self.start_role("ps", i, "--slowdown", str(ps_slowdown.get(i, 1.0)))
         for i in range(c.workers):
             self.start_role("worker", i, "--slowdown", str(slowdown.get(i, 1.0)))
+        for i in range(c.workers * (c.parts - 1)):
+            self.start_role("part", i)
         for i in range(c.aggregators):
             self.start_role("aggregator", i)
 

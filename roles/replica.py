@@ -14,13 +14,17 @@ import torch
 
 
 class Replica:
-    def __init__(self, model: torch.nn.Module, device: torch.device, local_lr: float | None):
+    def __init__(self, model: torch.nn.Module | None, device: torch.device,
+                 local_lr: float | None, params: list[torch.nn.Parameter] | None = None,
+                 size: int | None = None):
+        """``model``'s parameters, or (a model-parallel leader) ``params``, its own part of
+        a network of ``size`` weights whose ``flat``/``load`` a subclass spreads."""
         self.model = model
         self.device = device
-        self.params = list(model.parameters())
-        self.size = sum(p.numel() for p in self.params)
+        self.params = list(model.parameters()) if model is not None else list(params or [])
+        self.size = size if size is not None else sum(p.numel() for p in self.params)
         self.optimizer = (torch.optim.Adam(self.params, lr=local_lr)
-                          if local_lr is not None else None)
+                          if local_lr is not None and self.params else None)
         self.version = -1                       # round of the global weights adopted last
         self.base: np.ndarray | None = None     # weights at the last contribution or adoption
         self.sent: np.ndarray | None = None     # weights when the in-flight contribution left

@@ -1,5 +1,7 @@
 """``zbus-spawn ROLE``: start the job's N shards, M workers or K aggregators, each its own
-process, and supervise them (one Procfile line runs however many the job names).
+process, and supervise them (one Procfile line runs however many the job names). With
+``[cluster] parts`` > 1 each worker leads a model-parallel group, and ``zbus-spawn worker``
+starts the groups' part processes too.
 
 SIGTERM/SIGINT are passed on to the children; it exits when they all have, with the first
 non-zero exit status among them (0 when all ended well).
@@ -27,8 +29,11 @@ def main(argv: list[str] | None = None) -> None:
     job = load_job_or_exit(args.job, f"spawn {args.role}")
     count = args.count if args.count is not None else count_of(job, args.role)
     extra = ["--job", args.job] if args.job else []
-    children = [subprocess.Popen([sys.executable, "-m", f"roles.{args.role}",
-                                  "--index", str(i), *extra]) for i in range(count)]
+    starts = [(args.role, i) for i in range(count)]
+    if args.role == "worker":
+        starts += [("part", i) for i in range(count * (job.cluster.parts - 1))]
+    children = [subprocess.Popen([sys.executable, "-m", f"roles.{role}", "--index", str(i),
+                                  *extra]) for role, i in starts]
 
     def forward(signum: int, _frame: object) -> None:
         for child in children:

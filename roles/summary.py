@@ -34,7 +34,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
                   data: dict, epochs: list[dict], counters: dict[str, dict],
                   wall_s: float, rounds: int, round_samples: dict[str, list[int]],
                   membership: list[dict], model: dict | None = None,
-                  placement: dict | None = None) -> dict:
+                  placement: dict | None = None, model_plan: dict | None = None) -> dict:
     model = model or {}
     evaluated = [e for e in epochs if "auc" in e]
     last = evaluated[-1] if evaluated else {}
@@ -108,6 +108,11 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "bytes_received": channel_bytes(list(counters.values()), "bytes_in"),
         "shards": shards,
         "placement": placement or {"mode": job.placement.mode},
+        "model_parallel": None if model_plan is None else {
+            **model_plan, "parts_processes": {n: {k: c.get(k) for k in ("steps", "scored",
+                                                                           "calls", "device")}
+                                              for n, c in sorted(counters.items())
+                                              if n.startswith("part-")}},
         "rejected_messages": rejected_messages,
         "per_epoch": epochs,
     }

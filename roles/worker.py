@@ -53,7 +53,10 @@ from roles.batching import sample_batch_bytes
 from roles.cli import role_main
 from roles.job import Job
 from roles.model import auto_threads, build_model, pick_device, set_threads, weighted_loss_sum
+from roles.model_graph import example_inputs, trace
+from roles.model_parallel import GroupError, GroupLeader, GroupReplica, Program
 from roles.replica import Replica
+from zbus.cluster import node_index
 from zbus.node import Node
 from zbus.wire import (
     Ack,
@@ -66,6 +69,10 @@ from zbus.wire import (
     Leaving,
     Lookup,
     Message,
+    ModelPlan,
+    PartCall,
+    PartReply,
+    PartTensors,
     ProtocolError,
     Ready,
     Restore,
@@ -111,8 +118,20 @@ class Worker(Node):
         self.threads = set_threads(t.torch_threads or auto_threads(c, os.cpu_count() or 1))
         self.device = pick_device(t.device)
         self.step_mode = t.sync == "step"
-        self.replica = Replica(build_model(job).to(self.device), self.device,
-                               None if self.step_mode else t.dense_lr)
+        # model parallelism: this worker leads group ``index`` of ``parts`` members, and the
+        # replica becomes a GroupReplica when control's ModelPlan arrives
+        self.grouped = c.parts > 1
+        self.leader: GroupLeader | None = None
+        self.members_answered: set[int] = set()
+        self.next_ping = 0.0
+        self.replica = Replica(build_model(job).to(
+            torch.device("cpu") if self.grouped else self.device), self.device,
+            None if self.step_mode else t.dense_lr)
+        if self.grouped:
+            self.group_inbox = self.bind(zmq.ROUTER, c.endpoint(c.group_endpoint_name(
+                index, 0)), self.on_group)
+            self.group_peers = {m: self.connect(zmq.DEALER, c.endpoint(
+                c.group_endpoint_name(index, m))) for m in range(1, c.parts)}
         self.samples = self.connect(zmq.PULL, c.endpoint("samples"), self.on_sample, rcvhwm=1,
                                     kernel_buffer=sample_batch_bytes(t.batch_size,
                                                                      self.n_dense))
@@ -147,6 +166,7 @@ class Worker(Node):
                        "contributions": 0, "rounds_adopted": 0, "refused_batches": 0,
                        "copies_ignored": 0, "restores": 0, "waits_at_max": 0,
                        "lookup_wait_s": 0.0, "compute_s": 0.0, "step_wait_s": 0.0,
+                       "late_group_messages": 0,
                        "slowdown": self.slowdown}
 
     # -- weights -----------------------------------------------------------------------------
@@ -179,7 +199,88 @@ class Worker(Node):
         self.advance()
 
     def on_welcome(self) -> None:
-        self.request_weights()
+        if not self.grouped:
+            self.request_weights()  # a group leader asks once its members answered
+
+    # -- model parallelism (roles.model_parallel) --------------------------------------------
+    def take_plan(self, plan: ModelPlan) -> None:
+        if plan.parts != self.job.cluster.parts:
+            raise ProtocolError("bad_field", f"a plan of {plan.parts} parts for a job of "
+                                             f"{self.job.cluster.parts}")
+        gm = trace(build_model(self.job), example_inputs(self.job, 2))
+        program = Program(gm, plan.owner, 0, self.device)
+        self.leader = GroupLeader(program, self.group_inbox, self.group_peers, self.send,
+                                  self.traffic, self.reject, self.cluster.node_timeout_s / 2)
+        self.replica = GroupReplica(gm, program, self.leader, self.device,
+                                    self.job.train.dense_lr)
+        log.info("%s leads group %d: %d members, nodes here: %s", self.node_id, self.index,
+                 plan.parts, ", ".join(n.name for st in program.mine for n in st.nodes))
+        self.ping_members(time.monotonic())
+
+    def ping_members(self, now: float) -> None:
+        """Until every member has the plan: ask them, once a heartbeat."""
+        if self.leader is None or now < self.next_ping:
+            return
+        self.next_ping = now + self.heartbeat_s
+        for member, sock in self.group_peers.items():
+            if member not in self.members_answered:
+                self.send(sock, PartCall(call="ping", seq=0,
+                                         values=np.zeros(0, dtype=np.float32)))
+
+    def on_group(self, _identity: bytes | None, env) -> None:
+        """Group messages outside a step: members answering the ping; anything else is late
+        (of a step given up on) and dropped."""
+        match env.msg:
+            case PartReply(call="ping") if node_index(env.sender) >= 0:
+                _, member = self.cluster.part_position(node_index(env.sender))
+                if member not in self.members_answered:
+                    self.members_answered.add(member)
+                    if len(self.members_answered) == len(self.group_peers):
+                        log.info("%s: every member of its group is there", self.node_id)
+                        self.request_weights()
+            case PartReply() | PartTensors():
+                self.counts["late_group_messages"] += 1
+            case _:
+                self.unexpected(env, "group link")
+
+    def group_failed(self, exc: GroupError | str) -> None:
+        """A member is gone: this group cannot train. Leave; the feeder sends the batches it
+        holds to the other groups. (A leader waits half of node_timeout_s for its members,
+        so that control does not take its own silence meanwhile for a failure.)"""
+        log.error("%s: %s; the group leaves the job", self.node_id, exc)
+        self.to_control(Leaving(reason=f"model-parallel group {self.index}: {exc}"))
+        self.exit_code = 1
+        self.stopping = True
+
+    def on_crash(self, reason: str) -> None:
+        if reason.startswith(f"{GroupError.__name__}:"):  # a member gone while the weights
+            self.group_failed(reason)                      # were gathered or spread
+        else:
+            super().on_crash(reason)
+
+    def dense_forward_backward(self, emb: torch.Tensor, dense: torch.Tensor,
+                               labels: torch.Tensor, weights: torch.Tensor,
+                               weight_sum: float) -> torch.Tensor:
+        """Loss sum of the batch; the gradients land in emb.grad and the dense parameters."""
+        if self.leader is None:
+            model = self.replica.model
+            loss_sum = weighted_loss_sum(model(emb, dense), labels, weights)
+            model.zero_grad(set_to_none=True)
+            (loss_sum / max(weight_sum, 1e-12)).backward()
+            return loss_sum
+        logits = self.leader.forward({"embeddings": emb, "dense": dense}, train=True)
+        leaf = logits.detach().requires_grad_(True)
+        loss_sum = weighted_loss_sum(leaf, labels, weights)
+        (loss_sum / max(weight_sum, 1e-12)).backward()
+        self.leader.backward(leaf.grad)
+        return loss_sum
+
+    def dense_scores(self, emb: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            if self.leader is None:
+                return torch.sigmoid(self.replica.model(emb, dense))
+            return torch.sigmoid(self.leader.forward({"embeddings": emb, "dense": dense},
+                                                     train=False))
 
     def request_weights(self) -> None:
         self.asked_weights_at = time.monotonic()
@@ -205,6 +306,8 @@ class Worker(Node):
 
     def handle_command(self, env) -> None:
         match env.msg:
+            case ModelPlan() as plan if self.grouped and self.leader is None:
+                self.take_plan(plan)
             case Settings() as m if self.settings.take(m):
                 self.advance()  # max_local_rounds may have risen
             case Restore(generation=g) if g > max(self.generation, self.restore_wanted):
@@ -359,13 +462,14 @@ class Worker(Node):
     def train(self, batch: PulledBatch) -> None:
         started = time.monotonic()
         s = batch.sample
-        model = self.replica.model
         emb = self.assemble(batch).requires_grad_(True)
         dense, labels, weights = self.tensors(s)
         weight_sum = float(weights.sum())
-        loss_sum = weighted_loss_sum(model(emb, dense), labels, weights)
-        model.zero_grad(set_to_none=True)
-        (loss_sum / max(weight_sum, 1e-12)).backward()
+        try:
+            loss_sum = self.dense_forward_backward(emb, dense, labels, weights, weight_sum)
+        except GroupError as exc:
+            self.group_failed(exc)
+            return
         grad = emb.grad.reshape(-1, self.dim)
         outbox: list[tuple[zmq.Socket, Message]] = []
         for sock, e in zip(self.shards, batch.replies, strict=True):
@@ -380,7 +484,8 @@ class Worker(Node):
                                                      grads=self.replica.dense_grads())))
             then = functools.partial(self.await_step, batch, loss, weight_sum)
         else:
-            self.replica.optimizer.step()
+            if self.replica.optimizer is not None:  # a group leader may own no weights
+                self.replica.optimizer.step()
             then = functools.partial(self.finish_batch, batch, loss, weight_sum)
         self.release(outbox, then, time.monotonic() - started)
 
@@ -435,9 +540,12 @@ class Worker(Node):
     def score(self, batch: PulledBatch) -> None:
         started = time.monotonic()
         s = batch.sample
-        with torch.no_grad():
-            dense, _, _ = self.tensors(s)
-            probs = torch.sigmoid(self.replica.model(self.assemble(batch), dense)).cpu().numpy()
+        dense, _, _ = self.tensors(s)
+        try:
+            probs = self.dense_scores(self.assemble(batch), dense).cpu().numpy()
+        except GroupError as exc:
+            self.group_failed(exc)
+            return
         self.counts["eval_samples"] += len(s.labels)
         self.state = "evaluating"
         ack = Ack(batch_id=s.batch_id, samples=len(s.labels), loss_sum=0.0, weight_sum=0.0,
@@ -450,6 +558,8 @@ class Worker(Node):
             (outbox, then), self.parked, self.wake_at = self.parked, None, None
             self.deliver(outbox, then)
             self.advance()
+        if self.grouped and len(self.members_answered) < len(self.group_peers):
+            self.ping_members(now)
         if self.leaving:
             self.leave_when_done(now)
         self.ask_for_missed_weights(now)
@@ -485,7 +595,10 @@ class Worker(Node):
         super().close()
 
     def counters(self) -> dict:
-        return {**self.counts, "round": self.replica.version, "generation": self.generation,
+        group = {} if self.leader is None else {"group_wait_s": round(self.leader.wait_s, 3),
+                                                "group_steps": self.leader.step}
+        return {**self.counts, **group, "round": self.replica.version,
+                "generation": self.generation,
                 "round_samples": self.replica.samples_since,
                 "pipeline": len(self.pipeline), "device": str(self.device)}
 

@@ -49,3 +49,15 @@ def test_partition_with_skew_aware_placement(snap_compare):
 
     assert snap_compare(ZbusConsole(None), press=("4",), terminal_size=SIZE,
                         run_before=skewed)
+
+
+# Adult with one model-parallel group of two processes (jobs/adult_mp.toml), caught training
+MP_STATUS = orjson.loads((REPO / "tests" / "data" / "console_status_mp.json").read_bytes())
+
+
+def test_partition_of_the_model_over_a_group(snap_compare):
+    async def grouped(pilot) -> None:
+        await connected(pilot, MP_STATUS)
+
+    assert snap_compare(ZbusConsole(None), press=("4",), terminal_size=SIZE,
+                        run_before=grouped)

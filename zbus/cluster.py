@@ -22,6 +22,8 @@ FIXED_ENDPOINTS = {
 PS_OFFSET = 10             # ps shard i binds base_port + 10 + i
 AGGREGATOR_OFFSET = 280    # aggregator i >= 1 (hierarchical aggregation) binds 280 + i
 MAX_AGGREGATORS = 16
+GROUP_OFFSET = 300         # member p of model-parallel group g binds 300 + g * parts + p
+MAX_PARTS = 8
 SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
@@ -38,6 +40,7 @@ class ClusterConfig:
     workers: int = field(default=2, metadata={"min": 1, "max": 255})
     shards: int = field(default=2, metadata={"min": 1, "max": 255})
     aggregators: int = field(default=1, metadata={"min": 1, "max": MAX_AGGREGATORS})
+    parts: int = field(default=1, metadata={"min": 1, "max": MAX_PARTS})  # per worker group
     host: str = "127.0.0.1"
     base_port: int = field(default=47100, metadata={"min": 1024, "max": 65000})
     endpoints: dict[str, str] = field(default_factory=dict)
@@ -62,7 +65,23 @@ class ClusterConfig:
 
     def endpoint_names(self) -> list[str]:
         return [*FIXED_ENDPOINTS, *(f"ps-{i}" for i in range(self.shards)),
-                *(f"aggregator-{i}" for i in range(1, self.aggregators))]
+                *(f"aggregator-{i}" for i in range(1, self.aggregators)),
+                *(self.group_endpoint_name(g, p) for g in range(self.workers)
+                  for p in range(self.parts) if self.parts > 1)]
+
+    @staticmethod
+    def group_endpoint_name(group: int, member: int) -> str:
+        """Where member ``member`` of model-parallel group ``group`` listens (member 0 is the
+        group's leader, worker ``group``; member p >= 1 is part process
+        ``group * (parts - 1) + p - 1``)."""
+        return f"group-{group}-{member}"
+
+    def part_position(self, part_index: int) -> tuple[int, int]:
+        """(group, member) of part process ``part_index``."""
+        return divmod(part_index, self.parts - 1)[0], part_index % (self.parts - 1) + 1
+
+    def part_index(self, group: int, member: int) -> int:
+        return group * (self.parts - 1) + member - 1
 
     def endpoint(self, name: str) -> str:
         if name in self.endpoints:
@@ -74,6 +93,11 @@ class ClusterConfig:
         elif (name.startswith("aggregator-") and name[11:].isdigit()
               and 0 < int(name[11:]) < self.aggregators):
             offset = AGGREGATOR_OFFSET + int(name[11:])
+        elif (name.startswith("group-") and self.parts > 1 and name.count("-") == 2
+              and name[6:].replace("-", "").isdigit()
+              and int(name.rsplit("-", 1)[1]) < self.parts):
+            group, member = (int(x) for x in name[6:].split("-"))
+            offset = GROUP_OFFSET + group * self.parts + member
         else:
             raise KeyError(f"no endpoint {name!r}")
         return f"tcp://{self.host}:{self.base_port + offset}"
@@ -103,4 +127,5 @@ class ClusterConfig:
         """Node ids control waits for before training starts."""
         return ["feeder-0", *(f"aggregator-{i}" for i in range(self.aggregators)),
                 *(f"ps-{i}" for i in range(self.shards)),
-                *(f"worker-{i}" for i in range(self.workers))]
+                *(f"worker-{i}" for i in range(self.workers)),
+                *(f"part-{i}" for i in range(self.workers * (self.parts - 1)))]

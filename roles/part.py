@@ -1,0 +1,103 @@
+"""A part process: member p >= 1 of a model-parallel group (``[cluster] parts`` > 1).
+
+Part ``i`` is member ``i % (parts - 1) + 1`` of group ``i // (parts - 1)``, whose leader is
+worker ``group``. It waits for control's ModelPlan, traces the same network, keeps the
+parameters of the nodes the plan gives it (on CUDA when present), and then serves its group:
+the stages it owns run as their input tensors arrive (``roles.model_parallel``), their outputs
+go straight to the member that needs them, gradients come back the same way, and once its
+backward of a step is done it steps its own Adam and tells the leader. The leader loads and
+reads its weights (PartCall) when rounds are combined: the aggregator sees one contribution
+per group. Bad messages are counted and dropped like everywhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import zmq
+
+from roles.cli import role_main
+from roles.job import Job
+from roles.model import auto_threads, build_model, pick_device, set_threads
+from roles.model_graph import example_inputs, trace
+from roles.model_parallel import PartServer, Program
+from zbus.node import Node
+from zbus.wire import ModelPlan, PartCall, PartTensors, ProtocolError, Ready
+
+log = logging.getLogger(__name__)
+
+
+class Part(Node):
+    role = "part"
+
+    def __init__(self, job: Job, index: int):
+        super().__init__(job.cluster, index, job.fingerprint())
+        c = job.cluster
+        if c.parts < 2:
+            raise RuntimeError("this job has no model-parallel groups ([cluster] parts = 1)")
+        self.job = job
+        self.group, self.member = c.part_position(index)
+        self.threads = set_threads(job.train.torch_threads or
+                                   auto_threads(c, os.cpu_count() or 1))
+        self.device = pick_device(job.train.device)
+        self.inbox = self.bind(zmq.ROUTER, c.endpoint(c.group_endpoint_name(self.group,
+                                                                            self.member)),
+                               self.on_group)
+        self.peers = {m: self.connect(zmq.DEALER, c.endpoint(c.group_endpoint_name(
+            self.group, m))) for m in range(c.parts) if m != self.member}
+        self.server: PartServer | None = None
+        self.counts = {"steps": 0, "scored": 0, "calls": 0}
+
+    def handle_command(self, env) -> None:
+        match env.msg:
+            case ModelPlan(parts=parts, owner=owner) as plan if self.server is None:
+                if parts != self.job.cluster.parts:
+                    raise ProtocolError("bad_field", f"a plan of {parts} parts for a job of "
+                                                     f"{self.job.cluster.parts}")
+                gm = trace(build_model(self.job), example_inputs(self.job, 2))
+                program = Program(gm, owner, self.member, self.device)
+                self.server = PartServer(program, self.job.train.dense_lr)
+                mine = [n for s in program.mine for n in (x.name for x in s.nodes)]
+                log.info("%s: member %d of group %d, %d node(s): %s", self.node_id,
+                         self.member, self.group, len(mine), ", ".join(mine) or "none")
+                self.state = "ready"
+                self.to_control(Ready(info={"device": str(self.device), "group": self.group,
+                                            "member": self.member, "nodes": mine,
+                                            "parameters": sum(p.numel() for p in
+                                                              program.params.values()),
+                                            "plan_cut_critical":
+                                                plan.summary.get("cut_critical", -1)}))
+            case _:
+                pass
+
+    def on_group(self, _identity: bytes | None, env) -> None:
+        if self.server is None:
+            return  # before the plan: the leader asks again
+        msg = env.msg
+        if not isinstance(msg, (PartTensors, PartCall)):
+            self.unexpected(env, "group link")
+            return
+        for member, reply in self.server.handle(msg):
+            sock = self.peers.get(member)
+            if sock is None:
+                raise ProtocolError("bad_field", f"no member {member} in this group")
+            self.send(sock, reply)
+        self.counts["steps"] = self.server.steps
+        if isinstance(msg, PartCall):
+            self.counts["calls"] += 1
+        elif not msg.train:
+            self.counts["scored"] += 1
+        self.state = "training"
+
+    def counters(self) -> dict:
+        return {**self.counts, "group": self.group, "member": self.member,
+                "device": str(self.device)}
+
+
+def main() -> None:
+    role_main(Part)
+
+
+if __name__ == "__main__":
+    main()
