@@ -171,7 +171,7 @@ class PartitionConfig:
     group (``roles.partitioner``): an edge is critical when its tensor is larger than
     ``critical_bytes`` or (``critical_path``) it lies on the longest path of the graph."""
 
-    critical_bytes: float = field(default=1 << 20, metadata={"min": 0.0})
+    critical_bytes: float = field(default=float(1 << 20), metadata={"min": 0.0})
     critical_path: bool = True
     balance: float = field(default=1.2, metadata={"min": 1.0, "max": 100.0})
     threshold: float = field(default=-0.5, metadata={"min": -1000.0, "max": 1000.0})

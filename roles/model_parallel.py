@@ -78,8 +78,8 @@ class Program:
                     s = stage_of[source.name]
                     if s != stage.index and source.name not in stage.inputs:
                         stage.inputs.append(source.name)
-                        self.stages[s].outputs.append(source.name) \
-                            if source.name not in self.stages[s].outputs else None
+                        if source.name not in self.stages[s].outputs:
+                            self.stages[s].outputs.append(source.name)
                         if self.differentiable[source.name]:
                             self.expected[source.name] += 1
         self.stages[stage_of[self.output]].outputs.append(self.output)

@@ -22,7 +22,7 @@ def sample(cls: type) -> wire.Message:
             continue
         t = {s: k for s, k in cls._scalars}[f.name]
         values[f.name] = {int: 3, float: 0.5, str: "x", bool: True, dict: {"a": 1},
-                          list[str]: ["worker-0"], list[int]: [7]}[t]
+                          list[str]: ["worker-0"], list[int]: [7], list[list]: [[3]]}[t]
     if cls is wire.BatchKeys:
         values.update(samples=2, fields=2, positions=np.array([0, 3], np.int32),
                       keys=np.array([-5, 2**62], np.int64))
@@ -34,6 +34,10 @@ def sample(cls: type) -> wire.Message:
                       owners=np.array([1, 0], np.int64))
     if cls is wire.KeyCounts:
         values.update(counts=np.array([4, 2, 1], np.int64), errors=np.array([1, 0, 0], np.int64))
+    if cls is wire.PartTensors:
+        values.update(phase="forward", names=["mlp_0"], values=np.zeros(3, np.float32))
+    if cls in (wire.PartCall, wire.PartReply):
+        values.update(call="flat")
     return cls(**values)
 
 
