@@ -28,10 +28,12 @@ import torch
 import zmq
 from torch import fx
 
-from roles.model_graph import differentiable
+from roles.job import Job
+from roles.model import build_model
+from roles.model_graph import differentiable, example_inputs, trace
 from roles.replica import Replica
 from zbus import sockets
-from zbus.wire import Message, PartCall, PartReply, PartTensors, ProtocolError
+from zbus.wire import Message, ModelPlan, PartCall, PartReply, PartTensors, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -98,16 +100,8 @@ class Program:
 
     def owned_parameters(self) -> dict[str, torch.nn.Parameter]:
         """The parameters this member's nodes use, by qualified name, in model order."""
-        used: set[str] = set()
-        for stage in self.mine:
-            for node in stage.nodes:
-                if node.op == "call_module":
-                    prefix = str(node.target)
-                    used |= {f"{prefix}.{n}" if prefix else n
-                             for n, _ in self.gm.get_submodule(prefix).named_parameters()}
-                elif node.op == "get_attr":
-                    used.add(str(node.target))
-        return {n: p for n, p in self.gm.named_parameters() if n in used}
+        owners = parameter_owners(self.gm, self.owner)
+        return {n: p for n, p in self.gm.named_parameters() if owners.get(n) == self.member}
 
     @property
     def members_with_stages(self) -> set[int]:
@@ -277,6 +271,24 @@ class Program:
                 at += p.numel()
 
 
+def parameter_owners(gm: fx.GraphModule, owner: dict[str, int]) -> dict[str, int]:
+    """The member of each parameter a node uses: that of the first node (in graph order) that
+    uses it. A parameter no node uses is absent."""
+    owners: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            prefix = str(node.target)
+            used = [f"{prefix}.{n}" if prefix else n
+                    for n, _ in gm.get_submodule(prefix).named_parameters()]
+        elif node.op == "get_attr":
+            used = [str(node.target)]
+        else:
+            continue
+        for name in used:
+            owners.setdefault(name, owner[node.name])
+    return owners
+
+
 def tensors_message(step: int, phase: str, train: bool,
                     items: list[tuple[str, torch.Tensor]]) -> PartTensors:
     arrays = [t.detach().to(torch.float32).cpu().numpy() for _, t in items]
@@ -284,6 +296,17 @@ def tensors_message(step: int, phase: str, train: bool,
                        shapes=[list(a.shape) for a in arrays],
                        values=np.concatenate([a.reshape(-1) for a in arrays])
                        if arrays else np.zeros(0, dtype=np.float32))
+
+
+def member_program(job: Job, plan: ModelPlan, member: int, device: torch.device
+                   ) -> tuple[fx.GraphModule, Program]:
+    """Member ``member``'s share of the job's network under control's plan: the network
+    traced here (the same seeded weights everywhere), then cut by the plan."""
+    if plan.parts != job.cluster.parts:
+        raise ProtocolError("bad_field", f"a plan of {plan.parts} parts for a job of "
+                                         f"{job.cluster.parts}")
+    gm = trace(build_model(job), example_inputs(job, 2))
+    return gm, Program(gm, plan.owner, member, device)
 
 
 class PartServer:
@@ -421,22 +444,15 @@ class GroupReplica(Replica):
                  device: torch.device, local_lr: float | None):
         self.program, self.leader = program, leader
         self.slices: dict[int, np.ndarray] = defaultdict(list)   # member -> flat indexes
+        owners = parameter_owners(gm, program.owner)
         at = 0
         for name, p in gm.named_parameters():
-            member = 0 if name in program.params else self.owner_of(gm, name)
+            member = owners.get(name, 0)  # a parameter no node uses: the leader keeps it
             self.slices[member].extend(range(at, at + p.numel()))
             at += p.numel()
         self.slices = {m: np.asarray(ix, dtype=np.int64) for m, ix in self.slices.items()}
         super().__init__(None, device, local_lr, params=list(program.params.values()),
                          size=at)
-
-    def owner_of(self, gm: fx.GraphModule, name: str) -> int:
-        module = name.rsplit(".", 1)[0] if "." in name else ""
-        for node in gm.graph.nodes:
-            if (node.op == "call_module" and str(node.target) == module) or \
-                    (node.op == "get_attr" and str(node.target) == name):
-                return self.program.owner[node.name]
-        return 0  # a parameter no node uses: the leader keeps it
 
     def flat(self) -> np.ndarray:
         out = np.zeros(self.size, dtype=np.float32)

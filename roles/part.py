@@ -19,9 +19,8 @@ import zmq
 
 from roles.cli import role_main
 from roles.job import Job
-from roles.model import auto_threads, build_model, pick_device, set_threads
-from roles.model_graph import example_inputs, trace
-from roles.model_parallel import PartServer, Program
+from roles.model import auto_threads, pick_device, set_threads
+from roles.model_parallel import PartServer, member_program
 from zbus.node import Node
 from zbus.wire import ModelPlan, PartCall, PartTensors, ProtocolError, Ready
 
@@ -51,12 +50,8 @@ class Part(Node):
 
     def handle_command(self, env) -> None:
         match env.msg:
-            case ModelPlan(parts=parts, owner=owner) as plan if self.server is None:
-                if parts != self.job.cluster.parts:
-                    raise ProtocolError("bad_field", f"a plan of {parts} parts for a job of "
-                                                     f"{self.job.cluster.parts}")
-                gm = trace(build_model(self.job), example_inputs(self.job, 2))
-                program = Program(gm, owner, self.member, self.device)
+            case ModelPlan() as plan if self.server is None:
+                _, program = member_program(self.job, plan, self.member, self.device)
                 self.server = PartServer(program, self.job.train.dense_lr)
                 mine = [n for s in program.mine for n in (x.name for x in s.nodes)]
                 log.info("%s: member %d of group %d, %d node(s): %s", self.node_id,

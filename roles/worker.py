@@ -53,8 +53,7 @@ from roles.batching import sample_batch_bytes
 from roles.cli import role_main
 from roles.job import Job
 from roles.model import auto_threads, build_model, pick_device, set_threads, weighted_loss_sum
-from roles.model_graph import example_inputs, trace
-from roles.model_parallel import GroupError, GroupLeader, GroupReplica, Program
+from roles.model_parallel import GroupError, GroupLeader, GroupReplica, member_program
 from roles.replica import Replica
 from zbus.cluster import node_index
 from zbus.node import Node
@@ -204,11 +203,7 @@ class Worker(Node):
 
     # -- model parallelism (roles.model_parallel) --------------------------------------------
     def take_plan(self, plan: ModelPlan) -> None:
-        if plan.parts != self.job.cluster.parts:
-            raise ProtocolError("bad_field", f"a plan of {plan.parts} parts for a job of "
-                                             f"{self.job.cluster.parts}")
-        gm = trace(build_model(self.job), example_inputs(self.job, 2))
-        program = Program(gm, plan.owner, 0, self.device)
+        gm, program = member_program(self.job, plan, 0, self.device)
         self.leader = GroupLeader(program, self.group_inbox, self.group_peers, self.send,
                                   self.traffic, self.reject, self.cluster.node_timeout_s / 2)
         self.replica = GroupReplica(gm, program, self.leader, self.device,
@@ -243,7 +238,7 @@ class Worker(Node):
             case _:
                 self.unexpected(env, "group link")
 
-    def group_failed(self, exc: GroupError | str) -> None:
+    def group_failed(self, exc: GroupError) -> None:
         """A member is gone: this group cannot train. Leave; the feeder sends the batches it
         holds to the other groups. (A leader waits half of node_timeout_s for its members,
         so that control does not take its own silence meanwhile for a failure.)"""
@@ -252,11 +247,11 @@ class Worker(Node):
         self.exit_code = 1
         self.stopping = True
 
-    def on_crash(self, reason: str) -> None:
-        if reason.startswith(f"{GroupError.__name__}:"):  # a member gone while the weights
-            self.group_failed(reason)                      # were gathered or spread
+    def on_crash(self, exc: Exception) -> None:
+        if isinstance(exc, GroupError):  # a member gone while the weights were gathered
+            self.group_failed(exc)       # or spread
         else:
-            super().on_crash(reason)
+            super().on_crash(exc)
 
     def dense_forward_backward(self, emb: torch.Tensor, dense: torch.Tensor,
                                labels: torch.Tensor, weights: torch.Tensor,

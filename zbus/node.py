@@ -144,7 +144,7 @@ class Loop:
                 self.on_tick(time.monotonic())
         except Exception as exc:  # a bug or a broken environment: say it, tell control, exit
             log.exception("%s crashed", self.node_id)
-            self.on_crash(f"{type(exc).__name__}: {exc}")
+            self.on_crash(exc)
             self.exit_code = 1
         finally:
             self.close()
@@ -173,7 +173,7 @@ class Loop:
     def on_writable(self, sock: zmq.Socket) -> None:
         """Called when a socket registered with want_writable can take a message."""
 
-    def on_crash(self, reason: str) -> None:
+    def on_crash(self, exc: Exception) -> None:
         """Called when the loop dies of an exception."""
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -234,9 +234,10 @@ class Node(Loop):
         self.exit_code = 1
         self.stopping = True
 
-    def on_crash(self, reason: str) -> None:
+    def on_crash(self, exc: Exception) -> None:
         try:
-            self.to_control(Failure(reason=f"{self.node_id} crashed: {reason}"))
+            self.to_control(Failure(reason=f"{self.node_id} crashed: {type(exc).__name__}: "
+                                           f"{exc}"))
         except zmq.ZMQError:
             pass
 
