@@ -1,7 +1,8 @@
 """Batch plans and the feeder's ledger (pure; no sockets).
 
-A batch id is unique across the whole job: ``epoch << 40 | feeder << 32 | seq``; within an
-epoch the training batches come first (seq 0..) and the eval batches follow them.
+A batch id is unique across the whole job: ``epoch << 40 | slice << 32 | seq``, where slice
+is the feeder's slice of the data (control's ``SliceMap``); training batches have seqs 0..,
+eval batches ``EVAL_SEQ``.. .
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 
 MAX_EPOCHS = 1 << 12
 MAX_FEEDERS = 1 << 8
+EVAL_SEQ = 1 << 31     # the first eval batch's seq
 
 
 def make_batch_id(epoch: int, feeder: int, seq: int) -> int:
@@ -31,45 +33,94 @@ def sample_batch_bytes(batch_size: int, dense: int) -> int:
     return batch_size * (dense + 2) * 4 + 1024
 
 
+def slice_ranges(rows: int, parts: int) -> list[list[int]]:
+    """``parts`` contiguous [lo, hi) ranges covering 0..rows, sizes differing by one at most."""
+    edges = [rows * i // parts for i in range(parts + 1)]
+    return [[edges[i], edges[i + 1]] for i in range(parts)]
+
+
+def interleave_by_label(rows: np.ndarray, labels: np.ndarray,
+                        batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` reordered so that every batch holds samples of one label, and where each batch
+    starts: the rows of each label are cut into batches (in their given order) and the batches
+    of the labels are interleaved evenly, each label's batches spread over the pass in
+    proportion to its share (a label's last batch may be short)."""
+    chunks: list[np.ndarray] = []
+    keys: list[float] = []
+    for value in np.unique(labels[rows]):
+        mine = rows[labels[rows] == value]
+        n = -(-len(mine) // batch_size)
+        chunks += [mine[i * batch_size:(i + 1) * batch_size] for i in range(n)]
+        keys += [(i + 0.5) / n for i in range(n)]
+    if not chunks:
+        return rows, np.zeros(1, dtype=np.int64)
+    order = np.argsort(np.asarray(keys), kind="stable")
+    sizes = np.array([len(chunks[i]) for i in order])
+    return (np.concatenate([chunks[i] for i in order]),
+            np.concatenate([[0], np.cumsum(sizes)]))
+
+
+def even_starts(rows: int, batch_size: int) -> np.ndarray:
+    return np.append(np.arange(0, rows, batch_size), rows)
+
+
 @dataclass
 class Plan:
-    """The batches of one pass: training rows shuffled per epoch, or eval rows in order."""
+    """The batches of one pass over a slice: training rows shuffled per epoch, or eval rows in
+    order. Batch boundaries are explicit (``starts``), so that label-grouped batches can be
+    shorter than ``batch_size`` at a label's end."""
 
     epoch: int
-    feeder: int
+    slice: int
     eval: bool
     rows: np.ndarray
-    batch_size: int
+    starts: np.ndarray        # where each batch begins in rows (plus len(rows) at the end)
     first_seq: int = 0
     next: int = 0
+    skip: set[int] = field(default_factory=set)  # batches done before (a resumed pass)
 
     @classmethod
-    def training(cls, epoch: int, feeder: int, n_train: int, batch_size: int, shuffle: bool,
-                 seed: int) -> Plan:
-        rows = np.arange(n_train)
+    def training(cls, epoch: int, slice_: int, rows: np.ndarray, batch_size: int,
+                 shuffle: bool, seed: int, labels: np.ndarray | None = None) -> Plan:
+        """``labels`` given: label-grouped batches (``[train] batch_by_label``)."""
+        rows = np.array(rows)
         if shuffle:
-            np.random.default_rng(seed * 1000 + epoch).shuffle(rows)
-        return cls(epoch, feeder, False, rows, batch_size)
+            np.random.default_rng((seed * 1000 + epoch) * 256 + slice_).shuffle(rows)
+        if labels is None:
+            starts = even_starts(len(rows), batch_size)
+        else:
+            rows, starts = interleave_by_label(rows, labels, batch_size)
+        return cls(epoch, slice_, False, rows, starts)
 
     @classmethod
-    def evaluation(cls, epoch: int, feeder: int, n_train: int, n_total: int,
-                   batch_size: int) -> Plan:
-        first = -(-n_train // batch_size)  # after the training batches' seqs
-        return cls(epoch, feeder, True, np.arange(n_train, n_total), batch_size, first)
+    def evaluation(cls, epoch: int, slice_: int, rows: np.ndarray, batch_size: int) -> Plan:
+        rows = np.asarray(rows)
+        return cls(epoch, slice_, True, rows, even_starts(len(rows), batch_size), EVAL_SEQ)
 
     @property
     def batches(self) -> int:
-        return -(-len(self.rows) // self.batch_size)
+        return max(0, len(self.starts) - 1)
+
+    def resume(self, low: int, above: list[int]) -> None:
+        """Skip the batches a lost feeder had acknowledged: every one below ``low`` and those
+        in ``above`` (batch numbers within the pass)."""
+        self.next = max(self.next, low)
+        self.skip = set(above)
+
+    def batch_rows(self, i: int) -> np.ndarray:
+        return self.rows[self.starts[i]:self.starts[i + 1]]
 
     def exhausted(self) -> bool:
+        while self.next in self.skip:
+            self.next += 1
         return self.next >= self.batches
 
     def take(self) -> tuple[int, np.ndarray]:
         """The next batch: its id and its rows."""
+        self.exhausted()  # past skipped batches
         i = self.next
         self.next += 1
-        rows = self.rows[i * self.batch_size:(i + 1) * self.batch_size]
-        return make_batch_id(self.epoch, self.feeder, self.first_seq + i), rows
+        return make_batch_id(self.epoch, self.slice, self.first_seq + i), self.batch_rows(i)
 
 
 SENT, TAKEN, QUEUED = "sent", "taken", "queued"
@@ -168,3 +219,62 @@ class Ledger:
                 self.straggler_copies += 1
                 return batch_id, entry
         return None
+
+
+@dataclass
+class Pass:
+    """One pass of a feeder over its slices (usually one; more after it took over a lost
+    feeder's; none when it has no slice): their plans' batches, taken in turn."""
+
+    epoch: int
+    eval: bool
+    plans: list[Plan]
+    turn: int = 0
+
+    @property
+    def batches(self) -> int:
+        return sum(p.batches for p in self.plans)
+
+    def exhausted(self) -> bool:
+        return all(p.exhausted() for p in self.plans)
+
+    def take(self) -> tuple[int, np.ndarray]:
+        for _ in range(len(self.plans)):
+            plan = self.plans[self.turn % len(self.plans)]
+            self.turn += 1
+            if not plan.exhausted():
+                return plan.take()
+        raise IndexError("the pass is exhausted")
+
+    def rows(self) -> np.ndarray:
+        return np.concatenate([p.rows for p in self.plans]) if self.plans else \
+            np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class SliceProgress:
+    """How far a pass over one slice has got: every batch number below ``low`` and those in
+    ``above`` acknowledged, with their samples and loss (a feeder's heartbeat carries it, so
+    that control can hand the slice on from there if the feeder dies)."""
+
+    epoch: int
+    eval: bool
+    low: int = 0
+    above: set[int] = field(default_factory=set)
+    samples: int = 0
+    loss_sum: float = 0.0
+    weight_sum: float = 0.0
+
+    def acked(self, number: int, samples: int, loss_sum: float, weight_sum: float) -> None:
+        self.above.add(number)
+        while self.low in self.above:
+            self.above.discard(self.low)
+            self.low += 1
+        self.samples += samples
+        self.loss_sum += loss_sum
+        self.weight_sum += weight_sum
+
+    def as_dict(self) -> dict:
+        return {"epoch": self.epoch, "eval": self.eval, "low": self.low,
+                "above": sorted(self.above), "samples": self.samples,
+                "loss_sum": self.loss_sum, "weight_sum": self.weight_sum}

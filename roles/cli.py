@@ -36,6 +36,7 @@ def count_of(job: Job, role: str) -> int:
     """How many of a role the job starts with."""
     c = job.cluster
     return {"worker": c.workers, "ps": c.shards, "aggregator": c.aggregators,
+            "feeder": c.feeders,
             "part": c.workers * (c.parts - 1)}.get(role, 1)
 
 

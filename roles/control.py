@@ -35,6 +35,7 @@ import zmq
 
 from roles import live
 from roles.cli import MAX_WORKERS, load_job_or_exit, parse_role_args
+from roles.control_feeding import FeedingKeeping
 from roles.control_lazy import LazyControl
 from roles.control_model import ExportInProgress, ModelKeeping
 from roles.control_operator import Operators
@@ -44,7 +45,7 @@ from roles.job import Job, job_to_toml
 from roles.membership import ALIVE, Members, NodeState
 from roles.rundir import MetricsLog, atomic_write, make_run_dir
 from roles.status import StatusBuilder
-from roles.summary import build_summary
+from roles.summary import build_summary, feeder_totals
 from zbus.logs import setup_logging
 from zbus.node import Loop
 from zbus.wire import (
@@ -83,14 +84,7 @@ log = logging.getLogger(__name__)
 THROUGHPUT_EVERY_S = 5.0
 
 
-def _info_int(info: dict, key: str) -> int:
-    value = info.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ProtocolError("bad_field", f"Ready info {key!r} must be a count, got {value!r}")
-    return value
-
-
-class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, Loop):
+class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKeeping, Loop):
     def __init__(self, job: Job, environ: dict | None = None):
         c = job.cluster
         super().__init__("control-0", c.heartbeat_s, c.max_message_bytes)
@@ -153,6 +147,7 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, Loop):
         self.exports: list[dict] = []
         self.backup_request = 0
         self.init_placement()  # skew-aware key placement (roles.control_placement)
+        self.init_feeding()    # the feeders' slices and reports (roles.control_feeding)
         self.model_plan = self.plan_model()  # model parallelism: the network's partition
         expected = self.members.expected
         self.metrics.write("start", job=job.name, run_id=self.run_id, nodes=expected,
@@ -262,7 +257,7 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, Loop):
                                        run_dir=str(self.run_dir)), identity=identity)
 
     def handle_heartbeat(self, node_id: str, node: NodeState, beat: Heartbeat) -> None:
-        if node_id == "feeder-0" and beat.counters.get("batches_acked") != \
+        if node.role == "feeder" and beat.counters.get("batches_acked") != \
                 node.counters.get("batches_acked"):
             self.last_progress = time.monotonic()  # training or evaluation moves on
         node.state, node.load, node.counters = beat.state, beat.load, beat.counters
@@ -273,18 +268,17 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, Loop):
         self.status.heard(node_id, node.role, beat.counters, time.monotonic())
 
     def handle_ready(self, node_id: str, node: NodeState, info: dict) -> None:
-        if node_id == "feeder-0":
-            self.data = {k: _info_int(info, k) for k in
-                         ("samples_in_data", "eval_samples", "rows_read", "rejected_rows",
-                                  "dropped_rows", "merged_rows")}
-            oracle = info.get("oracle_auc")
-            self.data["oracle_auc"] = oracle if isinstance(oracle, float) else None
+        if node.role == "feeder":
+            self.feeder_ready(node_id, info)
+            if self.phase == "done":
+                return
         log.info("%s ready %s", node_id, orjson.dumps(info).decode())
         if self.members.mark_ready(node_id, time.monotonic()):
             self.membership_changed()
         if node.role == "aggregator" and self.phase not in ("starting", "done"):
             self.restore_aggregators()
         if self.phase == "starting" and self.members.all_expected_ready():
+            self.assign_slices()
             self.start_epoch(0)
 
     def membership_changed(self) -> None:
@@ -308,6 +302,7 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, Loop):
     def start_epoch(self, epoch: int) -> None:
         self.epoch, self.phase = epoch, "training"
         self.epoch_end_round = None
+        self.epoch_reports, self.eval_reports = {}, {}
         self.last_progress = time.monotonic()
         self.metrics.write("epoch_start", epoch=epoch)
         log.info("epoch %d of %d starts", epoch + 1, self.job.train.epochs)
@@ -380,16 +375,6 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, Loop):
         else:
             self.maybe_aggregate()
 
-    def handle_epoch_trained(self, m: EpochTrained) -> None:
-        if self.phase != "training" or m.epoch != self.epoch:
-            return
-        self.epochs.append({"epoch": m.epoch, "train_samples": m.samples,
-                            "train_loss": m.loss_sum / m.weight_sum if m.weight_sum else None,
-                            "train_s": round(m.seconds, 3)})
-        self.phase = "syncing"
-        self.last_progress = time.monotonic()
-        self.sync_for_eval()
-
     def sync_for_eval(self) -> None:
         """Every worker evaluates the same weights: in mode round those of the epoch's last
         round, otherwise of one more round."""
@@ -405,18 +390,16 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, Loop):
         self.phase = "evaluating"
         self.publish(Evaluate(epoch=self.epoch, round=self.epoch_end_round), "data")
 
-    def handle_eval(self, m: EvalReport) -> None:
-        if self.phase != "evaluating" or m.epoch != self.epoch:
-            return
+    def epoch_evaluated(self, epoch: int, auc: float, logloss: float, samples: int) -> None:
         record = self.epochs[-1]
-        record.update(auc=m.auc, logloss=m.logloss, eval_samples=m.samples)
+        record.update(auc=auc, logloss=logloss, eval_samples=samples)
         self.metrics.write("epoch", **record)
         log.info("epoch %d: train loss %.4f, eval auc %.4f, logloss %.4f (%d samples in "
-                 "%.1f s)", m.epoch + 1, record["train_loss"] or float("nan"), m.auc,
-                 m.logloss, record["train_samples"], record["train_s"])
+                 "%.1f s)", epoch + 1, record["train_loss"] or float("nan"), auc, logloss,
+                 record["train_samples"], record["train_s"])
         self.last_progress = time.monotonic()
-        if m.epoch + 1 < self.job.train.epochs:
-            self.start_epoch(m.epoch + 1)
+        if epoch + 1 < self.job.train.epochs:
+            self.start_epoch(epoch + 1)
         else:
             self.phase = "exporting"
             self.start_export(final=True)
@@ -465,6 +448,8 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, Loop):
                 log.warning("%s; its group stops when its leader finds it gone", reason)
                 self.members.fail(node_id, now, reason)
                 continue
+            if node.role == "feeder" and self.feeder_lost(node_id, reason):
+                continue
             if node.role != "worker":
                 self.fail(reason)
                 return
@@ -498,10 +483,13 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, Loop):
                                           or self.members.all_final()):
             self.end(*self.finish_status)
 
+    def feeding_counters(self) -> dict:
+        """Every feeder's counters added up."""
+        return feeder_totals({n: s.counters for n, s in self.members.nodes.items()})
+
     def record_throughput(self, now: float) -> None:
         self.next_throughput = now + THROUGHPUT_EVERY_S
-        feeder = self.members.nodes.get("feeder-0")
-        acked = feeder.counters.get("samples_acked") if feeder else None
+        acked = self.feeding_counters().get("samples_acked")
         then, before = self.last_acked
         if isinstance(acked, int) and self.phase != "starting":
             self.metrics.write("throughput", samples=acked,
@@ -532,7 +520,8 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, Loop):
                    "exports": self.exports, "settings_changes": self.settings_changes,
                    "settings": self.settings, "decisions": self.decisions,
                    "last_decision": self.last_decision.reason if self.last_decision else None},
-            placement=self.placement_summary(), model_plan=self.model_plan)
+            placement=self.placement_summary(), model_plan=self.model_plan,
+            slices=self.slices_summary())
         path = self.run_dir / "summary.json"
         atomic_write(path, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         self.metrics.write("end", status=status, reason=reason)

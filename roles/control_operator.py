@@ -122,7 +122,7 @@ class Operators:
     # -- the status consoles watch ---------------------------------------------------------
     def publish_status(self, now: float) -> None:
         self.next_status = now + self.job.cluster.status_s
-        self.status.tick(now, self.members.nodes.get("feeder-0"))
+        self.status.tick(now, self.feeding_counters())
         self.send(self.status_pub, Status.of(self.run_id, self.snapshot(now)))
 
     def snapshot(self, now: float) -> dict:
@@ -147,7 +147,7 @@ class Operators:
                 "backups": len(self.backups), "latest_backup": newest_backup(self.backups),
                 "recoveries": len(self.recoveries)},
             "training": self.status.training(
-                feeder=nodes.get("feeder-0"), samples_per_epoch=self.data.get(
+                feeding=self.feeding_counters(), samples_per_epoch=self.data.get(
                     "samples_in_data", 0), epoch=self.epoch, epochs=self.job.train.epochs,
                 epochs_done=self.epochs,
                 running=self.phase in ("training", "syncing", "evaluating")),

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from roles.capacity import CapacityPredictor, Record, append_records, equal_or_configured
+from roles.membership import ALIVE
 from roles.placement import HeavyHitters, KeyMap, max_over_mean, place
 from roles.ps import WORK_SLOTS
 from zbus.wire import Drained, KeyCounts, Moved, ProtocolError
@@ -63,7 +64,8 @@ class PlacementKeeping:
         self.migrations: list[dict] = []
 
     def feeders(self) -> set[str]:
-        return {n for n, s in self.members.nodes.items() if s.role == "feeder"}
+        return {n for n, s in self.members.nodes.items()
+                if s.role == "feeder" and s.status == ALIVE}
 
     def shard_ids(self) -> set[str]:
         return {f"ps-{i}" for i in range(self.job.cluster.shards)}

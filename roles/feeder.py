@@ -29,12 +29,19 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from roles.batching import Ledger, Plan, sample_batch_bytes
+from roles.batching import (
+    EVAL_SEQ,
+    Ledger,
+    Pass,
+    Plan,
+    SliceProgress,
+    sample_batch_bytes,
+    split_batch_id,
+)
 from roles.cli import role_main
 from roles.data.dataset import Dataset, load_dataset
 from roles.data.readers import DataError, Rejected
 from roles.job import Job
-from roles.metrics import auc, logloss
 from roles.model_files import TRANSFORM, write_json
 from roles.placement import HeavyHitters, KeyMap
 from roles.rundir import atomic_write
@@ -57,6 +64,7 @@ from zbus.wire import (
     Ready,
     RoundDrained,
     SampleBatch,
+    SliceMap,
     Taken,
 )
 
@@ -81,17 +89,22 @@ class Feeder(Node):
         super().__init__(job.cluster, index, job.fingerprint())
         self.job = job
         c, t = job.cluster, job.train
-        self.samples = self.bind(zmq.PUSH, c.endpoint("samples"), sndhwm=1,
+        self.samples = self.bind(zmq.PUSH, c.endpoint(c.feeder_endpoint_name("samples", index)),
+                                 sndhwm=1,
                                  kernel_buffer=sample_batch_bytes(t.batch_size,
                                                                   len(job.dense_fields)))
-        self.acks = self.bind(zmq.ROUTER, c.endpoint("ledger"), self.on_worker)
+        self.acks = self.bind(zmq.ROUTER, c.endpoint(c.feeder_endpoint_name("ledger", index)),
+                              self.on_worker)
         self.ledger = Ledger(self.window_for(c.workers))
         self.shards = [self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"), sndhwm=0)
                        for i in range(c.shards)]  # bounded by the window, never blocks
         self.round_batches = c.workers * t.round_iterations if t.sync == "round" else 0
         self.data: Dataset | None = None
         self.owner: np.ndarray | None = None
-        self.plan: Plan | None = None
+        self.plan: Pass | None = None
+        self.slices: SliceMap | None = None  # control's assignment of the data to feeders
+        self.row_acks: np.ndarray | None = None  # per training row: acks in this epoch
+        self.progress: dict[int, SliceProgress] = {}  # the pass's slices, for the heartbeat
         self.members: set[str] = set()
         self.members_version = -1
         self.epoch = -1
@@ -165,9 +178,11 @@ class Feeder(Node):
         match env.msg:
             case Membership(version=v, workers=workers) if v > self.members_version:
                 self.handle_membership(v, set(workers))
-            case EpochStart(epoch=e) if self.data is not None and e > self.epoch:
+            case SliceMap(version=v) as m if self.slices is None or v > self.slices.version:
+                self.take_slices(m)
+            case EpochStart(epoch=e) if self.fed() and e > self.epoch:
                 self.start_training(e)
-            case Evaluate(epoch=e, round=r) if self.data is not None and e > self.evaluated \
+            case Evaluate(epoch=e, round=r) if self.fed() and e > self.evaluated \
                     and e == self.epoch:
                 self.start_evaluation(e, r)
             case Placement(version=v) as msg if self.skew and v > self.keymap.version:
@@ -248,24 +263,115 @@ class Feeder(Node):
             log.warning("lost %s: %d batch(es) go out again", ", ".join(sorted(lost)), count)
         self.pump()
 
-    def start_training(self, epoch: int) -> None:
+    # -- slices -------------------------------------------------------------------------------
+    def fed(self) -> bool:
+        """The data is loaded and control has said which slices are this feeder's (a feeder
+        given no slice waits for one; one given none of them has nothing to feed)."""
+        return self.data is not None and self.slices is not None
+
+    def take_slices(self, m: SliceMap) -> None:
         d = self.data
-        self.epoch, self.state = epoch, "training"
-        self.plan = Plan.training(epoch, self.index, d.n_train, self.job.train.batch_size,
-                                  self.job.train.shuffle, self.job.train.seed)
+        if d is not None and (m.train[-1][1] != d.n_train or m.eval[-1][1] != d.n_eval):
+            raise ProtocolError("inconsistent", f"slices of {m.train[-1][1]} training and "
+                                                f"{m.eval[-1][1]} eval rows; this feeder "
+                                                f"loaded {d.n_train} and {d.n_eval}")
+        mine = [i for i, owner in enumerate(m.owners) if owner == self.index]
+        log.info("slice map %d: this feeder feeds slice(s) %s", m.version,
+                 ", ".join(f"{i} (training rows {m.train[i][0]}..{m.train[i][1]}, eval rows "
+                           f"{m.eval[i][0]}..{m.eval[i][1]})" for i in mine) or "none")
+        new = [i for i in mine if self.slices is not None and i not in self.my_slices()]
+        self.slices = m
+        if new and self.data is not None:
+            self.take_over(new)
+
+    def take_over(self, new: list[int]) -> None:
+        """Slices of a lost feeder: feed what it had left of the pass under way (or of the
+        pass just reported, which control still waits for), from where it had got to."""
+        d, plan = self.data, self.plan
+        training = [i for i in new if self.resumable(i, self.epoch)]
+        scoring = [i for i in new if self.slices.resume.get(str(i), {}).get("phase")
+                   == "evaluating" and self.evaluated == self.epoch]
+        log.warning("took over slice(s) %s of a lost feeder", new)
+        if plan is not None and not plan.eval and training:
+            plan.plans += [self.training_plan(i, self.epoch) for i in training]
+        elif plan is None and training and self.state == "waiting":
+            self.begin_pass(Pass(self.epoch, False, []), training)
+        elif plan is not None and plan.eval and scoring:
+            plan.plans += [self.eval_plan(i, self.epoch) for i in scoring]
+            self.progress.update({i: SliceProgress(self.epoch, True) for i in scoring})
+        elif plan is None and scoring:
+            self.plan = Pass(self.epoch, True, [self.eval_plan(i, self.epoch)
+                                                for i in scoring])
+            self.progress = {i: SliceProgress(self.epoch, True) for i in scoring}
+            self.state = "evaluating"
+            self.preds = np.full(d.n_eval, np.nan, dtype=np.float32)
+        self.pump()
+        self.maybe_pass_drained()
+
+    def resumable(self, slice_: int, epoch: int) -> bool:
+        r = self.slices.resume.get(str(slice_))
+        return isinstance(r, dict) and r.get("epoch") == epoch and not r.get("reported")
+
+    def training_plan(self, slice_: int, epoch: int) -> Plan:
+        """The slice's plan for the epoch; a lost feeder's slice resumes where it was."""
+        d, t = self.data, self.job.train
+        plan = Plan.training(epoch, slice_, np.arange(*self.slices.train[slice_]),
+                             t.batch_size, t.shuffle, t.seed,
+                             d.labels if t.batch_by_label else None)
+        progress = self.progress[slice_] = SliceProgress(epoch, False)
+        if self.resumable(slice_, epoch):
+            r = self.slices.resume[str(slice_)]
+            plan.resume(r["low"], r["above"])
+            progress.low, progress.above = r["low"], set(r["above"])
+            progress.samples, progress.loss_sum, progress.weight_sum = (
+                int(r["samples"]), float(r["loss_sum"]), float(r["weight_sum"]))
+            self.epoch_samples += progress.samples
+            self.loss_sum += progress.loss_sum
+            self.weight_sum += progress.weight_sum
+            done = [i for i in range(plan.batches) if i < r["low"] or i in plan.skip]
+            for i in done:
+                self.row_acks[plan.batch_rows(i)] += 1
+            log.info("slice %d resumes epoch %d after %d acknowledged batches", slice_, epoch,
+                     len(done))
+        return plan
+
+    def eval_plan(self, slice_: int, epoch: int) -> Plan:
+        return Plan.evaluation(epoch, slice_, self.data.n_train + np.arange(
+            *self.slices.eval[slice_]), self.job.train.batch_size)
+
+    def my_slices(self) -> list[int]:
+        return [i for i, owner in enumerate(self.slices.owners) if owner == self.index]
+
+    def start_training(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.row_acks = np.zeros(self.data.n_train, dtype=np.uint16)
+        self.progress = {}
+        self.begin_pass(Pass(epoch, False, []), self.my_slices())
+
+    def begin_pass(self, pass_: Pass, slices: list[int] = ()) -> None:
+        self.state = "training"
         self.loss_sum = self.weight_sum = 0.0
         self.epoch_samples = 0
         self.epoch_started = time.monotonic()
-        log.info("epoch %d: %d training batches", epoch, self.plan.batches)
+        self.plan = pass_
+        pass_.plans += [self.training_plan(i, pass_.epoch) for i in slices]
+        log.info("epoch %d: %d training batches", pass_.epoch, pass_.batches)
         self.pump()
+        self.maybe_pass_drained()
 
     def start_evaluation(self, epoch: int, round_: int) -> None:
         d = self.data
         self.evaluated, self.eval_round, self.state = epoch, round_, "evaluating"
-        self.plan = Plan.evaluation(epoch, self.index, d.n_train, len(d.labels),
-                                    self.job.train.batch_size)
+        self.plan = Pass(epoch, True, [self.eval_plan(i, epoch) for i in self.my_slices()])
+        self.progress = {i: SliceProgress(epoch, True) for i in self.my_slices()}
         self.preds = np.full(d.n_eval, np.nan, dtype=np.float32)
         self.pump()
+        self.maybe_pass_drained()
+
+    def maybe_pass_drained(self) -> None:
+        """A pass with no batch (no slice) is over as soon as it starts."""
+        if self.plan is not None and not self.ledger.in_flight and self.plan.exhausted():
+            self.pass_drained()
 
     # -- sending ---------------------------------------------------------------------------
     def on_writable(self, sock: zmq.Socket) -> None:
@@ -364,6 +470,13 @@ class Feeder(Node):
             self.samples_acked += ack.samples
             self.round_samples += ack.samples
             self.acked_by[worker] += ack.samples
+            if self.row_acks is not None:
+                self.row_acks[entry.rows] += 1
+        _, slice_, seq = split_batch_id(ack.batch_id)
+        progress = self.progress.get(slice_)
+        if progress is not None:
+            progress.acked(seq - EVAL_SEQ if entry.eval else seq, ack.samples, ack.loss_sum,
+                           ack.weight_sum)
         if not self.ledger.in_flight and self.plan is not None:
             self.pass_drained()
         self.maybe_drained()
@@ -383,21 +496,24 @@ class Feeder(Node):
         plan, d = self.plan, self.data
         self.plan = None
         if plan.eval:
-            labels = d.labels[d.n_train:]
-            result = EvalReport(epoch=plan.epoch, auc=auc(labels, self.preds),
-                                logloss=logloss(labels, self.preds), samples=len(labels))
-            log.info("epoch %d eval: auc %.4f logloss %.4f", plan.epoch, result.auc,
-                     result.logloss)
+            rows = plan.rows() - d.n_train
             self.state = "ready"
-            self.to_control(result)
+            log.info("epoch %d eval: %d samples scored", plan.epoch, len(rows))
+            self.to_control(EvalReport(epoch=plan.epoch, slices=[p.slice for p in plan.plans],
+                                       labels=d.labels[d.n_train + rows],
+                                       preds=self.preds[rows]))
         else:
             seconds = time.monotonic() - self.epoch_started
             log.info("epoch %d trained: %d samples in %.1f s", plan.epoch, self.epoch_samples,
                      seconds)
             self.state = "waiting"
-            self.to_control(EpochTrained(epoch=plan.epoch, samples=self.epoch_samples,
-                                         batches=plan.batches, loss_sum=self.loss_sum,
-                                         weight_sum=self.weight_sum, seconds=seconds))
+            counts = self.row_acks[plan.rows()]
+            self.to_control(EpochTrained(
+                epoch=plan.epoch, samples=self.epoch_samples, batches=plan.batches,
+                loss_sum=self.loss_sum, weight_sum=self.weight_sum, seconds=seconds,
+                slices=[p.slice for p in plan.plans], rows=len(counts),
+                rows_once=int((counts == 1).sum()), rows_repeated=int((counts > 1).sum()),
+                rows_missed=int((counts == 0).sum())))
 
     def counters(self) -> dict:
         ledger = self.ledger
@@ -410,7 +526,8 @@ class Feeder(Node):
                 "refused_takes": ledger.refused_takes, "acked_by": dict(self.acked_by),
                 "straggler_copies": ledger.straggler_copies,
                 "window": ledger.window, "placement_version": self.keymap.version,
-                "placement_window": self.window, "placing": self.placing is not None}
+                "placement_window": self.window, "placing": self.placing is not None,
+                "slices": {str(s): p.as_dict() for s, p in self.progress.items()}}
 
 
 def main() -> None:

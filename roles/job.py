@@ -114,6 +114,10 @@ class TrainConfig:
     embedding_lr: float = field(default=0.05, metadata={"min": 0.0})
     embedding_init: float = field(default=0.05, metadata={"min": 0.0})
     prefetch: int = field(default=2, metadata={"min": 1, "max": 64})
+    # push: a worker announces each batch to the shards as it pulls it, and they send its
+    # embeddings as soon as they have its keys; pull: it asks when it is about to train it
+    embeddings: str = field(default="push", metadata={"choices": ("push", "pull")})
+    batch_by_label: bool = False  # every batch holds samples of one label
     device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda")})
     torch_threads: int = field(default=0, metadata={"min": 0})
     shuffle: bool = True
@@ -199,6 +203,10 @@ class Job:
             raise ValueError("[cluster] parts > 1 (model parallelism) needs [train] sync = "
                              "\"every\", \"round\" or \"lazy\": in sync mode step the "
                              "aggregator takes every step's whole gradient from one process")
+        if self.cluster.feeders > 1 and self.train.sync == "round":
+            raise ValueError("[cluster] feeders > 1 needs [train] sync = \"step\", \"every\" "
+                             "or \"lazy\": in sync mode round one feeder's ledger counts "
+                             "every batch of a round")
         caps = self.placement.capacities
         if caps and len(caps) != self.cluster.shards:
             raise ValueError(f"[placement] capacities lists {len(caps)} figure(s) for "

@@ -89,7 +89,8 @@ class LocalCluster:
         c = self.job.cluster
         slowdown, ps_slowdown = slowdown or {}, ps_slowdown or {}
         self.start_role("control")
-        self.start_role("feeder")
+        for i in range(c.feeders):
+            self.start_role("feeder", i)
         for i in range(c.shards):
             self.start_role("ps", i, "--slowdown", str(ps_slowdown.get(i, 1.0)))
         for i in range(c.workers):

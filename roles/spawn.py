@@ -1,4 +1,4 @@
-"""``zbus-spawn ROLE``: start the job's N shards, M workers or K aggregators, each its own
+"""``zbus-spawn ROLE``: start the job's feeders, N shards, M workers or K aggregators, each its own
 process, and supervise them (one Procfile line runs however many the job names). With
 ``[cluster] parts`` > 1 each worker leads a model-parallel group, and ``zbus-spawn worker``
 starts the groups' part processes too.
@@ -17,7 +17,7 @@ import time
 
 from roles.cli import count_of, load_job_or_exit
 
-ROLES = ("ps", "worker", "aggregator")
+ROLES = ("feeder", "ps", "worker", "aggregator")
 
 
 def main(argv: list[str] | None = None) -> None:

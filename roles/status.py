@@ -93,23 +93,27 @@ class StatusBuilder:
             per_s = before.per_s
         self.rates[node_id] = Rates(now, totals, per_s)
 
-    def tick(self, now: float, feeder: NodeState | None) -> None:
+    def tick(self, now: float, feeding: dict | None) -> None:
         """Add a history point (loss and throughput) once per ``history_every_s``."""
         if now < self.next_point:
             return
         self.next_point = now + self.history_every_s
-        if feeder is None:
+        if not feeding:
             return
-        loss_sum = _number(feeder.counters.get("train_loss_sum"))
-        weight_sum = _number(feeder.counters.get("train_weight_sum"))
+        loss_sum = _number(feeding.get("train_loss_sum"))
+        weight_sum = _number(feeding.get("train_weight_sum"))
         loss = None
         if loss_sum is not None and weight_sum is not None:
             if self.last_loss is not None and weight_sum > self.last_loss[1]:
                 loss = (loss_sum - self.last_loss[0]) / (weight_sum - self.last_loss[1])
             self.last_loss = (loss_sum, weight_sum)
-        rate = self.rate("feeder-0", "samples") or 0.0
+        rate = self.feeding_rate()
         self.history.append((round(now - self.started, 2),
                              None if loss is None else round(loss, 5), round(rate, 1)))
+
+    def feeding_rate(self) -> float:
+        """Samples acknowledged per second, over every feeder."""
+        return sum(self.rate(n, "samples") or 0.0 for n in self.rates if n.startswith("feeder-"))
 
     def rate(self, node_id: str, name: str) -> float | None:
         rates = self.rates.get(node_id)
@@ -144,12 +148,12 @@ class StatusBuilder:
             })
         return rows
 
-    def training(self, *, feeder: NodeState | None, samples_per_epoch: int, epoch: int,
+    def training(self, *, feeding: dict | None, samples_per_epoch: int, epoch: int,
                  epochs: int, epochs_done: list[dict], running: bool = True) -> dict:
         """Progress of the epoch, the ETAs (none unless ``running``) and the history."""
-        counters = feeder.counters if feeder else {}
+        counters = feeding or {}
         epoch_samples = int(_number(counters.get("epoch_samples")) or 0)
-        rate = self.rate("feeder-0", "samples") or 0.0
+        rate = self.feeding_rate()
         eta_epoch = eta_job = None
         if running and rate > 0 and samples_per_epoch and epoch >= 0:
             left = max(0, samples_per_epoch - epoch_samples)

@@ -30,17 +30,69 @@ def channel_bytes(counters: list[dict], direction: str = "bytes_out") -> dict[st
     return total
 
 
+def feeder_totals(counters: dict[str, dict]) -> dict:
+    """The feeders' counters added up (numbers summed, ``acked_by`` merged): the job's
+    figures whether one feeder or several fed it."""
+    total: dict[str, Any] = {}
+    acked_by: dict[str, int] = {}
+    for node, c in counters.items():
+        if not node.startswith("feeder-"):
+            continue
+        for key, value in c.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                total[key] = total.get(key, 0) + value
+        if isinstance(c.get("acked_by"), dict):
+            for worker, n in c["acked_by"].items():
+                acked_by[worker] = acked_by.get(worker, 0) + int(_num(n))
+    total["acked_by"] = acked_by
+    return total
+
+
+def worker_input(counters: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Bytes each worker received per sample it trained or scored, by channel."""
+    out = {}
+    for node, c in sorted(counters.items(), key=lambda kv: node_index(kv[0])):
+        received = c.get("bytes_in")
+        samples = _num(c.get("samples_trained")) + _num(c.get("eval_samples"))
+        if node.startswith("worker-") and isinstance(received, dict) and samples:
+            per = {ch: round(_num(n) / samples, 1) for ch, n in sorted(received.items())}
+            out[node] = {**per, "total": round(sum(per.values()), 1)}
+    return out
+
+
+def embedding_waits(counters: dict[str, dict]) -> dict:
+    """Per-batch waits for embeddings (ms): each worker's sample of them, and all together."""
+    every: list[float] = []
+    per_worker = {}
+    for node, c in sorted(counters.items(), key=lambda kv: node_index(kv[0])):
+        waits = c.get("embedding_wait_ms")
+        if not node.startswith("worker-") or not isinstance(waits, list) or not waits:
+            continue
+        waits = sorted(float(_num(w)) for w in waits)
+        every += waits
+        per_worker[node] = {"batches": int(_num(c.get("embedding_waits"))),
+                            "median_ms": _quantile(waits, 0.5), "p90_ms": _quantile(waits, 0.9)}
+    every.sort()
+    return {"median_ms": _quantile(every, 0.5) if every else None,
+            "p90_ms": _quantile(every, 0.9) if every else None, "workers": per_worker}
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    return round(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))], 3)
+
+
 def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: str,
                   data: dict, epochs: list[dict], counters: dict[str, dict],
                   wall_s: float, rounds: int, round_samples: dict[str, list[int]],
                   membership: list[dict], model: dict | None = None,
-                  placement: dict | None = None, model_plan: dict | None = None) -> dict:
+                  placement: dict | None = None, model_plan: dict | None = None,
+                  slices: dict | None = None) -> dict:
     model = model or {}
     evaluated = [e for e in epochs if "auc" in e]
     last = evaluated[-1] if evaluated else {}
     train_s = sum(e.get("train_s", 0.0) for e in epochs)
-    feeder = counters.get("feeder-0", {})
-    acked_by = feeder.get("acked_by") if isinstance(feeder.get("acked_by"), dict) else {}
+    feeder = feeder_totals(counters)
+    acked_by = feeder["acked_by"]
     samples_trained = int(_num(feeder.get("samples_acked")))
     names = {f"worker-{i}" for i in range(job.cluster.workers)} | set(acked_by) | {
         n for n in counters if n.startswith("worker-")}
@@ -79,6 +131,13 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "train_s": round(train_s, 3),
         "samples_per_s": round(samples_trained / train_s, 1) if train_s > 0 else None,
         "workers": workers,
+        "feeders": {node: {"samples_acked": int(_num(c.get("samples_acked"))),
+                           "batches_sent": int(_num(c.get("batches_sent")))}
+                    for node, c in sorted(counters.items()) if node.startswith("feeder-")},
+        "slices": slices,
+        "embeddings": {"mode": job.train.embeddings, **embedding_waits(counters)},
+        "worker_input_bytes_per_sample": worker_input(counters),
+        "batch_by_label": job.train.batch_by_label,
         "worker_time_s": worker_time,
         "busy": busy,
         "sync": job.train.sync,

@@ -41,7 +41,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,7 @@ import torch
 import zmq
 
 from roles import live
-from roles.batching import sample_batch_bytes
+from roles.batching import sample_batch_bytes, split_batch_id
 from roles.cli import role_main
 from roles.job import Job
 from roles.model import auto_threads, build_model, pick_device, set_threads, weighted_loss_sum
@@ -78,6 +78,7 @@ from zbus.wire import (
     RoundReady,
     SampleBatch,
     Settings,
+    SliceMap,
     StepGrad,
     Taken,
     Weights,
@@ -86,6 +87,7 @@ from zbus.wire import (
 
 log = logging.getLogger(__name__)
 LEAVE_TIMEOUT_S = 5.0
+WAITS_KEPT = 512  # embedding waits kept (a uniform sample) for the summary's quantiles
 
 
 @dataclass
@@ -94,7 +96,8 @@ class PulledBatch:
     replies: list[Embeddings | None]
     asked: bool = False       # Taken sent to the feeder
     granted: bool = False
-    looked_up_at: float = field(default_factory=time.monotonic)
+    looked_up_at: float | None = None   # when its Lookups went to the shards
+    needed_at: float | None = None      # when it was the next to train, but for embeddings
 
     def has_embeddings(self) -> bool:
         return all(r is not None for r in self.replies)
@@ -131,11 +134,21 @@ class Worker(Node):
                 index, 0)), self.on_group)
             self.group_peers = {m: self.connect(zmq.DEALER, c.endpoint(
                 c.group_endpoint_name(index, m))) for m in range(1, c.parts)}
-        self.samples = self.connect(zmq.PULL, c.endpoint("samples"), self.on_sample, rcvhwm=1,
+        # one PULL fair-queues the sample queues of every feeder; acks go to a batch's feeder
+        self.samples = self.connect(zmq.PULL, c.endpoint(c.feeder_endpoint_name("samples", 0)),
+                                    self.on_sample, rcvhwm=1,
                                     kernel_buffer=sample_batch_bytes(t.batch_size,
                                                                      self.n_dense))
+        for f in range(1, c.feeders):
+            self.samples.connect(c.endpoint(c.feeder_endpoint_name("samples", f)))
         self.pause(self.samples, True)  # until the first weights are here
-        self.feeder = self.connect(zmq.DEALER, c.endpoint("ledger"), self.on_feeder)
+        self.feeders = [self.connect(zmq.DEALER, c.endpoint(c.feeder_endpoint_name("ledger", f)),
+                                     self.on_feeder) for f in range(c.feeders)]
+        self.slice_owners: list[int] = list(range(c.feeders))  # control's SliceMap
+        self.push = t.embeddings == "push"
+        self.waits: list[float] = []  # seconds each batch waited for its embeddings (sample)
+        self.waits_seen = 0
+        self.rng = np.random.default_rng(index)
         self.shards = [self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"),
                                     functools.partial(self.on_shard, i))
                        for i in range(c.shards)]
@@ -303,6 +316,8 @@ class Worker(Node):
         match env.msg:
             case ModelPlan() as plan if self.grouped and self.leader is None:
                 self.take_plan(plan)
+            case SliceMap(owners=owners) if list(owners) != self.slice_owners:
+                self.slices_moved(list(owners))
             case Settings() as m if self.settings.take(m):
                 self.advance()  # max_local_rounds may have risen
             case Restore(generation=g) if g > max(self.generation, self.restore_wanted):
@@ -336,11 +351,11 @@ class Worker(Node):
                 if s.batch_id in self.pipeline:  # a second copy of a straggler: have it
                     self.counts["copies_ignored"] += 1
                     return
-                self.pipeline[s.batch_id] = PulledBatch(s, [None] * len(self.shards))
+                batch = self.pipeline[s.batch_id] = PulledBatch(s, [None] * len(self.shards))
                 self.idle_said = False
                 self.idle_since = None
-                for sock in self.shards:
-                    self.send(sock, Lookup(batch_id=s.batch_id, train=not s.eval))
+                if self.push:  # announce it: the shards send its rows as soon as they can
+                    self.look_up(batch)
                 self.ask_next()
                 self.gate_pulling()
             case _:
@@ -372,7 +387,9 @@ class Worker(Node):
                                                      "not fit the batch")
                 batch.replies[shard] = e
                 if batch.has_embeddings():
-                    self.counts["lookup_wait_s"] += time.monotonic() - batch.looked_up_at
+                    now = time.monotonic()
+                    self.counts["lookup_wait_s"] += now - batch.looked_up_at
+                    self.waited(now - batch.needed_at if batch.needed_at else 0.0)
                 self.advance()
             case _:
                 self.unexpected(env, "shard link")
@@ -381,6 +398,52 @@ class Worker(Node):
         """Pull while the pipeline has room for another batch, and not while leaving."""
         self.pause(self.samples, self.leaving or len(self.pipeline) > self.job.train.prefetch)
 
+    def look_up(self, batch: PulledBatch) -> None:
+        batch.looked_up_at = time.monotonic()
+        for sock in self.shards:
+            self.send(sock, Lookup(batch_id=batch.sample.batch_id, train=not batch.sample.eval))
+
+    def waited(self, seconds: float) -> None:
+        """Keep a uniform sample of the batches' embedding waits (reservoir sampling)."""
+        self.waits_seen += 1
+        if len(self.waits) < WAITS_KEPT:
+            self.waits.append(seconds)
+        else:
+            slot = int(self.rng.integers(self.waits_seen))
+            if slot < WAITS_KEPT:
+                self.waits[slot] = seconds
+
+    def want_embeddings(self, now: float) -> None:
+        """Nothing can train: if the next batch lacks only its embeddings, it waits for them
+        from now (and, in mode pull, asks for them now)."""
+        batch = next(iter(self.pipeline.values()), None)
+        if batch is None or batch.has_embeddings() or not batch.granted \
+                or not self.due(batch.sample):
+            return
+        if batch.needed_at is None:
+            batch.needed_at = now
+        if batch.looked_up_at is None:
+            self.look_up(batch)
+
+    def slices_moved(self, owners: list[int]) -> None:
+        """A lost feeder's slices have a new feeder: a Taken that went to the lost one is
+        asked of the new one (which refuses it: it feeds the batch again itself)."""
+        before, self.slice_owners = self.slice_owners, owners
+        for b in self.pipeline.values():
+            slice_ = split_batch_id(b.sample.batch_id)[1]
+            moved = slice_ < len(owners) and (slice_ >= len(before)
+                                              or before[slice_] != owners[slice_])
+            if moved and b.asked and not b.granted:
+                self.send(self.feeder_of(b.sample.batch_id), Taken(batch_id=b.sample.batch_id))
+
+    def feeder_of(self, batch_id: int) -> zmq.Socket:
+        """The ledger of the feeder that owns the batch's slice."""
+        slice_ = split_batch_id(batch_id)[1]
+        owner = self.slice_owners[slice_] if slice_ < len(self.slice_owners) else slice_
+        if not 0 <= owner < len(self.feeders):
+            raise ProtocolError("bad_field", f"batch {batch_id} of slice {slice_}: no feeder")
+        return self.feeders[owner]
+
     def ask_next(self) -> None:
         """Keep one batch taken ahead of the one training: the first not yet asked for."""
         if any(b.asked for b in self.pipeline.values()):
@@ -388,12 +451,14 @@ class Worker(Node):
         batch = next(iter(self.pipeline.values()), None)
         if batch is not None:
             batch.asked = True
-            self.send(self.feeder, Taken(batch_id=batch.sample.batch_id))
+            self.send(self.feeder_of(batch.sample.batch_id),
+                      Taken(batch_id=batch.sample.batch_id))
 
     def ready_to_run(self, batch: PulledBatch) -> bool:
-        s = batch.sample
-        if not batch.complete():
-            return False
+        return batch.complete() and self.due(batch.sample)
+
+    def due(self, s: SampleBatch) -> bool:
+        """The batch's turn has come (its weights or its round), embeddings aside."""
         if s.eval:
             return self.replica.version >= s.min_round
         if self.lazy and self.at_max_local_rounds():
@@ -416,13 +481,17 @@ class Worker(Node):
                 self.score(batch)
             else:
                 self.train(batch)
-        self.ask_for_missed_weights(time.monotonic())
+        now = time.monotonic()
+        if self.awaiting_step is None and self.parked is None:
+            self.want_embeddings(now)
+        self.ask_for_missed_weights(now)
         if self.state != "starting":
             self.gate_pulling()
             if not (self.pipeline or self.idle_said or self.leaving or self.parked
                     or self.awaiting_step):
                 self.idle_said = True  # said once until the next batch arrives
-                self.send(self.feeder, Idle())
+                for sock in self.feeders:
+                    self.send(sock, Idle())
                 self.idle_since = time.monotonic()
 
     def report_progress(self, idle: bool = False) -> None:
@@ -516,8 +585,9 @@ class Worker(Node):
 
     def finish_batch(self, batch: PulledBatch, loss: float, weight_sum: float) -> None:
         n = len(batch.sample.labels)
-        self.send(self.feeder, Ack(batch_id=batch.sample.batch_id, samples=n, loss_sum=loss,
-                                   weight_sum=weight_sum, preds=np.zeros(0, dtype=np.float32)))
+        self.send(self.feeder_of(batch.sample.batch_id),
+                  Ack(batch_id=batch.sample.batch_id, samples=n, loss_sum=loss,
+                      weight_sum=weight_sum, preds=np.zeros(0, dtype=np.float32)))
         self.counts["samples_trained"] += n
         self.counts["batches_trained"] += 1
         self.replica.trained(n, weight_sum)
@@ -545,7 +615,8 @@ class Worker(Node):
         self.state = "evaluating"
         ack = Ack(batch_id=s.batch_id, samples=len(s.labels), loss_sum=0.0, weight_sum=0.0,
                   preds=probs.astype(np.float32))
-        self.release([(self.feeder, ack)], lambda: None, time.monotonic() - started)
+        self.release([(self.feeder_of(s.batch_id), ack)], lambda: None,
+                     time.monotonic() - started)
 
     # -- the clock and leaving -----------------------------------------------------------------
     def on_tick(self, now: float) -> None:
@@ -592,7 +663,11 @@ class Worker(Node):
     def counters(self) -> dict:
         group = {} if self.leader is None else {"group_wait_s": round(self.leader.wait_s, 3),
                                                 "group_steps": self.leader.step}
+        waits = np.asarray(self.waits) * 1000
         return {**self.counts, **group, "round": self.replica.version,
+                "embeddings": "push" if self.push else "pull",
+                "embedding_waits": self.waits_seen,
+                "embedding_wait_ms": [round(float(w), 3) for w in np.sort(waits)],
                 "generation": self.generation,
                 "round_samples": self.replica.samples_since,
                 "pipeline": len(self.pipeline), "device": str(self.device)}

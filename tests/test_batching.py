@@ -3,7 +3,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from roles.batching import Ledger, Plan, make_batch_id, split_batch_id
+from roles.batching import (
+    EVAL_SEQ,
+    Ledger,
+    Pass,
+    Plan,
+    SliceProgress,
+    interleave_by_label,
+    make_batch_id,
+    slice_ranges,
+    split_batch_id,
+)
 
 
 def test_batch_ids_round_trip_and_reject_overflow():
@@ -16,7 +26,7 @@ def test_batch_ids_round_trip_and_reject_overflow():
 def test_training_plan_covers_every_row_once_shuffled_per_epoch():
     orders = []
     for epoch in range(2):
-        plan = Plan.training(epoch, 0, 1000, 64, shuffle=True, seed=7)
+        plan = Plan.training(epoch, 0, np.arange(1000), 64, shuffle=True, seed=7)
         ids, rows = zip(*(plan.take() for _ in range(plan.batches)), strict=True)
         assert plan.exhausted() and len(set(ids)) == plan.batches == 16
         everything = np.concatenate(rows)
@@ -25,13 +35,82 @@ def test_training_plan_covers_every_row_once_shuffled_per_epoch():
     assert not np.array_equal(orders[0], orders[1])
 
 
-def test_eval_plan_is_in_order_after_the_training_ids():
-    train = Plan.training(0, 0, 100, 30, shuffle=False, seed=0)
-    last_train = [train.take()[0] for _ in range(train.batches)][-1]
-    ev = Plan.evaluation(0, 0, 100, 150, 30)
+def test_eval_plan_is_in_order_with_ids_apart_from_the_training_ids():
+    train = Plan.training(0, 1, np.arange(100), 30, shuffle=False, seed=0)
+    train_ids = {train.take()[0] for _ in range(train.batches)}
+    ev = Plan.evaluation(0, 1, np.arange(100, 150), 30)
     first_id, rows = ev.take()
-    assert first_id == last_train + 1
+    assert split_batch_id(first_id) == (0, 1, EVAL_SEQ) and first_id not in train_ids
     assert rows.tolist() == list(range(100, 130))
+    assert ev.take()[1].tolist() == list(range(130, 150)) and ev.exhausted()
+
+
+def test_slices_cover_every_row_once():
+    for rows, parts in ((10, 3), (32561, 2), (5, 5), (7, 1)):
+        ranges = slice_ranges(rows, parts)
+        covered = np.concatenate([np.arange(lo, hi) for lo, hi in ranges])
+        assert covered.tolist() == list(range(rows))
+        sizes = [hi - lo for lo, hi in ranges]
+        assert max(sizes) - min(sizes) <= 1
+
+
+def test_two_feeders_plans_feed_each_row_once_with_distinct_ids():
+    ranges = slice_ranges(1000, 2)
+    plans = [Plan.training(3, i, np.arange(*r), 64, shuffle=True, seed=7)
+             for i, r in enumerate(ranges)]
+    ids, rows = [], []
+    for plan in plans:
+        while not plan.exhausted():
+            batch_id, batch = plan.take()
+            ids.append(batch_id)
+            rows.append(batch)
+    assert len(set(ids)) == len(ids)
+    assert sorted(np.concatenate(rows).tolist()) == list(range(1000))
+
+
+def test_label_grouped_batches_hold_one_label_and_interleave():
+    rng = np.random.default_rng(0)
+    labels = (rng.random(1000) < 0.25).astype(np.float32)
+    plan = Plan.training(0, 0, np.arange(1000), 32, shuffle=True, seed=1, labels=labels)
+    batches = [plan.take()[1] for _ in range(plan.batches)]
+    assert sorted(np.concatenate(batches).tolist()) == list(range(1000))
+    kinds = [float(labels[b][0]) for b in batches]
+    assert all(len(set(labels[b].tolist())) == 1 for b in batches)
+    assert all(len(b) <= 32 for b in batches)
+    # interleaved: the positive batches are spread over the pass, not bunched at one end
+    positions = np.flatnonzero(np.array(kinds) == 1.0) / len(batches)
+    assert positions.min() < 0.2 and positions.max() > 0.8
+    rows, starts = interleave_by_label(np.arange(4), np.array([0, 1, 0, 1.0]), 8)
+    assert starts.tolist() == [0, 2, 4] and sorted(rows.tolist()) == [0, 1, 2, 3]
+
+
+def test_a_resumed_plan_skips_what_was_acknowledged():
+    plan = Plan.training(0, 0, np.arange(100), 10, shuffle=True, seed=3)
+    fresh = Plan.training(0, 0, np.arange(100), 10, shuffle=True, seed=3)
+    everything = [fresh.take() for _ in range(fresh.batches)]
+    plan.resume(3, [5, 7])
+    left = []
+    while not plan.exhausted():
+        left.append(plan.take())
+    assert [split_batch_id(b)[2] for b, _ in left] == [3, 4, 6, 8, 9]
+    assert all(np.array_equal(rows, everything[split_batch_id(b)[2]][1]) for b, rows in left)
+
+
+def test_slice_progress_keeps_a_low_water_mark():
+    p = SliceProgress(epoch=2, eval=False)
+    for number in (0, 2, 3, 1, 6):
+        p.acked(number, 10, 1.0, 10.0)
+    d = p.as_dict()
+    assert (d["low"], d["above"], d["samples"], d["weight_sum"]) == (4, [6], 50, 50.0)
+
+
+def test_a_pass_takes_its_plans_in_turn():
+    a = Plan.training(0, 0, np.arange(20), 10, shuffle=False, seed=0)
+    b = Plan.training(0, 1, np.arange(20, 50), 10, shuffle=False, seed=0)
+    p = Pass(0, False, [a, b])
+    slices = [split_batch_id(p.take()[0])[1] for _ in range(p.batches)]
+    assert slices == [0, 1, 0, 1, 1] and p.exhausted()
+    assert Pass(0, False, []).exhausted() and len(Pass(0, True, []).rows()) == 0
 
 
 def test_ledger_window_and_duplicate_acks():

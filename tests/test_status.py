@@ -56,13 +56,13 @@ def test_training_history_eta_and_shard_shares():
     feeder = node("feeder", 0, samples_acked=0, train_loss_sum=0.0, train_weight_sum=0.0,
                   epoch_samples=0)
     b.heard("feeder-0", "feeder", feeder.counters, now=0.5)
-    b.tick(1.0, feeder)                       # the first point has no loss yet
+    b.tick(1.0, feeder.counters)                       # the first point has no loss yet
     feeder.counters = {"samples_acked": 1000, "train_loss_sum": 50.0,
                        "train_weight_sum": 100.0, "epoch_samples": 1000}
     b.heard("feeder-0", "feeder", feeder.counters, now=1.5)
-    b.tick(2.0, feeder)
-    b.tick(2.5, feeder)                       # within history_every_s: no point
-    t = b.training(feeder=feeder, samples_per_epoch=5000, epoch=0, epochs=2,
+    b.tick(2.0, feeder.counters)
+    b.tick(2.5, feeder.counters)                       # within history_every_s: no point
+    t = b.training(feeding=feeder.counters, samples_per_epoch=5000, epoch=0, epochs=2,
                    epochs_done=[])
     assert t["history"]["loss"] == [None, 0.5] and t["history"]["samples_per_s"][-1] == 1000
     assert t["samples_per_s"] == 1000.0

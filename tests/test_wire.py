@@ -36,6 +36,8 @@ def sample(cls: type) -> wire.Message:
         values.update(counts=np.array([4, 2, 1], np.int64), errors=np.array([1, 0, 0], np.int64))
     if cls is wire.PartTensors:
         values.update(phase="forward", names=["mlp_0"], values=np.zeros(3, np.float32))
+    if cls is wire.SliceMap:
+        values.update(train=[[0, 5], [5, 9]], eval=[[0, 2], [2, 3]], owners=[0, 1])
     if cls in (wire.PartCall, wire.PartReply):
         values.update(call="flat")
     return cls(**values)
@@ -108,7 +110,7 @@ MALFORMED = {
     "int field as text": (frames_with_header(batch_id="7"), "bad_field"),
     "int field as bool": (frames_with_header(batch_id=False), "bad_field"),
     "bool field as int": (frames_with_header(train=1), "bad_field"),
-    "float field as text": (frames_with_header(wire.EvalReport, auc="high"), "bad_field"),
+    "float field as text": (frames_with_header(wire.EpochTrained, loss_sum="high"), "bad_field"),
     "list of wrong items": (frames_with_header(wire.Aggregate, participants=[1, 2]),
                             "bad_field"),
     "arrays declared for none": (frames_with_header(a=[["float32", [1]]]), "bad_arrays"),
@@ -203,8 +205,8 @@ def test_consistency_rules():
 
 
 def test_non_finite_scalar_is_rejected():
-    frames = frames_with_header(wire.EvalReport)
-    frames[1] = frames[1].replace(b'"auc":0.5', b'"auc":1e999')
+    frames = frames_with_header(wire.EpochTrained)
+    frames[1] = frames[1].replace(b'"loss_sum":0.5', b'"loss_sum":1e999')
     with pytest.raises(ProtocolError):
         decode(frames)
 

@@ -24,6 +24,8 @@ AGGREGATOR_OFFSET = 280    # aggregator i >= 1 (hierarchical aggregation) binds 
 MAX_AGGREGATORS = 16
 GROUP_OFFSET = 300         # member p of model-parallel group g binds 300 + g * parts + p
 MAX_PARTS = 8
+FEEDER_OFFSET = 2400       # feeder i >= 1 binds samples-i at 2400 + 2i, ledger-i at 2401 + 2i
+MAX_FEEDERS = 16
 SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
@@ -41,6 +43,7 @@ class ClusterConfig:
     shards: int = field(default=2, metadata={"min": 1, "max": 255})
     aggregators: int = field(default=1, metadata={"min": 1, "max": MAX_AGGREGATORS})
     parts: int = field(default=1, metadata={"min": 1, "max": MAX_PARTS})  # per worker group
+    feeders: int = field(default=1, metadata={"min": 1, "max": MAX_FEEDERS})
     host: str = "127.0.0.1"
     base_port: int = field(default=47100, metadata={"min": 1024, "max": 65000})
     endpoints: dict[str, str] = field(default_factory=dict)
@@ -65,6 +68,7 @@ class ClusterConfig:
 
     def endpoint_names(self) -> list[str]:
         return [*FIXED_ENDPOINTS, *(f"ps-{i}" for i in range(self.shards)),
+                *(f"{kind}-{i}" for i in range(1, self.feeders) for kind in ("samples", "ledger")),
                 *(f"aggregator-{i}" for i in range(1, self.aggregators)),
                 *(self.group_endpoint_name(g, p) for g in range(self.workers)
                   for p in range(self.parts) if self.parts > 1)]
@@ -75,6 +79,12 @@ class ClusterConfig:
         group's leader, worker ``group``; member p >= 1 is part process
         ``group * (parts - 1) + p - 1``)."""
         return f"group-{group}-{member}"
+
+    @staticmethod
+    def feeder_endpoint_name(kind: str, feeder: int) -> str:
+        """Where feeder ``feeder`` binds its sample queue (``kind`` samples) or its ledger:
+        feeder 0 at ``samples`` / ``ledger``, feeder i >= 1 at ``samples-i`` / ``ledger-i``."""
+        return kind if feeder == 0 else f"{kind}-{feeder}"
 
     def part_position(self, part_index: int) -> tuple[int, int]:
         """(group, member) of part process ``part_index``."""
@@ -90,6 +100,9 @@ class ClusterConfig:
             offset = FIXED_ENDPOINTS[name]
         elif name.startswith("ps-") and name[3:].isdigit() and int(name[3:]) < self.shards:
             offset = PS_OFFSET + int(name[3:])
+        elif (name.startswith(("samples-", "ledger-")) and name.split("-")[1].isdigit()
+              and 0 < int(name.split("-")[1]) < self.feeders):
+            offset = FEEDER_OFFSET + 2 * int(name.split("-")[1]) + name.startswith("ledger")
         elif (name.startswith("aggregator-") and name[11:].isdigit()
               and 0 < int(name[11:]) < self.aggregators):
             offset = AGGREGATOR_OFFSET + int(name[11:])
@@ -125,7 +138,8 @@ class ClusterConfig:
 
     def expected_nodes(self) -> list[str]:
         """Node ids control waits for before training starts."""
-        return ["feeder-0", *(f"aggregator-{i}" for i in range(self.aggregators)),
+        return [*(f"feeder-{i}" for i in range(self.feeders)),
+                *(f"aggregator-{i}" for i in range(self.aggregators)),
                 *(f"ps-{i}" for i in range(self.shards)),
                 *(f"worker-{i}" for i in range(self.workers)),
                 *(f"part-{i}" for i in range(self.workers * (self.parts - 1)))]

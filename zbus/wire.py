@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 import orjson
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 MAX_HEADER_BYTES = 64 * 1024
 MAX_TAG_BYTES = 64
 
@@ -348,7 +348,9 @@ class Exported(Message):
 
 @message()
 class EpochTrained(Message):
-    """The feeder: every training batch of ``epoch`` is acknowledged."""
+    """A feeder: every training batch of ``slices`` of ``epoch`` is acknowledged. ``rows``:
+    the rows of its slices; ``rows_once`` / ``rows_repeated`` / ``rows_missed``: how many of them
+    were trained exactly once, more than once, not at all (counted from the acks)."""
 
     epoch: int
     samples: int
@@ -356,16 +358,25 @@ class EpochTrained(Message):
     loss_sum: float
     weight_sum: float
     seconds: float
+    slices: list[int]
+    rows: int
+    rows_once: int
+    rows_repeated: int
+    rows_missed: int
 
 
 @message()
 class EvalReport(Message):
-    """The feeder: evaluation of ``epoch`` finished."""
+    """A feeder scored the eval rows of ``slices`` for ``epoch``: their labels and predictions
+    (control joins every feeder's into the epoch's AUC and logloss)."""
 
     epoch: int
-    auc: float
-    logloss: float
-    samples: int
+    slices: list[int]
+    labels: np.ndarray = array("float32", 1)
+    preds: np.ndarray = array("float32", 1)
+
+    def check(self) -> None:
+        _require(self.labels.shape == self.preds.shape, "labels and preds differ in length")
 
 
 @message()
@@ -599,6 +610,32 @@ class Placement(Message):
                  "negative shard")
         _require(self.keys.size < 2 or bool((np.diff(self.keys) > 0).all()),
                  "keys not sorted and distinct")
+
+
+@message()
+class SliceMap(Message):
+    """Control's assignment of the data to the feeders (standing): slice i is the training
+    rows ``train[i]`` = [lo, hi) and the eval rows ``eval[i]`` (offsets into each split), fed
+    by feeder ``owners[i]``. ``version`` rises when a slice changes hands; ``resume`` then
+    says, per slice handed over (by its number as text), where its lost feeder had got to in
+    the training pass of ``epoch``: the seqs of the batches acknowledged, their samples and
+    loss, and whether that feeder had reported the pass."""
+
+    version: int
+    train: list[list]
+    eval: list[list]
+    owners: list[int]
+    resume: dict
+
+    def check(self) -> None:
+        n = len(self.owners)
+        _require(n > 0 and len(self.train) == n and len(self.eval) == n,
+                 "train, eval and owners must be non-empty and equally long")
+        for ranges in (self.train, self.eval):
+            _require(all(isinstance(r, list) and len(r) == 2
+                         and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
+                         and 0 <= r[0] <= r[1] for r in ranges), "ranges must be [lo, hi]")
+        _require(all(0 <= o < 256 for o in self.owners), "owners must be feeder indexes")
 
 
 @message()
