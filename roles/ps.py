@@ -63,6 +63,8 @@ WORK_SLOTS = {"lookup": (0, 1), "update": (2, 3)}
 class HeldBatch:
     rows: np.ndarray       # table row of each distinct key
     positions: np.ndarray  # int32 position in the batch grid of each key occurrence
+    mask: np.ndarray       # the same, one bit per grid position (Embeddings.mask)
+    grid: int
     inverse: np.ndarray    # int32 index into rows of each key occurrence
     window: int = 0        # the feeder's allocation window
     train: bool = True     # gradients will follow (false once a look-up said eval)
@@ -164,6 +166,9 @@ class Shard(Node):
         uniq, inverse = np.unique(msg.keys, return_inverse=True)
         self.held[msg.batch_id] = HeldBatch(rows=self.table.rows_for(uniq),
                                             positions=msg.positions,
+                                            mask=Embeddings.mask_of(msg.positions,
+                                                                    msg.samples * msg.fields),
+                                            grid=msg.samples * msg.fields,
                                             inverse=inverse.astype(np.int32).reshape(-1),
                                             window=msg.window)
         self.worked(msg.window, "lookup", len(msg.keys), started)
@@ -191,7 +196,7 @@ class Shard(Node):
                 self.held.pop(self.answered_eval.popitem(last=False)[0], None)
         rows = self.table.weights[held.rows]
         self.worked(held.window, "lookup", 0, started)
-        self.send(self.sock, Embeddings(batch_id=batch_id, positions=held.positions,
+        self.send(self.sock, Embeddings(batch_id=batch_id, grid=held.grid, mask=held.mask,
                                         inverse=held.inverse, rows=rows), identity=identity)
         self.counts["lookups"] += 1
 

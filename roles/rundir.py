@@ -28,8 +28,10 @@ def make_run_dir(name: str, environ: dict | None = None) -> Path:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write, fsync, rename: a reader sees the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Write, fsync, rename: a reader sees the old file or the whole new one. The temporary
+    file is the writer's own (its pid), so that processes writing the same file (feeders
+    exporting the same transform) do not rename each other's."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()

@@ -94,6 +94,7 @@ WAITS_KEPT = 512  # embedding waits kept (a uniform sample) for the summary's qu
 class PulledBatch:
     sample: SampleBatch
     replies: list[Embeddings | None]
+    positions: list[np.ndarray | None]  # grid positions of each shard's reply
     asked: bool = False       # Taken sent to the feeder
     granted: bool = False
     looked_up_at: float | None = None   # when its Lookups went to the shards
@@ -351,7 +352,8 @@ class Worker(Node):
                 if s.batch_id in self.pipeline:  # a second copy of a straggler: have it
                     self.counts["copies_ignored"] += 1
                     return
-                batch = self.pipeline[s.batch_id] = PulledBatch(s, [None] * len(self.shards))
+                batch = self.pipeline[s.batch_id] = PulledBatch(s, [None] * len(self.shards),
+                                                              [None] * len(self.shards))
                 self.idle_said = False
                 self.idle_since = None
                 if self.push:  # announce it: the shards send its rows as soon as they can
@@ -381,10 +383,10 @@ class Worker(Node):
                 if batch is None:
                     return  # the batch was refused to this worker meanwhile
                 grid = len(batch.sample.labels) * self.fields
-                if e.rows.shape[1:] != (self.dim,) or (e.positions.size and
-                                                       e.positions.max() >= grid):
+                if e.rows.shape[1:] != (self.dim,) or e.grid != grid:
                     raise ProtocolError("bad_shape", f"embeddings of batch {e.batch_id} do "
                                                      "not fit the batch")
+                batch.positions[shard] = e.positions()
                 batch.replies[shard] = e
                 if batch.has_embeddings():
                     now = time.monotonic()
@@ -515,8 +517,8 @@ class Worker(Node):
     def assemble(self, batch: PulledBatch) -> torch.Tensor:
         n = len(batch.sample.labels)
         flat = np.zeros((n * self.fields, self.dim), dtype=np.float32)
-        for e in batch.replies:
-            flat[e.positions] = e.rows[e.inverse]
+        for e, positions in zip(batch.replies, batch.positions, strict=True):
+            flat[positions] = e.rows[e.inverse]
         return torch.from_numpy(flat).to(self.device).view(n, self.fields, self.dim)
 
     def tensors(self, s: SampleBatch) -> tuple[torch.Tensor, ...]:
@@ -536,9 +538,9 @@ class Worker(Node):
             return
         grad = emb.grad.reshape(-1, self.dim)
         outbox: list[tuple[zmq.Socket, Message]] = []
-        for sock, e in zip(self.shards, batch.replies, strict=True):
+        for sock, e, where in zip(self.shards, batch.replies, batch.positions, strict=True):
             rows = torch.zeros((e.rows.shape[0], self.dim), device=self.device)
-            positions = torch.from_numpy(e.positions.astype(np.int64)).to(self.device)
+            positions = torch.from_numpy(where).to(self.device)
             inverse = torch.from_numpy(e.inverse.astype(np.int64)).to(self.device)
             rows.index_add_(0, inverse, grad[positions])
             outbox.append((sock, EmbeddingGrads(batch_id=s.batch_id, grads=rows.cpu().numpy())))

@@ -134,7 +134,14 @@ def test_feeder_keeps_a_batch_whose_ack_is_malformed(cluster):
         queue.setsockopt(zmq.LINGER, 0)
         queue.connect(c.job.cluster.endpoint("samples"))
         acks = dealer(ctx, c.job.cluster.endpoint("ledger"), "worker-0")
-        for _ in range(3):  # repeated, as control does, until the feeder has loaded its data
+        while True:  # its Ready says how many rows it loaded: one slice of them all
+            _, *frames = recv_within(fake.router, 60)
+            if isinstance(ready := wire.decode(frames).msg, wire.Ready):
+                break
+        slices = wire.SliceMap(version=0, train=[[0, ready.info["samples_in_data"]]],
+                               eval=[[0, ready.info["eval_samples"]]], owners=[0], resume={})
+        for _ in range(3):  # repeated, as control does
+            fake.pub.send_multipart(slices.to_frames("control-0"))
             fake.pub.send_multipart(wire.EpochStart(epoch=0).to_frames("control-0"))
             if queue.poll(2000):
                 break

@@ -27,8 +27,8 @@ def sample(cls: type) -> wire.Message:
         values.update(samples=2, fields=2, positions=np.array([0, 3], np.int32),
                       keys=np.array([-5, 2**62], np.int64))
     if cls is wire.Embeddings:
-        values.update(positions=np.array([0, 1], np.int32), inverse=np.array([0, 0], np.int32),
-                      rows=np.ones((1, 4), np.float32))
+        values.update(grid=10, mask=np.array([0b11000000, 0], np.uint8),
+                      inverse=np.array([0, 0], np.int32), rows=np.ones((1, 4), np.float32))
     if cls is wire.Placement:
         values.update(phase="move", keys=np.array([-5, 9], np.int64),
                       owners=np.array([1, 0], np.int64))
@@ -190,8 +190,14 @@ def test_consistency_rules():
                       accum=np.zeros((1, 2), f32)),
         wire.Handover(version=1, keys=np.array([1, 2], i64), weights=np.zeros((1, 2), f32),
                       accum=np.zeros((1, 2), f32)),
-        wire.Embeddings(batch_id=1, positions=np.array([0], i32), inverse=np.array([1], i32),
-                        rows=np.zeros((1, 4), f32)),
+        wire.Embeddings(batch_id=1, grid=8, mask=np.array([128], np.uint8),
+                        inverse=np.array([1], i32), rows=np.zeros((1, 4), f32)),
+        wire.Embeddings(batch_id=1, grid=8, mask=np.array([192], np.uint8),
+                        inverse=np.array([0], i32), rows=np.zeros((1, 4), f32)),
+        wire.Embeddings(batch_id=1, grid=4, mask=np.array([1], np.uint8),
+                        inverse=np.array([0], i32), rows=np.zeros((1, 4), f32)),
+        wire.BatchKeys(batch_id=1, window=0, samples=2, fields=2,
+                       positions=np.array([3, 1], i32), keys=np.array([1, 2], i64)),
         wire.Contribution(round=1, coefficient=-1.0, samples=1, done=False, delta=np.zeros(2, f32)),
         wire.Contribution(round=1, coefficient=1.0, samples=1, done=False,
                           delta=np.array([np.nan], f32)),

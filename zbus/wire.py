@@ -79,8 +79,11 @@ _SCALARS = {int: "integer", float: "number", str: "string", bool: "boolean",
             list: "list", dict: "object"}
 
 
-def _check_scalar(name: str, value: Any, kind: Any) -> Any:
-    origin = typing.get_origin(kind) or kind
+def _check_scalar(name: str, value: Any, origin: Any, item: Any) -> Any:
+    """``origin``: the field's type (list for list[item])."""
+    kind = type(value)
+    if kind is origin and kind is not list and kind is not float:
+        return value  # int, str, bool, dict: exactly their type (bool is not an int here)
     if origin is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif origin is float:
@@ -89,7 +92,6 @@ def _check_scalar(name: str, value: Any, kind: Any) -> Any:
             value = float(value)
             ok = math.isfinite(value)
     elif origin is list:
-        (item,) = typing.get_args(kind)
         ok = isinstance(value, list) and all(
             isinstance(v, item) and not isinstance(v, bool) for v in value)
     else:
@@ -107,6 +109,8 @@ class Message:
     CHANNEL: ClassVar[str] = "control"
     _scalars: ClassVar[tuple[tuple[str, Any], ...]] = ()
     _arrays: ClassVar[tuple[tuple[str, str, int], ...]] = ()
+    _names: ClassVar[frozenset[str]] = frozenset()
+    _checks: ClassVar[tuple[tuple[str, Any, Any], ...]] = ()  # (name, origin, item type)
 
     def check(self) -> None:
         """Consistency rules between fields; raise ProtocolError when broken."""
@@ -147,6 +151,9 @@ def message(channel: str = "control"):
         cls.CHANNEL = channel
         cls._scalars = tuple(scalars)
         cls._arrays = tuple(arrays)
+        cls._names = frozenset(n for n, _ in scalars)
+        cls._checks = tuple((n, typing.get_origin(k) or k, (typing.get_args(k) or (None,))[0])
+                            for n, k in scalars)
         _REGISTRY[cls.__name__] = cls
         return cls
 
@@ -188,10 +195,11 @@ def decode(frames: typing.Sequence[Any]) -> Envelope:
     sender, seq, fields, descr = header["from"], header["seq"], header["f"], header["a"]
     if not isinstance(sender, str) or not isinstance(seq, int) or isinstance(seq, bool):
         raise ProtocolError("bad_header", "from must be a string and seq an integer")
-    if not isinstance(fields, dict) or set(fields) != {n for n, _ in cls._scalars}:
+    if not isinstance(fields, dict) or fields.keys() != cls._names:
         raise ProtocolError("bad_field", f"{cls.__name__} fields must be exactly "
-                                         f"{sorted(n for n, _ in cls._scalars)}")
-    values = {name: _check_scalar(name, fields[name], kind) for name, kind in cls._scalars}
+                                         f"{sorted(cls._names)}")
+    values = {name: _check_scalar(name, fields[name], origin, item)
+              for name, origin, item in cls._checks}
     if not isinstance(descr, list) or len(descr) != len(cls._arrays):
         raise ProtocolError("bad_arrays", f"{cls.__name__} has {len(cls._arrays)} array(s)")
     if len(frames) != 2 + len(cls._arrays):
@@ -207,10 +215,9 @@ def decode(frames: typing.Sequence[Any]) -> Envelope:
 
 
 def _decode_array(name: str, dtype: str, ndim: int, entry: Any, frame: Any) -> np.ndarray:
-    if (not isinstance(entry, list) or len(entry) != 2 or entry[0] != dtype
-            or not isinstance(entry[1], list) or len(entry[1]) != ndim
-            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40
-                       for d in entry[1])):
+    if (type(entry) is not list or len(entry) != 2 or entry[0] != dtype
+            or type(entry[1]) is not list or len(entry[1]) != ndim
+            or not all(type(d) is int and 0 <= d < 2**40 for d in entry[1])):
         raise ProtocolError("bad_array", f"array {name!r} must be {dtype} with {ndim} dims, "
                                          f"declared {str(entry)[:80]}")
     dt = _DTYPES[dtype]
@@ -711,6 +718,8 @@ class BatchKeys(Message):
         _require(not self.positions.size
                  or (self.positions.min() >= 0 and self.positions.max() < grid),
                  "position outside the batch")
+        _require(self.positions.size < 2 or bool((np.diff(self.positions) > 0).all()),
+                 "positions not ascending")
 
 
 # Worker <-> ps shard (DEALER -> ROUTER).
@@ -727,18 +736,38 @@ class Lookup(Message):
 
 @message("embeddings")
 class Embeddings(Message):
-    """The shard's rows for a batch: ``rows[inverse[i]]`` is the embedding at ``positions[i]``."""
+    """The shard's rows for a batch. ``mask``: one bit per position of the batch's flattened
+    (sample, field) grid of ``grid`` positions (``np.packbits`` order), set where the key is
+    this shard's; ``rows[inverse[i]]`` is the embedding at the i-th set position. (A bit per
+    position instead of an int32 position per key: the worker's input carries about 4 bytes
+    per key occurrence, not 8, and no key.)"""
 
     batch_id: int
-    positions: np.ndarray = array("int32", 1)
+    grid: int
+    mask: np.ndarray = array("uint8", 1)
     inverse: np.ndarray = array("int32", 1)
     rows: np.ndarray = array("float32", 2)
 
     def check(self) -> None:
-        _require(self.positions.shape == self.inverse.shape, "positions and inverse differ")
+        _require(self.grid >= 0 and self.mask.shape == ((self.grid + 7) // 8,),
+                 "mask does not fit the grid")
+        _require(int(np.unpackbits(self.mask).sum()) == len(self.inverse)
+                 and not (self.grid % 8 and self.mask.size
+                          and self.mask[-1] & (0xFF >> (self.grid % 8))),
+                 "mask and inverse differ")
         _require(not self.inverse.size
                  or (self.inverse.min() >= 0 and self.inverse.max() < self.rows.shape[0]),
                  "inverse index outside rows")
+
+    def positions(self) -> np.ndarray:
+        """The grid positions of the set bits, in order."""
+        return np.flatnonzero(np.unpackbits(self.mask, count=self.grid))
+
+    @staticmethod
+    def mask_of(positions: np.ndarray, grid: int) -> np.ndarray:
+        bits = np.zeros(grid, dtype=bool)
+        bits[positions] = True
+        return np.packbits(bits)
 
 
 @message("embedding_grads")

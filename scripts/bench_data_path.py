@@ -1,0 +1,110 @@
+#!/usr/bin/env python
+"""The data path on Adult (jobs/adult.toml: 2 workers, 2 shards, 3 epochs), in one run:
+
+- embeddings ``pull`` against ``push``: each batch's wait for its embeddings (from the moment
+  it was the next to train, lacking only them), median and p90 over the workers' batches, with
+  samples/s and AUC;
+- ``batch_by_label`` (push): the AUC of label-grouped batches against mixed ones;
+- one feeder against two (push): samples/s and AUC;
+- the workers' input: bytes received per sample by channel (from the run's summary), against a
+  worker that receives whole samples, sparse keys included, and looks the embeddings up itself.
+  That design's input is computed from the same batches: the SampleBatch frames plus an int64
+  key per (sample, field), and embedding replies of the rows alone (the worker knows where
+  each goes); the zbus replies carry a bit per grid position and an int32 row index per key.
+
+    .venv/bin/python scripts/bench_data_path.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+from roles.local import LocalCluster
+
+REPO = Path(__file__).resolve().parent.parent
+CASES = {
+    "pull": {"train__embeddings": "pull"},
+    "push": {"train__embeddings": "push"},
+    "push, batch_by_label": {"train__embeddings": "push", "train__batch_by_label": True},
+    "push, 2 feeders": {"train__embeddings": "push", "cluster__feeders": 2},
+}
+
+
+def run(workdir: Path, settings: dict) -> dict:
+    with LocalCluster(workdir, REPO / "jobs" / "adult.toml", transport="tcp",
+                      **settings) as c:
+        if c.run_job(timeout=900) != 0:
+            raise SystemExit(f"run failed: {c.summary().get('reason')}\n{c.logs()}")
+        s = c.summary()
+        fields, dim = len(c.job.sparse_fields), c.job.model.embedding_dim
+    return {"wait_ms": s["embeddings"]["median_ms"], "p90_ms": s["embeddings"]["p90_ms"],
+            "samples_per_s": s["samples_per_s"], "auc": s["auc"],
+            "input": s["worker_input_bytes_per_sample"], "fields": fields, "dim": dim,
+            "bytes_received": s["bytes_received"], "samples": s["samples_trained"]}
+
+
+def whole_sample_input(got: dict) -> dict[str, float]:
+    """Per sample, what a worker receiving whole samples would receive: zbus's samples
+    channel plus 8 bytes per key; the rows of the embedding replies without the mask and the
+    row index per key (zbus's embeddings bytes less 4 per key and 1/8 per grid position per
+    shard, both shards' replies counted)."""
+    per = {}
+    for worker, channels in got["input"].items():
+        fields = got["fields"]
+        samples = channels.get("samples", 0.0) + 8 * fields
+        embeddings = channels.get("embeddings", 0.0) - 4 * fields - 2 * fields / 8
+        rest = sum(v for k, v in channels.items()
+                   if k not in ("samples", "embeddings", "total"))
+        per[worker] = {"samples": round(samples, 1), "embeddings": round(embeddings, 1),
+                       "total": round(samples + embeddings + rest, 1)}
+    return per
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    results: dict[str, list[dict]] = {name: [] for name in CASES}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeats):
+            for name, settings in CASES.items():
+                got = run(Path(tmp) / f"{len(results[name])}-{name.replace(' ', '_')}",
+                          settings)
+                results[name].append(got)
+                print(f"  run {r + 1} {name}: embedding wait median {got['wait_ms']} ms "
+                      f"(p90 {got['p90_ms']}), {got['samples_per_s']:,.0f} samples/s, "
+                      f"auc {got['auc']:.4f}", flush=True)
+
+    def med(name: str, key: str) -> float:
+        return statistics.median(g[key] for g in results[name])
+
+    print("\n| case | embedding wait, median (ms) | p90 (ms) | samples/s | AUC |")
+    print("|---|---|---|---|---|")
+    for name in CASES:
+        print(f"| {name} | {med(name, 'wait_ms'):.3f} | {med(name, 'p90_ms'):.3f} | "
+              f"{med(name, 'samples_per_s'):,.0f} | {med(name, 'auc'):.4f} |")
+    wait_ratio = med("push", "wait_ms") / max(med("pull", "wait_ms"), 1e-9)
+    rate_ratio = med("push", "samples_per_s") / med("pull", "samples_per_s")
+    print(f"\npush / pull median wait: {wait_ratio:.2f}; push / pull samples/s: "
+          f"{rate_ratio:.2f}")
+    print(f"batch_by_label AUC - mixed AUC: "
+          f"{med('push, batch_by_label', 'auc') - med('push', 'auc'):+.4f}")
+    print(f"2 feeders / 1 feeder samples/s: "
+          f"{med('push, 2 feeders', 'samples_per_s') / med('push', 'samples_per_s'):.2f}")
+    got = results["push"][0]
+    print("\nworker input, bytes per sample (push run 1):")
+    print("| worker | channel | zbus | whole samples, own look-ups |")
+    print("|---|---|---|---|")
+    whole = whole_sample_input(got)
+    for worker, channels in got["input"].items():
+        for ch in ("samples", "embeddings", "total"):
+            print(f"| {worker} | {ch} | {channels.get(ch, 0.0):.1f} | {whole[worker][ch]:.1f} |")
+        print(f"saving for {worker}: "
+              f"{1 - channels['total'] / whole[worker]['total']:.1%} of its input")
+
+
+if __name__ == "__main__":
+    main()
