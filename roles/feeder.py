@@ -1,7 +1,14 @@
-"""The feeder: reads the data, sends each batch's sparse keys to the shards that own them and
+"""A feeder: reads the data, sends each batch's sparse keys to the shards that own them and
 its dense features, labels and weights to the sample queue, and keeps the ledger of batches
 in flight (``roles.batching.Ledger``). It reports each finished training pass (and, in sync
 mode round, each drained round) and scores each evaluation pass.
+
+Slices (``[cluster] feeders``, ``roles.control_feeding``): every feeder loads the whole data
+(the same split and dense transform everywhere), then feeds only the training and eval rows of
+the slices control's SliceMap gives it (a feeder given no slice waits for one); batch ids carry
+the slice. Its heartbeat says how far each slice's pass has got, so that a live feeder can take
+a lost one's slice on from there (the SliceMap's ``resume``). With ``[train] batch_by_label``
+every training batch holds samples of one label.
 
 Flow control: at most ``window`` batches are unacknowledged at a time (see ``window_for``),
 and a batch is only built when the sample queue can take it (POLLOUT), so the keys and the

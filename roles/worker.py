@@ -1,12 +1,18 @@
 """A worker: one replica of the dense network.
 
 Per batch it pulls dense features, labels and weights from the sample queue (never sparse
-keys), asks every shard for its embeddings by batch id, asks the feeder to take it (each batch
-is granted to one worker), runs forward and backward, sends each shard the gradients of its
-rows, updates the dense weights and acknowledges the batch to the feeder. Up to ``prefetch``
-batches are pulled ahead with their look-ups in flight while the current one trains, but only
-the next one to run is taken: the rest stay untaken, so at the end of a pass the feeder can
-hand copies of them to an idle worker instead of waiting for a slow one.
+keys; one PULL socket connected to every feeder's queue), gets its embeddings from every shard
+by batch id, asks the batch's feeder to take it (each batch is granted to one worker), runs
+forward and backward, sends each shard the gradients of its rows, updates the dense weights
+and acknowledges the batch to the feeder of its slice (control's SliceMap). Up to ``prefetch``
+batches are pulled ahead while the current one trains, but only the next one to run is taken:
+the rest stay untaken, so at the end of a pass the feeder can hand copies of them to an idle
+worker instead of waiting for a slow one.
+
+Embeddings (``[train] embeddings``): ``push`` announces each batch to the shards (Lookup) as it
+is pulled, and they send its rows as soon as they have its keys; ``pull`` asks when the batch
+is the next to train and waits. Each batch's wait for its embeddings (from when it was the next
+to train, lacking only them) is sampled for the summary.
 
 Dense synchronisation (``[train] sync``), see ``roles.replica`` for the round arithmetic:
 

@@ -14,6 +14,7 @@ import zmq
 from zbus.wire import Envelope, Message, ProtocolError, decode
 
 DEFAULT_HWM = 1000
+COPY_BELOW = 64 * 1024  # messages smaller than this are copied into ZeroMQ when sent
 
 
 def make_socket(ctx: zmq.Context, kind: int, *, identity: str | None = None,
@@ -76,12 +77,13 @@ class Traffic:
 
 def send(sock: zmq.Socket, msg: Message, *, sender: str, seq: int, traffic: Traffic,
          identity: bytes | None = None, flags: int = 0) -> int:
-    """Encode and send; large arrays go without a copy. Returns the payload bytes."""
+    """Encode and send; a message of COPY_BELOW bytes or more goes without a copy (below, a
+    copy costs less than zmq.Frame objects). Returns the payload bytes."""
     frames = msg.to_frames(sender, seq)
-    nbytes = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
+    nbytes = sum(len(f) if type(f) is bytes else f.nbytes for f in frames)
     if identity is not None:
         frames.insert(0, identity)
-    sock.send_multipart(frames, flags=flags, copy=False)
+    sock.send_multipart(frames, flags=flags, copy=nbytes < COPY_BELOW)
     traffic.bytes_out[msg.CHANNEL] += nbytes
     traffic.msgs_out[msg.CHANNEL] += 1
     return nbytes

@@ -1,5 +1,6 @@
-"""Several feeders on assigned slices: every row trained once per epoch, batch ids unique, and a
-lost feeder's slice fed on from where it was (real processes over loopback)."""
+"""The data path over real processes on loopback: several feeders on assigned slices (every row
+trained once per epoch, batch ids unique, a lost feeder's slice fed on from where it was),
+embeddings pulled on demand, and what the workers receive."""
 
 from __future__ import annotations
 
@@ -69,3 +70,19 @@ def test_a_lost_feeders_slice_is_fed_on_from_its_last_acknowledged_batch(cluster
     assert s["duplicates_refused"]["embedding_updates"] / 2 < 0.1 * 153
     assert s["auc"] >= 0.89
     assert "Traceback" not in c.log("feeder-0") + c.log("control-0")
+
+
+def test_pull_embeddings_train_adult_and_workers_receive_no_keys(cluster):
+    c = cluster(ADULT_JOB, train__embeddings="pull", train__epochs=2)
+    assert c.run_job() == 0, c.logs()
+    s = c.summary()
+    assert s["auc"] >= 0.895, s["auc"]
+    e = s["embeddings"]
+    assert e["mode"] == "pull" and sorted(e["workers"]) == ["worker-0", "worker-1"]
+    assert sum(w["batches"] for w in e["workers"].values()) >= 2 * 153  # every batch waited
+    assert e["median_ms"] > 0  # on demand, every batch waits for a round trip
+    for worker, channels in s["worker_input_bytes_per_sample"].items():
+        assert "keys" not in channels, (worker, channels)  # the worker never gets a key
+        # 6 dense features, a label and a weight as float32, plus the header: ~34 bytes
+        assert 32 <= channels["samples"] < 40, channels
+        assert channels["embeddings"] > 0 and channels["total"] > channels["samples"]
