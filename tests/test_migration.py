@@ -19,6 +19,7 @@ from zbus.wire import Drained, KeyCounts, Moved, Placement
 @dataclass
 class Node:
     role: str
+    status: str = "alive"
 
 
 class Members:
