@@ -86,16 +86,24 @@ class FeedingKeeping:
                 "feeders_lost": self.feeders_lost, "rows_per_epoch": self.rows_counted}
 
     # -- reports -----------------------------------------------------------------------------
-    def handle_epoch_trained(self, m: EpochTrained) -> None:
-        if self.phase != "training" or m.epoch != self.epoch:
-            return
+    def collected(self, store: dict, phase: str, m: EpochTrained | EvalReport) -> list | None:
+        """File a feeder's report of a pass under its slices; once every slice has one, the
+        distinct reports (and the store emptied), else None."""
+        if self.phase != phase or m.epoch != self.epoch:
+            return None
         for s in m.slices:
-            self.epoch_reports[s] = m
+            store[s] = m
         self.last_progress = time.monotonic()
-        if len(self.epoch_reports) < len(self.slice_map.owners):
+        if len(store) < len(self.slice_map.owners):
+            return None
+        reports = list({id(r): r for r in store.values()}.values())
+        store.clear()
+        return reports
+
+    def handle_epoch_trained(self, m: EpochTrained) -> None:
+        reports = self.collected(self.epoch_reports, "training", m)
+        if reports is None:
             return
-        reports = list({id(r): r for r in self.epoch_reports.values()}.values())
-        self.epoch_reports = {}
         samples = sum(r.samples for r in reports)
         loss_sum = sum(r.loss_sum for r in reports)
         weight_sum = sum(r.weight_sum for r in reports)
@@ -109,15 +117,9 @@ class FeedingKeeping:
         self.sync_for_eval()
 
     def handle_eval(self, m: EvalReport) -> None:
-        if self.phase != "evaluating" or m.epoch != self.epoch:
+        reports = self.collected(self.eval_reports, "evaluating", m)
+        if reports is None:
             return
-        for s in m.slices:
-            self.eval_reports[s] = m
-        self.last_progress = time.monotonic()
-        if len(self.eval_reports) < len(self.slice_map.owners):
-            return
-        reports = list({id(r): r for r in self.eval_reports.values()}.values())
-        self.eval_reports = {}
         labels = np.concatenate([r.labels for r in reports])
         preds = np.concatenate([r.preds for r in reports])
         self.epoch_evaluated(m.epoch, auc(labels, preds), logloss(labels, preds), len(labels))
