@@ -37,7 +37,10 @@ def sample(cls: type) -> wire.Message:
     if cls is wire.PartTensors:
         values.update(phase="forward", names=["mlp_0"], values=np.zeros(3, np.float32))
     if cls is wire.SliceMap:
-        values.update(train=[[0, 5], [5, 9]], eval=[[0, 2], [2, 3]], owners=[0, 1])
+        values.update(train=[[0, 5], [5, 9]], eval=[[0, 2], [2, 3]], owners=[0, 1],
+                      resume={"1": {"epoch": 0, "phase": "training", "reported": False,
+                                    "low": 3, "above": [5], "samples": 768, "loss_sum": 1.5,
+                                    "weight_sum": 768.0}})
     if cls in (wire.PartCall, wire.PartReply):
         values.update(call="flat")
     return cls(**values)
@@ -198,6 +201,12 @@ def test_consistency_rules():
                         inverse=np.array([0], i32), rows=np.zeros((1, 4), f32)),
         wire.BatchKeys(batch_id=1, window=0, samples=2, fields=2,
                        positions=np.array([3, 1], i32), keys=np.array([1, 2], i64)),
+        wire.SliceMap(version=1, train=[[0, 5]], eval=[[0, 2]], owners=[0],
+                      resume={"0": {"epoch": 0, "low": "x", "above": [], "samples": 1,
+                                    "loss_sum": 0.0, "weight_sum": 1.0}}),
+        wire.SliceMap(version=1, train=[[0, 5]], eval=[[0, 2]], owners=[0],
+                      resume={"3": {"epoch": 0, "low": 1, "above": [], "samples": 1,
+                                    "loss_sum": 0.0, "weight_sum": 1.0}}),
         wire.Contribution(round=1, coefficient=-1.0, samples=1, done=False, delta=np.zeros(2, f32)),
         wire.Contribution(round=1, coefficient=1.0, samples=1, done=False,
                           delta=np.array([np.nan], f32)),

@@ -660,6 +660,15 @@ class SliceMap(Message):
                          and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
                          and 0 <= r[0] <= r[1] for r in ranges), "ranges must be [lo, hi]")
         _require(all(0 <= o < 256 for o in self.owners), "owners must be feeder indexes")
+        for key, r in self.resume.items():
+            _require(key.isdigit() and int(key) < n and isinstance(r, dict)
+                     and isinstance(r.get("epoch"), int) and isinstance(r.get("low"), int)
+                     and isinstance(r.get("above"), list)
+                     and all(isinstance(a, int) and a >= 0 for a in r["above"])
+                     and all(isinstance(r.get(k), (int, float)) and not isinstance(r[k], bool)
+                             for k in ("samples", "loss_sum", "weight_sum")),
+                     "resume must map slices to epoch, low, above, samples, loss_sum, "
+                     "weight_sum")
 
 
 @message()
