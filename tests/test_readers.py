@@ -96,12 +96,15 @@ def test_timestamps_are_unix_seconds_or_iso_dates_and_anything_else_is_a_rejecte
             "no,1,2,a,b,2026-01-02T01:00:00+01:00\n"    # 3 ISO with offset
             "no,1,2,a,b,yesterday\n"                    # 4 does not parse
             "no,1,2,a,b,inf\n"                          # 5 non-finite
-            "no,1,2,a,b,1767312000.9\n")                # 6 unix seconds
+            "no,1,2,a,b,1767312000.9\n"                 # 6 unix seconds
+            "no,1,2,a,b,1e19\n"                         # 7 beyond 2**53 seconds
+            "no,1e39,2,a,b,1\n")                        # 8 beyond float32
     t = read_table([write(tmp_path / "a.csv", text)], "csv", SCHEMA)
     assert t.timestamps.tolist() == [1767312000, 1767312000, 1767312000]
     assert [(r.line, r.reason) for r in t.rejected] == [
         (4, "timestamp 'yesterday' is neither unix seconds nor an ISO 8601 date/time"),
-        (5, "non-finite timestamp 'inf'")]
+        (5, "timestamp 'inf' is out of range"), (7, "timestamp '1e19' is out of range"),
+        (8, "column 'n': '1e39' is out of float32 range")]
 
 
 def test_a_schema_without_label_reads_rows_for_scoring(tmp_path):

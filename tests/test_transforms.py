@@ -24,3 +24,9 @@ def test_missing_becomes_training_mean_and_constant_columns_zero():
 def test_signed_log1p_keeps_negatives_defined():
     assert np.allclose(signed_log1p(np.array([-3.0, 0.0, 3.0])),
                        [-np.log(4), 0.0, np.log(4)])
+
+
+def test_a_row_far_outside_the_training_split_saturates_instead_of_overflowing():
+    t = DenseTransform.fit(np.array([[0.0], [1e-6]]), log1p=False)  # a tiny spread
+    out = t.apply(np.array([[3e38], [-3e38]]))
+    assert np.isfinite(out).all() and out[0, 0] > 1e38 and out[1, 0] < -1e38

@@ -5,8 +5,9 @@
 - ``criteo``: tab-separated, no header: label, 13 integer columns I1..I13, 26 hex columns C1..C26.
 
 A row is rejected (counted, kept with its file and line number, and the training goes on) when
-it has the wrong number of fields, a number that does not parse, a NaN or infinite number, an
-unknown or missing label, or a missing/unparsable timestamp (unix seconds or ISO 8601). A
+it has the wrong number of fields, a number that does not parse, a NaN or infinite number or
+one beyond float32's range, an unknown or missing label, or a missing, unparsable or
+out-of-range timestamp (unix seconds within ±2⁵³, or ISO 8601). A
 schema without a label column (``zbus-predict`` on unlabelled rows) reads labels as NaN. Empty
 lines are skipped.
 Missing values: an empty field or ``?`` is missing; a missing dense value becomes the training
@@ -28,6 +29,8 @@ from datetime import UTC, datetime
 import numpy as np
 
 MISSING = ("", "?")
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+MAX_TIMESTAMP = 2.0 ** 53  # seconds either side of 1970 that a float holds exactly
 CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
 
 
@@ -148,6 +151,8 @@ class _RowParser:
             raise _RowError(f"column {name!r}: cannot parse {raw!r} as a number") from None
         if not math.isfinite(value):
             raise _RowError(f"column {name!r}: non-finite value {raw!r}")
+        if abs(value) > FLOAT32_MAX:  # features train as float32
+            raise _RowError(f"column {name!r}: {raw!r} is out of float32 range")
         return value
 
     def _timestamp(self, raw: str) -> int:
@@ -160,14 +165,14 @@ class _RowParser:
         except ValueError:
             try:
                 when = datetime.fromisoformat(text)
-            except ValueError:
+                if when.tzinfo is None:
+                    when = when.replace(tzinfo=UTC)
+                return int(when.timestamp())
+            except (ValueError, OverflowError):
                 raise _RowError(f"timestamp {text!r} is neither unix seconds nor an ISO 8601 "
                                 "date/time") from None
-            if when.tzinfo is None:
-                when = when.replace(tzinfo=UTC)
-            return int(when.timestamp())
-        if not math.isfinite(value):
-            raise _RowError(f"non-finite timestamp {text!r}")
+        if not math.isfinite(value) or abs(value) > MAX_TIMESTAMP:
+            raise _RowError(f"timestamp {text!r} is out of range")
         return int(value)
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 
 def signed_log1p(x: np.ndarray) -> np.ndarray:
     return np.sign(x) * np.log1p(np.abs(x))
@@ -38,4 +40,7 @@ class DenseTransform:
     def apply(self, raw: np.ndarray) -> np.ndarray:
         t = signed_log1p(raw) if self.log1p else np.asarray(raw, dtype=np.float64)
         t = np.where(np.isnan(t), self.mean, t)
-        return ((t - self.mean) / self.std).astype(np.float32)
+        z = (t - self.mean) / self.std
+        # a row outside the training split (eval, or scoring) may lie beyond float32's range
+        # once standardised; it saturates rather than becoming infinite
+        return np.clip(z, -FLOAT32_MAX, FLOAT32_MAX).astype(np.float32)
