@@ -6,6 +6,7 @@ is answered. An oversized message is refused by the configured maximum size."""
 from __future__ import annotations
 
 import dataclasses
+
 import numpy as np
 import orjson
 import zmq
