@@ -9,6 +9,7 @@ import dataclasses
 
 import numpy as np
 import orjson
+import pytest
 import zmq
 from harness import FakeControl, recv_within
 from hypothesis import HealthCheck, given, settings
@@ -94,18 +95,26 @@ def strangers(ctx: zmq.Context, endpoints: dict[str, str]) -> dict[str, zmq.Sock
 # the bound sockets that receive, and the node that counts what arrives there
 TARGETS = {"control": "control-0", "control_req": "control-0", "ledger": "feeder-0",
            "ps-0": "ps-0", "ps-1": "ps-1", "aggregator": "aggregator-0"}
+# with model parallelism, the group's leader (worker-0) and member (part-0) bind too
+GROUP_TARGETS = {"group-0-0": "worker-0", "group-0-1": "part-0"}
+JOBS = {"plain": ({}, TARGETS),
+        "model-parallel": ({"cluster__workers": 1, "cluster__parts": 2,
+                            "data__synthetic__rows": 10_000, "train__epochs": 1},
+                           {**TARGETS, **GROUP_TARGETS})}
 
 
+@pytest.mark.parametrize("kind", JOBS)
 @settings(max_examples=1, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture,
                                  HealthCheck.data_too_large, HealthCheck.too_slow])
 @given(data=st.data())
 def test_malformed_messages_to_every_bound_socket_are_counted_and_the_job_completes(
-        cluster, data):
-    c = cluster(data__synthetic__rows=40_000, train__epochs=2)
-    sent: dict[str, int] = dict.fromkeys(set(TARGETS.values()), 0)
+        cluster, kind, data):
+    settings_, targets = JOBS[kind]
+    c = cluster(**{"data__synthetic__rows": 40_000, "train__epochs": 2, **settings_})
+    sent: dict[str, int] = dict.fromkeys(set(targets.values()), 0)
     junk = {}
-    for name in TARGETS:  # drawn first: every one checked malformed by the decoder itself
+    for name in targets:  # drawn first: every one checked malformed by the decoder itself
         junk[name] = []
         while len(junk[name]) < PER_SOCKET:
             frames = data.draw(malformed())
@@ -117,11 +126,11 @@ def test_malformed_messages_to_every_bound_socket_are_counted_and_the_job_comple
     try:
         c.start_all()
         c.wait_for_event(lambda e: e["event"] == "epoch_start")
-        socks = strangers(ctx, {n: c.job.cluster.endpoint(n) for n in TARGETS})
+        socks = strangers(ctx, {n: c.job.cluster.endpoint(n) for n in targets})
         for name, messages in junk.items():
             for frames in messages:
                 socks[name].send_multipart(frames)
-            sent[TARGETS[name]] += len(messages)
+            sent[targets[name]] += len(messages)
         # a valid request after all that is still answered
         socks["control_req"].send_multipart(
             wire.ControlRequest(action="settings", changes={}).to_frames("fuzz", 1))
@@ -134,7 +143,7 @@ def test_malformed_messages_to_every_bound_socket_are_counted_and_the_job_comple
     assert s["ok"], s["reason"]
     counted = {node: sum(kinds.values()) for node, kinds in s["rejected_messages"].items()}
     assert counted == {n: k for n, k in sent.items() if k}, (counted, s["rejected_messages"])
-    for name in ("control-0", "feeder-0", "ps-0", "ps-1", "aggregator-0"):
+    for name in sent:
         assert "Traceback" not in c.log(name), c.log(name)
 
 
