@@ -198,7 +198,7 @@ def endpoints_from_args(argv: list[str] | None) -> Endpoints:
 
     cluster = load_job_or_exit(args.job, "console").cluster
     return Endpoints(args.status or cluster.endpoint("status"),
-                     args.requests or cluster.endpoint("control_req"))
+                     args.requests or cluster.endpoint("control_req"), cluster)
 
 
 def main(argv: list[str] | None = None) -> None:

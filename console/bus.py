@@ -16,6 +16,7 @@ request's).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -25,7 +26,8 @@ from dataclasses import dataclass
 import zmq
 from textual.message import Message
 
-from zbus import sockets
+from zbus import security, sockets
+from zbus.cluster import ClusterConfig
 from zbus.wire import ControlReply, ControlRequest, ProtocolError, Status
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ class ReplyArrived(Message):
 class Endpoints:
     status: str
     requests: str
+    cluster: ClusterConfig | None = None  # the job's cluster: CURVE keys, when it uses them
 
 
 class BusLink:
@@ -76,6 +79,7 @@ class BusLink:
         self.connected: bool | None = None
         self.detail = ""  # the last LinkChanged posted
         self.last_status: float | None = None
+        self.curve: security.Curve | None = None
 
     def request(self, action: str, changes: dict | None = None) -> None:
         self.queue.put_nowait((action, changes or {}))
@@ -84,6 +88,9 @@ class BusLink:
         ctx = zmq.Context()
         sub = dealer = None
         try:
+            cluster = self.endpoints.cluster  # the console authenticates like any node
+            self.curve = None if cluster is None else security.for_process(
+                ctx, cluster, security.OPERATOR, authenticate=False)
             sub, dealer = self._open(ctx, "status"), self._open(ctx, "requests")
             opened = time.monotonic()
             pending: tuple[str, float] | None = None
@@ -133,9 +140,12 @@ class BusLink:
 
     # -- helpers ---------------------------------------------------------------------------
     def _open(self, ctx: zmq.Context, which: str) -> zmq.Socket:
+        address = self.endpoints.status if which == "status" else self.endpoints.requests
+        secure = None if self.curve is None else functools.partial(self.curve.client,
+                                                                   address=address)
         if which == "status":
-            return sockets.connect(ctx, zmq.SUB, self.endpoints.status, rcvhwm=16)
-        return sockets.connect(ctx, zmq.DEALER, self.endpoints.requests,
+            return sockets.connect(ctx, zmq.SUB, address, rcvhwm=16, secure=secure)
+        return sockets.connect(ctx, zmq.DEALER, address, secure=secure,
                                identity=f"{self.identity}-{self.seq}")
 
     def _read_status(self, sub: zmq.Socket, now: float) -> None:

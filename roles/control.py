@@ -46,6 +46,7 @@ from roles.membership import ALIVE, Members, NodeState
 from roles.rundir import MetricsLog, atomic_write, make_run_dir
 from roles.status import StatusBuilder
 from roles.summary import build_summary, feeder_totals
+from zbus import security
 from zbus.logs import setup_logging
 from zbus.node import Loop
 from zbus.wire import (
@@ -88,6 +89,7 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
     def __init__(self, job: Job, environ: dict | None = None):
         c = job.cluster
         super().__init__("control-0", c.heartbeat_s, c.max_message_bytes)
+        self.curve = security.for_process(self.ctx, c, "control-0")  # CURVE, when on
         self.job = job
         self.sync = job.train.sync
         self.router = self.bind(zmq.ROUTER, c.endpoint("control"), self.on_node)

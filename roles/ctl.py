@@ -15,6 +15,7 @@ Control's request endpoint comes from the job's cluster section (``--job``, ``ZB
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -24,16 +25,22 @@ import zmq
 from roles import live
 from roles.cli import load_job_or_exit
 from roles.control_operator import ACTIONS
-from zbus import sockets
+from zbus import security, sockets
+from zbus.cluster import ClusterConfig
 from zbus.wire import ControlReply, ControlRequest, ProtocolError
 
 
 def request(endpoint: str, action: str, changes: dict | None = None,
-            timeout_s: float = 5.0) -> ControlReply:
-    """One request to control; TimeoutError when no answer comes."""
+            timeout_s: float = 5.0, cluster: ClusterConfig | None = None) -> ControlReply:
+    """One request to control; TimeoutError when no answer comes. With ``cluster``, its CURVE
+    keys (the operator's key pair) when the job uses them."""
     ctx = zmq.Context()
     try:
-        sock = sockets.connect(ctx, zmq.DEALER, endpoint, identity=f"ctl-{os.getpid()}")
+        curve = None if cluster is None else security.for_process(
+            ctx, cluster, security.OPERATOR, authenticate=False)
+        secure = None if curve is None else functools.partial(curve.client, address=endpoint)
+        sock = sockets.connect(ctx, zmq.DEALER, endpoint, identity=f"ctl-{os.getpid()}",
+                               secure=secure)
         traffic = sockets.Traffic()
         sockets.send(sock, ControlRequest(action=action, changes=changes or {}),
                      sender=f"ctl-{os.getpid()}", seq=1, traffic=traffic)
@@ -65,11 +72,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("action", choices=ACTIONS)
     parser.add_argument("changes", nargs="*", help="name=value (with set)")
     args = parser.parse_args(argv)
-    endpoint = args.endpoint or load_job_or_exit(args.job, "ctl").cluster.endpoint("control_req")
+    cluster = load_job_or_exit(args.job, "ctl").cluster
+    endpoint = args.endpoint or cluster.endpoint("control_req")
     changes = parse_changes(args.changes) if args.action == "set" else {}
     try:
-        reply = request(endpoint, args.action, changes, args.timeout)
-    except (TimeoutError, ProtocolError, zmq.ZMQError) as exc:
+        reply = request(endpoint, args.action, changes, args.timeout, cluster)
+    except (TimeoutError, ProtocolError, zmq.ZMQError, OSError) as exc:
         print(f"zbus ctl: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     print(("ok: " if reply.ok else "refused: ") + reply.message)

@@ -55,6 +55,10 @@ class ClusterConfig:
     max_message_mb: float = field(default=256.0, metadata={"min": 0.01})
     interfaces: list[str] = field(default_factory=list)  # for network utilisation; [] = auto
     link_mbps: float = field(default=10_000.0, metadata={"min": 1.0})
+    # CURVE authentication and encryption (zbus.security): on, off, or auto (on as soon as
+    # some endpoint is not on this host); the key pairs and the allow-list live in keys_dir
+    curve: str = field(default="auto", metadata={"choices": ("auto", "on", "off")})
+    keys_dir: str = "keys"
 
     def __post_init__(self) -> None:
         names = self.endpoint_names()
@@ -131,6 +135,28 @@ class ClusterConfig:
             host = address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
             return host in ("localhost", "::1") or host.startswith("127.")
         return all(local(self.endpoint(name)) for name in self.endpoint_names())
+
+    def curve_enabled(self) -> bool:
+        return self.curve == "on" or (self.curve == "auto" and not self.single_host())
+
+    def endpoint_owner(self, name: str) -> str:
+        """The node that binds endpoint ``name`` (whose public key a client checks)."""
+        if name in ("control", "control_pub", "control_req", "status"):
+            return "control-0"
+        if name in ("aggregator", "aggregator_pub"):
+            return "aggregator-0"
+        if name in ("samples", "ledger"):
+            return "feeder-0"
+        kind, _, rest = name.partition("-")
+        if kind in ("samples", "ledger"):
+            return f"feeder-{rest}"
+        if kind in ("ps", "aggregator"):
+            return name
+        if kind == "group":
+            group, member = (int(x) for x in rest.split("-"))
+            return f"worker-{group}" if member == 0 else \
+                f"part-{self.part_index(group, member)}"
+        raise KeyError(f"no endpoint {name!r}")
 
     @property
     def max_message_bytes(self) -> int:

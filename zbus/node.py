@@ -9,6 +9,7 @@ Welcome, heartbeats with load figures and counters, and the lifecycle commands o
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -21,7 +22,7 @@ from typing import Any
 
 import zmq
 
-from zbus import sockets
+from zbus import security, sockets
 from zbus.cluster import ClusterConfig
 from zbus.load import LoadSampler
 from zbus.wire import (
@@ -55,6 +56,7 @@ class Loop:
         self.heartbeat_s = heartbeat_s
         self.max_message_bytes = max_message_bytes
         self.ctx = zmq.Context()
+        self.curve: security.Curve | None = None  # set by the role before its first socket
         self.poller = zmq.Poller()
         self.traffic = sockets.Traffic()
         self.rejected: Counter[str] = Counter()
@@ -73,6 +75,8 @@ class Loop:
     def bind(self, kind: int, endpoint: str, handler: Handler | None = None,
              **options: Any) -> zmq.Socket:
         options.setdefault("max_bytes", self.max_message_bytes)
+        if self.curve is not None:
+            options["secure"] = self.curve.server
         sock = sockets.bind(self.ctx, kind, endpoint, **options)
         if handler is not None:
             self.watch(sock, handler, router=kind == zmq.ROUTER)
@@ -82,6 +86,8 @@ class Loop:
                 **options: Any) -> zmq.Socket:
         options.setdefault("max_bytes", self.max_message_bytes)
         options.setdefault("identity", self.node_id)
+        if self.curve is not None:
+            options["secure"] = functools.partial(self.curve.client, address=endpoint)
         sock = sockets.connect(self.ctx, kind, endpoint, **options)
         if handler is not None:
             self.watch(sock, handler, router=kind == zmq.ROUTER)
@@ -183,6 +189,8 @@ class Loop:
 
     def close(self) -> None:
         self._handlers.clear()
+        if self.curve is not None:
+            self.curve.stop()
         self.ctx.destroy(linger=0)
 
 
@@ -193,6 +201,7 @@ class Node(Loop):
 
     def __init__(self, cluster: ClusterConfig, index: int, fingerprint: str):
         super().__init__(f"{self.role}-{index}", cluster.heartbeat_s, cluster.max_message_bytes)
+        self.curve = security.for_process(self.ctx, cluster, self.node_id)
         self.cluster = cluster
         self.index = index
         self.fingerprint = fingerprint

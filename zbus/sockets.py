@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket as _socket
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -19,11 +20,15 @@ COPY_BELOW = 64 * 1024  # messages smaller than this are copied into ZeroMQ when
 
 def make_socket(ctx: zmq.Context, kind: int, *, identity: str | None = None,
                 sndhwm: int = DEFAULT_HWM, rcvhwm: int = DEFAULT_HWM,
-                max_bytes: int | None = None, kernel_buffer: int | None = None) -> zmq.Socket:
+                max_bytes: int | None = None, kernel_buffer: int | None = None,
+                secure: Callable[[zmq.Socket], None] | None = None) -> zmq.Socket:
     """``kernel_buffer`` caps the TCP socket buffers (SO_SNDBUF and SO_RCVBUF): high-water
     marks count messages in ZeroMQ's queues only, while loopback TCP buffers grow to megabytes
-    and would let a slow reader hold hundreds of messages (ipc buffers are not sized by it)."""
+    and would let a slow reader hold hundreds of messages (ipc buffers are not sized by it).
+    ``secure`` sets the socket's CURVE options (``zbus.security``) before it binds or connects."""
     sock = ctx.socket(kind)
+    if secure is not None:
+        secure(sock)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, sndhwm)
     sock.setsockopt(zmq.RCVHWM, rcvhwm)

@@ -1,0 +1,119 @@
+"""CURVE: every socket authenticated and encrypted; a process without an allowed key cannot
+connect, so it cannot inject a batch, a weight update or a command; operators authenticate
+with their own key pair."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zmq
+import zmq.auth
+from zmq.utils.monitor import recv_monitor_message
+
+from roles.ctl import request
+from roles.keys import make_keys
+from zbus import wire
+from zbus.cluster import ClusterConfig
+from zbus.security import OPERATOR
+
+
+def test_curve_is_on_by_default_as_soon_as_an_endpoint_leaves_the_host():
+    assert not ClusterConfig().curve_enabled()
+    assert not ClusterConfig(endpoints={"ps-0": "ipc:///tmp/x/ps-0"}).curve_enabled()
+    away = {"ps-1": "tcp://10.0.0.4:47111"}
+    assert ClusterConfig(endpoints=away).curve_enabled()
+    assert not ClusterConfig(endpoints=away, curve="off").curve_enabled()
+    assert ClusterConfig(curve="on").curve_enabled()
+
+
+def test_every_endpoint_has_the_node_that_binds_it():
+    c = ClusterConfig(workers=2, shards=2, aggregators=2, parts=3, feeders=2)
+    owners = {n: c.endpoint_owner(n) for n in c.endpoint_names()}
+    assert owners["control_req"] == owners["status"] == "control-0"
+    assert owners["samples-1"] == owners["ledger-1"] == "feeder-1"
+    assert owners["ps-1"] == "ps-1" and owners["aggregator-1"] == "aggregator-1"
+    assert owners["group-1-0"] == "worker-1" and owners["group-1-2"] == "part-3"
+    assert set(owners.values()) <= set(c.expected_nodes()) | {"control-0"}
+
+
+def intruder(ctx: zmq.Context, endpoint: str, server_key: bytes | None) -> zmq.Socket:
+    """A DEALER in the clear (``server_key`` None) or with CURVE and a key pair of its own."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IDENTITY, b"worker-0")  # it even claims to be a node
+    if server_key is not None:
+        public, secret = zmq.curve_keypair()
+        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = \
+            public, secret, server_key
+    sock.connect(endpoint)
+    return sock
+
+
+def test_an_authenticated_job_trains_and_a_stranger_gets_nothing_in(cluster, tmp_path):
+    keys = tmp_path / "keys"
+    settings = dict(cluster__curve="on", cluster__keys_dir=str(keys),
+                    data__synthetic__rows=40_000, train__epochs=2)
+    c = cluster(transport="tcp", **settings)
+    make_keys(keys, [*c.job.cluster.expected_nodes(), "control-0", OPERATOR])
+    cl = c.job.cluster
+    ctx = zmq.Context()
+    try:
+        c.start_all()
+        c.wait_for_event(lambda e: e["event"] == "epoch_start")
+        public = {n: zmq.auth.load_certificate(str(keys / f"{n}.key"))[0]
+                  for n in ("ps-0", "aggregator-0", "control-0", "feeder-0")}
+        monitored = intruder(ctx, cl.endpoint("ps-0"), public["ps-0"])
+        events = monitored.get_monitor_socket()
+        strangers = [monitored, intruder(ctx, cl.endpoint("ps-0"), None)]
+        for s in strangers:  # a batch: its keys, then a look-up
+            s.send_multipart(wire.BatchKeys(
+                batch_id=1 << 60, window=0, samples=1, fields=1,
+                positions=np.zeros(1, np.int32), keys=np.array([42], np.int64)).to_frames())
+            s.send_multipart(wire.Lookup(batch_id=1 << 60, train=True).to_frames())
+        for key in (public["aggregator-0"], None):  # a weight update
+            s = intruder(ctx, cl.endpoint("aggregator"), key)
+            s.send_multipart(wire.Contribution(round=1, coefficient=1e9, samples=1, done=False,
+                                               delta=np.full(10, 1e6, np.float32)).to_frames())
+            strangers.append(s)
+        for key in (public["control-0"], None):  # a command
+            s = intruder(ctx, cl.endpoint("control_req"), key)
+            s.send_multipart(wire.ControlRequest(action="stop", changes={}).to_frames())
+            strangers.append(s)
+        for key in (public["feeder-0"], None):  # an acknowledgement
+            s = intruder(ctx, cl.endpoint("ledger"), key)
+            s.send_multipart(wire.Ack(batch_id=1, samples=1, loss_sum=0.0, weight_sum=1.0,
+                                      preds=np.zeros(0, np.float32)).to_frames())
+            strangers.append(s)
+        # the shard's authenticator turns the stranger's key away during the handshake
+        seen = set()
+        while zmq.EVENT_HANDSHAKE_FAILED_AUTH not in seen:
+            assert events.poll(10_000), f"no handshake failure; events {seen}"
+            seen.add(recv_monitor_message(events)["event"])
+        assert zmq.EVENT_HANDSHAKE_SUCCEEDED not in seen
+        # an operator with the console's key pair is answered
+        reply = request(cl.endpoint("control_req"), "settings", cluster=cl)
+        assert reply.ok
+        assert c.wait() == 0, c.logs()
+        for s in strangers:  # nobody answered the strangers
+            assert not s.poll(0)
+    finally:
+        ctx.destroy(linger=0)
+    s = c.summary()
+    assert s["status"] == "completed"  # the stranger's stop did not stop it
+    assert s["rejected_messages"] == {}  # nothing of theirs even reached a role
+    assert s["auc"] > 0.7
+    keys_seen = sum(v["keys"] for v in s["shards"].values())
+    assert keys_seen > 0
+
+
+def test_a_node_without_its_key_cannot_start(cluster, tmp_path):
+    c = cluster(cluster__curve="on", cluster__keys_dir=str(tmp_path / "none"))
+    proc = c.start_role("ps", 0)
+    assert proc.wait(timeout=60) == 2
+    assert "no key pair for ps-0" in c.log("ps-0")
+
+
+def test_zbus_ctl_without_the_operators_key_says_why(tmp_path):
+    cl = ClusterConfig(curve="on", keys_dir=str(tmp_path / "none"))
+    with pytest.raises(OSError, match="no key pair for console"):
+        request(cl.endpoint("control_req"), "settings", cluster=cl, timeout_s=0.5)
