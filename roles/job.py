@@ -27,7 +27,8 @@ import orjson
 from zbus.cluster import ClusterConfig
 
 DECAY_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
-RESERVED_ENV = {"ZBUS_JOB", "ZBUS_RUN_DIR", "ZBUS_LOG_LEVEL", "ZBUS_VENV", "ZBUS_TORCH_SPEC"}
+RESERVED_ENV = {"ZBUS_JOB", "ZBUS_RUN_DIR", "ZBUS_LOG_LEVEL", "ZBUS_VENV", "ZBUS_TORCH_SPEC",
+                "ZBUS_CLUSTER_FILE", "ZBUS_BIND_INTERFACE"}
 
 
 class JobError(ValueError):
@@ -344,9 +345,32 @@ def parse_job(text: str, origin: str = "<job>", base_dir: Path | None = None,
     return dataclasses.replace(job, origin=origin)
 
 
+def read_cluster_file(path: str) -> dict[str, str]:
+    """A cluster file's endpoints: ``[endpoints]`` name = "host:port" (TCP) or a full
+    ``tcp://`` / ``ipc://`` address, for every role's endpoint on every host."""
+    try:
+        table = tomllib.loads(Path(path).expanduser().read_text())
+    except OSError as exc:
+        raise JobError(f"cannot read cluster file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise JobError(f"cluster file {path} is not valid TOML: {exc}") from None
+    endpoints = table.get("endpoints")
+    if set(table) - {"endpoints"} or not isinstance(endpoints, dict) or not all(
+            isinstance(v, str) and v for v in endpoints.values()):
+        raise JobError(f"cluster file {path} must hold one [endpoints] table of "
+                       "name = \"host:port\" entries")
+    return {name: v if "://" in v else f"tcp://{v}" for name, v in endpoints.items()}
+
+
 def load_job(path: str | None = None, environ: typing.Mapping[str, str] | None = None) -> Job:
-    """The job from ``path``, else ``ZBUS_JOB``, else the built-in default job."""
+    """The job from ``path``, else ``ZBUS_JOB``, else the built-in default job; with
+    ``ZBUS_CLUSTER_FILE``, its endpoints (``read_cluster_file``) replace the job's."""
     env = os.environ if environ is None else environ
+    if env.get("ZBUS_CLUSTER_FILE"):
+        endpoints = read_cluster_file(env["ZBUS_CLUSTER_FILE"])
+        inline = ", ".join(f"{orjson.dumps(n).decode()} = {orjson.dumps(a).decode()}"
+                           for n, a in endpoints.items())
+        env = {**env, "ZBUS_CLUSTER__ENDPOINTS": "{" + inline + "}"}
     path = path or env.get("ZBUS_JOB") or None
     if path is None:
         text = resources.files("roles").joinpath("default_job.toml").read_text()

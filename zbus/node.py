@@ -57,6 +57,9 @@ class Loop:
         self.max_message_bytes = max_message_bytes
         self.ctx = zmq.Context()
         self.curve: security.Curve | None = None  # set by the role before its first socket
+        # bind TCP endpoints on this network interface (e.g. eth0) instead of the address the
+        # job lists: a setting of the host, not of the job (ZBUS_BIND_INTERFACE)
+        self.bind_interface = os.environ.get("ZBUS_BIND_INTERFACE", "")
         self.poller = zmq.Poller()
         self.traffic = sockets.Traffic()
         self.rejected: Counter[str] = Counter()
@@ -77,6 +80,8 @@ class Loop:
         options.setdefault("max_bytes", self.max_message_bytes)
         if self.curve is not None:
             options["secure"] = self.curve.server
+        if self.bind_interface and endpoint.startswith("tcp://"):
+            endpoint = f"tcp://{self.bind_interface}:{endpoint.rsplit(':', 1)[1]}"
         sock = sockets.bind(self.ctx, kind, endpoint, **options)
         if handler is not None:
             self.watch(sock, handler, router=kind == zmq.ROUTER)
