@@ -89,8 +89,12 @@ class BusLink:
         sub = dealer = None
         try:
             cluster = self.endpoints.cluster  # the console authenticates like any node
-            self.curve = None if cluster is None else security.for_process(
-                ctx, cluster, security.OPERATOR, authenticate=False)
+            try:
+                self.curve = None if cluster is None else security.for_process(
+                    ctx, cluster, security.OPERATOR, authenticate=False)
+            except OSError as exc:  # no key pair: say so, and stay disconnected
+                self._link(False, f"cannot authenticate: {exc}")
+                return
             sub, dealer = self._open(ctx, "status"), self._open(ctx, "requests")
             opened = time.monotonic()
             pending: tuple[str, float] | None = None

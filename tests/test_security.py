@@ -4,12 +4,17 @@ with their own key pair."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+
 import numpy as np
 import pytest
 import zmq
 import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
+from console.app import ZbusConsole
+from console.bus import Endpoints
 from roles.ctl import request
 from roles.keys import make_keys
 from zbus import wire
@@ -117,3 +122,28 @@ def test_zbus_ctl_without_the_operators_key_says_why(tmp_path):
     cl = ClusterConfig(curve="on", keys_dir=str(tmp_path / "none"))
     with pytest.raises(OSError, match="no key pair for console"):
         request(cl.endpoint("control_req"), "settings", cluster=cl, timeout_s=0.5)
+
+
+def test_the_console_authenticates_like_any_node(cluster, tmp_path):
+    keys = tmp_path / "keys"
+    c = cluster(transport="tcp", cluster__curve="on", cluster__keys_dir=str(keys))
+    make_keys(keys, ["control-0", OPERATOR])
+    cl = c.job.cluster
+    c.start_role("control")
+
+    async def drive(endpoints: Endpoints, check) -> None:
+        app = ZbusConsole(endpoints)
+        async with app.run_test(size=(80, 24)) as pilot:
+            for _ in range(300):
+                if check(app):
+                    return
+                await pilot.pause(0.1)
+            raise AssertionError(f"console: {app.link_detail}")
+
+    # with the console's key pair: control's status arrives over CURVE
+    asyncio.run(drive(Endpoints(cl.endpoint("status"), cl.endpoint("control_req"), cl),
+                      lambda app: app.connected and app.snapshot.get("phase") == "starting"))
+    # without one: it says why and stays disconnected
+    stranger = dataclasses.replace(cl, keys_dir=str(tmp_path / "none"))
+    asyncio.run(drive(Endpoints(cl.endpoint("status"), cl.endpoint("control_req"), stranger),
+                      lambda app: "cannot authenticate" in app.link_detail))
