@@ -143,6 +143,10 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
         self.backups: list[dict] = []
         self.generation = 0
         self.recoveries: list[dict] = []
+        self.shards_lost: dict[str, float] = {}   # shard -> when declared failed
+        self.shards_back: dict[str, tuple[float, int]] = {}  # restarting: lost at, updates
+        self.shard_recoveries: list[dict] = []
+        self.shard_generation = 0
         self.aggregator_lost_at: float | None = None
         self.export: ExportInProgress | None = None
         self.export_request = 0
@@ -249,6 +253,8 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
         before = self.members.nodes.get(node_id)
         if self.members.admit(node_id, hello.role, hello.index, hello.host, hello.pid,
                               time.monotonic()):
+            if before is not None and before.ready and hello.role == "ps":
+                self.shard_restarting(node_id, before)
             if before is not None and before.ready and hello.role == "aggregator":
                 log.warning("%s restarted (pid %d, was %d): it will restore the latest "
                             "backup", node_id, hello.pid, before.pid)
@@ -279,6 +285,8 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
             self.membership_changed()
         if node.role == "aggregator" and self.phase not in ("starting", "done"):
             self.restore_aggregators()
+        if node.role == "ps" and node_id in self.shards_back:
+            self.shard_back(node_id, info)
         if self.phase == "starting" and self.members.all_expected_ready():
             self.assign_slices()
             self.start_epoch(0)
@@ -452,12 +460,25 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
                 continue
             if node.role == "feeder" and self.feeder_lost(node_id, reason):
                 continue
+            if node.role == "ps":
+                log.warning("%s; waiting up to %.0f s for it to restart from its checkpoint",
+                            reason, self.job.train.recovery_timeout_s)
+                self.members.fail(node_id, now, reason)
+                self.shards_lost.setdefault(node_id, now)
+                self.metrics.write("shard_lost", node=node_id, reason=reason)
+                continue
             if node.role != "worker":
                 self.fail(reason)
                 return
             log.warning("%s; its batches go to the other workers", reason)
             if self.members.fail(node_id, now, reason):
                 self.membership_changed()
+        late = [n for n, t in self.shards_lost.items()
+                if now - t > self.job.train.recovery_timeout_s]
+        if late:
+            self.fail(f"{late[0]} did not come back within recovery_timeout_s = "
+                      f"{self.job.train.recovery_timeout_s:.0f} s")
+            return
         if self.aggregator_lost_at is not None and \
                 now - self.aggregator_lost_at > self.job.train.recovery_timeout_s:
             self.fail(f"the aggregator did not come back within recovery_timeout_s = "
@@ -519,6 +540,7 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
             rounds=self.rounds_done, round_samples=self.round_samples,
             membership=self.members.events,
             model={"backups": self.backups, "recoveries": self.recoveries,
+                   "shard_recoveries": self.shard_recoveries,
                    "exports": self.exports, "settings_changes": self.settings_changes,
                    "settings": self.settings, "decisions": self.decisions,
                    "last_decision": self.last_decision.reason if self.last_decision else None},

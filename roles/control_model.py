@@ -1,5 +1,13 @@
 """Control's part in keeping the model: backups it is told of, recovery of a restarted
-aggregator, and exports.
+aggregator and of a restarted shard, and exports.
+
+A shard that dies is declared failed when it misses heartbeats, and the job waits up to
+``recovery_timeout_s`` for it to be started again. The new process restores its latest
+checkpoint (``[train] checkpoint_s``) and says Ready; control then publishes ``ShardBack``, and
+feeders send it the keys of their batches in flight again while workers repeat the look-ups
+it had not answered. The embedding updates it applied after that checkpoint are lost: at least
+the difference between its last heartbeat's update count and the checkpoint's (in the
+summary's ``shard_recoveries``, with the checkpoint's age and the time it was down).
 
 An export is complete when every part has answered: the aggregator (``dense``), every shard
 (``ps-<i>``) and the feeder (``transform``). Control then writes the job and, last, the
@@ -17,11 +25,21 @@ from pathlib import Path
 from roles.job import Job, job_to_toml
 from roles.model_files import JOB, MANIFEST, newest_backup, write_json
 from roles.rundir import atomic_write
-from zbus.wire import BackupWritten, Export, Exported, Restore, Restored
+from zbus.wire import BackupWritten, Export, Exported, Restore, Restored, ShardBack
 
 log = logging.getLogger(__name__)
 
 EXPORT_FORMAT = 1
+
+
+def shard_recovery(lost_at: float, back_at: float, updates_before: int, info: dict) -> dict:
+    """What a shard's restart cost: how long it was away, how old its checkpoint was, and
+    at least how many applied updates were lost with it."""
+    checkpointed = info.get("checkpoint_updates")
+    counted = checkpointed if isinstance(checkpointed, int) else 0
+    return {"down_s": round(back_at - lost_at, 3), "restored": info.get("restored") is True,
+            "checkpoint_age_s": info.get("checkpoint_age_s"),
+            "updates_lost_at_least": max(0, updates_before - counted)}
 
 
 def export_parts(job: Job) -> set[str]:
@@ -140,3 +158,27 @@ class ModelKeeping:
         if e.final:
             self.finish()
 
+    # -- a restarted shard ---------------------------------------------------------------------
+    def shard_restarting(self, node_id: str, before) -> None:
+        """A new process says Hello as a shard that had been ready."""
+        updates = before.counters.get("updates")
+        self.shards_back[node_id] = (self.shards_lost.pop(node_id, time.monotonic()),
+                                     updates if isinstance(updates, int) else 0)
+        log.warning("%s restarted: it restores its latest checkpoint", node_id)
+
+    def shard_back(self, node_id: str, info: dict) -> None:
+        lost_at, updates_before = self.shards_back.pop(node_id)
+        now = time.monotonic()
+        self.shard_generation += 1
+        record = {"shard": node_id, "generation": self.shard_generation,
+                  "checkpoint_s": self.job.train.checkpoint_s,
+                  **shard_recovery(lost_at, now, updates_before, info)}
+        self.shard_recoveries.append(record)
+        self.metrics.write("shard_recovered", **record)
+        log.warning("%s is back after %.1f s from a checkpoint %s s old: at least %d updates "
+                    "lost", node_id, record["down_s"], record["checkpoint_age_s"],
+                    record["updates_lost_at_least"])
+        self.last_progress = now
+        index = int(node_id.rsplit("-", 1)[1])
+        self.publish(ShardBack(shard=index, generation=self.shard_generation),
+                     f"shard_back-{index}")

@@ -71,6 +71,7 @@ from zbus.wire import (
     Ready,
     RoundDrained,
     SampleBatch,
+    ShardBack,
     SliceMap,
     Taken,
 )
@@ -112,6 +113,7 @@ class Feeder(Node):
         self.slices: SliceMap | None = None  # control's assignment of the data to feeders
         self.row_acks: np.ndarray | None = None  # per training row: acks in this epoch
         self.progress: dict[int, SliceProgress] = {}  # the pass's slices, for the heartbeat
+        self.shards_back: dict[int, int] = {}  # shard -> the restart generation acted on
         self.members: set[str] = set()
         self.members_version = -1
         self.epoch = -1
@@ -194,6 +196,12 @@ class Feeder(Node):
                 self.start_evaluation(e, r)
             case Placement(version=v) as msg if self.skew and v > self.keymap.version:
                 self.handle_placement(msg)
+            case ShardBack(shard=i, generation=g) if g > self.shards_back.get(i, 0) \
+                    and 0 <= i < len(self.shards):
+                self.shards_back[i] = g
+                count = self.resend_keys(i)
+                log.warning("ps-%d restarted: the keys of %d batch(es) in flight sent again",
+                            i, count)
             case Feeding(paused=paused) if paused != self.paused:
                 self.paused = paused
                 log.info("feeding %s by an operator", "paused" if paused else "resumed")
@@ -423,17 +431,29 @@ class Feeder(Node):
         self.want_writable(self.samples, bool(self.ledger.resend) or self.may_send_new()
                            or bool(self.copies_wanted))
 
+    def send_keys(self, batch_id: int, rows: np.ndarray,
+                  shards: range | list[int]) -> tuple[np.ndarray, np.ndarray]:
+        d = self.data
+        keys = d.keys[rows].ravel()
+        owner = self.owner[rows].ravel()
+        for shard in shards:
+            positions = np.flatnonzero(owner == shard).astype(np.int32)
+            self.send(self.shards[shard], BatchKeys(
+                batch_id=batch_id, window=self.window, samples=len(rows),
+                fields=len(d.fields), positions=positions, keys=keys[positions]))
+        return keys, owner
+
+    def resend_keys(self, shard: int) -> int:
+        """A restarted shard lost the keys of the batches in flight: send them again."""
+        for batch_id, entry in self.ledger.in_flight.items():
+            self.send_keys(batch_id, entry.rows, [shard])
+        return len(self.ledger.in_flight)
+
     def send_batch(self, batch_id: int, rows: np.ndarray, eval: bool,
                    round_: int) -> tuple[np.ndarray, np.ndarray]:
         """Send one batch: its keys to their shards, its samples to the queue."""
         d = self.data
-        keys = d.keys[rows].ravel()
-        owner = self.owner[rows].ravel()
-        for shard, sock in enumerate(self.shards):
-            positions = np.flatnonzero(owner == shard).astype(np.int32)
-            self.send(sock, BatchKeys(batch_id=batch_id, window=self.window, samples=len(rows),
-                                      fields=len(d.fields), positions=positions,
-                                      keys=keys[positions]))
+        keys, owner = self.send_keys(batch_id, rows, range(len(self.shards)))
         self.send(self.samples, SampleBatch(
             batch_id=batch_id, epoch=self.epoch, eval=eval,
             min_round=self.eval_round if eval else 0, round=round_, dense=d.dense[rows],

@@ -125,6 +125,7 @@ class TrainConfig:
     seed: int = 7
     stall_timeout_s: float = field(default=300.0, metadata={"min": 1.0})
     recovery_timeout_s: float = field(default=120.0, metadata={"min": 1.0})
+    checkpoint_s: float = field(default=30.0, metadata={"min": 0.1})  # shard checkpoints
 
 
 @dataclass(frozen=True)

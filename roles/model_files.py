@@ -39,7 +39,7 @@ def embeddings_file(shard: int) -> str:
     return f"embeddings-ps-{shard}.npz"
 
 
-def _npz(**arrays: np.ndarray) -> bytes:
+def npz_bytes(**arrays: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     return buf.getvalue()
@@ -50,7 +50,7 @@ def _meta(meta: dict) -> np.ndarray:
 
 
 def save_dense(path: Path, params: np.ndarray, meta: dict) -> None:
-    atomic_write(path, _npz(params=np.asarray(params, dtype=np.float32), meta=_meta(meta)))
+    atomic_write(path, npz_bytes(params=np.asarray(params, dtype=np.float32), meta=_meta(meta)))
 
 
 def load_dense(path: Path) -> tuple[np.ndarray, dict]:
@@ -106,7 +106,8 @@ class Backups:
 
 
 def save_named(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    atomic_write(path, _npz(**{k: np.asarray(v, dtype=np.float32) for k, v in tensors.items()}))
+    atomic_write(path, npz_bytes(**{k: np.asarray(v, dtype=np.float32)
+                                    for k, v in tensors.items()}))
 
 
 def load_named(path: Path) -> dict[str, np.ndarray]:
@@ -115,7 +116,7 @@ def load_named(path: Path) -> dict[str, np.ndarray]:
 
 
 def save_embeddings(path: Path, keys: np.ndarray, rows: np.ndarray) -> None:
-    atomic_write(path, _npz(keys=np.asarray(keys, dtype=np.int64),
+    atomic_write(path, npz_bytes(keys=np.asarray(keys, dtype=np.int64),
                             rows=np.asarray(rows, dtype=np.float32)))
 
 

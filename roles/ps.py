@@ -3,11 +3,18 @@
 Per batch: the feeder sends the keys this shard owns (BatchKeys); the shard dedupes them, finds
 or creates their rows and keeps (rows, positions, inverse) until the batch's gradients arrive.
 A worker's Lookup is answered as soon as both the keys and the request are here (in either
-order). EmbeddingGrads are applied once per batch: the shard remembers applied batch ids (the
-current and the previous epoch), so a gradient sent twice is refused and counted. A batch sent
+order), and so are gradients that arrive before the keys (after a restart, a worker's queued
+gradients can overtake the keys the feeder sends again; at most ``MAX_WAITING`` are kept).
+EmbeddingGrads are applied once per batch: the shard remembers applied batch ids (the current
+and the previous epoch), so a gradient sent twice is refused and counted. A batch sent
 again (its worker died) brings its keys again: while the batch is held that is a no-op, after
 its gradients were applied the rows are held again for the new worker's look-up, and its
 gradients will be refused.
+
+Checkpoints: every ``[train] checkpoint_s`` the shard writes its rows, their Adagrad state and
+the applied batch ids to ``checkpoints/ps-<i>.npz`` in the run directory (write, fsync,
+rename). A shard started again in the same run restores the latest one when control welcomes
+it; the updates applied after it are lost (``roles.control_model`` reports what it cost).
 
 Skew-aware placement (``roles.placement``): the shard times its work per allocation window of
 the batches (look-ups: finding or creating rows and gathering them; updates: the Adagrad step),
@@ -30,14 +37,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import orjson
 import zmq
 
 from roles.batching import split_batch_id
 from roles.cli import role_main
 from roles.embedding_table import EmbeddingTable
 from roles.job import Job
-from roles.model_files import embeddings_file, save_embeddings
+from roles.model_files import embeddings_file, npz_bytes, save_embeddings
 from roles.placement import KeyMap
+from roles.rundir import atomic_write
 from zbus.node import Node
 from zbus.wire import (
     BatchKeys,
@@ -94,17 +103,61 @@ class Shard(Node):
                                     seed=t.seed)
         self.held: dict[int, HeldBatch] = {}
         self.waiting: OrderedDict[int, list[tuple[bytes, bool]]] = OrderedDict()
+        self.early_grads: OrderedDict[int, EmbeddingGrads] = OrderedDict()  # before keys
         self.applied: set[int] = set()
         self.answered_eval: OrderedDict[int, None] = OrderedDict()
         self.newest_epoch = 0
         self.counts = {"key_messages": 0, "lookups": 0, "updates": 0, "duplicates_refused": 0,
                        "keys_received": 0, "keys_repeated": 0, "lookup_s": 0.0,
                        "update_s": 0.0, "keys_moved_out": 0, "keys_moved_in": 0,
-                       "handovers": 0, "handovers_forced": 0}
+                       "handovers": 0, "handovers_forced": 0, "checkpoints": 0}
+        self.next_checkpoint = float("inf")  # from the welcome on
+        self.checkpointed: dict | None = None
 
     def on_welcome(self) -> None:
+        restored = self.restore_checkpoint()
         self.state = "ready"
-        self.to_control(Ready(info={"keys": len(self.table)}))
+        self.next_checkpoint = time.monotonic() + self.job.train.checkpoint_s
+        self.to_control(Ready(info={"keys": len(self.table), **restored}))
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def checkpoint_path(self) -> Path:
+        return Path(self.run_dir) / "checkpoints" / f"ps-{self.index}.npz"
+
+    def write_checkpoint(self) -> None:
+        """The rows, their Adagrad state and the applied batch ids, written atomically: a
+        restarted shard goes on from here (the updates after it are lost)."""
+        keys, rows = self.table.index.items()
+        meta = {"updates": self.counts["updates"], "time": time.time(),
+                "newest_epoch": self.newest_epoch, "version": self.version}
+        path = self.checkpoint_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, npz_bytes(keys=keys, weights=self.table.weights[rows],
+                                     accum=self.table.accum[rows],
+                                     applied=np.fromiter(self.applied, np.int64,
+                                                         len(self.applied)),
+                                     meta=np.frombuffer(orjson.dumps(meta), np.uint8)))
+        self.counts["checkpoints"] += 1
+        self.checkpointed = meta
+
+    def restore_checkpoint(self) -> dict:
+        """A restarted shard: the table, the applied ids and where it stood, from the latest
+        checkpoint of this run ({} when there is none)."""
+        path = self.checkpoint_path()
+        if not path.exists():
+            return {}
+        with np.load(path) as f:
+            meta = orjson.loads(f["meta"].tobytes())
+            self.table.accept(f["keys"], f["weights"], f["accum"])
+            self.applied = set(f["applied"].tolist())
+        self.newest_epoch, self.version = meta["newest_epoch"], meta["version"]
+        self.moved_version = self.version
+        age = max(0.0, time.time() - meta["time"])
+        log.warning("restarted from the checkpoint of %.1f s ago: %d keys, %d updates (the "
+                    "updates after it are lost)", age, len(self.table), meta["updates"])
+        self.counts["updates"] = meta["updates"]
+        return {"restored": True, "checkpoint_age_s": round(age, 3),
+                "checkpoint_updates": meta["updates"]}
 
     def export_part(self, where: Path) -> tuple[str, list[str]]:
         """A snapshot of every row this shard holds (the export's embeddings-ps-<i>.npz)."""
@@ -176,6 +229,9 @@ class Shard(Node):
         self.counts["keys_received"] += len(msg.keys)
         for identity, train in self.waiting.pop(msg.batch_id, []):
             self.answer(identity, msg.batch_id, train)
+        early = self.early_grads.pop(msg.batch_id, None)
+        if early is not None:
+            self.handle_grads(early)
 
     def handle_lookup(self, identity: bytes, msg: Lookup) -> None:
         if msg.batch_id in self.held:
@@ -206,9 +262,13 @@ class Shard(Node):
             self.held.pop(msg.batch_id, None)
             return
         held = self.held.get(msg.batch_id)
-        if held is None:
-            raise ProtocolError("unknown_batch", f"gradients for batch {msg.batch_id}, "
-                                                 "which this shard does not hold")
+        if held is None:  # its keys may still be on their way (sent again after a restart)
+            self.early_grads[msg.batch_id] = msg
+            while len(self.early_grads) > MAX_WAITING:
+                dropped, _ = self.early_grads.popitem(last=False)
+                self.reject(ProtocolError("unknown_batch", f"gradients for batch {dropped}, "
+                                                           "whose keys never came"))
+            return
         if msg.grads.shape != (len(held.rows), self.table.dim):
             raise ProtocolError("bad_shape", f"gradients of shape {msg.grads.shape} for "
                                              f"{len(held.rows)} rows of {self.table.dim}")
@@ -226,6 +286,9 @@ class Shard(Node):
         super().on_tick(now)
         if self.moving is not None:
             self.try_handover()
+        if self.welcomed and self.run_dir and now >= self.next_checkpoint:
+            self.next_checkpoint = now + self.job.train.checkpoint_s
+            self.write_checkpoint()
 
     def try_handover(self) -> None:
         """Hand over the rows this shard no longer owns, once no held training batch still

@@ -160,6 +160,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "latest_backup": (newest_backup(model.get("backups", [])) or {}).get("path"),
         "recoveries": len(model.get("recoveries", [])),
         "recovery": model.get("recoveries", []),
+        "shard_recoveries": model.get("shard_recoveries", []),
         "export": next((e["dir"] for e in reversed(model.get("exports", []))
                         if e.get("final") and "error" not in e), None),
         "exports": model.get("exports", []),

@@ -84,6 +84,7 @@ from zbus.wire import (
     RoundReady,
     SampleBatch,
     Settings,
+    ShardBack,
     SliceMap,
     StepGrad,
     Taken,
@@ -152,6 +153,7 @@ class Worker(Node):
         self.feeders = [self.connect(zmq.DEALER, c.endpoint(c.feeder_endpoint_name("ledger", f)),
                                      self.on_feeder) for f in range(c.feeders)]
         self.slice_owners: list[int] = list(range(c.feeders))  # control's SliceMap
+        self.shards_back: dict[int, int] = {}  # shard -> the restart generation acted on
         self.push = t.embeddings == "push"
         self.waits: list[float] = []  # seconds each batch waited for its embeddings (sample)
         self.waits_seen = 0
@@ -323,6 +325,13 @@ class Worker(Node):
         match env.msg:
             case ModelPlan() as plan if self.grouped and self.leader is None:
                 self.take_plan(plan)
+            case ShardBack(shard=i, generation=g) if g > self.shards_back.get(i, 0) \
+                    and 0 <= i < len(self.shards):
+                self.shards_back[i] = g
+                for b in self.pipeline.values():  # ask the restarted shard again
+                    if b.looked_up_at is not None and b.replies[i] is None:
+                        self.send(self.shards[i], Lookup(batch_id=b.sample.batch_id,
+                                                         train=not b.sample.eval))
             case SliceMap(owners=owners) if list(owners) != self.slice_owners:
                 self.slices_moved(list(owners))
             case Settings() as m if self.settings.take(m):

@@ -637,6 +637,16 @@ class Placement(Message):
 
 
 @message()
+class ShardBack(Message):
+    """Shard ``shard`` was restarted from its checkpoint (standing; ``generation`` counts
+    restarts): feeders send it the keys of their batches in flight again, workers their
+    look-ups that it has not answered."""
+
+    shard: int
+    generation: int
+
+
+@message()
 class SliceMap(Message):
     """Control's assignment of the data to the feeders (standing): slice i is the training
     rows ``train[i]`` = [lo, hi) and the eval rows ``eval[i]`` (offsets into each split), fed
