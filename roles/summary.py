@@ -93,7 +93,10 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
     train_s = sum(e.get("train_s", 0.0) for e in epochs)
     feeder = feeder_totals(counters)
     acked_by = feeder["acked_by"]
-    samples_trained = int(_num(feeder.get("samples_acked")))
+    # the feeders' reports of finished epochs are exact; counters are a lost feeder's last
+    # heartbeat's (they miss what it acknowledged after it) but count an unfinished epoch
+    samples_trained = max(int(_num(feeder.get("samples_acked"))),
+                          sum(int(_num(e.get("train_samples"))) for e in epochs))
     names = {f"worker-{i}" for i in range(job.cluster.workers)} | set(acked_by) | {
         n for n in counters if n.startswith("worker-")}
     workers = {w: int(_num(acked_by.get(w))) for w in sorted(names, key=node_index)}

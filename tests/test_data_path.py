@@ -47,8 +47,11 @@ def mid_epoch(e: dict) -> bool:
 def test_a_lost_feeders_slice_is_fed_on_from_its_last_acknowledged_batch(cluster):
     c = cluster(ADULT_JOB, train__epochs=2, cluster__feeders=2, cluster__node_timeout_s=1.5,
                 **SLOW)
-    c.start_all(slowdown={0: 3.0, 1: 3.0})
-    c.wait_for_event(mid_epoch)
+    c.start_all(slowdown={0: 4.0, 1: 4.0})
+    # two heartbeats into the epoch: the feeder has reported progress (it is resumed from its
+    # last heartbeat)
+    started = c.wait_for_event(lambda e: e["event"] == "epoch_start")["t"]
+    c.wait_for_event(lambda e: mid_epoch(e) and e["t"] >= started + 2.0)
     c.procs["feeder-1"].send_signal(signal.SIGKILL)
     assert c.wait() == 0, c.logs()
     s = c.summary()
@@ -65,6 +68,7 @@ def test_a_lost_feeders_slice_is_fed_on_from_its_last_acknowledged_batch(cluster
     assert (second["rows_once"], second["rows_repeated"], second["rows_missed"]) == (
         ADULT_TRAIN_ROWS, 0, 0), second
     assert second["eval_samples"] == s["eval_samples"]
+    assert s["samples_trained"] == 2 * ADULT_TRAIN_ROWS  # from the feeders' epoch reports
     # the batches acknowledged after its last heartbeat went out again: the shards refused
     # their second embedding update (2 shards), a small share of the epoch's 153 batches
     assert s["duplicates_refused"]["embedding_updates"] / 2 < 0.1 * 153
