@@ -194,6 +194,14 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
         if node is None:
             raise ProtocolError("unregistered", f"{type(msg).__name__} from {node_id!r}, "
                                                 "which has not said Hello")
+        if node.status != ALIVE and node.role == "ps" and node_id in self.shards_lost \
+                and node_id not in self.shards_back:
+            # a shard declared failed that speaks again was only stalled: it still holds
+            # every row and batch, so it simply goes on (a restarted one says Hello instead)
+            log.warning("%s speaks again: it was stalled, not dead; it goes on", node_id)
+            node.status = ALIVE
+            del self.shards_lost[node_id]
+            self.metrics.write("shard_stalled", node=node_id)
         if node.status != ALIVE:  # declared failed, yet it speaks: it must not go on
             self.send(self.router, Welcome(
                 accepted=False, run_id=self.run_id, run_dir="",

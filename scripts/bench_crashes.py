@@ -17,7 +17,7 @@ from pathlib import Path
 from roles.local import LocalCluster
 
 REPO = Path(__file__).resolve().parent.parent
-SETTINGS = {"train__epochs": 2, "model__hidden": [512, 256], "cluster__node_timeout_s": 1.5,
+SETTINGS = {"train__epochs": 2, "model__hidden": [512, 256], "cluster__node_timeout_s": 3.0,
             "train__checkpoint_s": 1.0}
 ROWS = 39074
 # role killed, its process name, restarted (argv) or not, extra job settings
