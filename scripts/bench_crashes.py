@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """What a crash of each role costs, measured: Adult (jobs/adult.toml, 2 epochs, MLP 512-256,
 workers slowed 3x so that an epoch lasts seconds) once without a crash and once per role with
-that role SIGKILLed in the first epoch (at the first aggregation round 2 s into it), started
+that role SIGKILLed in the first epoch (at the first aggregation round 1 s into it), started
 again at once where the role can be. One run each; the figures are the run's summary.
 
     .venv/bin/python scripts/bench_crashes.py
@@ -38,7 +38,7 @@ def run(workdir: Path, victim: str | None, restart: list[str] | None, extra: dic
         c.start_all(slowdown={0: 3.0, 1: 3.0})
         if victim is not None:
             started = c.wait_for_event(lambda e: e["event"] == "epoch_start")["t"]
-            c.wait_for_event(lambda e: e["event"] == "round_done" and e["t"] >= started + 2)
+            c.wait_for_event(lambda e: e["event"] == "round_done" and e["t"] >= started + 1)
             c.procs[victim].send_signal(signal.SIGKILL)
             c.procs[victim].wait()
             if restart is not None:
