@@ -12,8 +12,10 @@ recovery of a restarted aggregator and exports in ``roles.control_model``; opera
 (actions, live settings) and the status published for consoles in ``roles.control_operator``.
 
 The job fails, with the reason in the summary and a non-zero exit, when a node reports a
-Failure, a ready node other than a worker or an aggregator (which may be started again within
-``recovery_timeout_s``) misses heartbeats for ``node_timeout_s``, the nodes are not all ready
+Failure, a ready node other than a worker, a part, one of several feeders (its slices go to
+another, ``roles.control_feeding``), an aggregator or a shard (which may be started again
+within ``recovery_timeout_s``, ``roles.control_model``) misses heartbeats for
+``node_timeout_s``, the nodes are not all ready
 within ``start_timeout_s``, or nothing progresses for ``stall_timeout_s``.
 
 Commands that stand (the current epoch or evaluation, the round in flight, Finish) are
