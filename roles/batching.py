@@ -253,12 +253,11 @@ class Pass:
 
 @dataclass
 class SliceProgress:
-    """How far a pass over one slice has got: every batch number below ``low`` and those in
-    ``above`` acknowledged, with their samples and loss (a feeder's heartbeat carries it, so
-    that control can hand the slice on from there if the feeder dies)."""
+    """How far a training pass over one slice has got: every batch number below ``low`` and
+    those in ``above`` acknowledged, with their samples and loss (a feeder's heartbeat carries
+    it, so that control can hand the slice on from there if the feeder dies)."""
 
     epoch: int
-    eval: bool
     low: int = 0
     above: set[int] = field(default_factory=set)
     samples: int = 0
@@ -275,6 +274,6 @@ class SliceProgress:
         self.weight_sum += weight_sum
 
     def as_dict(self) -> dict:
-        return {"epoch": self.epoch, "eval": self.eval, "low": self.low,
+        return {"epoch": self.epoch, "low": self.low,
                 "above": sorted(self.above), "samples": self.samples,
                 "loss_sum": self.loss_sum, "weight_sum": self.weight_sum}

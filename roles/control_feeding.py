@@ -160,8 +160,7 @@ class FeedingKeeping:
         reported = slice_ in self.epoch_reports or self.phase != "training"
         point = {"epoch": self.epoch, "phase": self.phase, "reported": reported, "low": 0,
                  "above": [], "samples": 0, "loss_sum": 0.0, "weight_sum": 0.0}
-        if isinstance(progress, dict) and progress.get("epoch") == self.epoch \
-                and not progress.get("eval"):
+        if isinstance(progress, dict) and progress.get("epoch") == self.epoch:
             low, above = progress.get("low"), progress.get("above")
             if isinstance(low, int) and isinstance(above, list) \
                     and all(isinstance(a, int) for a in above):

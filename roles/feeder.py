@@ -37,7 +37,6 @@ import numpy as np
 import zmq
 
 from roles.batching import (
-    EVAL_SEQ,
     Ledger,
     Pass,
     Plan,
@@ -112,7 +111,9 @@ class Feeder(Node):
         self.plan: Pass | None = None
         self.slices: SliceMap | None = None  # control's assignment of the data to feeders
         self.row_acks: np.ndarray | None = None  # per training row: acks in this epoch
-        self.progress: dict[int, SliceProgress] = {}  # the pass's slices, for the heartbeat
+        # how far the epoch's training pass has got per slice, for the heartbeat (a lost
+        # feeder's slice is taken on from there)
+        self.progress: dict[int, SliceProgress] = {}
         self.shards_back: dict[int, int] = {}  # shard -> the restart generation acted on
         self.members: set[str] = set()
         self.members_version = -1
@@ -290,12 +291,13 @@ class Feeder(Node):
             raise ProtocolError("inconsistent", f"slices of {m.train[-1][1]} training and "
                                                 f"{m.eval[-1][1]} eval rows; this feeder "
                                                 f"loaded {d.n_train} and {d.n_eval}")
-        mine = [i for i, owner in enumerate(m.owners) if owner == self.index]
+        before = None if self.slices is None else self.my_slices()
+        self.slices = m
+        mine = self.my_slices()
         log.info("slice map %d: this feeder feeds slice(s) %s", m.version,
                  ", ".join(f"{i} (training rows {m.train[i][0]}..{m.train[i][1]}, eval rows "
                            f"{m.eval[i][0]}..{m.eval[i][1]})" for i in mine) or "none")
-        new = [i for i in mine if self.slices is not None and i not in self.my_slices()]
-        self.slices = m
+        new = [] if before is None else [i for i in mine if i not in before]
         if new and self.data is not None:
             self.take_over(new)
 
@@ -313,11 +315,9 @@ class Feeder(Node):
             self.begin_pass(Pass(self.epoch, False, []), training)
         elif plan is not None and plan.eval and scoring:
             plan.plans += [self.eval_plan(i, self.epoch) for i in scoring]
-            self.progress.update({i: SliceProgress(self.epoch, True) for i in scoring})
         elif plan is None and scoring:
             self.plan = Pass(self.epoch, True, [self.eval_plan(i, self.epoch)
                                                 for i in scoring])
-            self.progress = {i: SliceProgress(self.epoch, True) for i in scoring}
             self.state = "evaluating"
             self.preds = np.full(d.n_eval, np.nan, dtype=np.float32)
         self.pump()
@@ -333,7 +333,7 @@ class Feeder(Node):
         plan = Plan.training(epoch, slice_, np.arange(*self.slices.train[slice_]),
                              t.batch_size, t.shuffle, t.seed,
                              d.labels if t.batch_by_label else None)
-        progress = self.progress[slice_] = SliceProgress(epoch, False)
+        progress = self.progress[slice_] = SliceProgress(epoch)
         if self.resumable(slice_, epoch):
             r = self.slices.resume[str(slice_)]
             plan.resume(r["low"], r["above"])
@@ -378,7 +378,6 @@ class Feeder(Node):
         d = self.data
         self.evaluated, self.eval_round, self.state = epoch, round_, "evaluating"
         self.plan = Pass(epoch, True, [self.eval_plan(i, epoch) for i in self.my_slices()])
-        self.progress = {i: SliceProgress(epoch, True) for i in self.my_slices()}
         self.preds = np.full(d.n_eval, np.nan, dtype=np.float32)
         self.pump()
         self.maybe_pass_drained()
@@ -499,11 +498,10 @@ class Feeder(Node):
             self.acked_by[worker] += ack.samples
             if self.row_acks is not None:
                 self.row_acks[entry.rows] += 1
-        _, slice_, seq = split_batch_id(ack.batch_id)
-        progress = self.progress.get(slice_)
-        if progress is not None:
-            progress.acked(seq - EVAL_SEQ if entry.eval else seq, ack.samples, ack.loss_sum,
-                           ack.weight_sum)
+            _, slice_, seq = split_batch_id(ack.batch_id)
+            progress = self.progress.get(slice_)
+            if progress is not None:
+                progress.acked(seq, ack.samples, ack.loss_sum, ack.weight_sum)
         if not self.ledger.in_flight and self.plan is not None:
             self.pass_drained()
         self.maybe_drained()

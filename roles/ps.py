@@ -1,7 +1,7 @@
 """A parameter-server shard: the embedding rows of the keys it owns and their Adagrad state.
 
 Per batch: the feeder sends the keys this shard owns (BatchKeys); the shard dedupes them, finds
-or creates their rows and keeps (rows, positions, inverse) until the batch's gradients arrive.
+or creates their rows and keeps (rows, mask, inverse) until the batch's gradients arrive.
 A worker's Lookup is answered as soon as both the keys and the request are here (in either
 order), and so are gradients that arrive before the keys (after a restart, a worker's queued
 gradients can overtake the keys the feeder sends again; at most ``MAX_WAITING`` are kept).
@@ -71,8 +71,8 @@ WORK_SLOTS = {"lookup": (0, 1), "update": (2, 3)}
 @dataclass
 class HeldBatch:
     rows: np.ndarray       # table row of each distinct key
-    positions: np.ndarray  # int32 position in the batch grid of each key occurrence
-    mask: np.ndarray       # the same, one bit per grid position (Embeddings.mask)
+    mask: np.ndarray       # one bit per batch grid position, set where the key is this
+                           # shard's (Embeddings.mask)
     grid: int
     inverse: np.ndarray    # int32 index into rows of each key occurrence
     window: int = 0        # the feeder's allocation window
@@ -218,7 +218,6 @@ class Shard(Node):
         self._forget_old_epochs(split_batch_id(msg.batch_id)[0])
         uniq, inverse = np.unique(msg.keys, return_inverse=True)
         self.held[msg.batch_id] = HeldBatch(rows=self.table.rows_for(uniq),
-                                            positions=msg.positions,
                                             mask=Embeddings.mask_of(msg.positions,
                                                                     msg.samples * msg.fields),
                                             grid=msg.samples * msg.fields,
@@ -277,7 +276,7 @@ class Shard(Node):
         self.table.adagrad(held.rows, msg.grads)
         self.applied.add(msg.batch_id)
         self.counts["updates"] += 1
-        self.worked(held.window, "update", len(held.positions), started)
+        self.worked(held.window, "update", len(held.inverse), started)
         if self.moving is not None:
             self.try_handover()
 

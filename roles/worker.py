@@ -448,8 +448,7 @@ class Worker(Node):
         before, self.slice_owners = self.slice_owners, owners
         for b in self.pipeline.values():
             slice_ = split_batch_id(b.sample.batch_id)[1]
-            moved = slice_ < len(owners) and (slice_ >= len(before)
-                                              or before[slice_] != owners[slice_])
+            moved = slice_ < len(owners) and before[slice_] != owners[slice_]  # same slices
             if moved and b.asked and not b.granted:
                 self.send(self.feeder_of(b.sample.batch_id), Taken(batch_id=b.sample.batch_id))
 

@@ -97,7 +97,7 @@ def test_a_resumed_plan_skips_what_was_acknowledged():
 
 
 def test_slice_progress_keeps_a_low_water_mark():
-    p = SliceProgress(epoch=2, eval=False)
+    p = SliceProgress(epoch=2)
     for number in (0, 2, 3, 1, 6):
         p.acked(number, 10, 1.0, 10.0)
     d = p.as_dict()

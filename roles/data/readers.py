@@ -28,8 +28,9 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+from roles.data.transforms import FLOAT32_MAX
+
 MISSING = ("", "?")
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 MAX_TIMESTAMP = 2.0 ** 53  # seconds either side of 1970 that a float holds exactly
 CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
 
