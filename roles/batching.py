@@ -33,6 +33,14 @@ def sample_batch_bytes(batch_size: int, dense: int) -> int:
     return batch_size * (dense + 2) * 4 + 1024
 
 
+def max_in_flight(workers: int, prefetch: int) -> int:
+    """A feeder's window: batches unacknowledged at a time. Per worker, its prefetch and the
+    one it trains, as many again that a slow worker may hold in socket buffers, and some in
+    transit. It also bounds the acks a dead feeder can have lost in transit, so a worker
+    keeps that many of its latest acks per feeder to send a restarted one again."""
+    return max(1, workers) * (2 * prefetch + 6) + 2
+
+
 def slice_ranges(rows: int, parts: int) -> list[list[int]]:
     """``parts`` contiguous [lo, hi) ranges covering 0..rows, sizes differing by one at most."""
     edges = [rows * i // parts for i in range(parts + 1)]
@@ -109,6 +117,21 @@ class Plan:
 
     def batch_rows(self, i: int) -> np.ndarray:
         return self.rows[self.starts[i]:self.starts[i + 1]]
+
+    def number_of(self, batch_id: int) -> int | None:
+        """The batch's number within this plan, or None when it is not one of its batches."""
+        epoch, slice_, seq = split_batch_id(batch_id)
+        number = seq - self.first_seq
+        if epoch != self.epoch or slice_ != self.slice or not 0 <= number < self.batches:
+            return None
+        return number
+
+    def unsent(self, number: int) -> bool:
+        return number >= self.next and number not in self.skip
+
+    def claim(self, number: int) -> None:
+        """Mark a batch as sent elsewhere (by this feeder's previous process)."""
+        self.skip.add(number)
 
     def exhausted(self) -> bool:
         while self.next in self.skip:
@@ -250,6 +273,14 @@ class Pass:
         return np.concatenate([p.rows for p in self.plans]) if self.plans else \
             np.zeros(0, dtype=np.int64)
 
+    def find(self, batch_id: int) -> tuple[Plan, int] | None:
+        """The plan the batch belongs to, and its number there."""
+        for plan in self.plans:
+            number = plan.number_of(batch_id)
+            if number is not None:
+                return plan, number
+        return None
+
 
 @dataclass
 class SliceProgress:
@@ -272,6 +303,9 @@ class SliceProgress:
         self.samples += samples
         self.loss_sum += loss_sum
         self.weight_sum += weight_sum
+
+    def done(self, number: int) -> bool:
+        return number < self.low or number in self.above
 
     def as_dict(self) -> dict:
         return {"epoch": self.epoch, "low": self.low,

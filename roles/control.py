@@ -265,6 +265,10 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
                               time.monotonic()):
             if before is not None and before.ready and hello.role == "ps":
                 self.shard_restarting(node_id, before)
+            if before is not None and before.ready and hello.role == "feeder":
+                log.warning("%s restarted (pid %d, was %d): it resumes from its ack log",
+                            node_id, hello.pid, before.pid)
+                self.feeder_down(node_id)
             if before is not None and before.ready and hello.role == "aggregator":
                 log.warning("%s restarted (pid %d, was %d): it will restore the latest "
                             "backup", node_id, hello.pid, before.pid)
@@ -297,6 +301,8 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
             self.restore_aggregators()
         if node.role == "ps" and node_id in self.shards_back:
             self.shard_back(node_id, info)
+        if node.role == "feeder" and node_id in self.feeders_down:
+            self.feeder_back(node_id)
         if self.phase == "starting" and self.members.all_expected_ready():
             self.assign_slices()
             self.start_epoch(0)
@@ -484,6 +490,12 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
             if self.members.fail(node_id, now, reason):
                 self.membership_changed()
         late = [n for n, t in self.shards_lost.items()
+                if now - t > self.job.train.recovery_timeout_s]
+        if late:
+            self.fail(f"{late[0]} did not come back within recovery_timeout_s = "
+                      f"{self.job.train.recovery_timeout_s:.0f} s")
+            return
+        late = [n for n, t in self.feeders_down.items()
                 if now - t > self.job.train.recovery_timeout_s]
         if late:
             self.fail(f"{late[0]} did not come back within recovery_timeout_s = "

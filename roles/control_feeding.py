@@ -19,6 +19,13 @@ heartbeat are fed again: the shards refuse their second embedding update (same b
 counted in the summary's ``duplicates_refused.embedding_updates``) while the workers' dense
 networks train them twice; the new owner's row counts see each row once. An eval pass is
 scored again from its start.
+
+When no other feeder lives (one feeder, the default), control waits ``recovery_timeout_s`` for
+the feeder to be started again instead (not in sync mode round, whose rounds count one
+feeder's batches). The new process resumes from its ack log (``roles.ack_log``) exactly: once
+it has loaded the data, control publishes FeederBack; every worker sends it again its latest
+acks and the batches the dead process granted it (Holding), and only then does the feeder
+grant and send, so that no batch is lost and none is trained twice.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import numpy as np
 from roles.batching import slice_ranges
 from roles.membership import ALIVE
 from roles.metrics import auc, logloss
-from zbus.wire import EpochTrained, EvalReport, ProtocolError, SliceMap
+from zbus.wire import EpochTrained, EvalReport, FeederBack, ProtocolError, SliceMap
 
 log = logging.getLogger(__name__)
 DATA_COUNTS = ("samples_in_data", "eval_samples", "rows_read", "rejected_rows", "dropped_rows",
@@ -51,6 +58,9 @@ class FeedingKeeping:
         self.epoch_reports: dict[int, EpochTrained] = {}  # slice -> the report covering it
         self.eval_reports: dict[int, EvalReport] = {}
         self.feeders_lost: list[dict] = []
+        self.feeders_down: dict[str, float] = {}  # feeder -> since when, waiting for restart
+        self.feeder_recoveries: list[dict] = []
+        self.feeder_generation = 0
         self.rows_counted: list[dict] = []
 
     def feeder_ready(self, node_id: str, info: dict) -> None:
@@ -83,7 +93,8 @@ class FeedingKeeping:
         if m is None:
             return None
         return {"version": m.version, "train": m.train, "eval": m.eval, "owners": m.owners,
-                "feeders_lost": self.feeders_lost, "rows_per_epoch": self.rows_counted}
+                "feeders_lost": self.feeders_lost, "feeder_recoveries": self.feeder_recoveries,
+                "rows_per_epoch": self.rows_counted}
 
     # -- reports -----------------------------------------------------------------------------
     def collected(self, store: dict, phase: str, m: EpochTrained | EvalReport) -> list | None:
@@ -126,13 +137,20 @@ class FeedingKeeping:
 
     # -- a lost feeder -----------------------------------------------------------------------
     def feeder_lost(self, node_id: str, reason: str) -> bool:
-        """Hand a lost feeder's slices to a live one; False when no feeder is left."""
+        """Hand a lost feeder's slices to a live one, or, when none is left, wait for it to be
+        started again; False when the job cannot go on without it."""
         lost = int(node_id.rsplit("-", 1)[1])
         live = [n.index for n in self.members.nodes.values()
                 if n.role == "feeder" and n.status == ALIVE and n.index != lost]
         m = self.slice_map
-        if not live or m is None:
+        if m is None or (not live and self.job.train.sync == "round"):
             return False
+        if not live:
+            log.warning("%s; waiting up to %.0f s for it to restart from its ack log", reason,
+                        self.job.train.recovery_timeout_s)
+            self.members.fail(node_id, time.monotonic(), reason)
+            self.feeder_down(node_id)
+            return True
         self.members.fail(node_id, time.monotonic(), reason)
         owners = list(m.owners)
         moved = [s for s, owner in enumerate(owners) if owner == lost]
@@ -154,6 +172,25 @@ class FeedingKeeping:
                     [owners[s] for s in moved])
         self.publish(self.slice_map, "slices")
         return True
+
+    def feeder_down(self, node_id: str) -> None:
+        if node_id not in self.feeders_down:
+            self.feeders_down[node_id] = time.monotonic()
+            self.metrics.write("feeder_down", node=node_id, epoch=self.epoch, phase=self.phase)
+
+    def feeder_back(self, node_id: str) -> None:
+        """A restarted feeder has loaded the data: the workers tell it what they hold."""
+        lost_at = self.feeders_down.pop(node_id)
+        self.feeder_generation += 1
+        record = {"feeder": node_id, "down_s": round(time.monotonic() - lost_at, 3),
+                  "epoch": self.epoch, "phase": self.phase}
+        self.feeder_recoveries.append(record)
+        self.metrics.write("feeder_back", **record)
+        log.warning("%s is back after %.1f s: the workers send it what they hold", node_id,
+                    record["down_s"])
+        index = int(node_id.rsplit("-", 1)[1])
+        self.publish(FeederBack(feeder=index, generation=self.feeder_generation),
+                     f"feeder_back-{index}")
 
     def resume_point(self, slice_: int, progress: dict | None) -> dict:
         """Where the training pass of the current epoch stands for a lost feeder's slice."""

@@ -36,11 +36,15 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from roles.ack_log import AckLog
 from roles.batching import (
+    TAKEN,
+    InFlight,
     Ledger,
     Pass,
     Plan,
     SliceProgress,
+    max_in_flight,
     sample_batch_bytes,
     split_batch_id,
 )
@@ -51,6 +55,7 @@ from roles.job import Job
 from roles.model_files import TRANSFORM, write_json
 from roles.placement import HeavyHitters, KeyMap
 from roles.rundir import atomic_write
+from zbus.cluster import node_index
 from zbus.node import Node
 from zbus.wire import (
     Ack,
@@ -62,6 +67,7 @@ from zbus.wire import (
     Evaluate,
     Feeding,
     Grant,
+    Holding,
     Idle,
     KeyCounts,
     Membership,
@@ -114,6 +120,7 @@ class Feeder(Node):
         # how far the epoch's training pass has got per slice, for the heartbeat (a lost
         # feeder's slice is taken on from there)
         self.progress: dict[int, SliceProgress] = {}
+        self.logged: dict[int, SliceProgress] = {}  # restarted: progress from the ack log
         self.shards_back: dict[int, int] = {}  # shard -> the restart generation acted on
         self.members: set[str] = set()
         self.members_version = -1
@@ -137,6 +144,11 @@ class Feeder(Node):
         self.train_loss_sum = 0.0    # over the whole job, for the console's loss curve
         self.train_weight_sum = 0.0
         self.paused = False          # an operator paused feeding: no new batch goes out
+        # a feeder killed and started again resumes from its ack log (roles.ack_log)
+        self.ack_log: AckLog | None = None
+        self.restarted = False
+        self.recovering: set[str] | None = None  # restarted: the workers that sent Holding
+        self.deferred_takes: list[tuple[bytes, int]] = []
         p = job.placement
         self.skew = p.mode == "skew"
         self.keymap = KeyMap.hashed(c.shards, p.buckets_per_shard)
@@ -153,9 +165,7 @@ class Feeder(Node):
         self.shard_pairs = np.zeros(self.keymap.shards, dtype=np.int64)
 
     def window_for(self, workers: int) -> int:
-        """Batches in flight: per worker, its prefetch and the one it trains, as many again
-        that a slow worker may hold in socket buffers, and some in transit."""
-        return max(1, workers) * (2 * self.job.train.prefetch + 6) + 2
+        return max_in_flight(workers, self.job.train.prefetch)
 
     # -- start-up --------------------------------------------------------------------------
     def on_welcome(self) -> None:
@@ -175,6 +185,7 @@ class Feeder(Node):
                         d.rows_read, path)
         log.info("loaded %d rows (%d train, %d eval, %d rejected) in %.1f s", len(d.labels),
                  d.n_train, d.n_eval, len(d.rejected), time.monotonic() - started)
+        self.open_ack_log()
         self.state = "ready"
         self.to_control(Ready(info={
             "samples_in_data": d.n_train, "eval_samples": d.n_eval, "rows_read": d.rows_read,
@@ -182,6 +193,59 @@ class Feeder(Node):
             "dropped_rows": d.dropped_rows, "merged_rows": d.merged_rows,
             "fields": len(d.fields), "dense": int(d.dense.shape[1]),
         }))
+
+    def open_ack_log(self) -> None:
+        """Acknowledged training batches are logged; a log already there means this is a
+        restart: the job-wide counts come back from it, and the ledger socket waits until the
+        pass under way is rebuilt (the first EpochStart or Evaluate)."""
+        self.ack_log = AckLog(Path(self.run_dir) / "feeders" / f"{self.node_id}.acks")
+        records = self.ack_log.records
+        if not len(records):
+            return
+        self.restarted, self.recovering = True, set()
+        self.batches_acked = len(records)
+        self.samples_acked = int(records["samples"].sum())
+        self.train_loss_sum = float(records["loss_sum"].sum())
+        self.train_weight_sum = float(records["weight_sum"].sum())
+        self.acked_by.update(self.ack_log.samples_by_worker())
+        self.pause(self.acks, True)
+        log.warning("restarted: %d acknowledged batches (%d samples) in the ack log, the last "
+                    "of epoch %d; resuming from there", len(records), self.samples_acked,
+                    self.ack_log.last_epoch())
+
+    def pass_rebuilt(self) -> None:
+        if self.restarted and self.recovering is not None:
+            self.pause(self.acks, False)  # the workers' acks and Holding can be placed now
+
+    def maybe_recovered(self) -> None:
+        """Every live worker has sent what it holds of the dead process's batches: grant and
+        send again (whatever nobody holds nor acknowledged goes out under its id)."""
+        if self.recovering is None or self.members_version < 0 \
+                or not self.members <= self.recovering:
+            return
+        self.recovering = None
+        log.info("every worker has sent its acks and held batches: feeding resumes")
+        for identity, batch_id in self.deferred_takes:
+            self.grant(identity, batch_id)
+        self.deferred_takes.clear()
+        self.pump()
+
+    def adoptable(self, batch_id: int) -> InFlight | None:
+        """A batch of the pass under way that this process has not sent, so its dead
+        predecessor did; None when it is not of the pass or was sent (or acknowledged) here
+        already."""
+        found = self.plan.find(batch_id) if self.restarted and self.plan is not None else None
+        if found is None or not found[0].unsent(found[1]):
+            return None
+        plan, number = found
+        return InFlight(plan.batch_rows(number), plan.eval, 0)
+
+    def adopt(self, batch_id: int, entry: InFlight) -> InFlight:
+        """Take an adoptable batch out of the pass into the ledger: a worker has it."""
+        plan, number = self.plan.find(batch_id)
+        plan.claim(number)
+        self.ledger.in_flight[batch_id] = entry
+        return entry
 
     # -- commands from control -------------------------------------------------------------
     def handle_command(self, env) -> None:
@@ -193,7 +257,7 @@ class Feeder(Node):
             case EpochStart(epoch=e) if self.fed() and e > self.epoch:
                 self.start_training(e)
             case Evaluate(epoch=e, round=r) if self.fed() and e > self.evaluated \
-                    and e == self.epoch:
+                    and e >= self.epoch:  # greater: restarted after its training pass
                 self.start_evaluation(e, r)
             case Placement(version=v) as msg if self.skew and v > self.keymap.version:
                 self.handle_placement(msg)
@@ -277,6 +341,7 @@ class Feeder(Node):
         if lost:
             count = self.ledger.requeue(lost)
             log.warning("lost %s: %d batch(es) go out again", ", ".join(sorted(lost)), count)
+        self.maybe_recovered()
         self.pump()
 
     # -- slices -------------------------------------------------------------------------------
@@ -333,17 +398,18 @@ class Feeder(Node):
         plan = Plan.training(epoch, slice_, np.arange(*self.slices.train[slice_]),
                              t.batch_size, t.shuffle, t.seed,
                              d.labels if t.batch_by_label else None)
-        progress = self.progress[slice_] = SliceProgress(epoch)
-        if self.resumable(slice_, epoch):
+        progress = self.progress[slice_] = self.logged.get(slice_, SliceProgress(epoch))
+        if not progress.low and not progress.above and self.resumable(slice_, epoch):
             r = self.slices.resume[str(slice_)]
-            plan.resume(r["low"], r["above"])
             progress.low, progress.above = r["low"], set(r["above"])
             progress.samples, progress.loss_sum, progress.weight_sum = (
                 int(r["samples"]), float(r["loss_sum"]), float(r["weight_sum"]))
+        if progress.low or progress.above:
+            plan.resume(progress.low, sorted(progress.above))
             self.epoch_samples += progress.samples
             self.loss_sum += progress.loss_sum
             self.weight_sum += progress.weight_sum
-            done = [i for i in range(plan.batches) if i < r["low"] or i in plan.skip]
+            done = [i for i in range(plan.batches) if progress.done(i)]
             for i in done:
                 self.row_acks[plan.batch_rows(i)] += 1
             log.info("slice %d resumes epoch %d after %d acknowledged batches", slice_, epoch,
@@ -361,7 +427,10 @@ class Feeder(Node):
         self.epoch = epoch
         self.row_acks = np.zeros(self.data.n_train, dtype=np.uint16)
         self.progress = {}
+        # a restarted feeder: where its previous process had got to in this pass
+        self.logged = self.ack_log.progress(epoch) if self.restarted else {}
         self.begin_pass(Pass(epoch, False, []), self.my_slices())
+        self.logged = {}
 
     def begin_pass(self, pass_: Pass, slices: list[int] = ()) -> None:
         self.state = "training"
@@ -371,14 +440,17 @@ class Feeder(Node):
         self.plan = pass_
         pass_.plans += [self.training_plan(i, pass_.epoch) for i in slices]
         log.info("epoch %d: %d training batches", pass_.epoch, pass_.batches)
+        self.pass_rebuilt()
         self.pump()
         self.maybe_pass_drained()
 
     def start_evaluation(self, epoch: int, round_: int) -> None:
         d = self.data
+        self.epoch = epoch
         self.evaluated, self.eval_round, self.state = epoch, round_, "evaluating"
         self.plan = Pass(epoch, True, [self.eval_plan(i, epoch) for i in self.my_slices()])
         self.preds = np.full(d.n_eval, np.nan, dtype=np.float32)
+        self.pass_rebuilt()
         self.pump()
         self.maybe_pass_drained()
 
@@ -400,13 +472,17 @@ class Feeder(Node):
     def may_send_new(self) -> bool:
         # sync mode round: the next round's batches wait until this round is acknowledged
         return (self.plan is not None and not self.paused and self.placing is None
-                and not self.at_tail() and self.ledger.has_room())
+                and self.recovering is None and not self.at_tail()
+                and self.ledger.has_room())
 
     def pump(self) -> None:
         """Send batches again, then new ones (or, at the end of a pass or round, second copies
         of stragglers), while the queue takes them (POLLOUT)."""
         if not self.at_tail():
             self.copies_wanted = 0  # copies are for the end of a pass, when nothing is new
+        if self.recovering is not None:  # restarted: not before every worker has answered
+            self.want_writable(self.samples, False)
+            return
         while self.samples.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
             again = self.ledger.next_resend()
             if again is None and self.copies_wanted:
@@ -463,24 +539,54 @@ class Feeder(Node):
     def on_worker(self, identity: bytes | None, env) -> None:
         worker = identity.decode(errors="replace")
         match env.msg:
+            case Taken(batch_id=b) if self.recovering is not None:
+                self.deferred_takes.append((identity, b))
             case Taken(batch_id=b):
-                self.send(self.acks, Grant(batch_id=b, granted=self.ledger.take(b, worker)),
-                          identity=identity)
+                self.grant(identity, b)
             case Ack() as ack:
                 self.handle_ack(worker, ack)
+            case Holding(held=held):
+                self.handle_holding(worker, held.tolist())
             case Idle():
                 self.copies_wanted += self.job.train.prefetch + 1
                 self.pump()
             case _:
                 self.unexpected(env, "ledger")
 
+    def grant(self, identity: bytes, batch_id: int) -> None:
+        worker = identity.decode(errors="replace")
+        if batch_id not in self.ledger.in_flight:
+            entry = self.adoptable(batch_id)  # a restarted feeder: sent by its dead process
+            if entry is not None:
+                self.adopt(batch_id, entry)
+        self.send(self.acks, Grant(batch_id=batch_id,
+                                   granted=self.ledger.take(batch_id, worker)),
+                  identity=identity)
+
+    def handle_holding(self, worker: str, held: list[int]) -> None:
+        """A worker's batches granted by the dead process: they stay that worker's."""
+        for batch_id in held:
+            entry = self.ledger.peek(batch_id)
+            if entry is None and (entry := self.adoptable(batch_id)) is not None:
+                self.adopt(batch_id, entry)
+            if entry is not None:
+                entry.state, entry.worker = TAKEN, worker
+        if self.recovering is not None:
+            self.recovering.add(worker)
+            self.maybe_recovered()
+
     def handle_ack(self, worker: str, ack: Ack) -> None:
         sent = self.ledger.peek(ack.batch_id)
+        adopted = self.adoptable(ack.batch_id) if sent is None else None
+        sent = sent or adopted
         if sent is not None and (ack.samples != len(sent.rows)
                                  or (sent.eval and ack.preds.shape != sent.rows.shape)):
             # rejected before the ledger forgets the batch: a bad ack must not lose it
             raise ProtocolError("inconsistent", f"ack of batch {ack.batch_id} does not match "
                                                 f"the batch sent ({len(sent.rows)} samples)")
+        if adopted is not None:  # acknowledged to the dead process, sent again by the worker
+            self.adopt(ack.batch_id, adopted)
+            adopted.state, adopted.worker = TAKEN, worker
         entry = self.ledger.acked(ack.batch_id, worker)
         if entry is None:
             return  # not the holder's ack (a duplicate or a lost worker's), counted
@@ -488,6 +594,8 @@ class Feeder(Node):
         if entry.eval:
             self.preds[entry.rows - self.data.n_train] = ack.preds
         else:
+            self.ack_log.append(ack.batch_id, ack.samples, ack.loss_sum, ack.weight_sum,
+                                max(0, node_index(worker)))
             self.loss_sum += ack.loss_sum
             self.weight_sum += ack.weight_sum
             self.train_loss_sum += ack.loss_sum
@@ -552,7 +660,13 @@ class Feeder(Node):
                 "straggler_copies": ledger.straggler_copies,
                 "window": ledger.window, "placement_version": self.keymap.version,
                 "placement_window": self.window, "placing": self.placing is not None,
-                "slices": {str(s): p.as_dict() for s, p in self.progress.items()}}
+                "slices": {str(s): p.as_dict() for s, p in self.progress.items()},
+                "restarted": self.restarted, "recovering": self.recovering is not None}
+
+    def close(self) -> None:
+        if self.ack_log is not None:
+            self.ack_log.close()
+        super().close()
 
 
 def main() -> None:

@@ -47,7 +47,7 @@ class Members:
                     f"which has {', '.join(self.expected)} (and workers may join)")
         known = self.nodes.get(node_id)
         if (known is not None and known.status == ALIVE and known.pid != pid and known.ready
-                and role not in ("aggregator", "ps")):  # a restart of those: recovery
+                and role not in ("aggregator", "ps", "feeder")):  # those recover
             return f"{node_id} is already running as pid {known.pid}"
         return ""
 

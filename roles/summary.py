@@ -134,6 +134,11 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "train_s": round(train_s, 3),
         "samples_per_s": round(samples_trained / train_s, 1) if train_s > 0 else None,
         "workers": workers,
+        # what the workers count themselves: more than samples_trained if a batch was trained
+        # twice (a lost worker's, or after a lost feeder's handover)
+        "samples_trained_by_workers": sum(int(_num(c.get("samples_trained")))
+                                          for n, c in counters.items()
+                                          if n.startswith("worker-")),
         "feeders": {node: {"samples_acked": int(_num(c.get("samples_acked"))),
                            "batches_sent": int(_num(c.get("batches_sent")))}
                     for node, c in sorted(counters.items()) if node.startswith("feeder-")},

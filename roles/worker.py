@@ -55,8 +55,8 @@ import torch
 import zmq
 
 from roles import live
-from roles.batching import sample_batch_bytes, split_batch_id
-from roles.cli import role_main
+from roles.batching import max_in_flight, sample_batch_bytes, split_batch_id
+from roles.cli import MAX_WORKERS, role_main
 from roles.job import Job
 from roles.model import auto_threads, build_model, pick_device, set_threads, weighted_loss_sum
 from roles.model_parallel import GroupError, GroupLeader, GroupReplica, member_program
@@ -69,7 +69,9 @@ from zbus.wire import (
     Contribution,
     EmbeddingGrads,
     Embeddings,
+    FeederBack,
     Grant,
+    Holding,
     Idle,
     Leaving,
     Lookup,
@@ -153,6 +155,12 @@ class Worker(Node):
         self.feeders = [self.connect(zmq.DEALER, c.endpoint(c.feeder_endpoint_name("ledger", f)),
                                      self.on_feeder) for f in range(c.feeders)]
         self.slice_owners: list[int] = list(range(c.feeders))  # control's SliceMap
+        # the latest acks to each feeder, and the batches trained whose ack is not sent yet:
+        # what a restarted feeder is told again (FeederBack)
+        self.acks_kept = [deque(maxlen=max_in_flight(MAX_WORKERS, t.prefetch))
+                          for _ in range(c.feeders)]
+        self.unacked: set[int] = set()
+        self.feeders_back: dict[int, int] = {}  # feeder -> the restart generation acted on
         self.shards_back: dict[int, int] = {}  # shard -> the restart generation acted on
         self.push = t.embeddings == "push"
         self.waits: list[float] = []  # seconds each batch waited for its embeddings (sample)
@@ -332,6 +340,10 @@ class Worker(Node):
                     if b.looked_up_at is not None and b.replies[i] is None:
                         self.send(self.shards[i], Lookup(batch_id=b.sample.batch_id,
                                                          train=not b.sample.eval))
+            case FeederBack(feeder=i, generation=g) if g > self.feeders_back.get(i, 0) \
+                    and 0 <= i < len(self.feeders):
+                self.feeders_back[i] = g
+                self.feeder_restarted(i)
             case SliceMap(owners=owners) if list(owners) != self.slice_owners:
                 self.slices_moved(list(owners))
             case Settings() as m if self.settings.take(m):
@@ -454,11 +466,37 @@ class Worker(Node):
 
     def feeder_of(self, batch_id: int) -> zmq.Socket:
         """The ledger of the feeder that owns the batch's slice."""
+        return self.feeders[self.feeder_index(batch_id)]
+
+    def feeder_index(self, batch_id: int) -> int:
         slice_ = split_batch_id(batch_id)[1]
         owner = self.slice_owners[slice_] if slice_ < len(self.slice_owners) else slice_
         if not 0 <= owner < len(self.feeders):
             raise ProtocolError("bad_field", f"batch {batch_id} of slice {slice_}: no feeder")
-        return self.feeders[owner]
+        return owner
+
+    def send_ack(self, ack: Ack) -> None:
+        feeder = self.feeder_index(ack.batch_id)
+        self.send(self.feeders[feeder], ack)
+        self.acks_kept[feeder].append(ack)
+        self.unacked.discard(ack.batch_id)
+
+    def feeder_restarted(self, feeder: int) -> None:
+        """Tell a restarted feeder what its dead process may have lost: the latest acks, then
+        the batches it granted here that are not acknowledged yet (Holding); then ask again
+        for the grants it never answered."""
+        sock = self.feeders[feeder]
+        for ack in self.acks_kept[feeder]:
+            self.send(sock, ack)
+        mine = [b for b in self.pipeline if self.feeder_index(b) == feeder]
+        held = [b for b in mine if self.pipeline[b].granted]
+        held += [b for b in self.unacked if self.feeder_index(b) == feeder]
+        self.send(sock, Holding(held=np.array(held, dtype=np.int64)))
+        for b in mine:
+            if self.pipeline[b].asked and not self.pipeline[b].granted:
+                self.send(sock, Taken(batch_id=b))
+        log.warning("feeder-%d restarted: sent it %d acks again and %d batches held",
+                    feeder, len(self.acks_kept[feeder]), len(held))
 
     def ask_next(self) -> None:
         """Keep one batch taken ahead of the one training: the first not yet asked for."""
@@ -492,6 +530,7 @@ class Worker(Node):
             if batch is None:
                 break
             del self.pipeline[batch.sample.batch_id]
+            self.unacked.add(batch.sample.batch_id)
             self.ask_next()  # its grant comes back while this one trains
             if batch.sample.eval:
                 self.score(batch)
@@ -601,9 +640,8 @@ class Worker(Node):
 
     def finish_batch(self, batch: PulledBatch, loss: float, weight_sum: float) -> None:
         n = len(batch.sample.labels)
-        self.send(self.feeder_of(batch.sample.batch_id),
-                  Ack(batch_id=batch.sample.batch_id, samples=n, loss_sum=loss,
-                      weight_sum=weight_sum, preds=np.zeros(0, dtype=np.float32)))
+        self.send_ack(Ack(batch_id=batch.sample.batch_id, samples=n, loss_sum=loss,
+                          weight_sum=weight_sum, preds=np.zeros(0, dtype=np.float32)))
         self.counts["samples_trained"] += n
         self.counts["batches_trained"] += 1
         self.replica.trained(n, weight_sum)
@@ -631,8 +669,7 @@ class Worker(Node):
         self.state = "evaluating"
         ack = Ack(batch_id=s.batch_id, samples=len(s.labels), loss_sum=0.0, weight_sum=0.0,
                   preds=probs.astype(np.float32))
-        self.release([(self.feeder_of(s.batch_id), ack)], lambda: None,
-                     time.monotonic() - started)
+        self.release([], functools.partial(self.send_ack, ack), time.monotonic() - started)
 
     # -- the clock and leaving -----------------------------------------------------------------
     def on_tick(self, now: float) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from roles.ack_log import AckLog, read_acks
 from roles.batching import (
     EVAL_SEQ,
     Ledger,
@@ -170,3 +171,38 @@ def test_straggler_copies_are_of_untaken_batches_once_each_oldest_first():
     assert ledger.straggler() is None                # each gets one copy at most
     assert ledger.straggler_copies == 2
     assert ledger.take(3, "fast") and not ledger.take(3, "slow")   # the first copy taken wins
+
+
+def test_a_pass_finds_its_batches_and_claims_unsent_ones():
+    plan = Plan.training(2, 1, np.arange(100), 10, True, 0)
+    p = Pass(2, False, [plan])
+    batch_id, _ = p.take()
+    assert p.find(batch_id) == (plan, 0)
+    assert p.find(make_batch_id(2, 1, 10)) is None  # past the end
+    assert p.find(make_batch_id(3, 1, 1)) is None   # another epoch
+    assert p.find(make_batch_id(2, 0, 1)) is None   # another slice
+    assert not plan.unsent(0)                       # sent here already
+    assert plan.unsent(5)
+    plan.claim(5)                                   # a worker holds it: not sent again
+    assert not plan.unsent(5)
+    sent = [split_batch_id(p.take()[0])[2] for _ in range(8)]
+    assert sent == [1, 2, 3, 4, 6, 7, 8, 9] and p.exhausted()
+
+
+def test_the_ack_log_survives_a_torn_record_and_gives_the_progress_back(tmp_path):
+    path = tmp_path / "feeders" / "feeder-0.acks"
+    log = AckLog(path)
+    for seq in (0, 1, 3):
+        log.append(make_batch_id(0, 0, seq), 10, 1.5, 10.0, 1)
+    log.append(make_batch_id(1, 0, 0), 7, 0.5, 7.0, 0)
+    log.close()
+    with open(path, "ab") as f:
+        f.write(b"\x01\x02\x03")  # a record cut short
+    again = AckLog(path)
+    assert len(again.records) == 4 and again.last_epoch() == 1
+    (progress,) = again.progress(0).values()
+    assert (progress.low, progress.above, progress.samples) == (2, {3}, 30)
+    assert again.samples_by_worker() == {"worker-0": 7, "worker-1": 30}
+    again.append(make_batch_id(1, 0, 1), 7, 0.5, 7.0, 0)  # appended after the cut
+    again.close()
+    assert len(read_acks(path)) == 5

@@ -7,6 +7,7 @@ import signal
 import sys
 
 import numpy as np
+import pytest
 from harness import ADULT_JOB
 
 ADULT_TRAIN_ROWS = 39074
@@ -40,3 +41,38 @@ def test_a_killed_shard_restarts_from_its_checkpoint_and_the_job_finishes(cluste
     assert "restarted from the checkpoint" in c.log("ps-1-again")
     with np.load(checkpoint) as f:  # the last checkpoint is whole (written atomically)
         assert len(f["keys"]) == len(f["weights"]) == len(f["accum"]) > 0
+
+
+@pytest.mark.parametrize("restart", ["after_detection", "at_once"])
+def test_a_killed_feeder_restarts_from_its_ack_log_losing_and_doubling_nothing(cluster,
+                                                                               restart):
+    c = cluster(ADULT_JOB, train__epochs=2, cluster__node_timeout_s=1.5 if restart ==
+                "after_detection" else 5.0, **SLOW)
+    c.start_all(slowdown={0: 3.0, 1: 3.0})
+    c.wait_for_event(mid_epoch)
+    if restart == "at_once":  # worker-1 keeps the batches granted to it until the new
+        c.procs["worker-1"].send_signal(signal.SIGSTOP)  # feeder is up: it sends Holding
+    c.procs["feeder-0"].send_signal(signal.SIGKILL)
+    c.procs["feeder-0"].wait()
+    if restart == "after_detection":  # the workers have drained what they held
+        c.wait_for_event(lambda e: e["event"] == "feeder_down" and e["node"] == "feeder-0",
+                         timeout=30)
+    # at once: control learns of the restart from its Hello
+    c.start("feeder-0-again", [sys.executable, "-m", "roles.feeder", "--index", "0"])
+    if restart == "at_once":
+        c.wait_for_event(lambda e: e["event"] == "feeder_back", timeout=30)
+        c.procs["worker-1"].send_signal(signal.SIGCONT)
+    assert c.wait() == 0, c.logs()
+    s = c.summary()
+    assert s["ok"] and s["auc"] >= 0.89, s["auc"]
+    (r,) = s["slices"]["feeder_recoveries"]
+    assert r["feeder"] == "feeder-0" and r["epoch"] == 0, r
+    # every row of every epoch acknowledged exactly once, as the feeders count them ...
+    for rows in s["slices"]["rows_per_epoch"]:
+        assert rows["rows"] == rows["rows_once"] == ADULT_TRAIN_ROWS, rows
+    assert s["samples_trained"] == 2 * ADULT_TRAIN_ROWS
+    # ... and trained exactly once, as the workers and the shards count them
+    assert s["samples_trained_by_workers"] == 2 * ADULT_TRAIN_ROWS
+    assert s["duplicates_refused"]["embedding_updates"] == 0
+    assert "restarted: " in c.log("feeder-0-again")
+    assert "feeding resumes" in c.log("feeder-0-again")

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 import orjson
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 MAX_HEADER_BYTES = 64 * 1024
 MAX_TAG_BYTES = 64
 
@@ -264,13 +264,17 @@ def _require(cond: bool, detail: str) -> None:
 
 @message()
 class Hello(Message):
-    """A node announces itself to control; repeated until control answers with Welcome."""
+    """A node announces itself to control; repeated until control answers with Welcome.
+    ``run_id`` is empty from a new node; a node of a run that a restarted control asked to
+    introduce itself again (Rejoin) gives the run and whether it was ready."""
 
     role: str
     index: int
     host: str
     pid: int
     fingerprint: str  # hash of the node's effective job: every node must run the same job
+    run_id: str = ""
+    ready: bool = False
 
 
 @message()
@@ -281,6 +285,14 @@ class Welcome(Message):
     reason: str
     run_id: str
     run_dir: str
+
+
+@message()
+class Rejoin(Message):
+    """Control, started again on its run (``--resume``), does not know the node that spoke:
+    the node says Hello again with its run, then sends its latest reports once more."""
+
+    run_id: str
 
 
 @message()
@@ -647,6 +659,16 @@ class ShardBack(Message):
 
 
 @message()
+class FeederBack(Message):
+    """Feeder ``feeder`` was started again and has loaded the data (standing; ``generation``
+    counts restarts): every worker sends it again its latest acks to that feeder (one may have
+    been lost with the dead process) and then Holding."""
+
+    feeder: int
+    generation: int
+
+
+@message()
 class SliceMap(Message):
     """Control's assignment of the data to the feeders (standing): slice i is the training
     rows ``train[i]`` = [lo, hi) and the eval rows ``eval[i]`` (offsets into each split), fed
@@ -851,6 +873,15 @@ class Taken(Message):
 class Idle(Message):
     """A worker has nothing to train and nothing pulled: at the end of a pass the feeder sends
     it copies of batches that sit untaken elsewhere."""
+
+
+@message("acks")
+class Holding(Message):
+    """A worker's answer to FeederBack, after its acks: the batches of that feeder granted to
+    it and not yet acknowledged. Until every worker has answered, the restarted feeder grants
+    and sends nothing, so that no batch granted by its dead process goes to a second worker."""
+
+    held: np.ndarray = array("int64", 1)
 
 
 @message("acks")
