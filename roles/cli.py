@@ -17,6 +17,10 @@ def parse_role_args(role: str, argv: list[str] | None = None) -> argparse.Namesp
     parser = argparse.ArgumentParser(prog=f"zbus-{role}", description=f"Run one zbus {role}.")
     parser.add_argument("--job", help="job file (default: $ZBUS_JOB, else the built-in job)")
     parser.add_argument("--index", type=int, default=0, help="which one of its role (0-based)")
+    if role == "control":
+        parser.add_argument("--resume", nargs="?", const="latest", default="", metavar="RUN_DIR",
+                            help="go on with a run whose control died: RUN_DIR, else "
+                                 "$ZBUS_RUN_DIR, else the job's newest run under runs/")
     if role in SLOWED_ROLES:
         parser.add_argument("--slowdown", type=float, default=1.0, metavar="N",
                             help=f"test and demo aid: take N times as long {SLOWED_ROLES[role]}")

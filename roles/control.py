@@ -21,6 +21,10 @@ within ``start_timeout_s``, or nothing progresses for ``stall_timeout_s``.
 Commands that stand (the current epoch or evaluation, the round in flight, Finish) are
 re-published every heartbeat interval, so a subscriber that joined late or lost a message
 still acts on them; every role handles repeats idempotently.
+
+Control itself may be killed: its state is on disk (``roles.control_state``), and
+``zbus-control --resume`` starts it again on the run, where the nodes join it again (they wait
+``orphan_timeout_s`` for it).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -42,6 +47,7 @@ from roles.control_lazy import LazyControl
 from roles.control_model import ExportInProgress, ModelKeeping
 from roles.control_operator import Operators
 from roles.control_placement import PlacementKeeping
+from roles.control_state import ResumeError, StateKeeping, resumable_run
 from roles.decision import HostMeter
 from roles.job import Job, job_to_toml
 from roles.membership import ALIVE, Members, NodeState
@@ -74,6 +80,7 @@ from zbus.wire import (
     ProbeReply,
     ProtocolError,
     Ready,
+    Rejoin,
     Restored,
     RoundDone,
     RoundDrained,
@@ -87,8 +94,10 @@ log = logging.getLogger(__name__)
 THROUGHPUT_EVERY_S = 5.0
 
 
-class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKeeping, Loop):
-    def __init__(self, job: Job, environ: dict | None = None):
+class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKeeping,
+              StateKeeping, Loop):
+    def __init__(self, job: Job, environ: dict | None = None, resume: Path | None = None):
+        """``resume``: the run directory of a run whose control died, to go on with."""
         c = job.cluster
         super().__init__("control-0", c.heartbeat_s, c.max_message_bytes)
         self.curve = security.for_process(self.ctx, c, "control-0")  # CURVE, when on
@@ -98,9 +107,10 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
         self.pub = self.bind(zmq.PUB, c.endpoint("control_pub"), sndhwm=100_000)
         self.requests = self.bind(zmq.ROUTER, c.endpoint("control_req"), self.on_request)
         self.status_pub = self.bind(zmq.PUB, c.endpoint("status"), sndhwm=16)
-        self.run_dir = make_run_dir(job.name, environ)
+        self.run_dir = resume or make_run_dir(job.name, environ)
         self.run_id = self.run_dir.name
-        atomic_write(self.run_dir / "config.toml", job_to_toml(job).encode())
+        if resume is None:
+            atomic_write(self.run_dir / "config.toml", job_to_toml(job).encode())
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
         self.members = Members(c.expected_nodes(), MAX_WORKERS, self.started)
         self.phase = "starting"
@@ -156,6 +166,11 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
         self.backup_request = 0
         self.init_placement()  # skew-aware key placement (roles.control_placement)
         self.init_feeding()    # the feeders' slices and reports (roles.control_feeding)
+        self.init_state()      # the state a restarted control resumes (roles.control_state)
+        if resume is not None:
+            self.model_plan: dict | None = None
+            self.resume_from_disk()
+            return
         self.model_plan = self.plan_model()  # model parallelism: the network's partition
         expected = self.members.expected
         self.metrics.write("start", job=job.name, run_id=self.run_id, nodes=expected,
@@ -193,7 +208,8 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
             self.handle_hello(identity, node_id, msg)
             return
         node = self.members.nodes.get(node_id)
-        if node is None:
+        if node is None:  # a node of this run that a resumed control does not know yet
+            self.send(self.router, Rejoin(run_id=self.run_id), identity=identity)
             raise ProtocolError("unregistered", f"{type(msg).__name__} from {node_id!r}, "
                                                 "which has not said Hello")
         if node.status != ALIVE and node.role == "ps" and node_id in self.shards_lost \
@@ -211,6 +227,8 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
                 identity=identity)
             return
         node.last_seen = time.monotonic()
+        if node_id in self.awaiting_rejoin:  # a resumed control: the node must say Hello
+            self.send(self.router, Rejoin(run_id=self.run_id), identity=identity)
         match msg:
             case Heartbeat():
                 self.handle_heartbeat(node_id, node, msg)
@@ -251,6 +269,9 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
 
     def handle_hello(self, identity: bytes, node_id: str, hello: Hello) -> None:
         reason = self.members.refusal(node_id, hello.role, hello.index, hello.pid)
+        if not reason and hello.run_id and hello.run_id != self.run_id:
+            reason = (f"{node_id} belongs to run {hello.run_id}; control runs {self.run_id} "
+                      "(start control with --resume to go on with a run)")
         if not reason and hello.fingerprint != self.job.fingerprint():
             reason = (f"{node_id} runs a different job (fingerprint {hello.fingerprint}, "
                       f"control has {self.job.fingerprint()}): start every node with the same "
@@ -277,6 +298,21 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
             self.metrics.write("hello", node=node_id, host=hello.host, pid=hello.pid)
         self.send(self.router, Welcome(accepted=True, reason="", run_id=self.run_id,
                                        run_dir=str(self.run_dir)), identity=identity)
+        if hello.run_id:
+            self.awaiting_rejoin.discard(node_id)
+        if hello.run_id and hello.ready:
+            self.rejoined(node_id)
+
+    def rejoined(self, node_id: str) -> None:
+        """A node that was ready joins a resumed control again."""
+        node = self.members.nodes[node_id]
+        log.info("%s joined again (pid %d)", node_id, node.pid)
+        self.metrics.write("rejoin", node=node_id, pid=node.pid)
+        if not node.ready and self.members.mark_ready(node_id, time.monotonic()):
+            self.membership_changed()
+        if self.phase == "starting" and self.members.all_expected_ready() and self.data:
+            self.assign_slices()
+            self.start_epoch(0)
 
     def handle_heartbeat(self, node_id: str, node: NodeState, beat: Heartbeat) -> None:
         if node.role == "feeder" and beat.counters.get("batches_acked") != \
@@ -323,6 +359,7 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
     def publish(self, msg: Message, standing: str | None = None) -> None:
         if standing:
             self.standing[standing] = msg
+            self.save_state()  # before it goes out: a resumed control knows what it said
         self.send(self.pub, msg)
 
     def start_epoch(self, epoch: int) -> None:
@@ -451,6 +488,7 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
             self.probe(now)
         if now >= self.next_status:
             self.publish_status(now)
+        self.save_now(now)
         if self.paused:
             self.last_progress = now  # an operator paused feeding: nothing is stalled
         if now >= self.next_throughput:
@@ -570,6 +608,7 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
             slices=self.slices_summary())
         path = self.run_dir / "summary.json"
         atomic_write(path, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+        self.save_state()  # phase done: the run cannot be resumed
         self.metrics.write("end", status=status, reason=reason)
         self.metrics.close()
         print_headline(summary, path)
@@ -610,8 +649,10 @@ def main(argv: list[str] | None = None) -> None:
     job = load_job_or_exit(args.job, "control")
     setup_logging("control-0")
     try:
-        control = Control(job)
-    except OSError as exc:
+        resume = resumable_run(job.name, args.resume, dict(os.environ)) if args.resume \
+            else None
+        control = Control(job, resume=resume)
+    except (OSError, ResumeError) as exc:
         print(f"zbus control: cannot start: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     sys.exit(control.run())

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 
 import numpy as np
+import orjson
 import pytest
 from harness import ADULT_JOB
 
@@ -76,3 +78,41 @@ def test_a_killed_feeder_restarts_from_its_ack_log_losing_and_doubling_nothing(c
     assert s["duplicates_refused"]["embedding_updates"] == 0
     assert "restarted: " in c.log("feeder-0-again")
     assert "feeding resumes" in c.log("feeder-0-again")
+
+
+@pytest.mark.parametrize("down_s", [0.0, 3.0])
+def test_a_killed_control_resumes_its_run_and_the_nodes_join_it_again(cluster, down_s):
+    c = cluster(ADULT_JOB, train__epochs=2, cluster__node_timeout_s=1.5, **SLOW)
+    c.start_all(slowdown={0: 3.0, 1: 3.0})
+    c.wait_for_event(mid_epoch)
+    c.procs["control-0"].send_signal(signal.SIGKILL)
+    c.procs["control-0"].wait()
+    time.sleep(down_s)  # the nodes go on meanwhile: their reports to control are lost
+    before = orjson.loads((c.run_dir / "control-state.json").read_bytes())
+    assert before["phase"] == "training" and before["round"] >= 3, before["phase"]
+    c.start("control-0", [sys.executable, "-m", "roles.control", "--resume"])
+    assert c.wait() == 0, c.logs()
+    s = c.summary()
+    assert s["ok"] and s["auc"] >= 0.89, s["auc"]
+    assert s["epochs"] == 2 and s["rounds"] > before["round"]
+    events = c.events()
+    (resume,) = [e for e in events if e["event"] == "resume"]
+    assert resume["epoch"] == 0 and resume["round"] >= before["round"]
+    rejoined = {e["node"] for e in events if e["event"] == "rejoin"}
+    assert rejoined == {"feeder-0", "aggregator-0", "ps-0", "ps-1", "worker-0", "worker-1"}
+    # nothing lost, nothing trained twice, no node restarted
+    for rows in s["slices"]["rows_per_epoch"]:
+        assert rows["rows"] == rows["rows_once"] == ADULT_TRAIN_ROWS, rows
+    assert s["samples_trained_by_workers"] == 2 * ADULT_TRAIN_ROWS
+    assert s["duplicates_refused"]["embedding_updates"] == 0
+    assert not [e for e in s["membership"] if e["event"] != "joined"], s["membership"]
+    for name in ("feeder-0", "worker-0", "ps-0", "aggregator-0"):
+        assert c.wait(name, timeout=30) == 0, name
+
+
+def test_resume_refuses_a_run_that_ended_or_another_job(cluster):
+    c = cluster(ADULT_JOB, train__epochs=1)
+    assert c.run_job() == 0, c.logs()
+    again = c.start("control-again", [sys.executable, "-m", "roles.control", "--resume"])
+    assert again.wait(timeout=60) == 2
+    assert "has ended; there is nothing to resume" in c.log("control-again")

@@ -5,6 +5,12 @@ the heartbeat interval, a handler per socket, counting of malformed messages (lo
 kind, never fatal), per-channel byte counts, and SIGTERM/SIGINT that end the loop within one
 poll interval. ``Node`` adds the link to control that every role but control has: Hello until
 Welcome, heartbeats with load figures and counters, and the lifecycle commands on control's PUB.
+
+Control may be killed and started again on its run (``zbus-control --resume``). It does not
+know the nodes then, and answers a node's first message with Rejoin: the node says Hello again
+with its run id and whether it was ready, then sends once more the latest report of each kind
+it sent (an epoch trained, a round done, ...), which the dead control may never have read.
+Control handles every report idempotently.
 """
 
 from __future__ import annotations
@@ -26,7 +32,10 @@ from zbus import security, sockets
 from zbus.cluster import ClusterConfig
 from zbus.load import LoadSampler
 from zbus.wire import (
+    Drained,
     Envelope,
+    EpochTrained,
+    EvalReport,
     Export,
     Exported,
     Failure,
@@ -34,9 +43,16 @@ from zbus.wire import (
     Heartbeat,
     Hello,
     Message,
+    Moved,
     Probe,
     ProbeReply,
     ProtocolError,
+    Ready,
+    Rejoin,
+    Restored,
+    RoundDone,
+    RoundDrained,
+    RoundReady,
     Stop,
     Welcome,
 )
@@ -46,6 +62,9 @@ log = logging.getLogger(__name__)
 Handler = Callable[[bytes | None, Envelope], None]
 DRAIN_PER_POLL = 64      # messages taken from one socket before looking at the others
 STOP_LINGER_S = 0.5      # after Stop, leave control a moment to finish its own exit first
+# reports to control that a restarted control is sent again (the latest of each kind)
+REPORTS = (EpochTrained, EvalReport, RoundDrained, RoundDone, RoundReady, Restored, Exported,
+           Drained, Moved)
 
 
 class Loop:
@@ -223,9 +242,38 @@ class Node(Loop):
         self._export_request = 0
         self._stop_at: float | None = None
         self._last_heard = time.monotonic()
+        self.ready_sent = False
+        self.reports: dict[type, Message] = {}  # the latest report of each kind
+        self._rejoined_at = 0.0
 
     def to_control(self, msg: Message) -> None:
+        if isinstance(msg, REPORTS):
+            self.reports[type(msg)] = msg
+        elif isinstance(msg, Ready):
+            self.ready_sent = True
         self.send(self.control, msg)
+
+    def hello(self) -> Hello:
+        return Hello(role=self.role, index=self.index, host=_socket.gethostname(),
+                     pid=os.getpid(), fingerprint=self.fingerprint, run_id=self.run_id,
+                     ready=self.ready_sent)
+
+    def rejoin(self, run_id: str) -> None:
+        """A restarted control asks who this node is: Hello again, then the latest reports."""
+        now = time.monotonic()
+        if run_id != self.run_id:
+            log.error("%s: control now runs %s, not this node's run %s; exiting", self.node_id,
+                      run_id, self.run_id)
+            self.exit_code = 2
+            self.stopping = True
+            return
+        if now - self._rejoined_at < 4 * self.heartbeat_s:
+            return  # answers to messages sent before this node said Hello again
+        self._rejoined_at = now
+        log.warning("%s: control was restarted; joining it again", self.node_id)
+        self.send(self.control, self.hello())
+        for msg in self.reports.values():
+            self.send(self.control, msg)
 
     def heartbeat(self, final: bool = False) -> None:
         now = time.monotonic()
@@ -268,6 +316,8 @@ class Node(Loop):
                     self._last_heard = time.monotonic()
             case Probe(nonce=nonce) if self.welcomed:
                 self.to_control(ProbeReply(nonce=nonce))
+            case Rejoin(run_id=run_id) if self.welcomed:
+                self.rejoin(run_id)
             case Welcome(accepted=False, reason=reason):  # at Hello, or later: sent away
                 log.error("%s refused by control: %s", self.node_id, reason)
                 self.exit_code = 2
@@ -312,9 +362,7 @@ class Node(Loop):
             if self.welcomed:
                 self.heartbeat()
             else:
-                self.to_control(Hello(role=self.role, index=self.index,
-                                      host=_socket.gethostname(), pid=os.getpid(),
-                                      fingerprint=self.fingerprint))
+                self.to_control(self.hello())
         if self._stop_at is not None and now >= self._stop_at:
             self.stopping = True
         if now - self._last_heard > self.cluster.orphan_timeout_s:
