@@ -287,6 +287,10 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
             if before is not None and before.ready and hello.role == "ps":
                 self.shard_restarting(node_id, before)
             if before is not None and before.ready and hello.role == "feeder":
+                if self.sync == "round" and self.phase != "starting":
+                    self.fail(f"{node_id} restarted: a feeder cannot resume in sync mode "
+                              "round (its rounds count one process's batches)")
+                    return
                 log.warning("%s restarted (pid %d, was %d): it resumes from its ack log",
                             node_id, hello.pid, before.pid)
                 self.feeder_down(node_id)

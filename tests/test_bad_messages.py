@@ -61,6 +61,8 @@ def test_control_rejects_garbage_and_strangers_then_admits_a_node(cluster):
         assert not refused.accepted and "is not a node of this job" in refused.reason
         node.send_multipart(wire.Heartbeat(role="worker", index=0, state="x", load={},
                                            counters={}, final=False).to_frames())
+        rejoin = reply(node)  # an unknown node is asked to say who it is
+        assert isinstance(rejoin, wire.Rejoin) and rejoin.run_id == c.run_dir.name
         node.send_multipart(wire.Hello(**hello).to_frames())
         welcome = reply(node)
         assert welcome.accepted and welcome.run_dir == str(c.run_dir)
