@@ -600,7 +600,7 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
                                      "rejected_messages": dict(self.rejected),
                                      "idle_s": self.idle_s,
                                      "uptime_s": time.monotonic() - self.started}},
-            wall_s=time.monotonic() - self.started,
+            wall_s=time.monotonic() - self.started + self.run_before_s,
             rounds=self.rounds_done, round_samples=self.round_samples,
             membership=self.members.events,
             model={"backups": self.backups, "recoveries": self.recoveries,

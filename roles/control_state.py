@@ -79,12 +79,14 @@ def resumable_run(job_name: str, given: str, environ: dict) -> Path:
 class StateKeeping:
     def init_state(self) -> None:
         self.next_save = 0.0
+        self.started_at = time.time()  # the run's start, for its wall time across a resume
+        self.run_before_s = 0.0        # resumed: how long the run had been going
         self.awaiting_rejoin: set[str] = set()  # resumed: nodes that have not said Hello
 
     # -- writing -----------------------------------------------------------------------------
     def save_state(self) -> None:
         m = self.members
-        state = {"version": STATE_VERSION, "run_id": self.run_id,
+        state = {"version": STATE_VERSION, "run_id": self.run_id, "started_at": self.started_at,
                  "fingerprint": self.job.fingerprint(),
                  **{k: getattr(self, k) for k in SCALARS},
                  "aggregator_lost": self.aggregator_lost_at is not None,
@@ -131,6 +133,8 @@ class StateKeeping:
         if state["phase"] == "done":
             raise ResumeError(f"run {state['run_id']} has ended; there is nothing to resume")
         now = time.monotonic()
+        self.started_at = state["started_at"]
+        self.run_before_s = max(0.0, time.time() - self.started_at)
         for k in SCALARS:
             setattr(self, k, state[k])
         self.finish_status = tuple(self.finish_status)

@@ -65,10 +65,15 @@ def run(workdir: Path, victim: str | None, restart: list[str] | None, extra: dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1, help="runs per case (median)")
+    parser.add_argument("--cases", default="", help="comma-separated case names to run (and "
+                                                    "always none, the baseline)")
     args = parser.parse_args()
+    wanted = {"none", *args.cases.split(",")} if args.cases else set(CASES)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, (victim, restart, extra)) in enumerate(CASES.items()):
+            if name not in wanted:
+                continue
             runs = [run(Path(tmp) / f"case-{i}-{k}", victim, restart, extra)
                     for k in range(args.repeats)]
             median = statistics.median_low(r["wall_s"] for r in runs)
