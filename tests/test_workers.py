@@ -7,6 +7,8 @@ import signal
 
 from harness import ADULT_JOB
 
+from roles.ctl import request
+
 ADULT_TRAIN_ROWS = 39074
 
 
@@ -82,8 +84,13 @@ def test_a_worker_started_mid_job_joins_and_trains(cluster):
     c = cluster(ADULT_JOB, train__epochs=3, **SLOW)
     c.start_all(slowdown={0: 4.0, 1: 4.0})
     c.wait_for_event(lambda e: e["event"] == "epoch_start")
+    # feeding paused while worker-2 starts, so that the job cannot end before it is in (on a
+    # GPU the three epochs take less time than a worker's start)
+    endpoint = c.job.cluster.endpoint("control_req")
+    assert request(endpoint, "pause", timeout_s=20).ok
     c.start_role("worker", 2)
     c.wait_for_event(lambda e: e["event"] == "membership" and e["node"] == "worker-2")
+    assert request(endpoint, "resume", timeout_s=20).ok
     assert c.wait() == 0, c.logs()
     s = c.summary()
     assert_every_batch_trained_once(s, epochs=3)
