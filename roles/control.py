@@ -269,9 +269,13 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
 
     def handle_hello(self, identity: bytes, node_id: str, hello: Hello) -> None:
         reason = self.members.refusal(node_id, hello.role, hello.index, hello.pid)
+        known = self.members.nodes.get(node_id)
         if not reason and hello.run_id and hello.run_id != self.run_id:
             reason = (f"{node_id} belongs to run {hello.run_id}; control runs {self.run_id} "
                       "(start control with --resume to go on with a run)")
+        elif not reason and hello.run_id and known is not None and known.status != ALIVE \
+                and known.pid == hello.pid:  # the same process a dead control had given up on
+            reason = f"{node_id} was declared {known.status}; restart it to rejoin"
         if not reason and hello.fingerprint != self.job.fingerprint():
             reason = (f"{node_id} runs a different job (fingerprint {hello.fingerprint}, "
                       f"control has {self.job.fingerprint()}): start every node with the same "
@@ -531,13 +535,7 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
             log.warning("%s; its batches go to the other workers", reason)
             if self.members.fail(node_id, now, reason):
                 self.membership_changed()
-        late = [n for n, t in self.shards_lost.items()
-                if now - t > self.job.train.recovery_timeout_s]
-        if late:
-            self.fail(f"{late[0]} did not come back within recovery_timeout_s = "
-                      f"{self.job.train.recovery_timeout_s:.0f} s")
-            return
-        late = [n for n, t in self.feeders_down.items()
+        late = [n for n, t in (*self.shards_lost.items(), *self.feeders_down.items())
                 if now - t > self.job.train.recovery_timeout_s]
         if late:
             self.fail(f"{late[0]} did not come back within recovery_timeout_s = "
