@@ -318,9 +318,7 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
         self.metrics.write("rejoin", node=node_id, pid=node.pid)
         if not node.ready and self.members.mark_ready(node_id, time.monotonic()):
             self.membership_changed()
-        if self.phase == "starting" and self.members.all_expected_ready() and self.data:
-            self.assign_slices()
-            self.start_epoch(0)
+        self.maybe_start()
 
     def handle_heartbeat(self, node_id: str, node: NodeState, beat: Heartbeat) -> None:
         if node.role == "feeder" and beat.counters.get("batches_acked") != \
@@ -347,7 +345,11 @@ class Control(Operators, LazyControl, ModelKeeping, PlacementKeeping, FeedingKee
             self.shard_back(node_id, info)
         if node.role == "feeder" and node_id in self.feeders_down:
             self.feeder_back(node_id)
-        if self.phase == "starting" and self.members.all_expected_ready():
+        self.maybe_start()
+
+    def maybe_start(self) -> None:
+        """Every expected node is ready (a feeder's Ready brought the data's counts): go."""
+        if self.phase == "starting" and self.members.all_expected_ready() and self.data:
             self.assign_slices()
             self.start_epoch(0)
 

@@ -140,7 +140,6 @@ class StateKeeping:
         self.finish_status = tuple(self.finish_status)
         for k in HISTORY:
             setattr(self, k, history[k])
-        self.epochs = history["epochs"]
         self.aggregator_lost_at = now if state["aggregator_lost"] else None
         self.shards_lost = dict.fromkeys(state["shards_lost"], now)
         self.shards_back = {n: (now, u) for n, u in state["shards_back"].items()}

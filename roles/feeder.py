@@ -120,7 +120,6 @@ class Feeder(Node):
         # how far the epoch's training pass has got per slice, for the heartbeat (a lost
         # feeder's slice is taken on from there)
         self.progress: dict[int, SliceProgress] = {}
-        self.logged: dict[int, SliceProgress] = {}  # restarted: progress from the ack log
         self.shards_back: dict[int, int] = {}  # shard -> the restart generation acted on
         self.members: set[str] = set()
         self.members_version = -1
@@ -392,13 +391,15 @@ class Feeder(Node):
         r = self.slices.resume.get(str(slice_))
         return isinstance(r, dict) and r.get("epoch") == epoch and not r.get("reported")
 
-    def training_plan(self, slice_: int, epoch: int) -> Plan:
-        """The slice's plan for the epoch; a lost feeder's slice resumes where it was."""
+    def training_plan(self, slice_: int, epoch: int,
+                      logged: SliceProgress | None = None) -> Plan:
+        """The slice's plan for the epoch. It resumes where this feeder's previous process
+        had got to (``logged``, from its ack log), or where a lost feeder had (SliceMap)."""
         d, t = self.data, self.job.train
         plan = Plan.training(epoch, slice_, np.arange(*self.slices.train[slice_]),
                              t.batch_size, t.shuffle, t.seed,
                              d.labels if t.batch_by_label else None)
-        progress = self.progress[slice_] = self.logged.get(slice_, SliceProgress(epoch))
+        progress = self.progress[slice_] = logged or SliceProgress(epoch)
         if not progress.low and not progress.above and self.resumable(slice_, epoch):
             r = self.slices.resume[str(slice_)]
             progress.low, progress.above = r["low"], set(r["above"])
@@ -428,17 +429,18 @@ class Feeder(Node):
         self.row_acks = np.zeros(self.data.n_train, dtype=np.uint16)
         self.progress = {}
         # a restarted feeder: where its previous process had got to in this pass
-        self.logged = self.ack_log.progress(epoch) if self.restarted else {}
-        self.begin_pass(Pass(epoch, False, []), self.my_slices())
-        self.logged = {}
+        self.begin_pass(Pass(epoch, False, []), self.my_slices(),
+                        self.ack_log.progress(epoch) if self.restarted else {})
 
-    def begin_pass(self, pass_: Pass, slices: list[int] = ()) -> None:
+    def begin_pass(self, pass_: Pass, slices: list[int] = (),
+                   logged: dict[int, SliceProgress] | None = None) -> None:
         self.state = "training"
         self.loss_sum = self.weight_sum = 0.0
         self.epoch_samples = 0
         self.epoch_started = time.monotonic()
         self.plan = pass_
-        pass_.plans += [self.training_plan(i, pass_.epoch) for i in slices]
+        pass_.plans += [self.training_plan(i, pass_.epoch, (logged or {}).get(i))
+                        for i in slices]
         log.info("epoch %d: %d training batches", pass_.epoch, pass_.batches)
         self.pass_rebuilt()
         self.pump()
