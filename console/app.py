@@ -194,7 +194,7 @@ def endpoints_from_args(argv: list[str] | None) -> Endpoints:
     args = parser.parse_args(argv)
     if args.status and args.requests:
         return Endpoints(args.status, args.requests)
-    from roles.cli import load_job_or_exit  # only when the job file has to say
+    from roles.job.cli import load_job_or_exit  # only when the job file has to say
 
     cluster = load_job_or_exit(args.job, "console").cluster
     return Endpoints(args.status or cluster.endpoint("status"),

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 import zmq
 from textual.message import Message
 
+from roles.protocol.operator import STATUS_LAYOUT, ControlReply, ControlRequest, Status
+from roles.protocol.topology import ClusterConfig
 from zbus import security, sockets
-from zbus.cluster import ClusterConfig
-from zbus.wire import ControlReply, ControlRequest, ProtocolError, Status
+from zbus.codec import ProtocolError
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05  # the sockets are polled without blocking, then the task sleeps this long
-LAYOUT = 1  # the status layout this console reads (roles.status.STATUS_LAYOUT)
 
 
 class StatusArrived(Message):
@@ -160,9 +160,9 @@ class BusLink:
                 if not isinstance(env.msg, Status):
                     raise ProtocolError("unexpected_type", type(env.msg).__name__)
                 snapshot = env.msg.snapshot()
-                if snapshot.get("layout") != LAYOUT:
+                if snapshot.get("layout") != STATUS_LAYOUT:
                     raise ProtocolError("bad_body", f"status layout {snapshot.get('layout')!r}"
-                                                    f", this console reads {LAYOUT}")
+                                                    f", this console reads {STATUS_LAYOUT}")
                 newest = snapshot
             except zmq.Again:
                 break

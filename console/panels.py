@@ -1,5 +1,5 @@
 """The console's panels. Each only displays: ``show(snapshot)`` lays out what control
-published (``roles.status`` describes the snapshot), nothing here talks to the bus."""
+published (``roles.algorithms.status`` describes the snapshot), nothing here talks to the bus."""
 
 from __future__ import annotations
 

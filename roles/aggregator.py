@@ -6,15 +6,15 @@
   Aggregate(r) with its participants; when each of them that is still a member (control's
   Membership: a worker that died or left is not waited for) has sent its Contribution for r,
   the new weights are the old ones plus the coefficient-weighted mean of the deltas received
-  (``roles.aggregation``); they go out on PUB as Weights(r) and control hears RoundDone(r) with
-  the samples each contributor trained. Rounds complete in order. A contribution marked
-  ``done`` (its worker leaves) counts in its round; that worker gets no further weights.
+  (``roles.algorithms.aggregation``); they go out on PUB as Weights(r) and control hears
+  RoundDone(r) with the samples each contributor trained. Rounds complete in order. A contribution
+  marked ``done`` (its worker leaves) counts in its round; that worker gets no further weights.
 - hierarchical (``[cluster] aggregators = K > 1``): aggregator i combines the workers whose
   index % K == i; aggregators 1..K-1 forward their Partial sums to aggregator 0, the root,
   which combines its own group and the partials, publishes, backs up and exports.
 - backups (root): after each round, when the weights moved by ``backup_change_min`` (relative)
   since the last backup, and whenever an operator asks (BackupNow); written atomically, the
-  newest ``backups_kept`` kept (``roles.model_files``). The initial weights are backup 0.
+  newest ``backups_kept`` kept (``roles.model.files``). The initial weights are backup 0.
 - recovery: a restarted root is told by control to Restore the latest backup; it publishes it
   as round r of a new generation, and workers replace their weights with it.
 - WeightsRequest is answered with the current weights (start-up, or a worker that missed some).
@@ -29,31 +29,31 @@ import numpy as np
 import torch
 import zmq
 
-from roles import live
-from roles.aggregation import Adam, combine_partials, partial_sum
-from roles.cli import role_main
-from roles.job import Job
-from roles.model import build_model
-from roles.model_files import DENSE, Backups, load_dense, save_named
-from zbus.cluster import node_index
-from zbus.node import Node
-from zbus.wire import (
+from roles.algorithms import live
+from roles.algorithms.aggregation import Adam, combine_partials, partial_sum
+from roles.job.cli import role_main
+from roles.job.settings import Job
+from roles.model.files import DENSE, Backups, ExportAnswers, load_dense, save_named
+from roles.model.network import build_model
+from roles.protocol.dense_sync import (
     Aggregate,
     BackupNow,
     BackupWritten,
     Contribution,
-    Membership,
     Partial,
-    ProtocolError,
-    Ready,
     Restore,
     Restored,
     RoundDone,
-    Settings,
     StepGrad,
     Weights,
     WeightsRequest,
 )
+from roles.protocol.lifecycle import Export, Membership
+from roles.protocol.operator import Settings
+from zbus.codec import ProtocolError
+from zbus.endpoints import node_index
+from zbus.messages import Ready
+from zbus.node import Node
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class Aggregator(Node):
 
     def __init__(self, job: Job, index: int = 0):
         super().__init__(job.cluster, index, job.fingerprint())
+        self.exports = ExportAnswers(self.export_part, self.report)
         self.job = job
         c = job.cluster
         self.is_root = index == 0
@@ -152,6 +153,8 @@ class Aggregator(Node):
     # -- commands from control ----------------------------------------------------------------
     def handle_command(self, env) -> None:
         match env.msg:
+            case Export() as m:
+                self.exports.handle(m)
             case Aggregate(round=r, participants=who) if r > self.round:
                 self.expected[r] = list(who)
                 self.complete_rounds()
@@ -205,7 +208,7 @@ class Aggregator(Node):
             self.params = self.params + combine_partials(parts, self.size)
             self.done.update(done)
             self.send(self.pub, self.weights())
-            self.to_control(RoundDone(round=r, contributors=contributors,
+            self.report(RoundDone(round=r, contributors=contributors,
                                       samples_by=samples_by, coefficient=coefficient,
                                       samples=sum(samples_by)))
             self.back_up()
@@ -245,7 +248,7 @@ class Aggregator(Node):
         self.counts["restores"] += 1
         if self.is_root:
             self.send(self.pub, self.weights())
-            self.to_control(Restored(generation=r.generation, round=r.round))
+            self.report(Restored(generation=r.generation, round=r.round))
         self.complete_rounds()
 
     def export_part(self, where: Path) -> tuple[str, list[str]] | None:

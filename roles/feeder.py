@@ -1,9 +1,9 @@
 """A feeder: reads the data, sends each batch's sparse keys to the shards that own them and
 its dense features, labels and weights to the sample queue, and keeps the ledger of batches
-in flight (``roles.batching.Ledger``). It reports each finished training pass (and, in sync
-mode round, each drained round) and scores each evaluation pass.
+in flight (``roles.algorithms.batching.Ledger``). It reports each finished training pass (and, in
+sync mode round, each drained round) and scores each evaluation pass.
 
-Slices (``[cluster] feeders``, ``roles.control_feeding``): every feeder loads the whole data
+Slices (``[cluster] feeders``, ``roles.control.feeding``): every feeder loads the whole data
 (the same split and dense transform everywhere), then feeds only the training and eval rows of
 the slices control's SliceMap gives it (a feeder given no slice waits for one); batch ids carry
 the slice. Its heartbeat says how far each slice's pass has got, so that a live feeder can take
@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from roles.ack_log import AckLog
-from roles.batching import (
+from roles.algorithms.ack_log import AckLog
+from roles.algorithms.batching import (
     TAKEN,
     InFlight,
     Ledger,
@@ -46,40 +46,41 @@ from roles.batching import (
     SliceProgress,
     max_in_flight,
     sample_batch_bytes,
-    split_batch_id,
 )
-from roles.cli import role_main
+from roles.algorithms.placement import HeavyHitters, KeyMap
 from roles.data.dataset import Dataset, load_dataset
 from roles.data.readers import DataError, Rejected
-from roles.job import Job
-from roles.model_files import TRANSFORM, write_json
-from roles.placement import HeavyHitters, KeyMap
-from roles.rundir import atomic_write
-from zbus.cluster import node_index
-from zbus.node import Node
-from zbus.wire import (
+from roles.job.cli import role_main
+from roles.job.rundir import atomic_write
+from roles.job.settings import Job
+from roles.model.files import TRANSFORM, ExportAnswers, write_json
+from roles.protocol.datapath import (
     Ack,
     BatchKeys,
-    Drained,
+    Grant,
+    Holding,
+    Idle,
+    SampleBatch,
+    SliceMap,
+    Taken,
+    split_batch_id,
+)
+from roles.protocol.dense_sync import RoundDrained
+from roles.protocol.lifecycle import (
     EpochStart,
     EpochTrained,
     EvalReport,
     Evaluate,
-    Feeding,
-    Grant,
-    Holding,
-    Idle,
-    KeyCounts,
+    Export,
     Membership,
-    Placement,
-    ProtocolError,
-    Ready,
-    RoundDrained,
-    SampleBatch,
     ShardBack,
-    SliceMap,
-    Taken,
 )
+from roles.protocol.operator import Feeding
+from roles.protocol.placement import Drained, KeyCounts, Placement
+from zbus.codec import ProtocolError
+from zbus.endpoints import node_index
+from zbus.messages import Ready
+from zbus.node import Node
 
 log = logging.getLogger(__name__)
 COUNT_EVERY = 16  # batches whose keys are counted together (skew-aware placement)
@@ -100,6 +101,7 @@ class Feeder(Node):
 
     def __init__(self, job: Job, index: int = 0):
         super().__init__(job.cluster, index, job.fingerprint())
+        self.exports = ExportAnswers(self.export_part, self.report)
         self.job = job
         c, t = job.cluster, job.train
         self.samples = self.bind(zmq.PUSH, c.endpoint(c.feeder_endpoint_name("samples", index)),
@@ -143,7 +145,7 @@ class Feeder(Node):
         self.train_loss_sum = 0.0    # over the whole job, for the console's loss curve
         self.train_weight_sum = 0.0
         self.paused = False          # an operator paused feeding: no new batch goes out
-        # a feeder killed and started again resumes from its ack log (roles.ack_log)
+        # a feeder killed and started again resumes from its ack log (roles.algorithms.ack_log)
         self.ack_log: AckLog | None = None
         self.restarted = False
         self.recovering: set[str] | None = None  # restarted: the workers that sent Holding
@@ -249,6 +251,8 @@ class Feeder(Node):
     # -- commands from control -------------------------------------------------------------
     def handle_command(self, env) -> None:
         match env.msg:
+            case Export() as m:
+                self.exports.handle(m)
             case Membership(version=v, workers=workers) if v > self.members_version:
                 self.handle_membership(v, set(workers))
             case SliceMap(version=v) as m if self.slices is None or v > self.slices.version:
@@ -294,7 +298,7 @@ class Feeder(Node):
         if self.placing is not None and not self.ledger.in_flight \
                 and self.drained_for != self.placing:
             self.drained_for = self.placing
-            self.to_control(Drained(version=self.placing))
+            self.report(Drained(version=self.placing))
 
     def count_keys(self, keys: np.ndarray, owner: np.ndarray) -> None:
         """Count a new training batch's keys into the window; close the window when full.
@@ -621,7 +625,7 @@ class Feeder(Node):
         """Nothing is in flight: a sync round, and maybe the whole pass, is done."""
         plan = self.plan
         if self.round_batches and not plan.eval and self.round_sent:
-            self.to_control(RoundDrained(round=self.sync_round, samples=self.round_samples))
+            self.report(RoundDrained(round=self.sync_round, samples=self.round_samples))
             self.sync_round += 1
             self.round_sent = self.round_samples = 0
         if plan.exhausted():
@@ -634,7 +638,7 @@ class Feeder(Node):
             rows = plan.rows() - d.n_train
             self.state = "ready"
             log.info("epoch %d eval: %d samples scored", plan.epoch, len(rows))
-            self.to_control(EvalReport(epoch=plan.epoch, slices=[p.slice for p in plan.plans],
+            self.report(EvalReport(epoch=plan.epoch, slices=[p.slice for p in plan.plans],
                                        labels=d.labels[d.n_train + rows],
                                        preds=self.preds[rows]))
         else:
@@ -643,7 +647,7 @@ class Feeder(Node):
                      seconds)
             self.state = "waiting"
             counts = self.row_acks[plan.rows()]
-            self.to_control(EpochTrained(
+            self.report(EpochTrained(
                 epoch=plan.epoch, samples=self.epoch_samples, batches=plan.batches,
                 loss_sum=self.loss_sum, weight_sum=self.weight_sum, seconds=seconds,
                 slices=[p.slice for p in plan.plans], rows=len(counts),

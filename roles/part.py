@@ -3,7 +3,7 @@
 Part ``i`` is member ``i % (parts - 1) + 1`` of group ``i // (parts - 1)``, whose leader is
 worker ``group``. It waits for control's ModelPlan, traces the same network, keeps the
 parameters of the nodes the plan gives it (on CUDA when present), and then serves its group:
-the stages it owns run as their input tensors arrive (``roles.model_parallel``), their outputs
+the stages it owns run as their input tensors arrive (``roles.model.parallel``), their outputs
 go straight to the member that needs them, gradients come back the same way, and once its
 backward of a step is done it steps its own Adam and tells the leader. The leader loads and
 reads its weights (PartCall) when rounds are combined: the aggregator sees one contribution
@@ -17,12 +17,14 @@ import os
 
 import zmq
 
-from roles.cli import role_main
-from roles.job import Job
-from roles.model import auto_threads, pick_device, set_threads
-from roles.model_parallel import PartServer, member_program
+from roles.job.cli import role_main
+from roles.job.settings import Job
+from roles.model.network import auto_threads, pick_device, set_threads
+from roles.model.parallel import PartServer, member_program
+from roles.protocol.model_parallel import ModelPlan, PartCall, PartTensors
+from zbus.codec import ProtocolError
+from zbus.messages import Ready
 from zbus.node import Node
-from zbus.wire import ModelPlan, PartCall, PartTensors, ProtocolError, Ready
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ gradients will be refused.
 Checkpoints: every ``[train] checkpoint_s`` the shard writes its rows, their Adagrad state and
 the applied batch ids to ``checkpoints/ps-<i>.npz`` in the run directory (write, fsync,
 rename). A shard started again in the same run restores the latest one when control welcomes
-it; the updates applied after it are lost (``roles.control_model`` reports what it cost).
+it; the updates applied after it are lost (``roles.control.model`` reports what it cost).
 
-Skew-aware placement (``roles.placement``): the shard times its work per allocation window of
-the batches (look-ups: finding or creating rows and gathering them; updates: the Adagrad step),
-in CPU time of its thread (``time.thread_time``: on a shared machine, wall time would count the
-moments the scheduler gave the core to someone else as the shard's own slowness), and reports
+Skew-aware placement (``roles.algorithms.placement``): the shard times its work per allocation
+window of the batches (look-ups: finding or creating rows and gathering them; updates: the Adagrad
+step), in CPU time of its thread (``time.thread_time``: on a shared machine, wall time would count
+the moments the scheduler gave the core to someone else as the shard's own slowness), and reports
 the last few windows in its heartbeat; control turns them into the capacity predictor's
 history. When control publishes a key map in phase ``move``, the shard waits until
 no training batch it holds still expects gradients, sends every other shard one Handover with
@@ -40,32 +40,24 @@ import numpy as np
 import orjson
 import zmq
 
-from roles.batching import split_batch_id
-from roles.cli import role_main
-from roles.embedding_table import EmbeddingTable
-from roles.job import Job
-from roles.model_files import embeddings_file, npz_bytes, save_embeddings
-from roles.placement import KeyMap
-from roles.rundir import atomic_write
+from roles.algorithms.embedding_table import EmbeddingTable
+from roles.algorithms.placement import KeyMap
+from roles.job.cli import role_main
+from roles.job.rundir import atomic_write
+from roles.job.settings import Job
+from roles.model.files import ExportAnswers, embeddings_file, npz_bytes, save_embeddings
+from roles.protocol.datapath import BatchKeys, EmbeddingGrads, Embeddings, Lookup, split_batch_id
+from roles.protocol.lifecycle import Export
+from roles.protocol.placement import WORK_SLOTS, Handover, Moved, Placement
+from zbus.codec import ProtocolError
+from zbus.messages import Ready
 from zbus.node import Node
-from zbus.wire import (
-    BatchKeys,
-    EmbeddingGrads,
-    Embeddings,
-    Handover,
-    Lookup,
-    Moved,
-    Placement,
-    ProtocolError,
-    Ready,
-)
 
 log = logging.getLogger(__name__)
 MAX_WAITING = 10_000  # look-ups parked for keys that have not arrived (bounded)
 MAX_EVAL_KEPT = 256   # answered eval batches still held, for a second copy's look-up
 WINDOWS_REPORTED = 4  # allocation windows whose work the heartbeat carries
 # where each operation's pairs and seconds sit in a window's work figures
-WORK_SLOTS = {"lookup": (0, 1), "update": (2, 3)}
 
 
 @dataclass
@@ -84,6 +76,7 @@ class Shard(Node):
 
     def __init__(self, job: Job, index: int, slowdown: float = 1.0):
         super().__init__(job.cluster, index, job.fingerprint())
+        self.exports = ExportAnswers(self.export_part, self.report)
         self.job = job
         c = job.cluster
         self.sock = self.bind(zmq.ROUTER, c.endpoint(f"ps-{index}"), self.on_message)
@@ -184,6 +177,8 @@ class Shard(Node):
 
     def handle_command(self, env) -> None:
         match env.msg:
+            case Export() as m:
+                self.exports.handle(m)
             case Placement(version=v, phase="move") as msg if self.skew and v > self.version \
                     and (self.moving is None or self.moving.version < v):
                 self.moving = KeyMap.from_message(msg, self.job.cluster.shards,
@@ -334,7 +329,7 @@ class Shard(Node):
     def maybe_moved(self, version: int) -> None:
         handovers, keys = self.received.get(version, (0, 0))
         if version == self.version and handovers == len(self.peers):
-            self.to_control(Moved(version=version, sent=self.sent_keys, received=keys))
+            self.report(Moved(version=version, sent=self.sent_keys, received=keys))
             self.received.pop(version, None)
             self.moved_version = version
 

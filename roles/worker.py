@@ -14,7 +14,7 @@ is pulled, and they send its rows as soon as they have its keys; ``pull`` asks w
 is the next to train and waits. Each batch's wait for its embeddings (from when it was the next
 to train, lacking only them) is sampled for the summary.
 
-Dense synchronisation (``[train] sync``), see ``roles.replica`` for the round arithmetic:
+Dense synchronisation (``[train] sync``), see ``roles.algorithms.replica`` for the round arithmetic:
 
 - ``step``: the dense gradient of every step goes to the aggregator, which applies it with its
   Adam and answers with the new weights; the worker waits for them (no local optimiser).
@@ -25,8 +25,9 @@ Dense synchronisation (``[train] sync``), see ``roles.replica`` for the round ar
   of round r + 1 only after it has contributed to round r, so that M (its samples in the
   round) is exact.
 - ``lazy``: local Adam; a local round is ``sync_every`` local steps, and the worker reports
-  each one to control (RoundReady), which decides when to aggregate (``roles.decision``). A
-  worker that has done ``max_local_rounds`` local rounds since its last contribution waits.
+  each one to control (RoundReady), which decides when to aggregate
+  (``roles.algorithms.decision``). A worker that has done ``max_local_rounds`` local rounds since
+  its last contribution waits.
 
 Weights of a newer restore generation (the aggregator restarted and restored a backup)
 replace the replica's weights outright. With ``[cluster] aggregators`` > 1 a worker sends its
@@ -54,45 +55,48 @@ import numpy as np
 import torch
 import zmq
 
-from roles import live
-from roles.batching import max_in_flight, sample_batch_bytes, split_batch_id
-from roles.cli import MAX_WORKERS, role_main
-from roles.job import Job
-from roles.model import auto_threads, build_model, pick_device, set_threads, weighted_loss_sum
-from roles.model_parallel import GroupError, GroupLeader, GroupReplica, member_program
-from roles.replica import Replica
-from zbus.cluster import node_index
-from zbus.node import Node
-from zbus.wire import (
+from roles.algorithms import live
+from roles.algorithms.batching import max_in_flight, sample_batch_bytes
+from roles.algorithms.replica import Replica
+from roles.job.cli import MAX_WORKERS, role_main
+from roles.job.settings import Job
+from roles.model.network import (
+    auto_threads,
+    build_model,
+    pick_device,
+    set_threads,
+    weighted_loss_sum,
+)
+from roles.model.parallel import GroupError, GroupLeader, GroupReplica, member_program
+from roles.protocol.datapath import (
     Ack,
-    Aggregate,
-    Contribution,
     EmbeddingGrads,
     Embeddings,
-    FeederBack,
     Grant,
     Holding,
     Idle,
-    Leaving,
     Lookup,
-    Message,
-    ModelPlan,
-    PartCall,
-    PartReply,
-    PartTensors,
-    ProtocolError,
-    Ready,
+    SampleBatch,
+    SliceMap,
+    Taken,
+    split_batch_id,
+)
+from roles.protocol.dense_sync import (
+    Aggregate,
+    Contribution,
     Restore,
     RoundReady,
-    SampleBatch,
-    Settings,
-    ShardBack,
-    SliceMap,
     StepGrad,
-    Taken,
     Weights,
     WeightsRequest,
 )
+from roles.protocol.lifecycle import FeederBack, ShardBack
+from roles.protocol.model_parallel import ModelPlan, PartCall, PartReply, PartTensors
+from roles.protocol.operator import Settings
+from zbus.codec import Message, ProtocolError
+from zbus.endpoints import node_index
+from zbus.messages import Leaving, Ready
+from zbus.node import Node
 
 log = logging.getLogger(__name__)
 LEAVE_TIMEOUT_S = 5.0
@@ -231,7 +235,7 @@ class Worker(Node):
         if not self.grouped:
             self.request_weights()  # a group leader asks once its members answered
 
-    # -- model parallelism (roles.model_parallel) --------------------------------------------
+    # -- model parallelism (roles.model.parallel) --------------------------------------------
     def take_plan(self, plan: ModelPlan) -> None:
         gm, program = member_program(self.job, plan, 0, self.device)
         self.leader = GroupLeader(program, self.group_inbox, self.group_peers, self.send,

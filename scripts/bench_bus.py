@@ -27,8 +27,10 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from roles.protocol.datapath import SampleBatch
+from roles.protocol.dense_sync import Weights
 from zbus import sockets
-from zbus.wire import Message, SampleBatch, Weights
+from zbus.codec import Message
 
 SIZES = {"1 KB": 1024, "64 KB": 64 * 1024, "1 MB": 1024 * 1024}
 

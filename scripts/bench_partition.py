@@ -1,5 +1,5 @@
-"""Benchmark: zbus's graph partitioner (roles.partitioner) against METIS (pymetis) and a random
-balanced partition, in one run, on the traced networks of the example jobs and on random
+"""Benchmark: zbus's graph partitioner (roles.model.partitioner) against METIS (pymetis) and a
+random balanced partition, in one run, on the traced networks of the example jobs and on random
 layered DAGs of 1k and 10k nodes, k = 2, 4, 8.
 
 Each figure is over ``--seeds`` graphs: cut critical edges summed, balance (max part load /
@@ -26,11 +26,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from roles.job import load_job  # noqa: E402
-from roles.model import build_model  # noqa: E402
-from roles.model_graph import example_inputs, task_graph, trace  # noqa: E402
-from roles.partitioner import PartitionSettings, balance_of, cut_counts, partition  # noqa: E402
-from roles.task_graph import TaskGraph, layered_dag  # noqa: E402
+from roles.job.settings import load_job  # noqa: E402
+from roles.model.graph import example_inputs, task_graph, trace  # noqa: E402
+from roles.model.network import build_model  # noqa: E402
+from roles.model.partitioner import PartitionSettings, balance_of, cut_counts, partition  # noqa: E402
+from roles.model.task_graph import TaskGraph, layered_dag  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from roles.placement import HeavyHitters, KeyMap, lower_bound, max_over_mean, place  # noqa: E402
+from roles.algorithms.placement import HeavyHitters, KeyMap, lower_bound, max_over_mean, place  # noqa: E402
 
 DISTINCT = 1_000_000
 

@@ -2,8 +2,8 @@
 """Throughput of the cluster against the no-communication limit, measured in one run.
 
 The same model (embeddings + MLP, sparse Adagrad + Adam), data and batch size are trained
-(1) in one plain PyTorch process (``roles.reference``) and (2) by the cluster on this host over
-TCP loopback, for each cluster shape. Samples/s counts training only (the cluster's start-up,
+(1) in one plain PyTorch process (``roles.tools.reference``) and (2) by the cluster on this host
+over TCP loopback, for each cluster shape. Samples/s counts training only (the cluster's start-up,
 about 5 s of process starts and imports, and evaluation are excluded on both sides). Every
 measurement is repeated, each cluster run right after its single-process run; the table shows
 medians, the ratio of the medians, and the median of the ratios of those back-to-back pairs
@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
 from roles.data.dataset import load_dataset
-from roles.job import load_job
-from roles.local import LocalCluster, clean_environ, toml_value
-from roles.reference import train_reference
+from roles.job.settings import load_job
+from roles.tools.reference import train_reference
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from local_cluster import LocalCluster, clean_environ, toml_value  # noqa: E402  (the test harness)
 
 
 def main() -> None:

@@ -18,9 +18,9 @@ import time
 
 import zmq
 
-from roles.job import load_job
+from roles.job.settings import load_job
 from zbus import sockets
-from zbus.wire import Heartbeat, Hello, Probe, ProbeReply, Ready, Welcome
+from zbus.messages import Heartbeat, Hello, Probe, ProbeReply, Ready, Welcome
 
 FEEDER_INFO = {"samples_in_data": 1_000_000, "eval_samples": 10_000, "rows_read": 1_010_000,
                "rejected_rows": 0, "dropped_rows": 0, "merged_rows": 0}

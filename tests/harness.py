@@ -1,4 +1,4 @@
-"""Helpers for integration tests: real role processes on loopback (``roles.local``), and a
+"""Helpers for integration tests: real role processes on loopback (``tests.local_cluster``), and a
 fake control that admits single roles so that they can be driven over their real sockets."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ import time
 from pathlib import Path
 
 import zmq
+from local_cluster import BIN, LocalCluster
 
-from roles.local import BIN, LocalCluster
-from zbus import wire
+from zbus.codec import decode
+from zbus.messages import Heartbeat, Hello, Welcome
 
 REPO = Path(__file__).resolve().parent.parent
 ADULT_JOB = REPO / "jobs" / "adult.toml"
@@ -42,7 +43,7 @@ class FakeControl:
         self.router.bind(cluster.job.cluster.endpoint("control"))
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.bind(cluster.job.cluster.endpoint("control_pub"))
-        self.beats: dict[str, wire.Heartbeat] = {}
+        self.beats: dict[str, Heartbeat] = {}
 
     def admit(self, nodes: set[str], timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -50,22 +51,22 @@ class FakeControl:
         while admitted != nodes:
             assert time.monotonic() < deadline, f"only {admitted} said Hello"
             identity, *frames = recv_within(self.router, deadline - time.monotonic())
-            env = wire.decode(frames)
-            if isinstance(env.msg, wire.Hello):
+            env = decode(frames)
+            if isinstance(env.msg, Hello):
                 admitted.add(identity.decode())
-                self.router.send_multipart([identity, *wire.Welcome(
+                self.router.send_multipart([identity, *Welcome(
                     accepted=True, reason="", run_id="t", run_dir=str(self.cluster.run_dir)
                 ).to_frames("control-0")])
 
-    def heartbeat(self, node: str, until, timeout_s: float = 20.0) -> wire.Heartbeat:
+    def heartbeat(self, node: str, until, timeout_s: float = 20.0) -> Heartbeat:
         """The first heartbeat of ``node`` whose counters satisfy ``until``."""
         deadline = time.monotonic() + timeout_s
         while True:
             assert time.monotonic() < deadline, f"no matching heartbeat of {node}: " \
                 f"{self.beats.get(node)}"
             identity, *frames = recv_within(self.router, deadline - time.monotonic())
-            env = wire.decode(frames)
-            if isinstance(env.msg, wire.Heartbeat):
+            env = decode(frames)
+            if isinstance(env.msg, Heartbeat):
                 self.beats[identity.decode()] = env.msg
                 if identity.decode() == node and until(env.msg.counters):
                     return env.msg

@@ -10,17 +10,29 @@ import numpy as np
 import zmq
 from harness import FakeControl, recv_within
 
-from roles.embedding_table import initial_rows
-from zbus import wire
+from roles.algorithms.embedding_table import initial_rows
+from roles.protocol.datapath import (
+    Ack,
+    BatchKeys,
+    EmbeddingGrads,
+    Lookup,
+    SampleBatch,
+    SliceMap,
+    Taken,
+)
+from roles.protocol.dense_sync import Contribution, WeightsRequest
+from roles.protocol.lifecycle import EpochStart
+from zbus.codec import PROTOCOL_VERSION, Message, decode
+from zbus.messages import Heartbeat, Hello, Probe, Ready, Rejoin
 
 GARBAGE = [
     [b"\x00\xff garbage"],
     [b"Lookup", b"{not json"],
     [b"Nope", b"{}"],
     [b"Lookup", b'{"v":%d,"from":"x","seq":1,"f":{"batch_id":1,"train":true},"a":[]}'
-     % (wire.PROTOCOL_VERSION + 1)],                                  # a future version
+     % (PROTOCOL_VERSION + 1)],                                  # a future version
     [b"BatchKeys", b'{"v":%d,"from":"x","seq":1,"f":{"batch_id":1,"samples":1,"fields":1},'
-                   b'"a":[["int32",[1]],["int64",[5]]]}' % wire.PROTOCOL_VERSION,
+                   b'"a":[["int32",[1]],["int64",[5]]]}' % PROTOCOL_VERSION,
      b"\0" * 4, b"\0" * 8],                                          # 5 keys in 8 bytes
 ]
 
@@ -33,11 +45,11 @@ def dealer(ctx: zmq.Context, endpoint: str, identity: str) -> zmq.Socket:
     return sock
 
 
-def reply(sock: zmq.Socket) -> wire.Message:
+def reply(sock: zmq.Socket) -> Message:
     """The next message other than control's health probes."""
     while True:
-        msg = wire.decode(recv_within(sock)).msg
-        if not isinstance(msg, wire.Probe):
+        msg = decode(recv_within(sock)).msg
+        if not isinstance(msg, Probe):
             return msg
 
 
@@ -52,18 +64,18 @@ def test_control_rejects_garbage_and_strangers_then_admits_a_node(cluster):
             node.send_multipart(frames)
         hello = dict(role="worker", index=0, host="h", pid=os.getpid(),
                      fingerprint=c.job.fingerprint())
-        node.send_multipart(wire.Hello(**{**hello, "fingerprint": "0" * 16}).to_frames())
+        node.send_multipart(Hello(**{**hello, "fingerprint": "0" * 16}).to_frames())
         refused = reply(node)
         assert not refused.accepted and "runs a different job" in refused.reason
         stranger = dealer(ctx, endpoint, "intruder-0")
-        stranger.send_multipart(wire.Hello(**{**hello, "role": "intruder"}).to_frames())
+        stranger.send_multipart(Hello(**{**hello, "role": "intruder"}).to_frames())
         refused = reply(stranger)
         assert not refused.accepted and "is not a node of this job" in refused.reason
-        node.send_multipart(wire.Heartbeat(role="worker", index=0, state="x", load={},
+        node.send_multipart(Heartbeat(role="worker", index=0, state="x", load={},
                                            counters={}, final=False).to_frames())
         rejoin = reply(node)  # an unknown node is asked to say who it is
-        assert isinstance(rejoin, wire.Rejoin) and rejoin.run_id == c.run_dir.name
-        node.send_multipart(wire.Hello(**hello).to_frames())
+        assert isinstance(rejoin, Rejoin) and rejoin.run_id == c.run_dir.name
+        node.send_multipart(Hello(**hello).to_frames())
         welcome = reply(node)
         assert welcome.accepted and welcome.run_dir == str(c.run_dir)
     finally:
@@ -89,20 +101,20 @@ def test_shard_and_aggregator_serve_after_garbage(cluster):
         for frames in GARBAGE:
             shard.send_multipart(frames)
         keys = np.array([11, -4, 11, 2**60], dtype=np.int64)
-        shard.send_multipart(wire.BatchKeys(batch_id=7, window=0, samples=2, fields=2,
+        shard.send_multipart(BatchKeys(batch_id=7, window=0, samples=2, fields=2,
                                             positions=np.arange(4, dtype=np.int32),
                                             keys=keys).to_frames())
-        shard.send_multipart(wire.Lookup(batch_id=7, train=True).to_frames())
+        shard.send_multipart(Lookup(batch_id=7, train=True).to_frames())
         emb = reply(shard)
         t = c.job.train
         dim = c.job.model.embedding_dim
         assert np.array_equal(emb.rows[emb.inverse],
                               initial_rows(keys, dim, t.embedding_init, t.seed))
         grads = np.ones((len(emb.rows), dim), dtype=np.float32)
-        bad_grads = wire.EmbeddingGrads(batch_id=7, grads=np.ones((1, 3), np.float32))
+        bad_grads = EmbeddingGrads(batch_id=7, grads=np.ones((1, 3), np.float32))
         shard.send_multipart(bad_grads.to_frames())                      # wrong shape
-        shard.send_multipart(wire.EmbeddingGrads(batch_id=7, grads=grads).to_frames())
-        shard.send_multipart(wire.EmbeddingGrads(batch_id=7, grads=grads).to_frames())
+        shard.send_multipart(EmbeddingGrads(batch_id=7, grads=grads).to_frames())
+        shard.send_multipart(EmbeddingGrads(batch_id=7, grads=grads).to_frames())
         beat = fake.heartbeat("ps-0", lambda k: k.get("updates") == 1
                               and k.get("duplicates_refused") == 1)
         rejected = beat.counters["rejected_messages"]
@@ -111,9 +123,9 @@ def test_shard_and_aggregator_serve_after_garbage(cluster):
         agg = dealer(ctx, c.job.cluster.endpoint("aggregator"), "worker-0")
         for frames in GARBAGE:
             agg.send_multipart(frames)
-        agg.send_multipart(wire.Contribution(round=1, coefficient=1.0, samples=1, done=False,
+        agg.send_multipart(Contribution(round=1, coefficient=1.0, samples=1, done=False,
                                              delta=np.ones(3, np.float32)).to_frames())
-        agg.send_multipart(wire.WeightsRequest().to_frames())
+        agg.send_multipart(WeightsRequest().to_frames())
         weights = reply(agg)
         assert weights.round == 0 and weights.params.size > 1000
         beat = fake.heartbeat("aggregator-0", lambda k: k["rejected_messages"].get("bad_shape"))
@@ -138,30 +150,30 @@ def test_feeder_keeps_a_batch_whose_ack_is_malformed(cluster):
         acks = dealer(ctx, c.job.cluster.endpoint("ledger"), "worker-0")
         while True:  # its Ready says how many rows it loaded: one slice of them all
             _, *frames = recv_within(fake.router, 60)
-            if isinstance(ready := wire.decode(frames).msg, wire.Ready):
+            if isinstance(ready := decode(frames).msg, Ready):
                 break
-        slices = wire.SliceMap(version=0, train=[[0, ready.info["samples_in_data"]]],
+        slices = SliceMap(version=0, train=[[0, ready.info["samples_in_data"]]],
                                eval=[[0, ready.info["eval_samples"]]], owners=[0], resume={})
         for _ in range(3):  # repeated, as control does
             fake.pub.send_multipart(slices.to_frames("control-0"))
-            fake.pub.send_multipart(wire.EpochStart(epoch=0).to_frames("control-0"))
+            fake.pub.send_multipart(EpochStart(epoch=0).to_frames("control-0"))
             if queue.poll(2000):
                 break
-        batch = wire.SampleBatch.from_frames(recv_within(queue))
+        batch = SampleBatch.from_frames(recv_within(queue))
         n = len(batch.labels)
-        acks.send_multipart(wire.Taken(batch_id=batch.batch_id).to_frames())
+        acks.send_multipart(Taken(batch_id=batch.batch_id).to_frames())
         assert reply(acks).granted
         other = dealer(ctx, c.job.cluster.endpoint("ledger"), "worker-1")
-        other.send_multipart(wire.Taken(batch_id=batch.batch_id).to_frames())
+        other.send_multipart(Taken(batch_id=batch.batch_id).to_frames())
         assert not reply(other).granted           # one batch, one worker
         for frames in GARBAGE:
             acks.send_multipart(frames)
-        wrong = wire.Ack(batch_id=batch.batch_id, samples=n + 1, loss_sum=0.0, weight_sum=0.0,
+        wrong = Ack(batch_id=batch.batch_id, samples=n + 1, loss_sum=0.0, weight_sum=0.0,
                          preds=np.zeros(0, np.float32))
         acks.send_multipart(wrong.to_frames())
         beat = fake.heartbeat("feeder-0", lambda k: k["rejected_messages"].get("inconsistent"))
         assert beat.counters["batches_acked"] == 0  # the batch is still in flight
-        right = wire.Ack(batch_id=batch.batch_id, samples=n, loss_sum=1.0, weight_sum=float(n),
+        right = Ack(batch_id=batch.batch_id, samples=n, loss_sum=1.0, weight_sum=float(n),
                          preds=np.zeros(0, np.float32))
         acks.send_multipart(right.to_frames())
         acks.send_multipart(right.to_frames())  # a duplicate is counted, not applied twice
@@ -181,12 +193,12 @@ def test_control_sends_away_a_worker_it_declared_failed(cluster):
     ctx = zmq.Context()
     try:
         node = dealer(ctx, c.job.cluster.endpoint("control"), "worker-0")
-        node.send_multipart(wire.Hello(role="worker", index=0, host="h", pid=os.getpid(),
+        node.send_multipart(Hello(role="worker", index=0, host="h", pid=os.getpid(),
                                        fingerprint=c.job.fingerprint()).to_frames())
         assert reply(node).accepted
-        node.send_multipart(wire.Ready(info={}).to_frames())
+        node.send_multipart(Ready(info={}).to_frames())
         c.wait_for_event(lambda e: e["event"] == "membership" and e["change"] == "failed")
-        node.send_multipart(wire.Heartbeat(role="worker", index=0, state="back", load={},
+        node.send_multipart(Heartbeat(role="worker", index=0, state="back", load={},
                                            counters={}, final=False).to_frames())
         sent_away = reply(node)
         assert not sent_away.accepted and "declared failed" in sent_away.reason

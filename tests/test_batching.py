@@ -3,18 +3,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from roles.ack_log import AckLog, read_acks
-from roles.batching import (
-    EVAL_SEQ,
+from roles.algorithms.ack_log import AckLog, read_acks
+from roles.algorithms.batching import (
     Ledger,
     Pass,
     Plan,
     SliceProgress,
     interleave_by_label,
-    make_batch_id,
     slice_ranges,
-    split_batch_id,
 )
+from roles.protocol.datapath import EVAL_SEQ, make_batch_id, split_batch_id
 
 
 def test_batch_ids_round_trip_and_reject_overflow():

@@ -4,7 +4,7 @@ persistence in the run directory."""
 import numpy as np
 import pytest
 
-from roles.capacity import (
+from roles.algorithms.capacity import (
     CapacityPredictor,
     Record,
     append_records,

@@ -16,7 +16,7 @@ from console.app import ZbusConsole
 from console.bus import Endpoints
 from console.panels import NodeTable
 from console.settings_screen import SettingsScreen
-from roles.ctl import request
+from roles.tools.ctl import request
 
 SIZE = (80, 24)
 

@@ -5,11 +5,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from roles.algorithms.metrics import auc
 from roles.data.dataset import load_dataset
 from roles.data.readers import DataError
 from roles.data.synthetic import generate
-from roles.job import load_job, parse_job
-from roles.metrics import auc
+from roles.job.settings import load_job, parse_job
 
 ADULT = Path(__file__).resolve().parent.parent / "jobs" / "adult.toml"
 

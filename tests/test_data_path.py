@@ -51,7 +51,7 @@ def test_a_lost_feeders_slice_is_fed_on_from_its_last_acknowledged_batch(cluster
     # two heartbeats into the epoch: the feeder has reported progress (it is resumed from its
     # last heartbeat)
     started = c.wait_for_event(lambda e: e["event"] == "epoch_start")["t"]
-    c.wait_for_event(lambda e: mid_epoch(e) and e["t"] >= started + 2.0)
+    c.wait_for_event(lambda e: mid_epoch(e) and e["t"] >= started + 1.0)
     c.procs["feeder-1"].send_signal(signal.SIGKILL)
     assert c.wait() == 0, c.logs()
     s = c.summary()

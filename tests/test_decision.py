@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from roles.decision import (
+from roles.algorithms.decision import (
     MBIT,
     HostMeter,
     counted_interfaces,

@@ -16,8 +16,8 @@ import orjson
 import pytest
 from harness import ADULT_JOB, REPO
 
-from roles.job import load_job
-from roles.keys import make_keys
+from roles.job.settings import load_job
+from roles.tools.keys import make_keys
 from zbus.security import OPERATOR
 
 HOSTS = {"a": "10.77.0.1", "b": "10.77.0.2", "c": "10.77.0.3"}

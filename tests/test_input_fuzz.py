@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from roles.data.dataset import load_dataset
 from roles.data.readers import CRITEO_COLUMNS, DataError
-from roles.job import load_job
+from roles.job.settings import load_job
 
 GOOD = st.one_of(st.integers(-10**6, 10**6).map(str),
                  st.floats(-1e6, 1e6, allow_nan=False).map(repr), st.sampled_from(["", "?"]))

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from roles.job import JobError, job_to_toml, load_job, parse_job
+from roles.job.settings import JobError, job_to_toml, load_job, parse_job
 
 SYNTHETIC = "[data]\nsource = 'synthetic'\n"
 
@@ -92,7 +92,7 @@ def test_effective_config_reads_back_as_the_same_job():
 
 
 def test_auto_threads_leave_cores_to_the_other_roles_on_one_host():
-    from roles.model import auto_threads
+    from roles.model.network import auto_threads
     one_host = parse_job(SYNTHETIC + "[cluster]\nworkers = 2\nshards = 2\n", environ={})
     assert one_host.cluster.single_host()
     assert auto_threads(one_host.cluster, 2) == 1

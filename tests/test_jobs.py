@@ -9,7 +9,7 @@ import orjson
 import pytest
 from harness import ADULT_JOB, BIN, REPO
 
-from roles.job import load_job
+from roles.job.settings import load_job
 
 ADULT_TRAIN_ROWS = 39074
 
@@ -96,7 +96,8 @@ def test_a_bad_job_file_fails_at_start_with_one_clear_line(tmp_path, role):
     job = tmp_path / "bad.toml"
     job.write_text(ADULT_JOB.read_text().replace("epochs = 3", "epoch = 3"))
     module, *args = role.split()
-    done = subprocess.run([sys.executable, "-m", f"roles.{module}", *args, "--job", str(job)],
+    package = "roles.tools" if module == "spawn" else "roles"
+    done = subprocess.run([sys.executable, "-m", f"{package}.{module}", *args, "--job", str(job)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip() == (f"zbus {role}: job error: unknown key [train] epoch "

@@ -11,7 +11,8 @@ import orjson
 import zmq
 from harness import ADULT_JOB, BIN, REPO, recv_within
 
-from zbus import wire
+from roles.protocol.datapath import Idle
+from zbus.codec import decode
 
 ADULT = REPO / "data" / "adult.csv.gz"
 ADULT_TRAIN_ROWS = 39074
@@ -104,8 +105,8 @@ def test_live_settings_are_validated_applied_and_recorded(cluster):
         sock = ctx.socket(zmq.DEALER)
         sock.connect(endpoint)
         sock.send_multipart([b"\x00 garbage"])
-        sock.send_multipart(wire.Idle().to_frames("intruder"))
-        assert not wire.decode(recv_within(sock)).msg.ok  # "Idle is not a request"
+        sock.send_multipart(Idle().to_frames("intruder"))
+        assert not decode(recv_within(sock)).msg.ok  # "Idle is not a request"
     finally:
         ctx.destroy(linger=0)
     ok = ctl("set", "net_util_max=0.5", "max_local_rounds=20")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from roles import live
-from roles.job import AggregationConfig
-from roles.model_files import Backups, load_dense, relative_change
+from roles.algorithms import live
+from roles.job.settings import AggregationConfig
+from roles.model.files import Backups, load_dense, relative_change
 
 
 def test_a_change_inside_its_range_applies_and_one_outside_is_refused_naming_the_range():

@@ -1,4 +1,4 @@
-"""Control's migration bookkeeping (roles.control_placement), without sockets: a window's
+"""Control's migration bookkeeping (roles.control.placement), without sockets: a window's
 counts decide a new map; drain, move and active follow the feeders' and shards' reports."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from roles.control_placement import PlacementKeeping
-from roles.job import DataConfig, Job, PlacementConfig
-from zbus.cluster import ClusterConfig
-from zbus.wire import Drained, KeyCounts, Moved, Placement
+from roles.control.placement import PlacementKeeping
+from roles.job.settings import DataConfig, Job, PlacementConfig
+from roles.protocol.placement import Drained, KeyCounts, Moved, Placement
+from roles.protocol.topology import ClusterConfig
 
 
 @dataclass

@@ -9,13 +9,14 @@ import pytest
 import torch
 import zmq
 
-from roles.job import parse_job
-from roles.model import build_model, weighted_loss_sum
-from roles.model_graph import example_inputs, plan_graph, plan_job, task_graph, trace
-from roles.model_parallel import GroupLeader, GroupReplica, PartServer, Program
-from roles.partitioner import PartitionSettings
+from roles.job.settings import parse_job
+from roles.model.graph import example_inputs, plan_graph, plan_job, task_graph, trace
+from roles.model.network import build_model, weighted_loss_sum
+from roles.model.parallel import GroupLeader, GroupReplica, PartServer, Program
+from roles.model.partitioner import PartitionSettings
+from roles.protocol.model_parallel import PartReply, PartTensors
 from zbus import sockets
-from zbus.wire import PartReply, PartTensors, ProtocolError
+from zbus.codec import ProtocolError
 
 JOB = parse_job("""
 name = "mp"
@@ -228,7 +229,8 @@ def test_tensors_that_do_not_fit_the_plan_are_refused(names, shapes, phase, kind
 
 
 def test_group_messages_are_checked_on_decoding():
-    from zbus.wire import ModelPlan, decode
+    from roles.protocol.model_parallel import ModelPlan
+    from zbus.codec import decode
 
     good = PartTensors(step=1, phase="forward", train=True, names=["a", "b"],
                        shapes=[[2, 3], [4]], values=np.arange(10, dtype=np.float32))
@@ -252,23 +254,23 @@ def test_the_partition_command_prints_the_plan(tmp_path):
 
     from harness import REPO
 
-    out = subprocess.run([sys.executable, "-m", "roles.partition", "--job",
+    out = subprocess.run([sys.executable, "-m", "roles.tools.partition", "--job",
                           str(REPO / "jobs" / "adult_mp.toml"), "--parts", "3", "--json"],
                          capture_output=True, text=True, timeout=120, check=True)
     plan = __import__("orjson").loads(out.stdout)
     assert plan["parts"] == 3 and len(plan["load"]) == 3
     assert set(plan["owner"].values()) <= {0, 1, 2}
-    text = subprocess.run([sys.executable, "-m", "roles.partition", "--job",
+    text = subprocess.run([sys.executable, "-m", "roles.tools.partition", "--job",
                            str(REPO / "jobs" / "adult_mp.toml")],
                           capture_output=True, text=True, timeout=120, check=True).stdout
     assert "cut critical edges" in text and "part" in text
-    bad = subprocess.run([sys.executable, "-m", "roles.partition", "--parts", "99"],
+    bad = subprocess.run([sys.executable, "-m", "roles.tools.partition", "--parts", "99"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--parts" in bad.stderr
 
 
 def test_model_parallelism_needs_a_sync_mode_with_local_steps():
-    from roles.job import JobError
+    from roles.job.settings import JobError
 
     with pytest.raises(JobError, match="parts > 1"):
         parse_job('[data]\nsource = "synthetic"\n[train]\nsync = "step"\n[cluster]\nparts = 2\n')

@@ -11,7 +11,8 @@ import orjson
 import zmq
 from harness import REPO
 
-from zbus.wire import Status, decode
+from roles.protocol.operator import Status
+from zbus.codec import decode
 
 MP_JOB = REPO / "jobs" / "adult_mp.toml"   # workers = 1, parts = 2
 

@@ -1,10 +1,11 @@
-"""The graph partitioner (roles.partitioner, roles.task_graph): pure code, no sockets."""
+"""The graph partitioner (roles.model.partitioner, roles.model.task_graph): pure code, no
+sockets."""
 
 import numpy as np
 import pytest
 
-from roles.partitioner import PartitionSettings, cut_counts, gains, partition, refine
-from roles.task_graph import TaskGraph, layered_dag
+from roles.model.partitioner import PartitionSettings, cut_counts, gains, partition, refine
+from roles.model.task_graph import TaskGraph, layered_dag
 
 CRITICAL = [(1, 2), (1, 3), (2, 4), (3, 6), (4, 7), (7, 9), (9, 10), (9, 11), (6, 8), (5, 10),
             (10, 12), (12, 13), (13, 14)]

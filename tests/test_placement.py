@@ -6,8 +6,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from roles.algorithms.placement import HeavyHitters, KeyMap, lower_bound, max_over_mean, place
 from roles.data.hashing import shard_of
-from roles.placement import HeavyHitters, KeyMap, lower_bound, max_over_mean, place
 
 
 def zipf_keys(n: int, distinct: int, exponent: float, seed: int) -> np.ndarray:
@@ -137,7 +137,7 @@ def test_a_placement_that_already_fits_moves_nothing():
 
 
 def test_a_key_map_travels_as_a_placement_and_one_that_does_not_fit_is_refused():
-    from zbus.wire import ProtocolError, decode
+    from zbus.codec import ProtocolError, decode
 
     m = KeyMap.hashed(2, 4).with_table(3, np.array([5, 8]), np.array([0, 1]),
                                        np.arange(8) % 2)

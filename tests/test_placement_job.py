@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from harness import REPO
 
-from roles.model_files import embeddings_file, load_embeddings
+from roles.model.files import embeddings_file, load_embeddings
 
 ZIPF_JOB = REPO / "jobs" / "zipf.toml"   # mode skew, windows of 10 batches
 SLOW_SHARD = {1: 2.0}

@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from roles.aggregation import combine
-from roles.replica import Replica
+from roles.algorithms.aggregation import combine
+from roles.algorithms.replica import Replica
 
 
 def replica(start: np.ndarray) -> Replica:

@@ -15,10 +15,12 @@ from zmq.utils.monitor import recv_monitor_message
 
 from console.app import ZbusConsole
 from console.bus import Endpoints
-from roles.ctl import request
-from roles.keys import make_keys
-from zbus import wire
-from zbus.cluster import ClusterConfig
+from roles.protocol.datapath import Ack, BatchKeys, Lookup
+from roles.protocol.dense_sync import Contribution
+from roles.protocol.operator import ControlRequest
+from roles.protocol.topology import ClusterConfig
+from roles.tools.ctl import request
+from roles.tools.keys import make_keys
 from zbus.security import OPERATOR
 
 
@@ -71,22 +73,22 @@ def test_an_authenticated_job_trains_and_a_stranger_gets_nothing_in(cluster, tmp
         events = monitored.get_monitor_socket()
         strangers = [monitored, intruder(ctx, cl.endpoint("ps-0"), None)]
         for s in strangers:  # a batch: its keys, then a look-up
-            s.send_multipart(wire.BatchKeys(
+            s.send_multipart(BatchKeys(
                 batch_id=1 << 60, window=0, samples=1, fields=1,
                 positions=np.zeros(1, np.int32), keys=np.array([42], np.int64)).to_frames())
-            s.send_multipart(wire.Lookup(batch_id=1 << 60, train=True).to_frames())
+            s.send_multipart(Lookup(batch_id=1 << 60, train=True).to_frames())
         for key in (public["aggregator-0"], None):  # a weight update
             s = intruder(ctx, cl.endpoint("aggregator"), key)
-            s.send_multipart(wire.Contribution(round=1, coefficient=1e9, samples=1, done=False,
+            s.send_multipart(Contribution(round=1, coefficient=1e9, samples=1, done=False,
                                                delta=np.full(10, 1e6, np.float32)).to_frames())
             strangers.append(s)
         for key in (public["control-0"], None):  # a command
             s = intruder(ctx, cl.endpoint("control_req"), key)
-            s.send_multipart(wire.ControlRequest(action="stop", changes={}).to_frames())
+            s.send_multipart(ControlRequest(action="stop", changes={}).to_frames())
             strangers.append(s)
         for key in (public["feeder-0"], None):  # an acknowledgement
             s = intruder(ctx, cl.endpoint("ledger"), key)
-            s.send_multipart(wire.Ack(batch_id=1, samples=1, loss_sum=0.0, weight_sum=1.0,
+            s.send_multipart(Ack(batch_id=1, samples=1, loss_sum=0.0, weight_sum=1.0,
                                       preds=np.zeros(0, np.float32)).to_frames())
             strangers.append(s)
         # the shard's authenticator turns the stranger's key away during the handshake

@@ -15,10 +15,11 @@ from harness import FakeControl, recv_within
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zbus import wire
-from zbus.wire import ProtocolError
+from roles.protocol.datapath import BatchKeys, Embeddings, Lookup
+from roles.protocol.operator import ControlReply, ControlRequest
+from zbus.codec import MAX_HEADER_BYTES, PROTOCOL_VERSION, ProtocolError, decode, message_types
 
-TYPES = sorted(wire.message_types().values(), key=lambda c: c.__name__)
+TYPES = sorted(message_types().values(), key=lambda c: c.__name__)
 PER_SOCKET = 60
 
 
@@ -62,12 +63,12 @@ def malformed(draw) -> list[bytes]:
         else:
             frames.pop()
     elif how in ("version", "field", "array"):
-        h = header_of(frames) or {"v": wire.PROTOCOL_VERSION, "from": "", "seq": 0, "f": {},
+        h = header_of(frames) or {"v": PROTOCOL_VERSION, "from": "", "seq": 0, "f": {},
                                   "a": []}
         junk = draw(st.one_of(st.integers(), st.text(max_size=8), st.none(),
                               st.lists(st.integers(), max_size=3), st.floats()))
         if how == "version":
-            h["v"] = junk if junk != wire.PROTOCOL_VERSION else -1
+            h["v"] = junk if junk != PROTOCOL_VERSION else -1
         elif how == "field":
             h["f"] = {**h.get("f", {}), draw(st.text(max_size=6)): junk}
         else:
@@ -75,7 +76,7 @@ def malformed(draw) -> list[bytes]:
                        draw(st.lists(st.integers(-2, 2**41), max_size=3))]]
         frames[1:2] = [orjson.dumps(h, option=orjson.OPT_NON_STR_KEYS)]
     elif how == "huge_header":
-        frames[1:2] = [b'{"v":' + b" " * (wire.MAX_HEADER_BYTES + 1) + b"1}"]
+        frames[1:2] = [b'{"v":' + b" " * (MAX_HEADER_BYTES + 1) + b"1}"]
     else:
         frames[0] = draw(st.binary(min_size=1, max_size=80))
     return frames
@@ -119,7 +120,7 @@ def test_malformed_messages_to_every_bound_socket_are_counted_and_the_job_comple
         while len(junk[name]) < PER_SOCKET:
             frames = data.draw(malformed())
             try:
-                wire.decode(frames)
+                decode(frames)
             except ProtocolError:
                 junk[name].append(frames)
     ctx = zmq.Context()
@@ -133,9 +134,9 @@ def test_malformed_messages_to_every_bound_socket_are_counted_and_the_job_comple
             sent[targets[name]] += len(messages)
         # a valid request after all that is still answered
         socks["control_req"].send_multipart(
-            wire.ControlRequest(action="settings", changes={}).to_frames("fuzz", 1))
-        answer = wire.decode(recv_within(socks["control_req"], 30)).msg
-        assert isinstance(answer, wire.ControlReply) and answer.ok
+            ControlRequest(action="settings", changes={}).to_frames("fuzz", 1))
+        answer = decode(recv_within(socks["control_req"], 30)).msg
+        assert isinstance(answer, ControlReply) and answer.ok
         assert c.wait() == 0, c.logs()
     finally:
         ctx.destroy(linger=0)
@@ -160,21 +161,21 @@ def test_an_oversized_message_is_refused_and_the_shard_serves_on(cluster):
         sock.connect(c.job.cluster.endpoint("ps-0"))
         big = 20_000  # 160 KB of keys: over the 52 KB maximum
         keys = np.arange(big, dtype=np.int64)
-        sock.send_multipart(wire.BatchKeys(batch_id=1, window=0, samples=big, fields=1,
+        sock.send_multipart(BatchKeys(batch_id=1, window=0, samples=big, fields=1,
                                            positions=np.arange(big, dtype=np.int32),
                                            keys=keys).to_frames("x", 1))
-        sock.send_multipart(wire.Lookup(batch_id=1, train=True).to_frames("x", 2))
+        sock.send_multipart(Lookup(batch_id=1, train=True).to_frames("x", 2))
         small = np.array([5, 9], dtype=np.int64)
-        sock.send_multipart(wire.BatchKeys(batch_id=2, window=0, samples=2, fields=1,
+        sock.send_multipart(BatchKeys(batch_id=2, window=0, samples=2, fields=1,
                                            positions=np.arange(2, dtype=np.int32),
                                            keys=small).to_frames("x", 3))
-        sock.send_multipart(wire.Lookup(batch_id=2, train=True).to_frames("x", 4))
-        got = wire.decode(recv_within(sock, 30)).msg
+        sock.send_multipart(Lookup(batch_id=2, train=True).to_frames("x", 4))
+        got = decode(recv_within(sock, 30)).msg
         # the oversized message never reached the shard (ZeroMQ dropped the connection that
         # carried it, and the DEALER connected again): the first answer is batch 2's
         while got.batch_id == 1:
-            got = wire.decode(recv_within(sock, 30)).msg
-        assert isinstance(got, wire.Embeddings) and got.batch_id == 2 and len(got.rows) == 2
+            got = decode(recv_within(sock, 30)).msg
+        assert isinstance(got, Embeddings) and got.batch_id == 2 and len(got.rows) == 2
         beat = fake.heartbeat("ps-0", lambda k: k.get("key_messages", 0) >= 1)
         assert beat.counters["keys_received"] == 2  # not 20,000
         assert c.procs["ps-0"].poll() is None

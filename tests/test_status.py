@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from console import format as fmt
-from roles.membership import FAILED, NodeState
-from roles.status import StatusBuilder
-from zbus.wire import ProtocolError, Status, decode
+from roles.algorithms.membership import FAILED, NodeState
+from roles.algorithms.status import StatusBuilder
+from roles.protocol.operator import Status
+from zbus.codec import ProtocolError, decode
 
 
 def node(role: str, index: int, last_seen: float = 0.0, **counters) -> NodeState:

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from roles.data.weighting import decay_weights, weigh
-from roles.job import load_job
-from roles.model import build_model, weighted_loss_sum
+from roles.job.settings import load_job
+from roles.model.network import build_model, weighted_loss_sum
 
 DAY = 86400
 

@@ -8,11 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zbus import wire
-from zbus.wire import ProtocolError, decode
+from roles.protocol.datapath import BatchKeys, Embeddings, Lookup, SampleBatch, SliceMap
+from roles.protocol.dense_sync import Aggregate, Contribution, RoundDone, StepGrad, Weights
+from roles.protocol.lifecycle import EpochTrained
+from roles.protocol.model_parallel import PartCall, PartReply, PartTensors
+from roles.protocol.placement import Handover, KeyCounts, Placement
+from zbus.codec import MAX_HEADER_BYTES, Message, ProtocolError, decode, message_types
+from zbus.messages import Finish, Hello
 
 
-def sample(cls: type) -> wire.Message:
+def sample(cls: type) -> Message:
     """A valid instance of any message type."""
     values = {}
     for f in dataclasses.fields(cls):
@@ -23,30 +28,30 @@ def sample(cls: type) -> wire.Message:
         t = {s: k for s, k in cls._scalars}[f.name]
         values[f.name] = {int: 3, float: 0.5, str: "x", bool: True, dict: {"a": 1},
                           list[str]: ["worker-0"], list[int]: [7], list[list]: [[3]]}[t]
-    if cls is wire.BatchKeys:
+    if cls is BatchKeys:
         values.update(samples=2, fields=2, positions=np.array([0, 3], np.int32),
                       keys=np.array([-5, 2**62], np.int64))
-    if cls is wire.Embeddings:
+    if cls is Embeddings:
         values.update(grid=10, mask=np.array([0b11000000, 0], np.uint8),
                       inverse=np.array([0, 0], np.int32), rows=np.ones((1, 4), np.float32))
-    if cls is wire.Placement:
+    if cls is Placement:
         values.update(phase="move", keys=np.array([-5, 9], np.int64),
                       owners=np.array([1, 0], np.int64))
-    if cls is wire.KeyCounts:
+    if cls is KeyCounts:
         values.update(counts=np.array([4, 2, 1], np.int64), errors=np.array([1, 0, 0], np.int64))
-    if cls is wire.PartTensors:
+    if cls is PartTensors:
         values.update(phase="forward", names=["mlp_0"], values=np.zeros(3, np.float32))
-    if cls is wire.SliceMap:
+    if cls is SliceMap:
         values.update(train=[[0, 5], [5, 9]], eval=[[0, 2], [2, 3]], owners=[0, 1],
                       resume={"1": {"epoch": 0, "phase": "training", "reported": False,
                                     "low": 3, "above": [5], "samples": 768, "loss_sum": 1.5,
                                     "weight_sum": 768.0}})
-    if cls in (wire.PartCall, wire.PartReply):
+    if cls in (PartCall, PartReply):
         values.update(call="flat")
     return cls(**values)
 
 
-ALL = sorted(wire.message_types().values(), key=lambda c: c.__name__)
+ALL = sorted(message_types().values(), key=lambda c: c.__name__)
 
 
 @pytest.mark.parametrize("cls", ALL, ids=lambda c: c.__name__)
@@ -66,7 +71,7 @@ def test_every_message_round_trips(cls):
 
 def test_large_arrays_are_not_copied_on_decode():
     params = np.arange(1 << 20, dtype=np.float32)
-    frames = wire.Weights(round=1, step=0, generation=0, params=params).to_frames()
+    frames = Weights(round=1, step=0, generation=0, params=params).to_frames()
     payload = bytearray(frames[2])
     frames[2] = payload
     decoded = decode(frames).msg.params
@@ -77,11 +82,11 @@ def test_large_arrays_are_not_copied_on_decode():
 
 def test_from_frames_rejects_another_type():
     with pytest.raises(ProtocolError) as err:
-        wire.Hello.from_frames(wire.Finish().to_frames())
+        Hello.from_frames(Finish().to_frames())
     assert err.value.kind == "unexpected_type"
 
 
-def frames_with_header(cls=wire.Lookup, **changes):
+def frames_with_header(cls=Lookup, **changes):
     frames = sample(cls).to_frames("w", 1)
     header = orjson.loads(frames[1])
     for key, value in changes.items():
@@ -101,7 +106,7 @@ MALFORMED = {
     "huge tag": ([b"A" * 1000, b"{}"], "unknown_type"),
     "header not json": ([b"Lookup", b"{not json"], "bad_header"),
     "header a list": ([b"Lookup", b"[1, 2]"], "bad_header"),
-    "header huge": ([b"Lookup", b" " * (wire.MAX_HEADER_BYTES + 1)], "header_too_large"),
+    "header huge": ([b"Lookup", b" " * (MAX_HEADER_BYTES + 1)], "header_too_large"),
     "missing envelope key": ([b"Lookup", b'{"v": 1, "from": "x", "seq": 1, "f": {}}'],
                              "bad_header"),
     "wrong version": (frames_with_header(v=99), "bad_version"),
@@ -113,8 +118,8 @@ MALFORMED = {
     "int field as text": (frames_with_header(batch_id="7"), "bad_field"),
     "int field as bool": (frames_with_header(batch_id=False), "bad_field"),
     "bool field as int": (frames_with_header(train=1), "bad_field"),
-    "float field as text": (frames_with_header(wire.EpochTrained, loss_sum="high"), "bad_field"),
-    "list of wrong items": (frames_with_header(wire.Aggregate, participants=[1, 2]),
+    "float field as text": (frames_with_header(EpochTrained, loss_sum="high"), "bad_field"),
+    "list of wrong items": (frames_with_header(Aggregate, participants=[1, 2]),
                             "bad_field"),
     "arrays declared for none": (frames_with_header(a=[["float32", [1]]]), "bad_arrays"),
 }
@@ -128,7 +133,7 @@ def test_malformed_messages_are_rejected(frames, kind):
 
 
 def batch_frames():
-    return sample(wire.SampleBatch).to_frames()
+    return sample(SampleBatch).to_frames()
 
 
 def edit_arrays(frames, index, entry=None, frame=None):
@@ -163,55 +168,55 @@ def test_malformed_arrays_are_rejected(frames, kind):
 def test_consistency_rules():
     f32, i32, i64 = np.float32, np.int32, np.int64
     bad = [
-        wire.SampleBatch(batch_id=1, epoch=0, eval=False, min_round=0, round=0,
+        SampleBatch(batch_id=1, epoch=0, eval=False, min_round=0, round=0,
                          dense=np.zeros((3, 2), f32), labels=np.zeros(2, f32),
                          weights=np.zeros(3, f32)),
-        wire.SampleBatch(batch_id=1, epoch=0, eval=False, min_round=0, round=0,
+        SampleBatch(batch_id=1, epoch=0, eval=False, min_round=0, round=0,
                          dense=np.full((1, 1), np.inf, f32), labels=np.zeros(1, f32),
                          weights=np.zeros(1, f32)),
-        wire.RoundDone(round=1, contributors=["worker-0"], samples_by=[], coefficient=1.0,
+        RoundDone(round=1, contributors=["worker-0"], samples_by=[], coefficient=1.0,
                        samples=1),
-        wire.BatchKeys(batch_id=1, window=0, samples=2, fields=2, positions=np.array([4], i32),
+        BatchKeys(batch_id=1, window=0, samples=2, fields=2, positions=np.array([4], i32),
                        keys=np.array([1], i64)),
-        wire.BatchKeys(batch_id=1, window=0, samples=2, fields=2, positions=np.array([-1], i32),
+        BatchKeys(batch_id=1, window=0, samples=2, fields=2, positions=np.array([-1], i32),
                        keys=np.array([1], i64)),
-        wire.BatchKeys(batch_id=1, window=0, samples=2, fields=2, positions=np.array([0, 1], i32),
+        BatchKeys(batch_id=1, window=0, samples=2, fields=2, positions=np.array([0, 1], i32),
                        keys=np.array([1], i64)),
-        wire.Placement(version=1, phase="later", buckets=np.zeros(2, i64), keys=np.zeros(0, i64),
+        Placement(version=1, phase="later", buckets=np.zeros(2, i64), keys=np.zeros(0, i64),
                        owners=np.zeros(0, i64)),
-        wire.Placement(version=1, phase="move", buckets=np.zeros(2, i64),
+        Placement(version=1, phase="move", buckets=np.zeros(2, i64),
                        keys=np.array([3, 1], i64), owners=np.array([0, 1], i64)),
-        wire.Placement(version=1, phase="move", buckets=np.array([0, -1], i64),
+        Placement(version=1, phase="move", buckets=np.array([0, -1], i64),
                        keys=np.zeros(0, i64), owners=np.zeros(0, i64)),
-        wire.KeyCounts(window=0, version=0, size=1, pairs=3, keys=np.array([1, 2], i64),
+        KeyCounts(window=0, version=0, size=1, pairs=3, keys=np.array([1, 2], i64),
                        counts=np.array([3, 1], i64), errors=np.zeros(2, i64),
                        bucket_pairs=np.zeros(2, i64), shard_pairs=np.zeros(2, i64)),
-        wire.KeyCounts(window=0, version=0, size=4, pairs=3, keys=np.array([1], i64),
+        KeyCounts(window=0, version=0, size=4, pairs=3, keys=np.array([1], i64),
                        counts=np.array([3], i64), errors=np.array([4], i64),
                        bucket_pairs=np.zeros(2, i64), shard_pairs=np.zeros(2, i64)),
-        wire.Handover(version=1, keys=np.array([1], i64), weights=np.full((1, 2), np.nan, f32),
+        Handover(version=1, keys=np.array([1], i64), weights=np.full((1, 2), np.nan, f32),
                       accum=np.zeros((1, 2), f32)),
-        wire.Handover(version=1, keys=np.array([1, 2], i64), weights=np.zeros((1, 2), f32),
+        Handover(version=1, keys=np.array([1, 2], i64), weights=np.zeros((1, 2), f32),
                       accum=np.zeros((1, 2), f32)),
-        wire.Embeddings(batch_id=1, grid=8, mask=np.array([128], np.uint8),
+        Embeddings(batch_id=1, grid=8, mask=np.array([128], np.uint8),
                         inverse=np.array([1], i32), rows=np.zeros((1, 4), f32)),
-        wire.Embeddings(batch_id=1, grid=8, mask=np.array([192], np.uint8),
+        Embeddings(batch_id=1, grid=8, mask=np.array([192], np.uint8),
                         inverse=np.array([0], i32), rows=np.zeros((1, 4), f32)),
-        wire.Embeddings(batch_id=1, grid=4, mask=np.array([1], np.uint8),
+        Embeddings(batch_id=1, grid=4, mask=np.array([1], np.uint8),
                         inverse=np.array([0], i32), rows=np.zeros((1, 4), f32)),
-        wire.BatchKeys(batch_id=1, window=0, samples=2, fields=2,
+        BatchKeys(batch_id=1, window=0, samples=2, fields=2,
                        positions=np.array([3, 1], i32), keys=np.array([1, 2], i64)),
-        wire.SliceMap(version=1, train=[[0, 5]], eval=[[0, 2]], owners=[0],
+        SliceMap(version=1, train=[[0, 5]], eval=[[0, 2]], owners=[0],
                       resume={"0": {"epoch": 0, "low": "x", "above": [], "samples": 1,
                                     "loss_sum": 0.0, "weight_sum": 1.0}}),
-        wire.SliceMap(version=1, train=[[0, 5]], eval=[[0, 2]], owners=[0],
+        SliceMap(version=1, train=[[0, 5]], eval=[[0, 2]], owners=[0],
                       resume={"3": {"epoch": 0, "low": 1, "above": [], "samples": 1,
                                     "loss_sum": 0.0, "weight_sum": 1.0}}),
-        wire.Contribution(round=1, coefficient=-1.0, samples=1, done=False, delta=np.zeros(2, f32)),
-        wire.Contribution(round=1, coefficient=1.0, samples=1, done=False,
+        Contribution(round=1, coefficient=-1.0, samples=1, done=False, delta=np.zeros(2, f32)),
+        Contribution(round=1, coefficient=1.0, samples=1, done=False,
                           delta=np.array([np.nan], f32)),
-        wire.Weights(round=1, step=0, generation=0, params=np.array([1.0, np.inf], f32)),
-        wire.StepGrad(coefficient=1.0, grads=np.array([np.nan], f32)),
+        Weights(round=1, step=0, generation=0, params=np.array([1.0, np.inf], f32)),
+        StepGrad(coefficient=1.0, grads=np.array([np.nan], f32)),
     ]
     for msg in bad:
         with pytest.raises(ProtocolError) as err:
@@ -220,7 +225,7 @@ def test_consistency_rules():
 
 
 def test_non_finite_scalar_is_rejected():
-    frames = frames_with_header(wire.EpochTrained)
+    frames = frames_with_header(EpochTrained)
     frames[1] = frames[1].replace(b'"loss_sum":0.5', b'"loss_sum":1e999')
     with pytest.raises(ProtocolError):
         decode(frames)

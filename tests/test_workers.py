@@ -7,7 +7,7 @@ import signal
 
 from harness import ADULT_JOB
 
-from roles.ctl import request
+from roles.tools.ctl import request
 
 ADULT_TRAIN_ROWS = 39074
 

@@ -23,36 +23,23 @@ import socket as _socket
 import time
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import zmq
 
 from zbus import security, sockets
-from zbus.cluster import ClusterConfig
+from zbus.codec import Envelope, Message, ProtocolError
+from zbus.endpoints import CONTROL, CONTROL_PUB, BusConfig
 from zbus.load import LoadSampler
-from zbus.wire import (
-    Drained,
-    Envelope,
-    EpochTrained,
-    EvalReport,
-    Export,
-    Exported,
+from zbus.messages import (
     Failure,
     Finish,
     Heartbeat,
     Hello,
-    Message,
-    Moved,
     Probe,
     ProbeReply,
-    ProtocolError,
     Ready,
     Rejoin,
-    Restored,
-    RoundDone,
-    RoundDrained,
-    RoundReady,
     Stop,
     Welcome,
 )
@@ -62,9 +49,6 @@ log = logging.getLogger(__name__)
 Handler = Callable[[bytes | None, Envelope], None]
 DRAIN_PER_POLL = 64      # messages taken from one socket before looking at the others
 STOP_LINGER_S = 0.5      # after Stop, leave control a moment to finish its own exit first
-# reports to control that a restarted control is sent again (the latest of each kind)
-REPORTS = (EpochTrained, EvalReport, RoundDrained, RoundDone, RoundReady, Restored, Exported,
-           Drained, Moved)
 
 
 class Loop:
@@ -223,7 +207,7 @@ class Node(Loop):
 
     role = "node"
 
-    def __init__(self, cluster: ClusterConfig, index: int, fingerprint: str):
+    def __init__(self, cluster: BusConfig, index: int, fingerprint: str):
         super().__init__(f"{self.role}-{index}", cluster.heartbeat_s, cluster.max_message_bytes)
         self.curve = security.for_process(self.ctx, cluster, self.node_id)
         self.cluster = cluster
@@ -234,12 +218,10 @@ class Node(Loop):
         self.run_dir = ""
         self.welcomed = False
         self.load = LoadSampler()
-        self.control = self.connect(zmq.DEALER, cluster.endpoint("control"),
+        self.control = self.connect(zmq.DEALER, cluster.endpoint(CONTROL),
                                     self._on_control_reply)
-        self.commands = self.connect(zmq.SUB, cluster.endpoint("control_pub"),
-                                     self._on_command)
+        self.commands = self.connect(zmq.SUB, cluster.endpoint(CONTROL_PUB), self._on_command)
         self._next_beat = 0.0
-        self._export_request = 0
         self._stop_at: float | None = None
         self._last_heard = time.monotonic()
         self.ready_sent = False
@@ -247,10 +229,14 @@ class Node(Loop):
         self._rejoined_at = 0.0
 
     def to_control(self, msg: Message) -> None:
-        if isinstance(msg, REPORTS):
-            self.reports[type(msg)] = msg
-        elif isinstance(msg, Ready):
+        if isinstance(msg, Ready):
             self.ready_sent = True
+        self.send(self.control, msg)
+
+    def report(self, msg: Message) -> None:
+        """Send control a report: the latest of each kind is sent again to a restarted
+        control, which may never have read it (control handles every report idempotently)."""
+        self.reports[type(msg)] = msg
         self.send(self.control, msg)
 
     def hello(self) -> Hello:
@@ -336,22 +322,11 @@ class Node(Loop):
             case Finish():
                 if self.welcomed:
                     self.heartbeat(final=True)
-            case Export(request=n, dir=where) if self.welcomed and n > self._export_request:
-                written = self.export_part(Path(where))
-                if written is not None:  # once per request (the command is re-published)
-                    self._export_request = n
-                    part, files = written
-                    self.to_control(Exported(request=n, part=part, files=files))
             case _ if self.welcomed:
                 self.handle_command(env)
 
     def handle_command(self, env: Envelope) -> None:
-        """Lifecycle commands from control's PUB other than Stop, Finish and Export."""
-
-    def export_part(self, where: Path) -> tuple[str, list[str]] | None:
-        """Write this node's part of a model export into ``where``: (part name, file names),
-        or None when it has no part (or cannot write it yet: the command comes again)."""
-        return None
+        """The application's commands from control's PUB (all but Stop and Finish)."""
 
     def on_welcome(self) -> None:
         """Called once control admitted this node."""

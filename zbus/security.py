@@ -9,7 +9,7 @@ When CURVE is on (``[cluster] curve``: ``on``, or ``auto`` and some endpoint is 
 host), every socket a node binds is a CURVE server with the node's key pair, and a ZAP
 authenticator in the node accepts a peer only if its public key is in ``allowed/``; every socket
 a node connects is a CURVE client with the node's key pair, checking the server's public key
-(the key of the node that binds that endpoint, ``ClusterConfig.endpoint_owner``). A peer
+(the key of the node that binds that endpoint, ``BusConfig.endpoint_owner``). A peer
 without an allowed key never completes the handshake, so nothing it sends reaches the role.
 """
 
@@ -22,7 +22,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from zbus.cluster import ClusterConfig
+from zbus.endpoints import BusConfig
 
 log = logging.getLogger(__name__)
 OPERATOR = "console"  # the key pair of zbus-console and zbus-ctl
@@ -58,7 +58,7 @@ class Curve:
     """One process's CURVE set-up: its key pair, the authenticator of the sockets it binds,
     and the server keys of the endpoints it connects to."""
 
-    def __init__(self, ctx: zmq.Context, cluster: ClusterConfig, name: str,
+    def __init__(self, ctx: zmq.Context, cluster: BusConfig, name: str,
                  authenticate: bool = True):
         self.keys_dir = Path(cluster.keys_dir)
         self.public, self.secret = load_pair(self.keys_dir, name)
@@ -92,7 +92,7 @@ class Curve:
             self.auth = None
 
 
-def for_process(ctx: zmq.Context, cluster: ClusterConfig, name: str,
+def for_process(ctx: zmq.Context, cluster: BusConfig, name: str,
                 authenticate: bool = True) -> Curve | None:
     """The process's CURVE set-up, or None when the bus runs in the clear."""
     if not cluster.curve_enabled():

@@ -12,7 +12,7 @@ from typing import Any
 
 import zmq
 
-from zbus.wire import Envelope, Message, ProtocolError, decode
+from zbus.codec import Envelope, Message, ProtocolError, decode
 
 DEFAULT_HWM = 1000
 COPY_BELOW = 64 * 1024  # messages smaller than this are copied into ZeroMQ when sent

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from roles.algorithms.metrics import auc
 from roles.data.hashing import hash_column
 from roles.data.readers import DataError, Rejected, Schema, read_table, resolve_paths
 from roles.data.synthetic import generate
 from roles.data.transforms import DenseTransform
 from roles.data.weighting import weigh
-from roles.job import DECAY_UNITS, Job
-from roles.metrics import auc
+from roles.job.settings import DECAY_UNITS, Job
 
 
 @dataclass

@@ -1,0 +1,193 @@
+"""What control publishes for consoles (pure: control feeds it heartbeats and the clock).
+
+``StatusBuilder`` turns the cumulative counters of heartbeats into rates (bus bytes in and out
+per second, samples per second, keys per second), keeps a short history of the training loss
+and throughput, and lays out one snapshot: the ``Status`` message's body. Its keys (layout
+``roles.protocol.operator.STATUS_LAYOUT``)::
+
+    layout, job, run_id, run_dir, phase, sync, paused, uptime_s, status_s, heartbeat_s,
+    epoch, epochs, round, round_in_flight
+    nodes       [{id, role, index, host, pid, state, doing, cpu, rss, in_per_s, out_per_s,
+                  samples_per_s, backlog, round_samples, beat_age_s}]
+    cluster     {net_util, net_util_max, failure_rate, failure_rate_max, live_workers,
+                 decision {round, aggregate, reason, age_s} | null, decisions, rounds_done,
+                 backups, latest_backup, recoveries}
+    training    {samples_acked, epoch_samples, samples_per_epoch, samples_per_s, eta_epoch_s,
+                 eta_job_s, history {t, loss, samples_per_s}, epochs [...]}
+    settings    {version, values, ranges}
+    partition   {embeddings {placement, shards [{shard, keys, keys_per_s, share, and with
+                 skew-aware placement capacity, assigned, overflow, moved, slowdown}],
+                 imbalance, skew_aware (roles.control.placement.placement_state) | null},
+                 model}
+
+``state`` is the node's health as control sees it: alive, suspect (silent for more than
+``SUSPECT_BEATS`` heartbeats or a probe unanswered past ``probe_timeout_s``, not yet failed),
+failed or left; ``doing`` is what the node says it does (loading, training, ...).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from roles.algorithms.membership import ALIVE, NodeState
+
+SUSPECT_BEATS = 2.5
+HISTORY_POINTS = 120
+# the counter whose rate is a role's samples per second, and those that make its backlog
+SAMPLE_COUNTER = {"worker": "samples_trained", "feeder": "samples_acked"}
+BACKLOG_COUNTERS = {"feeder": ("in_flight",), "worker": ("pipeline",),
+                    "ps": ("held_batches", "waiting_lookups")}
+
+
+def _total(counter: object) -> int:
+    """Bytes of a per-channel counter ({channel: bytes}) in all."""
+    if isinstance(counter, dict):
+        return sum(v for v in counter.values() if isinstance(v, (int, float)))
+    return 0
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+@dataclass
+class Rates:
+    """A node's last cumulative figures and the rates between its last two heartbeats."""
+
+    at: float
+    totals: dict[str, float]
+    per_s: dict[str, float]
+
+
+class StatusBuilder:
+    def __init__(self, heartbeat_s: float, started: float):
+        self.heartbeat_s = heartbeat_s
+        self.started = started
+        self.rates: dict[str, Rates] = {}
+        self.history_every_s = max(1.0, heartbeat_s)
+        self.next_point = started + self.history_every_s
+        self.history: deque[tuple[float, float | None, float]] = deque(maxlen=HISTORY_POINTS)
+        self.last_loss: tuple[float, float] | None = None  # feeder's (loss sum, weight sum)
+
+    # -- inputs ----------------------------------------------------------------------------
+    def heard(self, node_id: str, role: str, counters: dict, now: float) -> None:
+        """A heartbeat's counters: the rates since the node's previous heartbeat."""
+        totals = {"in": _total(counters.get("bytes_in")), "out": _total(counters.get("bytes_out"))}
+        samples = _number(counters.get(SAMPLE_COUNTER.get(role, "")))
+        if samples is not None:
+            totals["samples"] = samples
+        keys = _number(counters.get("keys_received")) if role == "ps" else None
+        if keys is not None:
+            totals["keys"] = keys
+        before = self.rates.get(node_id)
+        per_s: dict[str, float] = {}
+        if before is not None and now > before.at:
+            dt = now - before.at
+            per_s = {k: round(max(0.0, (v - before.totals[k]) / dt), 1)
+                     for k, v in totals.items() if k in before.totals}
+        elif before is not None:
+            per_s = before.per_s
+        self.rates[node_id] = Rates(now, totals, per_s)
+
+    def tick(self, now: float, feeding: dict | None) -> None:
+        """Add a history point (loss and throughput) once per ``history_every_s``."""
+        if now < self.next_point:
+            return
+        self.next_point = now + self.history_every_s
+        if not feeding:
+            return
+        loss_sum = _number(feeding.get("train_loss_sum"))
+        weight_sum = _number(feeding.get("train_weight_sum"))
+        loss = None
+        if loss_sum is not None and weight_sum is not None:
+            if self.last_loss is not None and weight_sum > self.last_loss[1]:
+                loss = (loss_sum - self.last_loss[0]) / (weight_sum - self.last_loss[1])
+            self.last_loss = (loss_sum, weight_sum)
+        rate = self.feeding_rate()
+        self.history.append((round(now - self.started, 2),
+                             None if loss is None else round(loss, 5), round(rate, 1)))
+
+    def feeding_rate(self) -> float:
+        """Samples acknowledged per second, over every feeder."""
+        return sum(self.rate(n, "samples") or 0.0 for n in self.rates if n.startswith("feeder-"))
+
+    def rate(self, node_id: str, name: str) -> float | None:
+        rates = self.rates.get(node_id)
+        return rates.per_s.get(name) if rates else None
+
+    # -- the snapshot's parts ----------------------------------------------------------------
+    def health(self, node: NodeState, now: float, probe_timeout_s: float) -> str:
+        if node.status != ALIVE:
+            return node.status
+        silent = now - node.last_seen > SUSPECT_BEATS * self.heartbeat_s
+        unanswered = (node.probe_pending_since is not None
+                      and now - node.probe_pending_since > probe_timeout_s)
+        return "suspect" if silent or unanswered else ALIVE
+
+    def node_rows(self, nodes: dict[str, NodeState], now: float,
+                  probe_timeout_s: float) -> list[dict]:
+        rows = []
+        for node_id, node in nodes.items():
+            load, counters = node.load, node.counters
+            backlog = [_number(counters.get(k)) for k in BACKLOG_COUNTERS.get(node.role, ())]
+            rows.append({
+                "id": node_id, "role": node.role, "index": node.index, "host": node.host,
+                "pid": node.pid, "state": self.health(node, now, probe_timeout_s),
+                "doing": "paused" if counters.get("paused") is True else node.state,
+                "cpu": _number(load.get("cpu")),
+                "rss": _number(load.get("rss")),
+                "in_per_s": self.rate(node_id, "in"), "out_per_s": self.rate(node_id, "out"),
+                "samples_per_s": self.rate(node_id, "samples"),
+                "backlog": None if not backlog or None in backlog else int(sum(backlog)),
+                "round_samples": _number(counters.get("round_samples")),
+                "beat_age_s": round(max(0.0, now - node.last_seen), 2),
+            })
+        return rows
+
+    def training(self, *, feeding: dict | None, samples_per_epoch: int, epoch: int,
+                 epochs: int, epochs_done: list[dict], running: bool = True) -> dict:
+        """Progress of the epoch, the ETAs (none unless ``running``) and the history."""
+        counters = feeding or {}
+        epoch_samples = int(_number(counters.get("epoch_samples")) or 0)
+        rate = self.feeding_rate()
+        eta_epoch = eta_job = None
+        if running and rate > 0 and samples_per_epoch and epoch >= 0:
+            left = max(0, samples_per_epoch - epoch_samples)
+            eta_epoch = round(left / rate, 1)
+            eta_job = round((left + max(0, epochs - epoch - 1) * samples_per_epoch) / rate, 1)
+        points = list(self.history)
+        return {"samples_acked": int(_number(counters.get("samples_acked")) or 0),
+                "epoch_samples": epoch_samples, "samples_per_epoch": samples_per_epoch,
+                "samples_per_s": round(rate, 1), "eta_epoch_s": eta_epoch,
+                "eta_job_s": eta_job,
+                "history": {"t": [p[0] for p in points], "loss": [p[1] for p in points],
+                            "samples_per_s": [p[2] for p in points]},
+                "epochs": [{k: e.get(k) for k in ("epoch", "train_loss", "auc", "logloss")}
+                           for e in epochs_done]}
+
+    def embeddings(self, nodes: dict[str, NodeState], skew: dict | None = None) -> dict:
+        """The shards: keys each holds, keys per second it serves; with skew-aware placement
+        (``skew``: control's placement state) also each shard's predicted capacity and
+        assigned pairs of the last window, its overflowing heavy keys and keys moved in."""
+        shards = sorted((n for n in nodes.values() if n.role == "ps"), key=lambda n: n.index)
+        rates = [self.rate(f"ps-{n.index}", "keys") or 0.0 for n in shards]
+        total = sum(rates)
+        rows = [{"shard": n.index, "keys": int(_number(n.counters.get("keys")) or 0),
+                 "keys_per_s": round(r, 1), "share": round(r / total, 4) if total else None}
+                for n, r in zip(shards, rates, strict=True)]
+        imbalance = round(max(rates) / (total / len(rates)), 3) if total else None
+        if skew is not None:
+            for row, n in zip(rows, shards, strict=True):
+                i = n.index
+                for key, values in (("capacity", skew.get("capacity")),
+                                    ("assigned", skew.get("assigned")),
+                                    ("overflow", skew.get("overflow_by_shard"))):
+                    row[key] = values[i] if isinstance(values, list) and i < len(values) \
+                        else None
+                row["moved"] = int(_number(n.counters.get("keys_moved_in")) or 0)
+                row["slowdown"] = _number(n.counters.get("slowdown"))
+        return {"placement": "skew" if skew is not None else "hash", "shards": rows,
+                "imbalance": imbalance, "skew_aware": skew}

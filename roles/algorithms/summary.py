@@ -1,0 +1,186 @@
+"""summary.json: the final figures of a run, assembled from what control collected (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from roles.job.settings import Job
+from roles.model.files import newest_backup
+from zbus.endpoints import node_index
+
+WORKER_TIMES = ("compute_s", "lookup_wait_s", "step_wait_s")
+CHANNELS = ("samples", "keys", "lookups", "embeddings", "embedding_grads", "dense_sync",
+            "acks", "control")
+
+
+def _num(value: Any) -> float:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+def channel_bytes(counters: list[dict], direction: str = "bytes_out") -> dict[str, int]:
+    """Bytes per channel summed over the nodes: sent (each message counted once, by its
+    sender), or received (a message published to N subscribers counts N times)."""
+    total = dict.fromkeys(CHANNELS, 0)
+    for c in counters:
+        sent = c.get(direction)
+        if isinstance(sent, dict):
+            for channel, n in sent.items():
+                if channel in total:
+                    total[channel] += int(_num(n))
+    return total
+
+
+def feeder_totals(counters: dict[str, dict]) -> dict:
+    """The feeders' counters added up (numbers summed, ``acked_by`` merged): the job's
+    figures whether one feeder or several fed it."""
+    total: dict[str, Any] = {}
+    acked_by: dict[str, int] = {}
+    for node, c in counters.items():
+        if not node.startswith("feeder-"):
+            continue
+        for key, value in c.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                total[key] = total.get(key, 0) + value
+        if isinstance(c.get("acked_by"), dict):
+            for worker, n in c["acked_by"].items():
+                acked_by[worker] = acked_by.get(worker, 0) + int(_num(n))
+    total["acked_by"] = acked_by
+    return total
+
+
+def worker_input(counters: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Bytes each worker received per sample it trained or scored, by channel."""
+    out = {}
+    for node, c in sorted(counters.items(), key=lambda kv: node_index(kv[0])):
+        received = c.get("bytes_in")
+        samples = _num(c.get("samples_trained")) + _num(c.get("eval_samples"))
+        if node.startswith("worker-") and isinstance(received, dict) and samples:
+            per = {ch: round(_num(n) / samples, 1) for ch, n in sorted(received.items())}
+            out[node] = {**per, "total": round(sum(per.values()), 1)}
+    return out
+
+
+def embedding_waits(counters: dict[str, dict]) -> dict:
+    """Per-batch waits for embeddings (ms): each worker's sample of them, and all together."""
+    every: list[float] = []
+    per_worker = {}
+    for node, c in sorted(counters.items(), key=lambda kv: node_index(kv[0])):
+        waits = c.get("embedding_wait_ms")
+        if not node.startswith("worker-") or not isinstance(waits, list) or not waits:
+            continue
+        waits = sorted(float(_num(w)) for w in waits)
+        every += waits
+        per_worker[node] = {"batches": int(_num(c.get("embedding_waits"))),
+                            "median_ms": _quantile(waits, 0.5), "p90_ms": _quantile(waits, 0.9)}
+    every.sort()
+    return {"median_ms": _quantile(every, 0.5) if every else None,
+            "p90_ms": _quantile(every, 0.9) if every else None, "workers": per_worker}
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    return round(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))], 3)
+
+
+def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: str,
+                  data: dict, epochs: list[dict], counters: dict[str, dict],
+                  wall_s: float, rounds: int, round_samples: dict[str, list[int]],
+                  membership: list[dict], model: dict | None = None,
+                  placement: dict | None = None, model_plan: dict | None = None,
+                  slices: dict | None = None) -> dict:
+    model = model or {}
+    evaluated = [e for e in epochs if "auc" in e]
+    last = evaluated[-1] if evaluated else {}
+    train_s = sum(e.get("train_s", 0.0) for e in epochs)
+    feeder = feeder_totals(counters)
+    acked_by = feeder["acked_by"]
+    # the feeders' reports of finished epochs are exact; counters are a lost feeder's last
+    # heartbeat's (they miss what it acknowledged after it) but count an unfinished epoch
+    samples_trained = max(int(_num(feeder.get("samples_acked"))),
+                          sum(int(_num(e.get("train_samples"))) for e in epochs))
+    names = {f"worker-{i}" for i in range(job.cluster.workers)} | set(acked_by) | {
+        n for n in counters if n.startswith("worker-")}
+    workers = {w: int(_num(acked_by.get(w))) for w in sorted(names, key=node_index)}
+    rejected_messages = {node: c["rejected_messages"] for node, c in sorted(counters.items())
+                         if isinstance(c.get("rejected_messages"), dict)
+                         and c["rejected_messages"]}
+    shards = {node: {k: c.get(k) for k in ("keys", "updates", "duplicates_refused",
+                                           "keys_moved_out", "keys_moved_in", "lookup_s",
+                                           "update_s")}
+              for node, c in sorted(counters.items()) if node.startswith("ps-")}
+    busy = {node: round(1 - _num(c.get("idle_s")) / _num(c["uptime_s"]), 3)
+            for node, c in sorted(counters.items()) if _num(c.get("uptime_s")) > 0}
+    worker_time = {node: {k: round(_num(c.get(k)), 3) for k in WORKER_TIMES}
+                   for node, c in sorted(counters.items()) if node.startswith("worker-")}
+    return {
+        "job": job.name,
+        "run_id": run_id,
+        "run_dir": run_dir,
+        "ok": status == "completed",
+        "status": status,
+        "reason": reason,
+        "auc": last.get("auc"),
+        "logloss": last.get("logloss"),
+        "oracle_auc": data.get("oracle_auc"),
+        "epochs": len(evaluated),
+        "epochs_planned": job.train.epochs,
+        "samples_in_data": data.get("samples_in_data"),
+        "eval_samples": data.get("eval_samples"),
+        "rows_read": data.get("rows_read"),
+        "rejected_rows": data.get("rejected_rows"),
+        "dropped_rows": data.get("dropped_rows"),
+        "merged_rows": data.get("merged_rows"),
+        "samples_trained": samples_trained,
+        "wall_s": round(wall_s, 3),
+        "train_s": round(train_s, 3),
+        "samples_per_s": round(samples_trained / train_s, 1) if train_s > 0 else None,
+        "workers": workers,
+        # what the workers count themselves: more than samples_trained if a batch was trained
+        # twice (a lost worker's, or after a lost feeder's handover)
+        "samples_trained_by_workers": sum(int(_num(c.get("samples_trained")))
+                                          for n, c in counters.items()
+                                          if n.startswith("worker-")),
+        "feeders": {node: {"samples_acked": int(_num(c.get("samples_acked"))),
+                           "batches_sent": int(_num(c.get("batches_sent")))}
+                    for node, c in sorted(counters.items()) if node.startswith("feeder-")},
+        "slices": slices,
+        "embeddings": {"mode": job.train.embeddings, **embedding_waits(counters)},
+        "worker_input_bytes_per_sample": worker_input(counters),
+        "batch_by_label": job.train.batch_by_label,
+        "worker_time_s": worker_time,
+        "busy": busy,
+        "sync": job.train.sync,
+        "rounds": rounds,
+        "round_samples": round_samples,
+        "requeued_batches": int(_num(feeder.get("requeued_batches"))),
+        "straggler_copies": int(_num(feeder.get("straggler_copies"))),
+        "duplicates_refused": {
+            "embedding_updates": sum(int(_num(c.get("duplicates_refused")))
+                                     for n, c in counters.items() if n.startswith("ps-")),
+            "acks": int(_num(feeder.get("duplicate_acks"))),
+            "batch_copies": int(_num(feeder.get("refused_takes"))),
+        },
+        "membership": membership,
+        "aggregation_decisions": model.get("decisions", {}),
+        "last_decision": model.get("last_decision"),
+        "settings": model.get("settings", {}),
+        "settings_changes": model.get("settings_changes", []),
+        "backups": len(model.get("backups", [])),
+        "latest_backup": (newest_backup(model.get("backups", [])) or {}).get("path"),
+        "recoveries": len(model.get("recoveries", [])),
+        "recovery": model.get("recoveries", []),
+        "shard_recoveries": model.get("shard_recoveries", []),
+        "export": next((e["dir"] for e in reversed(model.get("exports", []))
+                        if e.get("final") and "error" not in e), None),
+        "exports": model.get("exports", []),
+        "bytes": channel_bytes(list(counters.values())),
+        "bytes_received": channel_bytes(list(counters.values()), "bytes_in"),
+        "shards": shards,
+        "placement": placement or {"mode": job.placement.mode},
+        "model_parallel": None if model_plan is None else {
+            **model_plan, "parts_processes": {n: {k: c.get(k) for k in ("steps", "scored",
+                                                                           "calls", "device")}
+                                              for n, c in sorted(counters.items())
+                                              if n.startswith("part-")}},
+        "rejected_messages": rejected_messages,
+        "per_epoch": epochs,
+    }

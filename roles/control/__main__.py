@@ -1,0 +1,3 @@
+from roles.control.process import main
+
+main()

@@ -1,0 +1,67 @@
+"""The command line shared by every role: ``zbus-<role> [--job FILE] [--index N]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from roles.job.settings import Job, JobError, load_job
+from zbus.logs import setup_logging
+
+MAX_WORKERS = 255
+SLOWED_ROLES = {"worker": "per batch (idling)", "ps": "per piece of work (sleeping)"}
+
+
+def parse_role_args(role: str, argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=f"zbus-{role}", description=f"Run one zbus {role}.")
+    parser.add_argument("--job", help="job file (default: $ZBUS_JOB, else the built-in job)")
+    parser.add_argument("--index", type=int, default=0, help="which one of its role (0-based)")
+    if role == "control":
+        parser.add_argument("--resume", nargs="?", const="latest", default="", metavar="RUN_DIR",
+                            help="go on with a run whose control died: RUN_DIR, else "
+                                 "$ZBUS_RUN_DIR, else the job's newest run under runs/")
+    if role in SLOWED_ROLES:
+        parser.add_argument("--slowdown", type=float, default=1.0, metavar="N",
+                            help=f"test and demo aid: take N times as long {SLOWED_ROLES[role]}")
+    return parser.parse_args(argv)
+
+
+def load_job_or_exit(path: str | None, who: str) -> Job:
+    """The job, or one clear line on stderr and exit status 2 (no traceback)."""
+    try:
+        return load_job(path)
+    except JobError as exc:
+        print(f"zbus {who}: job error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def count_of(job: Job, role: str) -> int:
+    """How many of a role the job starts with."""
+    c = job.cluster
+    return {"worker": c.workers, "ps": c.shards, "aggregator": c.aggregators,
+            "feeder": c.feeders,
+            "part": c.workers * (c.parts - 1)}.get(role, 1)
+
+
+def index_limit(job: Job, role: str) -> int:
+    """Workers may join a running job under any new index; other roles are a fixed set."""
+    return MAX_WORKERS if role == "worker" else count_of(job, role)
+
+
+def role_main(role_cls: Any, argv: list[str] | None = None) -> None:
+    role = role_cls.role
+    args = parse_role_args(role, argv)
+    job = load_job_or_exit(args.job, role)
+    if not 0 <= args.index < index_limit(job, role):
+        print(f"zbus {role}: --index {args.index} is outside 0..{index_limit(job, role) - 1} "
+              f"for this job", file=sys.stderr)
+        raise SystemExit(2)
+    setup_logging(f"{role}-{args.index}")
+    options = {"slowdown": args.slowdown} if role in SLOWED_ROLES else {}
+    try:
+        node = role_cls(job, args.index, **options)
+    except (OSError, RuntimeError) as exc:  # a port in use, no CUDA device, ...
+        print(f"zbus {role}-{args.index}: cannot start: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    sys.exit(node.run())

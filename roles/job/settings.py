@@ -1,0 +1,417 @@
+"""The job: one frozen settings object read from a TOML job file and ``ZBUS_*`` variables.
+
+The job file comes from ``--job``, else ``ZBUS_JOB``, else the built-in default job
+(``roles/job/default_job.toml``: synthetic data). Any key can be overridden from the environment as
+``ZBUS_<SECTION>__<KEY>`` (``ZBUS_TRAIN__EPOCHS=1``, ``ZBUS_DATA__SYNTHETIC__ROWS=5000``); the
+value is read as a TOML value, or as a plain string when it is not one. Relative data paths in
+the job file are relative to the job file; in the environment, to the working directory.
+
+Every mistake (unknown key, wrong type, value out of range) is a ``JobError`` naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import os
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from roles.protocol.topology import ClusterConfig
+
+DECAY_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
+RESERVED_ENV = {"ZBUS_JOB", "ZBUS_RUN_DIR", "ZBUS_LOG_LEVEL", "ZBUS_VENV", "ZBUS_TORCH_SPEC",
+                "ZBUS_CLUSTER_FILE", "ZBUS_BIND_INTERFACE"}
+
+
+class JobError(ValueError):
+    """A job file or override that cannot be run; the message names the key."""
+
+
+def _list(*items: Any) -> Any:
+    return field(default_factory=lambda: list(items))
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """The built-in generator: Zipf-popular categorical values and log-normal counts, labels
+    drawn from a planted logistic model (its probabilities give the oracle AUC)."""
+
+    rows: int = field(default=100_000, metadata={"min": 100})
+    vocab: list[int] = _list(10, 20, 50, 100, 200, 500, 1000, 2000)
+    dense: int = field(default=4, metadata={"min": 0, "max": 1000})
+    zipf: float = field(default=1.1, metadata={"min": 0.0})
+    signal: float = field(default=0.6, metadata={"min": 0.0})
+    days: int = field(default=30, metadata={"min": 1})
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.vocab or min(self.vocab) < 1:
+            raise ValueError("[data.synthetic] vocab must list one size >= 1 per sparse field")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = field(default="file", metadata={"choices": ("file", "synthetic")})
+    path: str = ""
+    format: str = field(default="csv", metadata={"choices": ("csv", "tsv", "criteo")})
+    label: str = "label"
+    positive: list[str] = _list()
+    negative: list[str] = _list()
+    timestamp: str = ""
+    dense: list[str] = _list()
+    sparse: list[str] = _list()
+    eval_fraction: float = field(default=0.2, metadata={"min": 0.01, "max": 0.9})
+    log1p: bool = True
+    max_rejected_fraction: float = field(default=0.1, metadata={"min": 0.0, "max": 1.0})
+    decay_base: float = field(default=1.0, metadata={"min": 1.0, "max": 1e6})
+    decay_unit: str = field(default="day", metadata={"choices": tuple(DECAY_UNITS)})
+    drop_below: float = field(default=0.001, metadata={"min": 0.0, "max": 1.0})
+    merge: bool = False
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    def __post_init__(self) -> None:
+        if self.source != "file":
+            return
+        if self.decay_base > 1.0 and not self.timestamp:
+            raise ValueError("[data] decay_base > 1 needs a timestamp column ([data] timestamp)")
+        if not self.path:
+            raise ValueError("[data] path is required when source = \"file\"")
+        if self.format != "criteo" and not self.sparse:
+            raise ValueError("[data] sparse must name at least one categorical column")
+        names = [self.label, *self.dense, *self.sparse] + ([self.timestamp]
+                                                            if self.timestamp else [])
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup and self.format != "criteo":
+            raise ValueError(f"[data] column(s) {', '.join(dup)} used twice")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    embedding_dim: int = field(default=16, metadata={"min": 1, "max": 4096})
+    hidden: list[int] = _list(128, 64)
+
+    def __post_init__(self) -> None:
+        if any(h < 1 for h in self.hidden):
+            raise ValueError("[model] hidden sizes must be >= 1")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = field(default=3, metadata={"min": 1, "max": 4095})
+    batch_size: int = field(default=256, metadata={"min": 1, "max": 1 << 20})
+    sync: str = field(default="every",
+                      metadata={"choices": ("step", "every", "round", "lazy")})
+    sync_every: int = field(default=8, metadata={"min": 1})
+    round_iterations: int = field(default=32, metadata={"min": 1})
+    dense_lr: float = field(default=1e-3, metadata={"min": 0.0})
+    embedding_lr: float = field(default=0.05, metadata={"min": 0.0})
+    embedding_init: float = field(default=0.05, metadata={"min": 0.0})
+    prefetch: int = field(default=2, metadata={"min": 1, "max": 64})
+    # push: a worker announces each batch to the shards as it pulls it, and they send its
+    # embeddings as soon as they have its keys; pull: it asks when it is about to train it
+    embeddings: str = field(default="push", metadata={"choices": ("push", "pull")})
+    batch_by_label: bool = False  # every batch holds samples of one label
+    device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda")})
+    torch_threads: int = field(default=0, metadata={"min": 0})
+    shuffle: bool = True
+    seed: int = 7
+    stall_timeout_s: float = field(default=300.0, metadata={"min": 1.0})
+    recovery_timeout_s: float = field(default=120.0, metadata={"min": 1.0})
+    checkpoint_s: float = field(default=30.0, metadata={"min": 0.1})  # shard checkpoints
+
+
+@dataclass(frozen=True)
+class AggregationConfig:
+    """Sync mode lazy: when control lets the workers' dense weights be combined, and when the
+    aggregator backs the result up. Every key marked ``live`` can be changed while the job runs
+    (``zbus-ctl set``, the console); see ``roles.algorithms.live``."""
+
+    net_util_max: float = field(default=0.30, metadata={"min": 0.001, "max": 1.0, "live": True})
+    failure_rate_max: float = field(default=0.05,
+                                    metadata={"min": 0.001, "max": 1.0, "live": True})
+    probe_timeout_s: float = field(default=3.0, metadata={"min": 0.05, "max": 600.0,
+                                                          "live": True})
+    min_local_rounds: int = field(default=4, metadata={"min": 1, "max": 10_000, "live": True})
+    max_local_rounds: int = field(default=16, metadata={"min": 1, "max": 10_000, "live": True})
+    backup_change_min: float = field(default=0.05, metadata={"min": 0.0, "max": 100.0,
+                                                             "live": True})
+    backups_kept: int = field(default=3, metadata={"min": 1, "max": 1000, "live": True})
+
+    def __post_init__(self) -> None:
+        if self.min_local_rounds > self.max_local_rounds:
+            raise ValueError("[aggregation] min_local_rounds must be <= max_local_rounds")
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """Where embedding keys live (``roles.algorithms.placement``): ``hash`` (key mod shards, fixed)
+    or ``skew`` (heavy keys and buckets of light keys placed by predicted shard capacity each
+    allocation window, moved between shards while the job runs)."""
+
+    mode: str = field(default="hash", metadata={"choices": ("hash", "skew")})
+    window_batches: int = field(default=50, metadata={"min": 0})  # 0: one window per epoch
+    heavy_keys: int = field(default=4096, metadata={"min": 1, "max": 1 << 20})
+    buckets_per_shard: int = field(default=64, metadata={"min": 1, "max": 4096})
+    min_windows: int = field(default=3, metadata={"min": 1})
+    min_gain: float = field(default=0.10, metadata={"min": 0.0, "max": 1.0})
+    capacities: list[float] = _list()
+    predictor_steps: int = field(default=300, metadata={"min": 1, "max": 100_000})
+    drain_timeout_s: float = field(default=10.0, metadata={"min": 0.1})
+
+    def __post_init__(self) -> None:
+        if any(not c > 0 for c in self.capacities):
+            raise ValueError("[placement] capacities must be positive")
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """How the network is split over the ``[cluster] parts`` processes of a model-parallel
+    group (``roles.model.partitioner``): an edge is critical when its tensor is larger than
+    ``critical_bytes`` or (``critical_path``) it lies on the longest path of the graph."""
+
+    critical_bytes: float = field(default=float(1 << 20), metadata={"min": 0.0})
+    critical_path: bool = True
+    balance: float = field(default=1.2, metadata={"min": 1.0, "max": 100.0})
+    threshold: float = field(default=-0.5, metadata={"min": -1000.0, "max": 1000.0})
+    target: str = field(default="every", metadata={"choices": ("every", "flow")})
+    tries: int = field(default=8, metadata={"min": 1, "max": 1000})
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str = "job"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    origin: str = field(default="", metadata={"internal": True})  # where the job was read
+
+    def __post_init__(self) -> None:
+        if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
+            raise ValueError("name must be non-empty letters, digits, '-', '_' or '.'")
+        if self.cluster.parts > 1 and self.train.sync == "step":
+            raise ValueError("[cluster] parts > 1 (model parallelism) needs [train] sync = "
+                             "\"every\", \"round\" or \"lazy\": in sync mode step the "
+                             "aggregator takes every step's whole gradient from one process")
+        if self.cluster.feeders > 1 and self.train.sync == "round":
+            raise ValueError("[cluster] feeders > 1 needs [train] sync = \"step\", \"every\" "
+                             "or \"lazy\": in sync mode round one feeder's ledger counts "
+                             "every batch of a round")
+        caps = self.placement.capacities
+        if caps and len(caps) != self.cluster.shards:
+            raise ValueError(f"[placement] capacities lists {len(caps)} figure(s) for "
+                             f"{self.cluster.shards} shard(s)")
+
+    @property
+    def sparse_fields(self) -> list[str]:
+        if self.data.source == "synthetic":
+            return [f"c{i}" for i in range(len(self.data.synthetic.vocab))]
+        if self.data.format == "criteo" and not self.data.sparse:
+            return [f"C{i}" for i in range(1, 27)]
+        return list(self.data.sparse)
+
+    @property
+    def dense_fields(self) -> list[str]:
+        if self.data.source == "synthetic":
+            return [f"d{i}" for i in range(self.data.synthetic.dense)]
+        if self.data.format == "criteo" and not self.data.dense:
+            return [f"I{i}" for i in range(1, 14)]
+        return list(self.data.dense)
+
+    def fingerprint(self) -> str:
+        """Same for every node that runs the same job; control refuses a node that differs."""
+        body = {k: v for k, v in dataclasses.asdict(self).items() if k != "origin"}
+        return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+# -- building from TOML ------------------------------------------------------------------------
+
+def _where(path: tuple[str, ...]) -> str:
+    if len(path) == 1:
+        return path[0]
+    return f"[{'.'.join(path[:-1])}] {path[-1]}"
+
+
+def _kind(t: Any) -> str:
+    origin = typing.get_origin(t) or t
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+            list: "a list", dict: "a table"}.get(origin, "a table")
+
+
+def _coerce(value: Any, t: Any, path: tuple[str, ...], meta: typing.Mapping) -> Any:
+    origin = typing.get_origin(t) or t
+    if dataclasses.is_dataclass(origin):
+        if not isinstance(value, dict):
+            raise JobError(f"[{'.'.join(path)}] must be a table")
+        return _build(origin, value, path)
+    ok = {
+        bool: lambda v: isinstance(v, bool),
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        str: lambda v: isinstance(v, str),
+        list: lambda v: isinstance(v, list),
+        dict: lambda v: isinstance(v, dict),
+    }[origin](value)
+    if not ok:
+        raise JobError(f"{_where(path)} must be {_kind(t)}, got {value!r}")
+    if origin is list:
+        (item,) = typing.get_args(t)
+        return [_coerce(v, item, path, {}) for v in value]
+    if origin is dict:
+        _, item = typing.get_args(t)
+        return {str(k): _coerce(v, item, (*path, str(k)), {}) for k, v in value.items()}
+    if origin is float:
+        value = float(value)
+    if "choices" in meta and value not in meta["choices"]:
+        raise JobError(f"{_where(path)} must be one of {', '.join(map(repr, meta['choices']))}"
+                       f", got {value!r}")
+    if "min" in meta and value < meta["min"]:
+        raise JobError(f"{_where(path)} must be >= {meta['min']}, got {value!r}")
+    if "max" in meta and value > meta["max"]:
+        raise JobError(f"{_where(path)} must be <= {meta['max']}, got {value!r}")
+    return value
+
+
+def _settable(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+
+
+def _build(cls: type, table: dict, path: tuple[str, ...] = ()) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = _settable(cls)
+    values = {}
+    for key, value in table.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise JobError(f"unknown key {_where((*path, key))}{hint}")
+        values[key] = _coerce(value, hints[key], (*path, key), known[key].metadata)
+    try:
+        return cls(**values)
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
+
+
+def _env_overrides(table: dict, environ: typing.Mapping[str, str]) -> None:
+    for var, raw in sorted(environ.items()):
+        if not var.startswith("ZBUS_") or var in RESERVED_ENV or "__" not in var:
+            continue
+        keys = [k.lower() for k in var[len("ZBUS_"):].split("__")]
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        cls: Any = Job
+        node = table
+        for depth, key in enumerate(keys):
+            known = _settable(cls)
+            if key not in known:
+                raise JobError(f"environment variable {var} names no job key "
+                               f"({_where(tuple(keys[:depth + 1]))} is unknown)")
+            if depth == len(keys) - 1:
+                if key == "path" and cls is DataConfig and isinstance(value, str):
+                    value = os.path.normpath(Path(value).expanduser().absolute())
+                node[key] = value
+            else:
+                cls = typing.get_type_hints(cls)[key]
+                if not dataclasses.is_dataclass(cls):
+                    raise JobError(f"environment variable {var}: {key} is not a section")
+                node = node.setdefault(key, {})
+
+
+def parse_job(text: str, origin: str = "<job>", base_dir: Path | None = None,
+              environ: typing.Mapping[str, str] | None = None) -> Job:
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise JobError(f"not valid TOML: {exc}") from None
+    data = table.get("data")
+    if isinstance(data, dict) and isinstance(data.get("path"), str) and data["path"] \
+            and base_dir is not None:
+        data["path"] = os.path.normpath(base_dir / Path(data["path"]).expanduser())
+    _env_overrides(table, os.environ if environ is None else environ)
+    job = _build(Job, table)
+    return dataclasses.replace(job, origin=origin)
+
+
+def read_cluster_file(path: str) -> dict[str, str]:
+    """A cluster file's endpoints: ``[endpoints]`` name = "host:port" (TCP) or a full
+    ``tcp://`` / ``ipc://`` address, for every role's endpoint on every host."""
+    try:
+        table = tomllib.loads(Path(path).expanduser().read_text())
+    except OSError as exc:
+        raise JobError(f"cannot read cluster file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise JobError(f"cluster file {path} is not valid TOML: {exc}") from None
+    endpoints = table.get("endpoints")
+    if set(table) - {"endpoints"} or not isinstance(endpoints, dict) or not all(
+            isinstance(v, str) and v for v in endpoints.values()):
+        raise JobError(f"cluster file {path} must hold one [endpoints] table of "
+                       "name = \"host:port\" entries")
+    return {name: v if "://" in v else f"tcp://{v}" for name, v in endpoints.items()}
+
+
+def load_job(path: str | None = None, environ: typing.Mapping[str, str] | None = None) -> Job:
+    """The job from ``path``, else ``ZBUS_JOB``, else the built-in default job; with
+    ``ZBUS_CLUSTER_FILE``, its endpoints (``read_cluster_file``) replace the job's."""
+    env = os.environ if environ is None else environ
+    if env.get("ZBUS_CLUSTER_FILE"):
+        endpoints = read_cluster_file(env["ZBUS_CLUSTER_FILE"])
+        inline = ", ".join(f"{orjson.dumps(n).decode()} = {orjson.dumps(a).decode()}"
+                           for n, a in endpoints.items())
+        env = {**env, "ZBUS_CLUSTER__ENDPOINTS": "{" + inline + "}"}
+    path = path or env.get("ZBUS_JOB") or None
+    if path is None:
+        text = resources.files("roles.job").joinpath("default_job.toml").read_text()
+        return parse_job(text, "built-in default job", None, env)
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise JobError(f"cannot read job file {path}: {exc.strerror}") from None
+    return parse_job(text, str(file), file.absolute().parent, env)
+
+
+def job_to_toml(job: Job) -> str:
+    """The effective job as TOML (written to the run directory as config.toml)."""
+    lines = [f"# effective job, read from {job.origin}"]
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return orjson.dumps(v).decode()
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return repr(v)
+
+    def table(obj: Any, path: list[str]) -> None:
+        scalars = {k: getattr(obj, k) for k in _settable(type(obj))}
+        subs = {k: v for k, v in scalars.items() if dataclasses.is_dataclass(v)
+                or isinstance(v, dict)}
+        if path:
+            lines.append(f"\n[{'.'.join(path)}]")
+        for k, v in scalars.items():
+            if k not in subs:
+                lines.append(f"{k} = {value(v)}")
+        for k, v in subs.items():
+            if isinstance(v, dict):
+                lines.append(f"\n[{'.'.join([*path, k])}]")
+                lines.extend(f"{orjson.dumps(n).decode()} = {value(x)}" for n, x in v.items())
+            else:
+                table(v, [*path, k])
+
+    table(job, [])
+    return "\n".join(lines) + "\n"

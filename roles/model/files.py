@@ -1,0 +1,152 @@
+"""The files that hold a model: dense-weight backups and the exported model (no sockets).
+
+Backups (``runs/<run>/backups/dense-r<round>.npz``, numpy ``.npz``): ``params`` (the flat
+float32 dense weights, in ``model.parameters()`` order) and ``meta`` (orjson bytes: round,
+generation, relative change since the previous backup, unix time). Written atomically; the
+newest ``backups_kept`` are kept.
+
+The export (``runs/<run>/export/``), the hand-off to a serving system:
+
+- ``dense.npz``: one array per named tensor of the dense network (``torch`` state-dict names,
+  e.g. ``mlp.0.weight``), float32;
+- ``embeddings-ps-<i>.npz``: ``keys`` (int64, the 64-bit feature ids, see
+  ``roles.data.hashing``) and ``rows`` (float32 [keys, embedding_dim]) of shard i's table;
+  a key in no shard file has its deterministic initial row (``roles.algorithms.embedding_table``);
+- ``transform.json``: the dense transform (log1p flag, training mean and std per column);
+- ``job.toml``: the effective job (schema, model sizes, seed);
+- ``manifest.json``, written last: the parts, the round and the AUC of the exported weights.
+  An export without a manifest is incomplete.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from roles.job.rundir import atomic_write
+from roles.protocol.lifecycle import Export, Exported
+
+MANIFEST = "manifest.json"
+DENSE = "dense.npz"
+TRANSFORM = "transform.json"
+JOB = "job.toml"
+
+
+def embeddings_file(shard: int) -> str:
+    return f"embeddings-ps-{shard}.npz"
+
+
+def npz_bytes(**arrays: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _meta(meta: dict) -> np.ndarray:
+    return np.frombuffer(orjson.dumps(meta), dtype=np.uint8)
+
+
+def save_dense(path: Path, params: np.ndarray, meta: dict) -> None:
+    atomic_write(path, npz_bytes(params=np.asarray(params, dtype=np.float32), meta=_meta(meta)))
+
+
+def load_dense(path: Path) -> tuple[np.ndarray, dict]:
+    with np.load(path) as f:
+        return f["params"].astype(np.float32), orjson.loads(f["meta"].tobytes())
+
+
+def relative_change(new: np.ndarray, old: np.ndarray) -> float:
+    """||new - old|| / ||old|| (in float64; inf when old is all zero and new is not)."""
+    diff = float(np.linalg.norm(new.astype(np.float64) - old.astype(np.float64)))
+    base = float(np.linalg.norm(old.astype(np.float64)))
+    if base == 0:
+        return 0.0 if diff == 0 else float("inf")
+    return diff / base
+
+
+def newest_backup(records: list[dict]) -> dict | None:
+    """The record (round, path, change, generation) of the newest backup reported, or None."""
+    return max(records, key=lambda b: b["round"]) if records else None
+
+
+class Backups:
+    """The backup rule: after an aggregation, back up when the weights changed by at least
+    ``change_min`` (relative) since the last backup; keep the newest ``kept``."""
+
+    def __init__(self, directory: Path):
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.last: np.ndarray | None = None
+        self.written = 0
+
+    def existing(self) -> list[Path]:
+        """Backups on disk, oldest first."""
+        return sorted(self.dir.glob("dense-r*.npz"))
+
+    def due(self, params: np.ndarray, change_min: float) -> tuple[bool, float]:
+        if self.last is None:
+            return True, float("inf")
+        change = relative_change(params, self.last)
+        return change >= change_min, change
+
+    def write(self, params: np.ndarray, round_: int, generation: int, change: float,
+              kept: int) -> Path:
+        path = self.dir / f"dense-r{round_:08d}.npz"
+        save_dense(path, params, {"round": round_, "generation": generation,
+                                  "change": None if change == float("inf") else change,
+                                  "time": time.time()})
+        self.last = np.array(params, dtype=np.float32)
+        self.written += 1
+        for old in self.existing()[:-kept]:
+            old.unlink(missing_ok=True)
+        return path
+
+
+def save_named(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    atomic_write(path, npz_bytes(**{k: np.asarray(v, dtype=np.float32)
+                                    for k, v in tensors.items()}))
+
+
+def load_named(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+def save_embeddings(path: Path, keys: np.ndarray, rows: np.ndarray) -> None:
+    atomic_write(path, npz_bytes(keys=np.asarray(keys, dtype=np.int64),
+                            rows=np.asarray(rows, dtype=np.float32)))
+
+
+def load_embeddings(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with np.load(path) as f:
+        return f["keys"], f["rows"]
+
+
+def write_json(path: Path, obj: dict) -> None:
+    atomic_write(path, orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+
+
+class ExportAnswers:
+    """A node's answers to control's Export (the command stands and is re-published): its part
+    written once per request. ``write`` writes this node's part into the export directory and
+    returns (part name, file names), or None when it cannot yet (the command comes again)."""
+
+    def __init__(self, write: Callable[[Path], tuple[str, list[str]] | None],
+                 report: Callable[[Exported], None]):
+        self.write = write
+        self.report = report
+        self.answered = 0  # the newest request answered
+
+    def handle(self, m: Export) -> None:
+        if m.request <= self.answered:
+            return
+        written = self.write(Path(m.dir))
+        if written is not None:
+            self.answered = m.request
+            part, files = written
+            self.report(Exported(request=m.request, part=part, files=files))

@@ -1,0 +1,162 @@
+"""The cluster's topology: where every role listens, the ``[cluster]`` section of a job
+resolved to ZeroMQ endpoints (it is the transport's ``zbus.endpoints.BusConfig``).
+
+By default every endpoint is ``tcp://<host>:<base_port + offset>``; ``endpoints`` overrides any
+of them one by one (a ``tcp://`` address on another host, or an ``ipc://`` path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from zbus.endpoints import SCHEMES, is_local
+
+# Offsets from base_port of the endpoints that roles bind.
+FIXED_ENDPOINTS = {
+    "control": 0,          # control ROUTER: Hello, heartbeats and reports from every node
+    "control_pub": 1,      # control PUB: lifecycle commands
+    "samples": 2,          # feeder PUSH: the sample queue
+    "ledger": 3,           # feeder ROUTER: acknowledgements from workers
+    "aggregator": 4,       # aggregator ROUTER: contributions, step gradients, weight requests
+    "aggregator_pub": 5,   # aggregator PUB: new dense weights
+    "control_req": 6,      # control ROUTER: requests of operators (zbus-ctl, the console)
+    "status": 7,           # control PUB: the job's status for consoles (nodes never see it)
+}
+PS_OFFSET = 10             # ps shard i binds base_port + 10 + i
+AGGREGATOR_OFFSET = 280    # aggregator i >= 1 (hierarchical aggregation) binds 280 + i
+MAX_AGGREGATORS = 16
+GROUP_OFFSET = 300         # member p of model-parallel group g binds 300 + g * parts + p
+MAX_PARTS = 8
+FEEDER_OFFSET = 2400       # feeder i >= 1 binds samples-i at 2400 + 2i, ledger-i at 2401 + 2i
+MAX_FEEDERS = 16
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Counts of processes and the endpoints they bind and connect to."""
+
+    workers: int = field(default=2, metadata={"min": 1, "max": 255})
+    shards: int = field(default=2, metadata={"min": 1, "max": 255})
+    aggregators: int = field(default=1, metadata={"min": 1, "max": MAX_AGGREGATORS})
+    parts: int = field(default=1, metadata={"min": 1, "max": MAX_PARTS})  # per worker group
+    feeders: int = field(default=1, metadata={"min": 1, "max": MAX_FEEDERS})
+    host: str = "127.0.0.1"
+    base_port: int = field(default=47100, metadata={"min": 1024, "max": 65000})
+    endpoints: dict[str, str] = field(default_factory=dict)
+    heartbeat_s: float = field(default=1.0, metadata={"min": 0.05, "max": 60.0})
+    status_s: float = field(default=0.25, metadata={"min": 0.05, "max": 10.0})
+    node_timeout_s: float = field(default=10.0, metadata={"min": 0.5})
+    start_timeout_s: float = field(default=180.0, metadata={"min": 1.0})
+    orphan_timeout_s: float = field(default=120.0, metadata={"min": 1.0})
+    max_message_mb: float = field(default=256.0, metadata={"min": 0.01})
+    interfaces: list[str] = field(default_factory=list)  # for network utilisation; [] = auto
+    link_mbps: float = field(default=10_000.0, metadata={"min": 1.0})
+    # CURVE authentication and encryption (zbus.security): on, off, or auto (on as soon as
+    # some endpoint is not on this host); the key pairs and the allow-list live in keys_dir
+    curve: str = field(default="auto", metadata={"choices": ("auto", "on", "off")})
+    keys_dir: str = "keys"
+
+    def __post_init__(self) -> None:
+        names = self.endpoint_names()
+        for name, address in self.endpoints.items():
+            if name not in names:
+                raise ValueError(f"[cluster.endpoints] has unknown endpoint {name!r}; "
+                                 f"known: {', '.join(sorted(names))}")
+            if not address.startswith(SCHEMES):
+                raise ValueError(f"[cluster.endpoints] {name} = {address!r} must start with "
+                                 f"one of {', '.join(SCHEMES)}")
+
+    def endpoint_names(self) -> list[str]:
+        return [*FIXED_ENDPOINTS, *(f"ps-{i}" for i in range(self.shards)),
+                *(f"{kind}-{i}" for i in range(1, self.feeders) for kind in ("samples", "ledger")),
+                *(f"aggregator-{i}" for i in range(1, self.aggregators)),
+                *(self.group_endpoint_name(g, p) for g in range(self.workers)
+                  for p in range(self.parts) if self.parts > 1)]
+
+    @staticmethod
+    def group_endpoint_name(group: int, member: int) -> str:
+        """Where member ``member`` of model-parallel group ``group`` listens (member 0 is the
+        group's leader, worker ``group``; member p >= 1 is part process
+        ``group * (parts - 1) + p - 1``)."""
+        return f"group-{group}-{member}"
+
+    @staticmethod
+    def feeder_endpoint_name(kind: str, feeder: int) -> str:
+        """Where feeder ``feeder`` binds its sample queue (``kind`` samples) or its ledger:
+        feeder 0 at ``samples`` / ``ledger``, feeder i >= 1 at ``samples-i`` / ``ledger-i``."""
+        return kind if feeder == 0 else f"{kind}-{feeder}"
+
+    def part_position(self, part_index: int) -> tuple[int, int]:
+        """(group, member) of part process ``part_index``."""
+        return divmod(part_index, self.parts - 1)[0], part_index % (self.parts - 1) + 1
+
+    def part_index(self, group: int, member: int) -> int:
+        return group * (self.parts - 1) + member - 1
+
+    def endpoint(self, name: str) -> str:
+        if name in self.endpoints:
+            return self.endpoints[name]
+        if name in FIXED_ENDPOINTS:
+            offset = FIXED_ENDPOINTS[name]
+        elif name.startswith("ps-") and name[3:].isdigit() and int(name[3:]) < self.shards:
+            offset = PS_OFFSET + int(name[3:])
+        elif (name.startswith(("samples-", "ledger-")) and name.split("-")[1].isdigit()
+              and 0 < int(name.split("-")[1]) < self.feeders):
+            offset = FEEDER_OFFSET + 2 * int(name.split("-")[1]) + name.startswith("ledger")
+        elif (name.startswith("aggregator-") and name[11:].isdigit()
+              and 0 < int(name[11:]) < self.aggregators):
+            offset = AGGREGATOR_OFFSET + int(name[11:])
+        elif (name.startswith("group-") and self.parts > 1 and name.count("-") == 2
+              and name[6:].replace("-", "").isdigit()
+              and int(name.rsplit("-", 1)[1]) < self.parts):
+            group, member = (int(x) for x in name[6:].split("-"))
+            offset = GROUP_OFFSET + group * self.parts + member
+        else:
+            raise KeyError(f"no endpoint {name!r}")
+        return f"tcp://{self.host}:{self.base_port + offset}"
+
+    def aggregator_endpoint(self, index: int) -> str:
+        """Where aggregator ``index`` listens: the root (0) at ``aggregator``."""
+        return self.endpoint("aggregator" if index == 0 else f"aggregator-{index}")
+
+    def group_of(self, worker_index: int) -> int:
+        """The aggregator that combines this worker's contributions (hierarchical)."""
+        return worker_index % self.aggregators
+
+    def single_host(self) -> bool:
+        """Every endpoint is on this host (loopback TCP, ipc or inproc)."""
+        return all(is_local(self.endpoint(name)) for name in self.endpoint_names())
+
+    def curve_enabled(self) -> bool:
+        return self.curve == "on" or (self.curve == "auto" and not self.single_host())
+
+    def endpoint_owner(self, name: str) -> str:
+        """The node that binds endpoint ``name`` (whose public key a client checks)."""
+        if name in ("control", "control_pub", "control_req", "status"):
+            return "control-0"
+        if name in ("aggregator", "aggregator_pub"):
+            return "aggregator-0"
+        if name in ("samples", "ledger"):
+            return "feeder-0"
+        kind, _, rest = name.partition("-")
+        if kind in ("samples", "ledger"):
+            return f"feeder-{rest}"
+        if kind in ("ps", "aggregator"):
+            return name
+        if kind == "group":
+            group, member = (int(x) for x in rest.split("-"))
+            return f"worker-{group}" if member == 0 else \
+                f"part-{self.part_index(group, member)}"
+        raise KeyError(f"no endpoint {name!r}")
+
+    @property
+    def max_message_bytes(self) -> int:
+        return int(self.max_message_mb * 1024 * 1024)
+
+    def expected_nodes(self) -> list[str]:
+        """Node ids control waits for before training starts."""
+        return [*(f"feeder-{i}" for i in range(self.feeders)),
+                *(f"aggregator-{i}" for i in range(self.aggregators)),
+                *(f"ps-{i}" for i in range(self.shards)),
+                *(f"worker-{i}" for i in range(self.workers)),
+                *(f"part-{i}" for i in range(self.workers * (self.parts - 1)))]

@@ -1,0 +1,180 @@
+"""Run a whole job's processes on this host from Python (tests and benchmarks use it; people
+use ``honcho start``). Each role is its own process in its own session; ``close`` SIGTERMs each
+process group, waits, then SIGKILLs whatever is left, including processes that were started
+for this cluster in sessions of their own (found by the run directory in their environment).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+import psutil
+
+from roles.job.settings import Job, load_job
+from zbus.sockets import free_tcp_ports
+
+BIN = Path(sys.executable).parent
+
+
+def clean_environ() -> dict[str, str]:
+    """This process's environment without ZBUS_* settings, with the venv's scripts on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZBUS_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def endpoint_overrides(names: list[str], transport: str, ipc_dir: str) -> str:
+    """A TOML inline table for ZBUS_CLUSTER__ENDPOINTS: ipc paths, or free TCP ports."""
+    if transport == "ipc":
+        addresses = [f"ipc://{ipc_dir}/{name}" for name in names]
+    else:
+        addresses = [f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(len(names))]
+    return "{" + ", ".join(f'"{n}" = "{a}"' for n, a in zip(names, addresses, strict=True)) + "}"
+
+
+def toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, dict)):
+        return orjson.dumps(value).decode()
+    return str(value)
+
+
+class LocalCluster:
+    def __init__(self, workdir: Path, job: Path | None = None, transport: str = "ipc",
+                 **settings: object):
+        """``settings`` become ZBUS_<SECTION>__<KEY> overrides (``train__epochs=1``)."""
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.ipc_dir = tempfile.mkdtemp(prefix="zb-", dir="/tmp")  # short: ipc paths are
+        self.env = clean_environ()                                  # limited to ~100 bytes
+        self.env["ZBUS_RUN_DIR"] = str(workdir / "run")
+        for key, value in settings.items():
+            self.env[f"ZBUS_{key.upper()}"] = toml_value(value)
+        if job is not None:
+            self.env["ZBUS_JOB"] = str(job)
+        names = load_job(None, environ=self.env).cluster.endpoint_names()
+        self.env["ZBUS_CLUSTER__ENDPOINTS"] = endpoint_overrides(names, transport, self.ipc_dir)
+        self.job: Job = load_job(None, environ=self.env)
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.env["ZBUS_RUN_DIR"])
+
+    def start(self, name: str, argv: list[str]) -> subprocess.Popen:
+        with open(self.workdir / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen(argv, cwd=self.workdir, env=self.env, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def start_role(self, role: str, index: int = 0, *args: str) -> subprocess.Popen:
+        return self.start(f"{role}-{index}", [sys.executable, "-m", f"roles.{role}",
+                                              "--index", str(index), *args])
+
+    def start_all(self, slowdown: dict[int, float] | None = None,
+                  ps_slowdown: dict[int, float] | None = None) -> None:
+        """Every role of the job; ``slowdown`` maps worker indexes to --slowdown factors,
+        ``ps_slowdown`` shard indexes."""
+        c = self.job.cluster
+        slowdown, ps_slowdown = slowdown or {}, ps_slowdown or {}
+        self.start_role("control")
+        for i in range(c.feeders):
+            self.start_role("feeder", i)
+        for i in range(c.shards):
+            self.start_role("ps", i, "--slowdown", str(ps_slowdown.get(i, 1.0)))
+        for i in range(c.workers):
+            self.start_role("worker", i, "--slowdown", str(slowdown.get(i, 1.0)))
+        for i in range(c.workers * (c.parts - 1)):
+            self.start_role("part", i)
+        for i in range(c.aggregators):
+            self.start_role("aggregator", i)
+
+    def events(self) -> list[dict]:
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
+
+    def wait_for_event(self, predicate, timeout: float = 120.0) -> dict:
+        """The first metrics event satisfying ``predicate`` (control must stay up meanwhile)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = next((e for e in self.events() if predicate(e)), None)
+            if found is not None:
+                return found
+            if time.monotonic() > deadline or self.procs["control-0"].poll() is not None:
+                raise AssertionError(f"no such event within {timeout} s:\n{self.logs()}")
+            time.sleep(0.1)
+
+    def wait(self, name: str = "control-0", timeout: float = 240.0) -> int:
+        try:
+            return self.procs[name].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{name} still running after {timeout} s; its log:\n"
+                                 + self.log(name)[-4000:]) from None
+
+    def run_job(self, timeout: float = 240.0, slowdown: dict[int, float] | None = None,
+                ps_slowdown: dict[int, float] | None = None) -> int:
+        self.start_all(slowdown, ps_slowdown)
+        return self.wait(timeout=timeout)
+
+    def log(self, name: str) -> str:
+        path = self.workdir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {name}\n{self.log(name)[-3000:]}" for name in self.procs)
+
+    def summary(self) -> dict:
+        return orjson.loads((self.run_dir / "summary.json").read_bytes())
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in self.procs.values():
+            _signal_group(proc, signal.SIGKILL)  # the group too: children of a spawner
+            proc.wait()
+        for stray in self.strays():
+            stray.kill()
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+    def strays(self) -> list[psutil.Process]:
+        """Live processes started for this cluster (they carry its run directory)."""
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.environ().get("ZBUS_RUN_DIR") == self.env["ZBUS_RUN_DIR"]:
+                    found.append(proc)
+            except (psutil.Error, OSError):
+                continue
+        return found
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

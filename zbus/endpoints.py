@@ -1,0 +1,53 @@
+"""What the transport needs to know of a cluster: where the named endpoints are, who binds
+each (for CURVE), and its timing. The application's topology (``roles.protocol.topology``)
+provides it; the transport only relies on the two endpoints every zbus cluster has, control's
+``control`` (ROUTER: Hello, heartbeats, reports) and ``control_pub`` (PUB: commands).
+
+Node ids are ``<role>-<index>`` (``worker-3``); control is ``control-0``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+CONTROL = "control"          # control's ROUTER endpoint
+CONTROL_PUB = "control_pub"  # control's PUB endpoint
+CONTROL_ID = "control-0"
+SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
+class BusConfig(Protocol):
+    """The endpoints and timing a node runs on (structural: any object with these)."""
+
+    heartbeat_s: float
+    orphan_timeout_s: float
+    keys_dir: str
+
+    @property
+    def max_message_bytes(self) -> int: ...
+
+    def endpoint(self, name: str) -> str: ...
+
+    def endpoint_names(self) -> list[str]: ...
+
+    def endpoint_owner(self, name: str) -> str: ...
+
+    def curve_enabled(self) -> bool: ...
+
+
+def node_id(role: str, index: int) -> str:
+    return f"{role}-{index}"
+
+
+def node_index(node: str) -> int:
+    """The index in a node id (``worker-3`` -> 3); -1 when it has none."""
+    tail = node.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def is_local(address: str) -> bool:
+    """The address is on this host (loopback TCP, ipc or inproc)."""
+    if not address.startswith("tcp://"):
+        return True
+    host = address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")

@@ -1,0 +1,105 @@
+"""The base node messages: how any node joins, reports its health and leaves (the transport's
+own protocol; the application's messages are in ``roles.protocol``).
+
+Node <-> control is DEALER -> ROUTER on channel "control"; Finish and Stop come on control's PUB.
+"""
+
+from __future__ import annotations
+
+from zbus.codec import Message, message
+
+
+@message()
+class Hello(Message):
+    """A node announces itself to control; repeated until control answers with Welcome.
+    ``run_id`` is empty from a new node; a node of a run that a restarted control asked to
+    introduce itself again (Rejoin) gives the run and whether it was ready."""
+
+    role: str
+    index: int
+    host: str
+    pid: int
+    fingerprint: str  # hash of the node's effective job: every node must run the same job
+    run_id: str = ""
+    ready: bool = False
+
+
+@message()
+class Welcome(Message):
+    """Control's answer to Hello: admitted or not, and the run directory to write into."""
+
+    accepted: bool
+    reason: str
+    run_id: str
+    run_dir: str
+
+
+@message()
+class Rejoin(Message):
+    """Control, started again on its run (``--resume``), does not know the node that spoke:
+    the node says Hello again with its run, then sends its latest reports once more."""
+
+    run_id: str
+
+
+@message()
+class Heartbeat(Message):
+    """Periodic load and counters of a node. ``load``: cpu (percent), rss (bytes),
+    net (interface -> [bytes sent, bytes received], cumulative); ``counters``: the role's own
+    figures, including ``bytes_out``/``bytes_in`` per channel. ``final`` answers Finish."""
+
+    role: str
+    index: int
+    state: str
+    load: dict
+    counters: dict
+    final: bool
+
+
+@message()
+class Ready(Message):
+    """A node finished its start-up (the feeder has loaded its data; ``info`` says what)."""
+
+    info: dict
+
+
+@message()
+class Failure(Message):
+    """A node cannot go on (bad data, a broken peer); control fails the job with the reason."""
+
+    reason: str
+
+
+@message()
+class Leaving(Message):
+    """A worker stops (SIGTERM) after finishing the batches it was granted."""
+
+    reason: str
+
+
+@message()
+class Probe(Message):
+    """Control's periodic health probe: a node answers ProbeReply at once. A node that has not
+    answered within ``probe_timeout_s`` counts towards the cluster failure rate."""
+
+    nonce: int
+
+
+@message()
+class ProbeReply(Message):
+    """A node's answer to control's Probe."""
+
+    nonce: int
+
+
+@message()
+class Finish(Message):
+    """Training and evaluation are over: every node sends a final Heartbeat."""
+
+
+@message()
+class Stop(Message):
+    """The job ended (``ok`` says how); every node exits."""
+
+    ok: bool
+    reason: str
