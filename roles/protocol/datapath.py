@@ -64,6 +64,46 @@ class SliceMap(Message):
                     "weight_sum")
 
 
+@message()
+class FeederProgress(Message):
+    """How far a feeder's training pass of ``epoch`` has got on each slice it feeds, sent to
+    control with every heartbeat (control hands a lost feeder's slices on from here, see
+    SliceMap's ``resume``): on slice ``slices[i]`` every batch number below ``low[i]`` and
+    those in ``above[i]`` are acknowledged, with ``samples[i]`` samples and loss and weight
+    sums ``loss_sum[i]`` / ``weight_sum[i]``; ``batches_acked`` counts every batch the feeder
+    has had acknowledged in the job (control's sign that training moves on)."""
+
+    epoch: int
+    batches_acked: int
+    slices: list[int]
+    low: list[int]
+    above: list[list]
+    samples: list[int]
+    loss_sum: list[float]
+    weight_sum: list[float]
+
+    def check(self) -> None:
+        n = len(self.slices)
+        require(all(len(x) == n for x in (self.low, self.above, self.samples, self.loss_sum,
+                                            self.weight_sum)), "per-slice lists differ in length")
+        require(all(0 <= s < MAX_SLICES for s in self.slices) and len(set(self.slices)) == n,
+                "slices must be distinct slice numbers")
+        require(self.batches_acked >= 0 and all(x >= 0 for x in (*self.low, *self.samples)),
+                "negative counts")
+        require(all(isinstance(a, int) and not isinstance(a, bool) and a >= low
+                    for low, above in zip(self.low, self.above, strict=True) for a in above),
+                "above must list batch numbers at or above low")
+
+    def of(self, slice_: int) -> dict | None:
+        """The slice's progress as SliceMap's ``resume`` carries it (None: not fed here)."""
+        if slice_ not in self.slices:
+            return None
+        i = self.slices.index(slice_)
+        return {"epoch": self.epoch, "low": self.low[i], "above": list(self.above[i]),
+                "samples": self.samples[i], "loss_sum": self.loss_sum[i],
+                "weight_sum": self.weight_sum[i]}
+
+
 @message("keys")
 class BatchKeys(Message):
     """The sparse keys of one batch that this shard owns. ``positions`` index the batch's
