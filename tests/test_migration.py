@@ -1,50 +1,41 @@
-"""Control's migration bookkeeping (roles.control.placement), without sockets: a window's
+"""Control's placement part (roles.control.placement), without sockets: a window's
 counts decide a new map; drain, move and active follow the feeders' and shards' reports."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 
-from roles.control.placement import PlacementKeeping
+from roles.algorithms.membership import Members
+from roles.control.commands import Commands, ProgressClock
+from roles.control.placement import PlacementKeeper
+from roles.job.rundir import MetricsLog
 from roles.job.settings import DataConfig, Job, PlacementConfig
 from roles.protocol.placement import Drained, KeyCounts, Moved, Placement
 from roles.protocol.topology import ClusterConfig
 
 
-@dataclass
-class Node:
-    role: str
-    status: str = "alive"
+class Keeper(PlacementKeeper):
+    """The keeper with real parts around it: members, commands and metrics (no sockets)."""
 
-
-class Members:
-    nodes = {"feeder-0": Node("feeder"), "ps-0": Node("ps"), "ps-1": Node("ps")}
-
-
-class Metrics:
-    def __init__(self):
-        self.events: list[tuple[str, dict]] = []
-
-    def write(self, event: str, **fields) -> None:
-        self.events.append((event, fields))
-
-
-class Keeper(PlacementKeeping):
     def __init__(self, run_dir: Path):
-        self.job = Job(data=DataConfig(source="synthetic"), cluster=ClusterConfig(shards=2),
-                       placement=PlacementConfig(mode="skew", buckets_per_shard=2))
-        self.members, self.metrics, self.run_dir = Members(), Metrics(), run_dir
+        job = Job(data=DataConfig(source="synthetic"), cluster=ClusterConfig(shards=2),
+                  placement=PlacementConfig(mode="skew", buckets_per_shard=2))
+        members = Members(["feeder-0", "ps-0", "ps-1"], 0, 0.0)
+        for node in members.expected:
+            members.admit(node, node.split("-")[0], 0, "h", 1, 0.0)
         self.published: list[Placement] = []
-        self.last_progress = 0.0
-        self.init_placement()
+        self.log = MetricsLog(run_dir / "metrics.jsonl")
+        super().__init__(job, members, Commands(self.published.append), self.log, run_dir,
+                         ProgressClock(0.0))
 
-    def publish(self, msg, standing=None) -> None:
-        self.published.append(msg)
+    def events(self) -> list[dict]:
+        return [orjson.loads(line) for line in (self.run_dir / "metrics.jsonl").read_bytes()
+                .splitlines()]
 
 
 def counts(window: int, keymap) -> KeyCounts:
@@ -87,8 +78,10 @@ def test_a_better_map_is_drained_moved_and_activated(keeper):
     assert hot[0] != hot[1]                        # the two hot keys are split
     (record,) = keeper.migrations
     assert record["moved_keys"] == 3 and record["pause_s"] > 0
-    assert ("placement", record) in keeper.metrics.events
-    state = keeper.placement_state()
+    assert {"event": "placement", **record} in [
+        {k: v for k, v in e.items() if k != "t"} for e in keeper.events()]
+    assert keeper.progress.last > 0.0              # the migration was progress
+    state = keeper.status()
     assert state["version"] == 1 and state["migrations"] == 1 and state["phase"] == "active"
 
 

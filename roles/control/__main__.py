@@ -1,3 +1,3 @@
-from roles.control.process import main
+from roles.control.main import main
 
 main()

@@ -21,13 +21,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from roles.algorithms.capacity import CapacityPredictor, Record, append_records, equal_or_configured
-from roles.algorithms.membership import ALIVE
+from roles.algorithms.membership import ALIVE, Members
 from roles.algorithms.placement import HeavyHitters, KeyMap, max_over_mean, place
-from roles.protocol.placement import WORK_SLOTS, Drained, KeyCounts, Moved
+from roles.control.commands import Commands, ProgressClock
+from roles.job.rundir import MetricsLog
+from roles.job.settings import Job
+from roles.protocol.placement import WORK_SLOTS, Drained, KeyCounts, Moved, Placement
 from zbus.codec import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -44,9 +48,16 @@ class Migration:
     moving_since: float | None = None
 
 
-class PlacementKeeping:
-    def init_placement(self) -> None:
-        p, c = self.job.placement, self.job.cluster
+class PlacementKeeper:
+    def __init__(self, job: Job, members: Members, commands: Commands, metrics: MetricsLog,
+                 run_dir: Path, progress: ProgressClock):
+        self.job = job
+        self.members = members
+        self.commands = commands
+        self.metrics = metrics
+        self.run_dir = run_dir
+        self.progress = progress
+        p, c = job.placement, job.cluster
         self.skew = p.mode == "skew"
         self.keymap = KeyMap.hashed(c.shards, p.buckets_per_shard)
         self.window_counts: dict[int, dict[str, KeyCounts]] = {}
@@ -148,7 +159,7 @@ class PlacementKeeping:
         log.info("placement: window %d, max load/capacity %.3f -> %.3f predicted; moving %d "
                  "heavy keys and %d buckets (version %d)", window, fill_now, fill_new,
                  alloc.moved_keys, alloc.moved_buckets, alloc.keymap.version)
-        self.publish(alloc.keymap.message("drain"), "placement")
+        self.commands.publish(alloc.keymap.message("drain"), "placement")
 
     # -- the migration -----------------------------------------------------------------------
     def handle_placement_drained(self, node_id: str, m: Drained) -> None:
@@ -158,7 +169,7 @@ class PlacementKeeping:
         mig.drained.add(node_id)
         if mig.drained >= self.feeders():
             mig.moving_since = time.monotonic()
-            self.publish(mig.keymap.message("move"), "placement")
+            self.commands.publish(mig.keymap.message("move"), "placement")
 
     def handle_moved(self, node_id: str, m: Moved) -> None:
         mig = self.migration
@@ -169,7 +180,7 @@ class PlacementKeeping:
             now = time.monotonic()
             self.keymap = mig.keymap
             self.migration = None
-            self.last_progress = now
+            self.progress.touch(now)
             record = {"version": self.keymap.version, "window": mig.window,
                       "moved_keys": sum(x.sent for x in mig.moved.values()),
                       "pause_s": round(now - mig.started, 4),
@@ -179,7 +190,7 @@ class PlacementKeeping:
             self.metrics.write("placement", **record)
             log.info("placement %d active: %d keys moved, feeding paused %.3f s",
                      record["version"], record["moved_keys"], record["pause_s"])
-            self.publish(self.keymap.message("active"), "placement")
+            self.commands.publish(self.keymap.message("active"), "placement")
 
     # -- the shards' work: history records -----------------------------------------------------
     def record_work(self, shard: int, counters: dict) -> None:
@@ -205,7 +216,7 @@ class PlacementKeeping:
             append_records(self.run_dir / "placement", new)
 
     # -- what consoles and the summary see -----------------------------------------------------
-    def placement_state(self) -> dict | None:
+    def status(self) -> dict | None:
         if not self.skew:
             return None
         last = self.windows[-1] if self.windows else {}
@@ -226,9 +237,20 @@ class PlacementKeeping:
             "outliers_dropped": self.predictor.dropped if self.predictor else None,
             "table_keys": len(self.keymap.keys)}
 
-    def placement_summary(self) -> dict:
+    def summary(self) -> dict:
         summary = {"mode": self.job.placement.mode}
         if self.skew:
-            summary.update(self.placement_state() or {}, windows=self.windows,
+            summary.update(self.status() or {}, windows=self.windows,
                            migration_log=self.migrations)
         return summary
+
+    def from_state(self) -> None:
+        """A resumed control: the key map comes back with the standing commands; a migration
+        under way cannot be resumed (ValueError)."""
+        placement = self.commands.get("placement")
+        if isinstance(placement, Placement):
+            if placement.phase != "active":
+                raise ValueError(f"a key migration (placement {placement.version}) was under "
+                                  "way; it cannot be resumed")
+            self.keymap = self.keymap.from_message(placement, self.job.cluster.shards,
+                                                   self.job.placement.buckets_per_shard)

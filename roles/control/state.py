@@ -1,17 +1,17 @@
-"""Control's state on disk, mixed into Control, so that a control killed mid-job can be started
-again on its run (``zbus-control --resume``) and the job goes on.
+"""Control's state on disk, so that a control killed mid-job can be started again on its run
+(``zbus-control --resume``) and the job goes on.
 
-Two files in the run directory, each written atomically (temporary file and rename):
+Two typed records, each written atomically (temporary file and rename) into the run directory:
 
-- ``control-state.json``: what the job's course rests on. The phase, epoch, round and the
-  other counters, the commands that stand (re-published every heartbeat: the epoch under way,
-  the round in flight, the slices, the settings, ...) and the nodes with their process ids.
-  It is written before every standing command is published (write-ahead: a restarted control
-  never re-issues a round or an epoch under a number already used for another) and once per
-  heartbeat interval.
-- ``control-history.json``: what the summary reports (epochs, backups, rounds, recoveries,
-  membership events), written once per heartbeat interval; a crash loses at most that
-  interval of it.
+- ``control-state.json`` (``ControlState``): what the job's course rests on, one part of it
+  per part of control (the course's phase and epoch, the rounds, the feeders and shards waited
+  for, the live settings, ...), the nodes with their process ids, and the commands that stand
+  (as wire frames). It is written before every standing command is published (write-ahead: a
+  restarted control never calls a round or starts an epoch under a number already used) and
+  once per heartbeat interval.
+- ``control-history.json`` (``ControlHistory``): what the summary reports (epochs, backups,
+  rounds, recoveries, membership events, ...), written once per heartbeat interval; a crash
+  loses at most that interval of it.
 
 No fsync: the files survive the process being killed, which is what they are for.
 
@@ -27,31 +27,135 @@ resume. An export under way is started again; a key migration under way
 from __future__ import annotations
 
 import base64
-import logging
-import time
+import dataclasses
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 
-from roles.algorithms.membership import ALIVE, NodeState
+from roles.algorithms.membership import Members, NodeState
+from roles.control.commands import Commands
+from roles.control.course import Course, CourseState
+from roles.control.exports import Exports
+from roles.control.feeding import Feeding, FeedingState
+from roles.control.placement import PlacementKeeper
+from roles.control.recovery import Recovery, RecoveryState
+from roles.control.rounds import Rounds, RoundsState
+from roles.control.settings import LiveSettings, SettingsState
 from roles.job.rundir import atomic_write
 from zbus.codec import Message, decode
 
-log = logging.getLogger(__name__)
 STATE_FILE = "control-state.json"
 HISTORY_FILE = "control-history.json"
-STATE_VERSION = 1
-SCALARS = ("phase", "epoch", "round", "round_in_flight", "epoch_end_round", "drained",
-           "rounds_done", "paused", "settings", "settings_version", "generation",
-           "shard_generation", "feeder_generation", "export_request", "backup_request",
-           "finish_status")
-HISTORY = ("data", "epochs", "round_samples", "settings_changes", "decisions", "backups",
-           "recoveries", "shard_recoveries", "exports", "feeders_lost", "rows_counted",
-           "feeder_recoveries", "model_plan", "migrations")
+STATE_VERSION = 2
 
 
 class ResumeError(Exception):
     """The run cannot be resumed (said in one line)."""
+
+
+@dataclass
+class ControlState:
+    run_id: str
+    started_at: float                 # the run's start (wall clock), for its wall time
+    fingerprint: str
+    course: CourseState
+    rounds: RoundsState
+    feeding: FeedingState
+    recovery: RecoveryState
+    settings: SettingsState
+    export_request: int
+    members_version: int
+    nodes: dict[str, list]            # node -> [role, index, host, pid, status, ready]
+    standing: dict[str, list[str]]    # name -> the command's frames, base64
+    version: int = STATE_VERSION
+
+
+@dataclass
+class ControlHistory:
+    data: dict = field(default_factory=dict)
+    epochs: list[dict] = field(default_factory=list)
+    round_samples: dict[str, list[int]] = field(default_factory=dict)
+    settings_changes: list[dict] = field(default_factory=list)
+    backups: list[dict] = field(default_factory=list)
+    recoveries: list[dict] = field(default_factory=list)
+    shard_recoveries: list[dict] = field(default_factory=list)
+    exports: list[dict] = field(default_factory=list)
+    feeders_lost: list[dict] = field(default_factory=list)
+    feeder_recoveries: list[dict] = field(default_factory=list)
+    rows_counted: list[dict] = field(default_factory=list)
+    migrations: list[dict] = field(default_factory=list)
+    membership_events: list[dict] = field(default_factory=list)
+    model_plan: dict | None = None
+
+
+@dataclass(frozen=True)
+class ControlParts:
+    """The parts whose state the records hold."""
+
+    members: Members
+    commands: Commands
+    course: Course
+    rounds: Rounds
+    feeding: Feeding
+    recovery: Recovery
+    exports: Exports
+    settings: LiveSettings
+    placement: PlacementKeeper
+
+
+def capture_state(p: ControlParts, run_id: str, started_at: float,
+                  fingerprint: str) -> ControlState:
+    m = p.members
+    return ControlState(
+        run_id=run_id, started_at=started_at, fingerprint=fingerprint,
+        course=p.course.to_state(), rounds=p.rounds.to_state(), feeding=p.feeding.to_state(),
+        recovery=p.recovery.to_state(), settings=p.settings.to_state(),
+        export_request=p.exports.request, members_version=m.version,
+        nodes={n: [s.role, s.index, s.host, s.pid, s.status, s.ready]
+               for n, s in m.nodes.items()},
+        standing={k: encode_message(v) for k, v in p.commands.standing.items()})
+
+
+def capture_history(p: ControlParts, model_plan: dict | None) -> ControlHistory:
+    f, r = p.feeding, p.recovery
+    return ControlHistory(
+        data=f.data, epochs=p.course.epochs, round_samples=p.rounds.samples,
+        settings_changes=p.settings.changes, backups=r.backups, recoveries=r.recoveries,
+        shard_recoveries=r.shard_recoveries, exports=p.exports.exports, feeders_lost=f.lost,
+        feeder_recoveries=f.recoveries, rows_counted=f.rows_counted,
+        migrations=p.placement.migrations, membership_events=p.members.events,
+        model_plan=model_plan)
+
+
+def restore(p: ControlParts, state: ControlState, h: ControlHistory, now: float) -> None:
+    """Put the records back into the parts (all but the course, which a resumed control
+    restores last: it may start an export again); ResumeError when it cannot be."""
+    p.commands.standing = {k: decode_message(v) for k, v in state.standing.items()}
+    m = p.members
+    m.version, m.events = state.members_version, h.membership_events
+    for node_id, (role, index, host, pid, status, ready) in state.nodes.items():
+        m.nodes[node_id] = NodeState(role, index, host, pid, now, status=status, ready=ready)
+    p.rounds.from_state(state.rounds, h.round_samples)
+    f = p.feeding
+    f.from_state(state.feeding, now)
+    f.data, f.lost, f.recoveries, f.rows_counted = (h.data, h.feeders_lost,
+                                                    h.feeder_recoveries, h.rows_counted)
+    r = p.recovery
+    r.from_state(state.recovery, now)
+    r.backups, r.recoveries, r.shard_recoveries = h.backups, h.recoveries, h.shard_recoveries
+    p.exports.from_state(state.export_request)
+    p.exports.exports = h.exports
+    p.settings.from_state(state.settings)
+    p.settings.changes = h.settings_changes
+    try:
+        p.placement.from_state()
+    except ValueError as exc:
+        raise ResumeError(str(exc)) from None
+    p.placement.migrations = h.migrations
+    p.course.epochs = h.epochs
 
 
 def encode_message(msg: Message) -> list[str]:
@@ -60,6 +164,59 @@ def encode_message(msg: Message) -> list[str]:
 
 def decode_message(frames: list[str]) -> Message:
     return decode([base64.b64decode(f) for f in frames]).msg
+
+
+def _build(cls: Any, value: Any) -> Any:
+    """A dataclass (nested ones too) from what orjson read; TypeError/KeyError when it does
+    not fit."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in value:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise KeyError(f.name)
+            continue
+        kind = hints[f.name]
+        kwargs[f.name] = _build(kind, value[f.name]) if dataclasses.is_dataclass(kind) \
+            else value[f.name]
+    return cls(**kwargs)
+
+
+def write_state(run_dir: Path, state: ControlState) -> None:
+    atomic_write(run_dir / STATE_FILE, orjson.dumps(state), durable=False)
+
+
+def write_history(run_dir: Path, history: ControlHistory) -> None:
+    atomic_write(run_dir / HISTORY_FILE,
+                 orjson.dumps(history, option=orjson.OPT_SERIALIZE_NUMPY), durable=False)
+
+
+def read_state(run_dir: Path, fingerprint: str) -> tuple[ControlState, ControlHistory]:
+    """The records of a run to resume; ResumeError when it cannot be."""
+    try:
+        raw = orjson.loads((run_dir / STATE_FILE).read_bytes())
+        raw_history = orjson.loads((run_dir / HISTORY_FILE).read_bytes())
+    except FileNotFoundError as exc:
+        raise ResumeError(f"{run_dir} has no control state to resume "
+                          f"({Path(exc.filename).name} missing)") from None
+    except orjson.JSONDecodeError as exc:
+        raise ResumeError(f"the control state in {run_dir} is unreadable: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("version") != STATE_VERSION:
+        raise ResumeError(f"control state version {raw.get('version')!r}, this control "
+                          f"reads {STATE_VERSION}" if isinstance(raw, dict) else
+                          f"the control state in {run_dir} is not an object")
+    try:
+        state = _build(ControlState, raw)
+        history = _build(ControlHistory, raw_history)
+    except (TypeError, KeyError) as exc:
+        raise ResumeError(f"the control state in {run_dir} is incomplete: {exc}") from None
+    if state.fingerprint != fingerprint:
+        raise ResumeError(f"run {state.run_id} ran another job (fingerprint "
+                          f"{state.fingerprint}, this job has {fingerprint}): resume it with "
+                          "the same job file and ZBUS_* settings")
+    if state.course.phase == "done":
+        raise ResumeError(f"run {state.run_id} has ended; there is nothing to resume")
+    return state, history
 
 
 def resumable_run(job_name: str, given: str, environ: dict) -> Path:
@@ -74,98 +231,3 @@ def resumable_run(job_name: str, given: str, environ: dict) -> Path:
     if not runs:
         raise ResumeError(f"no run of job {job_name} under runs/ to resume")
     return runs[-1].parent.absolute()
-
-
-class StateKeeping:
-    def init_state(self) -> None:
-        self.next_save = 0.0
-        self.started_at = time.time()  # the run's start, for its wall time across a resume
-        self.run_before_s = 0.0        # resumed: how long the run had been going
-        self.awaiting_rejoin: set[str] = set()  # resumed: nodes that have not said Hello
-
-    # -- writing -----------------------------------------------------------------------------
-    def save_state(self) -> None:
-        m = self.members
-        state = {"version": STATE_VERSION, "run_id": self.run_id, "started_at": self.started_at,
-                 "fingerprint": self.job.fingerprint(),
-                 **{k: getattr(self, k) for k in SCALARS},
-                 "aggregator_lost": self.aggregator_lost_at is not None,
-                 "shards_lost": sorted(self.shards_lost),
-                 "shards_back": {n: u for n, (_, u) in self.shards_back.items()},
-                 "feeders_down": sorted(self.feeders_down),
-                 "members_version": m.version,
-                 "nodes": {n: [s.role, s.index, s.host, s.pid, s.status, s.ready]
-                           for n, s in m.nodes.items()},
-                 "standing": {k: encode_message(v) for k, v in self.standing.items()}}
-        atomic_write(self.run_dir / STATE_FILE, orjson.dumps(state), durable=False)
-
-    def save_history(self) -> None:
-        history = {k: getattr(self, k) for k in HISTORY}
-        history["membership_events"] = self.members.events
-        atomic_write(self.run_dir / HISTORY_FILE,
-                     orjson.dumps(history, option=orjson.OPT_SERIALIZE_NUMPY), durable=False)
-
-    def save_now(self, now: float) -> None:
-        """Once per heartbeat interval (called from the clock)."""
-        if now >= self.next_save and self.phase != "done":
-            self.next_save = now + self.heartbeat_s
-            self.save_state()
-            self.save_history()
-
-    # -- reading -----------------------------------------------------------------------------
-    def resume_from_disk(self) -> None:
-        try:
-            state = orjson.loads((self.run_dir / STATE_FILE).read_bytes())
-            history = orjson.loads((self.run_dir / HISTORY_FILE).read_bytes())
-        except FileNotFoundError as exc:
-            raise ResumeError(f"{self.run_dir} has no control state to resume "
-                              f"({Path(exc.filename).name} missing)") from None
-        except orjson.JSONDecodeError as exc:
-            raise ResumeError(f"the control state in {self.run_dir} is unreadable: {exc}") \
-                from None
-        if state.get("version") != STATE_VERSION:
-            raise ResumeError(f"control state version {state.get('version')!r}, this control "
-                              f"reads {STATE_VERSION}")
-        if state["fingerprint"] != self.job.fingerprint():
-            raise ResumeError(f"run {state['run_id']} ran another job (fingerprint "
-                              f"{state['fingerprint']}, this job has {self.job.fingerprint()})"
-                              ": resume it with the same job file and ZBUS_* settings")
-        if state["phase"] == "done":
-            raise ResumeError(f"run {state['run_id']} has ended; there is nothing to resume")
-        now = time.monotonic()
-        self.started_at = state["started_at"]
-        self.run_before_s = max(0.0, time.time() - self.started_at)
-        for k in SCALARS:
-            setattr(self, k, state[k])
-        self.finish_status = tuple(self.finish_status)
-        for k in HISTORY:
-            setattr(self, k, history[k])
-        self.aggregator_lost_at = now if state["aggregator_lost"] else None
-        self.shards_lost = dict.fromkeys(state["shards_lost"], now)
-        self.shards_back = {n: (now, u) for n, u in state["shards_back"].items()}
-        self.feeders_down = dict.fromkeys(state["feeders_down"], now)
-        m = self.members
-        m.version, m.events = state["members_version"], history["membership_events"]
-        for node_id, (role, index, host, pid, status, ready) in state["nodes"].items():
-            m.nodes[node_id] = NodeState(role, index, host, pid, now, status=status,
-                                         ready=ready)
-        self.standing = {k: decode_message(v) for k, v in state["standing"].items()}
-        self.slice_map = self.standing.get("slices")
-        placement = self.standing.get("placement")
-        if placement is not None and placement.phase != "active":
-            raise ResumeError(f"a key migration (placement {placement.version}) was under way;"
-                              " it cannot be resumed")
-        if placement is not None:
-            self.keymap = self.keymap.from_message(placement, self.job.cluster.shards,
-                                                   self.job.placement.buckets_per_shard)
-        self.awaiting_rejoin = {n for n, s in m.nodes.items() if s.status == ALIVE}
-        self.last_progress = now
-        self.metrics.write("resume", phase=self.phase, epoch=self.epoch, round=self.round,
-                           nodes=sorted(n for n, s in m.nodes.items() if s.ready))
-        log.warning("resumed run %s: phase %s, epoch %d, round %d; waiting for the nodes to "
-                    "join again", self.run_id, self.phase, self.epoch + 1, self.round)
-        self.standing.pop("export", None)
-        if self.phase == "exporting":
-            self.start_export(final=True)  # an export under way is made again
-        elif self.phase == "finishing":
-            self.finish(self.finish_status)

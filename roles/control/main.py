@@ -1,0 +1,47 @@
+"""``zbus-control`` (``python -m roles.control``): start control on a new run, or on a run
+whose control died (``--resume``); it prints the run's headline when the job ends."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from roles.control.process import Control
+from roles.control.state import ResumeError, resumable_run
+from roles.job.cli import load_job_or_exit, parse_role_args
+from zbus.endpoints import CONTROL_ID
+from zbus.logs import setup_logging
+
+
+def print_headline(s: dict, path: Any) -> None:
+    out = sys.stdout
+    if s["ok"]:
+        oracle = f" (oracle {s['oracle_auc']:.4f})" if s.get("oracle_auc") else ""
+        print(f"zbus: job {s['job']} completed in {s['wall_s']:.1f} s: auc {s['auc']:.4f}"
+              f"{oracle}, logloss {s['logloss']:.4f}", file=out)
+        workers = ", ".join(f"{w} {n}" for w, n in s["workers"].items())
+        rate = s["samples_per_s"] or 0
+        print(f"zbus: {s['samples_trained']} samples trained at {rate:,.0f}/s ({workers}); "
+              f"{s['rejected_rows'] or 0} rows rejected", file=out)
+    else:
+        print(f"zbus: job {s['job']} {s['status']}: {s['reason']}", file=out)
+    print(f"zbus: summary in {os.path.relpath(path)}", file=out, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_role_args("control", argv)
+    job = load_job_or_exit(args.job, "control")
+    setup_logging(CONTROL_ID)
+    try:
+        resume = resumable_run(job.name, args.resume, dict(os.environ)) if args.resume \
+            else None
+        control = Control(job, resume=resume, headline=print_headline)
+    except (OSError, ResumeError) as exc:
+        print(f"zbus control: cannot start: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    sys.exit(control.run())
+
+
+if __name__ == "__main__":
+    main()

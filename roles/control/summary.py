@@ -1,0 +1,26 @@
+"""The run's summary (``summary.json``) from control's parts; the figures themselves are
+assembled in ``roles.algorithms.summary``."""
+
+from __future__ import annotations
+
+from roles.algorithms.summary import build_summary
+from roles.control.operators import decisions
+from roles.control.state import ControlParts
+from roles.control.sync_modes import LazyMode
+from roles.job.settings import Job
+
+
+def run_summary(p: ControlParts, job: Job, status: str, reason: str, *, counters: dict,
+                wall_s: float, model_plan: dict | None) -> dict:
+    r, mode = p.recovery, p.rounds.mode
+    last = mode.last if isinstance(mode, LazyMode) else None
+    return build_summary(
+        job=job, run_id=p.exports.run_id, run_dir=str(p.exports.run_dir), status=status,
+        reason=reason, data=p.feeding.data, epochs=p.course.epochs, counters=counters,
+        wall_s=wall_s, rounds=p.rounds.done_count, round_samples=p.rounds.samples,
+        membership=p.members.events,
+        model={"backups": r.backups, "recoveries": r.recoveries,
+               "shard_recoveries": r.shard_recoveries, "exports": p.exports.exports,
+               "settings_changes": p.settings.changes, "settings": p.settings.values,
+               "decisions": decisions(mode), "last_decision": last.reason if last else None},
+        placement=p.placement.summary(), model_plan=model_plan, slices=p.feeding.summary())

@@ -1,0 +1,291 @@
+"""Control's parts on their own (roles.control): each built with real members, commands,
+metrics and state records, no sockets and no Control around it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from roles.algorithms.membership import Members
+from roles.control.commands import Commands, ProgressClock
+from roles.control.course import Course
+from roles.control.exports import Exports
+from roles.control.feeding import Feeding
+from roles.control.health import Health
+from roles.control.recovery import Recovery
+from roles.control.rounds import Rounds
+from roles.control.settings import LiveSettings
+from roles.control.state import (
+    ControlHistory,
+    ControlState,
+    ResumeError,
+    read_state,
+    write_history,
+    write_state,
+)
+from roles.control.sync_modes import EveryMode, LazyMode, RoundMode, SyncMode, sync_mode
+from roles.job.rundir import MetricsLog
+from roles.job.settings import AggregationConfig, DataConfig, Job, TrainConfig
+from roles.protocol.datapath import FeederProgress, SliceMap
+from roles.protocol.dense_sync import Aggregate, Decision, Restored, RoundDone, RoundReady
+from roles.protocol.lifecycle import EpochStart, EpochTrained, EvalReport, Evaluate, FeederBack
+from roles.protocol.operator import Settings
+from roles.protocol.topology import ClusterConfig
+
+WORKERS = ["worker-0", "worker-1"]
+
+
+class Bus:
+    """What the parts publish, in order, and what stands."""
+
+    def __init__(self) -> None:
+        self.sent: list = []
+        self.commands = Commands(self.sent.append)
+
+    def of(self, kind: type) -> list:
+        return [m for m in self.sent if isinstance(m, kind)]
+
+
+def members(*nodes: str) -> Members:
+    m = Members(list(nodes), 255, 0.0)
+    for i, node in enumerate(nodes):
+        role, index = node.rsplit("-", 1)
+        m.admit(node, role, int(index), "host", 100 + i, 0.0)
+        m.mark_ready(node, 0.0)
+    return m
+
+
+def job(**train) -> Job:
+    return Job(data=DataConfig(source="synthetic"), train=TrainConfig(**train),
+               cluster=ClusterConfig(workers=2, feeders=2))
+
+
+@pytest.fixture
+def metrics(tmp_path: Path) -> MetricsLog:
+    return MetricsLog(tmp_path / "metrics.jsonl")
+
+
+def rounds_of(mode: SyncMode, bus: Bus, metrics: MetricsLog, clock: ProgressClock) -> Rounds:
+    return Rounds(mode, members(*WORKERS), bus.commands, metrics, clock)
+
+
+def test_every_mode_calls_a_round_once_every_live_worker_is_ready(metrics):
+    bus, clock = Bus(), ProgressClock(0.0)
+    rounds = rounds_of(EveryMode(8), bus, metrics, clock)
+    rounds.ready("worker-0", RoundReady(round=1, steps=8, idle=False))
+    rounds.call_if_due(1.0)
+    assert bus.of(Aggregate) == []                   # worker-1 has not reported
+    rounds.ready("worker-1", RoundReady(round=5, steps=8, idle=False))  # not the next round
+    rounds.call_if_due(1.0)
+    assert bus.of(Aggregate) == []
+    rounds.ready("worker-1", RoundReady(round=1, steps=8, idle=False))
+    rounds.call_if_due(1.0)
+    (call,) = bus.of(Aggregate)
+    assert (call.round, call.participants) == (1, WORKERS) and rounds.in_flight
+    assert bus.commands.get("round") is call          # it stands until done
+    done = RoundDone(round=1, contributors=WORKERS, samples_by=[10, 30], coefficient=1.0,
+                     samples=40)
+    assert rounds.finished(done, 2.0) and not rounds.in_flight
+    assert bus.commands.get("round") is None and clock.last == 2.0
+    assert rounds.samples == {"worker-0": [10], "worker-1": [30]}
+    assert not rounds.finished(done, 3.0)             # a repeat is not a second round
+
+
+def test_round_mode_calls_drained_rounds_in_order_and_evaluates_the_last(metrics):
+    bus = Bus()
+    rounds = rounds_of(RoundMode(), bus, metrics, ProgressClock(0.0))
+    rounds.drained(2)                                  # round 1 not drained yet: waits
+    assert bus.of(Aggregate) == [] and rounds.round_for_eval() is None
+    rounds.drained(1)
+    assert [a.round for a in bus.of(Aggregate)] == [1]
+    rounds.finished(RoundDone(round=1, contributors=[], samples_by=[], coefficient=0.0,
+                              samples=0), 1.0)
+    assert [a.round for a in bus.of(Aggregate)] == [1, 2]   # the queued one follows
+    rounds.finished(RoundDone(round=2, contributors=[], samples_by=[], coefficient=0.0,
+                              samples=0), 1.0)
+    assert rounds.round_for_eval() == 2 and len(bus.of(Aggregate)) == 2  # no extra round
+
+
+def test_every_mode_evaluates_after_one_more_round(metrics):
+    bus = Bus()
+    rounds = rounds_of(EveryMode(8), bus, metrics, ProgressClock(0.0))
+    assert rounds.round_for_eval() is None            # called "end of epoch"
+    (call,) = bus.of(Aggregate)
+    assert call.reason == "end of epoch" and rounds.round_for_eval() is None
+    rounds.finished(RoundDone(round=1, contributors=[], samples_by=[], coefficient=0.0,
+                              samples=0), 1.0)
+    assert rounds.round_for_eval() == 1
+
+
+def test_lazy_mode_publishes_every_decision_and_a_refusal_once_per_interval(metrics):
+    bus = Bus()
+    m = members(*WORKERS)
+    health = Health(ClusterConfig(), m, lambda node, probe: None)
+    settings = dict(AggregationConfig().__dict__)
+    lazy = LazyMode(8, health, lambda: settings, bus.sent.append, metrics, interval=1.0)
+    rounds = Rounds(lazy, m, bus.commands, metrics, ProgressClock(0.0))
+    rounds.ready("worker-0", RoundReady(round=1, steps=8 * 4, idle=False))
+    rounds.call_if_due(10.0)
+    rounds.call_if_due(10.5)                          # a refusal is not repeated yet
+    (wait,) = bus.of(Decision)
+    assert not wait.aggregate and "worker-1 0" in wait.reason and bus.of(Aggregate) == []
+    rounds.ready("worker-1", RoundReady(round=1, steps=0, idle=True))  # nothing left
+    rounds.call_if_due(10.6)
+    assert [d.aggregate for d in bus.of(Decision)] == [False, True]
+    assert [a.round for a in bus.of(Aggregate)] == [1]
+    assert lazy.decisions == {"aggregate": 1, "wait": 1} and lazy.local_rounds == {}
+
+
+def test_the_modes_say_what_each_allows():
+    health = Health(ClusterConfig(), members(), lambda node, probe: None)
+    modes = {name: sync_mode(name, 8, health=health, settings=dict, send=print,
+                             metrics=None, interval=1.0)  # type: ignore[arg-type]
+             for name in ("step", "every", "round", "lazy")}
+    assert [n for n, m in modes.items() if m.aggregator_recovers] == ["every", "round", "lazy"]
+    assert [n for n, m in modes.items() if not m.feeder_restarts] == ["round"]
+    assert [n for n, m in modes.items() if m.operator_rounds] == ["every", "lazy"]
+    assert [n for n, m in modes.items() if not m.epoch_end_round] == ["round"]
+
+
+def feeding_of(bus: Bus, metrics: MetricsLog, *nodes: str) -> Feeding:
+    f = Feeding(job(), members(*nodes), bus.commands, metrics, ProgressClock(0.0))
+    info = {"samples_in_data": 100, "eval_samples": 20, "rows_read": 120,
+            "rejected_rows": 0, "dropped_rows": 0, "merged_rows": 0}
+    assert f.ready("feeder-0", info) is None and f.ready("feeder-1", info) is None
+    f.assign_slices()
+    return f
+
+
+def trained(feeder_slices: list[int], samples: int) -> EpochTrained:
+    return EpochTrained(epoch=0, samples=samples, batches=1, loss_sum=float(samples),
+                        weight_sum=float(samples), seconds=1.0, slices=feeder_slices,
+                        rows=samples, rows_once=samples, rows_repeated=0, rows_missed=0)
+
+
+def test_feeding_cuts_slices_and_joins_the_slices_reports(metrics):
+    bus = Bus()
+    f = feeding_of(bus, metrics, "feeder-0", "feeder-1")
+    (slices,) = bus.of(SliceMap)
+    assert slices.train == [[0, 50], [50, 100]] and slices.eval == [[0, 10], [10, 20]]
+    assert f.trained(trained([0], 50), 1.0) is None   # slice 1 still out
+    figures = f.trained(trained([1], 50), 2.0)
+    assert figures is not None and figures.samples == 100 and figures.loss == 1.0
+    assert figures.rows == {"rows": 100, "rows_once": 100, "rows_repeated": 0,
+                            "rows_missed": 0}
+    report = EvalReport(epoch=0, slices=[0, 1], labels=np.array([0, 1], np.float32),
+                        preds=np.array([0.2, 0.9], np.float32))
+    assert f.evaluated(report, 3.0) == (1.0, pytest.approx(0.164, abs=1e-3), 2)
+    other = {"samples_in_data": 99, "eval_samples": 20, "rows_read": 120,
+             "rejected_rows": 0, "dropped_rows": 0, "merged_rows": 0}
+    assert "every feeder must read the same data" in f.ready("feeder-1", other)
+
+
+def test_a_lost_feeders_slice_resumes_from_its_last_progress(metrics):
+    bus = Bus()
+    f = feeding_of(bus, metrics, "feeder-0", "feeder-1")
+    f.progressed("feeder-1", FeederProgress(
+        epoch=0, batches_acked=7, slices=[1], low=[5], above=[[7, 9]], samples=[70],
+        loss_sum=[35.0], weight_sum=[70.0]))
+    assert f.feeder_lost("feeder-1", "silent", 4.0, epoch=0, phase="training", restarts=True)
+    new = bus.of(SliceMap)[-1]
+    assert new.version == 1 and new.owners == [0, 0]
+    assert new.resume["1"] == {"epoch": 0, "phase": "training", "reported": False, "low": 5,
+                               "above": [7, 9], "samples": 70, "loss_sum": 35.0,
+                               "weight_sum": 70.0}
+    assert f.lost[0]["acked_batches"] == {"1": 7}
+    assert f.members.nodes["feeder-1"].status == "failed"
+
+
+def test_the_only_feeder_is_waited_for_unless_the_mode_cannot_restart_it(metrics):
+    bus = Bus()
+    f = feeding_of(bus, metrics, "feeder-0")
+    assert not f.feeder_lost("feeder-0", "silent", 1.0, epoch=0, phase="training",
+                             restarts=False)
+    assert f.feeder_lost("feeder-0", "silent", 1.0, epoch=0, phase="training", restarts=True)
+    assert f.down == {"feeder-0": 1.0}
+    f.feeder_back("feeder-0", 3.5, epoch=0, phase="training")
+    (back,) = bus.of(FeederBack)
+    assert (back.feeder, back.generation) == (0, 1) and f.recoveries[0]["down_s"] == 2.5
+
+
+def test_a_restored_aggregator_ends_its_recovery_and_late_restarts_fail_the_job(metrics):
+    bus, clock = Bus(), ProgressClock(0.0)
+    r = Recovery(job(recovery_timeout_s=10.0), members("ps-0"), bus.commands, metrics, clock)
+    r.aggregator_down(1.0)
+    r.restore(round_=4)
+    assert not r.restored(Restored(generation=0, round=4), 2.0, False)  # an older restore
+    assert r.restored(Restored(generation=1, round=4), 3.0, True)
+    assert r.aggregator_lost_at is None and r.recoveries[0]["seconds"] == 2.0
+    assert clock.last == 3.0
+    r.shard_silent("ps-0", "silent", 5.0)
+    assert r.overdue(15.0, {}) is None
+    assert r.overdue(15.5, {}) == "ps-0 did not come back within recovery_timeout_s = 10 s"
+    assert r.overdue(1.0, {"feeder-0": 0.0}) is None
+
+
+def test_live_settings_apply_all_or_nothing_and_are_appended_to_the_config(tmp_path,
+                                                                           metrics):
+    bus = Bus()
+    config = tmp_path / "config.toml"
+    config.write_text("# job\n")
+    s = LiveSettings(AggregationConfig(), config, bus.commands, metrics)
+    ok, message = s.change({"net_util_max": 0.5, "min_local_rounds": 99}, "ops")
+    assert not ok and "min_local_rounds" in message and s.version == 0
+    assert bus.sent == [] and config.read_text() == "# job\n"
+    ok, message = s.change({"net_util_max": "0.5"}, "ops")
+    assert ok and message == "applied: net_util_max = 0.5" and s["net_util_max"] == 0.5
+    (published,) = bus.of(Settings)
+    assert published.version == 1 and bus.commands.get("settings") is published
+    assert "by ops: [aggregation] net_util_max = 0.5" in config.read_text()
+
+
+def test_an_epoch_runs_its_course_to_the_export(tmp_path, metrics):
+    bus, clock = Bus(), ProgressClock(0.0)
+    j = job(epochs=1)
+    rounds = Rounds(EveryMode(8), members(*WORKERS), bus.commands, metrics, clock)
+    feeding = feeding_of(bus, metrics, "feeder-0", "feeder-1")
+    exports = Exports(j, tmp_path, "run", bus.commands, metrics)
+    course = Course(j, bus.commands, metrics, rounds, feeding, exports, clock)
+    course.start_epoch(0, 1.0)
+    assert [m.epoch for m in bus.of(EpochStart)] == [0] and course.phase == "training"
+    course.trained(trained([0, 1], 100), 2.0)
+    assert course.phase == "syncing" and bus.of(Evaluate) == []  # the end-of-epoch round
+    rounds.finished(RoundDone(round=1, contributors=WORKERS, samples_by=[50, 50],
+                              coefficient=1.0, samples=100), 3.0)
+    course.sync_for_eval()
+    (evaluate,) = bus.of(Evaluate)
+    assert (evaluate.epoch, evaluate.round, course.phase) == (0, 1, "evaluating")
+    course.evaluated(EvalReport(epoch=0, slices=[0, 1], labels=np.array([0, 1], np.float32),
+                                preds=np.array([0.3, 0.6], np.float32)), 4.0)
+    assert course.phase == "exporting" and exports.current is not None
+    assert course.epochs[0]["auc"] == 1.0 and course.epochs[0]["train_samples"] == 100
+
+
+def test_the_state_records_round_trip_and_refuse_another_job(tmp_path):
+    from roles.control.course import CourseState
+    from roles.control.feeding import FeedingState
+    from roles.control.recovery import RecoveryState
+    from roles.control.rounds import RoundsState
+    from roles.control.settings import SettingsState
+
+    state = ControlState(run_id="r", started_at=1.5, fingerprint="abc",
+                         course=CourseState("training", 2), rounds=RoundsState(7, True, 6),
+                         feeding=FeedingState(1, ["feeder-0"]),
+                         recovery=RecoveryState(shards_back={"ps-1": 40}),
+                         settings=SettingsState({"net_util_max": 0.3}, 2), export_request=1,
+                         members_version=3, nodes={"ps-1": ["ps", 1, "h", 9, "alive", True]},
+                         standing={})
+    write_state(tmp_path, state)
+    write_history(tmp_path, ControlHistory(epochs=[{"epoch": 0}], round_samples={"w": [1]}))
+    got, history = read_state(tmp_path, "abc")
+    assert got == state and history.round_samples == {"w": [1]}
+    with pytest.raises(ResumeError, match="another job"):
+        read_state(tmp_path, "xyz")
+    broken = orjson.loads((tmp_path / "control-state.json").read_bytes())
+    del broken["rounds"]
+    (tmp_path / "control-state.json").write_bytes(orjson.dumps(broken))
+    with pytest.raises(ResumeError, match="incomplete"):
+        read_state(tmp_path, "abc")
