@@ -19,6 +19,8 @@ from roles.protocol.datapath import BatchKeys, Embeddings, Lookup
 from roles.protocol.operator import ControlReply, ControlRequest
 from zbus.codec import MAX_HEADER_BYTES, PROTOCOL_VERSION, ProtocolError, decode, message_types
 
+pytestmark = pytest.mark.integration
+
 TYPES = sorted(message_types().values(), key=lambda c: c.__name__)
 PER_SOCKET = 60
 
