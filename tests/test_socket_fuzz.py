@@ -6,6 +6,7 @@ is answered. An oversized message is refused by the configured maximum size."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import numpy as np
 import orjson
@@ -34,7 +35,8 @@ def valid(cls: type) -> list[bytes]:
             values[f.name] = np.zeros((0,) * f.metadata["ndim"], dtype=f.metadata["dtype"])
         else:
             t = hints[f.name]
-            values[f.name] = {int: 0, float: 0.0, str: "", bool: False, dict: {}}.get(t, [])
+            values[f.name] = {int: 0, float: 0.0, str: "", bool: False, dict: {}}.get(
+                typing.get_origin(t) or t, [])
     try:
         return [bytes(x) for x in cls(**values).to_frames("fuzz", 1)]
     except (ProtocolError, TypeError, ValueError):
