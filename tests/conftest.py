@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,9 +11,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Cluster  # noqa: E402
 
 
+def _integration(request: pytest.FixtureRequest) -> bool:
+    return request.node.get_closest_marker("integration") is not None
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_process(request, monkeypatch):
+    """Keeps the tiers honest: a test without the ``integration`` mark (the fast tier,
+    ``scripts/test -m "not integration"``) fails if it starts a process."""
+    if not _integration(request):
+        def refuse(*args, **kwargs):
+            raise AssertionError(f"{request.node.nodeid} starts a process: mark it "
+                                 "@pytest.mark.integration")
+        monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+
+
 @pytest.fixture
-def cluster(tmp_path):
+def cluster(request, tmp_path):
     """Factory of Clusters; every process they started is killed at teardown, pass or fail."""
+    if not _integration(request):
+        pytest.fail(f"{request.node.nodeid} uses the cluster fixture: mark it "
+                    "@pytest.mark.integration")
     made: list[Cluster] = []
 
     def make(*args, **kwargs) -> Cluster:

@@ -7,6 +7,7 @@ import os
 import signal
 
 import numpy as np
+import pytest
 import zmq
 from harness import FakeControl, recv_within
 
@@ -24,6 +25,8 @@ from roles.protocol.dense_sync import Contribution, WeightsRequest
 from roles.protocol.lifecycle import EpochStart
 from zbus.codec import PROTOCOL_VERSION, Message, decode
 from zbus.messages import Heartbeat, Hello, Probe, Ready, Rejoin
+
+pytestmark = pytest.mark.integration
 
 GARBAGE = [
     [b"\x00\xff garbage"],

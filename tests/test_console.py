@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 
+import pytest
 from harness import ADULT_JOB, REPO
 
 from console.app import ZbusConsole
@@ -17,6 +18,8 @@ from console.bus import Endpoints
 from console.panels import NodeTable
 from console.settings_screen import SettingsScreen
 from roles.tools.ctl import request
+
+pytestmark = pytest.mark.integration
 
 SIZE = (80, 24)
 

@@ -12,6 +12,8 @@ import orjson
 import pytest
 from harness import ADULT_JOB
 
+pytestmark = pytest.mark.integration
+
 ADULT_TRAIN_ROWS = 39074
 SLOW = {"model__hidden": [512, 256]}  # epochs of seconds: long enough to kill a shard in
 

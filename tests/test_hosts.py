@@ -20,6 +20,8 @@ from roles.job.settings import load_job
 from roles.tools.keys import make_keys
 from zbus.security import OPERATOR
 
+pytestmark = pytest.mark.integration
+
 HOSTS = {"a": "10.77.0.1", "b": "10.77.0.2", "c": "10.77.0.3"}
 
 

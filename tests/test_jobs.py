@@ -11,6 +11,8 @@ from harness import ADULT_JOB, BIN, REPO
 
 from roles.job.settings import load_job
 
+pytestmark = pytest.mark.integration
+
 ADULT_TRAIN_ROWS = 39074
 
 

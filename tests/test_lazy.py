@@ -8,11 +8,14 @@ import subprocess
 import sys
 
 import orjson
+import pytest
 import zmq
 from harness import ADULT_JOB, BIN, REPO, recv_within
 
 from roles.protocol.datapath import Idle
 from zbus.codec import decode
+
+pytestmark = pytest.mark.integration
 
 ADULT = REPO / "data" / "adult.csv.gz"
 ADULT_TRAIN_ROWS = 39074

@@ -248,6 +248,7 @@ def test_group_messages_are_checked_on_decoding():
             decode(bad.to_frames("worker-0", 1))
 
 
+@pytest.mark.integration
 def test_the_partition_command_prints_the_plan(tmp_path):
     import subprocess
     import sys

@@ -8,11 +8,14 @@ import signal
 import time
 
 import orjson
+import pytest
 import zmq
 from harness import REPO
 
 from roles.protocol.operator import Status
 from zbus.codec import decode
+
+pytestmark = pytest.mark.integration
 
 MP_JOB = REPO / "jobs" / "adult_mp.toml"   # workers = 1, parts = 2
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from harness import REPO
 
 from roles.model.files import embeddings_file, load_embeddings
+
+pytestmark = pytest.mark.integration
 
 ZIPF_JOB = REPO / "jobs" / "zipf.toml"   # mode skew, windows of 10 batches
 SLOW_SHARD = {1: 2.0}

@@ -6,6 +6,7 @@ is answered. An oversized message is refused by the configured maximum size."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import numpy as np
 import orjson
@@ -18,6 +19,8 @@ from hypothesis import strategies as st
 from roles.protocol.datapath import BatchKeys, Embeddings, Lookup
 from roles.protocol.operator import ControlReply, ControlRequest
 from zbus.codec import MAX_HEADER_BYTES, PROTOCOL_VERSION, ProtocolError, decode, message_types
+
+pytestmark = pytest.mark.integration
 
 TYPES = sorted(message_types().values(), key=lambda c: c.__name__)
 PER_SOCKET = 60
@@ -32,7 +35,8 @@ def valid(cls: type) -> list[bytes]:
             values[f.name] = np.zeros((0,) * f.metadata["ndim"], dtype=f.metadata["dtype"])
         else:
             t = hints[f.name]
-            values[f.name] = {int: 0, float: 0.0, str: "", bool: False, dict: {}}.get(t, [])
+            values[f.name] = {int: 0, float: 0.0, str: "", bool: False, dict: {}}.get(
+                typing.get_origin(t) or t, [])
     try:
         return [bytes(x) for x in cls(**values).to_frames("fuzz", 1)]
     except (ProtocolError, TypeError, ValueError):

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import orjson
@@ -8,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roles.protocol.datapath import BatchKeys, Embeddings, Lookup, SampleBatch, SliceMap
+from roles.protocol.datapath import (
+    BatchKeys,
+    Embeddings,
+    FeederProgress,
+    Lookup,
+    SampleBatch,
+    SliceMap,
+)
 from roles.protocol.dense_sync import Aggregate, Contribution, RoundDone, StepGrad, Weights
 from roles.protocol.lifecycle import EpochTrained
 from roles.protocol.model_parallel import PartCall, PartReply, PartTensors
@@ -26,8 +34,9 @@ def sample(cls: type) -> Message:
             values[f.name] = np.zeros((3,) * ndim, dtype=dtype)
             continue
         t = {s: k for s, k in cls._scalars}[f.name]
-        values[f.name] = {int: 3, float: 0.5, str: "x", bool: True, dict: {"a": 1},
-                          list[str]: ["worker-0"], list[int]: [7], list[list]: [[3]]}[t]
+        values[f.name] = {int: 3, float: 0.5, str: "x", bool: True, dict[str, Any]: {"a": 1},
+                          dict[str, int]: {"a": 1}, list[str]: ["worker-0"], list[int]: [7],
+                          list[float]: [0.5], list[list[int]]: [[3]]}[t]
     if cls is BatchKeys:
         values.update(samples=2, fields=2, positions=np.array([0, 3], np.int32),
                       keys=np.array([-5, 2**62], np.int64))
@@ -48,6 +57,8 @@ def sample(cls: type) -> Message:
                                     "weight_sum": 768.0}})
     if cls in (PartCall, PartReply):
         values.update(call="flat")
+    if cls is FeederProgress:
+        values.update(above=[[9]])  # batch numbers at or above low
     return cls(**values)
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 import signal
 
+import pytest
 from harness import ADULT_JOB
 
 from roles.tools.ctl import request
+
+pytestmark = pytest.mark.integration
 
 ADULT_TRAIN_ROWS = 39074
 

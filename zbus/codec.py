@@ -33,8 +33,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import numpy as np
 import orjson
@@ -43,7 +44,7 @@ PROTOCOL_VERSION = 6
 MAX_HEADER_BYTES = 64 * 1024
 MAX_TAG_BYTES = 64
 
-_DTYPES = {
+_DTYPES: dict[str, np.dtype[Any]] = {
     "float32": np.dtype("<f4"),
     "float64": np.dtype("<f8"),
     "int32": np.dtype("<i4"),
@@ -55,7 +56,7 @@ _DTYPES = {
 class ProtocolError(ValueError):
     """A message that does not follow the wire format; ``kind`` names the failed check."""
 
-    def __init__(self, kind: str, detail: str):
+    def __init__(self, kind: str, detail: str) -> None:
         super().__init__(f"{kind}: {detail}")
         self.kind = kind
         self.detail = detail
@@ -117,12 +118,15 @@ class Message:
     _arrays: ClassVar[tuple[tuple[str, str, int], ...]] = ()
     _names: ClassVar[frozenset[str]] = frozenset()
     _checks: ClassVar[tuple[tuple[str, Any, Any], ...]] = ()  # (name, origin, item type)
+    if typing.TYPE_CHECKING:  # set on every message type by ``message`` (a dataclass)
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def check(self) -> None:
         """Consistency rules between fields; raise ProtocolError when broken."""
 
     def to_frames(self, sender: str = "", seq: int = 0) -> list[Any]:
-        arrays, descr = [], []
+        arrays: list[Any] = []
+        descr: list[list[Any]] = []
         for name, dtype, ndim in self._arrays:
             arr = np.ascontiguousarray(getattr(self, name), dtype=_DTYPES[dtype])
             if arr.ndim != ndim:
@@ -142,13 +146,31 @@ class Message:
         return msg
 
 
-def message(channel: str = "control"):
-    """Register a frozen, slotted dataclass as a message type of the given channel."""
+_M = TypeVar("_M", bound=Message)
 
-    def wrap(cls):
+
+def _runtime_type(hint: Any) -> Any:
+    """What ``isinstance`` can check of a type hint: ``list`` for ``list[int]``."""
+    return typing.get_origin(hint) or hint
+
+
+def _item_type(hint: Any) -> Any:
+    """The runtime type of a list's items (``int`` of ``list[int]``); None for any other."""
+    args = typing.get_args(hint)
+    return _runtime_type(args[0]) if args and _runtime_type(hint) is list else None
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(field, array))
+def message(channel: str = "control") -> Callable[[type[_M]], type[_M]]:
+    """Register a frozen, slotted dataclass as a message type of the given channel. Decoding
+    checks a scalar field's JSON value against its annotation's runtime type (``list`` for
+    ``list[int]``) and a list's items against theirs (``list`` for ``list[list[int]]``)."""
+
+    def wrap(cls: type[_M]) -> type[_M]:
         cls = dataclass(frozen=True, slots=True)(cls)
         hints = typing.get_type_hints(cls)
-        scalars, arrays = [], []
+        scalars: list[tuple[str, Any]] = []
+        arrays: list[tuple[str, str, int]] = []
         for f in dataclasses.fields(cls):
             if "dtype" in f.metadata:
                 arrays.append((f.name, f.metadata["dtype"], f.metadata["ndim"]))
@@ -158,8 +180,7 @@ def message(channel: str = "control"):
         cls._scalars = tuple(scalars)
         cls._arrays = tuple(arrays)
         cls._names = frozenset(n for n, _ in scalars)
-        cls._checks = tuple((n, typing.get_origin(k) or k, (typing.get_args(k) or (None,))[0])
-                            for n, k in scalars)
+        cls._checks = tuple((n, _runtime_type(k), _item_type(k)) for n, k in scalars)
         _REGISTRY[cls.__name__] = cls
         _BY_TAG[cls.__name__.encode()] = cls
         return cls

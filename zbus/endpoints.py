@@ -17,11 +17,17 @@ SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
 class BusConfig(Protocol):
-    """The endpoints and timing a node runs on (structural: any object with these)."""
+    """The endpoints and timing a node runs on (structural: any object with these; the
+    transport only reads them, so a frozen dataclass is one)."""
 
-    heartbeat_s: float
-    orphan_timeout_s: float
-    keys_dir: str
+    @property
+    def heartbeat_s(self) -> float: ...
+
+    @property
+    def orphan_timeout_s(self) -> float: ...
+
+    @property
+    def keys_dir(self) -> str: ...
 
     @property
     def max_message_bytes(self) -> int: ...

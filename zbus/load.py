@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import psutil
 
 
@@ -18,7 +20,7 @@ class LoadSampler:
         except OSError:
             self._speeds = {}
 
-    def sample(self) -> dict:
+    def sample(self) -> dict[str, Any]:
         try:
             nics = psutil.net_io_counters(pernic=True)
         except OSError:  # some containers hide /proc/net/dev

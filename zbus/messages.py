@@ -6,6 +6,8 @@ Node <-> control is DEALER -> ROUTER on channel "control"; Finish and Stop come 
 
 from __future__ import annotations
 
+from typing import Any
+
 from zbus.codec import Message, message
 
 
@@ -51,8 +53,8 @@ class Heartbeat(Message):
     role: str
     index: int
     state: str
-    load: dict
-    counters: dict
+    load: dict[str, Any]
+    counters: dict[str, Any]
     final: bool
 
 
@@ -60,7 +62,7 @@ class Heartbeat(Message):
 class Ready(Message):
     """A node finished its start-up (the feeder has loaded its data; ``info`` says what)."""
 
-    info: dict
+    info: dict[str, Any]
 
 
 @message()

@@ -71,15 +71,15 @@ class Loop:
         self.started = time.monotonic()
         self.idle_s = 0.0  # time spent waiting in poll: 1 - idle_s / uptime is the loop's load
         self.wake_at: float | None = None  # a role that needs on_tick sooner than a heartbeat
-        self._handlers: dict[zmq.Socket, tuple[Handler, bool]] = {}
-        self._events: dict[zmq.Socket, int] = {}
+        self._handlers: dict[sockets.Socket, tuple[Handler, bool]] = {}
+        self._events: dict[sockets.Socket, int] = {}
         self._seq = 0
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
 
     # -- sockets ---------------------------------------------------------------------------
     def bind(self, kind: int, endpoint: str, handler: Handler | None = None,
-             **options: Any) -> zmq.Socket:
+             **options: Any) -> sockets.Socket:
         options.setdefault("max_bytes", self.max_message_bytes)
         if self.curve is not None:
             options["secure"] = self.curve.server
@@ -91,7 +91,7 @@ class Loop:
         return sock
 
     def connect(self, kind: int, endpoint: str, handler: Handler | None = None,
-                **options: Any) -> zmq.Socket:
+                **options: Any) -> sockets.Socket:
         options.setdefault("max_bytes", self.max_message_bytes)
         options.setdefault("identity", self.node_id)
         if self.curve is not None:
@@ -101,20 +101,20 @@ class Loop:
             self.watch(sock, handler, router=kind == zmq.ROUTER)
         return sock
 
-    def watch(self, sock: zmq.Socket, handler: Handler, *, router: bool = False) -> None:
+    def watch(self, sock: sockets.Socket, handler: Handler, *, router: bool = False) -> None:
         self._handlers[sock] = (handler, router)
         self._set_events(sock, zmq.POLLIN)
 
-    def pause(self, sock: zmq.Socket, paused: bool) -> None:
+    def pause(self, sock: sockets.Socket, paused: bool) -> None:
         """Stop (or resume) reading a socket; its messages wait in ZeroMQ's queue meanwhile."""
         events = self._events.get(sock, 0)
         self._set_events(sock, events & ~zmq.POLLIN if paused else events | zmq.POLLIN)
 
-    def want_writable(self, sock: zmq.Socket, wanted: bool) -> None:
+    def want_writable(self, sock: sockets.Socket, wanted: bool) -> None:
         events = self._events.get(sock, 0)
         self._set_events(sock, events | zmq.POLLOUT if wanted else events & ~zmq.POLLOUT)
 
-    def _set_events(self, sock: zmq.Socket, events: int) -> None:
+    def _set_events(self, sock: sockets.Socket, events: int) -> None:
         if self._events.get(sock, 0) == events:
             return
         if events:
@@ -124,7 +124,7 @@ class Loop:
             self.poller.unregister(sock)
             self._events.pop(sock, None)
 
-    def send(self, sock: zmq.Socket, msg: Message, identity: bytes | None = None,
+    def send(self, sock: sockets.Socket, msg: Message, identity: bytes | None = None,
              flags: int = 0) -> int:
         self._seq += 1
         return sockets.send(sock, msg, sender=self.node_id, seq=self._seq,
@@ -164,7 +164,7 @@ class Loop:
             self.close()
         return self.exit_code
 
-    def _drain(self, sock: zmq.Socket) -> None:
+    def _drain(self, sock: sockets.Socket) -> None:
         handler, router = self._handlers[sock]
         for _ in range(DRAIN_PER_POLL):
             try:
@@ -184,7 +184,7 @@ class Loop:
     def on_tick(self, now: float) -> None:
         """Called after every poll (at least once per heartbeat interval)."""
 
-    def on_writable(self, sock: zmq.Socket) -> None:
+    def on_writable(self, sock: sockets.Socket) -> None:
         """Called when a socket registered with want_writable can take a message."""
 
     def on_crash(self, exc: Exception) -> None:
@@ -271,7 +271,7 @@ class Node(Loop):
                                             "uptime_s": round(now - self.started, 3)},
                                   final=final))
 
-    def counters(self) -> dict:
+    def counters(self) -> dict[str, Any]:
         """The role's own figures for heartbeats and the summary."""
         return {}
 

@@ -23,6 +23,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from zbus.endpoints import BusConfig
+from zbus.sockets import Context, Socket
 
 log = logging.getLogger(__name__)
 OPERATOR = "console"  # the key pair of zbus-console and zbus-ctl
@@ -58,7 +59,7 @@ class Curve:
     """One process's CURVE set-up: its key pair, the authenticator of the sockets it binds,
     and the server keys of the endpoints it connects to."""
 
-    def __init__(self, ctx: zmq.Context, cluster: BusConfig, name: str,
+    def __init__(self, ctx: Context, cluster: BusConfig, name: str,
                  authenticate: bool = True):
         self.keys_dir = Path(cluster.keys_dir)
         self.public, self.secret = load_pair(self.keys_dir, name)
@@ -73,12 +74,12 @@ class Curve:
             self.auth.start()
             self.auth.configure_curve(domain="*", location=str(allowed))
 
-    def server(self, sock: zmq.Socket) -> None:
+    def server(self, sock: Socket) -> None:
         sock.curve_secretkey = self.secret
         sock.curve_publickey = self.public
         sock.curve_server = True
 
-    def client(self, sock: zmq.Socket, address: str) -> None:
+    def client(self, sock: Socket, address: str) -> None:
         owner = self.servers.get(address)
         if owner is None:
             raise KeyFileError(f"{address} is not an endpoint of this job: no server key for it")
@@ -92,7 +93,7 @@ class Curve:
             self.auth = None
 
 
-def for_process(ctx: zmq.Context, cluster: BusConfig, name: str,
+def for_process(ctx: Context, cluster: BusConfig, name: str,
                 authenticate: bool = True) -> Curve | None:
     """The process's CURVE set-up, or None when the bus runs in the clear."""
     if not cluster.curve_enabled():

@@ -8,20 +8,23 @@ import os
 import socket as _socket
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import zmq
 
 from zbus.codec import Envelope, Message, ProtocolError, decode
 
+Socket: TypeAlias = zmq.Socket[bytes]  # the sockets zbus makes: synchronous, bytes in and out
+Context: TypeAlias = zmq.Context[Socket]
+
 DEFAULT_HWM = 1000
 COPY_BELOW = 64 * 1024  # messages smaller than this are copied into ZeroMQ when sent
 
 
-def make_socket(ctx: zmq.Context, kind: int, *, identity: str | None = None,
+def make_socket(ctx: Context, kind: int, *, identity: str | None = None,
                 sndhwm: int = DEFAULT_HWM, rcvhwm: int = DEFAULT_HWM,
                 max_bytes: int | None = None, kernel_buffer: int | None = None,
-                secure: Callable[[zmq.Socket], None] | None = None) -> zmq.Socket:
+                secure: Callable[[Socket], None] | None = None) -> Socket:
     """``kernel_buffer`` caps the TCP socket buffers (SO_SNDBUF and SO_RCVBUF): high-water
     marks count messages in ZeroMQ's queues only, while loopback TCP buffers grow to megabytes
     and would let a slow reader hold hundreds of messages (ipc buffers are not sized by it).
@@ -47,7 +50,7 @@ def make_socket(ctx: zmq.Context, kind: int, *, identity: str | None = None,
     return sock
 
 
-def bind(ctx: zmq.Context, kind: int, endpoint: str, **options: Any) -> zmq.Socket:
+def bind(ctx: Context, kind: int, endpoint: str, **options: Any) -> Socket:
     sock = make_socket(ctx, kind, **options)
     if endpoint.startswith("ipc://"):
         os.makedirs(os.path.dirname(endpoint[len("ipc://"):]) or ".", exist_ok=True)
@@ -60,7 +63,7 @@ def bind(ctx: zmq.Context, kind: int, endpoint: str, **options: Any) -> zmq.Sock
     return sock
 
 
-def connect(ctx: zmq.Context, kind: int, endpoint: str, **options: Any) -> zmq.Socket:
+def connect(ctx: Context, kind: int, endpoint: str, **options: Any) -> Socket:
     sock = make_socket(ctx, kind, **options)
     sock.connect(endpoint)
     return sock
@@ -80,7 +83,7 @@ class Traffic:
                 "msgs_out": dict(self.msgs_out), "msgs_in": dict(self.msgs_in)}
 
 
-def send(sock: zmq.Socket, msg: Message, *, sender: str, seq: int, traffic: Traffic,
+def send(sock: Socket, msg: Message, *, sender: str, seq: int, traffic: Traffic,
          identity: bytes | None = None, flags: int = 0) -> int:
     """Encode and send; a message of COPY_BELOW bytes or more goes without a copy (below, a
     copy costs less than zmq.Frame objects). Returns the payload bytes."""
@@ -94,7 +97,7 @@ def send(sock: zmq.Socket, msg: Message, *, sender: str, seq: int, traffic: Traf
     return nbytes
 
 
-def recv(sock: zmq.Socket, *, router: bool, traffic: Traffic,
+def recv(sock: Socket, *, router: bool, traffic: Traffic,
          flags: int = zmq.NOBLOCK) -> tuple[bytes | None, Envelope]:
     """Receive and decode one message; raises zmq.Again when none waits and ProtocolError
     when the message is malformed (it is consumed either way)."""

@@ -49,7 +49,9 @@ class AckLog:
 
     def samples_by_worker(self) -> dict[str, int]:
         r = self.records
-        counts = np.bincount(r["worker"], weights=r["samples"]) if len(r) else []
+        if not len(r):
+            return {}
+        counts = np.bincount(r["worker"], weights=r["samples"])
         return {f"worker-{i}": int(n) for i, n in enumerate(counts) if n}
 
     def last_epoch(self) -> int:

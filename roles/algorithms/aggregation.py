@@ -61,8 +61,8 @@ class Adam:
     def __init__(self, size: int, lr: float, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8):
         self.lr, self.b1, self.b2, self.eps = lr, betas[0], betas[1], eps
-        self.m = np.zeros(size, dtype=np.float32)
-        self.v = np.zeros(size, dtype=np.float32)
+        self.m: np.ndarray = np.zeros(size, dtype=np.float32)  # float32 (float64 if grads are)
+        self.v: np.ndarray = np.zeros(size, dtype=np.float32)
         self.t = 0
 
     def step(self, params: np.ndarray, grads: np.ndarray) -> np.ndarray:
@@ -72,4 +72,5 @@ class Adam:
         self.v = self.b2 * self.v + (1 - self.b2) * grads * grads
         m_hat = self.m / (1 - self.b1 ** self.t)
         v_hat = self.v / (1 - self.b2 ** self.t)
-        return (params - self.lr * m_hat / (np.sqrt(v_hat) + self.eps)).astype(np.float32)
+        updated: np.ndarray = params - self.lr * m_hat / (np.sqrt(v_hat) + self.eps)
+        return updated.astype(np.float32)

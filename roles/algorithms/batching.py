@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -291,7 +292,7 @@ class SliceProgress:
     def done(self, number: int) -> bool:
         return number < self.low or number in self.above
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "low": self.low,
                 "above": sorted(self.above), "samples": self.samples,
                 "loss_sum": self.loss_sum, "weight_sum": self.weight_sum}

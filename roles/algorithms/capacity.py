@@ -134,13 +134,17 @@ class CapacityPredictor:
     def seconds_per_pair(self, op: str, total_pairs: float) -> np.ndarray:
         with self.torch.no_grad():
             out = self.model(self.torch.tensor([_features(op, total_pairs)]))[0]
-        return np.exp(out.numpy().astype(np.float64) + self.offset)
+        seconds: np.ndarray = np.exp(out.numpy().astype(np.float64) + self.offset)
+        return seconds
 
     def capacities(self, total_pairs: float) -> np.ndarray:
         """Pairs each shard can take in a window of ``total_pairs`` (they sum to it)."""
-        per_pair = sum(self.seconds_per_pair(op, total_pairs) for op in OPERATIONS)
+        per_pair = self.seconds_per_pair(OPERATIONS[0], total_pairs)
+        for op in OPERATIONS[1:]:
+            per_pair = per_pair + self.seconds_per_pair(op, total_pairs)
         rate = 1.0 / per_pair
-        return total_pairs * rate / rate.sum()
+        capacities: np.ndarray = total_pairs * rate / rate.sum()
+        return capacities
 
     def save(self, where: Path) -> None:
         where.mkdir(parents=True, exist_ok=True)
@@ -180,4 +184,5 @@ def read_records(where: Path) -> list[Record]:
 def equal_or_configured(total_pairs: float, shards: int, configured: list[float]) -> np.ndarray:
     """Capacities before history exists: the job file's relative figures, else equal."""
     weights = np.asarray(configured if configured else [1.0] * shards, dtype=np.float64)
-    return total_pairs * weights / weights.sum()
+    capacities: np.ndarray = total_pairs * weights / weights.sum()
+    return capacities

@@ -42,8 +42,8 @@ class HostMeter:
     rate: float = 0.0          # bytes/s, sent + received
     capacity: float = 0.0      # bytes/s, both directions
 
-    def update(self, now: float, net: dict, speeds: dict, nics: list[str],
-               default_mbps: float) -> None:
+    def update(self, now: float, net: dict[str, list[int]], speeds: dict[str, float],
+               nics: list[str], default_mbps: float) -> None:
         total = sum(int(net[n][0]) + int(net[n][1]) for n in nics if n in net)
         self.capacity = sum(2 * MBIT * (speeds.get(n) or default_mbps) for n in nics)
         if self.last is not None and now - self.last[0] >= 0.2:

@@ -20,11 +20,11 @@ class SettingError(ValueError):
     """A change that is refused; the message names the setting and its valid range."""
 
 
-def live_fields() -> dict[str, dataclasses.Field]:
+def live_fields() -> dict[str, dataclasses.Field[Any]]:
     return {f.name: f for f in dataclasses.fields(AggregationConfig) if f.metadata.get("live")}
 
 
-def describe() -> dict[str, dict]:
+def describe() -> dict[str, dict[str, Any]]:
     """Name -> type, range and default of every live setting (for the console and zbus-ctl)."""
     return {name: {"type": f.type if isinstance(f.type, str) else f.type.__name__,
                    "min": f.metadata["min"], "max": f.metadata["max"], "default": f.default}
@@ -35,7 +35,7 @@ def initial(config: AggregationConfig) -> dict[str, Any]:
     return {name: getattr(config, name) for name in live_fields()}
 
 
-def _coerce(name: str, value: Any, f: dataclasses.Field) -> Any:
+def _coerce(name: str, value: Any, f: dataclasses.Field[Any]) -> Any:
     lo, hi = f.metadata["min"], f.metadata["max"]
     kind = f.type if isinstance(f.type, str) else f.type.__name__
     if isinstance(value, str):  # from a command line: "0.5"

@@ -9,6 +9,7 @@ these changes the live worker set and raises ``version``. ``events`` is the hist
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 ALIVE, FAILED, LEFT = "alive", "failed", "left"
 
@@ -24,8 +25,8 @@ class NodeState:
     state: str = "starting"   # what the node says it is doing
     ready: bool = False
     final: bool = False
-    load: dict = field(default_factory=dict)
-    counters: dict = field(default_factory=dict)
+    load: dict[str, Any] = field(default_factory=dict)
+    counters: dict[str, Any] = field(default_factory=dict)
     probe_pending_since: float | None = None  # oldest probe not answered yet
 
 
@@ -36,7 +37,7 @@ class Members:
         self.started = started
         self.nodes: dict[str, NodeState] = {}
         self.version = 0
-        self.events: list[dict] = []
+        self.events: list[dict[str, Any]] = []
 
     def refusal(self, node_id: str, role: str, index: int, pid: int) -> str:
         """Why a Hello cannot be admitted ('' when it can)."""

@@ -35,7 +35,8 @@ from roles.protocol.placement import Placement
 from zbus.codec import ProtocolError
 
 
-def _top(keys: np.ndarray, counts: np.ndarray, errors: np.ndarray, size: int):
+def _top(keys: np.ndarray, counts: np.ndarray, errors: np.ndarray,
+         size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The ``size`` largest counts, by descending count then ascending key (deterministic)."""
     order = np.lexsort((keys, -counts))[:size]
     return keys[order], counts[order], errors[order]
@@ -118,7 +119,7 @@ class KeyMap:
 
     def owner_of(self, keys: np.ndarray) -> np.ndarray:
         keys = np.asarray(keys, dtype=np.int64)
-        owner = self.buckets[self.bucket_of(keys)]
+        owner: np.ndarray = self.buckets[self.bucket_of(keys)]
         if len(self.keys) and len(keys):
             at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
             hit = self.keys[at] == keys

@@ -47,7 +47,14 @@ class Replica:
                 offset += n
 
     def dense_grads(self) -> np.ndarray:
-        return torch.cat([p.grad.reshape(-1) for p in self.params]).cpu().numpy()
+        """The gradients of the last backward pass, flat (every parameter must have one)."""
+        grads = []
+        for p in self.params:
+            if p.grad is None:
+                raise RuntimeError("dense_grads: a parameter has no gradient (no backward pass "
+                                   "reached it)")
+            grads.append(p.grad.reshape(-1))
+        return torch.cat(grads).cpu().numpy()
 
     @property
     def in_flight(self) -> bool:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from roles.algorithms.membership import ALIVE, NodeState
 
@@ -40,7 +41,7 @@ BACKLOG_COUNTERS = {"feeder": ("in_flight",), "worker": ("pipeline",),
                     "ps": ("held_batches", "waiting_lookups")}
 
 
-def _total(counter: object) -> int:
+def _total(counter: object) -> float:
     """Bytes of a per-channel counter ({channel: bytes}) in all."""
     if isinstance(counter, dict):
         return sum(v for v in counter.values() if isinstance(v, (int, float)))
@@ -73,9 +74,10 @@ class StatusBuilder:
         self.last_loss: tuple[float, float] | None = None  # feeder's (loss sum, weight sum)
 
     # -- inputs ----------------------------------------------------------------------------
-    def heard(self, node_id: str, role: str, counters: dict, now: float) -> None:
+    def heard(self, node_id: str, role: str, counters: dict[str, Any], now: float) -> None:
         """A heartbeat's counters: the rates since the node's previous heartbeat."""
-        totals = {"in": _total(counters.get("bytes_in")), "out": _total(counters.get("bytes_out"))}
+        totals: dict[str, float] = {"in": _total(counters.get("bytes_in")),
+                                    "out": _total(counters.get("bytes_out"))}
         samples = _number(counters.get(SAMPLE_COUNTER.get(role, "")))
         if samples is not None:
             totals["samples"] = samples
@@ -92,7 +94,7 @@ class StatusBuilder:
             per_s = before.per_s
         self.rates[node_id] = Rates(now, totals, per_s)
 
-    def tick(self, now: float, feeding: dict | None) -> None:
+    def tick(self, now: float, feeding: dict[str, Any] | None) -> None:
         """Add a history point (loss and throughput) once per ``history_every_s``."""
         if now < self.next_point:
             return
@@ -128,11 +130,12 @@ class StatusBuilder:
         return "suspect" if silent or unanswered else ALIVE
 
     def node_rows(self, nodes: dict[str, NodeState], now: float,
-                  probe_timeout_s: float) -> list[dict]:
+                  probe_timeout_s: float) -> list[dict[str, Any]]:
         rows = []
         for node_id, node in nodes.items():
             load, counters = node.load, node.counters
             backlog = [_number(counters.get(k)) for k in BACKLOG_COUNTERS.get(node.role, ())]
+            known = [b for b in backlog if b is not None]
             rows.append({
                 "id": node_id, "role": node.role, "index": node.index, "host": node.host,
                 "pid": node.pid, "state": self.health(node, now, probe_timeout_s),
@@ -141,14 +144,15 @@ class StatusBuilder:
                 "rss": _number(load.get("rss")),
                 "in_per_s": self.rate(node_id, "in"), "out_per_s": self.rate(node_id, "out"),
                 "samples_per_s": self.rate(node_id, "samples"),
-                "backlog": None if not backlog or None in backlog else int(sum(backlog)),
+                "backlog": int(sum(known)) if backlog and len(known) == len(backlog) else None,
                 "round_samples": _number(counters.get("round_samples")),
                 "beat_age_s": round(max(0.0, now - node.last_seen), 2),
             })
         return rows
 
-    def training(self, *, feeding: dict | None, samples_per_epoch: int, epoch: int,
-                 epochs: int, epochs_done: list[dict], running: bool = True) -> dict:
+    def training(self, *, feeding: dict[str, Any] | None, samples_per_epoch: int, epoch: int,
+                 epochs: int, epochs_done: list[dict[str, Any]],
+                 running: bool = True) -> dict[str, Any]:
         """Progress of the epoch, the ETAs (none unless ``running``) and the history."""
         counters = feeding or {}
         epoch_samples = int(_number(counters.get("epoch_samples")) or 0)
@@ -168,7 +172,8 @@ class StatusBuilder:
                 "epochs": [{k: e.get(k) for k in ("epoch", "train_loss", "auc", "logloss")}
                            for e in epochs_done]}
 
-    def embeddings(self, nodes: dict[str, NodeState], skew: dict | None = None) -> dict:
+    def embeddings(self, nodes: dict[str, NodeState],
+                   skew: dict[str, Any] | None = None) -> dict[str, Any]:
         """The shards: keys each holds, keys per second it serves; with skew-aware placement
         (``skew``: control's placement state) also each shard's predicted capacity and
         assigned pairs of the last window, its overflowing heavy keys and keys moved in."""

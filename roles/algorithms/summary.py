@@ -17,7 +17,7 @@ def _num(value: Any) -> float:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
-def channel_bytes(counters: list[dict], direction: str = "bytes_out") -> dict[str, int]:
+def channel_bytes(counters: list[dict[str, Any]], direction: str = "bytes_out") -> dict[str, int]:
     """Bytes per channel summed over the nodes: sent (each message counted once, by its
     sender), or received (a message published to N subscribers counts N times)."""
     total = dict.fromkeys(CHANNELS, 0)
@@ -30,7 +30,7 @@ def channel_bytes(counters: list[dict], direction: str = "bytes_out") -> dict[st
     return total
 
 
-def feeder_totals(counters: dict[str, dict]) -> dict:
+def feeder_totals(counters: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The feeders' counters added up (numbers summed, ``acked_by`` merged): the job's
     figures whether one feeder or several fed it."""
     total: dict[str, Any] = {}
@@ -48,7 +48,7 @@ def feeder_totals(counters: dict[str, dict]) -> dict:
     return total
 
 
-def worker_input(counters: dict[str, dict]) -> dict[str, dict[str, float]]:
+def worker_input(counters: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Bytes each worker received per sample it trained or scored, by channel."""
     out = {}
     for node, c in sorted(counters.items(), key=lambda kv: node_index(kv[0])):
@@ -60,7 +60,7 @@ def worker_input(counters: dict[str, dict]) -> dict[str, dict[str, float]]:
     return out
 
 
-def embedding_waits(counters: dict[str, dict]) -> dict:
+def embedding_waits(counters: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Per-batch waits for embeddings (ms): each worker's sample of them, and all together."""
     every: list[float] = []
     per_worker = {}
@@ -82,11 +82,12 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 
 def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: str,
-                  data: dict, epochs: list[dict], counters: dict[str, dict],
-                  wall_s: float, rounds: int, round_samples: dict[str, list[int]],
-                  membership: list[dict], model: dict | None = None,
-                  placement: dict | None = None, model_plan: dict | None = None,
-                  slices: dict | None = None) -> dict:
+                  data: dict[str, Any], epochs: list[dict[str, Any]],
+                  counters: dict[str, dict[str, Any]], wall_s: float, rounds: int,
+                  round_samples: dict[str, list[int]], membership: list[dict[str, Any]],
+                  model: dict[str, Any] | None = None, placement: dict[str, Any] | None = None,
+                  model_plan: dict[str, Any] | None = None,
+                  slices: dict[str, Any] | None = None) -> dict[str, Any]:
     model = model or {}
     evaluated = [e for e in epochs if "auc" in e]
     last = evaluated[-1] if evaluated else {}

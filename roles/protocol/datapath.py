@@ -4,6 +4,8 @@ their gradients (worker <-> ps), and the ledger's take/grant/ack (worker <-> fee
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from roles.protocol.topology import MAX_FEEDERS
@@ -38,10 +40,10 @@ class SliceMap(Message):
     loss, and whether that feeder had reported the pass."""
 
     version: int
-    train: list[list]
-    eval: list[list]
+    train: list[list[int]]
+    eval: list[list[int]]
     owners: list[int]
-    resume: dict
+    resume: dict[str, Any]
 
     def check(self) -> None:
         n = len(self.owners)
@@ -77,7 +79,7 @@ class FeederProgress(Message):
     batches_acked: int
     slices: list[int]
     low: list[int]
-    above: list[list]
+    above: list[list[int]]
     samples: list[int]
     loss_sum: list[float]
     weight_sum: list[float]
@@ -94,7 +96,7 @@ class FeederProgress(Message):
                     for low, above in zip(self.low, self.above, strict=True) for a in above),
                 "above must list batch numbers at or above low")
 
-    def of(self, slice_: int) -> dict | None:
+    def of(self, slice_: int) -> dict[str, Any] | None:
         """The slice's progress as SliceMap's ``resume`` carries it (None: not fed here)."""
         if slice_ not in self.slices:
             return None

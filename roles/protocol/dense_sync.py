@@ -3,6 +3,8 @@ contributions, the aggregator's weights, and its backups and restores."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from zbus.codec import Message, array, finite, message, require
@@ -27,7 +29,7 @@ class Decision(Message):
     reason: str
     net_util: float
     failure_rate: float
-    local_rounds: dict
+    local_rounds: dict[str, Any]
 
 
 @message()

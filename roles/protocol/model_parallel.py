@@ -4,7 +4,7 @@ between the members of one group (DEALER -> ROUTER, channel "model_parallel").""
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -18,8 +18,8 @@ class ModelPlan(Message):
     ``summary`` is the plan's figures (``roles.model.graph.ModelPlan``)."""
 
     parts: int
-    owner: dict
-    summary: dict
+    owner: dict[str, int]
+    summary: dict[str, Any]
 
     def check(self) -> None:
         require(self.parts >= 2, "a plan has at least 2 parts")
@@ -39,7 +39,7 @@ class PartTensors(Message):
     phase: str
     train: bool
     names: list[str]
-    shapes: list[list]
+    shapes: list[list[int]]
     values: np.ndarray = array("float32", 1)
 
     def check(self) -> None:

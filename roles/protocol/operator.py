@@ -4,6 +4,8 @@ status published for consoles (PUB, channel "status")."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import orjson
 
@@ -23,7 +25,7 @@ class ControlRequest(Message):
     the job)."""
 
     action: str
-    changes: dict
+    changes: dict[str, Any]
 
 
 @message()
@@ -32,7 +34,7 @@ class ControlReply(Message):
 
     ok: bool
     message: str
-    settings: dict
+    settings: dict[str, Any]
 
 
 @message()
@@ -41,7 +43,7 @@ class Settings(Message):
     change."""
 
     version: int
-    values: dict
+    values: dict[str, Any]
 
 
 @message()
@@ -62,7 +64,7 @@ class Status(Message):
     run_id: str
     body: np.ndarray = array("uint8", 1)
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         """The body as a dict; ProtocolError when it is not one JSON object."""
         try:
             value = orjson.loads(self.body.tobytes())
@@ -73,5 +75,5 @@ class Status(Message):
         return value
 
     @classmethod
-    def of(cls, run_id: str, snapshot: dict) -> Status:
+    def of(cls, run_id: str, snapshot: dict[str, Any]) -> Status:
         return cls(run_id=run_id, body=np.frombuffer(orjson.dumps(snapshot), dtype=np.uint8))

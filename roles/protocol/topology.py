@@ -8,8 +8,12 @@ of them one by one (a ``tcp://`` address on another host, or an ``ipc://`` path)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from zbus.endpoints import SCHEMES, is_local
+
+if TYPE_CHECKING:
+    from zbus.endpoints import BusConfig
 
 # Offsets from base_port of the endpoints that roles bind.
 FIXED_ENDPOINTS = {
@@ -160,3 +164,8 @@ class ClusterConfig:
                 *(f"ps-{i}" for i in range(self.shards)),
                 *(f"worker-{i}" for i in range(self.workers)),
                 *(f"part-{i}" for i in range(self.workers * (self.parts - 1)))]
+
+
+if TYPE_CHECKING:
+    def _is_bus_config(cluster: ClusterConfig) -> BusConfig:
+        return cluster  # the type check fails here when ClusterConfig stops being a BusConfig
