@@ -35,8 +35,12 @@ class JobError(ValueError):
     """A job file or override that cannot be run; the message names the key."""
 
 
-def _list(*items: Any) -> Any:
-    return field(default_factory=lambda: list(items))
+def _list(*items: Any, doc: str) -> Any:
+    return field(default_factory=lambda: list(items), metadata={"doc": doc})
+
+
+# Every settable field carries metadata "doc", its one-line meaning: scripts/job_reference.py
+# prints docs/job-reference.md from these fields (types, defaults, min/max/choices/live, doc).
 
 
 @dataclass(frozen=True)
@@ -44,13 +48,18 @@ class SyntheticConfig:
     """The built-in generator: Zipf-popular categorical values and log-normal counts, labels
     drawn from a planted logistic model (its probabilities give the oracle AUC)."""
 
-    rows: int = field(default=100_000, metadata={"min": 100})
-    vocab: list[int] = _list(10, 20, 50, 100, 200, 500, 1000, 2000)
-    dense: int = field(default=4, metadata={"min": 0, "max": 1000})
-    zipf: float = field(default=1.1, metadata={"min": 0.0})
-    signal: float = field(default=0.6, metadata={"min": 0.0})
-    days: int = field(default=30, metadata={"min": 1})
-    seed: int = 1
+    rows: int = field(default=100_000, metadata={"min": 100, "doc": "rows generated"})
+    vocab: list[int] = _list(10, 20, 50, 100, 200, 500, 1000, 2000, doc=(
+        "distinct values of each categorical field (one field per entry)"))
+    dense: int = field(default=4, metadata={"min": 0, "max": 1000,
+                                            "doc": "log-normal count columns"})
+    zipf: float = field(default=1.1, metadata={"min": 0.0, "doc": (
+        "popularity exponent: the value of rank k has probability ∝ k^-zipf")})
+    signal: float = field(default=0.6, metadata={"min": 0.0, "doc": (
+        "standard deviation of the planted per-value and per-column weights (logit units)")})
+    days: int = field(default=30, metadata={"min": 1, "doc": (
+        "timestamps rise through the rows over this many days")})
+    seed: int = field(default=1, metadata={"doc": "generator seed"})
 
     def __post_init__(self) -> None:
         if not self.vocab or min(self.vocab) < 1:
@@ -59,23 +68,43 @@ class SyntheticConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = field(default="file", metadata={"choices": ("file", "synthetic")})
-    path: str = ""
-    format: str = field(default="csv", metadata={"choices": ("csv", "tsv", "criteo")})
-    label: str = "label"
-    positive: list[str] = _list()
-    negative: list[str] = _list()
-    timestamp: str = ""
-    dense: list[str] = _list()
-    sparse: list[str] = _list()
-    eval_fraction: float = field(default=0.2, metadata={"min": 0.01, "max": 0.9})
-    log1p: bool = True
-    max_rejected_fraction: float = field(default=0.1, metadata={"min": 0.0, "max": 1.0})
-    decay_base: float = field(default=1.0, metadata={"min": 1.0, "max": 1e6})
-    decay_unit: str = field(default="day", metadata={"choices": tuple(DECAY_UNITS)})
-    drop_below: float = field(default=0.001, metadata={"min": 0.0, "max": 1.0})
-    merge: bool = False
-    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    source: str = field(default="file", metadata={"choices": ("file", "synthetic"), "doc": (
+        "`file`, or `synthetic` (the built-in generator, `[data.synthetic]`)")})
+    path: str = field(default="", metadata={"doc": (
+        "a file or a glob (several files, sorted; `.gz` is read transparently); relative to "
+        "the job file (to the working directory when set from the environment); required "
+        "when `source = \"file\"`")})
+    format: str = field(default="csv", metadata={"choices": ("csv", "tsv", "criteo"), "doc": (
+        "`csv` (header row, `\"`-quoting), `tsv` (header row), `criteo` (no header: label, "
+        "I1–I13, C1–C26, tab-separated); one record per line")})
+    label: str = field(default="label", metadata={"doc": "label column"})
+    positive: list[str] = _list(doc=(
+        "label values that mean 1; empty: the label is a number, positive when > 0"))
+    negative: list[str] = _list(doc=(
+        "label values that mean 0; when given, any other label value is rejected"))
+    timestamp: str = field(default="", metadata={"doc": (
+        "optional column of unix seconds or ISO 8601 dates/times (rows without a valid one "
+        "are rejected)")})
+    dense: list[str] = _list(doc="numeric columns (criteo: I1–I13 when empty)")
+    sparse: list[str] = _list(doc=(
+        "categorical columns, at least one (criteo: C1–C26 when empty); no column twice"))
+    eval_fraction: float = field(default=0.2, metadata={"min": 0.01, "max": 0.9, "doc": (
+        "the last fraction of accepted rows, in file order, is the eval split")})
+    log1p: bool = field(default=True, metadata={"doc": (
+        "transform each dense value x to sign(x)·log1p(|x|) before standardising")})
+    max_rejected_fraction: float = field(default=0.1, metadata={"min": 0.0, "max": 1.0, "doc": (
+        "more rejected rows than this fraction stops the job (the schema is probably wrong)")})
+    decay_base: float = field(default=1.0, metadata={"min": 1.0, "max": 1e6, "doc": (
+        "training sample weight = decay_base^-age (1: no decay; > 1 needs `timestamp`, or "
+        "synthetic data)")})
+    decay_unit: str = field(default="day", metadata={"choices": tuple(DECAY_UNITS), "doc": (
+        "unit of age and of merging buckets")})
+    drop_below: float = field(default=0.001, metadata={"min": 0.0, "max": 1.0, "doc": (
+        "training samples whose decayed weight is below this are dropped (counted)")})
+    merge: bool = field(default=False, metadata={"doc": (
+        "merge identical training samples of one time unit into one, of weight decay × count")})
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig, metadata={"doc": (
+        "the built-in generator, used when `source = \"synthetic\"`")})
 
     def __post_init__(self) -> None:
         if self.source != "file":
@@ -95,8 +124,10 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    embedding_dim: int = field(default=16, metadata={"min": 1, "max": 4096})
-    hidden: list[int] = _list(128, 64)
+    embedding_dim: int = field(default=16, metadata={"min": 1, "max": 4096, "doc": (
+        "embedding size of every categorical field")})
+    hidden: list[int] = _list(128, 64, doc=(
+        "MLP hidden layers (ReLU) over the concatenated embeddings and dense features"))
 
     def __post_init__(self) -> None:
         if any(h < 1 for h in self.hidden):
@@ -105,27 +136,50 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: int = field(default=3, metadata={"min": 1, "max": 4095})
-    batch_size: int = field(default=256, metadata={"min": 1, "max": 1 << 20})
-    sync: str = field(default="every",
-                      metadata={"choices": ("step", "every", "round", "lazy")})
-    sync_every: int = field(default=8, metadata={"min": 1})
-    round_iterations: int = field(default=32, metadata={"min": 1})
-    dense_lr: float = field(default=1e-3, metadata={"min": 0.0})
-    embedding_lr: float = field(default=0.05, metadata={"min": 0.0})
-    embedding_init: float = field(default=0.05, metadata={"min": 0.0})
-    prefetch: int = field(default=2, metadata={"min": 1, "max": 64})
-    # push: a worker announces each batch to the shards as it pulls it, and they send its
-    # embeddings as soon as they have its keys; pull: it asks when it is about to train it
-    embeddings: str = field(default="push", metadata={"choices": ("push", "pull")})
-    batch_by_label: bool = False  # every batch holds samples of one label
-    device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda")})
-    torch_threads: int = field(default=0, metadata={"min": 0})
-    shuffle: bool = True
-    seed: int = 7
-    stall_timeout_s: float = field(default=300.0, metadata={"min": 1.0})
-    recovery_timeout_s: float = field(default=120.0, metadata={"min": 1.0})
-    checkpoint_s: float = field(default=30.0, metadata={"min": 0.1})  # shard checkpoints
+    epochs: int = field(default=3, metadata={"min": 1, "max": 4095, "doc": (
+        "passes over the training split")})
+    batch_size: int = field(default=256, metadata={"min": 1, "max": 1 << 20, "doc": (
+        "samples per batch")})
+    sync: str = field(default="every", metadata={"choices": ("step", "every", "round", "lazy"),
+                                                 "doc": "dense synchronisation"})
+    sync_every: int = field(default=8, metadata={"min": 1, "doc": (
+        "local steps per worker before it is ready for a round (`every`); steps in a local "
+        "round (`lazy`)")})
+    round_iterations: int = field(default=32, metadata={"min": 1, "doc": (
+        "batches per worker in a round (`round`): a round is `workers × round_iterations` "
+        "batches")})
+    dense_lr: float = field(default=1e-3, metadata={"min": 0.0, "doc": (
+        "Adam learning rate of the dense network")})
+    embedding_lr: float = field(default=0.05, metadata={"min": 0.0, "doc": (
+        "Adagrad learning rate of the embeddings")})
+    embedding_init: float = field(default=0.05, metadata={"min": 0.0, "doc": (
+        "new embedding rows are uniform in ±this")})
+    prefetch: int = field(default=2, metadata={"min": 1, "max": 64, "doc": (
+        "batches a worker pulls ahead of the one it trains (small keeps the queue fair)")})
+    embeddings: str = field(default="push", metadata={"choices": ("push", "pull"), "doc": (
+        "`push`: a worker announces each batch to the shards as it pulls it and they send the "
+        "rows as soon as they have its keys; `pull`: it asks when it is about to train the "
+        "batch")})
+    batch_by_label: bool = field(default=False, metadata={"doc": (
+        "every training batch holds samples of one label, the labels' batches interleaved")})
+    device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda"), "doc": (
+        "`auto`: CUDA when present, else CPU")})
+    torch_threads: int = field(default=0, metadata={"min": 0, "doc": (
+        "torch threads per worker; 0: on one host, the cores left after the feeder and the "
+        "shards (one each), shared by the workers; across hosts, all the host's cores (set it "
+        "when workers share a host)")})
+    shuffle: bool = field(default=True, metadata={"doc": (
+        "shuffle the training rows every epoch (seeded)")})
+    seed: int = field(default=7, metadata={"doc": (
+        "seeds model initialisation, embedding rows and shuffling")})
+    stall_timeout_s: float = field(default=300.0, metadata={"min": 1.0, "doc": (
+        "fail the job when nothing progresses this long (the reason names the last "
+        "aggregation decision)")})
+    recovery_timeout_s: float = field(default=120.0, metadata={"min": 1.0, "doc": (
+        "how long the job waits for a killed aggregator, shard or (last) feeder to be "
+        "started again")})
+    checkpoint_s: float = field(default=30.0, metadata={"min": 0.1, "doc": (
+        "seconds between a shard's checkpoints (the most of its work a crash can lose)")})
 
 
 @dataclass(frozen=True)
@@ -134,16 +188,27 @@ class AggregationConfig:
     aggregator backs the result up. Every key marked ``live`` can be changed while the job runs
     (``zbus-ctl set``, the console); see ``roles.algorithms.live``."""
 
-    net_util_max: float = field(default=0.30, metadata={"min": 0.001, "max": 1.0, "live": True})
-    failure_rate_max: float = field(default=0.05,
-                                    metadata={"min": 0.001, "max": 1.0, "live": True})
-    probe_timeout_s: float = field(default=3.0, metadata={"min": 0.05, "max": 600.0,
-                                                          "live": True})
-    min_local_rounds: int = field(default=4, metadata={"min": 1, "max": 10_000, "live": True})
-    max_local_rounds: int = field(default=16, metadata={"min": 1, "max": 10_000, "live": True})
-    backup_change_min: float = field(default=0.05, metadata={"min": 0.0, "max": 100.0,
-                                                             "live": True})
-    backups_kept: int = field(default=3, metadata={"min": 1, "max": 1000, "live": True})
+    net_util_max: float = field(default=0.30, metadata={"min": 0.001, "max": 1.0, "live": True,
+                                                        "doc": (
+        "`lazy` aggregates only while the cluster's network utilisation is below this")})
+    failure_rate_max: float = field(default=0.05, metadata={
+        "min": 0.001, "max": 1.0, "live": True, "doc": (
+            "… and its failure rate (nodes with a late probe ÷ live nodes) is below this")})
+    probe_timeout_s: float = field(default=3.0, metadata={
+        "min": 0.05, "max": 600.0, "live": True, "doc": (
+            "a probe unanswered this long counts as failed")})
+    min_local_rounds: int = field(default=4, metadata={
+        "min": 1, "max": 10_000, "live": True, "doc": (
+            "… and every live worker did this many local rounds (≤ `max_local_rounds`)")})
+    max_local_rounds: int = field(default=16, metadata={
+        "min": 1, "max": 10_000, "live": True, "doc": (
+            "a worker that did this many local rounds without an aggregation waits")})
+    backup_change_min: float = field(default=0.05, metadata={
+        "min": 0.0, "max": 100.0, "live": True, "doc": (
+            "back up after an aggregation when the weights moved this much (relative L2 "
+            "change) since the last backup")})
+    backups_kept: int = field(default=3, metadata={
+        "min": 1, "max": 1000, "live": True, "doc": "newest backups kept"})
 
     def __post_init__(self) -> None:
         if self.min_local_rounds > self.max_local_rounds:
@@ -156,15 +221,28 @@ class PlacementConfig:
     or ``skew`` (heavy keys and buckets of light keys placed by predicted shard capacity each
     allocation window, moved between shards while the job runs)."""
 
-    mode: str = field(default="hash", metadata={"choices": ("hash", "skew")})
-    window_batches: int = field(default=50, metadata={"min": 0})  # 0: one window per epoch
-    heavy_keys: int = field(default=4096, metadata={"min": 1, "max": 1 << 20})
-    buckets_per_shard: int = field(default=64, metadata={"min": 1, "max": 4096})
-    min_windows: int = field(default=3, metadata={"min": 1})
-    min_gain: float = field(default=0.10, metadata={"min": 0.0, "max": 1.0})
-    capacities: list[float] = _list()
-    predictor_steps: int = field(default=300, metadata={"min": 1, "max": 100_000})
-    drain_timeout_s: float = field(default=10.0, metadata={"min": 0.1})
+    mode: str = field(default="hash", metadata={"choices": ("hash", "skew"), "doc": (
+        "`hash` (key mod shards, fixed) or `skew` (placed by predicted capacity, moved while "
+        "the job runs)")})
+    window_batches: int = field(default=50, metadata={"min": 0, "doc": (
+        "allocation window: this many training batches per feeder; 0: one window per epoch")})
+    heavy_keys: int = field(default=4096, metadata={"min": 1, "max": 1 << 20, "doc": (
+        "SpaceSaving counters per feeder and window (the keys placed one by one)")})
+    buckets_per_shard: int = field(default=64, metadata={"min": 1, "max": 4096, "doc": (
+        "buckets of light keys per shard (the unit in which the tail moves)")})
+    min_windows: int = field(default=3, metadata={"min": 1, "doc": (
+        "windows of history before the capacity predictor is used")})
+    min_gain: float = field(default=0.10, metadata={"min": 0.0, "max": 1.0, "doc": (
+        "adopt a new map only when it lowers the predicted max load ÷ capacity by more than "
+        "this fraction")})
+    capacities: list[float] = _list(doc=(
+        "relative capacity per shard before history exists (one positive figure per shard); "
+        "empty: equal"))
+    predictor_steps: int = field(default=300, metadata={"min": 1, "max": 100_000, "doc": (
+        "Adam steps of the predictor's first training (a fifth on each retraining)")})
+    drain_timeout_s: float = field(default=10.0, metadata={"min": 0.1, "doc": (
+        "a shard hands over after this long even if a held batch's gradients never came "
+        "(counted)")})
 
     def __post_init__(self) -> None:
         if any(not c > 0 for c in self.capacities):
@@ -177,25 +255,42 @@ class PartitionConfig:
     group (``roles.model.partitioner``): an edge is critical when its tensor is larger than
     ``critical_bytes`` or (``critical_path``) it lies on the longest path of the graph."""
 
-    critical_bytes: float = field(default=float(1 << 20), metadata={"min": 0.0})
-    critical_path: bool = True
-    balance: float = field(default=1.2, metadata={"min": 1.0, "max": 100.0})
-    threshold: float = field(default=-0.5, metadata={"min": -1000.0, "max": 1000.0})
-    target: str = field(default="every", metadata={"choices": ("every", "flow")})
-    tries: int = field(default=8, metadata={"min": 1, "max": 1000})
-    seed: int = 0
+    critical_bytes: float = field(default=float(1 << 20), metadata={"min": 0.0, "doc": (
+        "an edge whose tensor is larger (in bytes) is critical")})
+    critical_path: bool = field(default=True, metadata={"doc": (
+        "the edges of the longest path are critical too")})
+    balance: float = field(default=1.2, metadata={"min": 1.0, "max": 100.0, "doc": (
+        "bound on max part load ÷ mean load (FLOPs)")})
+    threshold: float = field(default=-0.5, metadata={"min": -1000.0, "max": 1000.0, "doc": (
+        "a boundary sub-task moves when second gain − first gain exceeds this")})
+    target: str = field(default="every", metadata={"choices": ("every", "flow"), "doc": (
+        "where it moves: the best other part (`every`) or the first in flow order among its "
+        "neighbours' parts (`flow`)")})
+    tries: int = field(default=8, metadata={"min": 1, "max": 1000, "doc": (
+        "random initial partitions of the sets, each refined; the best is kept")})
+    seed: int = field(default=0, metadata={"doc": "the partitioner's random numbers"})
 
 
 @dataclass(frozen=True)
 class Job:
-    name: str = "job"
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    placement: PlacementConfig = field(default_factory=PlacementConfig)
-    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    name: str = field(default="job", metadata={"doc": (
+        "names the run directory (letters, digits, `-`, `_` or `.`)")})
+    data: DataConfig = field(default_factory=DataConfig, metadata={"doc": (
+        "the data: where it is, its columns, the eval split, sample weights")})
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"doc": (
+        "the network: embeddings and an MLP")})
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"doc": (
+        "training: epochs, batches, dense synchronisation, learning rates, timeouts")})
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig, metadata={"doc": (
+        "when sync mode `lazy` combines the workers' dense weights, and when the aggregator "
+        "backs them up; every key is live: changeable while the job runs (`zbus-ctl set`, "
+        "the console)")})
+    cluster: ClusterConfig = field(default_factory=ClusterConfig, metadata={"doc": (
+        "the processes, their endpoints, timing and security")})
+    placement: PlacementConfig = field(default_factory=PlacementConfig, metadata={"doc": (
+        "where embedding keys live")})
+    partition: PartitionConfig = field(default_factory=PartitionConfig, metadata={"doc": (
+        "how the network is split over a model-parallel group (`roles/model/partitioner.py`)")})
     origin: str = field(default="", metadata={"internal": True})  # where the job was read
 
     def __post_init__(self) -> None:

@@ -39,26 +39,52 @@ MAX_FEEDERS = 16
 class ClusterConfig:
     """Counts of processes and the endpoints they bind and connect to."""
 
-    workers: int = field(default=2, metadata={"min": 1, "max": 255})
-    shards: int = field(default=2, metadata={"min": 1, "max": 255})
-    aggregators: int = field(default=1, metadata={"min": 1, "max": MAX_AGGREGATORS})
-    parts: int = field(default=1, metadata={"min": 1, "max": MAX_PARTS})  # per worker group
-    feeders: int = field(default=1, metadata={"min": 1, "max": MAX_FEEDERS})
-    host: str = "127.0.0.1"
-    base_port: int = field(default=47100, metadata={"min": 1024, "max": 65000})
-    endpoints: dict[str, str] = field(default_factory=dict)
-    heartbeat_s: float = field(default=1.0, metadata={"min": 0.05, "max": 60.0})
-    status_s: float = field(default=0.25, metadata={"min": 0.05, "max": 10.0})
-    node_timeout_s: float = field(default=10.0, metadata={"min": 0.5})
-    start_timeout_s: float = field(default=180.0, metadata={"min": 1.0})
-    orphan_timeout_s: float = field(default=120.0, metadata={"min": 1.0})
-    max_message_mb: float = field(default=256.0, metadata={"min": 0.01})
-    interfaces: list[str] = field(default_factory=list)  # for network utilisation; [] = auto
-    link_mbps: float = field(default=10_000.0, metadata={"min": 1.0})
+    workers: int = field(default=2, metadata={"min": 1, "max": 255, "doc": (
+        "worker processes the job starts with (more may join)")})
+    shards: int = field(default=2, metadata={"min": 1, "max": 255, "doc": "ps shards"})
+    aggregators: int = field(default=1, metadata={"min": 1, "max": MAX_AGGREGATORS, "doc": (
+        "aggregator processes; more than one: hierarchical aggregation")})
+    parts: int = field(default=1, metadata={"min": 1, "max": MAX_PARTS, "doc": (
+        "processes per worker: more than one makes each worker a model-parallel group of "
+        "that many (not with sync `step`)")})
+    feeders: int = field(default=1, metadata={"min": 1, "max": MAX_FEEDERS, "doc": (
+        "feeder processes, each feeding its slice of the data (not with sync `round`)")})
+    host: str = field(default="127.0.0.1", metadata={"doc": "address of the default endpoints"})
+    base_port: int = field(default=47100, metadata={"min": 1024, "max": 65000, "doc": (
+        "first port of the default endpoints (each endpoint at a fixed offset from it)")})
+    endpoints: dict[str, str] = field(default_factory=dict, metadata={"doc": (
+        "the `[cluster.endpoints]` table: per-endpoint address overrides, `tcp://` or "
+        "`ipc://`, for `control`, `control_pub`, `control_req`, `status`, `samples`, "
+        "`ledger`, `samples-<i>`, `ledger-<i>`, `aggregator`, `aggregator_pub`, "
+        "`aggregator-<i>`, `ps-<i>`, `group-<g>-<p>`")})
+    heartbeat_s: float = field(default=1.0, metadata={"min": 0.05, "max": 60.0, "doc": (
+        "heartbeat interval, and the longest a role's poll waits")})
+    status_s: float = field(default=0.25, metadata={"min": 0.05, "max": 10.0, "doc": (
+        "control publishes its status for consoles this often")})
+    node_timeout_s: float = field(default=10.0, metadata={"min": 0.5, "doc": (
+        "a node silent this long is failed: a worker's batches go to the others, a part ends "
+        "its group, a shard, a feeder or an aggregator is waited for (up to "
+        "`recovery_timeout_s`) or replaced as the recovery design says, else the job fails")})
+    start_timeout_s: float = field(default=180.0, metadata={"min": 1.0, "doc": (
+        "every node must be ready within this")})
+    orphan_timeout_s: float = field(default=120.0, metadata={"min": 1.0, "doc": (
+        "a node that hears nothing from control this long exits (a killed control must be "
+        "resumed within it)")})
+    max_message_mb: float = field(default=256.0, metadata={"min": 0.01, "doc": (
+        "larger incoming messages are refused by ZeroMQ (the connection that carried one is "
+        "dropped; the sender's socket connects again)")})
+    interfaces: list[str] = field(default_factory=list, metadata={"doc": (
+        "network interfaces counted for utilisation; empty: loopback when the whole cluster "
+        "is on one host, else every interface but loopback")})
+    link_mbps: float = field(default=10_000.0, metadata={"min": 1.0, "doc": (
+        "capacity (Mbit/s) of an interface whose speed psutil does not report")})
     # CURVE authentication and encryption (zbus.security): on, off, or auto (on as soon as
     # some endpoint is not on this host); the key pairs and the allow-list live in keys_dir
-    curve: str = field(default="auto", metadata={"choices": ("auto", "on", "off")})
-    keys_dir: str = "keys"
+    curve: str = field(default="auto", metadata={"choices": ("auto", "on", "off"), "doc": (
+        "CURVE authentication and encryption: `auto` (on as soon as an endpoint is not on "
+        "this host), `on`, `off`")})
+    keys_dir: str = field(default="keys", metadata={"doc": (
+        "the key pairs and `allowed/` made by `zbus-keys` (relative to where a role starts)")})
 
     def __post_init__(self) -> None:
         names = self.endpoint_names()
