@@ -79,6 +79,8 @@ ENVIRONMENT = {
     "ZBUS_BIND_INTERFACE": "bind on this network interface (`*`: all of them)",
     "ZBUS_RUN_DIR": "the run directory (default `runs/<name>-<YYYYmmdd-HHMMSS>/`)",
     "ZBUS_LOG_LEVEL": "log level (default `INFO`)",
+    "ZBUS_CACHE_DIR": "where the data's index and statistics are cached (overrides "
+                      "`[data] cache_dir`)",
     "ZBUS_VENV": "the virtual environment the scripts set up and run (default `.venv`)",
     "PYTHON": "the Python (≥ 3.11) the set-up makes `.venv` with (default `python3`)",
     "ZBUS_TORCH_SPEC": "the torch requirement the set-up installs when torch is missing "

@@ -1,3 +1,6 @@
+"""The data layer on its own (roles.data): the generator, the statistics, and a part's batches
+through the shuffle buffer; the shipped Adult data read whole."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,42 +9,142 @@ import numpy as np
 import pytest
 
 from roles.algorithms.metrics import auc
-from roles.data.dataset import load_dataset
-from roles.data.readers import DataError
-from roles.data.synthetic import generate
+from roles.data.index import index_files, plan_parts
+from roles.data.readers import Schema, read_part
+from roles.data.source import DataSource
+from roles.data.stats import Moments, merge_summaries, part_summary, summarize
+from roles.data.stream import Preparer, Tally, Weighting, eval_batches, training_batches
+from roles.data.synthetic import BLOCK_ROWS, CRITEO_VOCAB, Generator, ZipfLaw
+from roles.data.transforms import DenseTransform, signed_log1p
 from roles.job.settings import load_job, parse_job
 
 ADULT = Path(__file__).resolve().parent.parent / "jobs" / "adult.toml"
 
 
-def test_synthetic_data_is_deterministic_and_has_a_planted_signal():
-    a = generate(5000, [10, 100], 2, 1.1, 0.6, 30, seed=4)
-    b = generate(5000, [10, 100], 2, 1.1, 0.6, 30, seed=4)
-    assert np.array_equal(a.values, b.values) and np.array_equal(a.labels, b.labels)
-    assert 0.2 < a.labels.mean() < 0.3
-    assert 0.6 < auc(a.labels, a.probs) < 0.95  # chance is 0.5
-    assert np.all(np.diff(a.timestamps) >= 0)
-    top = np.bincount(a.values[:, 1]).max() / len(a.values)
+def test_synthetic_rows_are_the_same_however_they_are_cut_and_have_a_planted_signal():
+    g = Generator(200_000, [10, 100], 2, 1.1, 0.6, 30, seed=4)
+    whole = g.rows_between(0, 150_000)
+    pieces = [g.rows_between(a, b) for a, b in ((0, 1000), (1000, BLOCK_ROWS + 7),
+                                                (BLOCK_ROWS + 7, 150_000))]
+    assert np.array_equal(np.concatenate([p.values for p in pieces]), whole.values)
+    assert np.array_equal(np.concatenate([p.labels for p in pieces]), whole.labels)
+    again = Generator(200_000, [10, 100], 2, 1.1, 0.6, 30, seed=4).rows_between(0, 150_000)
+    assert np.array_equal(again.dense, whole.dense)
+    assert 0.2 < whole.labels.mean() < 0.3
+    assert 0.6 < auc(whole.labels, whole.probs) < 0.95  # chance is 0.5
+    assert np.all(np.diff(whole.timestamps) >= 0)
+    top = np.bincount(whole.values[:, 1]).max() / len(whole.values)
     assert top > 0.1  # Zipf: the most popular of 100 values takes a large share
 
 
+def test_zipf_ranks_follow_the_law_with_no_table_for_a_huge_vocabulary():
+    u = np.random.default_rng(0).random(400_000)
+    small = ZipfLaw(10, 1.1).ranks(u)
+    p = np.arange(1, 11) ** -1.1
+    assert np.allclose(np.bincount(small, minlength=11)[1:] / len(u), p / p.sum(), atol=3e-3)
+    huge = ZipfLaw(CRITEO_VOCAB[2], 1.1)
+    ranks = huge.ranks(u)
+    assert len(huge.cum) == ZipfLaw.HEAD and ranks.max() > 10 * ZipfLaw.HEAD
+    assert ranks.min() >= 1 and ranks.max() <= CRITEO_VOCAB[2]
+
+
+def test_moments_merge_to_the_whole_columns_statistics():
+    rng = np.random.default_rng(1)
+    x = rng.lognormal(1, 1, (3000, 3))
+    x[rng.random(x.shape) < 0.2] = np.nan
+    parts = [Moments.of(signed_log1p(x[a:b])) for a, b in ((0, 7), (7, 2000), (2000, 3000))]
+    merged = parts[0].merge(parts[1]).merge(parts[2]).transform(True)
+    whole = DenseTransform.fit(x, True)
+    assert np.allclose(merged.mean, whole.mean) and np.allclose(merged.std, whole.std)
+
+
+def adult_source() -> DataSource:
+    source = DataSource(load_job(str(ADULT), environ={}))
+    files, parts, n_train = source.index()
+    source.files = files
+    return source
+
+
 def test_adult_from_the_shipped_copy():
-    d = load_dataset(load_job(str(ADULT), environ={}))
-    assert d.keys.shape == (48842, 8) and d.dense.shape == (48842, 6)
-    assert d.n_train == 39074 and d.n_eval == 9768
-    assert d.rejected == [] and d.oracle_auc is None
-    assert abs(float(d.dense[:d.n_train].mean())) < 1e-3
+    source = adult_source()
+    files, parts, n_train = source.index()
+    assert n_train == 39074 and files[0].rows == 48842 and files[0].kind == "gzip"
+    assert [(p.rows, p.eval) for p in parts] == [(39074, False), (9768, True)]
+    tally = Tally()
+    train = parts[0]
+    s = summarize(source.blocks(train), train.number, 6, True, 10**9, True)
+    assert (s.rows_read, s.rows, s.rejected) == (39074, 39074, 0)
+    transform, newest = merge_summaries([s], True, 6)
+    prepare = Preparer(source.schema.sparse, transform, None)
+    batches = list(eval_batches(source.blocks(parts[1]), prepare, tally, 256))
+    assert sum(len(b) for b in batches) == 9768 and tally.rejected == 0
+    assert batches[0].keys.shape == (256, 8) and batches[0].dense.shape == (256, 6)
 
 
-def test_synthetic_job_reports_oracle_auc():
-    job = parse_job("[data]\nsource = 'synthetic'\n[data.synthetic]\nrows = 2000\n", environ={})
-    d = load_dataset(job)
-    assert d.n_train == 1600 and 0.5 < d.oracle_auc < 1.0
+def synthetic_batches(epoch: int, part_number: int = 0, by_label: bool = False,
+                      buffer_rows: int = 3000):
+    job = parse_job("[data]\nsource = 'synthetic'\n[data.synthetic]\nrows = 20000\n",
+                    environ={})
+    source = DataSource(job)
+    _, parts, _ = source.index()
+    part = parts[part_number]
+    prepare = Preparer(source.schema.sparse, DenseTransform(True, np.zeros(4), np.ones(4)),
+                       None)
+    tally = Tally()
+    batches = list(training_batches(source.blocks(part), prepare, tally,
+                                    buffer_rows=buffer_rows, batch_size=256, seed=7,
+                                    epoch=epoch, part=part.number, by_label=by_label))
+    return batches, tally, part
 
 
-def test_too_many_rejected_rows_means_a_wrong_schema(tmp_path):
-    (tmp_path / "d.csv").write_text("y,n,c\n" + "x,1,a\n" * 10 + "1,1,a\n")
-    job = parse_job(f"[data]\npath = '{tmp_path / 'd.csv'}'\nlabel = 'y'\ndense = ['n']\n"
-                    "sparse = ['c']\n", environ={})
-    with pytest.raises(DataError, match="10 of 11 rows rejected"):
-        load_dataset(job)
+def test_a_parts_batches_are_replayable_and_hold_each_sample_once():
+    first, tally, part = synthetic_batches(epoch=0)
+    again, _, _ = synthetic_batches(epoch=0)
+    other, _, _ = synthetic_batches(epoch=1)
+    assert [b.keys.tolist() for b in first] == [b.keys.tolist() for b in again]
+    assert [b.keys.tolist() for b in first] != [b.keys.tolist() for b in other]
+    rows = np.concatenate([np.concatenate([b.keys, b.dense], axis=1) for b in first])
+    ordered = np.concatenate([np.concatenate([b.keys, b.dense], axis=1)
+                              for b in synthetic_batches(epoch=0, buffer_rows=10**6)[0]])
+    assert tally.samples == part.rows == len(rows) == 16000
+    # every sample once (same multiset as a full shuffle), in another order
+    assert sorted(map(tuple, rows.tolist())) == sorted(map(tuple, ordered.tolist()))
+    assert all(len(b) == 256 for b in first[:-1])
+
+
+def test_label_grouped_batches_hold_one_label_each():
+    batches, tally, _ = synthetic_batches(epoch=0, by_label=True)
+    assert all(len(np.unique(b.labels)) == 1 for b in batches)
+    assert sum(len(b) for b in batches) == tally.samples == 16000
+    assert sum(len(b) < 256 for b in batches) <= 2  # each label's last batch may be short
+
+
+def test_weighting_in_the_stream_counts_dropped_and_merged_rows():
+    job = parse_job("[data]\nsource = 'synthetic'\nmerge = true\ndecay_base = 3.0\n"
+                    "drop_below = 0.01\n[data.synthetic]\nrows = 20000\nvocab = [2, 2]\n"
+                    "dense = 0\ndays = 60\n", environ={})
+    source = DataSource(job)
+    _, parts, _ = source.index()
+    newest = max(int(b.timestamps.max()) for b in source.blocks(parts[0])) // 86400
+    prepare = Preparer(source.schema.sparse, DenseTransform(True, np.zeros(0), np.ones(0)),
+                       Weighting(3.0, 86400, 0.01, True, newest))
+    tally = Tally()
+    batches = list(training_batches(source.blocks(parts[0]), prepare, tally, buffer_rows=5000,
+                                    batch_size=256, seed=1, epoch=0, part=0, by_label=False))
+    assert tally.dropped > 0 and tally.merged > 0
+    assert tally.samples + tally.dropped + tally.merged == tally.rows_read == parts[0].rows
+    assert sum(len(b) for b in batches) == tally.samples
+    assert all((b.weights >= 0.01).all() for b in batches)
+
+
+def test_the_statistics_of_a_part_are_cached_and_sampled(tmp_path):
+    source = adult_source()
+    _, parts, _ = source.index()
+    kw = dict(fmt=source.fmt, schema=source.schema, log1p=True, whole=False,
+              cache_dir=tmp_path)
+    sample = part_summary(source.files, parts[0], sample_rows=1000, **kw)
+    assert sample.rows >= 1000 and not sample.complete and list(tmp_path.iterdir())
+    cached = part_summary(source.files, parts[0], sample_rows=1000, **kw)
+    assert np.array_equal(cached.moments.mean, sample.moments.mean)
+    whole = part_summary(source.files, parts[0], sample_rows=10**9, **kw)
+    assert whole.complete and whole.rows == 39074

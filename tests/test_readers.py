@@ -1,12 +1,20 @@
+"""Reading parts of files (roles.data.index, roles.data.readers): values, bad rows with their
+line numbers, the three text formats, gzip, Parquet, and cutting files into parts."""
+
 from __future__ import annotations
 
 import gzip
 import math
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from roles.data.readers import DataError, Schema, read_table, resolve_paths
+from roles.data.index import DataError, index_files, plan_parts, resolve_paths
+from roles.data.readers import Schema, read_part
 
 SCHEMA = Schema(label="y", dense=["n", "m"], sparse=["c", "d"], positive=("yes",),
                 negative=("no",), timestamp="ts")
@@ -15,6 +23,20 @@ SCHEMA = Schema(label="y", dense=["n", "m"], sparse=["c", "d"], positive=("yes",
 def write(path, text):
     path.write_text(text)
     return str(path)
+
+
+def read_all(paths: list[str], fmt: str, schema: Schema, part_mb: float = 64.0):
+    """Every row of the files (training and eval parts, in file order), joined."""
+    files = index_files(paths, fmt)
+    parts, _ = plan_parts(files, 0.5, part_mb)
+    blocks = [b for p in parts for b in read_part(files, p, fmt, schema)]
+    labels = np.concatenate([b.labels for b in blocks])
+    dense = np.concatenate([b.dense for b in blocks])
+    sparse = [sum((b.sparse[f].cast(pa.string()).to_pylist() for b in blocks), [])
+              for f in range(len(schema.sparse))]
+    stamps = np.concatenate([b.timestamps for b in blocks]) if schema.timestamp else None
+    rejected = [r for b in blocks for r in b.rejected]
+    return labels, dense, sparse, stamps, sum(b.rows_read for b in blocks), rejected
 
 
 def test_csv_reads_values_and_sets_bad_rows_aside(tmp_path):
@@ -31,14 +53,15 @@ def test_csv_reads_values_and_sets_bad_rows_aside(tmp_path):
         "no,1,2,a,b,\n"           # 10 missing timestamp
         'yes,3,4,"x, y",b,106\n'  # 11 ok: quoted field with a comma
     )
-    t = read_table([write(tmp_path / "a.csv", text)], "csv", SCHEMA)
-    assert t.labels.tolist() == [1.0, 0.0, 1.0]
-    assert t.dense[0].tolist() == [1.0, 2.0]
-    assert math.isnan(t.dense[1, 0]) and math.isnan(t.dense[1, 1])
-    assert t.sparse.tolist() == [["a", "b"], ["", "b"], ["x, y", "b"]]
-    assert t.timestamps.tolist() == [100, 101, 106]
-    assert t.rows_read == 9
-    assert [(r.line, r.reason) for r in t.rejected] == [
+    labels, dense, sparse, stamps, rows_read, rejected = read_all(
+        [write(tmp_path / "a.csv", text)], "csv", SCHEMA)
+    assert labels.tolist() == [1.0, 0.0, 1.0]
+    assert dense[0].tolist() == [1.0, 2.0]
+    assert math.isnan(dense[1, 0]) and math.isnan(dense[1, 1])
+    assert sparse == [["a", None, "x, y"], ["b", "b", "b"]]
+    assert stamps.tolist() == [100, 101, 106]
+    assert rows_read == 9
+    assert [(r.line, r.reason) for r in rejected] == [
         (4, "expected 6 fields, got 4"),
         (5, "column 'n': cannot parse 'abc' as a number"),
         (6, "column 'n': non-finite value 'nan'"),
@@ -46,18 +69,26 @@ def test_csv_reads_values_and_sets_bad_rows_aside(tmp_path):
         (8, "label 'maybe' is not a known value"),
         (10, "missing timestamp"),
     ]
-    assert t.rejected[0].text == "no,1,2,a"
+    assert rejected[0].text == "no,1,2,a"
 
 
 def test_tsv_and_gzip(tmp_path):
     path = tmp_path / "a.tsv.gz"
     with gzip.open(path, "wt") as f:
-        f.write("c\tn\ty\n" "a\t5\t1\n" "b\t-2\t0\n" "c\t1\tx\n")
-    schema = Schema(label="y", dense=["n"], sparse=["c"])
-    t = read_table([str(path)], "tsv", schema)
-    assert t.labels.tolist() == [1.0, 0.0]
-    assert t.dense[:, 0].tolist() == [5.0, -2.0]
-    assert [r.reason for r in t.rejected] == ["column 'y': cannot parse 'x' as a number"]
+        f.write("c\tn\ty\n" "a\t5\t1\n" "b\t-2\t0\n" "c\t1\tx\n" "d\t3\t1\n")
+    labels, dense, _, _, _, rejected = read_all([str(path)], "tsv",
+                                                Schema(label="y", dense=["n"], sparse=["c"]))
+    assert labels.tolist() == [1.0, 0.0, 1.0]
+    assert dense[:, 0].tolist() == [5.0, -2.0, 3.0]
+    assert [(r.line, r.reason) for r in rejected] == [
+        (4, "column 'y': cannot parse 'x' as a number")]
+
+
+def test_a_damaged_gzip_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "a.tsv.gz"
+    path.write_bytes(gzip.compress(b"c\tn\ty\n" + b"a\t5\t1\n" * 5000)[:-40])
+    with pytest.raises(DataError, match="a.tsv.gz is damaged"):
+        index_files([str(path)], "tsv")
 
 
 def test_criteo_format_has_no_header(tmp_path):
@@ -66,28 +97,46 @@ def test_criteo_format_has_no_header(tmp_path):
     text = "\t".join(row) + "\n" + "\t".join(empty) + "\n" + "\t".join(row[:20]) + "\n"
     schema = Schema(label="label", dense=[f"I{i}" for i in range(1, 14)],
                     sparse=[f"C{i}" for i in range(1, 27)])
-    t = read_table([write(tmp_path / "day_0", text)], "criteo", schema)
-    assert t.labels.tolist() == [1.0, 0.0]
-    assert t.dense[0].tolist() == list(map(float, range(13)))
-    assert np.isnan(t.dense[1]).all()
-    assert t.sparse[0, 25] == f"{25:08x}" and t.sparse[1, 0] == ""
-    assert [(r.line, r.reason) for r in t.rejected] == [(3, "expected 40 fields, got 20")]
+    labels, dense, sparse, _, _, rejected = read_all([write(tmp_path / "day_0", text)],
+                                                     "criteo", schema)
+    assert labels.tolist() == [1.0, 0.0]
+    assert dense[0].tolist() == list(map(float, range(13)))
+    assert np.isnan(dense[1]).all()
+    assert sparse[25][0] == f"{25:08x}" and sparse[0][1] is None
+    assert [(r.line, r.reason) for r in rejected] == [(3, "expected 40 fields, got 20")]
 
 
-def test_several_files_by_glob(tmp_path):
+def test_parquet_columns_by_name_and_bad_rows_by_row_number(tmp_path):
+    table = pa.table({"y": [1, 0, 1, None], "n": [1.5, None, float("inf"), 2.0],
+                      "c": ["a", None, "b", "c"], "other": [1, 2, 3, 4]})
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=2)
+    schema = Schema(label="y", dense=["n"], sparse=["c"])
+    labels, dense, sparse, _, rows_read, rejected = read_all(
+        [str(tmp_path / "a.parquet")], "parquet", schema)
+    assert labels.tolist() == [1.0, 0.0] and sparse == [["a", None]]
+    assert dense[0, 0] == 1.5 and math.isnan(dense[1, 0]) and rows_read == 4
+    assert [(r.line, r.reason) for r in rejected] == [
+        (3, "column 'n': non-finite value 'inf'"), (4, "missing label")]
+
+
+def test_several_files_by_glob_or_directory(tmp_path):
     for name in ("p1.csv", "p2.csv"):
         write(tmp_path / name, "y,n,m,c,d,ts\nyes,1,2,a,b,1\n")
     paths = resolve_paths(str(tmp_path / "p*.csv"))
     assert [p.rsplit("/", 1)[1] for p in paths] == ["p1.csv", "p2.csv"]
-    assert len(read_table(paths, "csv", SCHEMA).labels) == 2
+    assert resolve_paths(str(tmp_path)) == paths
+    assert len(read_all(paths, "csv", SCHEMA)[0]) == 2
 
 
-def test_missing_file_and_missing_column_are_named(tmp_path):
+def test_missing_file_directory_and_column_are_named(tmp_path):
     with pytest.raises(DataError, match="matches no file"):
         resolve_paths(str(tmp_path / "none*.csv"))
-    path = write(tmp_path / "a.csv", "y,n,c,d,ts\n")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="is a directory with no data file"):
+        resolve_paths(str(tmp_path / "empty"))
+    path = write(tmp_path / "a.csv", "y,n,c,d,ts\nyes,1,a,b,1\nno,2,a,b,1\n")
     with pytest.raises(DataError, match="dense column 'm' is not in"):
-        read_table([path], "csv", SCHEMA)
+        read_all([path], "csv", SCHEMA)
 
 
 def test_timestamps_are_unix_seconds_or_iso_dates_and_anything_else_is_a_rejected_row(tmp_path):
@@ -99,9 +148,9 @@ def test_timestamps_are_unix_seconds_or_iso_dates_and_anything_else_is_a_rejecte
             "no,1,2,a,b,1767312000.9\n"                 # 6 unix seconds
             "no,1,2,a,b,1e19\n"                         # 7 beyond 2**53 seconds
             "no,1e39,2,a,b,1\n")                        # 8 beyond float32
-    t = read_table([write(tmp_path / "a.csv", text)], "csv", SCHEMA)
-    assert t.timestamps.tolist() == [1767312000, 1767312000, 1767312000]
-    assert [(r.line, r.reason) for r in t.rejected] == [
+    *_, stamps, _, rejected = read_all([write(tmp_path / "a.csv", text)], "csv", SCHEMA)
+    assert stamps.tolist() == [1767312000, 1767312000, 1767312000]
+    assert [(r.line, r.reason) for r in rejected] == [
         (4, "timestamp 'yesterday' is neither unix seconds nor an ISO 8601 date/time"),
         (5, "timestamp 'inf' is out of range"), (7, "timestamp '1e19' is out of range"),
         (8, "column 'n': '1e39' is out of float32 range")]
@@ -109,5 +158,52 @@ def test_timestamps_are_unix_seconds_or_iso_dates_and_anything_else_is_a_rejecte
 
 def test_a_schema_without_label_reads_rows_for_scoring(tmp_path):
     schema = Schema(label="", dense=["n"], sparse=["c"])
-    t = read_table([write(tmp_path / "a.csv", "c,n\na,1\nb,2\n")], "csv", schema)
-    assert np.isnan(t.labels).all() and t.dense[:, 0].tolist() == [1.0, 2.0]
+    labels, dense, *_ = read_all([write(tmp_path / "a.csv", "c,n\na,1\nb,2\n")], "csv", schema)
+    assert np.isnan(labels).all() and dense[:, 0].tolist() == [1.0, 2.0]
+
+
+def test_the_eval_split_is_the_last_fraction_of_rows_or_its_own_files(tmp_path):
+    lines = "".join(f"yes,{i},2,a,b,1\n" for i in range(10))
+    write(tmp_path / "a.csv", "y,n,m,c,d,ts\n" + lines)
+    write(tmp_path / "b.csv", "y,n,m,c,d,ts\n" + lines)
+    files = index_files([str(tmp_path / "a.csv"), str(tmp_path / "b.csv")], "csv")
+    parts, n_train = plan_parts(files, 0.25, 64)
+    assert n_train == 15
+    assert [(p.file, p.first_row, p.rows, p.eval) for p in parts] == [
+        (0, 0, 10, False), (1, 0, 5, False), (1, 5, 5, True)]
+    own = index_files([str(tmp_path / "b.csv")], "csv")
+    parts, n_train = plan_parts(files[:1], 0.25, 64, eval_files=own)
+    assert n_train == 10 and [(p.file, p.rows, p.eval) for p in parts] == [
+        (0, 10, False), (1, 10, True)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(st.characters(blacklist_characters="\n\r"), max_size=40),
+                min_size=2, max_size=200), st.floats(0.0002, 0.02), st.booleans())
+def test_byte_ranges_never_drop_or_split_a_line(lines, part_mb, trailing_newline):
+    """Parts cut at marks (and at the eval split) cover every line once, whole."""
+    import tempfile
+
+    import roles.data.index as index
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/d.tsv"
+        body = "\n".join(["h"] + [line.replace("\t", " ") or "x" for line in lines])
+        with open(path, "wb") as f:
+            f.write((body + ("\n" if trailing_newline else "")).encode(
+                "utf-8", errors="surrogatepass"))
+        mark, index.MARK_BYTES = index.MARK_BYTES, 64   # many marks on a small file
+        try:
+            files = index_files([path], "tsv")
+        finally:
+            index.MARK_BYTES = mark
+        parts, _ = plan_parts(files, 0.3, part_mb)
+        data = open(path, "rb").read()
+        pieces = [data[p.start:p.end] for p in parts]
+        assert b"".join(pieces) == data[files[0].data_start:]      # nothing dropped or twice
+        assert all(p.start == files[0].data_start or data[p.start - 1:p.start] == b"\n"
+                   for p in parts)                                # each begins a line
+        assert [len(x.splitlines()) for x in pieces] == [p.rows for p in parts]
+        assert sum(p.rows for p in parts) == len(lines)
+        assert [p.first_row for p in parts] == [sum(q.rows for q in parts[:i])
+                                                for i in range(len(parts))]

@@ -76,3 +76,27 @@ def test_a_merged_batch_trains_exactly_like_the_unmerged_one():
     summed = np.zeros_like(merged[2])
     np.add.at(summed, rows, plain[2])
     assert np.allclose(merged[2], summed, atol=1e-6)
+
+
+def test_drop_below_applies_to_the_weight_after_merging():
+    """1,000 identical rows 8 days old: e^-8 each (below 0.001), but one sample of weight
+    e^-8 x 1000 = 0.34 once merged: it is kept, not dropped."""
+    n = 1000
+    stamps = np.full(n, 2 * DAY)
+    stamps[-1] = 10 * DAY  # the newest row, of another sample
+    keys = np.zeros((n, 1), np.int64)
+    keys[-1] = 7
+    got = weigh(keys, np.zeros((n, 0), np.float32), np.ones(n), stamps, base=np.e,
+                unit_s=DAY, drop_below=0.001, merge=True)
+    assert got.dropped == 0 and got.counts.tolist() == [999, 1]
+    assert got.weights[0] == pytest.approx(999 * np.exp(-8), rel=1e-5)
+    alone = weigh(keys, np.zeros((n, 0), np.float32), np.ones(n), stamps, base=np.e,
+                  unit_s=DAY, drop_below=0.001, merge=False)
+    assert alone.dropped == 999  # unmerged, each old row is below drop_below
+
+
+def test_age_counts_from_the_newest_bucket_of_the_data_when_given():
+    stamps = np.array([5 * DAY, 6 * DAY])
+    got = weigh(np.zeros((2, 1), np.int64), np.zeros((2, 0), np.float32), np.ones(2), stamps,
+                base=2.0, unit_s=DAY, drop_below=0.0, merge=False, newest=8)
+    assert got.weights.tolist() == [0.125, 0.25]

@@ -1,29 +1,36 @@
 """Sparse keys: every categorical value becomes a 64-bit key, hashed together with its field,
-the same on every host and in every process (blake2b, not Python's salted ``hash``)."""
+the same on every host, in every process and across versions (``KEY_HASH`` names the function;
+an export records it and ``zbus-predict`` refuses an export hashed otherwise).
+
+The key of value v (its UTF-8 bytes, surrounding whitespace removed; an empty, ``?`` or absent
+value is the field's own "missing" value, the empty string) of field f:
+
+    h = seed(f)                                  blake2b-64 of the field's name
+    for each 8-byte word w of v (little-endian, the last one zero-padded; one zero word when
+    v is empty): h = splitmix64(h xor w)
+    key = splitmix64(h xor (len(v) * 0x9E3779B97F4A7C15 + 1)), as a signed 64-bit integer
+
+It is vectorised: a block's column is dictionary-encoded (pyarrow), the distinct values are
+hashed word by word with numpy over all of them at once, and every row takes its value's key
+by index. (blake2b of each distinct value, as zbus did before, costs a Python call per value;
+``scripts/bench_ingest.py`` measures both.)
+"""
 
 from __future__ import annotations
 
 from hashlib import blake2b
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
+KEY_HASH = "zbus-key-v2"
+MISSING = ("", "?")
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
-
-
-def hash_value(field: str, value: str) -> int:
-    """The signed 64-bit key of one value of one field."""
-    digest = blake2b(f"{field}\x1f{value}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
-
-
-def hash_column(field: str, values: np.ndarray) -> np.ndarray:
-    """Keys of a column of values (any dtype; hashed as text); each distinct value hashed once."""
-    uniq, inverse = np.unique(np.asarray(values), return_inverse=True)
-    keys = np.fromiter((hash_value(field, str(v)) for v in uniq), dtype=np.int64,
-                       count=len(uniq))
-    return keys[inverse.reshape(-1)]
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_LEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
@@ -31,9 +38,93 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
     z = np.asarray(x).astype(np.uint64, copy=True)
     with np.errstate(over="ignore"):
         z += _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
+        z = (z ^ (z >> _S30)) * _M1
+        z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)
+
+
+def field_seed(field: str) -> np.uint64:
+    return np.uint64(int.from_bytes(blake2b(field.encode(), digest_size=8).digest(), "little"))
+
+
+def _words(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
+    """The strings as rows of ``width`` bytes (zero-padded), viewed as little-endian words."""
+    n = len(starts)
+    if n and (lengths == width).all() and (np.diff(starts) == width).all():
+        flat = data[int(starts[0]):int(starts[0]) + n * width]  # equal lengths, back to back
+    else:
+        at = starts[:, None] + np.arange(width)
+        flat = np.where(np.arange(width) < lengths[:, None],
+                        data[np.minimum(at, max(len(data) - 1, 0))] if len(data) else 0, 0)
+    return np.ascontiguousarray(flat, dtype=np.uint8).reshape(n, width).view("<u8")
+
+
+def _hash_buffers(seed: np.uint64, data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Keys (uint64) of the strings ``data[offsets[i]:offsets[i+1]]``."""
+    starts = offsets[:-1].astype(np.int64)
+    lengths = offsets[1:].astype(np.int64) - starts
+    n = len(starts)
+    if not n:
+        return np.zeros(0, dtype=np.uint64)
+    nwords = max(1, int(-(-int(lengths.max()) // 8)))
+    h = np.full(n, seed, dtype=np.uint64)
+    rows = max(1, (1 << 25) // (8 * nwords))  # bounded scratch for very long values
+    for lo in range(0, n, rows):
+        part = slice(lo, lo + rows)
+        words = _words(data, starts[part], lengths[part], 8 * nwords)
+        g = h[part]
+        for j in range(nwords):
+            mixed = splitmix64(g ^ words[:, j])
+            g = mixed if j == 0 else np.where(lengths[part] > 8 * j, mixed, g)
+        h[part] = g
+    with np.errstate(over="ignore"):
+        return splitmix64(h ^ (lengths.astype(np.uint64) * _LEN + np.uint64(1)))
+
+
+def _string_buffers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(data bytes, offsets) of a string array without nulls."""
+    if pa.types.is_large_string(values.type):
+        offset_type = np.int64
+    else:
+        values = values.cast(pa.string())
+        offset_type = np.int32
+    _, offsets_buf, data_buf = values.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=offset_type)[values.offset:
+                                                          values.offset + len(values) + 1]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else \
+        np.zeros(0, dtype=np.uint8)
+    return data, offsets
+
+
+def clean(values: pa.Array) -> pa.Array:
+    """Values as keys see them: trimmed, with empty, ``?`` and nulls all the empty string."""
+    values = pc.utf8_trim_whitespace(values.cast(pa.string()))
+    values = pc.if_else(pc.equal(values, "?"), "", values)
+    return pc.fill_null(values, "")
+
+
+def hash_array(field: str, values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Keys (int64) of a column of values of one field: the column is dictionary-encoded as it
+    is, and only its distinct values are cleaned and hashed."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks else pa.array([], pa.string())
+    if not pa.types.is_dictionary(values.type):
+        values = pc.dictionary_encode(values)
+    data, offsets = _string_buffers(clean(values.dictionary))
+    keys = np.append(_hash_buffers(field_seed(field), data, offsets),
+                     _hash_buffers(field_seed(field), data[:0], np.zeros(2, np.int64)))
+    index = values.indices.fill_null(len(keys) - 1)  # a null: the missing value's key
+    return keys.view(np.int64)[index.to_numpy(zero_copy_only=False)]
+
+
+def hash_values(field: str, values: list[str] | np.ndarray) -> np.ndarray:
+    """Keys of values given as Python strings (or numbers, hashed as their text)."""
+    return hash_array(field, pa.array([str(v) for v in values], pa.string()))
+
+
+def hash_value(field: str, value: str) -> int:
+    """The key of one value of one field."""
+    return int(hash_values(field, [value])[0])
 
 
 def shard_of(keys: np.ndarray, shards: int) -> np.ndarray:

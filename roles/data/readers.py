@@ -1,42 +1,47 @@
-"""Readers for the three file formats, one record per line, ``.gz`` read transparently.
+"""Reading a part of the data as blocks of rows, with pyarrow: csv (comma-separated, header
+row, fields may be double-quoted), tsv (tab-separated, header row), criteo (tab-separated, no
+header: label, I1..I13, C1..C26), parquet (columns by name); ``.gz`` text read transparently.
+One record per line; a part is read in chunks of about ``CHUNK_BYTES`` cut at line ends, each
+parsed by pyarrow into typed columns (no per-row Python on this path).
 
-- ``csv``: comma-separated, header row (fields may be double-quoted);
-- ``tsv``: tab-separated, header row;
-- ``criteo``: tab-separated, no header: label, 13 integer columns I1..I13, 26 hex columns C1..C26.
-
-A row is rejected (counted, kept with its file and line number, and the training goes on) when
-it has the wrong number of fields, a number that does not parse, a NaN or infinite number or
-one beyond float32's range, an unknown or missing label, or a missing, unparsable or
-out-of-range timestamp (unix seconds within ±2⁵³, or ISO 8601). A
-schema without a label column (``zbus-predict`` on unlabelled rows) reads labels as NaN. Empty
-lines are skipped.
-Missing values: an empty field or ``?`` is missing; a missing dense value becomes the training
-mean (see ``transforms``), a missing categorical value is its field's own "missing" key.
+A row is rejected (counted, kept with its file and line number — its row number, counted from
+1, in a Parquet file — and the reading goes on) when it has the wrong number of fields, a
+number that does not parse, a NaN or infinite number or one beyond float32's range, an unknown
+or missing label, or a missing, unparsable or out-of-range timestamp (unix seconds within
+±2⁵³, or ISO 8601). When pyarrow cannot convert a chunk (a bad number in it), that chunk alone
+is read again as text and checked column by column to find the rows at fault. A schema without
+a label column (``zbus-predict`` on unlabelled rows) reads labels as NaN. Empty lines are
+skipped. Missing values: an empty field or ``?`` is missing; a missing dense value becomes the
+training mean (see ``transforms``), a missing categorical value is its field's own "missing"
+key (``hashing``).
 """
 
 from __future__ import annotations
 
-import csv
-import glob
 import gzip
-import io
 import math
-import os
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 
+from roles.data.index import CRITEO_COLUMNS, DataError, FileIndex, Part
 from roles.data.transforms import FLOAT32_MAX
 
-MISSING = ("", "?")
+CHUNK_BYTES = 4 << 20
 MAX_TIMESTAMP = 2.0 ** 53  # seconds either side of 1970 that a float holds exactly
-CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
-
-
-class DataError(ValueError):
-    """The data cannot be read as the job describes it (missing file or column, ...)."""
+NUMBER = (r"^[+-]?((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[Nn][Aa][Nn]|[Ii][Nn][Ff]"
+          r"([Ii][Nn][Ii][Tt][Yy])?)$")
+NULLS = ["", "?"]
+CATEGORICAL = pa.dictionary(pa.int32(), pa.string())  # encoded while parsed: keys hash each
+#                                                       distinct value of a chunk once
+__all__ = ["CRITEO_COLUMNS", "DataError", "RawBlock", "Rejected", "Schema", "read_part"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,10 @@ class Schema:
     negative: tuple[str, ...] = ()
     timestamp: str = ""
 
+    def columns(self) -> list[str]:
+        return [*([self.label] if self.label else []), *self.dense, *self.sparse,
+                *([self.timestamp] if self.timestamp else [])]
+
 
 @dataclass(frozen=True)
 class Rejected:
@@ -58,169 +67,360 @@ class Rejected:
 
 
 @dataclass
-class RawTable:
-    """Accepted rows, in file order: label 0/1, dense values (NaN = missing), categorical
-    values as text, timestamps (or None); plus the rejected rows."""
+class RawBlock:
+    """Accepted rows of a chunk, in file order: label 0/1 (NaN without a label column), dense
+    values (NaN = missing), one string column per categorical field, timestamps (or None); and
+    the rejected rows."""
 
     labels: np.ndarray
     dense: np.ndarray
-    sparse: np.ndarray
+    sparse: list[pa.Array]
     timestamps: np.ndarray | None
     rows_read: int
     rejected: list[Rejected] = field(default_factory=list)
 
+    def __len__(self) -> int:
+        return len(self.labels)
 
-def resolve_paths(path: str) -> list[str]:
-    """A file, or every file a glob matches (sorted)."""
-    if any(c in path for c in "*?["):
-        paths = sorted(p for p in glob.glob(path) if os.path.isfile(p))
+
+class _Reasons:
+    """The first reason each row is rejected for (checks run in column order)."""
+
+    def __init__(self, n: int):
+        self.why: list[str | None] = [None] * n
+
+    def add(self, bad: np.ndarray, reason: Callable[[int], str]) -> None:
+        for i in np.flatnonzero(bad):
+            if self.why[i] is None:
+                self.why[i] = reason(int(i))
+
+    def bad(self) -> np.ndarray:
+        return np.array([w is not None for w in self.why], dtype=bool)
+
+
+def _text(col: pa.Array) -> list[str]:
+    return ["" if v is None else v for v in col.cast(pa.string()).to_pylist()]
+
+
+def _numbers(name: str, col: pa.Array, reasons: _Reasons) -> np.ndarray:
+    """A column as float64 (NaN where missing); rows with a bad number get their reason."""
+    if pa.types.is_floating(col.type) or pa.types.is_integer(col.type):
+        values = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        raw = None
     else:
-        paths = [path] if os.path.isfile(path) else []
-    if not paths:
-        raise DataError(f"[data] path {path!r} matches no file")
-    return paths
+        trimmed = pc.utf8_trim_whitespace(col.cast(pa.string()))
+        missing = pc.or_(pc.is_null(trimmed), pc.fill_null(pc.is_in(trimmed, pa.array(NULLS)),
+                                                            False))
+        ok = pc.or_(missing, pc.fill_null(pc.match_substring_regex(trimmed, NUMBER), False))
+        good = pc.if_else(ok, pc.if_else(missing, None, trimmed), None)
+        values = good.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        raw = _text(col)
+        unparsable = ~ok.to_numpy(zero_copy_only=False)
+        reasons.add(unparsable, lambda i: f"column {name!r}: cannot parse "
+                                          f"{raw[i].strip()!r} as a number")
+    values = np.asarray(values, dtype=np.float64)
+    present = ~np.isnan(values) if raw is None else ~np.isnan(values) | np.array(
+        [r.strip().lower() in ("nan", "+nan", "-nan") for r in raw], dtype=bool)
+    finite = np.isfinite(values)
+
+    def text(i: int) -> str:
+        return raw[i].strip() if raw is not None else repr(float(values[i]))
+
+    if raw is not None:
+        reasons.add(present & ~finite, lambda i: f"column {name!r}: non-finite value "
+                                                 f"{text(i)!r}")
+    else:  # typed: NaN cannot be told from missing here, but infinities can
+        reasons.add(np.isinf(values), lambda i: f"column {name!r}: non-finite value "
+                                                f"{text(i)!r}")
+    with np.errstate(invalid="ignore"):
+        reasons.add(finite & (np.abs(values) > FLOAT32_MAX),
+                    lambda i: f"column {name!r}: {text(i)!r} is out of float32 range")
+    return values
 
 
-def _open(path: str) -> io.TextIOBase:
-    if path.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="")
-    return open(path, encoding="utf-8", errors="replace", newline="")
-
-
-def _splitter(fmt: str):
-    if fmt == "csv":
-        def split(line: str) -> list[str]:
-            if '"' in line:
-                return next(csv.reader([line]))
-            return line.split(",")
-        return split
-    return lambda line: line.split("\t")
-
-
-class _RowError(Exception):
-    pass
-
-
-class _RowParser:
-    def __init__(self, columns: list[str], schema: Schema, where: str):
-        index = {name: i for i, name in enumerate(columns)}
-        wanted = ([("label", schema.label)] if schema.label else []) \
-            + [("dense", c) for c in schema.dense] \
-            + [("sparse", c) for c in schema.sparse] \
-            + ([("timestamp", schema.timestamp)] if schema.timestamp else [])
-        for kind, name in wanted:
-            if name not in index:
-                raise DataError(f"[data] {kind} column {name!r} is not in {where} "
-                                f"(columns: {', '.join(columns)})")
-        self.width = len(columns)
-        self.label = index[schema.label] if schema.label else None  # None: scoring only
-        self.label_name = schema.label
-        self.dense = [(c, index[c]) for c in schema.dense]
-        self.sparse = [index[c] for c in schema.sparse]
-        self.timestamp = index[schema.timestamp] if schema.timestamp else None
-        self.positive = set(schema.positive)
-        self.negative = set(schema.negative)
-
-    def parse(self, fields: list[str]) -> tuple[float, list[float], list[str], int]:
-        if len(fields) != self.width:
-            raise _RowError(f"expected {self.width} fields, got {len(fields)}")
-        return (self._label(fields[self.label].strip()) if self.label is not None else math.nan,
-                [self._number(name, fields[i]) for name, i in self.dense],
-                ["" if (v := fields[i].strip()) in MISSING else v for i in self.sparse],
-                self._timestamp(fields[self.timestamp]) if self.timestamp is not None else 0)
-
-    def _label(self, raw: str) -> float:
-        if self.positive:
-            if raw in self.positive:
-                return 1.0
-            if raw in self.negative or (not self.negative and raw not in MISSING):
-                return 0.0
-            raise _RowError(f"label {raw!r} is not a known value")
-        value = self._number(self.label_name, raw)
-        if math.isnan(value):
-            raise _RowError("missing label")
-        return 1.0 if value > 0 else 0.0
-
-    @staticmethod
-    def _number(name: str, raw: str) -> float:
-        raw = raw.strip()
-        if raw in MISSING:
-            return math.nan
-        try:
-            value = float(raw)
-        except ValueError:
-            raise _RowError(f"column {name!r}: cannot parse {raw!r} as a number") from None
-        if not math.isfinite(value):
-            raise _RowError(f"column {name!r}: non-finite value {raw!r}")
-        if abs(value) > FLOAT32_MAX:  # features train as float32
-            raise _RowError(f"column {name!r}: {raw!r} is out of float32 range")
-        return value
-
-    def _timestamp(self, raw: str) -> int:
-        """Unix seconds, or an ISO 8601 date or date-time (UTC unless it says otherwise)."""
-        text = raw.strip()
-        if text in MISSING:
-            raise _RowError("missing timestamp")
-        try:
-            value = float(text)
-        except ValueError:
-            try:
-                when = datetime.fromisoformat(text)
-                if when.tzinfo is None:
-                    when = when.replace(tzinfo=UTC)
-                return int(when.timestamp())
-            except (ValueError, OverflowError):
-                raise _RowError(f"timestamp {text!r} is neither unix seconds nor an ISO 8601 "
-                                "date/time") from None
-        if not math.isfinite(value) or abs(value) > MAX_TIMESTAMP:
-            raise _RowError(f"timestamp {text!r} is out of range")
-        return int(value)
-
-
-def _lines(path: str) -> Iterator[tuple[int, str]]:
-    with _open(path) as f:
-        for number, line in enumerate(f, start=1):
-            yield number, line.rstrip("\r\n")
-
-
-def read_table(paths: list[str], fmt: str, schema: Schema) -> RawTable:
-    split = _splitter(fmt)
-    labels: list[float] = []
-    dense: list[list[float]] = []
-    sparse: list[list[str]] = []
-    stamps: list[int] = []
-    rejected: list[Rejected] = []
-    rows_read = 0
-    for path in paths:
-        lines = _lines(path)
-        if fmt == "criteo":
-            columns = CRITEO_COLUMNS
+def _labels(schema: Schema, col: pa.Array, reasons: _Reasons) -> np.ndarray:
+    if schema.positive:
+        raw = pc.utf8_trim_whitespace(col.cast(pa.string()))
+        pos = pc.fill_null(pc.is_in(raw, pa.array(list(schema.positive))), False)
+        if schema.negative:
+            neg = pc.fill_null(pc.is_in(raw, pa.array(list(schema.negative))), False)
         else:
-            try:
-                _, header = next(lines)
-            except StopIteration:
-                raise DataError(f"{path} is empty (a header row is expected)") from None
-            columns = [c.strip() for c in split(header.lstrip("\ufeff"))]
-        parser = _RowParser(columns, schema, path)
-        for number, line in lines:
-            if not line.strip():
-                continue
-            rows_read += 1
-            try:
-                label, numbers, values, stamp = parser.parse(split(line))
-            except (_RowError, csv.Error) as exc:
-                rejected.append(Rejected(path, number, str(exc), line))
-                continue
-            labels.append(label)
-            dense.append(numbers)
-            sparse.append(values)
-            stamps.append(stamp)
-    n = len(labels)
-    return RawTable(
-        labels=np.asarray(labels, dtype=np.float32),
-        dense=np.asarray(dense, dtype=np.float64).reshape(n, len(schema.dense)),
-        sparse=np.asarray(sparse, dtype=str).reshape(n, len(schema.sparse)),
-        timestamps=np.asarray(stamps, dtype=np.int64) if schema.timestamp else None,
-        rows_read=rows_read,
-        rejected=rejected,
-    )
+            neg = pc.invert(pc.fill_null(pc.is_in(raw, pa.array(NULLS)), True))
+        pos_np = pos.to_numpy(zero_copy_only=False)
+        neg_np = neg.to_numpy(zero_copy_only=False)
+        text = _text(raw)
+        reasons.add(~pos_np & ~neg_np, lambda i: f"label {text[i]!r} is not a known value")
+        return pos_np.astype(np.float32)
+    values = _numbers(schema.label, col, reasons)
+    reasons.add(np.isnan(values), lambda i: "missing label")
+    with np.errstate(invalid="ignore"):
+        return (values > 0).astype(np.float32)
+
+
+def _parse_timestamp(text: str) -> int | None:
+    """Unix seconds, or an ISO 8601 date or date-time (UTC unless it says otherwise)."""
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        try:
+            return int(when.timestamp())
+        except (OverflowError, ValueError):
+            return None
+    if not math.isfinite(value) or abs(value) > MAX_TIMESTAMP:
+        raise OverflowError
+    return int(value)
+
+
+def _timestamps(col: pa.Array, reasons: _Reasons) -> np.ndarray:
+    texts = [t.strip() for t in _text(col)]
+    out = np.zeros(len(texts), dtype=np.int64)
+    try:  # the common case: every value is unix seconds
+        values = pc.cast(pc.utf8_trim_whitespace(col.cast(pa.string())), pa.float64())
+        nums = values.to_numpy(zero_copy_only=False)
+        if np.isfinite(nums).all() and (np.abs(nums) <= MAX_TIMESTAMP).all():
+            return nums.astype(np.int64)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    for i, text in enumerate(texts):
+        if text in NULLS:
+            reasons.add(np.eye(1, len(texts), i, dtype=bool)[0], lambda _: "missing timestamp")
+            continue
+        try:
+            value = _parse_timestamp(text)
+        except OverflowError:
+            reasons.why[i] = reasons.why[i] or f"timestamp {text!r} is out of range"
+            continue
+        if value is None:
+            reasons.why[i] = reasons.why[i] or (f"timestamp {text!r} is neither unix seconds "
+                                                "nor an ISO 8601 date/time")
+        else:
+            out[i] = value
+    return out
+
+
+def _check_columns(schema: Schema, columns: list[str], where: str) -> None:
+    wanted = ([("label", schema.label)] if schema.label else []) \
+        + [("dense", c) for c in schema.dense] + [("sparse", c) for c in schema.sparse] \
+        + ([("timestamp", schema.timestamp)] if schema.timestamp else [])
+    for kind, name in wanted:
+        if name not in columns:
+            raise DataError(f"[data] {kind} column {name!r} is not in {where} "
+                            f"(columns: {', '.join(columns)})")
+
+
+def _block(schema: Schema, table: pa.Table, rows_read: int, lines: Callable[[], list],
+           path: str, rejected: list[Rejected]) -> RawBlock:
+    """Checked, typed columns of a parsed chunk; ``lines()`` gives (line number, text) of
+    each row of ``table``, asked only when a row is rejected."""
+    n = table.num_rows
+    reasons = _Reasons(n)
+    labels = _labels(schema, table.column(schema.label).combine_chunks(), reasons) \
+        if schema.label else np.full(n, np.nan, dtype=np.float32)
+    dense = np.empty((n, len(schema.dense)), dtype=np.float64)
+    for j, name in enumerate(schema.dense):
+        dense[:, j] = _numbers(name, table.column(name).combine_chunks(), reasons)
+    stamps = _timestamps(table.column(schema.timestamp).combine_chunks(), reasons) \
+        if schema.timestamp else None
+    bad = reasons.bad()
+    if bad.any():
+        where = lines()
+        rejected = sorted(rejected + [Rejected(path, where[i][0], str(reasons.why[i]),
+                                               where[i][1]) for i in np.flatnonzero(bad)],
+                          key=lambda r: r.line)
+        keep = np.flatnonzero(~bad)
+        table = table.take(pa.array(keep))
+        labels, dense = labels[keep], dense[keep]
+        stamps = None if stamps is None else stamps[keep]
+    sparse = [table.column(name).combine_chunks() for name in schema.sparse]
+    return RawBlock(labels, dense, sparse, stamps, rows_read, rejected)
+
+
+class _TextChunks:
+    """Line-aligned chunks of rows [first_row, first_row + rows) of a text file."""
+
+    def __init__(self, f: FileIndex, part: Part):
+        self.f, self.part = f, part
+
+    def __iter__(self) -> Iterator[tuple[bytes, int]]:
+        """(chunk, file line number of its first line)."""
+        f, part = self.f, self.part
+        header_lines = 1 if f.header else 0
+        line = part.first_row + header_lines + 1
+        if f.kind == "text":
+            with open(f.path, "rb") as src:
+                src.seek(part.start)
+                left = part.end - part.start
+                rest = b""
+                while left > 0 or rest:
+                    data = src.read(min(CHUNK_BYTES, left)) if left > 0 else b""
+                    left -= len(data)
+                    buf = rest + data
+                    cut = len(buf) if left <= 0 else buf.rfind(b"\n") + 1
+                    if cut == 0:
+                        rest = buf
+                        continue
+                    chunk, rest = buf[:cut], buf[cut:]
+                    yield chunk, line
+                    line += chunk.count(b"\n")
+            return
+        yield from self._gzip(line, header_lines)
+
+    def _gzip(self, line: int, header_lines: int) -> Iterator[tuple[bytes, int]]:
+        f, part = self.f, self.part
+        skip = part.first_row + header_lines
+        wanted = part.rows
+        done = 0
+        rest = b""
+        try:
+            with gzip.open(f.path, "rb") as src:
+                while wanted > 0:
+                    data = src.read(CHUNK_BYTES)
+                    buf = rest + data
+                    cut = buf.rfind(b"\n") + 1 if data else len(buf)
+                    chunk, rest = buf[:cut], buf[cut:]
+                    if skip:
+                        have = chunk.count(b"\n")
+                        if have <= skip:
+                            skip -= have
+                            done += have
+                            if not data:
+                                break
+                            continue
+                        at = -1
+                        for _ in range(skip):
+                            at = chunk.find(b"\n", at + 1)
+                        chunk, skip = chunk[at + 1:], 0
+                    lines = chunk.split(b"\n", wanted)
+                    if len(lines) > wanted:  # the part ends inside this chunk
+                        chunk = b"\n".join(lines[:wanted]) + b"\n"
+                    take = min(wanted, chunk.count(b"\n") + (0 if chunk.endswith(b"\n")
+                                                              or not chunk else 1))
+                    if chunk:
+                        yield chunk, line
+                    line += take
+                    wanted -= take
+                    if not data:
+                        break
+        except (EOFError, OSError, zlib.error) as exc:
+            raise DataError(f"{f.path} is damaged after line {line - 1}: {exc}") from None
+
+
+def _lines_of(chunk: bytes, first: int, skipped: set[int]) -> list[tuple[int, str]]:
+    """(line number, text) of each row pyarrow made of ``chunk``: its non-empty lines but
+    those it set aside itself (``skipped``: line numbers)."""
+    out = []
+    for i, raw in enumerate(chunk.split(b"\n")):
+        text = raw.decode("utf-8", errors="replace").rstrip("\r")
+        if text and first + i not in skipped:
+            out.append((first + i, text))
+    return out
+
+
+class _ChunkParser:
+    """pyarrow's CSV parser over one file's chunks: typed columns, or every wanted column as
+    text (to find the rows at fault in a chunk that does not convert)."""
+
+    def __init__(self, f: FileIndex, fmt: str, schema: Schema):
+        self.path = f.path
+        self.columns = f.header or CRITEO_COLUMNS
+        _check_columns(schema, self.columns, f.path)
+        self.wanted = schema.columns()
+        self.parse_options = dict(delimiter="," if fmt == "csv" else "\t",
+                                  quote_char='"' if fmt == "csv" else False)
+        label_type = pa.string() if schema.positive else pa.float64()
+        self.typed = {**({schema.label: label_type} if schema.label else {}),
+                      **dict.fromkeys(schema.dense, pa.float64()),
+                      **dict.fromkeys(schema.sparse, CATEGORICAL),
+                      **({schema.timestamp: pa.string()} if schema.timestamp else {})}
+        self.texts = {**dict.fromkeys(self.wanted, pa.string()),
+                      **dict.fromkeys(schema.sparse, CATEGORICAL)}
+
+    def parse(self, chunk: bytes, first: int, types: dict,
+              ragged: bool = False) -> tuple[pa.Table, list[Rejected]]:
+        """The chunk's rows, and (with ``ragged``, which costs a call per bad row, and a
+        quarter of the speed) its rows with the wrong number of fields; without it, a chunk
+        that has one raises ArrowInvalid."""
+        invalid: list[Rejected] = []
+        width = len(self.columns)
+
+        def handler(row: pacsv.InvalidRow) -> str:
+            invalid.append(Rejected(self.path, first + (row.number or 1) - 1,
+                                    f"expected {width} fields, got {row.actual_columns}",
+                                    row.text))
+            return "skip"
+
+        options = pacsv.ParseOptions(**self.parse_options,
+                                     invalid_row_handler=handler if ragged else None)
+        table = pacsv.read_csv(pa.py_buffer(chunk), read_options=pacsv.ReadOptions(
+            column_names=self.columns, use_threads=False, block_size=len(chunk) + 1024),
+            parse_options=options,
+            convert_options=pacsv.ConvertOptions(column_types=types, include_columns=self.wanted,
+                                                 null_values=NULLS, strings_can_be_null=True))
+        return table, invalid
+
+
+def _out_of_range(col: pa.ChunkedArray) -> bool:
+    """A NaN, an infinity or a number beyond float32's range in a parsed column."""
+    return bool(pc.any(pc.is_nan(col)).as_py()
+                or pc.any(pc.greater(pc.abs(col), FLOAT32_MAX)).as_py())
+
+
+def _numeric(schema: Schema) -> list[str]:
+    """The columns parsed as numbers on the fast path."""
+    return [*([] if schema.positive or not schema.label else [schema.label]), *schema.dense]
+
+
+def _read_text(f: FileIndex, part: Part, fmt: str, schema: Schema) -> Iterator[RawBlock]:
+    parser = _ChunkParser(f, fmt, schema)
+    for chunk, first in _TextChunks(f, part):
+        try:
+            table, invalid = parser.parse(chunk, first, parser.typed)
+            if any(_out_of_range(table.column(c)) for c in _numeric(schema)):
+                raise pa.ArrowInvalid("NaN or out of range")  # the text path says which row
+        except pa.ArrowInvalid:  # a ragged row or a bad number in the chunk: find the rows
+            table, invalid = parser.parse(chunk, first, parser.texts, ragged=True)
+        skipped = {r.line for r in invalid}
+        yield _block(schema, table, table.num_rows + len(invalid),
+                     lambda c=chunk, s=first, k=skipped: _lines_of(c, s, k), f.path, invalid)
+
+
+def _read_parquet(f: FileIndex, part: Part, schema: Schema) -> Iterator[RawBlock]:
+    _check_columns(schema, f.header, f.path)
+    source = pq.ParquetFile(f.path)
+    groups = [g for g, first in f.marks
+              if first < part.first_row + part.rows
+              and first + source.metadata.row_group(g).num_rows > part.first_row]
+    row = f.marks[groups[0]][1] if groups else 0
+    for batch in source.iter_batches(row_groups=groups, columns=schema.columns(),
+                                     batch_size=1 << 16):
+        lo = max(part.first_row - row, 0)
+        hi = min(part.first_row + part.rows - row, batch.num_rows)
+        at = row
+        row += batch.num_rows
+        if lo >= hi:
+            continue
+        table = pa.Table.from_batches([batch.slice(lo, hi - lo)])
+        start = at + lo
+
+        def lines(table=table, start=start) -> list[tuple[int, str]]:
+            rows = table.to_pylist()
+            return [(start + i + 1, "\t".join("" if v is None else str(v) for v in r.values()))
+                    for i, r in enumerate(rows)]
+
+        yield _block(schema, table, table.num_rows, lines, f.path, [])
+
+
+def read_part(files: list[FileIndex], part: Part, fmt: str, schema: Schema
+              ) -> Iterator[RawBlock]:
+    """The part's rows, chunk by chunk."""
+    f = files[part.file]
+    if f.kind == "parquet":
+        yield from _read_parquet(f, part, schema)
+    else:
+        yield from _read_text(f, part, fmt, schema)

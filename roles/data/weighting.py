@@ -1,12 +1,14 @@
 """Sample weights: time decay, dropping, and merging of identical samples (pure).
 
-Age is counted in whole ``decay_unit``s (days by default) before the newest training sample:
-a sample's time bucket is ``floor(timestamp / unit)`` and its age is the newest bucket minus its
-own, so the newest day has age 0 and weight 1. Weight = ``decay_base ** -age``. Samples whose
-weight falls below ``drop_below`` are dropped (and counted).
+Age is counted in whole ``decay_unit``s (days by default) before the newest training sample
+(the data's, given by the statistics pass; a block's own newest when not given): a sample's time
+bucket is ``floor(timestamp / unit)`` and its age is the newest bucket minus its own, so the
+newest day has age 0 and decay 1. Decay = ``decay_base ** -age``.
 
 Merging: samples with the same sparse keys, dense values, label and time bucket are one sample
-with a ``count``; its weight is decay x count. The worker's loss is the weighted mean of the
+with a ``count`` (a feeder merges within each chunk of rows it reads); its weight is
+decay x count. A sample whose final weight (after merging) falls below ``drop_below`` is
+dropped, with every row merged into it (and counted). The worker's loss is the weighted mean of the
 per-sample losses (sum of weight x loss over sum of weight), so a batch holding one merged
 sample trains exactly as a batch holding its ``count`` copies.
 """
@@ -35,11 +37,12 @@ def buckets_of(timestamps: np.ndarray | None, unit_s: int, n: int) -> np.ndarray
     return np.floor_divide(np.asarray(timestamps, dtype=np.int64), unit_s)
 
 
-def decay_weights(buckets: np.ndarray, base: float) -> np.ndarray:
+def decay_weights(buckets: np.ndarray, base: float, newest: int | None = None) -> np.ndarray:
     """``base ** -(newest bucket - bucket)``: 1 for the newest unit, smaller for older ones."""
     if not len(buckets):
         return np.zeros(0, dtype=np.float64)
-    age = (buckets.max() - buckets).astype(np.float64)
+    top = int(buckets.max()) if newest is None else max(int(newest), int(buckets.max()))
+    age = (top - buckets).astype(np.float64)
     return np.power(float(base), -age)
 
 
@@ -63,17 +66,18 @@ def identical_groups(keys: np.ndarray, dense: np.ndarray, labels: np.ndarray,
 
 def weigh(keys: np.ndarray, dense: np.ndarray, labels: np.ndarray,
           timestamps: np.ndarray | None, *, base: float, unit_s: int, drop_below: float,
-          merge: bool) -> Weighted:
+          merge: bool, newest: int | None = None) -> Weighted:
+    """``newest``: the newest time bucket of the training data (else the rows' own newest)."""
     n = len(labels)
     buckets = buckets_of(timestamps, unit_s, n)
-    decay = decay_weights(buckets, base) if base > 1.0 else np.ones(n)
-    kept = np.flatnonzero(decay >= drop_below) if base > 1.0 else np.arange(n)
-    dropped = n - len(kept)
-    if not merge:
-        return Weighted(rows=kept, weights=decay[kept].astype(np.float32),
-                        counts=np.ones(len(kept), dtype=np.int64), dropped=dropped, merged=0)
-    first, group = identical_groups(keys[kept], dense[kept], labels[kept], buckets[kept])
-    counts = np.bincount(group, minlength=len(first)).astype(np.int64)
-    rows = kept[first]
-    return Weighted(rows=rows, weights=(decay[rows] * counts).astype(np.float32),
-                    counts=counts, dropped=dropped, merged=len(kept) - len(rows))
+    decay = decay_weights(buckets, base, newest) if base > 1.0 else np.ones(n)
+    if merge:
+        rows, group = identical_groups(keys, dense, labels, buckets)
+        counts = np.bincount(group, minlength=len(rows)).astype(np.int64)
+    else:
+        rows, counts = np.arange(n), np.ones(n, dtype=np.int64)
+    weights = decay[rows] * counts
+    keep = weights >= drop_below
+    return Weighted(rows=rows[keep], weights=weights[keep].astype(np.float32),
+                    counts=counts[keep], dropped=int(counts[~keep].sum()),
+                    merged=int((counts[keep] - 1).sum()))

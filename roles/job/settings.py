@@ -28,7 +28,7 @@ from roles.protocol.topology import ClusterConfig
 
 DECAY_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
 RESERVED_ENV = {"ZBUS_JOB", "ZBUS_RUN_DIR", "ZBUS_LOG_LEVEL", "ZBUS_VENV", "ZBUS_TORCH_SPEC",
-                "ZBUS_CLUSTER_FILE", "ZBUS_BIND_INTERFACE"}
+                "ZBUS_CACHE_DIR", "ZBUS_CLUSTER_FILE", "ZBUS_BIND_INTERFACE"}
 
 
 class JobError(ValueError):
@@ -71,12 +71,17 @@ class DataConfig:
     source: str = field(default="file", metadata={"choices": ("file", "synthetic"), "doc": (
         "`file`, or `synthetic` (the built-in generator, `[data.synthetic]`)")})
     path: str = field(default="", metadata={"doc": (
-        "a file or a glob (several files, sorted; `.gz` is read transparently); relative to "
-        "the job file (to the working directory when set from the environment); required "
-        "when `source = \"file\"`")})
-    format: str = field(default="csv", metadata={"choices": ("csv", "tsv", "criteo"), "doc": (
-        "`csv` (header row, `\"`-quoting), `tsv` (header row), `criteo` (no header: label, "
-        "I1–I13, C1–C26, tab-separated); one record per line")})
+        "a file, a directory (every file in it) or a glob (several files, sorted; `.gz` is "
+        "read transparently); relative to the job file (to the working directory when set "
+        "from the environment); required when `source = \"file\"`")})
+    eval_path: str = field(default="", metadata={"doc": (
+        "the eval rows in files of their own (a file, directory or glob, as `path`); empty: "
+        "the last `eval_fraction` of the rows of `path`")})
+    format: str = field(default="csv", metadata={
+        "choices": ("csv", "tsv", "criteo", "parquet"), "doc": (
+            "`csv` (header row, `\"`-quoting), `tsv` (header row), `criteo` (no header: label, "
+            "I1–I13, C1–C26, tab-separated), one record per line; or `parquet` (columns by "
+            "name)")})
     label: str = field(default="label", metadata={"doc": "label column"})
     positive: list[str] = _list(doc=(
         "label values that mean 1; empty: the label is a number, positive when > 0"))
@@ -89,7 +94,22 @@ class DataConfig:
     sparse: list[str] = _list(doc=(
         "categorical columns, at least one (criteo: C1–C26 when empty); no column twice"))
     eval_fraction: float = field(default=0.2, metadata={"min": 0.01, "max": 0.9, "doc": (
-        "the last fraction of accepted rows, in file order, is the eval split")})
+        "the last fraction of the rows (lines) in file order is the eval split (without "
+        "`eval_path`)")})
+    shuffle_buffer: int = field(default=262_144, metadata={"min": 1, "doc": (
+        "training samples a feeder shuffles in (per part it reads): each batch is drawn at "
+        "random from them; a part smaller than this is shuffled whole")})
+    part_mb: float = field(default=64.0, metadata={"min": 0.001, "doc": (
+        "about how many MiB of a file one part holds (the unit feeders read and control hands "
+        "out; a gzipped file is one part, Parquet parts are whole row groups)")})
+    part_rows: int = field(default=262_144, metadata={"min": 1, "doc": (
+        "rows of one part of synthetic data")})
+    stats_rows: int = field(default=1_000_000, metadata={"min": 1, "doc": (
+        "training rows the dense statistics are taken from: the first stats_rows / parts of "
+        "each training part (every row when decay needs the newest time)")})
+    cache_dir: str = field(default="runs/cache", metadata={"doc": (
+        "where the data's index and statistics are cached between runs (ZBUS_CACHE_DIR "
+        "overrides); relative to the working directory")})
     log1p: bool = field(default=True, metadata={"doc": (
         "transform each dense value x to sign(x)·log1p(|x|) before standardising")})
     max_rejected_fraction: float = field(default=0.1, metadata={"min": 0.0, "max": 1.0, "doc": (
@@ -416,7 +436,8 @@ def _env_overrides(table: dict, environ: typing.Mapping[str, str]) -> None:
                 raise JobError(f"environment variable {var} names no job key "
                                f"({_where(tuple(keys[:depth + 1]))} is unknown)")
             if depth == len(keys) - 1:
-                if key == "path" and cls is DataConfig and isinstance(value, str):
+                if key in ("path", "eval_path") and cls is DataConfig and value \
+                        and isinstance(value, str):
                     value = os.path.normpath(Path(value).expanduser().absolute())
                 node[key] = value
             else:
@@ -433,9 +454,10 @@ def parse_job(text: str, origin: str = "<job>", base_dir: Path | None = None,
     except tomllib.TOMLDecodeError as exc:
         raise JobError(f"not valid TOML: {exc}") from None
     data = table.get("data")
-    if isinstance(data, dict) and isinstance(data.get("path"), str) and data["path"] \
-            and base_dir is not None:
-        data["path"] = os.path.normpath(base_dir / Path(data["path"]).expanduser())
+    for key in ("path", "eval_path"):
+        if isinstance(data, dict) and isinstance(data.get(key), str) and data[key] \
+                and base_dir is not None:
+            data[key] = os.path.normpath(base_dir / Path(data[key]).expanduser())
     _env_overrides(table, os.environ if environ is None else environ)
     job = _build(Job, table)
     return dataclasses.replace(job, origin=origin)

@@ -1,0 +1,304 @@
+"""The data's index: its files, how many rows each holds, and where to cut them into parts.
+
+The index of a text file (csv, tsv, criteo) is its size, modification time, header and number of
+lines, and *marks*: the byte offset and line number of a line start about every ``MARK_BYTES``
+(found while counting newlines, at disk speed). A gzipped file cannot be cut: it is one part
+(two when the eval split falls inside it), read from its start. A Parquet file's index is its
+row groups' row counts (from its metadata; nothing is read). The index of a large data set is
+cached under ``[data] cache_dir``, keyed by every file's path, size and modification time, so
+that a second run does not count again.
+
+``plan_parts`` cuts the data into parts of about ``part_mb`` (whole row groups for Parquet)
+along file order: the training rows first, then the eval rows, the last ``eval_fraction`` of
+the data's rows in file order (or every row of ``eval_path``). A part is the unit a feeder reads
+and control hands out: a byte range of a text file that begins and ends at line starts, a range
+of rows of a Parquet file or a gzipped file, or a range of rows of the built-in generator.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import orjson
+import pyarrow.parquet as pq
+
+MARK_BYTES = 16 << 20      # a line start is marked about every 16 MiB of a text file
+READ_BYTES = 16 << 20
+INDEX_VERSION = 1
+CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
+
+
+class DataError(ValueError):
+    """The data cannot be read as the job describes it (missing file or column, ...)."""
+
+
+@dataclass(frozen=True)
+class FileIndex:
+    path: str
+    size: int
+    mtime_ns: int
+    kind: str                  # text, gzip or parquet
+    rows: int                  # data rows: lines after the header, or Parquet rows
+    header: list[str] = field(default_factory=list)  # csv/tsv column names ([] otherwise)
+    data_start: int = 0        # text: the byte offset of the first data line
+    marks: list[list[int]] = field(default_factory=list)  # text: [byte offset, row] pairs;
+    #                            parquet: [row group, first row] pairs
+
+
+@dataclass(frozen=True)
+class Part:
+    """A part of the data: rows [first_row, first_row + rows) of file ``file`` (in file order;
+    row 0 is the first data line), read at bytes [start, end) of a plain text file."""
+
+    number: int
+    file: int
+    first_row: int
+    rows: int
+    start: int = 0
+    end: int = 0
+    eval: bool = False
+
+    def as_list(self) -> list[int]:
+        return [self.number, self.file, self.first_row, self.rows, self.start, self.end,
+                int(self.eval)]
+
+    @classmethod
+    def of(cls, values: list[int]) -> Part:
+        number, file, first_row, rows, start, end, is_eval = values
+        return cls(number, file, first_row, rows, start, end, bool(is_eval))
+
+
+def resolve_paths(path: str) -> list[str]:
+    """A file, every data file of a directory, or every file a glob matches (sorted)."""
+    if any(c in path for c in "*?["):
+        paths = sorted(p for p in glob.glob(path) if os.path.isfile(p))
+    elif os.path.isdir(path):
+        paths = sorted(str(p) for p in Path(path).iterdir()
+                       if p.is_file() and not p.name.startswith("."))
+        if not paths:
+            raise DataError(f"[data] path {path!r} is a directory with no data file in it")
+    else:
+        paths = [path] if os.path.isfile(path) else []
+    if not paths:
+        raise DataError(f"[data] path {path!r} matches no file")
+    return paths
+
+
+def kind_of(path: str, fmt: str) -> str:
+    if fmt == "parquet":
+        return "parquet"
+    return "gzip" if path.endswith(".gz") else "text"
+
+
+def _split_header(line: bytes, fmt: str) -> list[str]:
+    text = line.decode("utf-8", errors="replace").lstrip("\ufeff").rstrip("\r\n")
+    sep = "," if fmt == "csv" else "\t"
+    return [c.strip().strip('"') for c in text.split(sep)]
+
+
+def _index_text(path: str, fmt: str, stat: os.stat_result) -> FileIndex:
+    header: list[str] = []
+    with open(path, "rb") as f:
+        data_start = 0
+        if fmt != "criteo":
+            first = f.readline()
+            if not first:
+                raise DataError(f"{path} is empty (a header row is expected)")
+            header, data_start = _split_header(first, fmt), len(first)
+        marks = [[data_start, 0]]
+        rows, at, next_mark, last = 0, data_start, data_start + MARK_BYTES, b"\n"
+        while chunk := f.read(READ_BYTES):
+            if at + len(chunk) > next_mark:   # the first line start at or after next_mark
+                cut = chunk.find(b"\n", max(0, next_mark - at - 1))
+                if cut >= 0 and at + cut + 1 < stat.st_size:
+                    marks.append([at + cut + 1, rows + chunk.count(b"\n", 0, cut + 1)])
+                    next_mark = at + cut + 1 + MARK_BYTES
+            rows += chunk.count(b"\n")
+            at += len(chunk)
+            last = chunk[-1:]
+        if at > data_start and last != b"\n":
+            rows += 1  # a last line without its newline
+    return FileIndex(path, stat.st_size, stat.st_mtime_ns, "text", rows, header, data_start,
+                     marks)
+
+
+def _index_gzip(path: str, fmt: str, stat: os.stat_result) -> FileIndex:
+    header: list[str] = []
+    rows, last, first = 0, b"\n", True
+    try:
+        with gzip.open(path, "rb") as f:
+            while chunk := f.read(READ_BYTES):
+                if first and fmt != "criteo":
+                    cut = chunk.find(b"\n")
+                    head = chunk if cut < 0 else chunk[:cut + 1]
+                    header = _split_header(head, fmt)
+                    chunk = chunk[len(head):]
+                first = False
+                rows += chunk.count(b"\n")
+                if chunk:
+                    last = chunk[-1:]
+    except (EOFError, OSError, gzip.BadGzipFile) as exc:
+        raise DataError(f"{path} is damaged ({exc}) after {rows} rows; restore or recompress "
+                        "it") from None
+    if first and fmt != "criteo":
+        raise DataError(f"{path} is empty (a header row is expected)")
+    if last != b"\n":
+        rows += 1
+    return FileIndex(path, stat.st_size, stat.st_mtime_ns, "gzip", rows, header)
+
+
+def _index_parquet(path: str, stat: os.stat_result) -> FileIndex:
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except Exception as exc:  # pyarrow raises ArrowInvalid/OSError for a bad file
+        raise DataError(f"{path} is not a readable Parquet file: {exc}") from None
+    marks, row = [], 0
+    for g in range(meta.num_row_groups):
+        marks.append([g, row])
+        row += meta.row_group(g).num_rows
+    return FileIndex(path, stat.st_size, stat.st_mtime_ns, "parquet", row,
+                     list(meta.schema.names), 0, marks)
+
+
+def index_file(path: str, fmt: str) -> FileIndex:
+    stat = os.stat(path)
+    kind = kind_of(path, fmt)
+    if kind == "parquet":
+        return _index_parquet(path, stat)
+    if kind == "gzip":
+        return _index_gzip(path, fmt, stat)
+    return _index_text(path, fmt, stat)
+
+
+def index_files(paths: list[str], fmt: str, cache_dir: Path | None = None) -> list[FileIndex]:
+    """The index of every file (from the cache when every file is as it was)."""
+    stats = [os.stat(p) for p in paths]
+    key = hashlib.sha256(orjson.dumps([INDEX_VERSION, fmt, [
+        [os.path.abspath(p), s.st_size, s.st_mtime_ns] for p, s in zip(paths, stats,
+                                                                        strict=True)]])
+    ).hexdigest()[:24]
+    cached = cache_dir / f"index-{key}.json" if cache_dir is not None else None
+    if cached is not None and cached.exists():
+        try:
+            return [FileIndex(**f) for f in orjson.loads(cached.read_bytes())]
+        except (orjson.JSONDecodeError, TypeError):
+            pass  # a damaged cache entry is simply made again
+    index = [index_file(p, fmt) for p in paths]
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(orjson.dumps([asdict(f) for f in index]))
+        os.replace(tmp, cached)
+    return index
+
+
+def _line_start(path: str, offset: int, row: int, target: int) -> int:
+    """The byte offset of data row ``target``, counting lines on from a line start at
+    ``offset`` that holds row ``row``."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while row < target:
+            chunk = f.read(READ_BYTES)
+            if not chunk:
+                break
+            lines = chunk.count(b"\n")
+            if row + lines < target:
+                row, offset = row + lines, offset + len(chunk)
+                continue
+            at = -1
+            for _ in range(target - row):
+                at = chunk.find(b"\n", at + 1)
+            return offset + at + 1
+    return offset
+
+
+def _text_cuts(f: FileIndex, lo: int, hi: int, part_bytes: int) -> list[tuple[int, int]]:
+    """(byte offset, row) cut points of rows [lo, hi) of a text file, at marks about
+    ``part_bytes`` apart; the first and last at rows lo and hi exactly."""
+    def at_row(row: int) -> int:
+        if row >= f.rows:
+            return f.size
+        mark = max((m for m in f.marks if m[1] <= row), key=lambda m: m[1])
+        return mark[0] if mark[1] == row else _line_start(f.path, mark[0], mark[1], row)
+
+    cuts = [(at_row(lo), lo)]
+    for offset, row in f.marks:
+        if lo < row < hi and offset - cuts[-1][0] >= part_bytes:
+            cuts.append((offset, row))
+    end = (at_row(hi), hi)
+    if len(cuts) > 1 and end[0] - cuts[-1][0] < part_bytes // 4:
+        cuts.pop()  # no short last part: fold it into the one before
+    return [*cuts, end]
+
+
+def _parquet_cuts(f: FileIndex, lo: int, hi: int, part_rows: int) -> list[int]:
+    rows = [lo]
+    for _, first in f.marks:
+        if lo < first < hi and first - rows[-1] >= part_rows:
+            rows.append(first)
+    return [*rows, hi]
+
+
+def plan_parts(files: list[FileIndex], eval_fraction: float, part_mb: float,
+               eval_files: list[FileIndex] | None = None) -> tuple[list[Part], int]:
+    """The parts of the data in file order (training parts, then eval parts), and the number of
+    training rows. The eval rows are the last ``eval_fraction`` of the rows in file order, or
+    every row of ``eval_files``."""
+    total = sum(f.rows for f in files)
+    if eval_files is None:
+        n_eval = int(round(total * eval_fraction))
+        n_train = total - n_eval
+        if n_train < 1 or n_eval < 1:
+            raise DataError(f"{total} rows cannot be split into training and eval "
+                            f"(eval_fraction = {eval_fraction})")
+        regions = [(files, 0, n_train, False), (files, n_train, total, True)]
+    else:
+        n_train = total
+        if not total or not sum(f.rows for f in eval_files):
+            raise DataError("[data] path or eval_path holds no row")
+        regions = [(files, 0, total, False),
+                   (eval_files, 0, sum(f.rows for f in eval_files), True)]
+    parts: list[Part] = []
+    part_bytes = max(1, int(part_mb * (1 << 20)))
+    offset_files = 0
+    for group, lo, hi, is_eval in regions:
+        if is_eval and eval_files is not None:
+            offset_files = len(files)
+        at = 0
+        for i, f in enumerate(group):
+            a, b = max(lo, at) - at, min(hi, at + f.rows) - at
+            at += f.rows
+            if a >= b:
+                continue
+            number = offset_files + i
+            if f.kind == "text":
+                cuts = _text_cuts(f, a, b, part_bytes)
+                for (s, r0), (e, r1) in zip(cuts, cuts[1:], strict=False):
+                    parts.append(Part(len(parts), number, r0, r1 - r0, s, e, is_eval))
+            elif f.kind == "parquet":
+                rows_per = max(1, int(part_bytes / max(1.0, f.size / max(f.rows, 1))))
+                cuts = _parquet_cuts(f, a, b, rows_per)
+                for r0, r1 in zip(cuts, cuts[1:], strict=False):
+                    parts.append(Part(len(parts), number, r0, r1 - r0, eval=is_eval))
+            else:
+                parts.append(Part(len(parts), number, a, b - a, eval=is_eval))
+    return parts, n_train
+
+
+def synthetic_parts(rows: int, eval_fraction: float, part_rows: int) -> tuple[list[Part], int]:
+    """Parts of the built-in generator's rows: the last ``eval_fraction`` are the eval rows."""
+    n_eval = int(round(rows * eval_fraction))
+    n_train = rows - n_eval
+    if n_train < 1 or n_eval < 1:
+        raise DataError(f"{rows} rows cannot be split into training and eval "
+                        f"(eval_fraction = {eval_fraction})")
+    parts: list[Part] = []
+    for lo, hi, is_eval in ((0, n_train, False), (n_train, rows, True)):
+        for a in range(lo, hi, part_rows):
+            parts.append(Part(len(parts), 0, a, min(hi, a + part_rows) - a, eval=is_eval))
+    return parts, n_train

@@ -1,0 +1,112 @@
+"""A job's data as parts: where the rows are (the files' index, or the built-in generator),
+how a row reads (the schema), and the rows of any part, chunk by chunk (``readers``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from roles.data.index import (
+    DataError,
+    FileIndex,
+    Part,
+    index_files,
+    plan_parts,
+    resolve_paths,
+    synthetic_parts,
+)
+from roles.data.readers import RawBlock, Schema, read_part
+from roles.data.synthetic import BLOCK_ROWS, Generator
+from roles.job.settings import Job
+
+ORACLE_ROWS = 1_000_000   # eval rows the oracle AUC of synthetic data is measured on, at most
+
+
+class DataSource:
+    def __init__(self, job: Job, with_label: bool = True):
+        data = job.data
+        self.job = job
+        self.fmt = data.format
+        self.synthetic = data.source == "synthetic"
+        self.schema = Schema(label=data.label if with_label and not self.synthetic else "",
+                             dense=job.dense_fields, sparse=job.sparse_fields,
+                             positive=tuple(data.positive), negative=tuple(data.negative),
+                             timestamp=data.timestamp)
+        self.cache_dir = Path(os.environ.get("ZBUS_CACHE_DIR") or data.cache_dir).expanduser()
+        self.generator: Generator | None = None
+        self.files: list[FileIndex] = []
+        if self.synthetic:
+            s = data.synthetic
+            self.generator = Generator(s.rows, s.vocab, s.dense, s.zipf, s.signal, s.days,
+                                       s.seed)
+
+    # -- the index (made by one feeder, told to the others through control) -------------------
+    def index(self) -> tuple[list[FileIndex], list[Part], int]:
+        """Every file's index, the parts and the number of training rows."""
+        data = self.job.data
+        if self.generator is not None:
+            parts, n_train = synthetic_parts(data.synthetic.rows, data.eval_fraction,
+                                             data.part_rows)
+            return [], parts, n_train
+        files = index_files(resolve_paths(data.path), self.fmt, self.cache_dir)
+        eval_files = index_files(resolve_paths(data.eval_path), self.fmt, self.cache_dir) \
+            if data.eval_path else None
+        parts, n_train = plan_parts(files, data.eval_fraction, data.part_mb, eval_files)
+        return files + (eval_files or []), parts, n_train
+
+    def adopt(self, files: list[dict]) -> None:
+        """The files as another feeder indexed them: check this host's copies and read those."""
+        mine = []
+        for f in files:
+            try:
+                size = os.stat(f["path"]).st_size
+            except OSError as exc:
+                raise DataError(f"{f['path']}: {exc.strerror} on this host") from None
+            if size != f["size"]:
+                raise DataError(f"{f['path']} has {size} bytes on this host and {f['size']} "
+                                "where the data was indexed: every feeder must read the same "
+                                "files")
+            mine.append(FileIndex(**{**f, "marks": f.get("marks", [])}))
+        self.files = mine
+
+    @staticmethod
+    def describe(files: list[FileIndex]) -> list[dict]:
+        return [asdict(f) for f in files]
+
+    # -- rows -------------------------------------------------------------------------------
+    def blocks(self, part: Part) -> Iterator[RawBlock]:
+        if self.generator is None:
+            yield from read_part(self.files, part, self.fmt, self.schema)
+            return
+        end = part.first_row + part.rows
+        for lo in range(part.first_row, end, BLOCK_ROWS):
+            rows = self.generator.rows_between(lo, min(end, lo + BLOCK_ROWS))
+            sparse = []
+            for f in range(rows.values.shape[1]):
+                ids = rows.values[:, f]
+                sparse.append(pa.array(ids, mask=ids < 0).cast(pa.string()))
+            yield RawBlock(labels=rows.labels, dense=rows.dense, sparse=sparse,
+                           timestamps=rows.timestamps if self.schema.timestamp or
+                           self.job.data.decay_base > 1 else None, rows_read=len(rows.labels))
+
+    def oracle_auc(self, parts: list[Part]) -> float | None:
+        """Synthetic data: the AUC of the true probabilities on (up to ``ORACLE_ROWS`` of) the
+        eval rows."""
+        if self.generator is None:
+            return None
+        from roles.algorithms.metrics import auc
+
+        labels, probs, left = [], [], ORACLE_ROWS
+        for part in parts:
+            if part.eval and left > 0:
+                rows = self.generator.rows_between(part.first_row,
+                                                   part.first_row + min(part.rows, left))
+                labels.append(rows.labels)
+                probs.append(rows.probs)
+                left -= len(rows.labels)
+        return auc(np.concatenate(labels), np.concatenate(probs)) if labels else None

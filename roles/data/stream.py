@@ -1,0 +1,220 @@
+"""From a part's rows to batches, in bounded memory and in an order that can be replayed.
+
+Each chunk of rows is made into samples: keys hashed (``hashing``), dense values transformed
+with the training statistics (``transforms``), and, for training, weighted (time decay,
+merging within the chunk, dropping: ``weighting``). A training pass over a part then goes
+through a shuffle buffer of ``[data] shuffle_buffer`` samples: once it is full, each batch is
+``batch_size`` samples drawn from it at random, and the part's last samples leave in a random
+order at its end. The buffer's randomness is seeded by (seed, epoch, part), so the same part in
+the same epoch gives the same batches in the same order, whichever feeder reads it and however
+often (a restarted feeder replays a part to the batch it had got to; batch ids are (epoch,
+part, batch number)). With ``batch_by_label`` every batch holds samples of one label, drawn
+from that label's samples in the buffer. Evaluation passes keep file order and weight 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from roles.data.hashing import hash_array
+from roles.data.readers import RawBlock
+from roles.data.transforms import DenseTransform
+from roles.data.weighting import weigh
+
+
+@dataclass(frozen=True)
+class Samples:
+    keys: np.ndarray      # int64 [n, fields]
+    dense: np.ndarray     # float32 [n, dense]
+    labels: np.ndarray    # float32 [n]
+    weights: np.ndarray   # float32 [n]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def take(self, rows: np.ndarray | slice) -> Samples:
+        return Samples(self.keys[rows], self.dense[rows], self.labels[rows], self.weights[rows])
+
+    @classmethod
+    def empty(cls, fields: int, dense: int) -> Samples:
+        return cls(np.zeros((0, fields), np.int64), np.zeros((0, dense), np.float32),
+                   np.zeros(0, np.float32), np.zeros(0, np.float32))
+
+    @classmethod
+    def join(cls, parts: list[Samples]) -> Samples:
+        return cls(*(np.concatenate([getattr(p, k) for p in parts])
+                     for k in ("keys", "dense", "labels", "weights")))
+
+
+@dataclass(frozen=True)
+class Weighting:
+    base: float
+    unit_s: int
+    drop_below: float
+    merge: bool
+    newest: int | None   # the training data's newest time bucket
+
+
+@dataclass
+class Tally:
+    """What a pass made of its rows."""
+
+    rows_read: int = 0
+    rejected: int = 0
+    dropped: int = 0
+    merged: int = 0
+    samples: int = 0
+
+    def add(self, other: Tally) -> None:
+        for k in ("rows_read", "rejected", "dropped", "merged", "samples"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+
+class Preparer:
+    """Chunks of rows to samples."""
+
+    def __init__(self, fields: list[str], transform: DenseTransform,
+                 weighting: Weighting | None):
+        self.fields, self.transform, self.weighting = fields, transform, weighting
+
+    def keys(self, block: RawBlock) -> np.ndarray:
+        keys = np.empty((len(block), len(self.fields)), dtype=np.int64)
+        for f, name in enumerate(self.fields):
+            keys[:, f] = hash_array(name, block.sparse[f])
+        return keys
+
+    def __call__(self, block: RawBlock, train: bool, tally: Tally) -> Samples:
+        tally.rows_read += block.rows_read
+        tally.rejected += len(block.rejected)
+        keys = self.keys(block)
+        dense = self.transform.apply(block.dense)
+        labels = block.labels.astype(np.float32)
+        w = self.weighting
+        if not train or w is None:
+            samples = Samples(keys, dense, labels, np.ones(len(labels), dtype=np.float32))
+        else:
+            got = weigh(keys, dense, labels, block.timestamps, base=w.base, unit_s=w.unit_s,
+                        drop_below=w.drop_below, merge=w.merge, newest=w.newest)
+            tally.dropped += got.dropped
+            tally.merged += got.merged
+            samples = Samples(keys, dense, labels, np.ones(len(labels), np.float32)).take(
+                got.rows)
+            samples = Samples(samples.keys, samples.dense, samples.labels, got.weights)
+        tally.samples += len(samples)
+        return samples
+
+
+class ShuffleBuffer:
+    """Holds up to ``capacity`` samples (and one chunk more while it is filled); ``take`` draws a
+    batch of them at random (of one label with ``by_label``); the rows left fill the holes, so
+    nothing is copied but the batch and as many rows."""
+
+    def __init__(self, capacity: int, batch_size: int, rng: np.random.Generator,
+                 by_label: bool):
+        self.capacity = max(capacity, batch_size)
+        if by_label:
+            self.capacity = max(self.capacity, 4 * batch_size)
+        self.batch_size, self.rng, self.by_label = batch_size, rng, by_label
+        self.rows: Samples | None = None   # storage; the first ``n`` rows are held
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def add(self, samples: Samples) -> None:
+        need = self.n + len(samples)
+        if self.rows is None or need > len(self.rows):
+            size = max(need, self.capacity + len(samples))
+            grown = Samples(np.empty((size, samples.keys.shape[1]), np.int64),
+                            np.empty((size, samples.dense.shape[1]), np.float32),
+                            np.empty(size, np.float32), np.empty(size, np.float32))
+            if self.rows is not None:
+                for k in ("keys", "dense", "labels", "weights"):
+                    getattr(grown, k)[:self.n] = getattr(self.rows, k)[:self.n]
+            self.rows = grown
+        for k in ("keys", "dense", "labels", "weights"):
+            getattr(self.rows, k)[self.n:need] = getattr(samples, k)
+        self.n = need
+
+    def full(self) -> bool:
+        return self.n >= self.capacity
+
+    def _remove(self, picked: np.ndarray) -> Samples:
+        rows = self.rows
+        assert rows is not None
+        batch = rows.take(picked)
+        k, n = len(picked), self.n
+        holes = picked[picked < n - k]
+        tail = np.arange(n - k, n)
+        movers = tail[~np.isin(tail, picked)]
+        for name in ("keys", "dense", "labels", "weights"):
+            a = getattr(rows, name)
+            a[holes] = a[movers]
+        self.n = n - k
+        return batch
+
+    def take(self) -> Samples:
+        rows = self.rows
+        assert rows is not None
+        if not self.by_label:
+            return self._remove(self.rng.choice(self.n, self.batch_size, replace=False))
+        labels = rows.labels[:self.n]
+        values, counts = np.unique(labels, return_counts=True)
+        enough = counts >= self.batch_size
+        choices = values[enough] if enough.any() else values
+        weights = counts[enough] if enough.any() else counts
+        label = self.rng.choice(choices, p=weights / weights.sum())
+        mine = np.flatnonzero(labels == label)
+        return self._remove(self.rng.choice(mine, min(self.batch_size, len(mine)),
+                                            replace=False))
+
+    def drain(self) -> Iterator[Samples]:
+        """The rest, in a random order (of one label per batch with ``by_label``)."""
+        if self.rows is None or not self.n:
+            return
+        held = self.rows.take(slice(0, self.n))
+        self.rows, self.n = None, 0
+        order = self.rng.permutation(len(held))
+        if not self.by_label:
+            for lo in range(0, len(order), self.batch_size):
+                yield held.take(order[lo:lo + self.batch_size])
+            return
+        batches, keys = [], []
+        for value in np.unique(held.labels):
+            mine = order[held.labels[order] == value]
+            n = -(-len(mine) // self.batch_size)
+            batches += [mine[i * self.batch_size:(i + 1) * self.batch_size] for i in range(n)]
+            keys += [(i + 0.5) / n for i in range(n)]
+        for i in np.argsort(np.asarray(keys), kind="stable"):
+            yield held.take(batches[i])
+
+
+def training_batches(blocks: Iterator[RawBlock], prepare: Preparer, tally: Tally, *,
+                     buffer_rows: int, batch_size: int, seed: int, epoch: int, part: int,
+                     by_label: bool) -> Iterator[Samples]:
+    """The batches of one part's training pass in one epoch, in their replayable order."""
+    buffer = ShuffleBuffer(buffer_rows, batch_size,
+                           np.random.default_rng([seed, epoch, part]), by_label)
+    for block in blocks:
+        buffer.add(prepare(block, True, tally))
+        while buffer.full():
+            yield buffer.take()
+    yield from buffer.drain()
+
+
+def eval_batches(blocks: Iterator[RawBlock], prepare: Preparer, tally: Tally,
+                 batch_size: int) -> Iterator[Samples]:
+    """A part's rows in file order, ``batch_size`` at a time."""
+    rest: Samples | None = None
+    for block in blocks:
+        samples = prepare(block, False, tally)
+        rest = samples if rest is None else Samples.join([rest, samples])
+        whole = len(rest) // batch_size * batch_size
+        for lo in range(0, whole, batch_size):
+            yield rest.take(slice(lo, lo + batch_size))
+        rest = rest.take(slice(whole, None))
+    if rest is not None and len(rest):
+        yield rest
