@@ -24,7 +24,7 @@ class FeederLinks:
     def __init__(self, feeders: int, acks_kept: int):
         self.feeders = feeders
         self.owners: list[int] = list(range(feeders))  # slice -> feeder (control's SliceMap)
-        self.acks_kept = [deque(maxlen=acks_kept) for _ in range(feeders)]
+        self.acks_kept: list[deque[Ack]] = [deque(maxlen=acks_kept) for _ in range(feeders)]
         self.unacked: set[int] = set()  # batches taken to run whose ack is not sent yet
         self.restarts: dict[int, int] = {}  # feeder -> the restart generation acted on
 

@@ -91,6 +91,7 @@ class KeyRouting:
         """The keys of the batch of ``rows`` (of the data's ``keys``, rows x fields), their
         shards, and the BatchKeys for each of ``shards``."""
         fields = keys.shape[1]
+        assert self.owner is not None, "route() comes first"
         keys, owner = keys[rows].ravel(), self.owner[rows].ravel()
         messages = []
         for shard in shards:

@@ -35,10 +35,12 @@ class Reclaim:
         plan, number = found
         return InFlight(plan.batch_rows(number), plan.eval, 0)
 
-    def reclaim(self, pass_: Pass, batch_id: int, entry: InFlight,
+    def reclaim(self, pass_: Pass | None, batch_id: int, entry: InFlight,
                 worker: str | None = None) -> InFlight:
         """Take a reclaimable batch out of the pass into the ledger (``worker``'s)."""
-        plan, number = pass_.find(batch_id)
+        found = pass_.find(batch_id) if pass_ is not None else None
+        assert found is not None, "only a reclaimable batch is reclaimed"
+        plan, number = found
         plan.claim(number)
         self.ledger.in_flight[batch_id] = entry
         if worker is not None:

@@ -31,9 +31,9 @@ class FeederTally:
         self.epoch_samples = 0
         self.loss_sum = 0.0
         self.weight_sum = 0.0
-        self.row_acks: np.ndarray | None = None  # per training row: acks in this epoch
+        self.row_acks = np.zeros(0, dtype=np.uint16)  # per training row: acks in this epoch
         self.progress: dict[int, SliceProgress] = {}
-        self.preds: np.ndarray | None = None     # per eval row: its score in this pass
+        self.preds = np.zeros(0, dtype=np.float32)   # per eval row: its score in this pass
 
     def restore(self, records: np.ndarray, samples_by_worker: dict[str, int]) -> None:
         """The job-wide figures of a feeder's previous process, from its ack log records."""
@@ -85,7 +85,7 @@ class FeederTally:
         self.epoch_samples += samples
         self.samples_acked += samples
         self.acked_by[worker] += samples
-        if self.row_acks is not None:
+        if len(self.row_acks):
             self.row_acks[rows] += 1
         _, slice_, seq = split_batch_id(batch_id)
         progress = self.progress.get(slice_)
@@ -118,7 +118,7 @@ class FeederTally:
             samples=[int(p.samples) for p in ps], loss_sum=[float(p.loss_sum) for p in ps],
             weight_sum=[float(p.weight_sum) for p in ps])
 
-    def counters(self) -> dict:
+    def counters(self) -> dict[str, object]:
         return {"batches_acked": self.batches_acked, "samples_acked": self.samples_acked,
                 "epoch_samples": self.epoch_samples, "train_loss_sum": self.train_loss_sum,
                 "train_weight_sum": self.train_weight_sum, "acked_by": dict(self.acked_by)}

@@ -16,8 +16,13 @@ from roles.protocol.dense_sync import RoundReady, StepGrad
 
 
 class WorkerSync(Protocol):
-    local_lr: float | None  # the learning rate of the replica's local Adam; None: none
-    deltas: bool            # contributions carry the local progress since the last one
+    @property
+    def local_lr(self) -> float | None:
+        """The learning rate of the replica's local Adam; None: it has none."""
+
+    @property
+    def deltas(self) -> bool:
+        """Contributions carry the local progress since the last one."""
 
     def after_backward(self, replica: Replica, weight_sum: float) -> StepGrad | None:
         """A training batch's gradients are in: None when the step is taken locally (the
@@ -32,7 +37,7 @@ class WorkerSync(Protocol):
     def starved(self, replica: Replica) -> RoundReady | None:
         """Nothing to train for a heartbeat: the report control is due, if any."""
 
-    def counters(self) -> dict:
+    def counters(self) -> dict[str, int]:
         """The mode's figures for the heartbeat (the same keys in every mode)."""
 
 
@@ -66,7 +71,7 @@ class StepSync:
     def starved(self, replica: Replica) -> RoundReady | None:
         return None
 
-    def counters(self) -> dict:
+    def counters(self) -> dict[str, int]:
         return {"waits_at_max": 0}
 
 
@@ -99,7 +104,7 @@ class EverySync:
     def starved(self, replica: Replica) -> RoundReady | None:
         return None
 
-    def counters(self) -> dict:
+    def counters(self) -> dict[str, int]:
         return {"waits_at_max": 0}
 
 
@@ -127,7 +132,7 @@ class RoundSync:
     def starved(self, replica: Replica) -> RoundReady | None:
         return None
 
-    def counters(self) -> dict:
+    def counters(self) -> dict[str, int]:
         return {"waits_at_max": 0}
 
 
@@ -147,7 +152,7 @@ class LazySync:
         self.waits_at_max = 0  # local rounds that ended at the maximum
 
     def at_max_local_rounds(self, replica: Replica) -> bool:
-        return replica.steps_since >= self.settings["max_local_rounds"] * self.sync_every
+        return bool(replica.steps_since >= self.settings["max_local_rounds"] * self.sync_every)
 
     def after_backward(self, replica: Replica, weight_sum: float) -> StepGrad | None:
         step_locally(replica)
@@ -165,7 +170,7 @@ class LazySync:
     def starved(self, replica: Replica) -> RoundReady | None:
         return progress(replica, idle=True)
 
-    def counters(self) -> dict:
+    def counters(self) -> dict[str, int]:
         return {"waits_at_max": self.waits_at_max}
 
 
