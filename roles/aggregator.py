@@ -1,7 +1,8 @@
 """The aggregator: owner of the global dense weights, their backups and their export.
 
 - sync ``step``: each StepGrad is applied at once with the aggregator's Adam and answered with
-  the new weights (an asynchronous dense parameter server: no worker waits for another);
+  the new weights (an asynchronous dense parameter server: no worker waits for another); the
+  mode's part is ``roles.algorithms.sync.aggregator``;
 - rounds (modes every, round and lazy, and the epoch-end round of step): control publishes
   Aggregate(r) with its participants; when each of them that is still a member (control's
   Membership: a worker that died or left is not waited for) has sent its Contribution for r,
@@ -30,7 +31,8 @@ import torch
 import zmq
 
 from roles.algorithms import live
-from roles.algorithms.aggregation import Adam, combine_partials, partial_sum
+from roles.algorithms.aggregation import combine_partials, partial_sum
+from roles.algorithms.sync import aggregator as sync_modes
 from roles.job.cli import role_main
 from roles.job.settings import Job
 from roles.model.files import DENSE, Backups, ExportAnswers, load_dense, save_named
@@ -78,8 +80,7 @@ class Aggregator(Node):
                 .numpy().astype(np.float32)
         self.size = len(self.params)
         self.leaves = [f"aggregator-{i}" for i in range(1, c.aggregators)] if self.is_root else []
-        self.step_mode = job.train.sync == "step"
-        self.adam = Adam(self.size, job.train.dense_lr) if self.step_mode else None
+        self.sync = sync_modes.for_mode(job.train, self.size)
         self.settings = live.LiveValues(job.aggregation)
         self.round = 0
         self.steps = 0
@@ -116,11 +117,7 @@ class Aggregator(Node):
                     return
                 self.send(self.router, self.weights(), identity=identity)
             case StepGrad() as g if self.is_root:
-                if not self.step_mode:
-                    raise ProtocolError("wrong_mode", "StepGrad while sync is not 'step'")
-                if g.grads.shape != (self.size,):
-                    raise ProtocolError("bad_shape", f"step gradient of {g.grads.shape}")
-                self.params = self.adam.step(self.params, g.grads)
+                self.params = self.sync.apply_step(self.params, g.grads)
                 self.steps += 1
                 self.send(self.router, self.weights(), identity=identity)
             case Contribution() as c:

@@ -112,8 +112,8 @@ def test_a_pass_takes_its_plans_in_turn():
     assert Pass(0, False, []).exhausted() and len(Pass(0, True, []).rows()) == 0
 
 
-def test_ledger_window_and_duplicate_acks():
-    ledger = Ledger(window=2)
+def test_ledger_max_in_flight_and_duplicate_acks():
+    ledger = Ledger(max_in_flight=2)
     ledger.sent(1, np.arange(3), False)
     ledger.sent(2, np.arange(3), False)
     assert not ledger.has_room()
@@ -123,7 +123,7 @@ def test_ledger_window_and_duplicate_acks():
 
 
 def test_each_batch_is_granted_to_one_worker_and_only_its_ack_counts():
-    ledger = Ledger(window=8)
+    ledger = Ledger(max_in_flight=8)
     ledger.sent(1, np.arange(3), False)
     assert ledger.acked(1, "w0") is None          # not taken yet
     assert ledger.take(1, "w0") and not ledger.take(1, "w1")
@@ -134,7 +134,7 @@ def test_each_batch_is_granted_to_one_worker_and_only_its_ack_counts():
 
 
 def test_lost_workers_batches_and_untaken_ones_go_out_again_once():
-    ledger = Ledger(window=8)
+    ledger = Ledger(max_in_flight=8)
     for b in (1, 2, 3, 4):
         ledger.sent(b, np.arange(2), False)
     ledger.take(1, "dead")
@@ -151,7 +151,7 @@ def test_lost_workers_batches_and_untaken_ones_go_out_again_once():
 
 
 def test_an_ack_from_a_lost_worker_still_counts_until_the_batch_is_retaken():
-    ledger = Ledger(window=8)
+    ledger = Ledger(max_in_flight=8)
     ledger.sent(1, np.arange(2), False)
     ledger.take(1, "slow")
     ledger.requeue({"slow"})                     # declared lost, but its ack was on the way
@@ -160,7 +160,7 @@ def test_an_ack_from_a_lost_worker_still_counts_until_the_batch_is_retaken():
 
 
 def test_straggler_copies_are_of_untaken_batches_once_each_oldest_first():
-    ledger = Ledger(window=8)
+    ledger = Ledger(max_in_flight=8)
     for b in (1, 2, 3):
         ledger.sent(b, np.arange(2), False)
     ledger.take(2, "fast")

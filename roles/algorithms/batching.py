@@ -19,7 +19,7 @@ def sample_batch_bytes(batch_size: int, dense: int) -> int:
 
 
 def max_in_flight(workers: int, prefetch: int) -> int:
-    """A feeder's window: batches unacknowledged at a time. Per worker, its prefetch and the
+    """A feeder's bound on the batches unacknowledged at a time. Per worker, its prefetch and the
     one it trains, as many again that a slow worker may hold in socket buffers, and some in
     transit. It also bounds the acks a dead feeder can have lost in transit, so a worker
     keeps that many of its latest acks per feeder to send a restarted one again."""
@@ -146,8 +146,8 @@ class InFlight:
 
 @dataclass
 class Ledger:
-    """Every batch sent and not yet acknowledged (at most ``window``), who holds it, and the
-    batches to send again.
+    """Every batch sent and not yet acknowledged (at most ``max_in_flight``), who holds it, and
+    the batches to send again.
 
     A batch is granted to one worker only (``take``) and only that worker's ack counts. When
     workers are lost (dead or gone), their batches are queued to be sent again under the same
@@ -163,7 +163,7 @@ class Ledger:
     first is trained, the other refused.
     """
 
-    window: int
+    max_in_flight: int
     in_flight: dict[int, InFlight] = field(default_factory=dict)
     resend: deque[int] = field(default_factory=deque)
     duplicate_acks: int = 0
@@ -172,7 +172,7 @@ class Ledger:
     straggler_copies: int = 0
 
     def has_room(self) -> bool:
-        return len(self.in_flight) < self.window
+        return len(self.in_flight) < self.max_in_flight
 
     def sent(self, batch_id: int, rows: np.ndarray, eval: bool, round_: int = 0) -> None:
         self.in_flight[batch_id] = InFlight(rows, eval, round_)
@@ -270,8 +270,9 @@ class Pass:
 @dataclass
 class SliceProgress:
     """How far a training pass over one slice has got: every batch number below ``low`` and
-    those in ``above`` acknowledged, with their samples and loss (a feeder's heartbeat carries
-    it, so that control can hand the slice on from there if the feeder dies)."""
+    those in ``above`` acknowledged, with their samples and loss (a feeder tells control with
+    every heartbeat, in its FeederProgress, so that control can hand the slice on from there if
+    the feeder dies)."""
 
     epoch: int
     low: int = 0

@@ -1,16 +1,20 @@
 """A worker's replica of the dense network and its synchronisation state (no sockets).
 
-Rounds (sync modes every and round): the worker contributes its *delta* — its weights now minus
-``base``, its weights at its previous contribution or adoption — with the sample weight and the
-samples behind it, and keeps training. When the combined weights W(r) arrive it adopts
+Rounds (sync modes every, round and lazy): the worker contributes its *delta* — its weights now
+minus ``base``, its weights at its previous contribution or adoption — with the sample weight
+and the samples behind it, and keeps training. When the combined weights W(r) arrive it adopts
 ``W(r) + (its weights now - its weights when it contributed)``: the progress it made while the
-round was in flight is kept, and contributed next time. One round is in flight at a time.
+round was in flight is kept, and contributed next time. One round is in flight at a time
+(``WorkerRounds`` defers a call for the next).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from roles.protocol.dense_sync import Weights
+from zbus.codec import ProtocolError
 
 
 class Replica:
@@ -104,3 +108,74 @@ class Replica:
         self.steps_since += 1
         self.coef_since += weight_sum
         self.samples_since += samples
+
+
+STALE, RESTORED, ADOPTED = "stale", "restored", "adopted"
+
+
+class WorkerRounds:
+    """A worker's place in the rounds around its replica: the restore generation it follows
+    (weights restored from a backup, of a newer generation, replace the replica's; those of an
+    older one are dropped), a round it was called to while its previous contribution was in
+    flight (deferred until those weights are in), and whether to ask for weights it may have
+    missed (a broadcast lost while the SUB reconnected to a restarted aggregator)."""
+
+    def __init__(self, ask_every_s: float):
+        self.ask_every_s = ask_every_s  # asks for missed weights at most this often
+        self.generation = 0
+        self.restore_wanted = 0         # a Restore's generation, asked for until it is here
+        self.deferred: int | None = None
+        self.contributed_at = 0.0
+        self.asked_at = 0.0
+
+    def weights(self, replica: Replica, w: Weights) -> str:
+        """Weights from the aggregator: STALE (nothing changes), RESTORED (they replaced the
+        replica's) or ADOPTED."""
+        if w.params.shape != (replica.size,):
+            raise ProtocolError("bad_shape", f"weights of {w.params.shape}, model has "
+                                             f"{replica.size} parameters")
+        if w.generation < self.generation:
+            return STALE  # from before a restore
+        if w.generation > self.generation:
+            self.generation = w.generation
+            replica.reset(w.round, w.params)
+            if self.deferred is not None and self.deferred <= w.round:
+                self.deferred = None
+            return RESTORED
+        return ADOPTED if replica.adopt(w.round, w.params) else STALE
+
+    def called(self, replica: Replica, round_: int) -> bool:
+        """Aggregate(round_) names this worker: True to contribute now (else it is a repeat,
+        or deferred while the previous round is in flight)."""
+        if round_ <= replica.settled_round:
+            return False  # a repeat of a round already done or contributed
+        if replica.in_flight:
+            self.deferred = round_
+            return False
+        return True
+
+    def deferred_due(self, replica: Replica) -> int | None:
+        """After weights came in: the deferred round to contribute to now, if any."""
+        if self.deferred is None or self.deferred <= replica.version:
+            return None
+        round_, self.deferred = self.deferred, None
+        return round_
+
+    def restore(self, generation: int) -> bool:
+        """Control's Restore: True when it is news (ask for the restored weights)."""
+        if generation <= max(self.generation, self.restore_wanted):
+            return False
+        self.restore_wanted = generation
+        return True
+
+    def missed(self, now: float, replica: Replica, eval_waiting: bool) -> bool:
+        """Ask for the current weights now? At most once per ``ask_every_s``, while something
+        waits for weights that must exist by now: restored ones, those of the round in flight
+        when the next round was called (rounds complete in order), or those an eval batch
+        needs (``eval_waiting``)."""
+        if now - self.asked_at <= self.ask_every_s:
+            return False
+        return (self.restore_wanted > self.generation
+                or (self.deferred is not None and replica.in_flight
+                    and now - self.contributed_at > self.ask_every_s)
+                or eval_waiting)

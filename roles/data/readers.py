@@ -24,6 +24,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +34,7 @@ import pyarrow.parquet as pq
 
 from roles.data.index import CRITEO_COLUMNS, DataError, FileIndex, Part
 from roles.data.transforms import FLOAT32_MAX
+from roles.job.rundir import atomic_write
 
 CHUNK_BYTES = 4 << 20
 MAX_TIMESTAMP = 2.0 ** 53  # seconds either side of 1970 that a float holds exactly
@@ -64,6 +66,16 @@ class Rejected:
     line: int
     reason: str
     text: str
+
+
+def write_rejected(path: Path, rejected: list[Rejected]) -> None:
+    """rejected.tsv: file, line number, reason and the row as read, one rejected row a line."""
+    def clean(text: str) -> str:
+        return text.replace("\t", "\\t").replace("\n", "\\n")
+
+    lines = ["file\tline\treason\trow"]
+    lines += [f"{clean(r.file)}\t{r.line}\t{clean(r.reason)}\t{clean(r.text)}" for r in rejected]
+    atomic_write(path, ("\n".join(lines) + "\n").encode())
 
 
 @dataclass

@@ -1,0 +1,150 @@
+"""A worker's pulled batches (pure; no sockets).
+
+``Pipeline``: the batches a worker has pulled from the sample queue and not yet run, in pull
+order, each with its grant (Taken -> Grant: only the next one to run is asked for, so that the
+rest stay untaken and the feeder can hand copies of them to an idle worker at the end of a pass)
+and its embeddings, one reply per shard. A batch runs once it is granted, has its embeddings
+and its turn has come (its weights or its round: the caller's ``due``).
+
+``WaitSample``: a uniform sample of how long batches waited for their embeddings (from when one
+was the next to run, lacking only them), for the summary's quantiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from roles.protocol.datapath import Embeddings, SampleBatch
+from zbus.codec import ProtocolError
+
+Due = Callable[[SampleBatch], bool]
+
+
+@dataclass
+class PulledBatch:
+    sample: SampleBatch
+    replies: list[Embeddings | None]
+    positions: list[np.ndarray | None]  # grid positions of each shard's reply
+    asked: bool = False       # Taken sent to the feeder
+    granted: bool = False
+    looked_up_at: float | None = None   # when its Lookups went to the shards
+    needed_at: float | None = None      # when it was the next to train, but for embeddings
+
+    @property
+    def batch_id(self) -> int:
+        return self.sample.batch_id
+
+    def has_embeddings(self) -> bool:
+        return all(r is not None for r in self.replies)
+
+    def complete(self) -> bool:
+        return self.granted and self.has_embeddings()
+
+
+class Pipeline:
+    def __init__(self, shards: int, fields: int, dim: int):
+        self.shards, self.fields, self.dim = shards, fields, dim
+        self.batches: dict[int, PulledBatch] = {}   # in pull order
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[PulledBatch]:
+        return iter(list(self.batches.values()))
+
+    def pulled(self, sample: SampleBatch) -> PulledBatch | None:
+        """A batch from the queue; None when it is a second copy of one already here."""
+        if sample.batch_id in self.batches:
+            return None
+        batch = PulledBatch(sample, [None] * self.shards, [None] * self.shards)
+        self.batches[sample.batch_id] = batch
+        return batch
+
+    def to_ask(self) -> PulledBatch | None:
+        """Keep one batch taken ahead of the one training: the first, when none is asked for
+        (it is marked asked)."""
+        if any(b.asked for b in self.batches.values()):
+            return None
+        batch = next(iter(self.batches.values()), None)
+        if batch is not None:
+            batch.asked = True
+        return batch
+
+    def granted(self, batch_id: int, granted: bool) -> bool:
+        """The feeder's answer to Taken; a batch refused (another worker holds it) goes.
+        False when the batch is not here."""
+        if batch_id not in self.batches:
+            return False
+        if granted:
+            self.batches[batch_id].granted = True
+        else:
+            del self.batches[batch_id]
+        return True
+
+    def embeddings(self, shard: int, e: Embeddings) -> PulledBatch | None:
+        """A shard's rows for a batch; None when the batch is not here (refused meanwhile)."""
+        batch = self.batches.get(e.batch_id)
+        if batch is None:
+            return None
+        if e.rows.shape[1:] != (self.dim,) or e.grid != len(batch.sample.labels) * self.fields:
+            raise ProtocolError("bad_shape", f"embeddings of batch {e.batch_id} do not fit "
+                                             "the batch")
+        batch.positions[shard] = e.positions()
+        batch.replies[shard] = e
+        return batch
+
+    def take_ready(self, due: Due) -> PulledBatch | None:
+        """The first batch that can run (granted, embeddings in, ``due``), taken out."""
+        batch = next((b for b in self.batches.values() if b.complete() and due(b.sample)),
+                     None)
+        if batch is not None:
+            del self.batches[batch.batch_id]
+        return batch
+
+    def wanting_embeddings(self, due: Due, now: float) -> PulledBatch | None:
+        """Nothing can run: when the next batch lacks only its embeddings, it waits for them
+        from ``now``; returned when it is not looked up yet (mode pull: ask now)."""
+        batch = next(iter(self.batches.values()), None)
+        if batch is None or batch.has_embeddings() or not batch.granted or not due(batch.sample):
+            return None
+        if batch.needed_at is None:
+            batch.needed_at = now
+        return batch if batch.looked_up_at is None else None
+
+    def lacking(self, shard: int) -> list[PulledBatch]:
+        """The batches looked up whose rows from ``shard`` are not in (a restarted shard)."""
+        return [b for b in self.batches.values()
+                if b.looked_up_at is not None and b.replies[shard] is None]
+
+    def holds_granted(self) -> bool:
+        return any(b.granted for b in self.batches.values())
+
+    def eval_waiting(self) -> bool:
+        """An evaluation batch has all it needs but (maybe) its weights."""
+        return any(b.complete() and b.sample.eval for b in self.batches.values())
+
+
+class WaitSample:
+    """Reservoir sampling: ``kept`` of the waits seen, each equally likely to be kept."""
+
+    def __init__(self, kept: int, seed: int):
+        self.kept = kept
+        self.waits: list[float] = []   # seconds
+        self.seen = 0
+        self.rng = np.random.default_rng(seed)
+
+    def add(self, seconds: float) -> None:
+        self.seen += 1
+        if len(self.waits) < self.kept:
+            self.waits.append(seconds)
+        else:
+            slot = int(self.rng.integers(self.seen))
+            if slot < self.kept:
+                self.waits[slot] = seconds
+
+    def milliseconds(self) -> list[float]:
+        """The sample in ms, ascending."""
+        return [round(float(w), 3) for w in np.sort(np.asarray(self.waits) * 1000)]

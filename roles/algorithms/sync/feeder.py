@@ -1,0 +1,90 @@
+"""The feeder's side of each sync mode (``roles.algorithms.sync``): in mode ``round`` it
+releases a round's batches at a time and reports each round drained; in every other mode it
+feeds freely (as fast as its ledger and the sample queue take batches). Pure: the feeder sends
+what a strategy returns."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from roles.job.settings import Job
+from roles.protocol.dense_sync import RoundDrained
+
+
+class FeederSync(Protocol):
+    def round_full(self) -> bool:
+        """Every training batch of the round has been sent: new ones wait for the next."""
+
+    def round_of(self, eval: bool) -> int:
+        """The sync round a new batch is tagged with (SampleBatch ``round``; 0: none)."""
+
+    def sent(self, eval: bool) -> None:
+        """A new batch went out."""
+
+    def acked(self, samples: int) -> None:
+        """A training batch of ``samples`` samples was acknowledged."""
+
+    def all_acked(self, eval: bool) -> RoundDrained | None:
+        """Nothing is in flight (in a pass of evaluation when ``eval``): the report due to
+        control, if any."""
+
+
+class FreeFeeding:
+    """Modes ``step``, ``every`` and ``lazy``: no rounds in the data path."""
+
+    def round_full(self) -> bool:
+        return False
+
+    def round_of(self, eval: bool) -> int:
+        return 0
+
+    def sent(self, eval: bool) -> None:
+        pass
+
+    def acked(self, samples: int) -> None:
+        pass
+
+    def all_acked(self, eval: bool) -> RoundDrained | None:
+        return None
+
+
+class RoundFeeding:
+    """Mode ``round``: ``batches`` training batches (``round_iterations`` per worker) make a
+    round; the next round's wait until every batch of this one is acknowledged, which is
+    reported (RoundDrained) so that control calls the round's aggregation."""
+
+    def __init__(self, batches: int):
+        self.per_round = batches
+        self.round = 1           # the round being fed
+        self.sent_in_round = 0   # its training batches sent
+        self.samples = 0         # and the samples acknowledged
+
+    def round_full(self) -> bool:
+        return self.sent_in_round >= self.per_round
+
+    def round_of(self, eval: bool) -> int:
+        return 0 if eval else self.round
+
+    def sent(self, eval: bool) -> None:
+        self.sent_in_round += not eval
+
+    def acked(self, samples: int) -> None:
+        self.samples += samples
+
+    def all_acked(self, eval: bool) -> RoundDrained | None:
+        if eval or not self.sent_in_round:
+            return None
+        drained = RoundDrained(round=self.round, samples=self.samples)
+        self.round += 1
+        self.sent_in_round = self.samples = 0
+        return drained
+
+
+def for_mode(job: Job) -> FeederSync:
+    """The feeder's strategy for ``[train] sync``."""
+    match job.train.sync:
+        case "round":
+            return RoundFeeding(job.cluster.workers * job.train.round_iterations)
+        case "step" | "every" | "lazy":
+            return FreeFeeding()
+    raise ValueError(f"unknown sync mode {job.train.sync!r}")

@@ -1,0 +1,95 @@
+"""A worker's arithmetic on one batch (torch; no sockets): the batch's embedding grid put
+together from the shards' replies, the dense network's forward and backward (on the worker's
+own replica, or driven over its model-parallel group by the leader, ``roles.model.parallel``),
+the scores of an evaluation batch, and the gradient rows each shard gets back.
+
+``train`` and ``score`` take the network as ``model`` (a replica's) or, in a model-parallel
+group, ``leader``; the dense optimiser's step is the sync mode's (``roles.algorithms.sync``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from roles.algorithms.pulled import PulledBatch
+from roles.model.network import weighted_loss_sum
+from roles.model.parallel import GroupLeader
+from roles.protocol.datapath import Embeddings, SampleBatch
+
+
+class BatchCompute:
+    def __init__(self, fields: int, dim: int, device: torch.device):
+        self.fields, self.dim, self.device = fields, dim, device
+
+    def train(self, model: torch.nn.Module | None, leader: GroupLeader | None,
+              batch: PulledBatch) -> tuple[float, float, list[np.ndarray]]:
+        """Forward and backward of a training batch: its loss sum, its sample weight sum and
+        the gradient rows for each shard (the dense gradients stay in the parameters)."""
+        s = batch.sample
+        emb = self.embeddings(len(s.labels), batch.replies, batch.positions)
+        emb.requires_grad_(True)
+        dense, labels, weights = self.tensors(s)
+        weight_sum = float(weights.sum())
+        loss_sum = self.forward_backward(model, leader, emb, dense, labels, weights, weight_sum)
+        grads = self.shard_grads(emb.grad, batch.replies, batch.positions)
+        return float(loss_sum.detach()), weight_sum, grads
+
+    def score(self, model: torch.nn.Module | None, leader: GroupLeader | None,
+              batch: PulledBatch) -> np.ndarray:
+        """The predicted probabilities of an evaluation batch."""
+        s = batch.sample
+        dense, _, _ = self.tensors(s)
+        emb = self.embeddings(len(s.labels), batch.replies, batch.positions)
+        return self.scores(model, leader, emb, dense).cpu().numpy()
+
+    def embeddings(self, n: int, replies: list[Embeddings],
+                   positions: list[np.ndarray]) -> torch.Tensor:
+        """[n, fields, dim]: each shard's rows at their grid positions."""
+        flat = np.zeros((n * self.fields, self.dim), dtype=np.float32)
+        for e, where in zip(replies, positions, strict=True):
+            flat[where] = e.rows[e.inverse]
+        return torch.from_numpy(flat).to(self.device).view(n, self.fields, self.dim)
+
+    def tensors(self, s: SampleBatch) -> tuple[torch.Tensor, ...]:
+        """The batch's dense features, labels and weights."""
+        return tuple(torch.from_numpy(np.array(a)).to(self.device)
+                     for a in (s.dense, s.labels, s.weights))
+
+    def forward_backward(self, model: torch.nn.Module | None, leader: GroupLeader | None,
+                         emb: torch.Tensor, dense: torch.Tensor, labels: torch.Tensor,
+                         weights: torch.Tensor, weight_sum: float) -> torch.Tensor:
+        """Loss sum of the batch; the gradients land in emb.grad and the dense parameters
+        (of ``model``, or with a ``leader`` those of its group)."""
+        if leader is None:
+            loss_sum = weighted_loss_sum(model(emb, dense), labels, weights)
+            model.zero_grad(set_to_none=True)
+            (loss_sum / max(weight_sum, 1e-12)).backward()
+            return loss_sum
+        logits = leader.forward({"embeddings": emb, "dense": dense}, train=True)
+        leaf = logits.detach().requires_grad_(True)
+        loss_sum = weighted_loss_sum(leaf, labels, weights)
+        (loss_sum / max(weight_sum, 1e-12)).backward()
+        leader.backward(leaf.grad)
+        return loss_sum
+
+    def scores(self, model: torch.nn.Module | None, leader: GroupLeader | None,
+               emb: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            if leader is None:
+                return torch.sigmoid(model(emb, dense))
+            return torch.sigmoid(leader.forward({"embeddings": emb, "dense": dense},
+                                                train=False))
+
+    def shard_grads(self, emb_grad: torch.Tensor, replies: list[Embeddings],
+                    positions: list[np.ndarray]) -> list[np.ndarray]:
+        """Per shard, the gradient of each row it sent (rows used twice add up)."""
+        grad = emb_grad.reshape(-1, self.dim)
+        out = []
+        for e, where in zip(replies, positions, strict=True):
+            rows = torch.zeros((e.rows.shape[0], self.dim), device=self.device)
+            at = torch.from_numpy(where).to(self.device)
+            inverse = torch.from_numpy(e.inverse.astype(np.int64)).to(self.device)
+            rows.index_add_(0, inverse, grad[at])
+            out.append(rows.cpu().numpy())
+        return out

@@ -1,0 +1,208 @@
+"""The feeder's parts without sockets: its tally (and FeederProgress), its key routing and
+counting per allocation window, a restarted feeder's reclaiming, its slices."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from roles.algorithms.batching import TAKEN, Ledger, Pass, Plan, SliceProgress
+from roles.algorithms.feeder_slices import FeederSlices
+from roles.algorithms.key_routing import COUNT_EVERY, KeyRouting, WindowCounter
+from roles.algorithms.placement import KeyMap
+from roles.algorithms.reclaim import Reclaim
+from roles.algorithms.tally import FeederTally
+from roles.job.settings import parse_job
+from roles.protocol.datapath import FeederProgress, SliceMap, make_batch_id
+from roles.protocol.placement import Drained, Placement
+from zbus.codec import ProtocolError, decode
+
+
+def job(text: str = ""):
+    return parse_job(f"[data]\nsource = 'synthetic'\n{text}", environ={})
+
+
+def round_trip(msg):
+    return decode([bytes(f) for f in msg.to_frames("feeder-0", 1)]).msg
+
+
+# -- the tally ---------------------------------------------------------------------------------
+def test_the_tally_adds_up_a_pass_and_reports_its_progress_per_slice():
+    t = FeederTally(n_train=40)
+    t.new_epoch(3)
+    t.new_pass()
+    plans = [Plan.training(3, s, np.arange(20 * s, 20 * s + 20), 5, False, 0) for s in (0, 1)]
+    for plan in plans:
+        assert t.slice_planned(plan, SliceProgress(3)) is None  # afresh
+    t.train_acked("worker-1", make_batch_id(3, 0, 0), plans[0].batch_rows(0), 5, 2.0, 5.0)
+    t.train_acked("worker-2", make_batch_id(3, 0, 2), plans[0].batch_rows(2), 5, 1.0, 4.0)
+    t.train_acked("worker-1", make_batch_id(3, 1, 0), plans[1].batch_rows(0), 5, 0.5, 5.0)
+    report = round_trip(t.progress_report())
+    assert report == FeederProgress(epoch=3, batches_acked=3, slices=[0, 1], low=[1, 1],
+                                    above=[[2], []], samples=[10, 5],
+                                    loss_sum=[3.0, 0.5], weight_sum=[9.0, 5.0])
+    assert report.of(0) == {"epoch": 3, "low": 1, "above": [2], "samples": 10,
+                            "loss_sum": 3.0, "weight_sum": 9.0}
+    c = t.counters()
+    assert (c["batches_acked"], c["samples_acked"], c["epoch_samples"]) == (3, 15, 15)
+    assert c["acked_by"] == {"worker-1": 10, "worker-2": 5} and c["train_loss_sum"] == 3.5
+    trained = t.epoch_trained(Pass(3, False, plans), 1.5)
+    assert (trained.samples, trained.batches, trained.rows, trained.rows_once,
+            trained.rows_missed, trained.slices) == (15, 8, 40, 15, 25, [0, 1])
+
+
+def test_a_resumed_slice_skips_and_counts_what_was_acknowledged_before():
+    t = FeederTally(n_train=20)
+    t.new_epoch(0)
+    t.new_pass()
+    plan = Plan.training(0, 0, np.arange(20), 5, False, 0)
+    before = SliceProgress(0, low=1, above={3}, samples=10, loss_sum=4.0, weight_sum=10.0)
+    assert t.slice_planned(plan, before) == 2
+    assert [plan.take()[1].tolist()[0] for _ in range(2)] == [5, 10] and plan.exhausted()
+    assert (t.epoch_samples, t.loss_sum, t.weight_sum) == (10, 4.0, 10.0)
+    assert t.row_acks.tolist() == [1] * 5 + [0] * 10 + [1] * 5
+    assert round_trip(t.progress_report()).of(0)["above"] == [3]
+
+
+def test_a_restarted_feeders_tally_starts_from_its_ack_log_and_scores_eval_rows():
+    records = np.array([(make_batch_id(0, 0, i), 4, 1.0, 2.0, 0) for i in range(3)],
+                       dtype=[("batch_id", "<i8"), ("samples", "<i4"), ("loss_sum", "<f8"),
+                              ("weight_sum", "<f8"), ("worker", "<u2")])
+    t = FeederTally(n_train=10)
+    t.restore(records, {"worker-0": 12})
+    assert (t.batches_acked, t.samples_acked, t.train_loss_sum, t.train_weight_sum) == \
+        (3, 12, 3.0, 6.0)
+    assert round_trip(t.progress_report()).slices == []  # nothing of a pass yet
+    t.new_evaluation(4)
+    ev = Plan.evaluation(0, 0, np.arange(10, 14), 2)
+    t.eval_acked(ev.batch_rows(1), np.array([0.3, 0.4], dtype=np.float32))
+    t.eval_acked(ev.batch_rows(0), np.array([0.1, 0.2], dtype=np.float32))
+    labels = np.arange(14, dtype=np.float32)
+    r = t.eval_report(Pass(0, True, [ev]), labels)
+    assert r.labels.tolist() == [10, 11, 12, 13]
+    assert np.allclose(r.preds, [0.1, 0.2, 0.3, 0.4]) and t.batches_acked == 5
+
+
+# -- key routing ---------------------------------------------------------------------------------
+def test_a_window_closes_after_its_batches_with_every_pair_counted():
+    keymap = KeyMap.hashed(2, 4)
+    counter = WindowCounter(heavy_keys=4, window_batches=COUNT_EVERY + 1, buckets=8, shards=2)
+    keys = np.array([1, 1, 1, 2, 3, 8], dtype=np.int64)
+    owner = keymap.owner_of(keys)
+    for _ in range(COUNT_EVERY):
+        assert counter.count(keys, owner, keymap, pass_end=False) is None
+    closed = counter.count(keys, owner, keymap, pass_end=True)
+    n = COUNT_EVERY + 1
+    assert closed.window == 0 and counter.window == 1 and closed.pairs == 6 * n
+    assert closed.keys[0] == 1 and closed.counts[0] == 3 * n
+    assert closed.shard_pairs.sum() == closed.bucket_pairs.sum() == 6 * n
+    assert closed.bucket_pairs[1] == 3 * n  # key 1 is in bucket 1
+    assert counter.count(keys, owner, keymap, pass_end=False) is None  # a fresh window
+
+
+def test_with_window_batches_zero_a_window_is_a_pass():
+    keymap = KeyMap.hashed(2, 4)
+    counter = WindowCounter(heavy_keys=4, window_batches=0, buckets=8, shards=2)
+    keys = np.array([5, 6], dtype=np.int64)
+    assert counter.count(keys, keymap.owner_of(keys), keymap, pass_end=False) is None
+    closed = counter.count(keys, keymap.owner_of(keys), keymap, pass_end=True)
+    assert closed.pairs == 4 and closed.version == 0
+
+
+def test_hash_placement_neither_counts_nor_takes_placements():
+    routing = KeyRouting(2, job().placement)
+    data = np.arange(12, dtype=np.int64).reshape(6, 2)
+    routing.route(data)
+    keys, owner, messages = routing.batch_keys(9, np.array([0, 3]), data, range(2))
+    assert keys.tolist() == [0, 1, 6, 7] and owner.tolist() == [0, 1, 0, 1]
+    assert [m.positions.tolist() for m in messages] == [[0, 2], [1, 3]]
+    assert [m.keys.tolist() for m in messages] == [[0, 6], [1, 7]]
+    assert all(m.batch_id == 9 and m.samples == 2 and m.fields == 2 for m in messages)
+    assert routing.count(keys, owner, pass_end=True) is None
+    assert not routing.newer(Placement(version=1, phase="drain", buckets=np.zeros(128, np.int64),
+                                       keys=np.zeros(0, np.int64),
+                                       owners=np.zeros(0, np.int64)))
+
+
+def test_a_new_key_map_pauses_until_drained_then_routes_by_it():
+    p = job("[placement]\nmode = 'skew'\nbuckets_per_shard = 2\n").placement
+    routing = KeyRouting(2, p)
+    data = np.array([[4], [5]], dtype=np.int64)
+    routing.route(data)
+    assert routing.owner.tolist() == [[0], [1]]
+    buckets = np.array([1, 0, 1, 0], dtype=np.int64)  # every bucket moves
+    drain = Placement(version=1, phase="drain", buckets=buckets, keys=np.zeros(0, np.int64),
+                      owners=np.zeros(0, np.int64))
+    assert routing.newer(drain) and routing.pause(1) and not routing.pause(1)
+    assert routing.drained(in_flight=True) is None
+    assert routing.drained(in_flight=False) == Drained(version=1)
+    assert routing.drained(in_flight=False) is None  # said once
+    active = Placement(version=1, phase="active", buckets=buckets, keys=np.array([5]),
+                       owners=np.array([1]))
+    routing.activate(active, data)
+    assert routing.placing is None and routing.keymap.version == 1
+    assert routing.owner.tolist() == [[1], [1]] and not routing.newer(active)
+
+
+# -- a restarted feeder reclaims ------------------------------------------------------------------
+def test_a_restarted_feeder_reclaims_what_its_dead_process_sent():
+    ledger = Ledger(max_in_flight=8)
+    plan = Plan.training(0, 0, np.arange(40), 10, False, 0)
+    pass_ = Pass(0, False, [plan])
+    fresh = Reclaim(ledger)
+    assert fresh.reclaimable(pass_, make_batch_id(0, 0, 1)) is None  # not restarted
+    r = Reclaim(ledger)
+    r.restart()
+    batch_id, rows = pass_.take()                 # sent by this process
+    ledger.sent(batch_id, rows, False)
+    assert r.reclaimable(pass_, batch_id) is None
+    assert r.reclaimable(pass_, make_batch_id(1, 0, 1)) is None  # another epoch
+    r.taking(pass_, make_batch_id(0, 0, 2))      # a worker asks for one the dead one sent
+    assert make_batch_id(0, 0, 2) in ledger.in_flight and not plan.unsent(2)
+    r.holding(pass_, "worker-1", [make_batch_id(0, 0, 3), batch_id])
+    for b in (make_batch_id(0, 0, 3), batch_id):
+        assert (ledger.in_flight[b].state, ledger.in_flight[b].worker) == (TAKEN, "worker-1")
+    assert pass_.take()[0] == make_batch_id(0, 0, 1)  # 2 and 3 are out: not sent again
+    assert pass_.exhausted()
+    r.deferred_takes.append((b"worker-2", make_batch_id(0, 0, 2)))
+    assert r.recovered(None) is None              # membership not known yet
+    assert r.recovered({"worker-1", "worker-2"}) is None
+    r.holding(pass_, "worker-2", [])
+    assert r.recovered({"worker-1", "worker-2"}) == [(b"worker-2", make_batch_id(0, 0, 2))]
+    assert not r.recovering and r.deferred_takes == [] and r.recovered({"worker-1"}) is None
+
+
+def test_an_ack_the_dead_process_never_saw_is_reclaimed_as_the_workers():
+    ledger = Ledger(max_in_flight=8)
+    pass_ = Pass(0, False, [Plan.training(0, 0, np.arange(20), 10, False, 0)])
+    r = Reclaim(ledger)
+    r.restart()
+    b = make_batch_id(0, 0, 1)
+    entry = r.reclaimable(pass_, b)
+    assert len(entry.rows) == 10
+    r.reclaim(pass_, b, entry, "worker-0")
+    assert ledger.acked(b, "worker-0") is entry
+
+
+# -- slices ----------------------------------------------------------------------------------------
+def slice_map(version: int, owners: list[int], resume: dict | None = None) -> SliceMap:
+    return SliceMap(version=version, train=[[0, 30], [30, 60]], eval=[[0, 5], [5, 10]],
+                    owners=owners, resume=resume or {})
+
+
+def test_a_feeder_feeds_its_slices_and_takes_over_a_lost_ones_from_where_it_had_got():
+    slices = FeederSlices(0, job("[train]\nbatch_size = 10\nshuffle = false\n").train)
+    assert slices.take(slice_map(0, [0, 1]), (60, 10)) == [] and slices.mine() == [0]
+    with pytest.raises(ProtocolError):
+        slices.take(slice_map(1, [0, 0]), (61, 10))
+    resume = {"1": {"epoch": 2, "low": 1, "above": [2], "samples": 20, "loss_sum": 1.0,
+                    "weight_sum": 20.0}}
+    assert slices.take(slice_map(1, [0, 0], resume), (60, 10)) == [1]
+    assert slices.resumable(1, 2) and not slices.resumable(1, 3) and not slices.scoring(1)
+    plan, progress = slices.training_plan(1, 2, np.zeros(60))
+    assert plan.batch_rows(0).tolist()[0] == 30
+    assert (progress.low, progress.above, progress.samples) == (1, {2}, 20)
+    logged = SliceProgress(2, low=3)
+    assert slices.training_plan(1, 2, np.zeros(60), logged)[1] is logged  # its own log first
+    assert slices.eval_plan(1, 2, 60).batch_rows(0).tolist() == [65, 66, 67, 68, 69]
+    assert "eval rows 5..10" in slices.describe([1])

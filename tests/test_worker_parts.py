@@ -1,0 +1,196 @@
+"""The worker's parts without sockets: its pulled batches and embedding-wait sample, its links
+to the feeders' ledgers, its place in the rounds, a batch's arithmetic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from roles.algorithms.feeder_links import FeederLinks
+from roles.algorithms.pulled import Pipeline, WaitSample
+from roles.algorithms.replica import ADOPTED, RESTORED, STALE, Replica, WorkerRounds
+from roles.model.compute import BatchCompute
+from roles.protocol.datapath import Ack, Embeddings, Holding, SampleBatch, Taken, make_batch_id
+from roles.protocol.dense_sync import Weights
+from zbus.codec import ProtocolError
+
+FIELDS, DIM = 2, 3
+
+
+def sample(batch_id: int, n: int = 2, eval: bool = False, round_: int = 0) -> SampleBatch:
+    return SampleBatch(batch_id=batch_id, epoch=0, eval=eval, min_round=0, round=round_,
+                       dense=np.zeros((n, 1), np.float32), labels=np.ones(n, np.float32),
+                       weights=np.ones(n, np.float32))
+
+
+def reply(batch_id: int, positions: list[int], grid: int, rows: np.ndarray,
+          inverse: list[int]) -> Embeddings:
+    return Embeddings(batch_id=batch_id, grid=grid,
+                      mask=Embeddings.mask_of(np.array(positions), grid),
+                      inverse=np.array(inverse, np.int32), rows=rows.astype(np.float32))
+
+
+def split_replies(batch_id: int, n: int = 2) -> list[Embeddings]:
+    """Shard 0 holds the even grid positions (one row used twice), shard 1 the odd ones."""
+    grid = n * FIELDS
+    even, odd = list(range(0, grid, 2)), list(range(1, grid, 2))
+    return [reply(batch_id, even, grid, np.ones((1, DIM)), [0] * len(even)),
+            reply(batch_id, odd, grid, np.arange(len(odd) * DIM).reshape(-1, DIM),
+                  list(range(len(odd))))]
+
+
+# -- pulled batches ------------------------------------------------------------------------------
+def test_only_the_next_batch_is_asked_for_and_a_copy_is_ignored():
+    p = Pipeline(shards=2, fields=FIELDS, dim=DIM)
+    a, b = p.pulled(sample(1)), p.pulled(sample(2))
+    assert p.pulled(sample(1)) is None and len(p) == 2
+    assert p.to_ask() is a and a.asked and p.to_ask() is None
+    assert p.granted(1, True) and a.granted
+    assert not p.granted(7, True)                 # not here
+    assert p.granted(2, False) and len(p) == 1   # refused: another worker has it
+    assert b not in list(p)
+
+
+def test_a_batch_runs_once_granted_with_its_embeddings_when_due():
+    p = Pipeline(shards=2, fields=FIELDS, dim=DIM)
+    batch = p.pulled(sample(5, round_=2))
+    due = lambda s: s.round <= 1  # noqa: E731
+    p.granted(5, True)
+    assert p.take_ready(due) is None and p.wanting_embeddings(due, 1.0) is None  # not due
+    due = lambda s: True  # noqa: E731
+    assert p.wanting_embeddings(due, 2.0) is batch and batch.needed_at == 2.0  # pull: ask
+    batch.looked_up_at = 2.5
+    assert p.wanting_embeddings(due, 3.0) is None and batch.needed_at == 2.0   # asked
+    assert p.lacking(1) == [batch]
+    r0, r1 = split_replies(5)
+    assert p.embeddings(0, r0) is batch and not batch.has_embeddings()
+    assert p.lacking(1) == [batch] and p.lacking(0) == []
+    with pytest.raises(ProtocolError):
+        p.embeddings(1, reply(5, [1], 3, np.ones((1, DIM)), [0]))  # another grid
+    p.embeddings(1, r1)
+    assert batch.complete() and p.holds_granted()
+    assert p.take_ready(due) is batch and len(p) == 0
+    assert p.embeddings(0, r0) is None            # gone meanwhile
+
+
+def test_an_eval_batch_complete_but_for_its_weights_is_seen():
+    p = Pipeline(shards=1, fields=FIELDS, dim=DIM)
+    p.pulled(sample(8, eval=True))
+    p.granted(8, True)
+    assert not p.eval_waiting()
+    p.embeddings(0, reply(8, [0, 1, 2, 3], 4, np.ones((1, DIM)), [0, 0, 0, 0]))
+    assert p.eval_waiting()
+
+
+def test_the_wait_sample_is_bounded_and_in_milliseconds():
+    w = WaitSample(kept=4, seed=1)
+    for i in range(100):
+        w.add(i / 1000)
+    assert w.seen == 100 and len(w.waits) == 4
+    ms = w.milliseconds()
+    assert ms == sorted(ms) and all(0 <= x <= 99 for x in ms)
+
+
+# -- feeder links --------------------------------------------------------------------------------
+def ack(batch_id: int) -> Ack:
+    return Ack(batch_id=batch_id, samples=2, loss_sum=0.1, weight_sum=2.0,
+               preds=np.zeros(0, np.float32))
+
+
+def test_a_restarted_feeder_is_told_its_acks_held_batches_and_unanswered_takes():
+    links = FeederLinks(feeders=2, acks_kept=2)
+    p = Pipeline(shards=1, fields=FIELDS, dim=DIM)
+    ids = [make_batch_id(0, 1, i) for i in range(6)]   # slice 1: feeder 1
+    for b in ids[:3]:
+        links.running(b)
+        assert links.acked(ack(b)) == 1
+    links.running(ids[3])                              # running, its ack not sent yet
+    p.pulled(sample(ids[4]))
+    p.pulled(sample(ids[5]))
+    p.pulled(sample(make_batch_id(0, 0, 9)))           # feeder 0's
+    p.granted(ids[4], True)
+    p.batches[ids[5]].asked = True
+    assert links.restart(1, 1) and not links.restart(1, 1) and not links.restart(5, 1)
+    acks_, holding, taken = (lambda m: (m[:2], m[2], m[3:]))(links.restarted(1, p))
+    assert [a.batch_id for a in acks_] == ids[1:3]     # the latest two kept
+    assert isinstance(holding, Holding) and sorted(holding.held.tolist()) == ids[3:5]
+    assert taken == [Taken(batch_id=ids[5])]
+
+
+def test_a_slice_moved_to_another_feeder_is_asked_of_it():
+    links = FeederLinks(feeders=2, acks_kept=2)
+    p = Pipeline(shards=1, fields=FIELDS, dim=DIM)
+    asked, granted = make_batch_id(0, 1, 0), make_batch_id(0, 1, 1)
+    for b in (asked, granted):
+        p.pulled(sample(b)).asked = True
+    p.granted(granted, True)
+    assert links.feeder_of(asked) == 1
+    assert links.moved([0, 0], p) == [(0, Taken(batch_id=asked))]
+    assert links.feeder_of(asked) == 0 and links.moved([0, 0], p) == []
+    with pytest.raises(ProtocolError):
+        links.feeder_of(make_batch_id(0, 7, 0))        # slice 7: no such feeder
+
+
+# -- rounds ----------------------------------------------------------------------------------------
+def weights(round_: int, value: float, generation: int = 0, size: int = 4) -> Weights:
+    return Weights(round=round_, step=0, generation=generation,
+                   params=np.full(size, value, np.float32))
+
+
+def test_rounds_defer_a_call_while_one_is_in_flight_and_follow_restores():
+    r = Replica(torch.nn.Linear(3, 1), torch.device("cpu"), None)
+    rounds = WorkerRounds(ask_every_s=2.0)
+    with pytest.raises(ProtocolError):
+        rounds.weights(r, weights(0, 0.0, size=5))
+    assert rounds.weights(r, weights(0, 0.0)) == ADOPTED
+    assert rounds.weights(r, weights(0, 1.0)) == STALE          # not newer
+    assert rounds.called(r, 1)                                   # contribute now
+    r.contribute(1, True)
+    assert not rounds.called(r, 1)                               # a repeat
+    assert not rounds.called(r, 2) and rounds.deferred == 2      # one round in flight
+    assert rounds.missed(10.0, r, False)                         # ask for them
+    rounds.asked_at = 10.0
+    assert not rounds.missed(11.0, r, True)                      # asked just now
+    assert rounds.weights(r, weights(1, 1.0)) == ADOPTED
+    assert rounds.deferred_due(r) == 2 and rounds.deferred is None
+    assert rounds.restore(1) and not rounds.restore(1)
+    assert rounds.missed(20.0, r, False)                         # the restored weights
+    assert rounds.weights(r, weights(0, 9.0, generation=1)) == RESTORED
+    assert np.allclose(r.flat(), 9.0) and r.version == 0 and rounds.generation == 1
+    assert rounds.weights(r, weights(5, 2.0, generation=0)) == STALE  # before the restore
+    assert not rounds.missed(30.0, r, False) and rounds.missed(30.0, r, True)
+
+
+# -- a batch's arithmetic -------------------------------------------------------------------
+def test_a_batch_trains_on_its_grid_and_each_shard_gets_the_gradients_of_its_rows():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(FIELDS * DIM, 1))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, emb, dense):
+            return self.inner(emb).squeeze(1)
+
+    net = Net()
+    p = Pipeline(shards=2, fields=FIELDS, dim=DIM)
+    batch = p.pulled(sample(3))
+    for shard, e in enumerate(split_replies(3)):
+        p.embeddings(shard, e)
+    compute = BatchCompute(FIELDS, DIM, torch.device("cpu"))
+    grid = compute.embeddings(2, batch.replies, batch.positions)
+    assert grid.shape == (2, FIELDS, DIM)
+    assert grid[:, 0].eq(1).all() and grid[1, 1].tolist() == [3.0, 4.0, 5.0]
+    loss, weight_sum, grads = compute.train(net, None, batch)
+    assert weight_sum == 2.0 and loss > 0
+    w = model[1].weight.detach().reshape(FIELDS, DIM)
+    with torch.no_grad():
+        d = torch.sigmoid(net(grid, None)) - 1        # d loss / d logit, label 1
+    # shard 0's one row is used by field 0 of both samples: its gradient adds up
+    assert np.allclose(grads[0], (w[0] * d.sum() / 2).numpy()[None], atol=1e-6)
+    assert np.allclose(grads[1], (w[1][None] * d[:, None] / 2).numpy(), atol=1e-6)
+    probs = compute.score(net, None, batch)
+    assert probs.shape == (2,) and ((0 < probs) & (probs < 1)).all()
