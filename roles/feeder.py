@@ -1,15 +1,19 @@
-"""A feeder: reads the data, sends each batch's sparse keys to the shards that own them and
-its dense features, labels and weights to the sample queue, and keeps the ledger of batches
-in flight (``roles.algorithms.batching.Ledger``). It reports each finished training pass (and, in
-sync mode round, each drained round: ``roles.algorithms.sync.feeder``) and scores each evaluation
-pass. What its acknowledged batches add up to is its tally (``roles.algorithms.tally``).
+"""A feeder: reads its parts of the data, sends each batch's sparse keys to the shards that own
+them and its dense features, labels and weights to the sample queue, and keeps the ledger of
+batches in flight (``roles.algorithms.batching.Ledger``). It reports each finished training
+pass (and, in sync mode round, each drained round: ``roles.algorithms.sync.feeder``) and scores
+each evaluation pass. What its acknowledged batches add up to is its tally
+(``roles.algorithms.tally``).
 
-Slices (``[cluster] feeders``, ``roles.control.feeding``): every feeder loads the whole data
-(the same split and dense transform everywhere), then feeds only the training and eval rows of
-the slices control's SliceMap gives it (a feeder given no slice waits for one); batch ids carry
-the slice. With every heartbeat it tells control how far each slice's pass has got
-(FeederProgress), so that a live feeder can take a lost one's slice on from there (the
-SliceMap's ``resume``). With ``[train] batch_by_label`` every training batch holds samples of
+The data is streamed (``roles.data``): feeder 0 indexes the files once (``roles.data.index``:
+cached) and tells control (DataIndex); control gives every feeder its parts (PartMap). Each
+feeder then summarises its training parts' dense columns from a bounded read
+(``roles.data.stats``; PartStats), control merges them (DataStats), and every pass reads the
+feeder's parts chunk by chunk through a shuffle buffer (``roles.data.stream``): its memory does
+not grow with the data. Batch ids are (epoch, part, batch number), the same whichever feeder
+reads a part. With every heartbeat it tells control how far each part's pass has got
+(FeederProgress), so that a live feeder can take a lost one's part on from there (the
+PartMap's ``resume``). With ``[train] batch_by_label`` every training batch holds samples of
 one label.
 
 Flow control: at most ``max_in_flight`` batches are unacknowledged at a time (see
@@ -40,25 +44,35 @@ import numpy as np
 import zmq
 
 from roles.algorithms.ack_log import AckLog
-from roles.algorithms.batching import (
-    Ledger,
-    Pass,
-    Plan,
-    SliceProgress,
-    max_in_flight,
-    sample_batch_bytes,
-)
-from roles.algorithms.feeder_slices import FeederSlices
+from roles.algorithms.batching import Ledger, PartProgress, max_in_flight, sample_batch_bytes
+from roles.algorithms.feeder_parts import FeederParts
+from roles.algorithms.feeding_pass import FeedingPass, PartStream
 from roles.algorithms.key_routing import KeyRouting
 from roles.algorithms.reclaim import Reclaim
 from roles.algorithms.sync import feeder as sync_modes
 from roles.algorithms.tally import FeederTally
-from roles.data.dataset import Dataset, load_dataset
-from roles.data.readers import DataError, write_rejected
+from roles.data.index import DataError, Part
+from roles.data.readers import Rejected
+from roles.data.rejected import RejectedRows
+from roles.data.source import DataSource
+from roles.data.stats import PartSummary
+from roles.data.stream import Preparer, Samples, Weighting, eval_batches, training_batches
+from roles.data.transforms import DenseTransform
 from roles.job.cli import role_main
-from roles.job.settings import Job
+from roles.job.settings import DECAY_UNITS, Job
 from roles.model.files import TRANSFORM, ExportAnswers, write_json
-from roles.protocol.datapath import Ack, Grant, Holding, Idle, SampleBatch, SliceMap, Taken
+from roles.protocol.datapath import (
+    Ack,
+    DataIndex,
+    DataStats,
+    Grant,
+    Holding,
+    Idle,
+    PartMap,
+    PartStats,
+    SampleBatch,
+    Taken,
+)
 from roles.protocol.lifecycle import EpochStart, Evaluate, Export, Membership, ShardBack
 from roles.protocol.operator import Feeding
 from roles.protocol.placement import Placement
@@ -68,6 +82,7 @@ from zbus.messages import Ready
 from zbus.node import Node
 
 log = logging.getLogger(__name__)
+STATS_SLICE_S = 0.2   # the statistics pass works this long per turn of the loop
 
 
 class Feeder(Node):
@@ -88,10 +103,15 @@ class Feeder(Node):
         self.shards = [self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"), sndhwm=0)
                        for i in range(c.shards)]  # bounded by the ledger, never blocks
         self.sync = sync_modes.for_mode(job)
-        self.tally = FeederTally()  # over the data's rows, once it is loaded
-        self.data: Dataset | None = None
-        self.plan: Pass | None = None
-        self.slices = FeederSlices(index, t)  # control's assignment of the data to feeders
+        self.tally = FeederTally()
+        self.source: DataSource | None = None
+        self.preparer: Preparer | None = None      # once control's DataStats are in
+        self.transform: DenseTransform | None = None
+        self.stats_todo: list[int] = []             # training parts to summarise
+        self.stats_sent: set[int] = set()
+        self.plan: FeedingPass | None = None
+        self.parts = FeederParts(index)             # control's assignment of the parts
+        self.rejected_rows: RejectedRows | None = None
         self.shards_back: dict[int, int] = {}  # shard -> the restart generation acted on
         self.members: set[str] = set()
         self.members_version = -1
@@ -113,46 +133,46 @@ class Feeder(Node):
 
     # -- start-up --------------------------------------------------------------------------
     def on_welcome(self) -> None:
-        self.state = "loading"
         started = time.monotonic()
+        feeders = Path(self.run_dir) / "feeders"
+        self.rejected_rows = RejectedRows(Path(self.run_dir) / "rejected.tsv",
+                                     feeders / f"{self.node_id}.rejected-parts")
         try:
-            self.data = load_dataset(self.job)
+            self.source = DataSource(self.job)
+            if self.index == 0:   # the index keeper
+                self.state = "indexing"
+                files, parts, n_train = self.source.index()
+                self.source.files = files
+                oracle = self.source.oracle_auc(parts)
+                self.report(DataIndex(n_train=n_train, oracle_auc=-1.0 if oracle is None
+                                      else oracle, body=PartMap.body_of(
+                                          DataSource.describe(files)),
+                                      parts=np.array([p.as_list() for p in parts],
+                                                     dtype=np.int64).reshape(-1, 7)))
+                log.info("indexed %d file(s): %d rows in %d parts (%d training rows) in "
+                         "%.1f s", len(files), sum(p.rows for p in parts), len(parts), n_train,
+                         time.monotonic() - started)
         except (DataError, OSError) as exc:
-            self.fail(f"cannot load data: {exc}")
+            self.fail(f"cannot read the data: {exc}")
             return
-        d = self.data
-        self.tally = FeederTally(d.n_train)
-        self.routing.route(d.keys)
-        if d.rejected:
-            path = Path(self.run_dir) / "rejected.tsv"
-            write_rejected(path, d.rejected)
-            log.warning("%d of %d rows rejected; they are listed in %s", len(d.rejected),
-                        d.rows_read, path)
-        log.info("loaded %d rows (%d train, %d eval, %d rejected) in %.1f s", len(d.labels),
-                 d.n_train, d.n_eval, len(d.rejected), time.monotonic() - started)
-        self.open_ack_log()
+        self.open_ack_log(feeders)
         self.state = "ready"
-        self.to_control(Ready(info={
-            "samples_in_data": d.n_train, "eval_samples": d.n_eval, "rows_read": d.rows_read,
-            "rejected_rows": len(d.rejected), "oracle_auc": d.oracle_auc,
-            "dropped_rows": d.dropped_rows, "merged_rows": d.merged_rows,
-            "fields": len(d.fields), "dense": int(d.dense.shape[1]),
-        }))
+        self.to_control(Ready(info={"indexed": self.index == 0}))
 
-    def open_ack_log(self) -> None:
+    def open_ack_log(self, directory: Path) -> None:
         """Acknowledged training batches are logged; a log already there means this is a
         restart: the job-wide counts come back from it, and the ledger socket waits until the
         pass under way is rebuilt (the first EpochStart or Evaluate)."""
-        self.ack_log = AckLog(Path(self.run_dir) / "feeders" / f"{self.node_id}.acks")
-        records = self.ack_log.records
-        if not len(records):
+        self.ack_log = AckLog(directory, self.node_id)
+        done = self.ack_log.restart()
+        if done is None:
             return
         self.reclaim.restart()
-        self.tally.restore(records, self.ack_log.samples_by_worker())
+        self.tally.restore(done)
         self.pause(self.acks, True)
         log.warning("restarted: %d acknowledged batches (%d samples) in the ack log, the last "
-                    "of epoch %d; resuming from there", len(records), self.tally.samples_acked,
-                    self.ack_log.last_epoch())
+                    "of epoch %d; resuming from there", done["batches"], done["samples"],
+                    done["last_epoch"])
 
     def pass_rebuilt(self) -> None:
         if self.reclaim.recovering:
@@ -176,9 +196,11 @@ class Feeder(Node):
                 self.exports.handle(m)
             case Membership(version=v, workers=workers) if v > self.members_version:
                 self.handle_membership(v, set(workers))
-            case SliceMap(version=v) as m if self.slices.map is None \
-                    or v > self.slices.map.version:
-                self.take_slices(m)
+            case PartMap(version=v) as m if self.source is not None and (
+                    self.parts.map is None or v > self.parts.map.version):
+                self.take_parts(m)
+            case DataStats() as m if self.preparer is None and self.parts.map is not None:
+                self.take_stats(m)
             case EpochStart(epoch=e) if self.fed() and e > self.epoch:
                 self.start_training(e)
             case Evaluate(epoch=e, round=r) if self.fed() and e > self.evaluated \
@@ -206,7 +228,7 @@ class Feeder(Node):
                 log.info("placement %d: pausing until the shards have moved keys", msg.version)
             self.maybe_placement_drained()
             return
-        self.routing.activate(msg, None if self.data is None else self.data.keys)
+        self.routing.activate(msg)
         log.info("placement %d active: %d keys placed off their bucket", msg.version,
                  len(msg.keys))
         self.pump()
@@ -219,9 +241,9 @@ class Feeder(Node):
 
     def export_part(self, where: Path) -> tuple[str, list[str]] | None:
         """The dense transform, so that the export scores raw rows as training saw them."""
-        if self.data is None:
+        if self.transform is None:
             return None
-        t = self.data.transform
+        t = self.transform
         where.mkdir(parents=True, exist_ok=True)
         write_json(where / TRANSFORM, {"dense": self.job.dense_fields, "log1p": t.log1p,
                                        "mean": t.mean.tolist(), "std": t.std.tolist()})
@@ -237,71 +259,152 @@ class Feeder(Node):
         self.maybe_recovered()
         self.pump()
 
-    # -- slices -------------------------------------------------------------------------------
+    # -- parts and their statistics ------------------------------------------------------------
     def fed(self) -> bool:
-        """The data is loaded and control has said which slices are this feeder's (a feeder
-        given no slice waits for one; one given none of them has nothing to feed)."""
-        return self.data is not None and self.slices.map is not None
+        """Control has said which parts are this feeder's and how to transform them (a feeder
+        given no part has nothing to feed)."""
+        return self.preparer is not None and self.parts.map is not None
 
-    def take_slices(self, m: SliceMap) -> None:
-        d = self.data
-        new = self.slices.take(m, None if d is None else (d.n_train, d.n_eval))
-        log.info("slice map %d: this feeder feeds slice(s) %s", m.version,
-                 self.slices.describe(self.slices.mine()))
-        if new and self.data is not None:
+    def take_parts(self, m: PartMap) -> None:
+        first = self.parts.map is None
+        try:
+            if first and self.source is not None and not self.source.synthetic:
+                self.source.adopt(m.files())
+        except DataError as exc:
+            self.fail(str(exc))
+            return
+        new = self.parts.take(m)
+        log.info("part map %d: this feeder reads part(s) %s", m.version,
+                 self.parts.describe(self.parts.mine()))
+        if self.preparer is None:  # the statistics are still being gathered: summarise
+            self.stats_todo += [n for n in self.parts.mine(eval=False)
+                                if n not in self.stats_sent and n not in self.stats_todo]
+            self.wake_at = time.monotonic()
+        elif new:
             self.take_over(new)
 
+    def summarise(self, now: float) -> None:
+        """The statistics pass, a slice of time per turn of the loop (heartbeats go on)."""
+        done: list[PartSummary] = []
+        first_bad = ""
+        data = self.job.data
+        whole = data.decay_base > 1.0   # decay needs the newest time of every training row
+        training = [p for p in self.parts.parts if not p.eval]
+        sample = -(-data.stats_rows // max(1, len(training)))
+        deadline = now + STATS_SLICE_S
+        self.state = "summarising"
+        while self.stats_todo and time.monotonic() < deadline:
+            part = self.parts.parts[self.stats_todo.pop(0)]
+            rejected: list[Rejected] = []
+            s = self.source.summary(part, data.log1p, sample, whole, rejected)
+            if rejected and not first_bad:
+                r = rejected[0]
+                first_bad = f"{r.file}:{r.line}: {r.reason}"
+            if s.rows_read and s.rejected > data.max_rejected_fraction * s.rows_read:
+                self.rejected_rows.append(rejected)  # the job will stop: show every bad row read
+            done.append(s)
+        if done:
+            self.send_stats(done, first_bad)
+        self.wake_at = time.monotonic() if self.stats_todo else None
+
+    def send_stats(self, done: list[PartSummary], first_bad: str) -> None:
+        dense = len(self.job.dense_fields)
+        self.stats_sent.update(s.part for s in done)
+        self.to_control(PartStats(
+            first_rejected=first_bad,
+            parts=np.array([s.part for s in done], dtype=np.int64),
+            counts=np.array([[s.rows_read, s.rows, s.rejected, int(s.complete),
+                              -1 if s.newest is None else s.newest] for s in done],
+                            dtype=np.int64),
+            moments=np.array([[s.moments.count, s.moments.mean, s.moments.m2] for s in done],
+                             dtype=np.float64).reshape(len(done), 3, dense)))
+
+    def take_stats(self, m: DataStats) -> None:
+        data = self.job.data
+        self.transform = DenseTransform(log1p=m.log1p, mean=np.array(m.mean),
+                                        std=np.array(m.std))
+        unit = DECAY_UNITS[data.decay_unit]
+        weighting = Weighting(data.decay_base, unit, data.drop_below, data.merge,
+                              None if m.newest < 0 else m.newest // unit)
+        self.preparer = Preparer(self.job.sparse_fields, self.transform, weighting)
+        self.stats_todo.clear()
+        self.state = "ready"
+        log.info("statistics of the training data in: %d rows read, %d rejected",
+                 m.rows_read, m.rejected)
+
+    # -- passes ------------------------------------------------------------------------------
     def take_over(self, new: list[int]) -> None:
-        """Slices of a lost feeder: feed what it had left of the pass under way (or of the
+        """Parts of a lost feeder: feed what it had left of the pass under way (or of the
         pass just reported, which control still waits for), from where it had got to."""
         plan = self.plan
-        training = [i for i in new if self.slices.resumable(i, self.epoch)]
-        scoring = [i for i in new if self.slices.scoring(i) and self.evaluated == self.epoch]
-        log.warning("took over slice(s) %s of a lost feeder", new)
+        training = [i for i in new if self.parts.handed_over(i) and not self.parts.parts[i].eval]
+        scoring = [i for i in new if self.parts.scoring(i) and self.evaluated == self.epoch]
+        log.warning("took over part(s) %s of a lost feeder", new)
         if plan is not None and not plan.eval and training:
-            plan.plans += [self.training_plan(i, self.epoch) for i in training]
+            for i in training:
+                plan.add(self.training_stream(i, self.epoch))
         elif plan is None and training and self.state == "waiting":
-            self.begin_pass(Pass(self.epoch, False, []), training)
+            self.begin_pass(FeedingPass(self.epoch, False), training)
         elif plan is not None and plan.eval and scoring:
-            plan.plans += [self.eval_plan(i, self.epoch) for i in scoring]
+            for i in scoring:
+                plan.add(self.eval_stream(i))
         elif plan is None and scoring:
-            self.plan = Pass(self.epoch, True, [self.eval_plan(i, self.epoch)
-                                                for i in scoring])
+            self.plan = FeedingPass(self.epoch, True, [self.eval_stream(i) for i in scoring])
             self.state = "evaluating"
-            self.tally.new_evaluation(self.data.n_eval)
+            self.tally.new_evaluation()
         self.pump()
         self.maybe_pass_done()
 
-    def training_plan(self, slice_: int, epoch: int,
-                      logged: SliceProgress | None = None) -> Plan:
-        """The slice's plan for the epoch, resumed where this feeder's previous process had
-        got to (``logged``, from its ack log) or a lost feeder had (SliceMap)."""
-        plan, progress = self.slices.training_plan(slice_, epoch, self.data.labels, logged)
-        done = self.tally.slice_planned(plan, progress)
-        if done is not None:
-            log.info("slice %d resumes epoch %d after %d acknowledged batches", slice_, epoch,
-                     done)
-        return plan
+    def part(self, number: int) -> Part:
+        return self.parts.parts[number]
 
-    def eval_plan(self, slice_: int, epoch: int) -> Plan:
-        return self.slices.eval_plan(slice_, epoch, self.data.n_train)
+    def training_stream(self, number: int, epoch: int,
+                        logged: PartProgress | None = None) -> PartStream:
+        """The part's batches for the epoch, resumed where this feeder's previous process had
+        got to (``logged``, from its ack log) or a lost feeder had (PartMap)."""
+        progress = logged or self.parts.resumed(number, epoch) or PartProgress(epoch)
+        done = self.tally.part_planned(number, progress)
+        if done is not None:
+            log.info("part %d resumes epoch %d after %d acknowledged batches", number, epoch,
+                     done)
+        t, d = self.job.train, self.job.data
+        part, data, prepare = self.part(number), self.tally.data, self.preparer
+
+        def batches():
+            blocks = self.rejected_rows.watch(number, self.source.blocks(part))
+            return training_batches(blocks, prepare, data,
+                                    buffer_rows=d.shuffle_buffer if t.shuffle else t.batch_size,
+                                    batch_size=t.batch_size, seed=t.seed, epoch=epoch,
+                                    part=number, by_label=t.batch_by_label)
+
+        return PartStream(number, batches, progress, self.tally.batches.made)
+
+    def eval_stream(self, number: int) -> PartStream:
+        part, data, prepare = self.part(number), self.tally.data, self.preparer
+
+        def batches():
+            blocks = self.rejected_rows.watch(number, self.source.blocks(part))
+            return eval_batches(blocks, prepare, data, self.job.train.batch_size)
+
+        return PartStream(number, batches, None, lambda *_: None)
 
     def start_training(self, epoch: int) -> None:
         self.epoch = epoch
         self.tally.new_epoch(epoch)
+        self.ack_log.fold(before=epoch)  # earlier epochs were reported: their totals suffice
         # a restarted feeder: where its previous process had got to in this pass
-        self.begin_pass(Pass(epoch, False, []), self.slices.mine(),
+        self.begin_pass(FeedingPass(epoch, False), self.parts.mine(eval=False),
                         self.ack_log.progress(epoch) if self.reclaim.restarted else {})
 
-    def begin_pass(self, pass_: Pass, slices: list[int] = (),
-                   logged: dict[int, SliceProgress] | None = None) -> None:
+    def begin_pass(self, pass_: FeedingPass, parts: list[int],
+                   logged: dict[int, PartProgress] | None = None) -> None:
         self.state = "training"
         self.tally.new_pass()
         self.epoch_started = time.monotonic()
         self.plan = pass_
-        pass_.plans += [self.training_plan(i, pass_.epoch, (logged or {}).get(i))
-                        for i in slices]
-        log.info("epoch %d: %d training batches", pass_.epoch, pass_.batches)
+        for n in parts:
+            pass_.add(self.training_stream(n, pass_.epoch, (logged or {}).get(n)))
+        log.info("epoch %d: training on %d part(s)", pass_.epoch, len(pass_.streams))
         self.pass_rebuilt()
         self.pump()
         self.maybe_pass_done()
@@ -309,14 +412,15 @@ class Feeder(Node):
     def start_evaluation(self, epoch: int, round_: int) -> None:
         self.epoch = epoch
         self.evaluated, self.eval_round, self.state = epoch, round_, "evaluating"
-        self.plan = Pass(epoch, True, [self.eval_plan(i, epoch) for i in self.slices.mine()])
-        self.tally.new_evaluation(self.data.n_eval)
+        self.tally.new_evaluation()
+        self.plan = FeedingPass(epoch, True, [self.eval_stream(n)
+                                              for n in self.parts.mine(eval=True)])
         self.pass_rebuilt()
         self.pump()
         self.maybe_pass_done()
 
     def maybe_pass_done(self) -> None:
-        """A pass with no batch (no slice) is over as soon as it starts."""
+        """A pass with no batch (no part) is over as soon as it starts."""
         if self.plan is not None and not self.ledger.in_flight and self.plan.exhausted():
             self.all_acked()
 
@@ -350,16 +454,19 @@ class Feeder(Node):
                 self.copies_wanted = self.copies_wanted - 1 if again else 0
             if again is not None:
                 batch_id, entry = again
-                self.send_batch(batch_id, entry.rows, entry.eval, entry.round)
+                self.send_batch(batch_id, entry.batch, entry.eval, entry.round)
                 self.batches_resent += 1
             elif self.may_send_new():
-                batch_id, rows = self.plan.take()
+                taken = self.plan.take()
+                if taken is None:
+                    break
+                batch_id, batch = taken
                 round_ = self.sync.round_of(self.plan.eval)
-                keys, owner = self.send_batch(batch_id, rows, self.plan.eval, round_)
+                keys, owner = self.send_batch(batch_id, batch, self.plan.eval, round_)
                 if not self.plan.eval and (counts := self.routing.count(
                         keys, owner, self.plan.exhausted())) is not None:
                     self.to_control(counts)
-                self.ledger.sent(batch_id, rows, self.plan.eval, round_)
+                self.ledger.sent(batch_id, batch, self.plan.eval, round_)
                 self.batches_sent += 1
                 self.sync.sent(self.plan.eval)
             else:
@@ -367,9 +474,9 @@ class Feeder(Node):
         self.want_writable(self.samples, bool(self.ledger.resend) or self.may_send_new()
                            or bool(self.copies_wanted))
 
-    def send_keys(self, batch_id: int, rows: np.ndarray,
+    def send_keys(self, batch_id: int, batch: Samples,
                   shards: range | list[int]) -> tuple[np.ndarray, np.ndarray]:
-        keys, owner, messages = self.routing.batch_keys(batch_id, rows, self.data.keys, shards)
+        keys, owner, messages = self.routing.batch_keys(batch_id, batch.keys, shards)
         for shard, msg in zip(shards, messages, strict=True):
             self.send(self.shards[shard], msg)
         return keys, owner
@@ -377,18 +484,17 @@ class Feeder(Node):
     def resend_keys(self, shard: int) -> int:
         """A restarted shard lost the keys of the batches in flight: send them again."""
         for batch_id, entry in self.ledger.in_flight.items():
-            self.send_keys(batch_id, entry.rows, [shard])
+            self.send_keys(batch_id, entry.batch, [shard])
         return len(self.ledger.in_flight)
 
-    def send_batch(self, batch_id: int, rows: np.ndarray, eval: bool,
+    def send_batch(self, batch_id: int, batch: Samples, eval: bool,
                    round_: int) -> tuple[np.ndarray, np.ndarray]:
         """Send one batch: its keys to their shards, its samples to the queue."""
-        d = self.data
-        keys, owner = self.send_keys(batch_id, rows, range(len(self.shards)))
+        keys, owner = self.send_keys(batch_id, batch, range(len(self.shards)))
         self.send(self.samples, SampleBatch(
             batch_id=batch_id, epoch=self.epoch, eval=eval,
-            min_round=self.eval_round if eval else 0, round=round_, dense=d.dense[rows],
-            labels=d.labels[rows], weights=d.weights[rows]))
+            min_round=self.eval_round if eval else 0, round=round_, dense=batch.dense,
+            labels=batch.labels, weights=batch.weights))
         return keys, owner
 
     # -- takes and acknowledgements --------------------------------------------------------
@@ -426,22 +532,22 @@ class Feeder(Node):
         sent = self.ledger.peek(ack.batch_id)
         reclaimed = self.reclaim.reclaimable(self.plan, ack.batch_id) if sent is None else None
         sent = sent or reclaimed
-        if sent is not None and (ack.samples != len(sent.rows)
-                                 or (sent.eval and ack.preds.shape != sent.rows.shape)):
+        if sent is not None and (ack.samples != len(sent.batch)
+                                 or (sent.eval and ack.preds.shape != (len(sent.batch),))):
             # rejected before the ledger forgets the batch: a bad ack must not lose it
             raise ProtocolError("inconsistent", f"ack of batch {ack.batch_id} does not match "
-                                                f"the batch sent ({len(sent.rows)} samples)")
+                                                f"the batch sent ({len(sent.batch)} samples)")
         if reclaimed is not None:  # acknowledged to the dead process, sent again by the worker
             self.reclaim.reclaim(self.plan, ack.batch_id, reclaimed, worker)
         entry = self.ledger.acked(ack.batch_id, worker)
         if entry is None:
             return  # not the holder's ack (a duplicate or a lost worker's), counted
         if entry.eval:
-            self.tally.eval_acked(entry.rows, ack.preds)
+            self.tally.eval_acked(entry.batch.labels, ack.preds)
         else:
             self.ack_log.append(ack.batch_id, ack.samples, ack.loss_sum, ack.weight_sum,
                                 max(0, node_index(worker)))
-            self.tally.train_acked(worker, ack.batch_id, entry.rows, ack.samples, ack.loss_sum,
+            self.tally.train_acked(worker, ack.batch_id, ack.samples, ack.loss_sum,
                                    ack.weight_sum)
             self.sync.acked(ack.samples)
         if not self.ledger.in_flight and self.plan is not None:
@@ -461,8 +567,8 @@ class Feeder(Node):
         plan, self.plan = self.plan, None
         if plan.eval:
             self.state = "ready"
-            log.info("epoch %d eval: %d samples scored", plan.epoch, len(plan.rows()))
-            self.report(self.tally.eval_report(plan, self.data.labels))
+            log.info("epoch %d eval: %d samples scored", plan.epoch, self.tally.scores.samples)
+            self.report(self.tally.eval_report(plan))
         else:
             seconds = time.monotonic() - self.epoch_started
             log.info("epoch %d trained: %d samples in %.1f s", plan.epoch,
@@ -470,9 +576,15 @@ class Feeder(Node):
             self.state = "waiting"
             self.report(self.tally.epoch_trained(plan, seconds))
 
+    # -- the clock -------------------------------------------------------------------------------
+    def on_tick(self, now: float) -> None:
+        if self.stats_todo and self.preparer is None:
+            self.summarise(now)
+        super().on_tick(now)
+
     def heartbeat(self, final: bool = False) -> None:
         """The heartbeat, then how far the training pass has got (control hands a lost
-        feeder's slices on from there)."""
+        feeder's parts on from there)."""
         super().heartbeat(final)
         self.to_control(self.tally.progress_report())
 

@@ -4,7 +4,7 @@ Per batch it pulls dense features, labels and weights from the sample queue (nev
 keys; one PULL socket connected to every feeder's queue), gets its embeddings from every shard
 by batch id, asks the batch's feeder to take it (each batch is granted to one worker), runs
 forward and backward, sends each shard the gradients of its rows, updates the dense weights
-and acknowledges the batch to the feeder of its slice (control's SliceMap). Up to ``prefetch``
+and acknowledges the batch to the feeder of its part (control's PartMap). Up to ``prefetch``
 batches are pulled ahead while the current one trains, but only the next one to run is taken:
 the rest stay untaken, so at the end of a pass the feeder can hand copies of them to an idle
 worker instead of waiting for a slow one. The worker moves messages between its sockets and
@@ -69,8 +69,8 @@ from roles.protocol.datapath import (
     Holding,
     Idle,
     Lookup,
+    PartMap,
     SampleBatch,
-    SliceMap,
     Taken,
 )
 from roles.protocol.dense_sync import Aggregate, Contribution, Restore, Weights, WeightsRequest
@@ -242,9 +242,11 @@ class Worker(Node):
                                                      train=not b.sample.eval))
             case FeederBack(feeder=i, generation=g) if self.links.restart(i, g):
                 self.feeder_restarted(i)
-            case SliceMap(owners=owners) if list(owners) != self.links.owners:
-                for feeder, taken in self.links.moved(list(owners), self.pipeline):
+            case PartMap() as m if self.links.newer(m):
+                for feeder, taken in self.links.moved(m, self.pipeline):
                     self.send(self.feeders[feeder], taken)
+                if self.state != "starting":
+                    self.gate_pulling()
             case Settings() as m if self.settings.take(m):
                 self.advance()  # max_local_rounds may have risen
             case Restore(generation=g) if self.rounds.restore(g):
@@ -309,8 +311,10 @@ class Worker(Node):
                 self.unexpected(env, "shard link")
 
     def gate_pulling(self) -> None:
-        """Pull while the pipeline has room for another batch, and not while leaving."""
-        self.pause(self.samples, self.leaving or len(self.pipeline) > self.job.train.prefetch)
+        """Pull while the pipeline has room for another batch, and not while leaving (nor
+        before the PartMap says which feeder each batch belongs to)."""
+        self.pause(self.samples, self.leaving or self.links.owners is None
+                   or len(self.pipeline) > self.job.train.prefetch)
 
     def look_up(self, batch: PulledBatch) -> None:
         batch.looked_up_at = time.monotonic()

@@ -15,10 +15,13 @@ from roles.algorithms.embedding_table import initial_rows
 from roles.protocol.datapath import (
     Ack,
     BatchKeys,
+    DataIndex,
+    DataStats,
     EmbeddingGrads,
     Lookup,
+    PartMap,
+    PartStats,
     SampleBatch,
-    SliceMap,
     Taken,
 )
 from roles.protocol.dense_sync import Contribution, WeightsRequest
@@ -151,15 +154,25 @@ def test_feeder_keeps_a_batch_whose_ack_is_malformed(cluster):
         queue.setsockopt(zmq.LINGER, 0)
         queue.connect(c.job.cluster.endpoint("samples"))
         acks = dealer(ctx, c.job.cluster.endpoint("ledger"), "worker-0")
-        while True:  # its Ready says how many rows it loaded: one slice of them all
+        index = ready = None  # feeder 0 indexes the data: every part is its
+        while index is None or ready is None:
             _, *frames = recv_within(fake.router, 60)
-            if isinstance(ready := decode(frames).msg, Ready):
+            msg = decode(frames).msg
+            index = msg if isinstance(msg, DataIndex) else index
+            ready = msg if isinstance(msg, Ready) else ready
+        parts = PartMap(version=0, n_train=index.n_train, resume={}, body=index.body,
+                        parts=index.parts, owners=np.zeros(len(index.parts), np.int32))
+        while True:  # its statistics of the training parts
+            fake.pub.send_multipart(parts.to_frames("control-0"))
+            _, *frames = recv_within(fake.router, 60)
+            if isinstance(stats := decode(frames).msg, PartStats):
                 break
-        slices = SliceMap(version=0, train=[[0, ready.info["samples_in_data"]]],
-                               eval=[[0, ready.info["eval_samples"]]], owners=[0], resume={})
+        dense = stats.moments.shape[2]
+        data = DataStats(log1p=True, newest=-1, rows_read=0, rejected=0, mean=np.zeros(dense),
+                         std=np.ones(dense))
         for _ in range(3):  # repeated, as control does
-            fake.pub.send_multipart(slices.to_frames("control-0"))
-            fake.pub.send_multipart(EpochStart(epoch=0).to_frames("control-0"))
+            for msg in (parts, data, EpochStart(epoch=0)):
+                fake.pub.send_multipart(msg.to_frames("control-0"))
             if queue.poll(2000):
                 break
         batch = SampleBatch.from_frames(recv_within(queue))

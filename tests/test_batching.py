@@ -1,121 +1,95 @@
+"""The feeder's batching (pure): batch ids, the ledger of batches in flight, a pass over parts
+that replays and reclaims, the ack log, and which feeder reads which part."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from roles.algorithms.ack_log import AckLog, read_acks
-from roles.algorithms.batching import (
-    Ledger,
-    Pass,
-    Plan,
-    SliceProgress,
-    interleave_by_label,
-    slice_ranges,
-)
-from roles.protocol.datapath import EVAL_SEQ, make_batch_id, split_batch_id
+from roles.algorithms.ack_log import AckLog
+from roles.algorithms.batching import Ledger, PartProgress, assign_parts
+from roles.algorithms.feeding_pass import FeedingPass, PartStream
+from roles.data.stream import Samples
+from roles.protocol.datapath import MAX_SEQ, make_batch_id, split_batch_id
+
+
+def batch(n: int, first: int = 0) -> Samples:
+    keys = np.arange(first, first + n, dtype=np.int64).reshape(n, 1)
+    return Samples(keys, np.zeros((n, 1), np.float32), np.zeros(n, np.float32),
+                   np.ones(n, np.float32))
 
 
 def test_batch_ids_round_trip_and_reject_overflow():
-    assert split_batch_id(make_batch_id(3, 1, 12345)) == (3, 1, 12345)
-    assert make_batch_id(4095, 255, 2**32 - 1) < 2**53  # exact in any JSON reader
+    assert split_batch_id(make_batch_id(3, 70000, 12345)) == (3, 70000, 12345)
+    assert 0 < make_batch_id(4095, (1 << 24) - 1, MAX_SEQ - 1) < 2**63  # a signed int64
     with pytest.raises(ValueError):
-        make_batch_id(1, 256, 0)
+        make_batch_id(1, 1 << 24, 0)
+    with pytest.raises(ValueError):
+        make_batch_id(1, 0, MAX_SEQ)
 
 
-def test_training_plan_covers_every_row_once_shuffled_per_epoch():
-    orders = []
-    for epoch in range(2):
-        plan = Plan.training(epoch, 0, np.arange(1000), 64, shuffle=True, seed=7)
-        ids, rows = zip(*(plan.take() for _ in range(plan.batches)), strict=True)
-        assert plan.exhausted() and len(set(ids)) == plan.batches == 16
-        everything = np.concatenate(rows)
-        assert sorted(everything.tolist()) == list(range(1000))
-        orders.append(everything)
-    assert not np.array_equal(orders[0], orders[1])
+def test_parts_go_to_feeders_in_runs_of_about_as_many_rows():
+    assert assign_parts([10, 10, 10, 10], 2) == [0, 0, 1, 1]
+    assert assign_parts([100], 2) == [0]                  # a feeder may get none
+    assert assign_parts([5, 100, 5], 3) == [0, 1, 2]      # each gets one when it can
+    owners = assign_parts([1] * 100, 3)
+    assert owners == sorted(owners) and np.bincount(owners).tolist() == [34, 33, 33]
 
 
-def test_eval_plan_is_in_order_with_ids_apart_from_the_training_ids():
-    train = Plan.training(0, 1, np.arange(100), 30, shuffle=False, seed=0)
-    train_ids = {train.take()[0] for _ in range(train.batches)}
-    ev = Plan.evaluation(0, 1, np.arange(100, 150), 30)
-    first_id, rows = ev.take()
-    assert split_batch_id(first_id) == (0, 1, EVAL_SEQ) and first_id not in train_ids
-    assert rows.tolist() == list(range(100, 130))
-    assert ev.take()[1].tolist() == list(range(130, 150)) and ev.exhausted()
+def stream(part: int, sizes: list[int], done: PartProgress | None = None, log=None):
+    made = log if log is not None else []
+    firsts = np.cumsum([0, *sizes])
+    return PartStream(part, lambda: iter([batch(n, int(f)) for n, f in zip(sizes, firsts,
+                                                                           strict=False)]),
+                      done, lambda *args: made.append(args))
 
 
-def test_slices_cover_every_row_once():
-    for rows, parts in ((10, 3), (32561, 2), (5, 5), (7, 1)):
-        ranges = slice_ranges(rows, parts)
-        covered = np.concatenate([np.arange(lo, hi) for lo, hi in ranges])
-        assert covered.tolist() == list(range(rows))
-        sizes = [hi - lo for lo, hi in ranges]
-        assert max(sizes) - min(sizes) <= 1
+def test_a_pass_takes_its_parts_in_turn_and_skips_what_was_acknowledged():
+    made: list = []
+    done = PartProgress(2, low=1, above={3})
+    p = FeedingPass(2, False, [stream(7, [4, 4, 4, 4, 2], done, made), stream(9, [3], None,
+                                                                              made)])
+    taken = []
+    while (got := p.take()) is not None:
+        taken.append((split_batch_id(got[0]), int(got[1].keys[0, 0])))
+    assert taken == [((2, 7, 1), 4), ((2, 7, 2), 8), ((2, 7, 4), 16), ((2, 9, 0), 0)]
+    assert p.exhausted() and p.parts == [7, 9]
+    # every batch is made, those acknowledged before marked so (their size counts)
+    assert made == [(7, 0, 4, True), (7, 1, 4, False), (7, 2, 4, False), (7, 3, 4, True),
+                    (7, 4, 2, False), (9, 0, 3, False)]
 
 
-def test_two_feeders_plans_feed_each_row_once_with_distinct_ids():
-    ranges = slice_ranges(1000, 2)
-    plans = [Plan.training(3, i, np.arange(*r), 64, shuffle=True, seed=7)
-             for i, r in enumerate(ranges)]
-    ids, rows = [], []
-    for plan in plans:
-        while not plan.exhausted():
-            batch_id, batch = plan.take()
-            ids.append(batch_id)
-            rows.append(batch)
-    assert len(set(ids)) == len(ids)
-    assert sorted(np.concatenate(rows).tolist()) == list(range(1000))
+def test_a_restarted_pass_reclaims_a_batch_its_dead_process_sent():
+    p = FeedingPass(0, False, [stream(1, [2, 2, 2, 2, 2])])
+    first = p.take()
+    assert split_batch_id(first[0])[2] == 0
+    assert p.peek(first[0]) is None                      # sent by this process: not its
+    held = make_batch_id(0, 1, 3)
+    got = p.peek(held)                                   # made now, batches 1 and 2 wait
+    assert got is not None and int(got.keys[0, 0]) == 6
+    p.claim(held)                                        # a worker holds it: not sent again
+    assert p.peek(make_batch_id(1, 1, 4)) is None        # another epoch
+    rest = []
+    while (got := p.take()) is not None:
+        rest.append(split_batch_id(got[0])[2])
+    assert rest == [1, 2, 4]
 
 
-def test_label_grouped_batches_hold_one_label_and_interleave():
-    rng = np.random.default_rng(0)
-    labels = (rng.random(1000) < 0.25).astype(np.float32)
-    plan = Plan.training(0, 0, np.arange(1000), 32, shuffle=True, seed=1, labels=labels)
-    batches = [plan.take()[1] for _ in range(plan.batches)]
-    assert sorted(np.concatenate(batches).tolist()) == list(range(1000))
-    kinds = [float(labels[b][0]) for b in batches]
-    assert all(len(set(labels[b].tolist())) == 1 for b in batches)
-    assert all(len(b) <= 32 for b in batches)
-    # interleaved: the positive batches are spread over the pass, not bunched at one end
-    positions = np.flatnonzero(np.array(kinds) == 1.0) / len(batches)
-    assert positions.min() < 0.2 and positions.max() > 0.8
-    rows, starts = interleave_by_label(np.arange(4), np.array([0, 1, 0, 1.0]), 8)
-    assert starts.tolist() == [0, 2, 4] and sorted(rows.tolist()) == [0, 1, 2, 3]
-
-
-def test_a_resumed_plan_skips_what_was_acknowledged():
-    plan = Plan.training(0, 0, np.arange(100), 10, shuffle=True, seed=3)
-    fresh = Plan.training(0, 0, np.arange(100), 10, shuffle=True, seed=3)
-    everything = [fresh.take() for _ in range(fresh.batches)]
-    plan.resume(3, [5, 7])
-    left = []
-    while not plan.exhausted():
-        left.append(plan.take())
-    assert [split_batch_id(b)[2] for b, _ in left] == [3, 4, 6, 8, 9]
-    assert all(np.array_equal(rows, everything[split_batch_id(b)[2]][1]) for b, rows in left)
-
-
-def test_slice_progress_keeps_a_low_water_mark():
-    p = SliceProgress(epoch=2)
-    for number in (0, 2, 3, 1, 6):
-        p.acked(number, 10, 1.0, 10.0)
-    d = p.as_dict()
-    assert (d["low"], d["above"], d["samples"], d["weight_sum"]) == (4, [6], 50, 50.0)
-
-
-def test_a_pass_takes_its_plans_in_turn():
-    a = Plan.training(0, 0, np.arange(20), 10, shuffle=False, seed=0)
-    b = Plan.training(0, 1, np.arange(20, 50), 10, shuffle=False, seed=0)
-    p = Pass(0, False, [a, b])
-    slices = [split_batch_id(p.take()[0])[1] for _ in range(p.batches)]
-    assert slices == [0, 1, 0, 1, 1] and p.exhausted()
-    assert Pass(0, False, []).exhausted() and len(Pass(0, True, []).rows()) == 0
+def test_part_progress_keeps_a_low_water_mark():
+    p = PartProgress(0)
+    for n in (1, 0, 3, 2, 5):
+        p.acked(n, 10, 1.0, 10.0)
+    assert (p.low, p.above, p.samples) == (4, {5}, 50)
+    assert p.done(3) and p.done(5) and not p.done(4)
+    again = PartProgress.of({"epoch": 0, "low": 4, "above": [5], "samples": 50,
+                             "loss_sum": 5.0, "weight_sum": 50.0})
+    assert again == p
 
 
 def test_ledger_max_in_flight_and_duplicate_acks():
     ledger = Ledger(max_in_flight=2)
-    ledger.sent(1, np.arange(3), False)
-    ledger.sent(2, np.arange(3), False)
+    ledger.sent(1, batch(3), False)
+    ledger.sent(2, batch(3), False)
     assert not ledger.has_room()
     assert ledger.take(1, "w0")
     assert ledger.acked(1, "w0") is not None and ledger.has_room()
@@ -124,7 +98,7 @@ def test_ledger_max_in_flight_and_duplicate_acks():
 
 def test_each_batch_is_granted_to_one_worker_and_only_its_ack_counts():
     ledger = Ledger(max_in_flight=8)
-    ledger.sent(1, np.arange(3), False)
+    ledger.sent(1, batch(3), False)
     assert ledger.acked(1, "w0") is None          # not taken yet
     assert ledger.take(1, "w0") and not ledger.take(1, "w1")
     assert ledger.acked(1, "w1") is None          # not the holder
@@ -136,7 +110,7 @@ def test_each_batch_is_granted_to_one_worker_and_only_its_ack_counts():
 def test_lost_workers_batches_and_untaken_ones_go_out_again_once():
     ledger = Ledger(max_in_flight=8)
     for b in (1, 2, 3, 4):
-        ledger.sent(b, np.arange(2), False)
+        ledger.sent(b, batch(2), False)
     ledger.take(1, "dead")
     ledger.take(2, "alive")                      # 3 and 4: sent, not taken yet
     assert ledger.requeue({"dead"}) == 3
@@ -152,7 +126,7 @@ def test_lost_workers_batches_and_untaken_ones_go_out_again_once():
 
 def test_an_ack_from_a_lost_worker_still_counts_until_the_batch_is_retaken():
     ledger = Ledger(max_in_flight=8)
-    ledger.sent(1, np.arange(2), False)
+    ledger.sent(1, batch(2), False)
     ledger.take(1, "slow")
     ledger.requeue({"slow"})                     # declared lost, but its ack was on the way
     assert ledger.acked(1, "slow") is not None
@@ -162,7 +136,7 @@ def test_an_ack_from_a_lost_worker_still_counts_until_the_batch_is_retaken():
 def test_straggler_copies_are_of_untaken_batches_once_each_oldest_first():
     ledger = Ledger(max_in_flight=8)
     for b in (1, 2, 3):
-        ledger.sent(b, np.arange(2), False)
+        ledger.sent(b, batch(2), False)
     ledger.take(2, "fast")
     assert ledger.straggler()[0] == 1
     assert ledger.straggler()[0] == 3
@@ -171,36 +145,27 @@ def test_straggler_copies_are_of_untaken_batches_once_each_oldest_first():
     assert ledger.take(3, "fast") and not ledger.take(3, "slow")   # the first copy taken wins
 
 
-def test_a_pass_finds_its_batches_and_claims_unsent_ones():
-    plan = Plan.training(2, 1, np.arange(100), 10, True, 0)
-    p = Pass(2, False, [plan])
-    batch_id, _ = p.take()
-    assert p.find(batch_id) == (plan, 0)
-    assert p.find(make_batch_id(2, 1, 10)) is None  # past the end
-    assert p.find(make_batch_id(3, 1, 1)) is None   # another epoch
-    assert p.find(make_batch_id(2, 0, 1)) is None   # another slice
-    assert not plan.unsent(0)                       # sent here already
-    assert plan.unsent(5)
-    plan.claim(5)                                   # a worker holds it: not sent again
-    assert not plan.unsent(5)
-    sent = [split_batch_id(p.take()[0])[2] for _ in range(8)]
-    assert sent == [1, 2, 3, 4, 6, 7, 8, 9] and p.exhausted()
-
-
-def test_the_ack_log_survives_a_torn_record_and_gives_the_progress_back(tmp_path):
-    path = tmp_path / "feeders" / "feeder-0.acks"
-    log = AckLog(path)
+def test_the_ack_log_folds_old_epochs_survives_a_torn_record_and_gives_the_progress_back(
+        tmp_path):
+    log = AckLog(tmp_path, "feeder-0")
     for seq in (0, 1, 3):
-        log.append(make_batch_id(0, 0, seq), 10, 1.5, 10.0, 1)
-    log.append(make_batch_id(1, 0, 0), 7, 0.5, 7.0, 0)
+        log.append(make_batch_id(0, 5, seq), 10, 1.5, 10.0, 1)
+    log.append(make_batch_id(1, 5, 0), 7, 0.5, 7.0, 0)
     log.close()
-    with open(path, "ab") as f:
+    with open(tmp_path / "feeder-0.e1.acks", "ab") as f:
         f.write(b"\x01\x02\x03")  # a record cut short
-    again = AckLog(path)
-    assert len(again.records) == 4 and again.last_epoch() == 1
+    again = AckLog(tmp_path, "feeder-0")
+    done = again.restart()
+    assert done is not None and (done["batches"], done["samples"], done["last_epoch"]) == (
+        4, 37, 1)
+    assert done["acked_by"] == {"worker-0": 7, "worker-1": 30}
     (progress,) = again.progress(0).values()
     assert (progress.low, progress.above, progress.samples) == (2, {3}, 30)
-    assert again.samples_by_worker() == {"worker-0": 7, "worker-1": 30}
-    again.append(make_batch_id(1, 0, 1), 7, 0.5, 7.0, 0)  # appended after the cut
+    again.fold(before=1)                   # epoch 0 reported: only its totals are kept
+    assert [p.name for p in sorted(tmp_path.iterdir())] == ["feeder-0.e1.acks",
+                                                           "feeder-0.totals.json"]
+    again.append(make_batch_id(1, 5, 1), 7, 0.5, 7.0, 0)  # appended after the cut
     again.close()
-    assert len(read_acks(path)) == 5
+    last = AckLog(tmp_path, "feeder-0")
+    assert len(last.records(1)) == 2 and last.progress(0) == {}
+    assert last.restart()["batches"] == 5 and last.restart()["samples"] == 44

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from roles.algorithms.membership import Members
+from roles.algorithms.metrics import ScoreHistogram
 from roles.control.commands import Commands, ProgressClock
 from roles.control.course import Course
 from roles.control.exports import Exports
@@ -29,7 +30,7 @@ from roles.control.state import (
 from roles.control.sync_modes import EveryMode, LazyMode, RoundMode, SyncMode, sync_mode
 from roles.job.rundir import MetricsLog
 from roles.job.settings import AggregationConfig, DataConfig, Job, TrainConfig
-from roles.protocol.datapath import FeederProgress, SliceMap
+from roles.protocol.datapath import DataIndex, DataStats, FeederProgress, PartMap, PartStats
 from roles.protocol.dense_sync import Aggregate, Decision, Restored, RoundDone, RoundReady
 from roles.protocol.lifecycle import EpochStart, EpochTrained, EvalReport, Evaluate, FeederBack
 from roles.protocol.operator import Settings
@@ -150,48 +151,73 @@ def test_the_modes_say_what_each_allows():
     assert [n for n, m in modes.items() if not m.epoch_end_round] == ["round"]
 
 
+PARTS = np.array([[0, 0, 0, 50, 0, 500, 0], [1, 0, 50, 50, 500, 1000, 0],
+                  [2, 0, 100, 20, 1000, 1200, 1]], np.int64)
+
+
 def feeding_of(bus: Bus, metrics: MetricsLog, *nodes: str) -> Feeding:
     f = Feeding(job(), members(*nodes), bus.commands, metrics, ProgressClock(0.0))
-    info = {"samples_in_data": 100, "eval_samples": 20, "rows_read": 120,
-            "rejected_rows": 0, "dropped_rows": 0, "merged_rows": 0}
-    assert f.ready("feeder-0", info) is None and f.ready("feeder-1", info) is None
-    f.assign_slices()
+    f.indexed(DataIndex(n_train=100, oracle_auc=-1.0, body=PartMap.body_of([]), parts=PARTS))
+    f.assign_parts()
     return f
 
 
-def trained(feeder_slices: list[int], samples: int) -> EpochTrained:
+def trained(parts: list[int], samples: int) -> EpochTrained:
     return EpochTrained(epoch=0, samples=samples, batches=1, loss_sum=float(samples),
-                        weight_sum=float(samples), seconds=1.0, slices=feeder_slices,
-                        rows=samples, rows_once=samples, rows_repeated=0, rows_missed=0)
+                        weight_sum=float(samples), seconds=1.0, parts=parts,
+                        rows=samples, rows_once=samples, rows_repeated=0, rows_missed=0,
+                        rows_read=samples + 1, rejected=1, dropped=0, merged=0)
 
 
-def test_feeding_cuts_slices_and_joins_the_slices_reports(metrics):
+def stats(parts: list[int], rejected: int = 0) -> PartStats:
+    rows = np.ones((len(parts), 3, 4))  # the synthetic job has 4 dense columns
+    return PartStats(first_rejected="d.csv:7: bad" if rejected else "",
+                     parts=np.array(parts, np.int64),
+                     counts=np.array([[10, 10 - rejected, rejected, 0, 5] for _ in parts]),
+                     moments=rows)
+
+
+def test_feeding_assigns_parts_gathers_statistics_and_joins_the_parts_reports(metrics):
     bus = Bus()
     f = feeding_of(bus, metrics, "feeder-0", "feeder-1")
-    (slices,) = bus.of(SliceMap)
-    assert slices.train == [[0, 50], [50, 100]] and slices.eval == [[0, 10], [10, 20]]
-    assert f.trained(trained([0], 50), 1.0) is None   # slice 1 still out
+    (parts,) = bus.of(PartMap)
+    assert parts.owners.tolist() == [0, 1, 0] and bus.commands.get("parts") is parts
+    assert f.data["samples_in_data"] == 100 and f.data["eval_samples"] == 20
+    assert f.stats_in(stats([0]), 1.0) is None      # part 1's statistics are still out
+    got = f.stats_in(stats([1]), 2.0)
+    assert isinstance(got, DataStats) and bus.commands.get("stats") is got
+    assert got.newest == 5 and (got.rows_read, got.rejected) == (20, 0)
+    assert f.trained(trained([0], 50), 1.0) is None   # part 1 still out
     figures = f.trained(trained([1], 50), 2.0)
     assert figures is not None and figures.samples == 100 and figures.loss == 1.0
     assert figures.rows == {"rows": 100, "rows_once": 100, "rows_repeated": 0,
                             "rows_missed": 0}
-    report = EvalReport(epoch=0, slices=[0, 1], labels=np.array([0, 1], np.float32),
-                        preds=np.array([0.2, 0.9], np.float32))
+    assert (f.data["rows_read"], f.data["rejected_rows"]) == (102, 2)
+    scores = ScoreHistogram()
+    scores.add(np.array([0, 1]), np.array([0.2, 0.9]))
+    report = EvalReport(epoch=0, parts=[2], loss_sum=scores.loss_sum, rows_read=2, rejected=0,
+                        counts=scores.counts)
     assert f.evaluated(report, 3.0) == (1.0, pytest.approx(0.164, abs=1e-3), 2)
-    other = {"samples_in_data": 99, "eval_samples": 20, "rows_read": 120,
-             "rejected_rows": 0, "dropped_rows": 0, "merged_rows": 0}
-    assert "every feeder must read the same data" in f.ready("feeder-1", other)
 
 
-def test_a_lost_feeders_slice_resumes_from_its_last_progress(metrics):
+def test_too_many_rejected_rows_stop_the_job_with_the_first_one(metrics):
+    bus = Bus()
+    f = feeding_of(bus, metrics, "feeder-0")
+    f.stats_in(stats([0], rejected=5), 1.0)
+    why = f.stats_in(stats([1], rejected=5), 1.0)
+    assert isinstance(why, str) and "10 of the first 20 rows read rejected" in why
+    assert "d.csv:7: bad" in why and bus.of(DataStats) == []
+
+
+def test_a_lost_feeders_part_resumes_from_its_last_progress(metrics):
     bus = Bus()
     f = feeding_of(bus, metrics, "feeder-0", "feeder-1")
     f.progressed("feeder-1", FeederProgress(
-        epoch=0, batches_acked=7, slices=[1], low=[5], above=[[7, 9]], samples=[70],
+        epoch=0, batches_acked=7, parts=[1], low=[5], above=[[7, 9]], samples=[70],
         loss_sum=[35.0], weight_sum=[70.0]))
     assert f.feeder_lost("feeder-1", "silent", 4.0, epoch=0, phase="training", restarts=True)
-    new = bus.of(SliceMap)[-1]
-    assert new.version == 1 and new.owners == [0, 0]
+    new = bus.of(PartMap)[-1]
+    assert new.version == 1 and new.owners.tolist() == [0, 0, 0]
     assert new.resume["1"] == {"epoch": 0, "phase": "training", "reported": False, "low": 5,
                                "above": [7, 9], "samples": 70, "loss_sum": 35.0,
                                "weight_sum": 70.0}
@@ -258,8 +284,10 @@ def test_an_epoch_runs_its_course_to_the_export(tmp_path, metrics):
     course.sync_for_eval()
     (evaluate,) = bus.of(Evaluate)
     assert (evaluate.epoch, evaluate.round, course.phase) == (0, 1, "evaluating")
-    course.evaluated(EvalReport(epoch=0, slices=[0, 1], labels=np.array([0, 1], np.float32),
-                                preds=np.array([0.3, 0.6], np.float32)), 4.0)
+    scores = ScoreHistogram()
+    scores.add(np.array([0, 1]), np.array([0.3, 0.6]))
+    course.evaluated(EvalReport(epoch=0, parts=[2], loss_sum=scores.loss_sum, rows_read=2,
+                                rejected=0, counts=scores.counts), 4.0)
     assert course.phase == "exporting" and exports.current is not None
     assert course.epochs[0]["auc"] == 1.0 and course.epochs[0]["train_samples"] == 100
 

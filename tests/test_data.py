@@ -6,13 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from roles.algorithms.metrics import auc
-from roles.data.index import index_files, plan_parts
-from roles.data.readers import Schema, read_part
 from roles.data.source import DataSource
-from roles.data.stats import Moments, merge_summaries, part_summary, summarize
+from roles.data.stats import Moments, merge_summaries, summarize
 from roles.data.stream import Preparer, Tally, Weighting, eval_batches, training_batches
 from roles.data.synthetic import BLOCK_ROWS, CRITEO_VOCAB, Generator, ZipfLaw
 from roles.data.transforms import DenseTransform, signed_log1p
@@ -139,12 +136,12 @@ def test_weighting_in_the_stream_counts_dropped_and_merged_rows():
 
 def test_the_statistics_of_a_part_are_cached_and_sampled(tmp_path):
     source = adult_source()
+    source.cache_dir = tmp_path
     _, parts, _ = source.index()
-    kw = dict(fmt=source.fmt, schema=source.schema, log1p=True, whole=False,
-              cache_dir=tmp_path)
-    sample = part_summary(source.files, parts[0], sample_rows=1000, **kw)
-    assert sample.rows >= 1000 and not sample.complete and list(tmp_path.iterdir())
-    cached = part_summary(source.files, parts[0], sample_rows=1000, **kw)
+    sample = source.summary(parts[0], True, 1000, False)
+    assert sample.rows >= 1000 and not sample.complete
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("part-")]
+    cached = source.summary(parts[0], True, 1000, False)
     assert np.array_equal(cached.moments.mean, sample.moments.mean)
-    whole = part_summary(source.files, parts[0], sample_rows=10**9, **kw)
+    whole = source.summary(parts[0], True, 10**9, True)
     assert whole.complete and whole.rows == 39074

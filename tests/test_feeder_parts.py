@@ -1,21 +1,23 @@
 """The feeder's parts without sockets: its tally (and FeederProgress), its key routing and
-counting per allocation window, a restarted feeder's reclaiming, its slices."""
+counting per allocation window, a restarted feeder's reclaiming, its share of the parts."""
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from roles.algorithms.batching import TAKEN, Ledger, Pass, Plan, SliceProgress
-from roles.algorithms.feeder_slices import FeederSlices
+from roles.algorithms.batching import TAKEN, Ledger, PartProgress
+from roles.algorithms.feeder_parts import FeederParts
+from roles.algorithms.feeding_pass import FeedingPass, PartStream
 from roles.algorithms.key_routing import COUNT_EVERY, KeyRouting, WindowCounter
+from roles.algorithms.metrics import auc
 from roles.algorithms.placement import KeyMap
 from roles.algorithms.reclaim import Reclaim
 from roles.algorithms.tally import FeederTally
+from roles.data.stream import Samples
 from roles.job.settings import parse_job
-from roles.protocol.datapath import FeederProgress, SliceMap, make_batch_id
+from roles.protocol.datapath import FeederProgress, PartMap, make_batch_id
 from roles.protocol.placement import Drained, Placement
-from zbus.codec import ProtocolError, decode
+from zbus.codec import decode
 
 
 def job(text: str = ""):
@@ -26,19 +28,36 @@ def round_trip(msg):
     return decode([bytes(f) for f in msg.to_frames("feeder-0", 1)]).msg
 
 
+def batch(n: int, first: int = 0, labels=None) -> Samples:
+    keys = np.arange(first, first + n, dtype=np.int64).reshape(n, 1)
+    y = np.zeros(n, np.float32) if labels is None else np.asarray(labels, np.float32)
+    return Samples(keys, np.zeros((n, 1), np.float32), y, np.ones(n, np.float32))
+
+
+def stream(part: int, sizes: list[int], done=None, made=None) -> PartStream:
+    firsts = np.cumsum([0, *sizes])
+    return PartStream(part, lambda: iter([batch(n, int(f)) for n, f in zip(sizes, firsts,
+                                                                           strict=False)]),
+                      done, made or (lambda *_: None))
+
+
 # -- the tally ---------------------------------------------------------------------------------
-def test_the_tally_adds_up_a_pass_and_reports_its_progress_per_slice():
-    t = FeederTally(n_train=40)
+def test_the_tally_adds_up_a_pass_and_reports_its_progress_per_part():
+    t = FeederTally()
     t.new_epoch(3)
     t.new_pass()
-    plans = [Plan.training(3, s, np.arange(20 * s, 20 * s + 20), 5, False, 0) for s in (0, 1)]
-    for plan in plans:
-        assert t.slice_planned(plan, SliceProgress(3)) is None  # afresh
-    t.train_acked("worker-1", make_batch_id(3, 0, 0), plans[0].batch_rows(0), 5, 2.0, 5.0)
-    t.train_acked("worker-2", make_batch_id(3, 0, 2), plans[0].batch_rows(2), 5, 1.0, 4.0)
-    t.train_acked("worker-1", make_batch_id(3, 1, 0), plans[1].batch_rows(0), 5, 0.5, 5.0)
+    streams = []
+    for part in (0, 1):
+        assert t.part_planned(part, PartProgress(3)) is None  # afresh
+        streams.append(stream(part, [5, 5, 5, 5], made=t.batches.made))
+    plan = FeedingPass(3, False, streams)
+    while plan.take() is not None:
+        pass
+    t.train_acked("worker-1", make_batch_id(3, 0, 0), 5, 2.0, 5.0)
+    t.train_acked("worker-2", make_batch_id(3, 0, 2), 5, 1.0, 4.0)
+    t.train_acked("worker-1", make_batch_id(3, 1, 0), 5, 0.5, 5.0)
     report = round_trip(t.progress_report())
-    assert report == FeederProgress(epoch=3, batches_acked=3, slices=[0, 1], low=[1, 1],
+    assert report == FeederProgress(epoch=3, batches_acked=3, parts=[0, 1], low=[1, 1],
                                     above=[[2], []], samples=[10, 5],
                                     loss_sum=[3.0, 0.5], weight_sum=[9.0, 5.0])
     assert report.of(0) == {"epoch": 3, "low": 1, "above": [2], "samples": 10,
@@ -46,41 +65,41 @@ def test_the_tally_adds_up_a_pass_and_reports_its_progress_per_slice():
     c = t.counters()
     assert (c["batches_acked"], c["samples_acked"], c["epoch_samples"]) == (3, 15, 15)
     assert c["acked_by"] == {"worker-1": 10, "worker-2": 5} and c["train_loss_sum"] == 3.5
-    trained = t.epoch_trained(Pass(3, False, plans), 1.5)
+    trained = t.epoch_trained(plan, 1.5)
     assert (trained.samples, trained.batches, trained.rows, trained.rows_once,
-            trained.rows_missed, trained.slices) == (15, 8, 40, 15, 25, [0, 1])
+            trained.rows_missed, trained.parts) == (15, 8, 40, 15, 25, [0, 1])
 
 
-def test_a_resumed_slice_skips_and_counts_what_was_acknowledged_before():
-    t = FeederTally(n_train=20)
+def test_a_resumed_part_skips_and_counts_what_was_acknowledged_before():
+    t = FeederTally()
     t.new_epoch(0)
     t.new_pass()
-    plan = Plan.training(0, 0, np.arange(20), 5, False, 0)
-    before = SliceProgress(0, low=1, above={3}, samples=10, loss_sum=4.0, weight_sum=10.0)
-    assert t.slice_planned(plan, before) == 2
-    assert [plan.take()[1].tolist()[0] for _ in range(2)] == [5, 10] and plan.exhausted()
+    before = PartProgress(0, low=1, above={3}, samples=10, loss_sum=4.0, weight_sum=10.0)
+    assert t.part_planned(0, before) == 2
+    plan = FeedingPass(0, False, [stream(0, [5, 5, 5, 5], before, t.batches.made)])
+    sent = [plan.take()[0] for _ in range(2)]
+    assert sent == [make_batch_id(0, 0, 1), make_batch_id(0, 0, 2)] and plan.exhausted()
     assert (t.epoch_samples, t.loss_sum, t.weight_sum) == (10, 4.0, 10.0)
-    assert t.row_acks.tolist() == [1] * 5 + [0] * 10 + [1] * 5
-    assert round_trip(t.progress_report()).of(0)["above"] == [3]
+    for b in sent:
+        t.train_acked("worker-0", b, 5, 1.0, 5.0)
+    rows = t.batches.rows()
+    assert (rows["rows"], rows["rows_once"], rows["rows_missed"]) == (20, 20, 0)
+    assert round_trip(t.progress_report()).of(0)["low"] == 4
 
 
 def test_a_restarted_feeders_tally_starts_from_its_ack_log_and_scores_eval_rows():
-    records = np.array([(make_batch_id(0, 0, i), 4, 1.0, 2.0, 0) for i in range(3)],
-                       dtype=[("batch_id", "<i8"), ("samples", "<i4"), ("loss_sum", "<f8"),
-                              ("weight_sum", "<f8"), ("worker", "<u2")])
-    t = FeederTally(n_train=10)
-    t.restore(records, {"worker-0": 12})
+    t = FeederTally()
+    t.restore({"batches": 3, "samples": 12, "loss_sum": 3.0, "weight_sum": 6.0,
+               "acked_by": {"worker-0": 12}})
     assert (t.batches_acked, t.samples_acked, t.train_loss_sum, t.train_weight_sum) == \
         (3, 12, 3.0, 6.0)
-    assert round_trip(t.progress_report()).slices == []  # nothing of a pass yet
-    t.new_evaluation(4)
-    ev = Plan.evaluation(0, 0, np.arange(10, 14), 2)
-    t.eval_acked(ev.batch_rows(1), np.array([0.3, 0.4], dtype=np.float32))
-    t.eval_acked(ev.batch_rows(0), np.array([0.1, 0.2], dtype=np.float32))
-    labels = np.arange(14, dtype=np.float32)
-    r = t.eval_report(Pass(0, True, [ev]), labels)
-    assert r.labels.tolist() == [10, 11, 12, 13]
-    assert np.allclose(r.preds, [0.1, 0.2, 0.3, 0.4]) and t.batches_acked == 5
+    assert round_trip(t.progress_report()).parts == []  # nothing of a pass yet
+    t.new_evaluation()
+    t.eval_acked(np.array([0, 1], np.float32), np.array([0.3, 0.4], dtype=np.float32))
+    t.eval_acked(np.array([0, 1], np.float32), np.array([0.1, 0.9], dtype=np.float32))
+    r = round_trip(t.eval_report(FeedingPass(0, True, [stream(4, [2, 2])])))
+    assert r.parts == [4] and int(r.counts.sum()) == 4 and t.batches_acked == 5
+    assert t.scores.auc() == auc([0, 1, 0, 1], [0.3, 0.4, 0.1, 0.9])
 
 
 # -- key routing ---------------------------------------------------------------------------------
@@ -111,9 +130,7 @@ def test_with_window_batches_zero_a_window_is_a_pass():
 
 def test_hash_placement_neither_counts_nor_takes_placements():
     routing = KeyRouting(2, job().placement)
-    data = np.arange(12, dtype=np.int64).reshape(6, 2)
-    routing.route(data)
-    keys, owner, messages = routing.batch_keys(9, np.array([0, 3]), data, range(2))
+    keys, owner, messages = routing.batch_keys(9, np.array([[0, 1], [6, 7]]), range(2))
     assert keys.tolist() == [0, 1, 6, 7] and owner.tolist() == [0, 1, 0, 1]
     assert [m.positions.tolist() for m in messages] == [[0, 2], [1, 3]]
     assert [m.keys.tolist() for m in messages] == [[0, 6], [1, 7]]
@@ -128,8 +145,7 @@ def test_a_new_key_map_pauses_until_drained_then_routes_by_it():
     p = job("[placement]\nmode = 'skew'\nbuckets_per_shard = 2\n").placement
     routing = KeyRouting(2, p)
     data = np.array([[4], [5]], dtype=np.int64)
-    routing.route(data)
-    assert routing.owner.tolist() == [[0], [1]]
+    assert routing.batch_keys(1, data, range(2))[1].tolist() == [0, 1]
     buckets = np.array([1, 0, 1, 0], dtype=np.int64)  # every bucket moves
     drain = Placement(version=1, phase="drain", buckets=buckets, keys=np.zeros(0, np.int64),
                       owners=np.zeros(0, np.int64))
@@ -139,26 +155,26 @@ def test_a_new_key_map_pauses_until_drained_then_routes_by_it():
     assert routing.drained(in_flight=False) is None  # said once
     active = Placement(version=1, phase="active", buckets=buckets, keys=np.array([5]),
                        owners=np.array([1]))
-    routing.activate(active, data)
+    routing.activate(active)
     assert routing.placing is None and routing.keymap.version == 1
-    assert routing.owner.tolist() == [[1], [1]] and not routing.newer(active)
+    assert routing.batch_keys(1, data, range(2))[1].tolist() == [1, 1]
+    assert not routing.newer(active)
 
 
 # -- a restarted feeder reclaims ------------------------------------------------------------------
 def test_a_restarted_feeder_reclaims_what_its_dead_process_sent():
     ledger = Ledger(max_in_flight=8)
-    plan = Plan.training(0, 0, np.arange(40), 10, False, 0)
-    pass_ = Pass(0, False, [plan])
+    pass_ = FeedingPass(0, False, [stream(0, [10, 10, 10, 10])])
     fresh = Reclaim(ledger)
     assert fresh.reclaimable(pass_, make_batch_id(0, 0, 1)) is None  # not restarted
     r = Reclaim(ledger)
     r.restart()
-    batch_id, rows = pass_.take()                 # sent by this process
-    ledger.sent(batch_id, rows, False)
+    batch_id, sent = pass_.take()                 # sent by this process
+    ledger.sent(batch_id, sent, False)
     assert r.reclaimable(pass_, batch_id) is None
     assert r.reclaimable(pass_, make_batch_id(1, 0, 1)) is None  # another epoch
     r.taking(pass_, make_batch_id(0, 0, 2))      # a worker asks for one the dead one sent
-    assert make_batch_id(0, 0, 2) in ledger.in_flight and not plan.unsent(2)
+    assert make_batch_id(0, 0, 2) in ledger.in_flight
     r.holding(pass_, "worker-1", [make_batch_id(0, 0, 3), batch_id])
     for b in (make_batch_id(0, 0, 3), batch_id):
         assert (ledger.in_flight[b].state, ledger.in_flight[b].worker) == (TAKEN, "worker-1")
@@ -174,35 +190,34 @@ def test_a_restarted_feeder_reclaims_what_its_dead_process_sent():
 
 def test_an_ack_the_dead_process_never_saw_is_reclaimed_as_the_workers():
     ledger = Ledger(max_in_flight=8)
-    pass_ = Pass(0, False, [Plan.training(0, 0, np.arange(20), 10, False, 0)])
+    pass_ = FeedingPass(0, False, [stream(0, [10, 10])])
     r = Reclaim(ledger)
     r.restart()
     b = make_batch_id(0, 0, 1)
     entry = r.reclaimable(pass_, b)
-    assert len(entry.rows) == 10
+    assert len(entry.batch) == 10 and r.reclaimable(pass_, b) is not None  # peeked, kept
     r.reclaim(pass_, b, entry, "worker-0")
-    assert ledger.acked(b, "worker-0") is entry
+    assert ledger.acked(b, "worker-0") is entry and r.reclaimable(pass_, b) is None
 
 
-# -- slices ----------------------------------------------------------------------------------------
-def slice_map(version: int, owners: list[int], resume: dict | None = None) -> SliceMap:
-    return SliceMap(version=version, train=[[0, 30], [30, 60]], eval=[[0, 5], [5, 10]],
-                    owners=owners, resume=resume or {})
+# -- parts ----------------------------------------------------------------------------------------
+def part_map(version: int, owners: list[int], resume: dict | None = None) -> PartMap:
+    parts = np.array([[0, 0, 0, 30, 0, 300, 0], [1, 0, 30, 30, 300, 600, 0],
+                      [2, 0, 60, 10, 600, 700, 1]], np.int64)
+    return PartMap(version=version, n_train=60, resume=resume or {},
+                   body=PartMap.body_of([{"path": "d.csv", "size": 700}]), parts=parts,
+                   owners=np.array(owners, np.int32))
 
 
-def test_a_feeder_feeds_its_slices_and_takes_over_a_lost_ones_from_where_it_had_got():
-    slices = FeederSlices(0, job("[train]\nbatch_size = 10\nshuffle = false\n").train)
-    assert slices.take(slice_map(0, [0, 1]), (60, 10)) == [] and slices.mine() == [0]
-    with pytest.raises(ProtocolError):
-        slices.take(slice_map(1, [0, 0]), (61, 10))
+def test_a_feeder_reads_its_parts_and_takes_over_a_lost_ones_from_where_it_had_got():
+    parts = FeederParts(0)
+    assert parts.take(part_map(0, [0, 1, 1])) == [] and parts.mine() == [0]
+    assert parts.mine(eval=True) == [] and parts.mine(eval=False) == [0]
     resume = {"1": {"epoch": 2, "low": 1, "above": [2], "samples": 20, "loss_sum": 1.0,
                     "weight_sum": 20.0}}
-    assert slices.take(slice_map(1, [0, 0], resume), (60, 10)) == [1]
-    assert slices.resumable(1, 2) and not slices.resumable(1, 3) and not slices.scoring(1)
-    plan, progress = slices.training_plan(1, 2, np.zeros(60))
-    assert plan.batch_rows(0).tolist()[0] == 30
+    assert parts.take(part_map(1, [0, 0, 0], resume)) == [1, 2]
+    assert parts.handed_over(1) and not parts.scoring(1)
+    progress = parts.resumed(1, 2)
     assert (progress.low, progress.above, progress.samples) == (1, {2}, 20)
-    logged = SliceProgress(2, low=3)
-    assert slices.training_plan(1, 2, np.zeros(60), logged)[1] is logged  # its own log first
-    assert slices.eval_plan(1, 2, 60).batch_rows(0).tolist() == [65, 66, 67, 68, 69]
-    assert "eval rows 5..10" in slices.describe([1])
+    assert parts.resumed(1, 3) is None and parts.resumed(0, 2) is None
+    assert "eval rows 60..70 of file 0" in parts.describe([2])

@@ -1,6 +1,6 @@
-"""Malformed input rows (hypothesis): the readers and the feeder's preparation never crash, and
-every row is accounted for: accepted (then trained, scored, dropped or merged) or rejected with
-its line number."""
+"""Malformed input rows (hypothesis): the index, the readers and the feeder's preparation (the
+statistics, the stream of batches) never crash, and every row is accounted for: accepted (then
+trained, scored, dropped or merged) or rejected with its line number."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from roles.data.dataset import load_dataset
-from roles.data.readers import CRITEO_COLUMNS, DataError
+from roles.data.index import CRITEO_COLUMNS, DataError
+from roles.data.source import DataSource
+from roles.data.stream import Tally, eval_batches, training_batches
 from roles.job.settings import load_job
+from roles.tools.reference import prepared
 
 GOOD = st.one_of(st.integers(-10**6, 10**6).map(str),
                  st.floats(-1e6, 1e6, allow_nan=False).map(repr), st.sampled_from(["", "?"]))
@@ -58,20 +60,38 @@ def check(job_text: str, header: list[str] | None, table: list[list[str]], sep: 
         (Path(tmp) / "job.toml").write_text(job_text.replace("PATH", str(path)))
         job = load_job(str(Path(tmp) / "job.toml"), environ={})
         try:
-            d = load_dataset(job)
-        except DataError as exc:  # too many rejected rows, or too few to split: said clearly
+            source = DataSource(job)
+            source.cache_dir = Path(tmp) / "cache"
+            files, parts, _ = source.index()
+            source.files = files
+        except DataError as exc:  # too few rows to split: said clearly
             assert str(exc)
             return
+        prepare = prepared(job, source, parts)
+        tally = Tally()
+        batches = []
+        for part in parts:
+            if part.eval:
+                batches += list(eval_batches(source.blocks(part), prepare, tally, 7))
+            else:
+                batches += list(training_batches(source.blocks(part), prepare, tally,
+                                                 buffer_rows=16, batch_size=7, seed=1,
+                                                 epoch=0, part=part.number, by_label=False))
+        rejected = [r for part in parts for b in source.blocks(part) for r in b.rejected]
     # every line read is accepted or set aside with its line number
-    accepted = d.n_train + d.n_eval + d.dropped_rows + d.merged_rows
-    assert accepted + len(d.rejected) == d.rows_read
-    numbers = [r.line for r in d.rejected]
-    assert len(set(numbers)) == len(numbers) and all(n >= 1 for n in numbers)
-    assert all(r.reason for r in d.rejected)
+    assert tally.samples + tally.dropped + tally.merged + tally.rejected == tally.rows_read
+    assert sum(len(b) for b in batches) == tally.samples
+    assert len(rejected) == tally.rejected
+    # each rejected row once, with its line (a lone \r ends a row within a line: both rows
+    # then share the line's number)
+    assert len({(r.line, r.text) for r in rejected}) == len(rejected)
+    assert all(r.line >= 1 for r in rejected)
+    assert all(r.reason for r in rejected)
     # what is fed is well-formed: finite features and weights, labels 0/1
-    assert np.isfinite(d.dense).all() and np.isfinite(d.weights).all()
-    assert set(np.unique(d.labels).tolist()) <= {0.0, 1.0}
-    assert d.keys.shape == (len(d.labels), len(d.fields))
+    for b in batches:
+        assert np.isfinite(b.dense).all() and np.isfinite(b.weights).all()
+        assert set(np.unique(b.labels).tolist()) <= {0.0, 1.0}
+        assert b.keys.shape == (len(b), len(job.sparse_fields))
 
 
 CSV_JOB = """

@@ -192,11 +192,12 @@ def test_byte_ranges_never_drop_or_split_a_line(lines, part_mb, trailing_newline
         with open(path, "wb") as f:
             f.write((body + ("\n" if trailing_newline else "")).encode(
                 "utf-8", errors="surrogatepass"))
-        mark, index.MARK_BYTES = index.MARK_BYTES, 64   # many marks on a small file
+        marks = index.MARK_BYTES, index.MIN_MARK_BYTES
+        index.MARK_BYTES = index.MIN_MARK_BYTES = 64   # many marks on a small file
         try:
             files = index_files([path], "tsv")
         finally:
-            index.MARK_BYTES = mark
+            index.MARK_BYTES, index.MIN_MARK_BYTES = marks
         parts, _ = plan_parts(files, 0.3, part_mb)
         data = open(path, "rb").read()
         pieces = [data[p.start:p.end] for p in parts]

@@ -11,14 +11,17 @@ from hypothesis import strategies as st
 
 from roles.protocol.datapath import (
     BatchKeys,
+    DataIndex,
+    DataStats,
     Embeddings,
     FeederProgress,
     Lookup,
+    PartMap,
+    PartStats,
     SampleBatch,
-    SliceMap,
 )
 from roles.protocol.dense_sync import Aggregate, Contribution, RoundDone, StepGrad, Weights
-from roles.protocol.lifecycle import EpochTrained
+from roles.protocol.lifecycle import EpochTrained, EvalReport
 from roles.protocol.model_parallel import PartCall, PartReply, PartTensors
 from roles.protocol.placement import Handover, KeyCounts, Placement
 from zbus.codec import MAX_HEADER_BYTES, Message, ProtocolError, decode, message_types
@@ -50,11 +53,22 @@ def sample(cls: type) -> Message:
         values.update(counts=np.array([4, 2, 1], np.int64), errors=np.array([1, 0, 0], np.int64))
     if cls is PartTensors:
         values.update(phase="forward", names=["mlp_0"], values=np.zeros(3, np.float32))
-    if cls is SliceMap:
-        values.update(train=[[0, 5], [5, 9]], eval=[[0, 2], [2, 3]], owners=[0, 1],
+    parts = np.array([[0, 0, 0, 5, 0, 90, 0], [1, 0, 5, 2, 90, 130, 1]], np.int64)
+    if cls is PartMap:
+        values.update(body=PartMap.body_of([{"path": "/d.csv", "size": 130}]), parts=parts,
+                      owners=np.array([0, 1], np.int32),
                       resume={"1": {"epoch": 0, "phase": "training", "reported": False,
                                     "low": 3, "above": [5], "samples": 768, "loss_sum": 1.5,
                                     "weight_sum": 768.0}})
+    if cls is DataIndex:
+        values.update(body=PartMap.body_of([{"path": "/d.csv", "size": 130}]), parts=parts)
+    if cls is PartStats:
+        values.update(parts=np.array([0], np.int64), counts=np.array([[10, 9, 1, 1, -1]]),
+                      moments=np.ones((1, 3, 2)))
+    if cls is DataStats:
+        values.update(mean=np.zeros(2), std=np.ones(2))
+    if cls is EvalReport:
+        values.update(counts=np.ones((2, 8), np.int64))
     if cls in (PartCall, PartReply):
         values.update(call="flat")
     if cls is FeederProgress:
@@ -217,12 +231,22 @@ def test_consistency_rules():
                         inverse=np.array([0], i32), rows=np.zeros((1, 4), f32)),
         BatchKeys(batch_id=1, window=0, samples=2, fields=2,
                        positions=np.array([3, 1], i32), keys=np.array([1, 2], i64)),
-        SliceMap(version=1, train=[[0, 5]], eval=[[0, 2]], owners=[0],
-                      resume={"0": {"epoch": 0, "low": "x", "above": [], "samples": 1,
-                                    "loss_sum": 0.0, "weight_sum": 1.0}}),
-        SliceMap(version=1, train=[[0, 5]], eval=[[0, 2]], owners=[0],
-                      resume={"3": {"epoch": 0, "low": 1, "above": [], "samples": 1,
-                                    "loss_sum": 0.0, "weight_sum": 1.0}}),
+        PartMap(version=1, n_train=5, body=PartMap.body_of([]),
+                parts=np.array([[0, 0, 0, 5, 0, 9, 0]], i64), owners=np.array([0], i32),
+                resume={"0": {"epoch": 0, "low": "x", "above": [], "samples": 1,
+                              "loss_sum": 0.0, "weight_sum": 1.0}}),
+        PartMap(version=1, n_train=5, body=PartMap.body_of([]),
+                parts=np.array([[0, 0, 0, 5, 0, 9, 0]], i64), owners=np.array([0], i32),
+                resume={"3": {"epoch": 0, "low": 1, "above": [], "samples": 1,
+                              "loss_sum": 0.0, "weight_sum": 1.0}}),
+        PartMap(version=1, n_train=5, body=PartMap.body_of([]), resume={},
+                parts=np.array([[1, 0, 0, 5, 0, 9, 0]], i64), owners=np.array([0], i32)),
+        PartMap(version=1, n_train=5, body=PartMap.body_of([]), resume={},
+                parts=np.array([[0, 0, 0, 5, 0, 9, 0]], i64), owners=np.array([99], i32)),
+        DataStats(log1p=True, newest=-1, rows_read=1, rejected=0, mean=np.zeros(1),
+                  std=np.zeros(1)),
+        EvalReport(epoch=0, parts=[0], loss_sum=0.0, rows_read=1, rejected=0,
+                   counts=np.full((2, 4), -1, np.int64)),
         Contribution(round=1, coefficient=-1.0, samples=1, done=False, delta=np.zeros(2, f32)),
         Contribution(round=1, coefficient=1.0, samples=1, done=False,
                           delta=np.array([np.nan], f32)),

@@ -11,7 +11,15 @@ from roles.algorithms.feeder_links import FeederLinks
 from roles.algorithms.pulled import Pipeline, WaitSample
 from roles.algorithms.replica import ADOPTED, RESTORED, STALE, Replica, WorkerRounds
 from roles.model.compute import BatchCompute
-from roles.protocol.datapath import Ack, Embeddings, Holding, SampleBatch, Taken, make_batch_id
+from roles.protocol.datapath import (
+    Ack,
+    Embeddings,
+    Holding,
+    PartMap,
+    SampleBatch,
+    Taken,
+    make_batch_id,
+)
 from roles.protocol.dense_sync import Weights
 from zbus.codec import ProtocolError
 
@@ -98,10 +106,17 @@ def ack(batch_id: int) -> Ack:
                preds=np.zeros(0, np.float32))
 
 
+def part_map(version: int, owners: list[int]) -> PartMap:
+    parts = np.array([[i, 0, 10 * i, 10, 0, 0, 0] for i in range(len(owners))], np.int64)
+    return PartMap(version=version, n_train=10 * len(owners), resume={},
+                   body=PartMap.body_of([]), parts=parts, owners=np.array(owners, np.int32))
+
+
 def test_a_restarted_feeder_is_told_its_acks_held_batches_and_unanswered_takes():
     links = FeederLinks(feeders=2, acks_kept=2)
+    assert links.moved(part_map(0, [0, 1]), Pipeline(shards=1, fields=FIELDS, dim=DIM)) == []
     p = Pipeline(shards=1, fields=FIELDS, dim=DIM)
-    ids = [make_batch_id(0, 1, i) for i in range(6)]   # slice 1: feeder 1
+    ids = [make_batch_id(0, 1, i) for i in range(6)]   # part 1: feeder 1
     for b in ids[:3]:
         links.running(b)
         assert links.acked(ack(b)) == 1
@@ -118,18 +133,21 @@ def test_a_restarted_feeder_is_told_its_acks_held_batches_and_unanswered_takes()
     assert taken == [Taken(batch_id=ids[5])]
 
 
-def test_a_slice_moved_to_another_feeder_is_asked_of_it():
+def test_a_part_moved_to_another_feeder_is_asked_of_it():
     links = FeederLinks(feeders=2, acks_kept=2)
     p = Pipeline(shards=1, fields=FIELDS, dim=DIM)
     asked, granted = make_batch_id(0, 1, 0), make_batch_id(0, 1, 1)
     for b in (asked, granted):
         p.pulled(sample(b)).asked = True
     p.granted(granted, True)
-    assert links.feeder_of(asked) == 1
-    assert links.moved([0, 0], p) == [(0, Taken(batch_id=asked))]
-    assert links.feeder_of(asked) == 0 and links.moved([0, 0], p) == []
     with pytest.raises(ProtocolError):
-        links.feeder_of(make_batch_id(0, 7, 0))        # slice 7: no such feeder
+        links.feeder_of(asked)                         # no part map yet: no feeder
+    assert links.moved(part_map(0, [0, 1]), p) == [] and links.feeder_of(asked) == 1
+    assert not links.newer(part_map(0, [0, 0]))
+    assert links.moved(part_map(1, [0, 0]), p) == [(0, Taken(batch_id=asked))]
+    assert links.feeder_of(asked) == 0 and links.moved(part_map(2, [0, 0]), p) == []
+    with pytest.raises(ProtocolError):
+        links.feeder_of(make_batch_id(0, 7, 0))        # part 7: no such part
 
 
 # -- rounds ----------------------------------------------------------------------------------------

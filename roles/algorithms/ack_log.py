@@ -2,20 +2,26 @@
 killed and started again under the same id resumes from there.
 
 One fixed-size record per acknowledged training batch (batch id, samples, loss sum, weight
-sum, the worker's index), appended with one ``os.write`` on a file opened ``O_APPEND`` before
-the feeder counts the ack: the record is in the kernel once the call returns, so it survives
-the process being killed (not the machine losing power: there is no fsync per ack). A partial
-record at the end (a machine crash mid-write) is cut off when the log is opened again.
+sum, the worker's index), appended with one ``os.write`` on the file of the batch's epoch,
+opened ``O_APPEND``, before the feeder counts the ack: the record is in the kernel once the
+call returns, so it survives the process being killed (not the machine losing power: there is
+no fsync per ack). A partial record at the end (a machine crash mid-write) is cut off when the
+log is read again. When an epoch starts, the files of the epochs before it are folded into one
+small totals file (written atomically, naming the epochs it holds) and removed: the log's
+memory and disk stay bounded by one epoch's batches, whatever the job's length.
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import orjson
 
-from roles.algorithms.batching import SliceProgress
+from roles.algorithms.batching import PartProgress
 from roles.protocol.datapath import split_batch_id
 
 RECORD = np.dtype([("batch_id", "<i8"), ("samples", "<i4"), ("loss_sum", "<f8"),
@@ -23,49 +29,122 @@ RECORD = np.dtype([("batch_id", "<i8"), ("samples", "<i4"), ("loss_sum", "<f8"),
 
 
 class AckLog:
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self.records = read_acks(path)
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.ftruncate(self.fd, len(self.records) * RECORD.itemsize)  # a torn last record
+    def __init__(self, directory: Path, node: str):
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory, self.node = directory, node
+        self.totals_path = directory / f"{node}.totals.json"
+        self.totals = self._read_totals()
+        self.fds: dict[int, int] = {}
+        for epoch in self.epochs_on_disk():
+            if epoch in self.totals["epochs"]:  # folded, but not yet removed: a crash then
+                self._file(epoch).unlink(missing_ok=True)
 
+    # -- files ------------------------------------------------------------------------------
+    def _file(self, epoch: int) -> Path:
+        return self.directory / f"{self.node}.e{epoch}.acks"
+
+    def epochs_on_disk(self) -> list[int]:
+        prefix = f"{self.node}.e"
+        return sorted(int(p.name[len(prefix):-len(".acks")])
+                      for p in self.directory.glob(f"{prefix}*.acks")
+                      if p.name[len(prefix):-len(".acks")].isdigit())
+
+    def _read_totals(self) -> dict[str, Any]:
+        try:
+            totals = orjson.loads(self.totals_path.read_bytes())
+        except (FileNotFoundError, orjson.JSONDecodeError):
+            totals = {}
+        return {"epochs": totals.get("epochs", []), "batches": totals.get("batches", 0),
+                "samples": totals.get("samples", 0), "loss_sum": totals.get("loss_sum", 0.0),
+                "weight_sum": totals.get("weight_sum", 0.0),
+                "acked_by": totals.get("acked_by", {})}
+
+    def records(self, epoch: int) -> np.ndarray:
+        """The whole records of one epoch's file (none when there is none)."""
+        try:
+            raw = self._file(epoch).read_bytes()
+        except FileNotFoundError:
+            return np.zeros(0, dtype=RECORD)
+        whole = len(raw) // RECORD.itemsize * RECORD.itemsize
+        return np.frombuffer(raw[:whole], dtype=RECORD).copy()
+
+    # -- writing -----------------------------------------------------------------------------
     def append(self, batch_id: int, samples: int, loss_sum: float, weight_sum: float,
                worker: int) -> None:
+        epoch = split_batch_id(batch_id)[0]
+        fd = self.fds.get(epoch)
+        if fd is None:
+            path = self._file(epoch)
+            whole = path.stat().st_size // RECORD.itemsize * RECORD.itemsize \
+                if path.exists() else 0
+            fd = self.fds[epoch] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.ftruncate(fd, whole)  # a torn last record
         record = np.array([(batch_id, samples, loss_sum, weight_sum, worker)], dtype=RECORD)
-        os.write(self.fd, record.tobytes())
+        os.write(fd, record.tobytes())
 
-    def progress(self, epoch: int) -> dict[int, SliceProgress]:
-        """Per slice, the training pass of ``epoch`` as the log has it."""
-        found: dict[int, SliceProgress] = {}
-        for batch_id, samples, loss_sum, weight_sum, _ in self.records.tolist():
-            e, slice_, seq = split_batch_id(batch_id)
-            if e != epoch:
-                continue
-            p = found.setdefault(slice_, SliceProgress(epoch))
+    def fold(self, before: int) -> None:
+        """Fold the epochs before ``before`` into the totals, then remove their files."""
+        old = [e for e in self.epochs_on_disk() if e < before]
+        if not old:
+            return
+        t = self.totals
+        acked_by: Counter[str] = Counter(t["acked_by"])
+        for epoch in old:
+            r = self.records(epoch)
+            t["batches"] += len(r)
+            t["samples"] += int(r["samples"].sum())
+            t["loss_sum"] += float(r["loss_sum"].sum())
+            t["weight_sum"] += float(r["weight_sum"].sum())
+            acked_by.update(_by_worker(r))
+            t["epochs"] = sorted({*t["epochs"], epoch})
+        t["acked_by"] = dict(acked_by)
+        tmp = self.totals_path.with_name(f".{self.totals_path.name}.tmp")
+        tmp.write_bytes(orjson.dumps(t))
+        os.replace(tmp, self.totals_path)
+        for epoch in old:
+            fd = self.fds.pop(epoch, None)
+            if fd is not None:
+                os.close(fd)
+            self._file(epoch).unlink(missing_ok=True)
+
+    # -- reading back -------------------------------------------------------------------------
+    def restart(self) -> dict[str, Any] | None:
+        """What a restarted feeder's previous process had done over the job: batches, samples,
+        loss and weight sums, samples per worker, its last epoch; None for a new log."""
+        epochs = self.epochs_on_disk()
+        if not epochs and not self.totals["epochs"]:
+            return None
+        t = dict(self.totals)
+        acked_by: Counter[str] = Counter(t["acked_by"])
+        for epoch in epochs:
+            r = self.records(epoch)
+            t["batches"] += len(r)
+            t["samples"] += int(r["samples"].sum())
+            t["loss_sum"] += float(r["loss_sum"].sum())
+            t["weight_sum"] += float(r["weight_sum"].sum())
+            acked_by.update(_by_worker(r))
+        t["acked_by"] = dict(acked_by)
+        t["last_epoch"] = max([*epochs, *t["epochs"]])
+        return t
+
+    def progress(self, epoch: int) -> dict[int, PartProgress]:
+        """Per part, the training pass of ``epoch`` as the log has it."""
+        found: dict[int, PartProgress] = {}
+        for batch_id, samples, loss_sum, weight_sum, _ in self.records(epoch).tolist():
+            _, part, seq = split_batch_id(batch_id)
+            p = found.setdefault(part, PartProgress(epoch))
             if not p.done(seq):
                 p.acked(seq, samples, loss_sum, weight_sum)
         return found
 
-    def samples_by_worker(self) -> dict[str, int]:
-        r = self.records
-        if not len(r):
-            return {}
-        counts = np.bincount(r["worker"], weights=r["samples"])
-        return {f"worker-{i}": int(n) for i, n in enumerate(counts) if n}
-
-    def last_epoch(self) -> int:
-        return split_batch_id(int(self.records["batch_id"].max()))[0] if len(self.records) else -1
-
     def close(self) -> None:
-        os.close(self.fd)
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
 
 
-def read_acks(path: Path) -> np.ndarray:
-    """The whole records of a log (none when there is no log)."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return np.zeros(0, dtype=RECORD)
-    whole = len(raw) // RECORD.itemsize * RECORD.itemsize
-    return np.frombuffer(raw[:whole], dtype=RECORD).copy()
+def _by_worker(r: np.ndarray) -> dict[str, int]:
+    if not len(r):
+        return {}
+    counts = np.bincount(r["worker"], weights=r["samples"])
+    return {f"worker-{i}": int(n) for i, n in enumerate(counts) if n}

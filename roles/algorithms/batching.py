@@ -1,5 +1,6 @@
-"""Batch plans and the feeder's ledger (pure; no sockets). Batch ids are laid out in
-``roles.protocol.datapath``."""
+"""The feeder's ledger of batches in flight and its progress per part, and which feeder reads
+which part (pure; no sockets). Batch ids are laid out in ``roles.protocol.datapath``; a pass's
+batches come from ``roles.algorithms.feeding_pass``."""
 
 from __future__ import annotations
 
@@ -7,9 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from roles.protocol.datapath import EVAL_SEQ, make_batch_id, split_batch_id
+from roles.data.stream import Samples
 
 
 def sample_batch_bytes(batch_size: int, dense: int) -> int:
@@ -26,109 +25,21 @@ def max_in_flight(workers: int, prefetch: int) -> int:
     return max(1, workers) * (2 * prefetch + 6) + 2
 
 
-def slice_ranges(rows: int, parts: int) -> list[list[int]]:
-    """``parts`` contiguous [lo, hi) ranges covering 0..rows, sizes differing by one at most."""
-    edges = [rows * i // parts for i in range(parts + 1)]
-    return [[edges[i], edges[i + 1]] for i in range(parts)]
-
-
-def interleave_by_label(rows: np.ndarray, labels: np.ndarray,
-                        batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """``rows`` reordered so that every batch holds samples of one label, and where each batch
-    starts: the rows of each label are cut into batches (in their given order) and the batches
-    of the labels are interleaved evenly, each label's batches spread over the pass in
-    proportion to its share (a label's last batch may be short)."""
-    chunks: list[np.ndarray] = []
-    keys: list[float] = []
-    for value in np.unique(labels[rows]):
-        mine = rows[labels[rows] == value]
-        n = -(-len(mine) // batch_size)
-        chunks += [mine[i * batch_size:(i + 1) * batch_size] for i in range(n)]
-        keys += [(i + 0.5) / n for i in range(n)]
-    if not chunks:
-        return rows, np.zeros(1, dtype=np.int64)
-    order = np.argsort(np.asarray(keys), kind="stable")
-    sizes = np.array([len(chunks[i]) for i in order])
-    return (np.concatenate([chunks[i] for i in order]),
-            np.concatenate([[0], np.cumsum(sizes)]))
-
-
-def even_starts(rows: int, batch_size: int) -> np.ndarray:
-    return np.append(np.arange(0, rows, batch_size), rows)
-
-
-@dataclass
-class Plan:
-    """The batches of one pass over a slice: training rows shuffled per epoch, or eval rows in
-    order. Batch boundaries are explicit (``starts``), so that label-grouped batches can be
-    shorter than ``batch_size`` at a label's end."""
-
-    epoch: int
-    slice: int
-    eval: bool
-    rows: np.ndarray
-    starts: np.ndarray        # where each batch begins in rows (plus len(rows) at the end)
-    first_seq: int = 0
-    next: int = 0
-    skip: set[int] = field(default_factory=set)  # batches done before (a resumed pass)
-
-    @classmethod
-    def training(cls, epoch: int, slice_: int, rows: np.ndarray, batch_size: int,
-                 shuffle: bool, seed: int, labels: np.ndarray | None = None) -> Plan:
-        """``labels`` given: label-grouped batches (``[train] batch_by_label``)."""
-        rows = np.array(rows)
-        if shuffle:
-            np.random.default_rng((seed * 1000 + epoch) * 256 + slice_).shuffle(rows)
-        if labels is None:
-            starts = even_starts(len(rows), batch_size)
-        else:
-            rows, starts = interleave_by_label(rows, labels, batch_size)
-        return cls(epoch, slice_, False, rows, starts)
-
-    @classmethod
-    def evaluation(cls, epoch: int, slice_: int, rows: np.ndarray, batch_size: int) -> Plan:
-        rows = np.asarray(rows)
-        return cls(epoch, slice_, True, rows, even_starts(len(rows), batch_size), EVAL_SEQ)
-
-    @property
-    def batches(self) -> int:
-        return max(0, len(self.starts) - 1)
-
-    def resume(self, low: int, above: list[int]) -> None:
-        """Skip the batches a lost feeder had acknowledged: every one below ``low`` and those
-        in ``above`` (batch numbers within the pass)."""
-        self.next = max(self.next, low)
-        self.skip = set(above)
-
-    def batch_rows(self, i: int) -> np.ndarray:
-        return self.rows[self.starts[i]:self.starts[i + 1]]
-
-    def number_of(self, batch_id: int) -> int | None:
-        """The batch's number within this plan, or None when it is not one of its batches."""
-        epoch, slice_, seq = split_batch_id(batch_id)
-        number = seq - self.first_seq
-        if epoch != self.epoch or slice_ != self.slice or not 0 <= number < self.batches:
-            return None
-        return number
-
-    def unsent(self, number: int) -> bool:
-        return number >= self.next and number not in self.skip
-
-    def claim(self, number: int) -> None:
-        """Mark a batch as sent elsewhere (by this feeder's previous process)."""
-        self.skip.add(number)
-
-    def exhausted(self) -> bool:
-        while self.next in self.skip:
-            self.next += 1
-        return self.next >= self.batches
-
-    def take(self) -> tuple[int, np.ndarray]:
-        """The next batch: its id and its rows."""
-        self.exhausted()  # past skipped batches
-        i = self.next
-        self.next += 1
-        return make_batch_id(self.epoch, self.slice, self.first_seq + i), self.batch_rows(i)
+def assign_parts(rows: list[int], feeders: int) -> list[int]:
+    """The feeder of each part: consecutive parts to each feeder, about as many rows each (a
+    feeder gets none only when there are fewer parts than feeders)."""
+    total = sum(rows)
+    owners, before = [], 0
+    for n in rows:
+        owners.append(min(feeders - 1, before * feeders // total) if total else 0)
+        before += n
+    if len(rows) >= feeders:  # every feeder reads something
+        for f in range(feeders):
+            if f not in owners:
+                owners[max(range(len(owners)),
+                           key=lambda i: (owners.count(owners[i]), -abs(owners[i] - f)))] = f
+        owners = sorted(owners)
+    return owners
 
 
 SENT, TAKEN, QUEUED = "sent", "taken", "queued"
@@ -136,7 +47,7 @@ SENT, TAKEN, QUEUED = "sent", "taken", "queued"
 
 @dataclass
 class InFlight:
-    rows: np.ndarray
+    batch: Samples
     eval: bool
     round: int
     state: str = SENT        # sent (not taken yet), taken, queued (to be sent again)
@@ -174,8 +85,8 @@ class Ledger:
     def has_room(self) -> bool:
         return len(self.in_flight) < self.max_in_flight
 
-    def sent(self, batch_id: int, rows: np.ndarray, eval: bool, round_: int = 0) -> None:
-        self.in_flight[batch_id] = InFlight(rows, eval, round_)
+    def sent(self, batch_id: int, batch: Samples, eval: bool, round_: int = 0) -> None:
+        self.in_flight[batch_id] = InFlight(batch, eval, round_)
 
     def peek(self, batch_id: int) -> InFlight | None:
         return self.in_flight.get(batch_id)
@@ -230,48 +141,10 @@ class Ledger:
 
 
 @dataclass
-class Pass:
-    """One pass of a feeder over its slices (usually one; more after it took over a lost
-    feeder's; none when it has no slice): their plans' batches, taken in turn."""
-
-    epoch: int
-    eval: bool
-    plans: list[Plan]
-    turn: int = 0
-
-    @property
-    def batches(self) -> int:
-        return sum(p.batches for p in self.plans)
-
-    def exhausted(self) -> bool:
-        return all(p.exhausted() for p in self.plans)
-
-    def take(self) -> tuple[int, np.ndarray]:
-        for _ in range(len(self.plans)):
-            plan = self.plans[self.turn % len(self.plans)]
-            self.turn += 1
-            if not plan.exhausted():
-                return plan.take()
-        raise IndexError("the pass is exhausted")
-
-    def rows(self) -> np.ndarray:
-        return np.concatenate([p.rows for p in self.plans]) if self.plans else \
-            np.zeros(0, dtype=np.int64)
-
-    def find(self, batch_id: int) -> tuple[Plan, int] | None:
-        """The plan the batch belongs to, and its number there."""
-        for plan in self.plans:
-            number = plan.number_of(batch_id)
-            if number is not None:
-                return plan, number
-        return None
-
-
-@dataclass
-class SliceProgress:
-    """How far a training pass over one slice has got: every batch number below ``low`` and
+class PartProgress:
+    """How far a training pass over one part has got: every batch number below ``low`` and
     those in ``above`` acknowledged, with their samples and loss (a feeder tells control with
-    every heartbeat, in its FeederProgress, so that control can hand the slice on from there if
+    every heartbeat, in its FeederProgress, so that control can hand the part on from there if
     the feeder dies)."""
 
     epoch: int
@@ -293,7 +166,9 @@ class SliceProgress:
     def done(self, number: int) -> bool:
         return number < self.low or number in self.above
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "low": self.low,
-                "above": sorted(self.above), "samples": self.samples,
-                "loss_sum": self.loss_sum, "weight_sum": self.weight_sum}
+    @classmethod
+    def of(cls, resume: dict[str, Any]) -> PartProgress:
+        """From what PartMap's ``resume`` (or FeederProgress) carries."""
+        return cls(int(resume["epoch"]), int(resume["low"]), set(resume["above"]),
+                   int(resume["samples"]), float(resume["loss_sum"]),
+                   float(resume["weight_sum"]))

@@ -1,12 +1,12 @@
 """A worker's links to the feeders' ledgers (pure; no sockets: the worker sends what these
 return to the feeder they name).
 
-A batch's feeder is the one that feeds its slice (control's SliceMap; batch ids carry the
-slice). The worker keeps its latest acks to each feeder and the batches it trained whose ack
-is not sent yet: when a feeder is restarted (FeederBack) it is told them again, then the
-batches of its that are granted here (Holding), then asked again for the grants it never
-answered. When a lost feeder's slices move to another feeder, a Taken that went to the lost one
-is asked of the new one.
+A batch's feeder is the one that reads its part (control's PartMap; batch ids carry the
+part): a worker pulls no batch before it has the map. The worker keeps its latest acks to each
+feeder and the batches it trained whose ack is not sent yet: when a feeder is restarted
+(FeederBack) it is told them again, then the batches of its that are granted here (Holding),
+then asked again for the grants it never answered. When a lost feeder's parts move to another
+feeder, a Taken that went to the lost one is asked of the new one.
 """
 
 from __future__ import annotations
@@ -16,24 +16,26 @@ from collections import deque
 import numpy as np
 
 from roles.algorithms.pulled import Pipeline
-from roles.protocol.datapath import Ack, Holding, Taken, split_batch_id
+from roles.protocol.datapath import Ack, Holding, PartMap, Taken, split_batch_id
 from zbus.codec import Message, ProtocolError
 
 
 class FeederLinks:
     def __init__(self, feeders: int, acks_kept: int):
         self.feeders = feeders
-        self.owners: list[int] = list(range(feeders))  # slice -> feeder (control's SliceMap)
+        self.owners: np.ndarray | None = None  # part -> feeder (control's PartMap)
+        self.map_version = -1
         self.acks_kept: list[deque[Ack]] = [deque(maxlen=acks_kept) for _ in range(feeders)]
         self.unacked: set[int] = set()  # batches taken to run whose ack is not sent yet
         self.restarts: dict[int, int] = {}  # feeder -> the restart generation acted on
 
     def feeder_of(self, batch_id: int) -> int:
-        """The feeder that owns the batch's slice."""
-        slice_ = split_batch_id(batch_id)[1]
-        owner = self.owners[slice_] if slice_ < len(self.owners) else slice_
+        """The feeder that reads the batch's part."""
+        part = split_batch_id(batch_id)[1]
+        owner = int(self.owners[part]) if self.owners is not None \
+            and part < len(self.owners) else -1
         if not 0 <= owner < self.feeders:
-            raise ProtocolError("bad_field", f"batch {batch_id} of slice {slice_}: no feeder")
+            raise ProtocolError("bad_field", f"batch {batch_id} of part {part}: no feeder")
         return owner
 
     def running(self, batch_id: int) -> None:
@@ -47,14 +49,18 @@ class FeederLinks:
         self.unacked.discard(ack.batch_id)
         return feeder
 
-    def moved(self, owners: list[int], pipeline: Pipeline) -> list[tuple[int, Taken]]:
-        """Control's new SliceMap: the Takens to ask again of their slice's new feeder (it
+    def newer(self, m: PartMap) -> bool:
+        return m.version > self.map_version
+
+    def moved(self, m: PartMap, pipeline: Pipeline) -> list[tuple[int, Taken]]:
+        """Control's new PartMap: the Takens to ask again of their part's new feeder (it
         refuses them: it feeds the batch again itself)."""
-        before, self.owners = self.owners, owners
+        before, self.owners = self.owners, np.array(m.owners)
+        self.map_version = m.version
         again = []
         for b in pipeline:
-            slice_ = split_batch_id(b.batch_id)[1]
-            moved = slice_ < len(owners) and before[slice_] != owners[slice_]  # same slices
+            part = split_batch_id(b.batch_id)[1]
+            moved = before is not None and part < len(before) and before[part] != m.owners[part]
             if moved and b.asked and not b.granted:
                 again.append((self.feeder_of(b.batch_id), Taken(batch_id=b.batch_id)))
         return again

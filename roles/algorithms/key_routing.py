@@ -1,9 +1,9 @@
 """Where a feeder sends each key (pure; no sockets).
 
-``KeyRouting``: the key map the feeder routes by (``roles.algorithms.placement``) and the shard
-of every key of its data; with skew-aware placement (``[placement] mode = "skew"``) the counts
-of the keys it sends per allocation window, and the pause while a new map moves in: once control
-publishes one the feeder sends no new batch, reports Drained when none is in flight, and
+``KeyRouting``: the key map the feeder routes each batch's keys by
+(``roles.algorithms.placement``); with skew-aware placement (``[placement] mode = "skew"``) the
+counts of the keys it sends per allocation window, and the pause while a new map moves in: once
+control publishes one the feeder sends no new batch, reports Drained when none is in flight, and
 routes by the new map when control says it is active (the shards have handed their rows over).
 
 ``WindowCounter``: per allocation window, a SpaceSaving summary of the heaviest keys and the
@@ -76,28 +76,23 @@ class KeyRouting:
         self.skew = p.mode == "skew"
         self.buckets_per_shard = p.buckets_per_shard
         self.keymap = KeyMap.hashed(shards, p.buckets_per_shard)
-        self.owner: np.ndarray | None = None  # the shard of each key of the data
         self.counter = WindowCounter(p.heavy_keys, p.window_batches, len(self.keymap.buckets),
                                      shards)
         self.placing: int | None = None  # a key map version waiting for the feeder to drain
         self.drained_for = -1
 
-    def route(self, keys: np.ndarray) -> None:
-        """The data's keys (loaded, or to be routed by a new map)."""
-        self.owner = self.keymap.owner_of(keys).astype(np.uint8)
-
-    def batch_keys(self, batch_id: int, rows: np.ndarray, keys: np.ndarray,
-                   shards: range | list[int]) -> tuple[np.ndarray, np.ndarray, list[BatchKeys]]:
-        """The keys of the batch of ``rows`` (of the data's ``keys``, rows x fields), their
-        shards, and the BatchKeys for each of ``shards``."""
-        fields = keys.shape[1]
-        assert self.owner is not None, "route() comes first"
-        keys, owner = keys[rows].ravel(), self.owner[rows].ravel()
+    def batch_keys(self, batch_id: int, keys: np.ndarray, shards: range | list[int]
+                   ) -> tuple[np.ndarray, np.ndarray, list[BatchKeys]]:
+        """The keys of a batch (samples x fields) flattened, their shards, and the BatchKeys
+        for each of ``shards``."""
+        samples, fields = keys.shape
+        keys = keys.ravel()
+        owner = self.keymap.owner_of(keys).astype(np.uint8)
         messages = []
         for shard in shards:
             positions = np.flatnonzero(owner == shard).astype(np.int32)
             messages.append(BatchKeys(batch_id=batch_id, window=self.counter.window,
-                                      samples=len(rows), fields=fields, positions=positions,
+                                      samples=samples, fields=fields, positions=positions,
                                       keys=keys[positions]))
         return keys, owner, messages
 
@@ -120,9 +115,7 @@ class KeyRouting:
         self.drained_for = self.placing
         return Drained(version=self.placing)
 
-    def activate(self, msg: Placement, keys: np.ndarray | None) -> None:
-        """The map is active: route by it (the data's ``keys``, when loaded)."""
+    def activate(self, msg: Placement) -> None:
+        """The map is active: route by it."""
         self.keymap = KeyMap.from_message(msg, self.keymap.shards, self.buckets_per_shard)
-        if keys is not None:
-            self.route(keys)
         self.placing = None

@@ -87,7 +87,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
                   round_samples: dict[str, list[int]], membership: list[dict[str, Any]],
                   model: dict[str, Any] | None = None, placement: dict[str, Any] | None = None,
                   model_plan: dict[str, Any] | None = None,
-                  slices: dict[str, Any] | None = None) -> dict[str, Any]:
+                  parts: dict[str, Any] | None = None) -> dict[str, Any]:
     model = model or {}
     evaluated = [e for e in epochs if "auc" in e]
     last = evaluated[-1] if evaluated else {}
@@ -143,7 +143,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "feeders": {node: {"samples_acked": int(_num(c.get("samples_acked"))),
                            "batches_sent": int(_num(c.get("batches_sent")))}
                     for node, c in sorted(counters.items()) if node.startswith("feeder-")},
-        "slices": slices,
+        "parts": parts,
         "embeddings": {"mode": job.train.embeddings, **embedding_waits(counters)},
         "worker_input_bytes_per_sample": worker_input(counters),
         "batch_by_label": job.train.batch_by_label,

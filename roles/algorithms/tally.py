@@ -3,25 +3,73 @@
 Over the job: batches, samples, loss and weight sums (the console's loss curve) and samples per
 worker; a feeder restarted on its ack log (``roles.algorithms.ack_log``) starts from there. Over
 the training pass under way: its samples and loss (the EpochTrained report), how often each
-training row was trained, and per slice how far the pass has got (SliceProgress; the
-FeederProgress control hears with every heartbeat, and hands a lost feeder's slice on from).
-Over an evaluation pass: the scores of its rows (the EvalReport).
+batch's samples were trained (counted per batch: a part's batches hold each of its samples
+once), what the stream made of the rows (read, rejected, dropped, merged), and per part how far
+the pass has got (PartProgress; the FeederProgress control hears with every heartbeat, and
+hands a lost feeder's part on from). Over an evaluation pass: its scores, as a histogram
+(``roles.algorithms.metrics.ScoreHistogram``), so the memory does not grow with the data.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
+from typing import Any
 
 import numpy as np
 
-from roles.algorithms.batching import Pass, Plan, SliceProgress
+from roles.algorithms.batching import PartProgress
+from roles.algorithms.feeding_pass import FeedingPass
+from roles.algorithms.metrics import ScoreHistogram
+from roles.data.stream import Tally
 from roles.protocol.datapath import FeederProgress, split_batch_id
 from roles.protocol.lifecycle import EpochTrained, EvalReport
 
 
+class PassBatches:
+    """Per part of a training pass: each batch's samples and how often it was acknowledged
+    (a batch acknowledged before, by a previous process, counts once); 5 bytes a batch."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[int, array[int]] = {}
+        self.acks: dict[int, bytearray] = {}
+
+    def _grow(self, part: int, seq: int) -> tuple[array[int], bytearray]:
+        sizes = self.sizes.setdefault(part, array("i"))
+        acks = self.acks.setdefault(part, bytearray())
+        if len(sizes) <= seq:
+            sizes.extend([0] * (seq + 1 - len(sizes)))
+            acks.extend(bytes(seq + 1 - len(acks)))
+        return sizes, acks
+
+    def made(self, part: int, seq: int, samples: int, before: bool) -> None:
+        sizes, acks = self._grow(part, seq)
+        sizes[seq] = samples
+        if before:
+            acks[seq] = min(255, acks[seq] + 1)
+
+    def acked(self, part: int, seq: int) -> None:
+        _, acks = self._grow(part, seq)
+        acks[seq] = min(255, acks[seq] + 1)
+
+    @property
+    def count(self) -> int:
+        return sum(len(v) for v in self.sizes.values())
+
+    def rows(self) -> dict[str, int]:
+        if not self.sizes:
+            return {"rows": 0, "rows_once": 0, "rows_repeated": 0, "rows_missed": 0}
+        sizes = np.concatenate([np.frombuffer(self.sizes[p], dtype=np.int32)
+                                for p in self.sizes]).astype(np.int64)
+        acks = np.concatenate([np.frombuffer(bytes(self.acks[p]), dtype=np.uint8)
+                               for p in self.sizes])
+        return {"rows": int(sizes.sum()), "rows_once": int(sizes[acks == 1].sum()),
+                "rows_repeated": int(sizes[acks > 1].sum()),
+                "rows_missed": int(sizes[acks == 0].sum())}
+
+
 class FeederTally:
-    def __init__(self, n_train: int = 0) -> None:
-        self.n_train = n_train          # training rows come first in the data, then eval rows
+    def __init__(self) -> None:
         self.batches_acked = 0          # training and eval, over the job
         self.samples_acked = 0          # training, over the job
         self.train_loss_sum = 0.0
@@ -31,52 +79,51 @@ class FeederTally:
         self.epoch_samples = 0
         self.loss_sum = 0.0
         self.weight_sum = 0.0
-        self.row_acks = np.zeros(0, dtype=np.uint16)  # per training row: acks in this epoch
-        self.progress: dict[int, SliceProgress] = {}
-        self.preds = np.zeros(0, dtype=np.float32)   # per eval row: its score in this pass
+        self.progress: dict[int, PartProgress] = {}
+        self.batches = PassBatches()
+        self.data = Tally()             # what the pass's streams made of the rows
+        self.scores = ScoreHistogram()
 
-    def restore(self, records: np.ndarray, samples_by_worker: dict[str, int]) -> None:
-        """The job-wide figures of a feeder's previous process, from its ack log records."""
-        self.batches_acked = len(records)
-        self.samples_acked = int(records["samples"].sum())
-        self.train_loss_sum = float(records["loss_sum"].sum())
-        self.train_weight_sum = float(records["weight_sum"].sum())
-        self.acked_by.update(samples_by_worker)
+    def restore(self, done: dict[str, Any]) -> None:
+        """The job-wide figures of a feeder's previous process (``AckLog.restart``)."""
+        self.batches_acked = int(done["batches"])
+        self.samples_acked = int(done["samples"])
+        self.train_loss_sum = float(done["loss_sum"])
+        self.train_weight_sum = float(done["weight_sum"])
+        self.acked_by.update(done["acked_by"])
 
     def new_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-        self.row_acks = np.zeros(self.n_train, dtype=np.uint16)
         self.progress = {}
 
     def new_pass(self) -> None:
         self.loss_sum = self.weight_sum = 0.0
         self.epoch_samples = 0
+        self.batches = PassBatches()
+        self.data = Tally()
 
-    def slice_planned(self, plan: Plan, progress: SliceProgress) -> int | None:
-        """The slice's pass starts from ``progress`` (what was acknowledged before, by this
-        feeder's previous process or by a lost feeder): its batches are skipped and counted.
-        Returns how many there are (None: the pass starts afresh)."""
-        self.progress[plan.slice] = progress
+    def part_planned(self, part: int, progress: PartProgress) -> int | None:
+        """The part's pass starts from ``progress`` (what was acknowledged before, by this
+        feeder's previous process or by a lost feeder): its samples and loss count. Returns
+        how many batches that is (None: the pass starts afresh)."""
+        self.progress[part] = progress
         if not (progress.low or progress.above):
             return None
-        plan.resume(progress.low, sorted(progress.above))
         self.epoch_samples += progress.samples
         self.loss_sum += progress.loss_sum
         self.weight_sum += progress.weight_sum
-        done = [i for i in range(plan.batches) if progress.done(i)]
-        for i in done:
-            self.row_acks[plan.batch_rows(i)] += 1
-        return len(done)
+        return progress.low + len(progress.above)
 
-    def new_evaluation(self, eval_rows: int) -> None:
-        self.preds = np.full(eval_rows, np.nan, dtype=np.float32)
+    def new_evaluation(self) -> None:
+        self.scores = ScoreHistogram()
+        self.data = Tally()
 
-    def eval_acked(self, rows: np.ndarray, preds: np.ndarray) -> None:
+    def eval_acked(self, labels: np.ndarray, preds: np.ndarray) -> None:
         self.batches_acked += 1
-        self.preds[rows - self.n_train] = preds
+        self.scores.add(labels, preds)
 
-    def train_acked(self, worker: str, batch_id: int, rows: np.ndarray, samples: int,
-                    loss_sum: float, weight_sum: float) -> None:
+    def train_acked(self, worker: str, batch_id: int, samples: int, loss_sum: float,
+                    weight_sum: float) -> None:
         self.batches_acked += 1
         self.loss_sum += loss_sum
         self.weight_sum += weight_sum
@@ -85,35 +132,34 @@ class FeederTally:
         self.epoch_samples += samples
         self.samples_acked += samples
         self.acked_by[worker] += samples
-        if len(self.row_acks):
-            self.row_acks[rows] += 1
-        _, slice_, seq = split_batch_id(batch_id)
-        progress = self.progress.get(slice_)
+        _, part, seq = split_batch_id(batch_id)
+        self.batches.acked(part, seq)
+        progress = self.progress.get(part)
         if progress is not None:
             progress.acked(seq, samples, loss_sum, weight_sum)
 
-    def epoch_trained(self, pass_: Pass, seconds: float) -> EpochTrained:
+    def epoch_trained(self, pass_: FeedingPass, seconds: float) -> EpochTrained:
         """The report of a finished training pass."""
-        counts = self.row_acks[pass_.rows()]
+        rows = self.batches.rows()
+        d = self.data
         return EpochTrained(
-            epoch=pass_.epoch, samples=self.epoch_samples, batches=pass_.batches,
-            loss_sum=self.loss_sum, weight_sum=self.weight_sum, seconds=seconds,
-            slices=[p.slice for p in pass_.plans], rows=len(counts),
-            rows_once=int((counts == 1).sum()), rows_repeated=int((counts > 1).sum()),
-            rows_missed=int((counts == 0).sum()))
+            epoch=pass_.epoch, samples=self.epoch_samples,
+            batches=self.batches.count, loss_sum=self.loss_sum,
+            weight_sum=self.weight_sum, seconds=seconds, parts=pass_.parts, **rows,
+            rows_read=d.rows_read, rejected=d.rejected, dropped=d.dropped, merged=d.merged)
 
-    def eval_report(self, pass_: Pass, labels: np.ndarray) -> EvalReport:
-        """The scores of a finished evaluation pass (``labels``: the data's)."""
-        rows = pass_.rows() - self.n_train
-        return EvalReport(epoch=pass_.epoch, slices=[p.slice for p in pass_.plans],
-                          labels=labels[self.n_train + rows], preds=self.preds[rows])
+    def eval_report(self, pass_: FeedingPass) -> EvalReport:
+        """The scores of a finished evaluation pass."""
+        return EvalReport(epoch=pass_.epoch, parts=pass_.parts,
+                          loss_sum=self.scores.loss_sum, rows_read=self.data.rows_read,
+                          rejected=self.data.rejected, counts=self.scores.counts)
 
     def progress_report(self) -> FeederProgress:
-        """How far the training pass has got on each slice, for control."""
-        slices = sorted(self.progress)
-        ps = [self.progress[s] for s in slices]
+        """How far the training pass has got on each part, for control."""
+        parts = sorted(self.progress)
+        ps = [self.progress[s] for s in parts]
         return FeederProgress(
-            epoch=self.epoch, batches_acked=self.batches_acked, slices=slices,
+            epoch=self.epoch, batches_acked=self.batches_acked, parts=parts,
             low=[int(p.low) for p in ps], above=[sorted(int(a) for a in p.above) for p in ps],
             samples=[int(p.samples) for p in ps], loss_sum=[float(p.loss_sum) for p in ps],
             weight_sum=[float(p.weight_sum) for p in ps])
@@ -121,4 +167,5 @@ class FeederTally:
     def counters(self) -> dict[str, object]:
         return {"batches_acked": self.batches_acked, "samples_acked": self.samples_acked,
                 "epoch_samples": self.epoch_samples, "train_loss_sum": self.train_loss_sum,
-                "train_weight_sum": self.train_weight_sum, "acked_by": dict(self.acked_by)}
+                "train_weight_sum": self.train_weight_sum, "acked_by": dict(self.acked_by),
+                "rows_read": self.data.rows_read}

@@ -1,6 +1,6 @@
 """Control's commands to every node (its PUB socket), and the ones that stand.
 
-A standing command (the epoch under way, the round in flight, the slices, the settings, ...)
+A standing command (the epoch under way, the round in flight, the parts, the settings, ...)
 is kept under a name and re-published every heartbeat interval, so that a subscriber that
 joined late or lost a message still acts on it; every role handles repeats idempotently.
 Before a standing command goes out, ``before_standing`` runs: control writes its state then

@@ -1,10 +1,11 @@
 """The job's course, as control runs it: every expected node says Hello (same job fingerprint)
-and Ready -> EpochStart(e) -> every slice's EpochTrained(e) -> the rounds bring every worker to
-the same weights (``roles.control.rounds``) -> Evaluate(e, round) -> every slice's
-EvalReport(e) -> the next epoch, or Export (the model into runs/<run>/export/) -> Finish
-(every node sends its final counters) -> the summary -> Stop.
+and Ready, feeder 0 indexes the data -> the feeders get their parts and summarise them
+(``roles.control.feeding``) -> EpochStart(e) -> every part's EpochTrained(e) -> the rounds
+bring every worker to the same weights (``roles.control.rounds``) -> Evaluate(e, round) ->
+every part's EvalReport(e) -> the next epoch, or Export (the model into runs/<run>/export/) ->
+Finish (every node sends its final counters) -> the summary -> Stop.
 
-Phases: starting, training, syncing, evaluating, exporting, finishing, done.
+Phases: starting, preparing, training, syncing, evaluating, exporting, finishing, done.
 """
 
 from __future__ import annotations

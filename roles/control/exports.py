@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from roles.control.commands import Commands
+from roles.data.hashing import KEY_HASH
 from roles.job.rundir import MetricsLog, atomic_write
 from roles.job.settings import Job, job_to_toml
 from roles.model.files import JOB, MANIFEST, write_json
 from roles.protocol.lifecycle import Export, Exported
 
 log = logging.getLogger(__name__)
-EXPORT_FORMAT = 1
+EXPORT_FORMAT = 2   # 2: keys hashed by KEY_HASH (roles.data.hashing), recorded
 
 
 def export_parts(job: Job) -> set[str]:
@@ -49,7 +50,7 @@ def write_manifest(e: ExportInProgress, job: Job, *, run_id: str, round_: int,
                    logloss: float | None) -> None:
     atomic_write(e.dir / JOB, job_to_toml(job).encode())
     write_json(e.dir / MANIFEST, {
-        "format": EXPORT_FORMAT, "run_id": run_id, "job": job.name,
+        "format": EXPORT_FORMAT, "key_hash": KEY_HASH, "run_id": run_id, "job": job.name,
         "fingerprint": job.fingerprint(), "round": round_, "generation": generation,
         "epoch": epoch, "auc": auc, "logloss": logloss, "shards": job.cluster.shards,
         "embedding_dim": job.model.embedding_dim, "sparse": job.sparse_fields,

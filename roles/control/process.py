@@ -4,14 +4,14 @@ and the summary. The loop dispatches; its parts decide:
 - ``course``: the lifecycle, epoch by epoch (``roles.control.course``);
 - ``rounds`` and the sync mode: when the workers' dense weights are combined;
 - ``health``: network utilisation and probes (the failure rate);
-- ``feeding``: the feeders' slices, reports, a lost or restarted feeder;
+- ``feeding``: the feeders' parts of the data, reports, a lost or restarted feeder;
 - ``recovery``: backups, a restarted aggregator or shard;
 - ``exports``, ``placement`` (skew-aware key placement), ``settings`` (live settings),
   ``operators`` (requests of zbus-ctl and the console, and the status they watch);
 - ``state``: the records a resumed control starts from (``zbus-control --resume``).
 
 The job fails, with the reason in the summary and a non-zero exit, when a node reports a
-Failure, a ready node other than a worker, a part, one of several feeders (its slices go to
+Failure, a ready node other than a worker, a part, one of several feeders (its parts go to
 another), an aggregator or a shard (which may be started again within
 ``recovery_timeout_s``) misses heartbeats for ``node_timeout_s``, the nodes are not all ready
 within ``start_timeout_s``, or nothing progresses for ``stall_timeout_s``.
@@ -57,7 +57,7 @@ from roles.control.sync_modes import LazyMode, sync_mode
 from roles.job.cli import MAX_WORKERS
 from roles.job.rundir import MetricsLog, atomic_write, make_run_dir
 from roles.job.settings import Job, job_to_toml
-from roles.protocol.datapath import FeederProgress
+from roles.protocol.datapath import DataIndex, FeederProgress, PartStats
 from roles.protocol.dense_sync import (
     BackupWritten,
     Restored,
@@ -198,6 +198,11 @@ class Control(Loop):
                 node.probe_pending_since = None
             case FeederProgress() as m:
                 self.feeding.progressed(node_id, m)
+            case DataIndex() as m:
+                self.feeding.indexed(m)
+                self.maybe_start()
+            case PartStats() as m:
+                self.stats_in(m, now)
             case RoundReady() as m:
                 self.rounds.ready(node_id, m)
                 self.maybe_aggregate()
@@ -300,11 +305,6 @@ class Control(Loop):
         self.status.heard(node_id, node.role, beat.counters, now)
 
     def handle_ready(self, node_id: str, node: NodeState, info: dict, now: float) -> None:
-        if node.role == "feeder":
-            error = self.feeding.ready(node_id, info)
-            if error:
-                self.fail(error)
-                return
         log.info("%s ready %s", node_id, orjson.dumps(info).decode())
         if self.members.mark_ready(node_id, now):
             self.membership_changed()
@@ -318,11 +318,23 @@ class Control(Loop):
         self.maybe_start()
 
     def maybe_start(self) -> None:
-        """Every expected node is ready (a feeder's Ready brought the data's counts): go."""
+        """Every expected node is ready and the data is indexed: the feeders get their parts
+        and gather the data's statistics."""
         if self.course.phase == "starting" and self.members.all_expected_ready() \
-                and self.feeding.data:
-            self.feeding.assign_slices()
-            self.course.start_epoch(0, time.monotonic())
+                and self.feeding.index is not None:
+            self.feeding.assign_parts()
+            self.course.phase = "preparing"
+            self.progress.touch(time.monotonic())
+
+    def stats_in(self, m: PartStats, now: float) -> None:
+        """A feeder's statistics of its training parts: once every part's are in, go."""
+        if self.course.phase != "preparing":
+            return
+        got = self.feeding.stats_in(m, now)
+        if isinstance(got, str):
+            self.fail(got)
+        elif got is not None:
+            self.course.start_epoch(0, now)
 
     def membership_changed(self) -> None:
         workers = self.members.live_workers()
@@ -451,7 +463,8 @@ class Control(Loop):
         else:
             self.no_workers_since = None
         stall = self.job.train.stall_timeout_s
-        if self.course.active and self.progress.stalled_for(now) > stall:
+        if (self.course.active or self.course.phase == "preparing") \
+                and self.progress.stalled_for(now) > stall:
             last = self.mode.last if isinstance(self.mode, LazyMode) else None
             said = f"; last aggregation decision: {last.reason}" \
                 if last and self.course.phase == "training" else ""

@@ -323,14 +323,28 @@ class _TextChunks:
             raise DataError(f"{f.path} is damaged after line {line - 1}: {exc}") from None
 
 
-def _lines_of(chunk: bytes, first: int, skipped: set[int]) -> list[tuple[int, str]]:
-    """(line number, text) of each row pyarrow made of ``chunk``: its non-empty lines but
-    those it set aside itself (``skipped``: line numbers)."""
+def _physical_rows(chunk: bytes, first: int) -> list[tuple[int, str]]:
+    """(line number, text) of each row pyarrow reads in ``chunk``: it ends a row at \\n, \\r\\n
+    or a lone \\r, and skips empty rows; line numbers count \\n only (as the index does)."""
     out = []
     for i, raw in enumerate(chunk.split(b"\n")):
-        text = raw.decode("utf-8", errors="replace").rstrip("\r")
-        if text and first + i not in skipped:
-            out.append((first + i, text))
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        for piece in raw.split(b"\r"):
+            if piece:
+                out.append((first + i, piece.decode("utf-8", errors="replace")))
+    return out
+
+
+def _accepted_rows(chunk: bytes, first: int, invalid: list[Rejected]) -> list[tuple[int, str]]:
+    """(line number, text) of each row of the parsed table: the chunk's rows but those set
+    aside for their number of fields."""
+    out = _physical_rows(chunk, first)
+    for r in invalid:  # in order, each the first remaining row of its line and text
+        at = next((i for i, (line, text) in enumerate(out)
+                   if line == r.line and text == r.text), None)
+        if at is not None:
+            del out[at]
     return out
 
 
@@ -358,13 +372,12 @@ class _ChunkParser:
         """The chunk's rows, and (with ``ragged``, which costs a call per bad row, and a
         quarter of the speed) its rows with the wrong number of fields; without it, a chunk
         that has one raises ArrowInvalid."""
-        invalid: list[Rejected] = []
+        invalid: list[tuple[int, Rejected]] = []   # pyarrow's row number, the row
         width = len(self.columns)
 
         def handler(row: pacsv.InvalidRow) -> str:
-            invalid.append(Rejected(self.path, first + (row.number or 1) - 1,
-                                    f"expected {width} fields, got {row.actual_columns}",
-                                    row.text))
+            invalid.append((row.number or 0, Rejected(
+                self.path, 0, f"expected {width} fields, got {row.actual_columns}", row.text)))
             return "skip"
 
         options = pacsv.ParseOptions(**self.parse_options,
@@ -374,7 +387,11 @@ class _ChunkParser:
             parse_options=options,
             convert_options=pacsv.ConvertOptions(column_types=types, include_columns=self.wanted,
                                                  null_values=NULLS, strings_can_be_null=True))
-        return table, invalid
+        if not invalid:
+            return table, []
+        rows = _physical_rows(chunk, first)
+        return table, [Rejected(r.file, rows[n - 1][0] if 0 < n <= len(rows) else first,
+                                r.reason, r.text) for n, r in invalid]
 
 
 def _out_of_range(col: pa.ChunkedArray) -> bool:
@@ -397,9 +414,9 @@ def _read_text(f: FileIndex, part: Part, fmt: str, schema: Schema) -> Iterator[R
                 raise pa.ArrowInvalid("NaN or out of range")  # the text path says which row
         except pa.ArrowInvalid:  # a ragged row or a bad number in the chunk: find the rows
             table, invalid = parser.parse(chunk, first, parser.texts, ragged=True)
-        skipped = {r.line for r in invalid}
         yield _block(schema, table, table.num_rows + len(invalid),
-                     lambda c=chunk, s=first, k=skipped: _lines_of(c, s, k), f.path, invalid)
+                     lambda c=chunk, s=first, bad=invalid: _accepted_rows(c, s, bad), f.path,
+                     invalid)
 
 
 def _read_parquet(f: FileIndex, part: Part, schema: Schema) -> Iterator[RawBlock]:

@@ -20,7 +20,8 @@ from roles.data.index import (
     resolve_paths,
     synthetic_parts,
 )
-from roles.data.readers import RawBlock, Schema, read_part
+from roles.data.readers import RawBlock, Rejected, Schema, read_part
+from roles.data.stats import PartSummary, cached_summary, summarize, summary_key
 from roles.data.synthetic import BLOCK_ROWS, Generator
 from roles.job.settings import Job
 
@@ -93,6 +94,21 @@ class DataSource:
             yield RawBlock(labels=rows.labels, dense=rows.dense, sparse=sparse,
                            timestamps=rows.timestamps if self.schema.timestamp or
                            self.job.data.decay_base > 1 else None, rows_read=len(rows.labels))
+
+    def summary(self, part: Part, log1p: bool, sample_rows: int, whole: bool,
+                rejected: list[Rejected] | None = None) -> PartSummary:
+        """A training part's statistics (``roles.data.stats``): cached for files (under
+        ``cache_dir``, keyed by the file as indexed), made again for the generator. The
+        rejected rows it reads go to ``rejected`` (only when they are read, not cached)."""
+        def make() -> PartSummary:
+            return summarize(self.blocks(part), part.number, len(self.schema.dense), log1p,
+                             sample_rows, whole, rejected)
+
+        if self.generator is not None:
+            return make()
+        key = summary_key(self.files[part.file], part, self.fmt, self.schema, log1p,
+                          sample_rows, whole)
+        return cached_summary(self.cache_dir / f"part-{key}.json", make)
 
     def oracle_auc(self, parts: list[Part]) -> float | None:
         """Synthetic data: the AUC of the true probabilities on (up to ``ORACLE_ROWS`` of) the

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 
 from roles.data.index import FileIndex, Part
-from roles.data.readers import RawBlock, Rejected, Schema, read_part
+from roles.data.readers import RawBlock, Rejected, Schema
 from roles.data.transforms import DenseTransform, signed_log1p
 
 STATS_VERSION = 1
@@ -120,26 +120,18 @@ def summary_key(f: FileIndex, part: Part, fmt: str, schema: Schema, log1p: bool,
                                         log1p, sample_rows, whole])).hexdigest()[:24]
 
 
-def part_summary(files: list[FileIndex], part: Part, fmt: str, schema: Schema, log1p: bool,
-                 sample_rows: int, whole: bool, cache_dir: Path | None,
-                 rejected: list[Rejected] | None = None) -> PartSummary:
-    """A training part's summary, from the cache or read (then cached)."""
-    path = None
-    if cache_dir is not None:
-        key = summary_key(files[part.file], part, fmt, schema, log1p, sample_rows, whole)
-        path = cache_dir / f"part-{key}.json"
-        if path.exists():
-            try:
-                return PartSummary.from_json(orjson.loads(path.read_bytes()))
-            except (orjson.JSONDecodeError, TypeError, KeyError):
-                pass
-    summary = summarize(read_part(files, part, fmt, schema), part.number, len(schema.dense),
-                        log1p, sample_rows, whole, rejected)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(orjson.dumps(summary.to_json()))
-        os.replace(tmp, path)
+def cached_summary(path: Path, make: Callable[[], PartSummary]) -> PartSummary:
+    """The summary cached at ``path``, else ``make()`` (then cached there)."""
+    if path.exists():
+        try:
+            return PartSummary.from_json(orjson.loads(path.read_bytes()))
+        except (orjson.JSONDecodeError, TypeError, KeyError):
+            pass
+    summary = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(orjson.dumps(summary.to_json()))
+    os.replace(tmp, path)
     return summary
 
 

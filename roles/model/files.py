@@ -14,8 +14,9 @@ The export (``runs/<run>/export/``), the hand-off to a serving system:
   a key in no shard file has its deterministic initial row (``roles.algorithms.embedding_table``);
 - ``transform.json``: the dense transform (log1p flag, training mean and std per column);
 - ``job.toml``: the effective job (schema, model sizes, seed);
-- ``manifest.json``, written last: the parts, the round and the AUC of the exported weights.
-  An export without a manifest is incomplete.
+- ``manifest.json``, written last: the parts, the round and the AUC of the exported weights,
+  and ``key_hash``, the function that made the keys (an export made with another is refused
+  by ``zbus-predict``). An export without a manifest is incomplete.
 """
 
 from __future__ import annotations

@@ -1,83 +1,179 @@
-"""The data path: which feeder feeds which slice (SliceMap), a batch's sparse keys to the shards
-(feeder -> ps), its dense part to the sample queue (feeder PUSH -> worker PULL), embeddings and
-their gradients (worker <-> ps), and the ledger's take/grant/ack (worker <-> feeder)."""
+"""The data path: what the data is and which feeder reads which part of it (DataIndex, PartMap,
+PartStats, DataStats), a feeder's progress, a batch's sparse keys to the shards (feeder -> ps),
+its dense part to the sample queue (feeder PUSH -> worker PULL), embeddings and their gradients
+(worker <-> ps), and the ledger's take/grant/ack (worker <-> feeder)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+import orjson
 
 from roles.protocol.topology import MAX_FEEDERS
-from zbus.codec import Message, array, finite, message, require
+from zbus.codec import Message, ProtocolError, array, finite, message, require
 
-# A batch id is unique across the whole job: ``epoch << 40 | slice << 32 | seq``, where slice is
-# a slice of the data (control's SliceMap); training batches have seqs 0.., eval batches
-# EVAL_SEQ.. . It stays below 2**53, so any JSON reader holds it exactly.
+# A batch id is unique across the whole job: ``epoch << 51 | part << 27 | seq``, where part is
+# a part of the data (control's PartMap) and seq the batch's number in the part's pass; a
+# pass's batch ids are the same whichever feeder makes them (roles.data.stream).
 MAX_EPOCHS = 1 << 12
-MAX_SLICES = 1 << 8
-EVAL_SEQ = 1 << 31     # the first eval batch's seq
+MAX_PARTS = 1 << 24
+MAX_SEQ = 1 << 27
+PART_FIELDS = 7   # a part as integers: number, file, first row, rows, start, end, eval
 
 
-def make_batch_id(epoch: int, slice_: int, seq: int) -> int:
-    if not (0 <= epoch < MAX_EPOCHS and 0 <= slice_ < MAX_SLICES and 0 <= seq < 1 << 32):
-        raise ValueError(f"batch id out of range: epoch {epoch}, slice {slice_}, seq {seq}")
-    return epoch << 40 | slice_ << 32 | seq
+def make_batch_id(epoch: int, part: int, seq: int) -> int:
+    if not (0 <= epoch < MAX_EPOCHS and 0 <= part < MAX_PARTS and 0 <= seq < MAX_SEQ):
+        raise ValueError(f"batch id out of range: epoch {epoch}, part {part}, seq {seq}")
+    return epoch << 51 | part << 27 | seq
 
 
 def split_batch_id(batch_id: int) -> tuple[int, int, int]:
-    """(epoch, slice, seq) of a batch id."""
-    return batch_id >> 40, (batch_id >> 32) & 0xFF, batch_id & 0xFFFFFFFF
+    """(epoch, part, seq) of a batch id."""
+    return batch_id >> 51, (batch_id >> 27) & (MAX_PARTS - 1), batch_id & (MAX_SEQ - 1)
+
+
+def _json_body(body: np.ndarray, what: str) -> Any:
+    try:
+        return orjson.loads(body.tobytes())
+    except orjson.JSONDecodeError:
+        raise ProtocolError("bad_body", f"{what} is not JSON") from None
+
+
+def _body(value: Any) -> np.ndarray:
+    return np.frombuffer(orjson.dumps(value), dtype=np.uint8)
+
+
+def _check_parts(parts: np.ndarray) -> None:
+    require(parts.shape[1:] == (PART_FIELDS,), f"parts must be n x {PART_FIELDS} integers")
+    if len(parts):
+        require(bool((parts[:, 0] == np.arange(len(parts))).all()), "parts out of order")
+        require(bool((parts[:, 1:4] >= 0).all() and (parts[:, 4] <= parts[:, 5]).all()),
+                "negative rows or a part that ends before it starts")
+        require(len(parts) <= MAX_PARTS, "too many parts")
 
 
 @message()
-class SliceMap(Message):
-    """Control's assignment of the data to the feeders (standing): slice i is the training
-    rows ``train[i]`` = [lo, hi) and the eval rows ``eval[i]`` (offsets into each split), fed
-    by feeder ``owners[i]``. ``version`` rises when a slice changes hands; ``resume`` then
-    says, per slice handed over (by its number as text), where its lost feeder had got to in
-    the training pass of ``epoch``: the seqs of the batches acknowledged, their samples and
-    loss, and whether that feeder had reported the pass."""
+class DataIndex(Message):
+    """Feeder 0's index of the data: the files (``body``, JSON: one object per file, as
+    ``roles.data.index.FileIndex``), the parts they are cut into (``parts``: one row of
+    PART_FIELDS integers per part), the training rows, and the oracle AUC of synthetic data
+    (-1 for other data)."""
 
-    version: int
-    train: list[list[int]]
-    eval: list[list[int]]
-    owners: list[int]
-    resume: dict[str, Any]
+    n_train: int
+    oracle_auc: float
+    body: np.ndarray = array("uint8", 1)
+    parts: np.ndarray = array("int64", 2)
 
     def check(self) -> None:
-        n = len(self.owners)
-        require(n > 0 and len(self.train) == n and len(self.eval) == n,
-                "train, eval and owners must be non-empty and equally long")
-        for ranges in (self.train, self.eval):
-            require(all(isinstance(r, list) and len(r) == 2
-                        and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
-                        and 0 <= r[0] <= r[1] for r in ranges), "ranges must be [lo, hi]")
-        require(n <= MAX_SLICES and all(0 <= o < MAX_FEEDERS for o in self.owners),
+        _check_parts(self.parts)
+
+    def files(self) -> list[dict[str, Any]]:
+        files = _json_body(self.body, "DataIndex body")
+        if not isinstance(files, list) or not all(isinstance(f, dict) for f in files):
+            raise ProtocolError("bad_body", "DataIndex body is not a list of files")
+        return files
+
+
+@message()
+class PartMap(Message):
+    """Control's assignment of the data's parts to the feeders (standing): part i (row i of
+    ``parts``, of the files in ``body``) is read by feeder ``owners[i]``. ``version`` rises
+    when a part changes hands; ``resume`` then says, per part handed over (by its number as
+    text), where its lost feeder had got to in the training pass of ``epoch``: the batches
+    acknowledged (every number below ``low``, and those in ``above``), their samples and loss,
+    and whether that feeder had reported the pass."""
+
+    version: int
+    n_train: int
+    resume: dict[str, Any]
+    body: np.ndarray = array("uint8", 1)
+    parts: np.ndarray = array("int64", 2)
+    owners: np.ndarray = array("int32", 1)
+
+    def check(self) -> None:
+        _check_parts(self.parts)
+        require(self.owners.shape == (len(self.parts),), "one owner per part")
+        require(not self.owners.size or (0 <= self.owners.min()
+                                         and self.owners.max() < MAX_FEEDERS),
                 "owners must be feeder indexes")
         for key, r in self.resume.items():
-            require(key.isdigit() and int(key) < n and isinstance(r, dict)
+            require(key.isdigit() and int(key) < len(self.parts) and isinstance(r, dict)
                     and isinstance(r.get("epoch"), int) and isinstance(r.get("low"), int)
                     and isinstance(r.get("above"), list)
                     and all(isinstance(a, int) and a >= 0 for a in r["above"])
                     and all(isinstance(r.get(k), (int, float)) and not isinstance(r[k], bool)
                             for k in ("samples", "loss_sum", "weight_sum")),
-                    "resume must map slices to epoch, low, above, samples, loss_sum, "
+                    "resume must map parts to epoch, low, above, samples, loss_sum, "
                     "weight_sum")
+
+    def files(self) -> list[dict[str, Any]]:
+        files = _json_body(self.body, "PartMap body")
+        if not isinstance(files, list) or not all(isinstance(f, dict) for f in files):
+            raise ProtocolError("bad_body", "PartMap body is not a list of files")
+        return files
+
+    def owner_of(self, part: int) -> int:
+        return int(self.owners[part]) if 0 <= part < len(self.owners) else -1
+
+    @staticmethod
+    def body_of(files: list[dict[str, Any]]) -> np.ndarray:
+        return _body(files)
+
+
+@message()
+class PartStats(Message):
+    """A feeder's statistics of training parts (``roles.data.stats``), one row per part:
+    ``counts`` = rows read, rows accepted, rows rejected, whole part read (0/1), newest
+    timestamp (or -1 with none); ``moments`` = per dense column its count, mean and sum of
+    squared deviations (after log1p), as [parts, 3, dense]; ``first_rejected``: the first
+    rejected row as "file:line: reason" ('' when none)."""
+
+    first_rejected: str
+    parts: np.ndarray = array("int64", 1)
+    counts: np.ndarray = array("int64", 2)
+    moments: np.ndarray = array("float64", 3)
+
+    def check(self) -> None:
+        n = len(self.parts)
+        require(self.counts.shape == (n, 5), "counts must be parts x 5")
+        require(self.moments.shape[:2] == (n, 3), "moments must be parts x 3 x dense")
+        require(not n or bool((self.parts >= 0).all() and (self.counts[:, :3] >= 0).all()),
+                "negative part or count")
+        require(finite(self.moments), "non-finite moments")
+
+
+@message()
+class DataStats(Message):
+    """Control's statistics of the training data (standing; every feeder transforms with them):
+    each dense column's mean and standard deviation (after log1p when ``log1p``), the newest
+    timestamp (-1 with none), and the rows read and rejected by the statistics pass."""
+
+    log1p: bool
+    newest: int
+    rows_read: int
+    rejected: int
+    mean: np.ndarray = array("float64", 1)
+    std: np.ndarray = array("float64", 1)
+
+    def check(self) -> None:
+        require(self.mean.shape == self.std.shape, "mean and std differ in length")
+        require(finite(self.mean) and finite(self.std) and bool((self.std > 0).all()),
+                "mean and std must be finite, std positive")
 
 
 @message()
 class FeederProgress(Message):
-    """How far a feeder's training pass of ``epoch`` has got on each slice it feeds, sent to
-    control with every heartbeat (control hands a lost feeder's slices on from here, see
-    SliceMap's ``resume``): on slice ``slices[i]`` every batch number below ``low[i]`` and
-    those in ``above[i]`` are acknowledged, with ``samples[i]`` samples and loss and weight
-    sums ``loss_sum[i]`` / ``weight_sum[i]``; ``batches_acked`` counts every batch the feeder
-    has had acknowledged in the job (control's sign that training moves on)."""
+    """How far a feeder's training pass of ``epoch`` has got on each part it reads, sent to
+    control with every heartbeat (control hands a lost feeder's parts on from here, see
+    PartMap's ``resume``): on part ``parts[i]`` every batch number below ``low[i]`` and those in
+    ``above[i]`` are acknowledged, with ``samples[i]`` samples and loss and weight sums
+    ``loss_sum[i]`` / ``weight_sum[i]``; ``batches_acked`` counts every batch the feeder has had
+    acknowledged in the job (control's sign that training moves on)."""
 
     epoch: int
     batches_acked: int
-    slices: list[int]
+    parts: list[int]
     low: list[int]
     above: list[list[int]]
     samples: list[int]
@@ -85,22 +181,21 @@ class FeederProgress(Message):
     weight_sum: list[float]
 
     def check(self) -> None:
-        n = len(self.slices)
+        n = len(self.parts)
         require(all(len(x) == n for x in (self.low, self.above, self.samples, self.loss_sum,
-                                            self.weight_sum)), "per-slice lists differ in length")
-        require(all(0 <= s < MAX_SLICES for s in self.slices) and len(set(self.slices)) == n,
-                "slices must be distinct slice numbers")
+                                          self.weight_sum)), "per-part lists differ in length")
+        require(all(0 <= s < MAX_PARTS for s in self.parts) and len(set(self.parts)) == n,
+                "parts must be distinct part numbers")
         require(self.batches_acked >= 0 and all(x >= 0 for x in (*self.low, *self.samples)),
                 "negative counts")
-        require(all(isinstance(a, int) and not isinstance(a, bool) and a >= low
-                    for low, above in zip(self.low, self.above, strict=True) for a in above),
-                "above must list batch numbers at or above low")
+        require(all(a >= low for low, above in zip(self.low, self.above, strict=True)
+                    for a in above), "above must list batch numbers at or above low")
 
-    def of(self, slice_: int) -> dict[str, Any] | None:
-        """The slice's progress as SliceMap's ``resume`` carries it (None: not fed here)."""
-        if slice_ not in self.slices:
+    def of(self, part: int) -> dict[str, Any] | None:
+        """The part's progress as PartMap's ``resume`` carries it (None: not read here)."""
+        if part not in self.parts:
             return None
-        i = self.slices.index(slice_)
+        i = self.parts.index(part)
         return {"epoch": self.epoch, "low": self.low[i], "above": list(self.above[i]),
                 "samples": self.samples[i], "loss_sum": self.loss_sum[i],
                 "weight_sum": self.weight_sum[i]}

@@ -31,9 +31,11 @@ class Evaluate(Message):
 
 @message()
 class EpochTrained(Message):
-    """A feeder: every training batch of ``slices`` of ``epoch`` is acknowledged. ``rows``:
-    the rows of its slices; ``rows_once`` / ``rows_repeated`` / ``rows_missed``: how many of them
-    were trained exactly once, more than once, not at all (counted from the acks)."""
+    """A feeder: every training batch of ``parts`` of ``epoch`` is acknowledged. ``rows``: the
+    samples its parts made; ``rows_once`` / ``rows_repeated`` / ``rows_missed``: how many of
+    them were trained exactly once, more than once, not at all (counted per batch from the
+    acks); ``rows_read`` / ``rejected`` / ``dropped`` / ``merged``: what this pass made of the
+    parts' rows (``roles.data.stream``)."""
 
     epoch: int
     samples: int
@@ -41,25 +43,34 @@ class EpochTrained(Message):
     loss_sum: float
     weight_sum: float
     seconds: float
-    slices: list[int]
+    parts: list[int]
     rows: int
     rows_once: int
     rows_repeated: int
     rows_missed: int
+    rows_read: int
+    rejected: int
+    dropped: int
+    merged: int
 
 
 @message()
 class EvalReport(Message):
-    """A feeder scored the eval rows of ``slices`` for ``epoch``: their labels and predictions
-    (control joins every feeder's into the epoch's AUC and logloss)."""
+    """A feeder scored the eval rows of ``parts`` for ``epoch``: their scores as a histogram
+    of negatives and positives per score bin and the summed log loss
+    (``roles.algorithms.metrics.ScoreHistogram``; control adds every feeder's up into the
+    epoch's AUC and logloss), and the rows read and rejected."""
 
     epoch: int
-    slices: list[int]
-    labels: np.ndarray = array("float32", 1)
-    preds: np.ndarray = array("float32", 1)
+    parts: list[int]
+    loss_sum: float
+    rows_read: int
+    rejected: int
+    counts: np.ndarray = array("int64", 2)
 
     def check(self) -> None:
-        require(self.labels.shape == self.preds.shape, "labels and preds differ in length")
+        require(self.counts.ndim == 2 and self.counts.shape[0] == 2, "counts must be 2 x bins")
+        require(not self.counts.size or int(self.counts.min()) >= 0, "negative counts")
 
 
 @message()

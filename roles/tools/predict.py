@@ -1,19 +1,26 @@
-"""``zbus-predict EXPORT DATA``: score a CSV/TSV/Criteo file with an exported model, with no
-cluster running (the format of an export is in ``roles.model.files``).
+"""``zbus-predict EXPORT DATA``: score a file (or a glob, or a directory) of CSV, TSV, Criteo
+or Parquet rows with an exported model, with no cluster running (the format of an export is in
+``roles.model.files``).
 
-Rows are read with the job's schema (the label column is optional: without it the rows are
-only scored); a row that does not parse is rejected and listed, as in training. Each accepted
-row's sparse values are hashed to their keys, looked up in the exported embeddings (a key no
-shard held gets its deterministic initial row, as a shard would give it), its dense values go
-through the exported transform, and the dense network gives the click probability.
-``--split eval`` scores only the job's held-out split (the last ``eval_fraction`` of the
-accepted rows), which reproduces the job's eval AUC. Writes ``score`` (and ``label``) per
-accepted row, in file order, as TSV to ``--out`` (or nowhere), and prints the figures.
+Rows are read with the job's schema, chunk by chunk (``roles.data``: the memory does not grow
+with the data); the label column is optional: without it the rows are only scored. A row that
+does not parse is rejected and listed, as in training. Each accepted row's sparse values are
+hashed to their keys, looked up in the exported embeddings (a key no shard held gets its
+deterministic initial row, as a shard would give it), its dense values go through the
+exported transform, and the dense network gives the click probability. ``--split eval``
+scores only the job's held-out split (the last ``eval_fraction`` of the rows), which
+reproduces the job's eval AUC. Writes ``score`` (and ``label``) per accepted row, in file
+order, as TSV to ``--out`` (or nowhere), and prints the figures as JSON.
+
+Exits 0 when the rows were scored, 2 when the export or the data cannot be read, 3 when more
+than the job's ``max_rejected_fraction`` of the rows were rejected (the figures are printed,
+the scores written, and the first rejected rows listed on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -22,10 +29,11 @@ import orjson
 import torch
 
 from roles.algorithms.embedding_table import initial_rows
-from roles.algorithms.metrics import auc, logloss
-from roles.data.dataset import split_point
-from roles.data.hashing import hash_column
-from roles.data.readers import DataError, Schema, read_table, resolve_paths
+from roles.algorithms.metrics import ScoreHistogram
+from roles.data.hashing import KEY_HASH
+from roles.data.index import DataError, index_files, plan_parts, resolve_paths
+from roles.data.readers import Rejected, Schema, read_part
+from roles.data.stream import Preparer, Tally, eval_batches
 from roles.data.transforms import DenseTransform
 from roles.job.settings import Job, JobError, parse_job
 from roles.model.files import (
@@ -40,6 +48,7 @@ from roles.model.files import (
 from roles.model.network import build_model
 
 CHUNK = 65_536
+REJECTED_SHOWN = 5
 
 
 class ExportError(ValueError):
@@ -51,6 +60,10 @@ class ExportedModel:
         if not (where / MANIFEST).exists():
             raise ExportError(f"{where} has no {MANIFEST}: not an export, or an incomplete one")
         self.manifest = orjson.loads((where / MANIFEST).read_bytes())
+        if self.manifest.get("key_hash") != KEY_HASH:
+            raise ExportError(f"{where} was exported with keys hashed by "
+                              f"{self.manifest.get('key_hash', 'zbus-key-v1')!r}; this zbus "
+                              f"hashes with {KEY_HASH!r}: score it with the zbus that made it")
         try:
             self.job: Job = parse_job((where / JOB).read_text(), str(where / JOB), None, {})
         except (OSError, JobError) as exc:
@@ -82,13 +95,9 @@ class ExportedModel:
         return out.reshape(*keys.shape, -1)
 
     def score(self, keys: np.ndarray, dense: np.ndarray) -> np.ndarray:
-        scores = []
         with torch.no_grad():
-            for lo in range(0, len(keys), CHUNK):
-                emb = torch.from_numpy(self.embeddings(keys[lo:lo + CHUNK]))
-                logits = self.net(emb, torch.from_numpy(dense[lo:lo + CHUNK]))
-                scores.append(torch.sigmoid(logits).numpy())
-        return np.concatenate(scores) if scores else np.zeros(0, dtype=np.float32)
+            logits = self.net(torch.from_numpy(self.embeddings(keys)), torch.from_numpy(dense))
+            return torch.sigmoid(logits).numpy()
 
 
 def schema_of(job: Job, with_label: bool) -> Schema:
@@ -98,62 +107,76 @@ def schema_of(job: Job, with_label: bool) -> Schema:
                   positive=tuple(d.positive), negative=tuple(d.negative))
 
 
-def predict(model: ExportedModel, data: str, fmt: str, split: str) -> dict:
+def predict(model: ExportedModel, data: str, fmt: str, split: str,
+            out: Path | None = None) -> dict:
     job = model.job
-    try:
-        table = read_table(resolve_paths(data), fmt, schema_of(job, True))
-    except DataError as exc:
-        if "label column" not in str(exc):
-            raise
-        table = read_table(resolve_paths(data), fmt, schema_of(job, False))
-    n = len(table.labels)
-    lo, hi = 0, n
+    files = index_files(resolve_paths(data), fmt)
+    parts, _ = plan_parts(files, job.data.eval_fraction, job.data.part_mb)
     if split != "all":
-        cut = split_point(n, job.data.eval_fraction)
-        lo, hi = (cut, n) if split == "eval" else (0, cut)
-    keys = np.empty((hi - lo, len(job.sparse_fields)), dtype=np.int64)
-    for f, name in enumerate(job.sparse_fields):
-        keys[:, f] = hash_column(name, table.sparse[lo:hi, f])
-    scores = model.score(keys, model.transform.apply(table.dense[lo:hi]))
-    labels = table.labels[lo:hi]
-    labelled = bool(len(labels)) and not np.isnan(labels).any()
-    return {"rows_read": table.rows_read, "rejected_rows": len(table.rejected),
-            "rejected": table.rejected, "scored": len(scores), "scores": scores,
-            "labels": labels if labelled else None,
-            "auc": auc(labels, scores) if labelled else None,
-            "logloss": logloss(labels, scores) if labelled else None}
+        parts = [p for p in parts if p.eval == (split == "eval")]
+    columns = set(files[0].header) if files[0].header else None
+    with_label = columns is None or schema_of(job, True).label in columns
+    schema = schema_of(job, with_label)
+    prepare = Preparer(job.sparse_fields, model.transform, None)
+    tally, scores = Tally(), ScoreHistogram()
+    shown: list[Rejected] = []
+    with open(out, "w") if out is not None else contextlib.nullcontext() as sink:
+        if sink is not None:
+            sink.write("score\tlabel\n" if with_label else "score\n")
+        for part in parts:
+            blocks = read_part(files, part, fmt, schema)
+            for batch in eval_batches(_keeping(blocks, shown), prepare, tally, CHUNK):
+                probs = model.score(batch.keys, batch.dense)
+                if with_label:
+                    scores.add(batch.labels, probs)
+                if sink is not None:
+                    sink.write("".join(f"{s:.6f}\t{int(y)}\n" if with_label else f"{s:.6f}\n"
+                                       for s, y in zip(probs.tolist(), batch.labels.tolist(),
+                                                       strict=True)))
+    return {"rows_read": tally.rows_read, "rejected_rows": tally.rejected,
+            "rejected": shown, "scored": tally.samples,
+            "auc": scores.auc() if with_label and scores.samples else None,
+            "logloss": scores.logloss() if with_label and scores.samples else None}
+
+
+def _keeping(blocks, shown: list[Rejected]):
+    """The blocks, keeping their first rejected rows to show."""
+    for block in blocks:
+        shown.extend(block.rejected[:REJECTED_SHOWN - len(shown)])
+        yield block
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="zbus-predict", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="zbus-predict", description=__doc__.splitlines()[0],
+                                     epilog="Exit status: 0 scored, 2 the export or the data "
+                                            "cannot be read, 3 too many rows rejected.")
     parser.add_argument("export", help="an export directory (runs/<run>/export)")
-    parser.add_argument("data", help="file (or glob) to score, with the job's columns")
-    parser.add_argument("--format", choices=("csv", "tsv", "criteo"),
+    parser.add_argument("data", help="a file, a glob or a directory to score, with the job's "
+                                     "columns")
+    parser.add_argument("--format", choices=("csv", "tsv", "criteo", "parquet"),
                         help="default: the job's format")
     parser.add_argument("--split", choices=("all", "train", "eval"), default="all",
-                        help="score every accepted row, or the job's train or eval split")
+                        help="score every row, or the job's training or eval split")
     parser.add_argument("--out", help="write score (and label) per accepted row as TSV")
     args = parser.parse_args(argv)
     try:
         model = ExportedModel(Path(args.export))
-        result = predict(model, args.data, args.format or model.job.data.format, args.split)
+        result = predict(model, args.data, args.format or model.job.data.format, args.split,
+                         Path(args.out) if args.out else None)
     except (ExportError, DataError, OSError, KeyError) as exc:
         print(f"zbus predict: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    if args.out:
-        lines = ["score\tlabel" if result["labels"] is not None else "score"]
-        if result["labels"] is not None:
-            lines += [f"{s:.6f}\t{int(y)}" for s, y in zip(result["scores"], result["labels"],
-                                                          strict=True)]
-        else:
-            lines += [f"{s:.6f}" for s in result["scores"]]
-        Path(args.out).write_text("\n".join(lines) + "\n")
-    for r in result["rejected"][:5]:
+    for r in result["rejected"]:
         print(f"zbus predict: rejected {r.file}:{r.line}: {r.reason}", file=sys.stderr)
     figures = {k: result[k] for k in ("rows_read", "rejected_rows", "scored", "auc",
                                       "logloss")}
     figures["exported_auc"] = model.manifest.get("auc")
     print(orjson.dumps(figures).decode())
+    limit = model.job.data.max_rejected_fraction
+    if result["rows_read"] and result["rejected_rows"] > limit * result["rows_read"]:
+        print(f"zbus predict: {result['rejected_rows']} of {result['rows_read']} rows rejected, "
+              f"more than max_rejected_fraction = {limit}", file=sys.stderr)
+        raise SystemExit(3)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """The no-communication limit: the same model, optimisers and data trained in one process.
 
-Embeddings live in one ``nn.Embedding`` over every key of the data (sparse Adagrad, as on the
-shards), the dense network trains with Adam, batches come from the same shuffled order rules.
-Used by the throughput benchmark and as the quality reference.
+Embeddings live in one table over every key the data shows (the shards' table, created on
+first sight, sparse Adagrad), the dense network trains with Adam, batches come from the same
+streams as the feeders' (``roles.data``: the same statistics, parts, shuffle buffer and batch
+order). Used by the throughput benchmark and as the quality reference.
+
+    zbus-reference [--job FILE] [--threads N]
 """
 
 from __future__ import annotations
@@ -15,68 +18,110 @@ import numpy as np
 import orjson
 import torch
 
-from roles.algorithms.metrics import auc, logloss
-from roles.data.dataset import Dataset, load_dataset
-from roles.job.settings import Job, load_job
+from roles.algorithms.embedding_table import EmbeddingTable
+from roles.algorithms.metrics import ScoreHistogram
+from roles.data.index import Part
+from roles.data.source import DataSource
+from roles.data.stats import merge_summaries
+from roles.data.stream import Preparer, Samples, Tally, Weighting, eval_batches, training_batches
+from roles.job.settings import DECAY_UNITS, Job, load_job
 from roles.model.network import build_model, set_threads, weighted_loss_sum
 
 
-def train_reference(job: Job, data: Dataset, threads: int = 0) -> dict:
+def prepared(job: Job, source: DataSource, parts: list[Part]) -> Preparer:
+    """The feeders' preparation of rows: the statistics of the training parts, merged."""
+    d = job.data
+    training = [p for p in parts if not p.eval]
+    sample = -(-d.stats_rows // max(1, len(training)))
+    summaries = [source.summary(p, d.log1p, sample, d.decay_base > 1.0) for p in training]
+    transform, newest = merge_summaries(summaries, d.log1p, len(job.dense_fields))
+    unit = DECAY_UNITS[d.decay_unit]
+    return Preparer(job.sparse_fields, transform,
+                    Weighting(d.decay_base, unit, d.drop_below, d.merge,
+                              None if newest is None else newest // unit))
+
+
+class Reference:
+    def __init__(self, job: Job):
+        self.job = job
+        t = job.train
+        self.net = build_model(job)
+        self.table = EmbeddingTable(job.model.embedding_dim, t.embedding_init, t.embedding_lr,
+                                    t.seed)
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=t.dense_lr)
+
+    def embeddings(self, batch: Samples) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        flat = batch.keys.reshape(-1)
+        uniq, inverse = np.unique(flat, return_inverse=True)
+        rows = self.table.rows_for(uniq)
+        emb = torch.from_numpy(self.table.weights[rows][inverse].reshape(
+            len(batch), batch.keys.shape[1], -1))
+        return emb, rows, inverse
+
+    def train(self, batch: Samples) -> tuple[float, float]:
+        emb, rows, inverse = self.embeddings(batch)
+        emb.requires_grad_(True)
+        w = torch.from_numpy(batch.weights)
+        loss = weighted_loss_sum(self.net(emb, torch.from_numpy(batch.dense)),
+                                 torch.from_numpy(batch.labels), w)
+        self.opt.zero_grad()
+        (loss / w.sum().clamp_min(1e-12)).backward()
+        self.opt.step()
+        grads = np.zeros((len(rows), self.table.dim), dtype=np.float32)
+        np.add.at(grads, inverse, emb.grad.reshape(-1, self.table.dim).numpy())
+        self.table.adagrad(rows, grads)
+        return float(loss.detach()), float(w.sum())
+
+    def score(self, batch: Samples) -> np.ndarray:
+        with torch.no_grad():
+            emb, _, _ = self.embeddings(batch)
+            return torch.sigmoid(self.net(emb, torch.from_numpy(batch.dense))).numpy()
+
+
+def train_reference(job: Job, threads: int = 0) -> dict:
     set_threads(threads or os.cpu_count() or 1)
-    torch.sparse.check_sparse_tensor_invariants.disable()  # torch warns when left implicit
-    uniq, inverse = np.unique(data.keys, return_inverse=True)
-    index = torch.from_numpy(inverse.reshape(data.keys.shape).astype(np.int64))
-    dim = job.model.embedding_dim
-    net = build_model(job)
-    table = torch.nn.Embedding(len(uniq), dim, sparse=True)
-    torch.nn.init.uniform_(table.weight, -job.train.embedding_init, job.train.embedding_init)
-    dense_opt = torch.optim.Adam(net.parameters(), lr=job.train.dense_lr)
-    emb_opt = torch.optim.Adagrad(table.parameters(), lr=job.train.embedding_lr)
-    dense = torch.from_numpy(data.dense)
-    labels = torch.from_numpy(data.labels)
-    sample_weights = torch.from_numpy(data.weights)
-    n_train, bs = data.n_train, job.train.batch_size
-    epochs, train_s = [], 0.0
-    for epoch in range(job.train.epochs):
-        order = np.arange(n_train)
-        if job.train.shuffle:
-            np.random.default_rng(job.train.seed * 1000 + epoch).shuffle(order)
-        order_t = torch.from_numpy(order)
+    source = DataSource(job)
+    files, parts, _ = source.index()
+    source.files = files
+    prepare = prepared(job, source, parts)
+    ref = Reference(job)
+    t = job.train
+    epochs, train_s, trained = [], 0.0, 0
+    for epoch in range(t.epochs):
+        tally = Tally()
         start = time.perf_counter()
         loss_sum = weight_sum = 0.0
-        for lo in range(0, n_train, bs):
-            idx = order_t[lo:lo + bs]
-            logits = net(table(index[idx]), dense[idx])
-            w = sample_weights[idx]
-            loss = weighted_loss_sum(logits, labels[idx], w)
-            dense_opt.zero_grad()
-            emb_opt.zero_grad()
-            (loss / w.sum().clamp_min(1e-12)).backward()
-            dense_opt.step()
-            emb_opt.step()
-            loss_sum += float(loss.detach())
-            weight_sum += float(w.sum())
+        for part in (p for p in parts if not p.eval):
+            for batch in training_batches(
+                    source.blocks(part), prepare, tally,
+                    buffer_rows=job.data.shuffle_buffer if t.shuffle else t.batch_size,
+                    batch_size=t.batch_size, seed=t.seed, epoch=epoch, part=part.number,
+                    by_label=t.batch_by_label):
+                loss, weight = ref.train(batch)
+                loss_sum += loss
+                weight_sum += weight
         train_s += time.perf_counter() - start
-        with torch.no_grad():
-            ev = torch.arange(n_train, len(labels))
-            probs = torch.sigmoid(net(table(index[ev]), dense[ev])).numpy()
-        y_eval = data.labels[n_train:]
-        epochs.append({"epoch": epoch, "train_loss": loss_sum / weight_sum,
-                       "auc": auc(y_eval, probs), "logloss": logloss(y_eval, probs)})
+        trained += tally.samples
+        scores = ScoreHistogram()
+        for part in (p for p in parts if p.eval):
+            for batch in eval_batches(source.blocks(part), prepare, Tally(), t.batch_size):
+                scores.add(batch.labels, ref.score(batch))
+        epochs.append({"epoch": epoch, "train_loss": loss_sum / weight_sum if weight_sum
+                       else None, "auc": scores.auc(), "logloss": scores.logloss(),
+                       "train_samples": tally.samples})
     return {"auc": epochs[-1]["auc"], "logloss": epochs[-1]["logloss"],
-            "oracle_auc": data.oracle_auc, "samples_trained": n_train * job.train.epochs,
-            "train_s": train_s, "samples_per_s": n_train * job.train.epochs / train_s,
-            "per_epoch": epochs}
+            "oracle_auc": source.oracle_auc(parts), "samples_trained": trained,
+            "train_s": train_s, "samples_per_s": trained / train_s if train_s else None,
+            "keys": len(ref.table), "per_epoch": epochs}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="zbus-reference", description=__doc__.splitlines()[0])
     parser.add_argument("--job", help="job file (default: ZBUS_JOB or the built-in job)")
-    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: all)")
     args = parser.parse_args()
     job = load_job(args.job)
-    result = train_reference(job, load_dataset(job), args.threads)
-    print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    print(orjson.dumps(train_reference(job, args.threads), option=orjson.OPT_INDENT_2).decode())
 
 
 if __name__ == "__main__":

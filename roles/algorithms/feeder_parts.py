@@ -1,0 +1,58 @@
+"""A feeder's share of the data: the parts control's PartMap gives it, and where a part taken
+over from a lost feeder resumes (pure; no sockets)."""
+
+from __future__ import annotations
+
+from roles.algorithms.batching import PartProgress
+from roles.data.index import Part
+from roles.protocol.datapath import PartMap
+
+
+class FeederParts:
+    def __init__(self, index: int):
+        self.index = index
+        self.map: PartMap | None = None
+        self.parts: list[Part] = []
+
+    @property
+    def current(self) -> PartMap:
+        assert self.map is not None, "no PartMap yet"
+        return self.map
+
+    def take(self, m: PartMap) -> list[int]:
+        """Control's new map; the parts it newly gives this feeder (none with the first)."""
+        before = None if self.map is None else set(self.mine())
+        self.map = m
+        self.parts = [Part.of(row) for row in m.parts.tolist()]
+        return [] if before is None else [i for i in self.mine() if i not in before]
+
+    def mine(self, eval: bool | None = None) -> list[int]:
+        """This feeder's parts (only its training or eval ones when ``eval`` says which)."""
+        owners = self.current.owners
+        return [p.number for p in self.parts if int(owners[p.number]) == self.index
+                and (eval is None or p.eval == eval)]
+
+    def describe(self, parts: list[int]) -> str:
+        def one(p: Part) -> str:
+            kind = "eval" if p.eval else "training"
+            return f"{p.number} ({kind} rows {p.first_row}..{p.first_row + p.rows} of file " \
+                   f"{p.file})"
+        return ", ".join(one(self.parts[n]) for n in parts) or "none"
+
+    def resumed(self, part: int, epoch: int) -> PartProgress | None:
+        """Where a lost feeder's part stands in the training pass of ``epoch`` (None: the part
+        starts afresh, or that feeder had reported the pass)."""
+        r = self.current.resume.get(str(part))
+        if not isinstance(r, dict) or r.get("epoch") != epoch or r.get("reported") is True:
+            return None
+        return PartProgress.of(r)
+
+    def handed_over(self, part: int) -> bool:
+        """A lost feeder's part of the training pass under way that it had not reported."""
+        r = self.current.resume.get(str(part))
+        return isinstance(r, dict) and r.get("reported") is not True
+
+    def scoring(self, part: int) -> bool:
+        """A lost feeder's part that it was scoring."""
+        r = self.current.resume.get(str(part), {})
+        return bool(isinstance(r, dict) and r.get("phase") == "evaluating")
