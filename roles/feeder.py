@@ -78,7 +78,7 @@ from roles.protocol.operator import Feeding
 from roles.protocol.placement import Placement
 from zbus.codec import ProtocolError
 from zbus.endpoints import node_index
-from zbus.messages import Ready
+from zbus.messages import Failure, Ready
 from zbus.node import Node
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ STATS_SLICE_S = 0.2   # the statistics pass works this long per turn of the loop
 
 class Feeder(Node):
     role = "feeder"
+    fatal_errors = (DataError,)  # a file damaged or gone, a wrong schema: the job stops
 
     def __init__(self, job: Job, index: int = 0):
         super().__init__(job.cluster, index, job.fingerprint())
@@ -600,7 +601,14 @@ class Feeder(Node):
                 "placement_version": self.routing.keymap.version,
                 "placement_window": self.routing.counter.window,
                 "placing": self.routing.placing is not None,
-                "restarted": self.reclaim.restarted, "recovering": self.reclaim.recovering}
+                "restarted": self.reclaim.restarted, "recovering": self.reclaim.recovering,
+                "bytes_read": self.source.bytes_read if self.source is not None else 0}
+
+    def on_crash(self, exc: Exception) -> None:
+        if isinstance(exc, DataError):
+            self.to_control(Failure(reason=f"cannot read the data: {exc}"))
+        else:
+            super().on_crash(exc)
 
     def close(self) -> None:
         if self.ack_log is not None:

@@ -1,7 +1,8 @@
 """Stand-in nodes for console tests and benchmarks: one process that plays every node of a job
 (feeder, aggregators, shards, workers) towards a real control over its real socket. Each says
-Hello with the job's fingerprint, Ready, then heartbeats with changing load figures and
-counters and answers probes; none trains. Control thus sees a cluster of any size, here on two
+Hello with the job's fingerprint, Ready (the feeder then its index of a made-up data set and
+the statistics of its training part), then heartbeats with changing load figures and counters
+and answers probes; none trains. Control thus sees a cluster of any size, here on two
 cores (32 nodes as 32 Python processes with PyTorch would not fit).
 
     python scripts/sim_nodes.py [--seconds N]      job from ZBUS_JOB / ZBUS_* as for roles
@@ -16,23 +17,27 @@ import signal
 import socket
 import time
 
+import numpy as np
 import zmq
 
 from roles.job.settings import load_job
+from roles.protocol.datapath import DataIndex, PartMap, PartStats
 from zbus import sockets
 from zbus.messages import Heartbeat, Hello, Probe, ProbeReply, Ready, Welcome
 
-FEEDER_INFO = {"samples_in_data": 1_000_000, "eval_samples": 10_000, "rows_read": 1_010_000,
-               "rejected_rows": 0, "dropped_rows": 0, "merged_rows": 0}
+# the data the stand-in feeder says it indexed: one training part and one eval part
+PARTS = np.array([[0, 0, 0, 1_000_000, 0, 0, 0], [1, 0, 1_000_000, 10_000, 0, 0, 1]], np.int64)
 
 
 class SimNode:
-    def __init__(self, ctx: zmq.Context, endpoint: str, node_id: str, rng: random.Random):
+    def __init__(self, ctx: zmq.Context, endpoint: str, node_id: str, rng: random.Random,
+                 dense: int = 0):
         self.node_id = node_id
         self.role, index = node_id.rsplit("-", 1)
         self.index = int(index)
         self.sock = sockets.connect(ctx, zmq.DEALER, endpoint, identity=node_id)
         self.rng = rng
+        self.dense = dense
         self.welcomed = False
         self.seq = 0
         self.traffic = sockets.Traffic()
@@ -63,6 +68,10 @@ class SimNode:
         elif self.role == "ps":
             counters.update(keys_received=self.totals["keys"], keys=r.randint(10**5, 10**6),
                             held_batches=r.randint(0, 8), waiting_lookups=r.randint(0, 4))
+        if self.role == "feeder":  # its statistics, until control has them all
+            self.send(PartStats(first_rejected="", parts=np.array([0], np.int64),
+                                counts=np.array([[1000, 1000, 0, 0, -1]], np.int64),
+                                moments=np.ones((1, 3, self.dense))))
         self.send(Heartbeat(role=self.role, index=self.index, state="training",
                             load={"cpu": r.uniform(0, 100), "rss": r.randint(50, 900) << 20,
                                   "net": {"lo": [self.totals["out"], self.totals["in"]]},
@@ -74,7 +83,10 @@ class SimNode:
         match env.msg:
             case Welcome(accepted=True) if not self.welcomed:
                 self.welcomed = True
-                self.send(Ready(info=FEEDER_INFO if self.role == "feeder" else {}))
+                self.send(Ready(info={}))
+                if self.role == "feeder":
+                    self.send(DataIndex(n_train=1_000_000, oracle_auc=-1.0,
+                                        body=PartMap.body_of([]), parts=PARTS))
             case Welcome(accepted=False, reason=reason):
                 raise SystemExit(f"sim_nodes: {self.node_id} refused: {reason}")
             case Probe(nonce=nonce):
@@ -91,7 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     ctx = zmq.Context()
     rng = random.Random(7)
-    nodes = [SimNode(ctx, c.endpoint("control"), node_id, rng) for node_id in c.expected_nodes()]
+    nodes = [SimNode(ctx, c.endpoint("control"), node_id, rng, len(job.dense_fields))
+             for node_id in c.expected_nodes()]
     poller = zmq.Poller()
     for node in nodes:
         poller.register(node.sock, zmq.POLLIN)

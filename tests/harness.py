@@ -3,6 +3,7 @@ fake control that admits single roles so that they can be driven over their real
 
 from __future__ import annotations
 
+import gzip
 import time
 from pathlib import Path
 
@@ -14,7 +15,16 @@ from zbus.messages import Heartbeat, Hello, Welcome
 
 REPO = Path(__file__).resolve().parent.parent
 ADULT_JOB = REPO / "jobs" / "adult.toml"
-__all__ = ["ADULT_JOB", "BIN", "REPO", "Cluster", "FakeControl", "recv_within"]
+__all__ = ["ADULT_JOB", "BIN", "REPO", "Cluster", "FakeControl", "adult_text", "recv_within"]
+
+
+def adult_text(directory: Path) -> str:
+    """The shipped Adult data as a plain CSV (a gzipped file is one part; a plain one is cut
+    into parts that several feeders read): its path, for ``data__path``."""
+    path = directory / "adult.csv"
+    if not path.exists():
+        path.write_bytes(gzip.decompress((REPO / "data" / "adult.csv.gz").read_bytes()))
+    return str(path)
 
 
 class Cluster(LocalCluster):

@@ -69,10 +69,10 @@ def test_a_killed_feeder_restarts_from_its_ack_log_losing_and_doubling_nothing(c
     assert c.wait() == 0, c.logs()
     s = c.summary()
     assert s["ok"] and s["auc"] >= 0.89, s["auc"]
-    (r,) = s["slices"]["feeder_recoveries"]
+    (r,) = s["parts"]["feeder_recoveries"]
     assert r["feeder"] == "feeder-0" and r["epoch"] == 0, r
     # every row of every epoch acknowledged exactly once, as the feeders count them ...
-    for rows in s["slices"]["rows_per_epoch"]:
+    for rows in s["parts"]["rows_per_epoch"]:
         assert rows["rows"] == rows["rows_once"] == ADULT_TRAIN_ROWS, rows
     assert s["samples_trained"] == 2 * ADULT_TRAIN_ROWS
     # ... and trained exactly once, as the workers and the shards count them
@@ -104,7 +104,7 @@ def test_a_killed_control_resumes_its_run_and_the_nodes_join_it_again(cluster, d
     rejoined = {e["node"] for e in events if e["event"] == "rejoin"}
     assert rejoined == {"feeder-0", "aggregator-0", "ps-0", "ps-1", "worker-0", "worker-1"}
     # nothing lost, nothing trained twice, no node restarted
-    for rows in s["slices"]["rows_per_epoch"]:
+    for rows in s["parts"]["rows_per_epoch"]:
         assert rows["rows"] == rows["rows_once"] == ADULT_TRAIN_ROWS, rows
     assert s["samples_trained_by_workers"] == 2 * ADULT_TRAIN_ROWS
     assert s["duplicates_refused"]["embedding_updates"] == 0

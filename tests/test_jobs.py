@@ -45,7 +45,7 @@ def test_adult_two_workers_two_shards_over_tcp(cluster):
     assert s["rounds"] >= 3  # at least the epoch-end rounds
     assert sum(v["updates"] for v in s["shards"].values()) > 0
     assert s["embeddings"]["mode"] == "push" and s["embeddings"]["median_ms"] is not None
-    assert s["slices"]["train"] == [[0, ADULT_TRAIN_ROWS]] and s["slices"]["owners"] == [0]
+    assert s["parts"]["owners"] == [0, 0]  # one gzipped file: a training and an eval part
     assert all(e["rows_once"] == ADULT_TRAIN_ROWS for e in s["per_epoch"])
     events = [orjson.loads(line) for line in (c.run_dir / "metrics.jsonl").open("rb")]
     assert [e["epoch"] for e in events if e["event"] == "epoch"] == [0, 1, 2]

@@ -208,3 +208,14 @@ def test_byte_ranges_never_drop_or_split_a_line(lines, part_mb, trailing_newline
         assert sum(p.rows for p in parts) == len(lines)
         assert [p.first_row for p in parts] == [sum(q.rows for q in parts[:i])
                                                 for i in range(len(parts))]
+
+
+def test_a_plain_file_is_cut_into_parts_of_about_part_mb(tmp_path):
+    path = write(tmp_path / "big.csv", "y,n,m,c,d,ts\n" + "yes,1,2,a,b,1\n" * 200_000)
+    files = index_files([path], "csv")
+    parts, n_train = plan_parts(files, 0.2, 0.25)
+    size = files[0].size
+    training = [p for p in parts if not p.eval]
+    assert n_train == 160_000 and len(training) >= int(0.8 * size / (0.25 * 2**20))
+    assert all(p.end - p.start < 0.5 * 2**20 for p in parts)
+    assert sum(p.rows for p in parts) == 200_000

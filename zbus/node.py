@@ -54,6 +54,10 @@ STOP_LINGER_S = 0.5      # after Stop, leave control a moment to finish its own 
 class Loop:
     """Event loop over registered sockets; subclasses add sockets and handlers."""
 
+    # errors a role knows it may meet and cannot go on after (bad input, not a bug): the loop
+    # ends with the error's message, not a traceback
+    fatal_errors: tuple[type[Exception], ...] = ()
+
     def __init__(self, node_id: str, heartbeat_s: float, max_message_bytes: int | None = None):
         self.node_id = node_id
         self.heartbeat_s = heartbeat_s
@@ -156,6 +160,10 @@ class Loop:
                     if events & zmq.POLLOUT:
                         self.on_writable(sock)
                 self.on_tick(time.monotonic())
+        except self.fatal_errors as exc:  # the role cannot go on, and says why in one line
+            log.error("%s: %s", self.node_id, exc)
+            self.on_crash(exc)
+            self.exit_code = 1
         except Exception as exc:  # a bug or a broken environment: say it, tell control, exit
             log.exception("%s crashed", self.node_id)
             self.on_crash(exc)

@@ -141,7 +141,8 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
                                           for n, c in counters.items()
                                           if n.startswith("worker-")),
         "feeders": {node: {"samples_acked": int(_num(c.get("samples_acked"))),
-                           "batches_sent": int(_num(c.get("batches_sent")))}
+                           "batches_sent": int(_num(c.get("batches_sent"))),
+                           "bytes_read": int(_num(c.get("bytes_read")))}
                     for node, c in sorted(counters.items()) if node.startswith("feeder-")},
         "parts": parts,
         "embeddings": {"mode": job.train.embeddings, **embedding_waits(counters)},

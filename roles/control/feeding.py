@@ -99,10 +99,10 @@ class Feeding:
         self.index = m
         train = m.parts[m.parts[:, 6] == 0]
         evaluation = m.parts[m.parts[:, 6] == 1]
-        self.data = {"samples_in_data": m.n_train, "eval_samples": int(evaluation[:, 3].sum()),
-                     "rows_read": None, "rejected_rows": None, "dropped_rows": None,
-                     "merged_rows": None, "parts": len(m.parts),
-                     "training_parts": len(train),
+        self.data = {"samples_in_data": m.n_train, "training_rows": m.n_train,
+                     "eval_samples": int(evaluation[:, 3].sum()), "rows_read": None,
+                     "rejected_rows": None, "dropped_rows": None, "merged_rows": None,
+                     "parts": len(m.parts), "training_parts": len(train),
                      "oracle_auc": None if m.oracle_auc < 0 else m.oracle_auc}
 
     def assign_parts(self) -> None:
@@ -190,6 +190,7 @@ class Feeding:
             for key, figure in (("rows_read", "rows_read"), ("rejected_rows", "rejected"),
                                 ("dropped_rows", "dropped"), ("merged_rows", "merged")):
                 self.data[key] = sum(getattr(r, figure) for r in reports)
+            self.data["samples_in_data"] = rows["rows"]  # the samples an epoch trains
         return EpochFigures(samples=sum(r.samples for r in reports),
                             loss=sum(r.loss_sum for r in reports) / weight_sum
                             if weight_sum else None,

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 MARK_BYTES = 16 << 20      # a line start is marked about every 16 MiB of a large text file,
 MIN_MARK_BYTES = 64 << 10  # and 256 times in a smaller one, at least 64 KiB apart
 READ_BYTES = 16 << 20
-INDEX_VERSION = 2
+INDEX_VERSION = 3
 CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
 
 
@@ -115,11 +115,12 @@ def _index_text(path: str, fmt: str, stat: os.stat_result) -> FileIndex:
         every = min(MARK_BYTES, max(MIN_MARK_BYTES, stat.st_size // 256))
         rows, at, next_mark, last = 0, data_start, data_start + every, b"\n"
         while chunk := f.read(READ_BYTES):
-            if at + len(chunk) > next_mark:   # the first line start at or after next_mark
+            while at + len(chunk) > next_mark:   # the first line start at or after next_mark
                 cut = chunk.find(b"\n", max(0, next_mark - at - 1))
-                if cut >= 0 and at + cut + 1 < stat.st_size:
-                    marks.append([at + cut + 1, rows + chunk.count(b"\n", 0, cut + 1)])
-                    next_mark = at + cut + 1 + every
+                if cut < 0 or at + cut + 1 >= stat.st_size:
+                    break
+                marks.append([at + cut + 1, rows + chunk.count(b"\n", 0, cut + 1)])
+                next_mark = at + cut + 1 + every
             rows += chunk.count(b"\n")
             at += len(chunk)
             last = chunk[-1:]

@@ -43,7 +43,8 @@ NUMBER = (r"^[+-]?((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[Nn][Aa][Nn]|[Ii][Nn][Ff]"
 NULLS = ["", "?"]
 CATEGORICAL = pa.dictionary(pa.int32(), pa.string())  # encoded while parsed: keys hash each
 #                                                       distinct value of a chunk once
-__all__ = ["CRITEO_COLUMNS", "DataError", "RawBlock", "Rejected", "Schema", "read_part"]
+__all__ = ["CRITEO_COLUMNS", "DataError", "RawBlock", "Rejected", "Schema", "check_columns",
+           "read_part"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class RawBlock:
     timestamps: np.ndarray | None
     rows_read: int
     rejected: list[Rejected] = field(default_factory=list)
+    bytes_read: int = 0   # of the file (text: the chunk's bytes, as read or decompressed)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -216,7 +218,7 @@ def _timestamps(col: pa.Array, reasons: _Reasons) -> np.ndarray:
     return out
 
 
-def _check_columns(schema: Schema, columns: list[str], where: str) -> None:
+def check_columns(schema: Schema, columns: list[str], where: str) -> None:
     wanted = ([("label", schema.label)] if schema.label else []) \
         + [("dense", c) for c in schema.dense] + [("sparse", c) for c in schema.sparse] \
         + ([("timestamp", schema.timestamp)] if schema.timestamp else [])
@@ -227,7 +229,7 @@ def _check_columns(schema: Schema, columns: list[str], where: str) -> None:
 
 
 def _block(schema: Schema, table: pa.Table, rows_read: int, lines: Callable[[], list],
-           path: str, rejected: list[Rejected]) -> RawBlock:
+           path: str, rejected: list[Rejected], nbytes: int) -> RawBlock:
     """Checked, typed columns of a parsed chunk; ``lines()`` gives (line number, text) of
     each row of ``table``, asked only when a row is rejected."""
     n = table.num_rows
@@ -250,7 +252,7 @@ def _block(schema: Schema, table: pa.Table, rows_read: int, lines: Callable[[], 
         labels, dense = labels[keep], dense[keep]
         stamps = None if stamps is None else stamps[keep]
     sparse = [table.column(name).combine_chunks() for name in schema.sparse]
-    return RawBlock(labels, dense, sparse, stamps, rows_read, rejected)
+    return RawBlock(labels, dense, sparse, stamps, rows_read, rejected, nbytes)
 
 
 class _TextChunks:
@@ -355,7 +357,7 @@ class _ChunkParser:
     def __init__(self, f: FileIndex, fmt: str, schema: Schema):
         self.path = f.path
         self.columns = f.header or CRITEO_COLUMNS
-        _check_columns(schema, self.columns, f.path)
+        check_columns(schema, self.columns, f.path)
         self.wanted = schema.columns()
         self.parse_options = dict(delimiter="," if fmt == "csv" else "\t",
                                   quote_char='"' if fmt == "csv" else False)
@@ -416,11 +418,11 @@ def _read_text(f: FileIndex, part: Part, fmt: str, schema: Schema) -> Iterator[R
             table, invalid = parser.parse(chunk, first, parser.texts, ragged=True)
         yield _block(schema, table, table.num_rows + len(invalid),
                      lambda c=chunk, s=first, bad=invalid: _accepted_rows(c, s, bad), f.path,
-                     invalid)
+                     invalid, len(chunk))
 
 
 def _read_parquet(f: FileIndex, part: Part, schema: Schema) -> Iterator[RawBlock]:
-    _check_columns(schema, f.header, f.path)
+    check_columns(schema, f.header, f.path)
     source = pq.ParquetFile(f.path)
     groups = [g for g, first in f.marks
               if first < part.first_row + part.rows
@@ -442,7 +444,7 @@ def _read_parquet(f: FileIndex, part: Part, schema: Schema) -> Iterator[RawBlock
             return [(start + i + 1, "\t".join("" if v is None else str(v) for v in r.values()))
                     for i, r in enumerate(rows)]
 
-        yield _block(schema, table, table.num_rows, lines, f.path, [])
+        yield _block(schema, table, table.num_rows, lines, f.path, [], table.nbytes)
 
 
 def read_part(files: list[FileIndex], part: Part, fmt: str, schema: Schema

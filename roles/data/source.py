@@ -20,7 +20,7 @@ from roles.data.index import (
     resolve_paths,
     synthetic_parts,
 )
-from roles.data.readers import RawBlock, Rejected, Schema, read_part
+from roles.data.readers import RawBlock, Rejected, Schema, check_columns, read_part
 from roles.data.stats import PartSummary, cached_summary, summarize, summary_key
 from roles.data.synthetic import BLOCK_ROWS, Generator
 from roles.job.settings import Job
@@ -41,6 +41,7 @@ class DataSource:
         self.cache_dir = Path(os.environ.get("ZBUS_CACHE_DIR") or data.cache_dir).expanduser()
         self.generator: Generator | None = None
         self.files: list[FileIndex] = []
+        self.bytes_read = 0   # of the data files, over every part read
         if self.synthetic:
             s = data.synthetic
             self.generator = Generator(s.rows, s.vocab, s.dense, s.zipf, s.signal, s.days,
@@ -58,6 +59,9 @@ class DataSource:
         eval_files = index_files(resolve_paths(data.eval_path), self.fmt, self.cache_dir) \
             if data.eval_path else None
         parts, n_train = plan_parts(files, data.eval_fraction, data.part_mb, eval_files)
+        for f in files + (eval_files or []):
+            if f.header:  # csv, tsv, parquet: every column the job names is there
+                check_columns(self.schema, f.header, f.path)
         return files + (eval_files or []), parts, n_train
 
     def adopt(self, files: list[dict]) -> None:
@@ -82,7 +86,9 @@ class DataSource:
     # -- rows -------------------------------------------------------------------------------
     def blocks(self, part: Part) -> Iterator[RawBlock]:
         if self.generator is None:
-            yield from read_part(self.files, part, self.fmt, self.schema)
+            for block in read_part(self.files, part, self.fmt, self.schema):
+                self.bytes_read += block.bytes_read
+                yield block
             return
         end = part.first_row + part.rows
         for lo in range(part.first_row, end, BLOCK_ROWS):
