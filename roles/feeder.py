@@ -122,6 +122,7 @@ class Feeder(Node):
         self.epoch_started = 0.0
         self.batches_sent = 0
         self.batches_resent = 0
+        self.first_acked = False
         self.copies_wanted = 0  # second copies of untaken batches that idle workers could use
         self.paused = False          # an operator paused feeding: no new batch goes out
         # a feeder killed and started again resumes from its ack log (roles.algorithms.ack_log)
@@ -551,6 +552,10 @@ class Feeder(Node):
             self.tally.train_acked(worker, ack.batch_id, ack.samples, ack.loss_sum,
                                    ack.weight_sum)
             self.sync.acked(ack.samples)
+            if not self.first_acked:
+                self.first_acked = True
+                log.info("first batch acknowledged: %.1f s after start",
+                         time.monotonic() - self.started)
         if not self.ledger.in_flight and self.plan is not None:
             self.all_acked()
         self.maybe_placement_drained()

@@ -74,13 +74,15 @@ class Part:
         return cls(number, file, first_row, rows, start, end, bool(is_eval))
 
 
-def resolve_paths(path: str) -> list[str]:
-    """A file, every data file of a directory, or every file a glob matches (sorted)."""
+def resolve_paths(path: str, fmt: str = "") -> list[str]:
+    """A file, every data file of a directory (its ``*.parquet`` files for format parquet,
+    else every file not hidden), or every file a glob matches (sorted)."""
     if any(c in path for c in "*?["):
         paths = sorted(p for p in glob.glob(path) if os.path.isfile(p))
     elif os.path.isdir(path):
         paths = sorted(str(p) for p in Path(path).iterdir()
-                       if p.is_file() and not p.name.startswith("."))
+                       if p.is_file() and not p.name.startswith(".")
+                       and (fmt != "parquet" or p.suffix == ".parquet"))
         if not paths:
             raise DataError(f"[data] path {path!r} is a directory with no data file in it")
     else:

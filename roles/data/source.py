@@ -55,8 +55,9 @@ class DataSource:
             parts, n_train = synthetic_parts(data.synthetic.rows, data.eval_fraction,
                                              data.part_rows)
             return [], parts, n_train
-        files = index_files(resolve_paths(data.path), self.fmt, self.cache_dir)
-        eval_files = index_files(resolve_paths(data.eval_path), self.fmt, self.cache_dir) \
+        files = index_files(resolve_paths(data.path, self.fmt), self.fmt, self.cache_dir)
+        eval_files = index_files(resolve_paths(data.eval_path, self.fmt), self.fmt,
+                                  self.cache_dir) \
             if data.eval_path else None
         parts, n_train = plan_parts(files, data.eval_fraction, data.part_mb, eval_files)
         for f in files + (eval_files or []):

@@ -110,7 +110,7 @@ def schema_of(job: Job, with_label: bool) -> Schema:
 def predict(model: ExportedModel, data: str, fmt: str, split: str,
             out: Path | None = None) -> dict:
     job = model.job
-    files = index_files(resolve_paths(data), fmt)
+    files = index_files(resolve_paths(data, fmt), fmt)
     parts, _ = plan_parts(files, job.data.eval_fraction, job.data.part_mb)
     if split != "all":
         parts = [p for p in parts if p.eval == (split == "eval")]

@@ -1,0 +1,244 @@
+#!/usr/bin/env python
+"""Benchmark: streaming ingest on Criteo-layout files (label, I1..I13, C1..C26; made by
+``scripts/make_criteo.py``, not committed), all figures from one run.
+
+1. **Bare read**: pyarrow's streaming CSV reader over the whole file, as a user would read it
+   (``pyarrow.csv.open_csv``, default options: types inferred, threads on), and the same with the
+   column types given, on one thread (the feeder's settings): rows/s.
+2. **One feeder's ingest**: the feeder's pipeline alone, in its own process (index, statistics,
+   every training part read, parsed, hashed, transformed, weighted and cut into batches of 1,024
+   through the shuffle buffer): rows/s, its peak RSS, and the ratio to the bare read. Both hash
+   functions are timed on the same chunks (the vectorised key hash zbus uses, and blake2b of
+   each distinct value, as zbus did before).
+3. **Two feeders**: two such processes at once, each reading its half of the parts (as control
+   assigns them): bytes each read, and their combined rows/s against one feeder's.
+4. **A job** (``--job-rows``; 2 workers, 2 shards, 1 epoch, the model of ``jobs/criteo.toml``):
+   the time from the feeder's start to its first acknowledged batch, every role's peak RSS,
+   samples/s, AUC; and ``zbus-reference`` on the same file.
+
+    .venv/bin/python scripts/bench_ingest.py --rows 1000000 10000000 [--job-rows 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+PIPELINE = r"""
+import json, os, resource, sys, time
+from hashlib import blake2b
+import numpy as np
+import pyarrow.compute as pc
+from roles.data.source import DataSource
+from roles.data.stream import Tally, training_batches
+from roles.job.settings import load_job
+from roles.tools.reference import prepared
+job = load_job(sys.argv[1])
+share, of = int(sys.argv[2]), int(sys.argv[3])
+started = time.monotonic()
+source = DataSource(job)
+files, parts, _ = source.index()
+source.files = files
+indexed = time.monotonic() - started
+prepare = prepared(job, source, parts)
+ready = time.monotonic() - started
+training = [p for p in parts if not p.eval]
+mine = [p for i, p in enumerate(training) if i * of // len(training) == share]
+tally, batches, t0 = Tally(), 0, time.monotonic()
+first = None
+for part in mine:
+    for _ in training_batches(source.blocks(part), prepare, tally, buffer_rows=262144,
+                              batch_size=1024, seed=1, epoch=0, part=part.number,
+                              by_label=False):
+        batches += 1
+        first = first or time.monotonic() - started
+seconds = time.monotonic() - t0
+print(json.dumps({"rows": tally.rows_read, "samples": tally.samples, "batches": batches,
+                  "seconds": seconds, "rows_per_s": tally.rows_read / seconds,
+                  "index_s": indexed, "stats_s": ready - indexed, "first_batch_s": first,
+                  "bytes_read": source.bytes_read,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+HASHES = r"""
+import json, sys, time
+from hashlib import blake2b
+import numpy as np
+import pyarrow.compute as pc
+from roles.data.hashing import hash_array
+from roles.data.index import index_files, plan_parts
+from roles.data.readers import Schema, read_part
+files = index_files([sys.argv[1]], "criteo")
+parts, _ = plan_parts(files, 0.2, 64)
+schema = Schema(label="label", dense=[f"I{i}" for i in range(1, 14)],
+                sparse=[f"C{i}" for i in range(1, 27)])
+blocks = []
+for b in read_part(files, parts[0], "criteo", schema):
+    blocks.append(b)
+    if sum(len(x) for x in blocks) >= 200_000:
+        break
+rows = sum(len(b) for b in blocks)
+
+def blake(field, column):
+    enc = column if column.type.id == 29 else pc.dictionary_encode(column)
+    values = enc.dictionary.to_pylist()
+    keys = np.fromiter((int.from_bytes(blake2b(f"{field}\x1f{v}".encode(), digest_size=8)
+                        .digest(), "little", signed=True) for v in values), np.int64,
+                       count=len(values))
+    return keys[enc.indices.fill_null(0).to_numpy(zero_copy_only=False)]
+
+out = {}
+for name, fn in (("vectorised", hash_array), ("blake2b of distinct values", blake)):
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for b in blocks:
+            for f, column in enumerate(b.sparse):
+                fn(f"C{f + 1}", column)
+        best = min(best, time.perf_counter() - t)
+    out[name] = rows / best
+print(json.dumps(out))
+"""
+
+BARE = r"""
+import json, sys, time
+import pyarrow as pa, pyarrow.csv as csv
+from roles.data.index import CRITEO_COLUMNS
+path, typed = sys.argv[1], sys.argv[2] == "typed"
+types = None
+if typed:
+    types = {"label": pa.float64(), **{f"I{i}": pa.float64() for i in range(1, 14)},
+             **{f"C{i}": pa.dictionary(pa.int32(), pa.string()) for i in range(1, 27)}}
+t = time.monotonic()
+reader = csv.open_csv(path, read_options=csv.ReadOptions(column_names=CRITEO_COLUMNS,
+                                                         use_threads=not typed),
+                      parse_options=csv.ParseOptions(delimiter="\t", quote_char=False),
+                      convert_options=csv.ConvertOptions(column_types=types))
+rows = sum(b.num_rows for b in reader)
+print(json.dumps({"rows": rows, "rows_per_s": rows / (time.monotonic() - t)}))
+"""
+
+JOB = """name = "criteo-bench"
+[data]
+path = "{path}"
+format = "criteo"
+eval_fraction = 0.2
+[model]
+embedding_dim = 8
+hidden = [64, 32]
+[train]
+epochs = 1
+batch_size = 1024
+sync = "every"
+sync_every = 16
+[cluster]
+workers = 2
+shards = 2
+"""
+
+
+def run(code: str, *args: str, env: dict | None = None) -> dict:
+    out = subprocess.run([PY, "-c", code, *args], capture_output=True, text=True, check=True,
+                         cwd=REPO, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def make_file(rows: int, where: Path) -> Path:
+    path = where / f"criteo-{rows}.tsv"
+    if not path.exists():
+        subprocess.run([PY, str(REPO / "scripts" / "make_criteo.py"), "--rows", str(rows),
+                        "--out", str(path)], check=True, cwd=REPO)
+    return path
+
+
+def ingest(path: Path, work: Path) -> dict:
+    job = work / f"job-{path.stem}.toml"
+    job.write_text(JOB.format(path=path))
+    env = {**os.environ, "ZBUS_CACHE_DIR": str(work / "cache")}
+    bare = run(BARE, str(path), "default")
+    typed = run(BARE, str(path), "typed")
+    one = run(PIPELINE, str(job), "0", "1", env=env)       # makes the caches (index, stats)
+    one = run(PIPELINE, str(job), "0", "1", env=env)       # as a second run sees them
+    two = [subprocess.Popen([PY, "-c", PIPELINE, str(job), str(i), "2"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, text=True) for i in range(2)]
+    halves = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in two]
+    combined = sum(h["rows"] for h in halves) / max(h["seconds"] for h in halves)
+    hashes = run(HASHES, str(path))
+    return {"rows": bare["rows"], "file_mb": round(path.stat().st_size / 2**20),
+            "bare_default": round(bare["rows_per_s"]), "bare_typed": round(typed["rows_per_s"]),
+            "feeder": {k: round(v, 2) if isinstance(v, float) else v for k, v in one.items()},
+            "ratio_to_bare_default": round(one["rows_per_s"] / bare["rows_per_s"], 2),
+            "ratio_to_bare_typed": round(one["rows_per_s"] / typed["rows_per_s"], 2),
+            "two_feeders": {"bytes_read": [h["bytes_read"] for h in halves],
+                            "peak_rss_mb": [round(h["peak_rss_mb"]) for h in halves],
+                            "rows_per_s": round(combined),
+                            "speedup": round(combined / one["rows_per_s"], 2)},
+            "hash_rows_per_s": {k: round(v) for k, v in hashes.items()}}
+
+
+def job_run(path: Path, work: Path) -> dict:
+    import psutil
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from local_cluster import LocalCluster
+
+    job = work / "job-run.toml"
+    job.write_text(JOB.format(path=path))
+    peak: dict[str, int] = {}
+    with LocalCluster(work / "cluster", job, transport="tcp") as c:
+        started = time.monotonic()
+        c.start_all()
+        while c.procs["control-0"].poll() is None and time.monotonic() - started < 3000:
+            for name, proc in c.procs.items():
+                try:
+                    rss = psutil.Process(proc.pid).memory_info().rss
+                except psutil.Error:
+                    continue
+                peak[name] = max(peak.get(name, 0), rss)
+            time.sleep(0.2)
+        if c.wait(timeout=60) != 0:
+            raise SystemExit(f"the job failed:\n{c.logs()}")
+        s = c.summary()
+        first = next((line for line in c.log("feeder-0").splitlines()
+                      if "first batch acknowledged" in line), "")
+    env = {**os.environ, "ZBUS_CACHE_DIR": str(work / "cache")}
+    ref = subprocess.run([PY, "-m", "roles.tools.reference", "--job", str(job)],
+                         capture_output=True, text=True, check=True, cwd=REPO, env=env)
+    reference = json.loads(ref.stdout)
+    return {"samples_per_s": s["samples_per_s"], "auc": s["auc"],
+            "reference_samples_per_s": round(reference["samples_per_s"]),
+            "reference_auc": reference["auc"],
+            "ratio_to_reference": round(s["samples_per_s"] / reference["samples_per_s"], 2),
+            "first_batch": first.split(": ", 2)[-1],
+            "peak_rss_mb": {k: round(v / 2**20) for k, v in sorted(peak.items())}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--job-rows", type=int, nargs="*", default=[1_000_000])
+    parser.add_argument("--dir", help="where the generated files are kept (default: a "
+                                      "temporary directory)")
+    args = parser.parse_args()
+    keep = Path(args.dir) if args.dir else None
+    with tempfile.TemporaryDirectory() as tmp:
+        work = keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for rows in args.rows:
+            print(json.dumps({"ingest": ingest(make_file(rows, work), work)}), flush=True)
+        for rows in args.job_rows:
+            print(json.dumps({"job": job_run(make_file(rows, work), work / f"job-{rows}")}),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
