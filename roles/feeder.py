@@ -52,11 +52,11 @@ from roles.algorithms.reclaim import Reclaim
 from roles.algorithms.sync import feeder as sync_modes
 from roles.algorithms.tally import FeederTally
 from roles.data.index import DataError, Part
-from roles.data.readers import Rejected
+from roles.data.part_streams import PartStreams
 from roles.data.rejected import RejectedRows
 from roles.data.source import DataSource
-from roles.data.stats import PartSummary
-from roles.data.stream import Preparer, Samples, Weighting, eval_batches, training_batches
+from roles.data.statistics_pass import StatisticsPass
+from roles.data.stream import Preparer, Samples, Weighting
 from roles.data.transforms import DenseTransform
 from roles.job.cli import role_main
 from roles.job.settings import DECAY_UNITS, Job
@@ -69,7 +69,6 @@ from roles.protocol.datapath import (
     Holding,
     Idle,
     PartMap,
-    PartStats,
     SampleBatch,
     Taken,
 )
@@ -108,8 +107,8 @@ class Feeder(Node):
         self.source: DataSource | None = None
         self.preparer: Preparer | None = None      # once control's DataStats are in
         self.transform: DenseTransform | None = None
-        self.stats_todo: list[int] = []             # training parts to summarise
-        self.stats_sent: set[int] = set()
+        self.statistics: StatisticsPass | None = None  # this feeder's share of it
+        self.streams: PartStreams | None = None
         self.plan: FeedingPass | None = None
         self.parts = FeederParts(index)             # control's assignment of the parts
         self.rejected_rows: RejectedRows | None = None
@@ -138,9 +137,12 @@ class Feeder(Node):
         started = time.monotonic()
         feeders = Path(self.run_dir) / "feeders"
         self.rejected_rows = RejectedRows(Path(self.run_dir) / "rejected.tsv",
-                                     feeders / f"{self.node_id}.rejected-parts")
+                                          feeders / f"{self.node_id}.rejected-parts")
         try:
             self.source = DataSource(self.job)
+            self.statistics = StatisticsPass(self.source, self.job.data,
+                                             len(self.job.dense_fields))
+            self.streams = PartStreams(self.job, self.source, self.rejected_rows)
             if self.index == 0:   # the index keeper
                 self.state = "indexing"
                 files, parts, n_train = self.source.index()
@@ -279,47 +281,23 @@ class Feeder(Node):
         log.info("part map %d: this feeder reads part(s) %s", m.version,
                  self.parts.describe(self.parts.mine()))
         if self.preparer is None:  # the statistics are still being gathered: summarise
-            self.stats_todo += [n for n in self.parts.mine(eval=False)
-                                if n not in self.stats_sent and n not in self.stats_todo]
+            training = [p for p in self.parts.parts if not p.eval]
+            self.statistics.want([self.part(n) for n in self.parts.mine(eval=False)],
+                                 len(training))
             self.wake_at = time.monotonic()
         elif new:
             self.take_over(new)
 
     def summarise(self, now: float) -> None:
         """The statistics pass, a slice of time per turn of the loop (heartbeats go on)."""
-        done: list[PartSummary] = []
-        first_bad = ""
-        data = self.job.data
-        whole = data.decay_base > 1.0   # decay needs the newest time of every training row
-        training = [p for p in self.parts.parts if not p.eval]
-        sample = -(-data.stats_rows // max(1, len(training)))
-        deadline = now + STATS_SLICE_S
         self.state = "summarising"
-        while self.stats_todo and time.monotonic() < deadline:
-            part = self.parts.parts[self.stats_todo.pop(0)]
-            rejected: list[Rejected] = []
-            s = self.source.summary(part, data.log1p, sample, whole, rejected)
-            if rejected and not first_bad:
-                r = rejected[0]
-                first_bad = f"{r.file}:{r.line}: {r.reason}"
-            if s.rows_read and s.rejected > data.max_rejected_fraction * s.rows_read:
-                self.rejected_rows.append(rejected)  # the job will stop: show every bad row read
-            done.append(s)
-        if done:
-            self.send_stats(done, first_bad)
-        self.wake_at = time.monotonic() if self.stats_todo else None
-
-    def send_stats(self, done: list[PartSummary], first_bad: str) -> None:
-        dense = len(self.job.dense_fields)
-        self.stats_sent.update(s.part for s in done)
-        self.to_control(PartStats(
-            first_rejected=first_bad,
-            parts=np.array([s.part for s in done], dtype=np.int64),
-            counts=np.array([[s.rows_read, s.rows, s.rejected, int(s.complete),
-                              -1 if s.newest is None else s.newest] for s in done],
-                            dtype=np.int64),
-            moments=np.array([[s.moments.count, s.moments.mean, s.moments.m2] for s in done],
-                             dtype=np.float64).reshape(len(done), 3, dense)))
+        report = self.statistics.run(now + STATS_SLICE_S)
+        if self.statistics.shown:
+            self.rejected_rows.append(self.statistics.shown)
+            self.statistics.shown = []
+        if report is not None:
+            self.to_control(report)
+        self.wake_at = time.monotonic() if self.statistics.pending else None
 
     def take_stats(self, m: DataStats) -> None:
         data = self.job.data
@@ -329,7 +307,8 @@ class Feeder(Node):
         weighting = Weighting(data.decay_base, unit, data.drop_below, data.merge,
                               None if m.newest < 0 else m.newest // unit)
         self.preparer = Preparer(self.job.sparse_fields, self.transform, weighting)
-        self.stats_todo.clear()
+        if self.statistics is not None:
+            self.statistics.clear()
         self.state = "ready"
         log.info("statistics of the training data in: %d rows read, %d rejected",
                  m.rows_read, m.rejected)
@@ -369,33 +348,20 @@ class Feeder(Node):
         if done is not None:
             log.info("part %d resumes epoch %d after %d acknowledged batches", number, epoch,
                      done)
-        t, d = self.job.train, self.job.data
-        part, data, prepare = self.part(number), self.tally.data, self.preparer
-
-        def batches():
-            blocks = self.rejected_rows.watch(number, self.source.blocks(part))
-            return training_batches(blocks, prepare, data,
-                                    buffer_rows=d.shuffle_buffer if t.shuffle else t.batch_size,
-                                    batch_size=t.batch_size, seed=t.seed, epoch=epoch,
-                                    part=number, by_label=t.batch_by_label)
-
-        return PartStream(number, batches, progress, self.tally.batches.made)
+        return self.streams.training(self.part(number), epoch, progress, self.preparer,
+                                     self.tally.data, self.tally.batches.made)
 
     def eval_stream(self, number: int) -> PartStream:
-        part, data, prepare = self.part(number), self.tally.data, self.preparer
-
-        def batches():
-            blocks = self.rejected_rows.watch(number, self.source.blocks(part))
-            return eval_batches(blocks, prepare, data, self.job.train.batch_size)
-
-        return PartStream(number, batches, None, lambda *_: None)
+        return self.streams.evaluation(self.part(number), self.preparer, self.tally.data)
 
     def start_training(self, epoch: int) -> None:
         self.epoch = epoch
         self.tally.new_epoch(epoch)
         self.ack_log.fold(before=epoch)  # earlier epochs were reported: their totals suffice
-        # a restarted feeder: where its previous process had got to in this pass
-        self.begin_pass(FeedingPass(epoch, False), self.parts.mine(eval=False),
+        # a new order of its parts every epoch; a restarted feeder: where its previous process
+        # had got to in this pass
+        parts = self.streams.order(self.parts.mine(eval=False), epoch)
+        self.begin_pass(FeedingPass(epoch, False, open=self.job.data.parts_open), parts,
                         self.ack_log.progress(epoch) if self.reclaim.restarted else {})
 
     def begin_pass(self, pass_: FeedingPass, parts: list[int],
@@ -584,7 +550,7 @@ class Feeder(Node):
 
     # -- the clock -------------------------------------------------------------------------------
     def on_tick(self, now: float) -> None:
-        if self.stats_todo and self.preparer is None:
+        if self.statistics is not None and self.statistics.pending and self.preparer is None:
             self.summarise(now)
         super().on_tick(now)
 

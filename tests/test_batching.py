@@ -169,3 +169,13 @@ def test_the_ack_log_folds_old_epochs_survives_a_torn_record_and_gives_the_progr
     last = AckLog(tmp_path, "feeder-0")
     assert len(last.records(1)) == 2 and last.progress(0) == {}
     assert last.restart()["batches"] == 5 and last.restart()["samples"] == 44
+
+
+def test_open_parts_are_taken_in_turn_and_the_next_joins_when_one_is_done():
+    p = FeedingPass(0, False, [stream(1, [2, 2, 2]), stream(2, [2]), stream(3, [2, 2])],
+                    open=2)
+    order = []
+    while (got := p.take()) is not None:
+        order.append(split_batch_id(got[0])[1:])
+    assert order == [(1, 0), (2, 0), (1, 1), (1, 2), (3, 0), (3, 1)]
+    assert p.exhausted()

@@ -1,5 +1,7 @@
 """A feeder's pass over its parts (pure; no sockets): each part's batches come from a stream
-(``roles.data.stream``) in their replayable order, one part at a time; batches acknowledged
+(``roles.data.stream``) in their replayable order; ``open`` parts are read at a time, their
+batches taken in turn (so that consecutive batches come from different places of the data),
+the next part joining when one is done. Batches acknowledged
 before (by this feeder's previous process, or by a lost feeder whose part this is now) are made
 again and skipped, never sent. A restarted feeder may need a batch its dead process sent before
 the stream gets to it (a worker holds it, or acknowledges it): ``peek`` makes it now — the
@@ -65,6 +67,11 @@ class PartStream:
         self._fill()
         return not self.ahead
 
+    @property
+    def over(self) -> bool:
+        """Read to its end and every batch given out (known without reading)."""
+        return self.finished and not self.ahead
+
     def peek(self, seq: int) -> Samples | None:
         """Batch ``seq`` if this pass has not given it out (made now if need be)."""
         while seq not in self.ahead and seq >= self.next_seq and not self.finished:
@@ -79,13 +86,16 @@ class PartStream:
 
 
 class FeedingPass:
-    """A pass of ``epoch`` (training or ``eval``) over the streams of some parts, in order."""
+    """A pass of ``epoch`` (training or ``eval``) over the streams of some parts, ``open`` of
+    them at a time."""
 
-    def __init__(self, epoch: int, eval: bool, streams: list[PartStream] | None = None):
+    def __init__(self, epoch: int, eval: bool, streams: list[PartStream] | None = None,
+                 open: int = 1):
         self.epoch = epoch
         self.eval = eval
         self.streams: list[PartStream] = list(streams or [])
-        self.current = 0
+        self.open = max(1, open)
+        self.turn = 0
 
     @property
     def parts(self) -> list[int]:
@@ -95,21 +105,30 @@ class FeedingPass:
         """A part joins the pass (taken over from a lost feeder)."""
         self.streams.append(stream)
 
+    def _window(self) -> list[PartStream]:
+        """The streams read now: the first ``open`` not done."""
+        window = []
+        for s in self.streams:
+            if not s.over:
+                window.append(s)
+                if len(window) == self.open:
+                    break
+        return window
+
     def take(self) -> tuple[int, Samples] | None:
         """The next batch (its id and samples), or None when every part is done."""
-        while self.current < len(self.streams):
-            stream = self.streams[self.current]
+        while window := self._window():
+            stream = window[self.turn % len(window)]
+            self.turn += 1
             got = stream.take()
             if got is not None:
                 return make_batch_id(self.epoch, stream.part, got[0]), got[1]
-            self.current += 1
         return None
 
     def exhausted(self) -> bool:
-        while self.current < len(self.streams):
-            if not self.streams[self.current].exhausted():
+        while window := self._window():
+            if any(not s.exhausted() for s in window):
                 return False
-            self.current += 1
         return True
 
     def stream_of(self, batch_id: int) -> tuple[PartStream, int] | None:

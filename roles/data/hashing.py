@@ -96,6 +96,25 @@ def _string_buffers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return data, offsets
 
 
+_SPACE = np.zeros(256, dtype=bool)
+_SPACE[[9, 10, 11, 12, 13, 32]] = True
+
+
+def _unclean(data: np.ndarray, offsets: np.ndarray, nulls: int) -> bool:
+    """Some value needs cleaning: a null, a ``?``, or surrounding whitespace (checked on the
+    bytes, so that the usual clean column costs no pass of pyarrow over its text)."""
+    if nulls:
+        return True
+    starts = offsets[:-1].astype(np.int64)
+    lengths = offsets[1:].astype(np.int64) - starts
+    filled = lengths > 0
+    if not filled.all():
+        return True
+    first, last = data[starts], data[starts + lengths - 1]
+    return bool(_SPACE[first].any() or _SPACE[last].any()
+                or ((lengths == 1) & (first == ord("?"))).any())
+
+
 def clean(values: pa.Array) -> pa.Array:
     """Values as keys see them: trimmed, with empty, ``?`` and nulls all the empty string."""
     values = pc.utf8_trim_whitespace(values.cast(pa.string()))
@@ -110,7 +129,9 @@ def hash_array(field: str, values: pa.Array | pa.ChunkedArray) -> np.ndarray:
         values = values.combine_chunks() if values.num_chunks else pa.array([], pa.string())
     if not pa.types.is_dictionary(values.type):
         values = pc.dictionary_encode(values)
-    data, offsets = _string_buffers(clean(values.dictionary))
+    data, offsets = _string_buffers(values.dictionary)
+    if _unclean(data, offsets, values.dictionary.null_count):
+        data, offsets = _string_buffers(clean(values.dictionary))
     keys = np.append(_hash_buffers(field_seed(field), data, offsets),
                      _hash_buffers(field_seed(field), data[:0], np.zeros(2, np.int64)))
     index = values.indices.fill_null(len(keys) - 1)  # a null: the missing value's key

@@ -31,6 +31,7 @@ MARK_BYTES = 16 << 20      # a line start is marked about every 16 MiB of a larg
 MIN_MARK_BYTES = 64 << 10  # and 256 times in a smaller one, at least 64 KiB apart
 READ_BYTES = 16 << 20
 INDEX_VERSION = 3
+AUTO_PARTS = 64
 CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
 
 
@@ -249,6 +250,13 @@ def _parquet_cuts(f: FileIndex, lo: int, hi: int, part_rows: int) -> list[int]:
     return [*rows, hi]
 
 
+def auto_part_bytes(files: list[FileIndex]) -> int:
+    """Parts of the data's size / ``AUTO_PARTS``, within 4 to 64 MiB: enough parts to share
+    among feeders and to read in a new order every epoch, none too small to read well."""
+    total = sum(f.size for f in files)
+    return int(min(64 << 20, max(4 << 20, total // AUTO_PARTS)))
+
+
 def plan_parts(files: list[FileIndex], eval_fraction: float, part_mb: float,
                eval_files: list[FileIndex] | None = None) -> tuple[list[Part], int]:
     """The parts of the data in file order (training parts, then eval parts), and the number of
@@ -269,7 +277,8 @@ def plan_parts(files: list[FileIndex], eval_fraction: float, part_mb: float,
         regions = [(files, 0, total, False),
                    (eval_files, 0, sum(f.rows for f in eval_files), True)]
     parts: list[Part] = []
-    part_bytes = max(1, int(part_mb * (1 << 20)))
+    part_bytes = max(1, int(part_mb * (1 << 20))) if part_mb > 0 else auto_part_bytes(
+        files + (eval_files or []))
     offset_files = 0
     for group, lo, hi, is_eval in regions:
         if is_eval and eval_files is not None:

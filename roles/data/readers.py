@@ -36,7 +36,7 @@ from roles.data.index import CRITEO_COLUMNS, DataError, FileIndex, Part
 from roles.data.transforms import FLOAT32_MAX
 from roles.job.rundir import atomic_write
 
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 8 << 20
 MAX_TIMESTAMP = 2.0 ** 53  # seconds either side of 1970 that a float holds exactly
 NUMBER = (r"^[+-]?((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[Nn][Aa][Nn]|[Ii][Nn][Ff]"
           r"([Ii][Nn][Ii][Tt][Yy])?)$")

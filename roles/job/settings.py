@@ -97,11 +97,16 @@ class DataConfig:
         "the last fraction of the rows (lines) in file order is the eval split (without "
         "`eval_path`)")})
     shuffle_buffer: int = field(default=262_144, metadata={"min": 1, "doc": (
-        "training samples a feeder shuffles in (per part it reads): each batch is drawn at "
-        "random from them; a part smaller than this is shuffled whole")})
-    part_mb: float = field(default=64.0, metadata={"min": 0.001, "doc": (
+        "training samples a feeder shuffles in, shared by the parts it reads at a time: each "
+        "batch is drawn at random from its part's share; a part no larger is shuffled whole")})
+    part_mb: float = field(default=0.0, metadata={"min": 0.0, "doc": (
         "about how many MiB of a file one part holds (the unit feeders read and control hands "
-        "out; a gzipped file is one part, Parquet parts are whole row groups)")})
+        "out; a gzipped file is one part, Parquet parts are whole row groups); 0: the data's "
+        "size / 64, within 4 to 64 MiB")})
+    parts_open: int = field(default=4, metadata={"min": 1, "max": 64, "doc": (
+        "parts a feeder reads at a time, taking their batches in turn (each shuffles in "
+        "shuffle_buffer / parts_open samples); a feeder reads its parts in a new random order "
+        "every epoch")})
     part_rows: int = field(default=262_144, metadata={"min": 1, "doc": (
         "rows of one part of synthetic data")})
     stats_rows: int = field(default=1_000_000, metadata={"min": 1, "doc": (

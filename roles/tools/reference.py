@@ -2,8 +2,8 @@
 
 Embeddings live in one table over every key the data shows (the shards' table, created on
 first sight, sparse Adagrad), the dense network trains with Adam, batches come from the same
-streams as the feeders' (``roles.data``: the same statistics, parts, shuffle buffer and batch
-order). Used by the throughput benchmark and as the quality reference.
+streams as one feeder's (``roles.data``: the same statistics, parts, part order, shuffle
+buffer and batches). Used by the throughput benchmark and as the quality reference.
 
     zbus-reference [--job FILE] [--threads N]
 """
@@ -19,11 +19,13 @@ import orjson
 import torch
 
 from roles.algorithms.embedding_table import EmbeddingTable
+from roles.algorithms.feeding_pass import FeedingPass
 from roles.algorithms.metrics import ScoreHistogram
 from roles.data.index import Part
+from roles.data.part_streams import PartStreams
 from roles.data.source import DataSource
 from roles.data.stats import merge_summaries
-from roles.data.stream import Preparer, Samples, Tally, Weighting, eval_batches, training_batches
+from roles.data.stream import Preparer, Samples, Tally, Weighting, eval_batches
 from roles.job.settings import DECAY_UNITS, Job, load_job
 from roles.model.network import build_model, set_threads, weighted_loss_sum
 
@@ -87,19 +89,19 @@ def train_reference(job: Job, threads: int = 0) -> dict:
     ref = Reference(job)
     t = job.train
     epochs, train_s, trained = [], 0.0, 0
+    streams = PartStreams(job, source)
+    training = [p.number for p in parts if not p.eval]
     for epoch in range(t.epochs):
         tally = Tally()
         start = time.perf_counter()
         loss_sum = weight_sum = 0.0
-        for part in (p for p in parts if not p.eval):
-            for batch in training_batches(
-                    source.blocks(part), prepare, tally,
-                    buffer_rows=job.data.shuffle_buffer if t.shuffle else t.batch_size,
-                    batch_size=t.batch_size, seed=t.seed, epoch=epoch, part=part.number,
-                    by_label=t.batch_by_label):
-                loss, weight = ref.train(batch)
-                loss_sum += loss
-                weight_sum += weight
+        pass_ = FeedingPass(epoch, False, [
+            streams.training(parts[n], epoch, None, prepare, tally, lambda *_: None)
+            for n in streams.order(training, epoch)], open=job.data.parts_open)
+        while (taken := pass_.take()) is not None:
+            loss, weight = ref.train(taken[1])
+            loss_sum += loss
+            weight_sum += weight
         train_s += time.perf_counter() - start
         trained += tally.samples
         scores = ScoreHistogram()
