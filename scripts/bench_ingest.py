@@ -41,7 +41,6 @@ import pyarrow.compute as pc
 from roles.data.source import DataSource
 from roles.data.stream import Tally, training_batches
 from roles.job.settings import load_job
-from roles.tools.reference import prepared
 job = load_job(sys.argv[1])
 share, of = int(sys.argv[2]), int(sys.argv[3])
 started = time.monotonic()
@@ -49,7 +48,7 @@ source = DataSource(job)
 files, parts, _ = source.index()
 source.files = files
 indexed = time.monotonic() - started
-prepare = prepared(job, source, parts)
+prepare = source.preparer(parts)
 ready = time.monotonic() - started
 training = [p for p in parts if not p.eval]
 mine = [p for i, p in enumerate(training) if i * of // len(training) == share]
@@ -191,6 +190,7 @@ def job_run(path: Path, work: Path) -> dict:
     sys.path.insert(0, str(REPO / "tests"))
     from local_cluster import LocalCluster
 
+    work.mkdir(parents=True, exist_ok=True)
     job = work / "job-run.toml"
     job.write_text(JOB.format(path=path))
     peak: dict[str, int] = {}

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import orjson
 import pytest
-from harness import ADULT_JOB
+from harness import ADULT_JOB, adult_text
 
 pytestmark = pytest.mark.integration
 
@@ -47,11 +47,17 @@ def test_a_killed_shard_restarts_from_its_checkpoint_and_the_job_finishes(cluste
         assert len(f["keys"]) == len(f["weights"]) == len(f["accum"]) > 0
 
 
-@pytest.mark.parametrize("restart", ["after_detection", "at_once"])
-def test_a_killed_feeder_restarts_from_its_ack_log_losing_and_doubling_nothing(cluster,
-                                                                               restart):
+@pytest.mark.parametrize("restart,data", [("after_detection", "gzip"), ("at_once", "gzip"),
+                                          ("at_once", "parts")])
+def test_a_killed_feeder_restarts_from_its_ack_log_losing_and_doubling_nothing(
+        cluster, tmp_path, restart, data):
+    """``gzip``: the shipped file, one part; ``parts``: the same rows as plain text, cut into
+    parts of which a few are read at a time (the restarted feeder replays each part to where
+    its ack log says)."""
+    plain = {"data__path": adult_text(tmp_path), "data__part_mb": 0.5} if data == "parts" \
+        else {}
     c = cluster(ADULT_JOB, train__epochs=2, cluster__node_timeout_s=1.5 if restart ==
-                "after_detection" else 5.0, **SLOW)
+                "after_detection" else 5.0, **SLOW, **plain)
     c.start_all(slowdown={0: 3.0, 1: 3.0})
     c.wait_for_event(mid_epoch)
     if restart == "at_once":  # worker-1 keeps the batches granted to it until the new

@@ -16,7 +16,6 @@ from roles.data.index import CRITEO_COLUMNS, DataError
 from roles.data.source import DataSource
 from roles.data.stream import Tally, eval_batches, training_batches
 from roles.job.settings import load_job
-from roles.tools.reference import prepared
 
 GOOD = st.one_of(st.integers(-10**6, 10**6).map(str),
                  st.floats(-1e6, 1e6, allow_nan=False).map(repr), st.sampled_from(["", "?"]))
@@ -67,7 +66,7 @@ def check(job_text: str, header: list[str] | None, table: list[list[str]], sep: 
         except DataError as exc:  # too few rows to split: said clearly
             assert str(exc)
             return
-        prepare = prepared(job, source, parts)
+        prepare = source.preparer(parts)
         tally = Tally()
         batches = []
         for part in parts:

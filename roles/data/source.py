@@ -21,9 +21,16 @@ from roles.data.index import (
     synthetic_parts,
 )
 from roles.data.readers import RawBlock, Rejected, Schema, check_columns, read_part
-from roles.data.stats import PartSummary, cached_summary, summarize, summary_key
+from roles.data.stats import (
+    PartSummary,
+    cached_summary,
+    merge_summaries,
+    summarize,
+    summary_key,
+)
+from roles.data.stream import Preparer, Weighting
 from roles.data.synthetic import BLOCK_ROWS, Generator
-from roles.job.settings import Job
+from roles.job.settings import DECAY_UNITS, Job
 
 ORACLE_ROWS = 1_000_000   # eval rows the oracle AUC of synthetic data is measured on, at most
 
@@ -116,6 +123,20 @@ class DataSource:
         key = summary_key(self.files[part.file], part, self.fmt, self.schema, log1p,
                           sample_rows, whole)
         return cached_summary(self.cache_dir / f"part-{key}.json", make)
+
+    def preparer(self, parts: list[Part]) -> Preparer:
+        """The preparation of rows every feeder gets from control (``roles.data.stats``: each
+        training part's summary, merged in part order), made here in one process (the
+        reference trainer, benchmarks)."""
+        d = self.job.data
+        training = [p for p in parts if not p.eval]
+        sample = -(-d.stats_rows // max(1, len(training)))
+        summaries = [self.summary(p, d.log1p, sample, d.decay_base > 1.0) for p in training]
+        transform, newest = merge_summaries(summaries, d.log1p, len(self.schema.dense))
+        unit = DECAY_UNITS[d.decay_unit]
+        return Preparer(self.job.sparse_fields, transform,
+                        Weighting(d.decay_base, unit, d.drop_below, d.merge,
+                                  None if newest is None else newest // unit))
 
     def oracle_auc(self, parts: list[Part]) -> float | None:
         """Synthetic data: the AUC of the true probabilities on (up to ``ORACLE_ROWS`` of) the

@@ -21,26 +21,11 @@ import torch
 from roles.algorithms.embedding_table import EmbeddingTable
 from roles.algorithms.feeding_pass import FeedingPass
 from roles.algorithms.metrics import ScoreHistogram
-from roles.data.index import Part
 from roles.data.part_streams import PartStreams
 from roles.data.source import DataSource
-from roles.data.stats import merge_summaries
-from roles.data.stream import Preparer, Samples, Tally, Weighting, eval_batches
-from roles.job.settings import DECAY_UNITS, Job, load_job
+from roles.data.stream import Samples, Tally, eval_batches
+from roles.job.settings import Job, load_job
 from roles.model.network import build_model, set_threads, weighted_loss_sum
-
-
-def prepared(job: Job, source: DataSource, parts: list[Part]) -> Preparer:
-    """The feeders' preparation of rows: the statistics of the training parts, merged."""
-    d = job.data
-    training = [p for p in parts if not p.eval]
-    sample = -(-d.stats_rows // max(1, len(training)))
-    summaries = [source.summary(p, d.log1p, sample, d.decay_base > 1.0) for p in training]
-    transform, newest = merge_summaries(summaries, d.log1p, len(job.dense_fields))
-    unit = DECAY_UNITS[d.decay_unit]
-    return Preparer(job.sparse_fields, transform,
-                    Weighting(d.decay_base, unit, d.drop_below, d.merge,
-                              None if newest is None else newest // unit))
 
 
 class Reference:
@@ -85,7 +70,7 @@ def train_reference(job: Job, threads: int = 0) -> dict:
     source = DataSource(job)
     files, parts, _ = source.index()
     source.files = files
-    prepare = prepared(job, source, parts)
+    prepare = source.preparer(parts)
     ref = Reference(job)
     t = job.train
     epochs, train_s, trained = [], 0.0, 0
