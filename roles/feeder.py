@@ -584,6 +584,8 @@ class Feeder(Node):
     def close(self) -> None:
         if self.ack_log is not None:
             self.ack_log.close()
+        if self.streams is not None:
+            self.streams.close()
         super().close()
 
 

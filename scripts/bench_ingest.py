@@ -1,20 +1,24 @@
 #!/usr/bin/env python
 """Benchmark: streaming ingest on Criteo-layout files (label, I1..I13, C1..C26; made by
-``scripts/make_criteo.py``, not committed), all figures from one run.
+``scripts/make_criteo.py``, not committed), all figures from one run; measurements 1 and 2
+are each made ``--repeat`` times, interleaved, and their medians quoted.
 
 1. **Bare read**: pyarrow's streaming CSV reader over the whole file, as a user would read it
    (``pyarrow.csv.open_csv``, default options: types inferred, threads on), and the same with the
    column types given, on one thread (the feeder's settings): rows/s.
 2. **One feeder's ingest**: the feeder's pipeline alone, in its own process (index, statistics,
    every training part read, parsed, hashed, transformed, weighted and cut into batches of 1,024
-   through the shuffle buffer): rows/s, its peak RSS, and the ratio to the bare read. Both hash
-   functions are timed on the same chunks (the vectorised key hash zbus uses, and blake2b of
-   each distinct value, as zbus did before).
+   through the shuffle buffer, as the feeder does it: ``parts_open`` parts at a time, each
+   part's next block read ahead on the reader thread): rows/s, its peak RSS, and the ratio to the
+   bare read. Both hash functions are timed on the same chunks (the vectorised key hash zbus uses,
+   and blake2b of each distinct value, as zbus did before).
 3. **Two feeders**: two such processes at once, each reading its half of the parts (as control
    assigns them): bytes each read, and their combined rows/s against one feeder's.
-4. **A job** (``--job-rows``; 2 workers, 2 shards, 1 epoch, the model of ``jobs/criteo.toml``):
-   the time from the feeder's start to its first acknowledged batch, every role's peak RSS,
-   samples/s, AUC; and ``zbus-reference`` on the same file.
+4. **A job** (``--job-rows``; 2 workers, 2 shards, 1 epoch, embedding dim 8, MLP 64-32): the
+   time from the feeder's start to its first acknowledged batch, every role's peak RSS,
+   samples/s, AUC; and ``zbus-reference`` on the same file. Up to 2M rows, the same job again
+   with the whole training split in one shuffle buffer (one part): the AUC the streaming order
+   costs.
 
     .venv/bin/python scripts/bench_ingest.py --rows 1000000 10000000 [--job-rows 1000000]
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,12 +39,11 @@ REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 PIPELINE = r"""
-import json, os, resource, sys, time
-from hashlib import blake2b
-import numpy as np
-import pyarrow.compute as pc
+import json, resource, sys, time
+from roles.algorithms.feeding_pass import FeedingPass
+from roles.data.part_streams import PartStreams
 from roles.data.source import DataSource
-from roles.data.stream import Tally, training_batches
+from roles.data.stream import Tally
 from roles.job.settings import load_job
 job = load_job(sys.argv[1])
 share, of = int(sys.argv[2]), int(sys.argv[3])
@@ -52,15 +56,16 @@ prepare = source.preparer(parts)
 ready = time.monotonic() - started
 training = [p for p in parts if not p.eval]
 mine = [p for i, p in enumerate(training) if i * of // len(training) == share]
+streams = PartStreams(job, source)   # as the feeder streams them: parts_open at a time
 tally, batches, t0 = Tally(), 0, time.monotonic()
+pass_ = FeedingPass(0, False, [streams.training(p, 0, None, prepare, tally, lambda *_: None)
+                               for p in mine], open=job.data.parts_open)
 first = None
-for part in mine:
-    for _ in training_batches(source.blocks(part), prepare, tally, buffer_rows=262144,
-                              batch_size=1024, seed=1, epoch=0, part=part.number,
-                              by_label=False):
-        batches += 1
-        first = first or time.monotonic() - started
+while pass_.take() is not None:
+    batches += 1
+    first = first or time.monotonic() - started
 seconds = time.monotonic() - t0
+streams.close()
 print(json.dumps({"rows": tally.rows_read, "samples": tally.samples, "batches": batches,
                   "seconds": seconds, "rows_per_s": tally.rows_read / seconds,
                   "index_s": indexed, "stats_s": ready - indexed, "first_batch_s": first,
@@ -159,24 +164,33 @@ def make_file(rows: int, where: Path) -> Path:
     return path
 
 
-def ingest(path: Path, work: Path) -> dict:
+def median_of(runs: list[dict]) -> dict:
+    """The run of median rows/s (its other figures with it)."""
+    return sorted(runs, key=lambda r: r["rows_per_s"])[len(runs) // 2]
+
+
+def ingest(path: Path, work: Path, repeat: int) -> dict:
     job = work / f"job-{path.stem}.toml"
     job.write_text(JOB.format(path=path))
     env = {**os.environ, "ZBUS_CACHE_DIR": str(work / "cache")}
-    bare = run(BARE, str(path), "default")
-    typed = run(BARE, str(path), "typed")
-    one = run(PIPELINE, str(job), "0", "1", env=env)       # makes the caches (index, stats)
-    one = run(PIPELINE, str(job), "0", "1", env=env)       # as a second run sees them
+    run(PIPELINE, str(job), "0", "1", env=env)       # makes the caches (index, statistics)
+    bare, typed, ones = [], [], []
+    for _ in range(repeat):  # interleaved, so that the machine's noise falls on all three
+        bare.append(run(BARE, str(path), "default"))
+        typed.append(run(BARE, str(path), "typed"))
+        ones.append(run(PIPELINE, str(job), "0", "1", env=env))  # as a second run sees it
+    b, t, one = median_of(bare), median_of(typed), median_of(ones)
     two = [subprocess.Popen([PY, "-c", PIPELINE, str(job), str(i), "2"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, text=True) for i in range(2)]
     halves = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in two]
     combined = sum(h["rows"] for h in halves) / max(h["seconds"] for h in halves)
     hashes = run(HASHES, str(path))
-    return {"rows": bare["rows"], "file_mb": round(path.stat().st_size / 2**20),
-            "bare_default": round(bare["rows_per_s"]), "bare_typed": round(typed["rows_per_s"]),
+    return {"rows": b["rows"], "file_mb": round(path.stat().st_size / 2**20), "repeat": repeat,
+            "bare_default": round(b["rows_per_s"]), "bare_typed": round(t["rows_per_s"]),
             "feeder": {k: round(v, 2) if isinstance(v, float) else v for k, v in one.items()},
-            "ratio_to_bare_default": round(one["rows_per_s"] / bare["rows_per_s"], 2),
-            "ratio_to_bare_typed": round(one["rows_per_s"] / typed["rows_per_s"], 2),
+            "feeder_rows_per_s_each": sorted(round(r["rows_per_s"]) for r in ones),
+            "ratio_to_bare_default": round(one["rows_per_s"] / b["rows_per_s"], 2),
+            "ratio_to_bare_typed": round(one["rows_per_s"] / t["rows_per_s"], 2),
             "two_feeders": {"bytes_read": [h["bytes_read"] for h in halves],
                             "peak_rss_mb": [round(h["peak_rss_mb"]) for h in halves],
                             "rows_per_s": round(combined),
@@ -184,17 +198,18 @@ def ingest(path: Path, work: Path) -> dict:
             "hash_rows_per_s": {k: round(v) for k, v in hashes.items()}}
 
 
-def job_run(path: Path, work: Path) -> dict:
+def job_run(path: Path, work: Path, **settings: object) -> dict:
     import psutil
 
     sys.path.insert(0, str(REPO / "tests"))
     from local_cluster import LocalCluster
 
-    work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)  # a run directory of its own, never resumed
+    work.mkdir(parents=True)
     job = work / "job-run.toml"
     job.write_text(JOB.format(path=path))
     peak: dict[str, int] = {}
-    with LocalCluster(work / "cluster", job, transport="tcp") as c:
+    with LocalCluster(work / "cluster", job, transport="tcp", **settings) as c:
         started = time.monotonic()
         c.start_all()
         while c.procs["control-0"].poll() is None and time.monotonic() - started < 3000:
@@ -226,6 +241,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--job-rows", type=int, nargs="*", default=[1_000_000])
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of each ingest measurement; the median is quoted")
     parser.add_argument("--dir", help="where the generated files are kept (default: a "
                                       "temporary directory)")
     args = parser.parse_args()
@@ -234,10 +251,19 @@ def main() -> None:
         work = keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         for rows in args.rows:
-            print(json.dumps({"ingest": ingest(make_file(rows, work), work)}), flush=True)
+            measured = ingest(make_file(rows, work), work, args.repeat)
+            print(json.dumps({"ingest": measured}), flush=True)
         for rows in args.job_rows:
-            print(json.dumps({"job": job_run(make_file(rows, work), work / f"job-{rows}")}),
-                  flush=True)
+            path = make_file(rows, work)
+            streamed = job_run(path, work / f"job-{rows}")
+            print(json.dumps({"job": {"rows": rows, **streamed}}), flush=True)
+            if rows <= 2_000_000:  # the same job shuffled whole in one buffer: the buffer's cost
+                whole = job_run(path, work / f"job-{rows}-whole", data__shuffle_buffer=rows,
+                                data__parts_open=1, data__part_mb=1 << 20)
+                print(json.dumps({"job_fully_shuffled": {
+                    "rows": rows, "auc": whole["auc"], "peak_rss_mb": whole["peak_rss_mb"],
+                    "auc_streamed_minus_whole": round(streamed["auc"] - whole["auc"], 4)}}),
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The streams of a feeder's parts (``roles.algorithms.feeding_pass.PartStream``): each reads
 its part when its turn comes (``roles.data.source``), writes the rows it rejects the first time
 (``roles.data.rejected``) and makes batches (``roles.data.stream``): for training through the
-shuffle buffer seeded by (seed, epoch, part), for evaluation in file order."""
+shuffle buffer seeded by (seed, epoch, part), for evaluation in file order. Each part's next
+block is read ahead on the process's reader thread (``roles.data.read_ahead``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 from roles.algorithms.batching import PartProgress
 from roles.algorithms.feeding_pass import Made, PartStream
 from roles.data.index import Part
+from roles.data.read_ahead import Reader
 from roles.data.readers import RawBlock
 from roles.data.rejected import RejectedRows
 from roles.data.source import DataSource
@@ -22,9 +24,13 @@ from roles.job.settings import Job
 class PartStreams:
     def __init__(self, job: Job, source: DataSource, rejected: RejectedRows | None = None):
         self.job, self.source, self.rejected = job, source, rejected
+        self.reader = Reader()
+
+    def close(self) -> None:
+        self.reader.close()
 
     def blocks(self, part: Part) -> Iterator[RawBlock]:
-        blocks = self.source.blocks(part)
+        blocks = self.reader.ahead(self.source.blocks(part))
         return blocks if self.rejected is None else self.rejected.watch(part.number, blocks)
 
     def training(self, part: Part, epoch: int, done: PartProgress | None, prepare: Preparer,

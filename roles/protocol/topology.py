@@ -48,7 +48,7 @@ class ClusterConfig:
         "processes per worker: more than one makes each worker a model-parallel group of "
         "that many (not with sync `step`)")})
     feeders: int = field(default=1, metadata={"min": 1, "max": MAX_FEEDERS, "doc": (
-        "feeder processes, each feeding its slice of the data (not with sync `round`)")})
+        "feeder processes, each reading its parts of the data (not with sync `round`)")})
     host: str = field(default="127.0.0.1", metadata={"doc": "address of the default endpoints"})
     base_port: int = field(default=47100, metadata={"min": 1024, "max": 65000, "doc": (
         "first port of the default endpoints (each endpoint at a fixed offset from it)")})

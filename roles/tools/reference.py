@@ -21,9 +21,10 @@ import torch
 from roles.algorithms.embedding_table import EmbeddingTable
 from roles.algorithms.feeding_pass import FeedingPass
 from roles.algorithms.metrics import ScoreHistogram
+from roles.data.index import Part
 from roles.data.part_streams import PartStreams
 from roles.data.source import DataSource
-from roles.data.stream import Samples, Tally, eval_batches
+from roles.data.stream import Preparer, Samples, Tally, eval_batches
 from roles.job.settings import Job, load_job
 from roles.model.network import build_model, set_threads, weighted_loss_sum
 
@@ -70,12 +71,25 @@ def train_reference(job: Job, threads: int = 0) -> dict:
     source = DataSource(job)
     files, parts, _ = source.index()
     source.files = files
-    prepare = source.preparer(parts)
     ref = Reference(job)
-    t = job.train
-    epochs, train_s, trained = [], 0.0, 0
     streams = PartStreams(job, source)
     training = [p.number for p in parts if not p.eval]
+    try:
+        epochs, train_s, trained = train_epochs(job, ref, source.preparer(parts), parts,
+                                                streams, training)
+    finally:
+        streams.close()
+    return {"auc": epochs[-1]["auc"], "logloss": epochs[-1]["logloss"],
+            "oracle_auc": source.oracle_auc(parts), "samples_trained": trained,
+            "train_s": train_s, "samples_per_s": trained / train_s if train_s else None,
+            "keys": len(ref.table), "per_epoch": epochs}
+
+
+def train_epochs(job: Job, ref: Reference, prepare: Preparer, parts: list[Part],
+                 streams: PartStreams, training: list[int]) -> tuple[list[dict], float, int]:
+    """Every epoch trained and evaluated: (per epoch, seconds training, samples trained)."""
+    t = job.train
+    epochs, train_s, trained = [], 0.0, 0
     for epoch in range(t.epochs):
         tally = Tally()
         start = time.perf_counter()
@@ -91,15 +105,12 @@ def train_reference(job: Job, threads: int = 0) -> dict:
         trained += tally.samples
         scores = ScoreHistogram()
         for part in (p for p in parts if p.eval):
-            for batch in eval_batches(source.blocks(part), prepare, Tally(), t.batch_size):
+            for batch in eval_batches(streams.blocks(part), prepare, Tally(), t.batch_size):
                 scores.add(batch.labels, ref.score(batch))
         epochs.append({"epoch": epoch, "train_loss": loss_sum / weight_sum if weight_sum
                        else None, "auc": scores.auc(), "logloss": scores.logloss(),
                        "train_samples": tally.samples})
-    return {"auc": epochs[-1]["auc"], "logloss": epochs[-1]["logloss"],
-            "oracle_auc": source.oracle_auc(parts), "samples_trained": trained,
-            "train_s": train_s, "samples_per_s": trained / train_s if train_s else None,
-            "keys": len(ref.table), "per_epoch": epochs}
+    return epochs, train_s, trained
 
 
 def main() -> None:
