@@ -143,11 +143,15 @@ class PartitionPanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(id="embedding-head")
         yield DataTable(id="shards", cursor_type="none")
+        yield Static(id="tables-head")
+        yield DataTable(id="tables", cursor_type="none")
         yield Static(id="model-partition")
 
     def on_mount(self) -> None:
         self.query_one("#shards", DataTable).add_columns(
             "shard", "keys", "keys/s", "share", "assigned", "capacity", "overflow", "moved in")
+        self.query_one("#tables", DataTable).add_columns(
+            "shard", "admitted", "rejected", "expired", "evicted")
 
     def show(self, snap: dict) -> None:
         e = snap["partition"]["embeddings"]
@@ -175,8 +179,36 @@ class PartitionPanel(Vertical):
             table.add_row(str(s["shard"]), fmt.count(s["keys"]), fmt.count(s["keys_per_s"]),
                           share, fmt.count(s.get("assigned")), fmt.count(s.get("capacity")),
                           fmt.count(s.get("overflow")), fmt.count(s.get("moved")))
+        self.query_one("#tables-head", Static).update(bounds_text(e.get("bounds")))
+        tables = self.query_one("#tables", DataTable)
+        tables.clear()
+        for s in e["shards"]:
+            tables.add_row(str(s["shard"]), *(fmt.count(s.get(k)) for k in (
+                "admitted", "rejected", "expired", "evicted")))
         self.query_one("#model-partition", Static).update(
             model_partition_text(snap["partition"].get("model")))
+
+
+def bounds_text(bounds: dict | None) -> Text:
+    """What keeps the shards' tables bounded (the job's ``[embeddings]``), in one line."""
+    text = Text("embedding tables: ", style="bold")
+    if bounds is None:
+        text.append("not reported", style="dim")
+        return text
+    parts = []
+    if bounds["min_count"] > 1:
+        parts.append(f"min_count {bounds['min_count']} (sketch {bounds['sketch_mb']:g} MiB)")
+    if bounds["expire_batches"]:
+        parts.append(f"expire {fmt.count(bounds['expire_batches'])} batches")
+    if bounds["expire_s"]:
+        parts.append(f"expire {bounds['expire_s']:g} s")
+    if bounds["max_rows_per_shard"]:
+        parts.append(f"cap {fmt.count(bounds['max_rows_per_shard'])} keys")
+    if parts:
+        text.append(", ".join(parts))
+    else:
+        text.append("unbounded (a row on first sight, kept)", style="dim")
+    return text
 
 
 def model_partition_text(model: dict | None) -> Text:

@@ -40,7 +40,9 @@ import numpy as np
 import orjson
 import zmq
 
+from roles.algorithms.admission import Admission
 from roles.algorithms.embedding_table import EmbeddingTable
+from roles.algorithms.expiry import Expiry
 from roles.algorithms.placement import KeyMap
 from roles.job.cli import role_main
 from roles.job.rundir import atomic_write
@@ -69,6 +71,8 @@ class HeldBatch:
     inverse: np.ndarray    # int32 index into rows of each key occurrence
     window: int = 0        # the feeder's allocation window
     train: bool = True     # gradients will follow (false once a look-up said eval)
+    pending: tuple[np.ndarray, np.ndarray] | None = None  # keys without a row, and their
+                           # occurrences: sightings counted when the gradients are applied
 
 
 class Shard(Node):
@@ -91,9 +95,12 @@ class Shard(Node):
         self.received: dict[int, list[int]] = {}  # version -> [Handovers, keys] received
         self.sent_keys = 0
         self.moved_version = 0                # the last placement whose handover is complete
-        t = job.train
+        t, e = job.train, job.embeddings
+        self.admission = Admission(e.min_count, e.sketch_mb, len(job.sparse_fields))
+        self.expiry = Expiry(e.expire_batches, e.expire_s, e.max_rows_per_shard,
+                             time.monotonic())
         self.table = EmbeddingTable(job.model.embedding_dim, t.embedding_init, t.embedding_lr,
-                                    seed=t.seed)
+                                    seed=t.seed, defaults=self.admission.defaults)
         self.held: dict[int, HeldBatch] = {}
         self.waiting: OrderedDict[int, list[tuple[bytes, bool]]] = OrderedDict()
         self.early_grads: OrderedDict[int, EmbeddingGrads] = OrderedDict()  # before keys
@@ -125,8 +132,11 @@ class Shard(Node):
                 "newest_epoch": self.newest_epoch, "version": self.version}
         path = self.checkpoint_path()
         path.parent.mkdir(parents=True, exist_ok=True)
+        default_weights, default_accum = self.table.default_state()
         atomic_write(path, npz_bytes(keys=keys, weights=self.table.weights[rows],
                                      accum=self.table.accum[rows],
+                                     default_weights=default_weights,
+                                     default_accum=default_accum,
                                      applied=np.fromiter(self.applied, np.int64,
                                                          len(self.applied)),
                                      meta=np.frombuffer(orjson.dumps(meta), np.uint8)))
@@ -142,6 +152,8 @@ class Shard(Node):
         with np.load(path) as f:
             meta = orjson.loads(f["meta"].tobytes())
             self.table.accept(f["keys"], f["weights"], f["accum"])
+            if "default_weights" in f.files:
+                self.table.restore_defaults(f["default_weights"], f["default_accum"])
             self.applied = set(f["applied"].tolist())
         self.newest_epoch, self.version = meta["newest_epoch"], meta["version"]
         self.moved_version = self.version
@@ -158,7 +170,8 @@ class Shard(Node):
         keys, rows = self.table.index.items()
         order = np.argsort(rows)
         name = embeddings_file(self.index)
-        save_embeddings(where / name, keys[order], self.table.weights[rows[order]])
+        save_embeddings(where / name, keys[order], self.table.weights[rows[order]],
+                        self.table.default_state()[0] if self.table.defaults else None)
         log.info("exported %d rows to %s", len(keys), where / name)
         return self.node_id, [name]
 
@@ -211,13 +224,13 @@ class Shard(Node):
             return
         started = time.thread_time()
         self._forget_old_epochs(split_batch_id(msg.batch_id)[0])
-        uniq, inverse = np.unique(msg.keys, return_inverse=True)
-        self.held[msg.batch_id] = HeldBatch(rows=self.table.rows_for(uniq),
+        mapped = self.admission.map_batch(self.table, msg.keys, msg.positions, msg.fields)
+        self.held[msg.batch_id] = HeldBatch(rows=mapped.rows,
                                             mask=Embeddings.mask_of(msg.positions,
                                                                     msg.samples * msg.fields),
                                             grid=msg.samples * msg.fields,
-                                            inverse=inverse.astype(np.int32).reshape(-1),
-                                            window=msg.window)
+                                            inverse=mapped.inverse, window=msg.window,
+                                            pending=mapped.pending)
         self.worked(msg.window, "lookup", len(msg.keys), started)
         self.counts["key_messages"] += 1
         self.counts["keys_received"] += len(msg.keys)
@@ -269,6 +282,7 @@ class Shard(Node):
         started = time.thread_time()
         del self.held[msg.batch_id]
         self.table.adagrad(held.rows, msg.grads)
+        self.admission.trained(held.pending)
         self.applied.add(msg.batch_id)
         self.counts["updates"] += 1
         self.worked(held.window, "update", len(held.inverse), started)
@@ -280,9 +294,14 @@ class Shard(Node):
         super().on_tick(now)
         if self.moving is not None:
             self.try_handover()
+        self.expiry.tick(self.table, now, self.held_rows)
         if self.welcomed and self.run_dir and now >= self.next_checkpoint:
             self.next_checkpoint = now + self.job.train.checkpoint_s
             self.write_checkpoint()
+
+    def held_rows(self) -> list[np.ndarray]:
+        """The rows of every batch held (expiry and eviction must not drop them)."""
+        return [h.rows for h in self.held.values()]
 
     def try_handover(self) -> None:
         """Hand over the rows this shard no longer owns, once no held training batch still
@@ -340,9 +359,17 @@ class Shard(Node):
 
     def counters(self) -> dict:
         return {**self.counts, "keys": len(self.table), "held_batches": len(self.held),
+                "table": self.table_counters(),
                 "waiting_lookups": len(self.waiting), "placement_version": self.version,
                 "slowdown": self.slowdown,
                 "windows": {str(w): [round(v, 6) for v in f] for w, f in self.work.items()}}
+
+
+    def table_counters(self) -> dict:
+        """Admission, expiry and eviction: what keeps the table bounded."""
+        return {"rows": len(self.table), "free_rows": self.table.free_rows,
+                "table_bytes": self.table.nbytes, **self.admission.counters(),
+                **self.expiry.counters()}
 
 
 def main() -> None:

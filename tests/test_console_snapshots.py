@@ -61,3 +61,17 @@ def test_partition_of_the_model_over_a_group(snap_compare):
 
     assert snap_compare(ZbusConsole(None), press=("4",), terminal_size=SIZE,
                         run_before=grouped)
+
+
+# the Zipf job with admission (min_count 3) and expiry (100 batches), skew-aware placement and
+# shard 1 slowed 2x, caught in its third epoch
+BOUNDED_STATUS = orjson.loads((REPO / "tests" / "data" / "console_status_bounded.json")
+                              .read_bytes())
+
+
+def test_partition_with_bounded_tables(snap_compare):
+    async def bounded(pilot) -> None:
+        await connected(pilot, BOUNDED_STATUS)
+
+    assert snap_compare(ZbusConsole(None), press=("4",), terminal_size=SIZE,
+                        run_before=bounded)

@@ -103,3 +103,22 @@ def test_formatting_and_node_order():
     assert [r["id"] for r in fmt.sort_nodes(rows, "state")][0] == "worker-0"
     assert [r["id"] for r in fmt.sort_nodes(rows, "cpu")] == ["feeder-0", "worker-1",
                                                               "worker-0"]
+
+
+def test_each_shards_table_figures_and_the_bounds_reach_the_status():
+    b = StatusBuilder(heartbeat_s=1.0, started=0.0)
+    table = {"rows": 50, "admitted": 70, "rejected": 900, "expired": 20, "evicted": 3}
+    ps = {"ps-0": node("ps", 0, keys=50, table=table), "ps-1": node("ps", 1, keys=4)}
+    bounds = {"min_count": 3, "sketch_mb": 16.0, "expire_batches": 2000, "expire_s": 0.0,
+              "max_rows_per_shard": 1_000_000}
+    e = b.embeddings(ps, bounds=bounds)
+    first, second = e["shards"]
+    assert {k: first[k] for k in ("admitted", "rejected", "expired", "evicted")} == {
+        "admitted": 70, "rejected": 900, "expired": 20, "evicted": 3}
+    assert second["admitted"] is None   # a shard that reports no table figures
+    assert e["bounds"] == bounds
+    from console.panels import bounds_text
+    assert bounds_text(bounds).plain == ("embedding tables: min_count 3 (sketch 16 MiB), "
+                                         "expire 2.0k batches, cap 1.0M keys")
+    assert "unbounded" in bounds_text({**bounds, "min_count": 1, "expire_batches": 0,
+                                       "max_rows_per_shard": 0}).plain

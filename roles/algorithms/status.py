@@ -15,9 +15,11 @@ and throughput, and lays out one snapshot: the ``Status`` message's body. Its ke
     training    {samples_acked, epoch_samples, samples_per_epoch, samples_per_s, eta_epoch_s,
                  eta_job_s, history {t, loss, samples_per_s}, epochs [...]}
     settings    {version, values, ranges}
-    partition   {embeddings {placement, shards [{shard, keys, keys_per_s, share, and with
-                 skew-aware placement capacity, assigned, overflow, moved, slowdown}],
-                 imbalance, skew_aware (roles.control.placement.placement_state) | null},
+    partition   {embeddings {placement, shards [{shard, keys, keys_per_s, share, admitted,
+                 rejected, expired, evicted, and with skew-aware placement capacity, assigned,
+                 overflow, moved, slowdown}], imbalance, skew_aware
+                 (roles.control.placement.placement_state) | null, bounds {min_count,
+                 sketch_mb, expire_batches, expire_s, max_rows_per_shard} | null},
                  model}
 
 ``state`` is the node's health as control sees it: alive, suspect (silent for more than
@@ -172,16 +174,19 @@ class StatusBuilder:
                 "epochs": [{k: e.get(k) for k in ("epoch", "train_loss", "auc", "logloss")}
                            for e in epochs_done]}
 
-    def embeddings(self, nodes: dict[str, NodeState],
-                   skew: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The shards: keys each holds, keys per second it serves; with skew-aware placement
-        (``skew``: control's placement state) also each shard's predicted capacity and
-        assigned pairs of the last window, its overflowing heavy keys and keys moved in."""
+    def embeddings(self, nodes: dict[str, NodeState], skew: dict[str, Any] | None = None,
+                   bounds: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The shards: keys each holds, keys per second it serves, and what keeps its table
+        bounded (keys admitted, key occurrences rejected for now, rows expired and evicted;
+        ``bounds``: the job's ``[embeddings]`` settings); with skew-aware placement (``skew``:
+        control's placement state) also each shard's predicted capacity and assigned pairs of
+        the last window, its overflowing heavy keys and keys moved in."""
         shards = sorted((n for n in nodes.values() if n.role == "ps"), key=lambda n: n.index)
         rates = [self.rate(f"ps-{n.index}", "keys") or 0.0 for n in shards]
         total = sum(rates)
         rows = [{"shard": n.index, "keys": int(_number(n.counters.get("keys")) or 0),
-                 "keys_per_s": round(r, 1), "share": round(r / total, 4) if total else None}
+                 "keys_per_s": round(r, 1), "share": round(r / total, 4) if total else None,
+                 **_table(n.counters.get("table"))}
                 for n, r in zip(shards, rates, strict=True)]
         imbalance = round(max(rates) / (total / len(rates)), 3) if total else None
         if skew is not None:
@@ -195,4 +200,11 @@ class StatusBuilder:
                 row["moved"] = int(_number(n.counters.get("keys_moved_in")) or 0)
                 row["slowdown"] = _number(n.counters.get("slowdown"))
         return {"placement": "skew" if skew is not None else "hash", "shards": rows,
-                "imbalance": imbalance, "skew_aware": skew}
+                "imbalance": imbalance, "skew_aware": skew, "bounds": bounds}
+
+
+def _table(counters: object) -> dict[str, int | None]:
+    """A shard's table figures (its heartbeat's ``table`` counters) for the status."""
+    got = counters if isinstance(counters, dict) else {}
+    return {k: None if _number(got.get(k)) is None else int(got[k])
+            for k in ("admitted", "rejected", "expired", "evicted")}

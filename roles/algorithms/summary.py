@@ -77,6 +77,28 @@ def embedding_waits(counters: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "p90_ms": _quantile(every, 0.9) if every else None, "workers": per_worker}
 
 
+TABLE_FIGURES = ("rows", "admitted", "rejected", "rejected_keys", "expired", "evicted",
+                 "free_rows", "sketch_bytes", "table_bytes")
+
+
+def table_figures(job: Job, counters: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What kept the shards' tables bounded (``[embeddings]``): the settings, and per shard
+    (its heartbeat's ``table`` counters) the keys held, keys admitted by a look-up, key
+    occurrences mapped to a default row (rejected for now), rows expired and evicted, free
+    rows, the sketch's and the table's bytes; ``total`` adds the shards up."""
+    e = job.embeddings
+    shards = {}
+    for node, c in sorted(counters.items(), key=lambda kv: node_index(kv[0])):
+        table = c.get("table")
+        if node.startswith("ps-") and isinstance(table, dict):
+            shards[node] = {k: int(_num(table.get(k))) for k in TABLE_FIGURES}
+    total = {k: sum(s[k] for s in shards.values()) for k in TABLE_FIGURES}
+    return {"min_count": e.min_count, "expire_batches": e.expire_batches,
+            "expire_s": e.expire_s, "max_rows_per_shard": e.max_rows_per_shard,
+            "sketch_mb": e.sketch_mb if e.min_count > 1 else 0, "total": total,
+            "shards": shards}
+
+
 def _quantile(sorted_values: list[float], q: float) -> float:
     return round(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))], 3)
 
@@ -177,6 +199,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "bytes": channel_bytes(list(counters.values())),
         "bytes_received": channel_bytes(list(counters.values()), "bytes_in"),
         "shards": shards,
+        "tables": table_figures(job, counters),
         "placement": placement or {"mode": job.placement.mode},
         "model_parallel": None if model_plan is None else {
             **model_plan, "parts_processes": {n: {k: c.get(k) for k in ("steps", "scored",

@@ -9,6 +9,7 @@ ends as ``stopped``: nodes send their final counters, control writes the summary
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from roles.algorithms import live
@@ -144,7 +145,8 @@ class StatusView:
                 running=course.running),
             "settings": {"version": self.settings.version, "values": dict(s),
                          "ranges": live.describe()},
-            "partition": {"embeddings": self.builder.embeddings(nodes, self.placement.status()),
+            "partition": {"embeddings": self.builder.embeddings(
+                nodes, self.placement.status(), dataclasses.asdict(self.job.embeddings)),
                           "model": self.model_plan},
         }
 

@@ -31,7 +31,7 @@ import zmq
 
 from roles.algorithms.membership import ALIVE, Members, NodeState
 from roles.algorithms.status import StatusBuilder
-from roles.algorithms.summary import feeder_totals
+from roles.algorithms.summary import feeder_totals, table_figures
 from roles.control.commands import Commands, ProgressClock
 from roles.control.course import Course
 from roles.control.exports import Exports
@@ -484,6 +484,9 @@ class Control(Loop):
             self.metrics.write("throughput", samples=acked,
                                samples_per_s=round((acked - before) / (now - then), 1))
             self.last_acked = (now, acked)
+            tables = table_figures(self.job, {n: s.counters for n, s in
+                                              self.members.nodes.items()})
+            self.metrics.write("tables", total=tables["total"], shards=tables["shards"])
 
     # -- state on disk ---------------------------------------------------------------------------
     def save_state(self) -> None:

@@ -208,6 +208,33 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class EmbeddingsConfig:
+    """Keeping the shards' tables bounded (``roles.algorithms.admission`` and
+    ``roles.algorithms.expiry``): a key gets a row of its own only after ``min_count``
+    sightings (until then it shares its field's default row), rows not looked up for a while
+    are dropped, and a shard holds at most ``max_rows_per_shard`` keys."""
+
+    min_count: int = field(default=1, metadata={"min": 1, "max": 255, "doc": (
+        "a key gets its own row at its min_count-th sighting in training batches (counted per "
+        "shard in a count-min sketch); until then it maps to its field's shared default row; "
+        "1: every key on first sight")})
+    sketch_mb: float = field(default=16.0, metadata={"min": 0.0625, "max": 4096.0, "doc": (
+        "memory of each shard's count-min sketch (4 rows of 8-bit counters, rounded down to a "
+        "power of two); a key must reach min_count within about the last sketch_mb × 2^18 "
+        "sightings of keys without a row (the counters are halved that often); used only when "
+        "min_count > 1")})
+    expire_batches: int = field(default=0, metadata={"min": 0, "doc": (
+        "drop a key's row when the shard has looked up this many batches without it (swept "
+        "in pieces, up to an eighth late); 0: never")})
+    expire_s: float = field(default=0.0, metadata={"min": 0.0, "doc": (
+        "drop a key's row when it was not looked up for this many seconds (up to an eighth "
+        "late); 0: never")})
+    max_rows_per_shard: int = field(default=0, metadata={"min": 0, "doc": (
+        "a shard holding more keys evicts the least recently looked up, down to 1/16 below "
+        "this; 0: no cap")})
+
+
+@dataclass(frozen=True)
 class AggregationConfig:
     """Sync mode lazy: when control lets the workers' dense weights be combined, and when the
     aggregator backs the result up. Every key marked ``live`` can be changed while the job runs
@@ -306,6 +333,8 @@ class Job:
         "the network: embeddings and an MLP")})
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"doc": (
         "training: epochs, batches, dense synchronisation, learning rates, timeouts")})
+    embeddings: EmbeddingsConfig = field(default_factory=EmbeddingsConfig, metadata={"doc": (
+        "keeping the shards' embedding tables bounded: admission, expiry, a cap")})
     aggregation: AggregationConfig = field(default_factory=AggregationConfig, metadata={"doc": (
         "when sync mode `lazy` combines the workers' dense weights, and when the aggregator "
         "backs them up; every key is live: changeable while the job runs (`zbus-ctl set`, "

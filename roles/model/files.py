@@ -11,7 +11,10 @@ The export (``runs/<run>/export/``), the hand-off to a serving system:
   e.g. ``mlp.0.weight``), float32;
 - ``embeddings-ps-<i>.npz``: ``keys`` (int64, the 64-bit feature ids, see
   ``roles.data.hashing``) and ``rows`` (float32 [keys, embedding_dim]) of shard i's table;
-  a key in no shard file has its deterministic initial row (``roles.algorithms.embedding_table``);
+  with admission (``[embeddings] min_count`` > 1) also ``defaults`` (float32 [sparse fields,
+  embedding_dim]), the shard's default row of each field. A key in no shard file has its
+  field's default row of the shard that owns it by hash placement when the files have default
+  rows, else its deterministic initial row (``roles.algorithms.embedding_table``);
 - ``transform.json``: the dense transform (log1p flag, training mean and std per column);
 - ``job.toml``: the effective job (schema, model sizes, seed);
 - ``manifest.json``, written last: the parts, the round and the AUC of the exported weights,
@@ -118,14 +121,23 @@ def load_named(path: Path) -> dict[str, np.ndarray]:
         return {k: f[k] for k in f.files}
 
 
-def save_embeddings(path: Path, keys: np.ndarray, rows: np.ndarray) -> None:
+def save_embeddings(path: Path, keys: np.ndarray, rows: np.ndarray,
+                    defaults: np.ndarray | None = None) -> None:
+    extra = {} if defaults is None else {"defaults": np.asarray(defaults, dtype=np.float32)}
     atomic_write(path, npz_bytes(keys=np.asarray(keys, dtype=np.int64),
-                            rows=np.asarray(rows, dtype=np.float32)))
+                                 rows=np.asarray(rows, dtype=np.float32), **extra))
 
 
 def load_embeddings(path: Path) -> tuple[np.ndarray, np.ndarray]:
     with np.load(path) as f:
         return f["keys"], f["rows"]
+
+
+def load_default_rows(path: Path) -> np.ndarray | None:
+    """The shard's default rows (one per sparse field; with ``[embeddings] min_count`` > 1),
+    or None."""
+    with np.load(path) as f:
+        return f["defaults"] if "defaults" in f.files else None
 
 
 def write_json(path: Path, obj: dict) -> None:

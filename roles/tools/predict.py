@@ -6,11 +6,13 @@ Rows are read with the job's schema, chunk by chunk (``roles.data``: the memory 
 with the data); the label column is optional: without it the rows are only scored. A row that
 does not parse is rejected and listed, as in training. Each accepted row's sparse values are
 hashed to their keys, looked up in the exported embeddings (a key no shard held gets its
-deterministic initial row, as a shard would give it), its dense values go through the
-exported transform, and the dense network gives the click probability. ``--split eval``
-scores only the job's held-out split (the last ``eval_fraction`` of the rows), which
-reproduces the job's eval AUC. Writes ``score`` (and ``label``) per accepted row, in file
-order, as TSV to ``--out`` (or nowhere), and prints the figures as JSON.
+deterministic initial row, as a shard would give it; with admission, ``[embeddings]
+min_count`` > 1, its field's default row on the shard that owns it by hash placement), its
+dense values go through the exported transform, and the dense network gives the click
+probability. ``--split eval`` scores only the job's held-out split (the last
+``eval_fraction`` of the rows), which reproduces the job's eval AUC. Writes ``score`` (and
+``label``) per accepted row, in file order, as TSV to ``--out`` (or nowhere), and prints the
+figures as JSON.
 
 Exits 0 when the rows were scored, 2 when the export or the data cannot be read, 3 when more
 than the job's ``max_rejected_fraction`` of the rows were rejected (the figures are printed,
@@ -30,6 +32,7 @@ import torch
 
 from roles.algorithms.embedding_table import initial_rows
 from roles.algorithms.metrics import ScoreHistogram
+from roles.algorithms.placement import KeyMap
 from roles.data.hashing import KEY_HASH
 from roles.data.index import DataError, index_files, plan_parts, resolve_paths
 from roles.data.readers import Rejected, Schema, read_part
@@ -42,6 +45,7 @@ from roles.model.files import (
     MANIFEST,
     TRANSFORM,
     embeddings_file,
+    load_default_rows,
     load_embeddings,
     load_named,
 )
@@ -75,8 +79,12 @@ class ExportedModel:
         tensors = {k: torch.from_numpy(v) for k, v in load_named(where / DENSE).items()}
         self.net.load_state_dict(tensors)
         self.net.eval()
-        parts = [load_embeddings(where / embeddings_file(i))
-                 for i in range(self.manifest["shards"])]
+        shards = self.manifest["shards"]
+        parts = [load_embeddings(where / embeddings_file(i)) for i in range(shards)]
+        defaults = [load_default_rows(where / embeddings_file(i)) for i in range(shards)]
+        # with admission, a key with no row had its field's default row on its shard
+        self.defaults = np.stack(defaults) if all(d is not None for d in defaults) else None
+        self.owners = KeyMap.hashed(shards, self.job.placement.buckets_per_shard)
         keys = np.concatenate([k for k, _ in parts])
         rows = np.concatenate([r for _, r in parts])
         order = np.argsort(keys)
@@ -90,8 +98,13 @@ class ExportedModel:
         t = self.job.train
         out = np.empty((len(flat), self.job.model.embedding_dim), dtype=np.float32)
         out[found] = self.rows[at[found]]
-        out[~found] = initial_rows(flat[~found], self.job.model.embedding_dim,
-                                   t.embedding_init, t.seed)
+        if self.defaults is not None:
+            missing = np.flatnonzero(~found)
+            field = missing % keys.shape[-1]
+            out[missing] = self.defaults[self.owners.owner_of(flat[missing]), field]
+        else:
+            out[~found] = initial_rows(flat[~found], self.job.model.embedding_dim,
+                                       t.embedding_init, t.seed)
         return out.reshape(*keys.shape, -1)
 
     def score(self, keys: np.ndarray, dense: np.ndarray) -> np.ndarray:

@@ -1,0 +1,173 @@
+"""Admission (``[embeddings] min_count``): a key gets a row of its own only once it has been
+seen often enough; until then it shares its field's default row (pure; a shard feeds it).
+
+``CountMinSketch``: ``depth`` rows of ``width`` saturating 8-bit counters (width a power of
+two; ``depth × width`` bytes, the memory stated by ``sketch_mb``). A key's estimate is the
+smallest of its ``depth`` counters: never below its true count since the last ageing, above it
+only by collisions. Counts are added with the *conservative update*: each of the key's
+counters is raised only as far as the new estimate (estimate + count), which keeps the
+collisions' excess much smaller than plain increments. **Ageing**: after every ``width``
+sightings added, every counter is halved (a right shift). Without it the counters only grow:
+in a long job every slot would sooner or later be pushed to ``min_count`` by collisions and
+every key admitted; with it the sketch holds about ``width`` to ``2 × width`` sightings at any
+time, so collisions add a bounded excess (well under one sighting per counter), and what
+counts is a key's recent frequency: it must be seen ``min_count`` times within roughly the
+last ``width`` sightings of keys without a row. Halving costs one pass over the counters
+(``depth × width`` bytes) once per ``width`` sightings.
+
+``Admission``: maps one batch's keys to rows (``map_batch``). A key with a row keeps it; a key
+without one gets a row when its estimate plus its occurrences in this batch reach
+``min_count`` (so ``min_count = 1``, the default, admits every key on first sight and no sketch
+is made); any other key maps to its field's default row (field = grid position % fields).
+Several keys on one default row make the batch's rows not distinct, so the rows are deduped
+and the look-up answer carries each row once: the worker's backward sums the gradients of
+every occurrence (``index_add_``) and Adagrad applies one summed gradient to the row, as to any
+row. The sightings of the keys mapped to a default row are added to the sketch only when the
+batch's gradients are applied (``trained``): an eval batch (no gradients) and a batch sent
+twice (its second gradients are refused) never count. A key's sightings in batches still in
+flight therefore count a few batches late.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from roles.algorithms.embedding_table import EmbeddingTable
+from roles.data.hashing import splitmix64
+from zbus.codec import ProtocolError
+
+DEPTH = 4
+MAX_COUNT = 255
+_SEEDS = np.array([0x8F1BBCDC, 0x6ED9EBA1, 0x5A827999, 0xCA62C1D6], dtype=np.uint64)
+
+
+def sketch_width(sketch_mb: float, depth: int = DEPTH) -> int:
+    """Counters per row: the largest power of two with depth x width bytes <= sketch_mb MiB."""
+    budget = max(1, int(sketch_mb * (1 << 20)) // depth)
+    return 1 << (budget.bit_length() - 1)
+
+
+class CountMinSketch:
+    def __init__(self, width: int, depth: int = DEPTH):
+        if width < 1 or width & (width - 1) or not 1 <= depth <= len(_SEEDS):
+            raise ValueError("width must be a power of two and depth 1..4")
+        self.width, self.depth = width, depth
+        self.counts = np.zeros((depth, width), dtype=np.uint8)
+        self.added = 0          # sightings added since the last halving
+        self.halvings = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.counts.nbytes
+
+    def _cells(self, keys: np.ndarray) -> np.ndarray:
+        """Each key's counter in each row: [depth, keys] flat indexes into ``counts``."""
+        k = np.ascontiguousarray(keys, dtype=np.int64).view(np.uint64)
+        mask = np.uint64(self.width - 1)
+        cells = np.empty((self.depth, len(k)), dtype=np.int64)
+        for d in range(self.depth):
+            cells[d] = (splitmix64(k ^ _SEEDS[d]) & mask).astype(np.int64) + d * self.width
+        return cells
+
+    def estimate(self, keys: np.ndarray) -> np.ndarray:
+        """Each key's estimated sightings (int64)."""
+        if not len(keys):
+            return np.zeros(0, dtype=np.int64)
+        least: np.ndarray = self.counts.reshape(-1)[self._cells(keys)].min(axis=0)
+        return least.astype(np.int64)
+
+    def add(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        """Add ``counts`` sightings of distinct ``keys`` (conservative update), then halve
+        every counter if ``width`` sightings were added since the last halving."""
+        if not len(keys):
+            return
+        flat = self.counts.reshape(-1)
+        cells = self._cells(keys)
+        counts = np.asarray(counts, dtype=np.int64)
+        target = np.minimum(flat[cells].min(axis=0).astype(np.int64) + counts, MAX_COUNT)
+        # raise each counter to at least its key's new estimate (the largest wins when keys
+        # share a counter)
+        np.maximum.at(flat, cells.reshape(-1),
+                      np.broadcast_to(target, cells.shape).reshape(-1).astype(np.uint8))
+        self.added += int(counts.sum())
+        while self.added >= self.width:
+            self.counts >>= 1
+            self.added -= self.width
+            self.halvings += 1
+
+
+@dataclass
+class BatchRows:
+    """One batch's keys mapped to rows: ``rows`` distinct, ``inverse`` the index into rows of
+    each key occurrence, ``pending`` the keys mapped to a default row and their occurrences
+    (None when every key had a row), for ``Admission.trained``."""
+
+    rows: np.ndarray
+    inverse: np.ndarray
+    pending: tuple[np.ndarray, np.ndarray] | None = None
+
+
+class Admission:
+    def __init__(self, min_count: int, sketch_mb: float, fields: int):
+        self.min_count = min_count
+        self.fields = fields
+        self.sketch = CountMinSketch(sketch_width(sketch_mb)) if min_count > 1 else None
+        self.admitted = 0      # keys given a row by a look-up
+        self.rejected = 0      # key occurrences mapped to a default row
+        self.rejected_keys = 0  # distinct keys per batch mapped to a default row, summed
+
+    @property
+    def defaults(self) -> int:
+        """Default rows the table needs (one per field when admission is on)."""
+        return self.fields if self.sketch is not None else 0
+
+    def map_batch(self, table: EmbeddingTable, keys: np.ndarray, positions: np.ndarray,
+                  fields: int) -> BatchRows:
+        """Rows for one batch's keys (``positions`` in its samples x ``fields`` grid); the
+        table's clock advances by one batch."""
+        table.clock += 1
+        if self.sketch is None:
+            uniq, inverse = np.unique(keys, return_inverse=True)
+            before = table.created
+            rows = table.rows_for(uniq)
+            self.admitted += table.created - before
+            return BatchRows(rows, inverse.astype(np.int32).reshape(-1))
+        if fields > self.fields or fields > table.defaults:
+            raise ProtocolError("bad_fields", f"a batch of {fields} fields for a table of "
+                                              f"{min(self.fields, table.defaults)}")
+        uniq, first, inverse, counts = np.unique(keys, return_index=True, return_inverse=True,
+                                                 return_counts=True)
+        inverse = inverse.reshape(-1)
+        rows = table.lookup(uniq)
+        absent = np.flatnonzero(rows < 0)
+        if not absent.size:
+            return BatchRows(rows, inverse.astype(np.int32))
+        ok = self.sketch.estimate(uniq[absent]) + counts[absent] >= self.min_count
+        admit, reject = absent[ok], absent[~ok]
+        if admit.size:
+            rows[admit] = table.create(uniq[admit])
+            self.admitted += len(admit)
+        pending = None
+        if reject.size:
+            rows[reject] = positions[first[reject]] % fields   # the field's default row
+            self.rejected += int(counts[reject].sum())
+            self.rejected_keys += len(reject)
+            table.touch(rows[reject])
+            pending = (uniq[reject], counts[reject])
+            rows, again = np.unique(rows, return_inverse=True)
+            inverse = again.reshape(-1)[inverse]
+        return BatchRows(rows, inverse.astype(np.int32), pending)
+
+    def trained(self, pending: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """A batch's gradients were applied: count the sightings of its keys that had no row."""
+        if pending is not None and self.sketch is not None:
+            self.sketch.add(*pending)
+
+    def counters(self) -> dict[str, int]:
+        s = self.sketch
+        return {"admitted": self.admitted, "rejected": self.rejected,
+                "rejected_keys": self.rejected_keys,
+                "sketch_bytes": s.nbytes if s is not None else 0,
+                "sketch_halvings": s.halvings if s is not None else 0}

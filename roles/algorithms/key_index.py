@@ -1,0 +1,150 @@
+"""``KeyIndex``: an open-addressing hash map int64 key -> int64 row, linear probing, for a
+shard's embedding table. Every operation works on whole arrays of keys: a probe loop runs once
+per probe *distance* over all keys still probing, so a batch of thousands of keys costs a
+handful of numpy passes.
+
+Deletion leaves a *tombstone* in the key's slot (a probe walks over it, an insert may reuse
+it). Live entries plus tombstones are kept at most ``MAX_LOAD`` of the slots: when an insert
+would pass that, the index is rebuilt (every live key placed again, tombstones gone) at the
+smallest power-of-two size that leaves it at most ``REBUILD_LOAD`` full. So between two
+rebuilds at least an eighth of the slots is filled or deleted, and a rebuild's cost, one pass
+over the slots, is paid at most once per ``capacity / 8`` inserts. An insert reuses the
+tombstones on its probe path, so under churn (as many keys dropped as added) the index keeps
+its size: like the table's rows, it stays at the size of the most keys it held at once.
+(Backward-shift deletion would need no rebuild but moves entries one key at a time: it does not
+vectorise.)
+
+``live_slots``/``delete_slots`` let a sweep walk the slots in chunks and delete what it finds
+without probing; a slot number is valid until the next insert (which may rebuild).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from roles.data.hashing import splitmix64
+
+MAX_LOAD = 0.5        # live + tombstones, of the slots
+REBUILD_LOAD = 0.375  # live, of the slots, right after a rebuild
+EMPTY = -1
+TOMBSTONE = -2
+MIN_SLOTS = 16
+
+
+def _size_for(needed: int) -> int:
+    size = MIN_SLOTS
+    while needed > REBUILD_LOAD * size:
+        size *= 2
+    return size
+
+
+class KeyIndex:
+    def __init__(self, capacity: int = 1024):
+        size = 1 << max(4, int(capacity - 1).bit_length())
+        self._keys = np.zeros(size, dtype=np.int64)
+        self._rows = np.full(size, EMPTY, dtype=np.int64)
+        self._count = 0       # live keys
+        self._tombstones = 0
+        self.rebuilds = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def capacity(self) -> int:
+        return len(self._rows)
+
+    @property
+    def tombstones(self) -> int:
+        return self._tombstones
+
+    @property
+    def nbytes(self) -> int:
+        return self._keys.nbytes + self._rows.nbytes
+
+    def _home(self, keys: np.ndarray) -> np.ndarray:
+        return (splitmix64(keys.view(np.uint64)) & np.uint64(self.capacity - 1)).astype(np.int64)
+
+    def _slots(self, keys: np.ndarray) -> np.ndarray:
+        """Slot of each key, -1 where the key is absent."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        out = np.full(len(keys), -1, dtype=np.int64)
+        pos = self._home(keys)
+        active = np.arange(len(keys))
+        mask = self.capacity - 1
+        while active.size:
+            p = pos[active]
+            rows = self._rows[p]
+            hit = (rows >= 0) & (self._keys[p] == keys[active])
+            out[active[hit]] = p[hit]
+            probing = (rows != EMPTY) & ~hit   # tombstones are walked over
+            active = active[probing]
+            pos[active] = (p[probing] + 1) & mask
+        return out
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        """Row of each key, -1 where the key is absent."""
+        slots = self._slots(keys)
+        return np.where(slots >= 0, self._rows[slots], -1)
+
+    def insert(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Add distinct keys that are not in the index yet."""
+        if not len(keys):
+            return
+        if self._count + self._tombstones + len(keys) > MAX_LOAD * self.capacity:
+            self._rebuild(self._count + len(keys))
+        self._place(np.asarray(keys, dtype=np.int64), np.asarray(rows, dtype=np.int64))
+        self._count += len(keys)
+
+    def _place(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        pos = self._home(keys)
+        active = np.arange(len(keys))
+        mask = self.capacity - 1
+        while active.size:
+            p = pos[active]
+            free = self._rows[p] < 0     # empty, or a tombstone (the key is known absent)
+            # among keys that reached the same free slot, the first takes it
+            slots, first = np.unique(p[free], return_index=True)
+            winners = active[free][first]
+            self._tombstones -= int(np.count_nonzero(self._rows[slots] == TOMBSTONE))
+            self._keys[slots] = keys[winners]
+            self._rows[slots] = rows[winners]
+            placed = np.zeros(len(keys), dtype=bool)
+            placed[winners] = True
+            moving = active[~free]
+            pos[moving] = (pos[moving] + 1) & mask
+            active = active[~placed[active]]
+
+    def _rebuild(self, needed: int) -> None:
+        keys, rows = self.items()
+        size = _size_for(needed)
+        self._keys = np.zeros(size, dtype=np.int64)
+        self._rows = np.full(size, EMPTY, dtype=np.int64)
+        self._tombstones = 0
+        self.rebuilds += 1
+        self._place(keys, rows)
+
+    def delete(self, keys: np.ndarray) -> np.ndarray:
+        """Remove distinct keys; the row each had (-1 where it was absent)."""
+        slots = self._slots(keys)
+        found = slots >= 0
+        rows = np.full(len(slots), -1, dtype=np.int64)
+        rows[found] = self._rows[slots[found]]
+        self.delete_slots(slots[found])
+        return rows
+
+    def delete_slots(self, slots: np.ndarray) -> None:
+        """Remove the live entries in these distinct slots."""
+        self._rows[slots] = TOMBSTONE
+        self._count -= len(slots)
+        self._tombstones += len(slots)
+
+    def live_slots(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The live entries among slots [start, stop): their slots, keys and rows."""
+        rows = self._rows[start:stop]
+        at = np.flatnonzero(rows >= 0)
+        return at + start, self._keys[start:stop][at], rows[at]
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        occupied = self._rows >= 0
+        return self._keys[occupied].copy(), self._rows[occupied].copy()
