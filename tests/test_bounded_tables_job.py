@@ -1,0 +1,136 @@
+"""Bounded embedding tables in real jobs (``[embeddings]``: admission, expiry, eviction):
+the counts reach the summary and the metrics, the export scores as the job did, skew-aware
+placement moves rows with admission on, and a killed shard restarts with expiry on."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from harness import ADULT_JOB, BIN, REPO
+
+from roles.model.files import embeddings_file, load_default_rows, load_embeddings
+
+pytestmark = pytest.mark.integration
+
+ZIPF_JOB = REPO / "jobs" / "zipf.toml"   # mode skew, windows of 10 batches
+ADULT_TRAIN_ROWS = 39074
+CRITEO_JOB = """name = "criteo-bounded"
+[data]
+path = "{path}"
+format = "criteo"
+eval_fraction = 0.2
+[model]
+embedding_dim = 8
+hidden = [32]
+[train]
+epochs = 2
+batch_size = 256
+[embeddings]
+min_count = 3
+expire_batches = 60
+sketch_mb = 1
+[cluster]
+workers = 2
+shards = 2
+"""
+
+
+def criteo_file(tmp_path: Path, rows: int) -> Path:
+    path = tmp_path / f"criteo-{rows}.tsv"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_criteo.py"), "--rows",
+                    str(rows), "--out", str(path)], check=True, capture_output=True,
+                   timeout=120)
+    return path
+
+
+def test_admission_and_expiry_counts_reach_the_summary_and_the_export_scores_the_same(
+        cluster, tmp_path):
+    data = criteo_file(tmp_path, 40_000)
+    job = tmp_path / "criteo.toml"
+    job.write_text(CRITEO_JOB.format(path=data))
+    c = cluster(job)
+    assert c.run_job() == 0, c.logs()
+    s = c.summary()
+    t = s["tables"]
+    assert (t["min_count"], t["expire_batches"], t["sketch_mb"]) == (3, 60, 1)
+    assert set(t["shards"]) == {"ps-0", "ps-1"}
+    for node, figures in t["shards"].items():
+        assert figures["admitted"] > 0 and figures["rejected"] > 0, (node, figures)
+        assert figures["expired"] > 0 and figures["evicted"] == 0, (node, figures)
+        assert figures["rows"] == s["shards"][node]["keys"]
+        assert figures["sketch_bytes"] == 1 << 20
+        # every row held was admitted once (a row expired and admitted again counts twice)
+        assert figures["rows"] == figures["admitted"] - figures["expired"]
+    assert not any(n.startswith("ps-") for n in s["rejected_messages"]), s["rejected_messages"]
+    assert s["samples_trained"] == 2 * 32_000 and s["auc"] > 0.6, s["auc"]
+    events = [e for e in c.events() if e["event"] == "tables"]
+    assert events and set(events[-1]["shards"]) == {"ps-0", "ps-1"}
+    # the export holds each shard's live rows and its default rows; scored by zbus-predict,
+    # the eval split gives the job's AUC (unknown keys take their field's default row)
+    export = Path(s["export"])
+    for shard in range(2):
+        keys, rows = load_embeddings(export / embeddings_file(shard))
+        assert len(keys) == t["shards"][f"ps-{shard}"]["rows"] == len(rows)
+        defaults = load_default_rows(export / embeddings_file(shard))
+        assert defaults.shape == (26, 8) and np.abs(defaults).sum() > 0   # trained
+    done = subprocess.run([str(BIN / "zbus-predict"), str(export), str(data), "--split",
+                           "eval"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    figures = orjson.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["scored"] == s["eval_samples"] == 8_000
+    assert abs(figures["auc"] - s["auc"]) < 1e-6, (figures, s["auc"])
+
+
+def test_skew_placement_moves_rows_with_admission_and_expiry_on(cluster):
+    c = cluster(ZIPF_JOB, embeddings__min_count=3, embeddings__expire_batches=150)
+    assert c.run_job(ps_slowdown={1: 2.0}) == 0, c.logs()
+    s = c.summary()
+    p = s["placement"]
+    assert p["migrations"] >= 1 and p["moved_keys"] > 0, {k: v for k, v in p.items()
+                                                          if k != "windows"}
+    moved_out = sum(x["keys_moved_out"] for x in s["shards"].values())
+    assert moved_out == sum(x["keys_moved_in"] for x in s["shards"].values()) == p["moved_keys"]
+    t = s["tables"]
+    assert all(f["admitted"] > 0 and f["rejected"] > 0 for f in t["shards"].values()), t
+    assert t["total"]["expired"] > 0, t
+    assert not any(n.startswith("ps-") for n in s["rejected_messages"]), s["rejected_messages"]
+    # each key on one shard only, every row finite, the default rows kept by both shards
+    seen: set[int] = set()
+    for shard in range(2):
+        keys, rows = load_embeddings(Path(s["export"]) / embeddings_file(shard))
+        assert not seen & set(keys.tolist()), "a key exported by two shards"
+        seen |= set(keys.tolist())
+        assert np.isfinite(rows).all() and len(keys) == t["shards"][f"ps-{shard}"]["rows"]
+        assert load_default_rows(Path(s["export"]) / embeddings_file(shard)).shape == (8, 16)
+    assert s["samples_trained"] == 4 * 48_000 and s["auc"] > 0.75, s["auc"]
+
+
+def test_a_killed_shard_restarts_from_its_checkpoint_with_expiry_on(cluster):
+    c = cluster(ADULT_JOB, train__epochs=2, train__checkpoint_s=0.5,
+                cluster__node_timeout_s=1.5, model__hidden=[512, 256],
+                embeddings__min_count=3, embeddings__expire_batches=40)
+    c.start_all(slowdown={0: 3.0, 1: 3.0})
+    checkpoint = c.run_dir / "checkpoints" / "ps-1.npz"
+    c.wait_for_event(lambda e: checkpoint.exists() and e["event"] == "round_done"
+                     and e["round"] >= 3)
+    c.procs["ps-1"].send_signal(signal.SIGKILL)
+    c.procs["ps-1"].wait()
+    c.wait_for_event(lambda e: e["event"] == "shard_lost" and e["node"] == "ps-1", timeout=30)
+    with np.load(checkpoint) as f:   # the default rows are checkpointed with the live ones
+        assert f["default_weights"].shape == (8, 16) and np.abs(f["default_weights"]).sum() > 0
+        restored_keys = len(f["keys"])
+    c.start("ps-1-again", [sys.executable, "-m", "roles.ps", "--index", "1"])
+    assert c.wait() == 0, c.logs()
+    s = c.summary()
+    (r,) = s["shard_recoveries"]
+    assert r["shard"] == "ps-1" and r["restored"], r
+    assert "restarted from the checkpoint" in c.log("ps-1-again")
+    assert f"{restored_keys} keys" in c.log("ps-1-again")
+    assert s["samples_trained"] == 2 * ADULT_TRAIN_ROWS and s["auc"] >= 0.88, s["auc"]
+    assert s["tables"]["shards"]["ps-1"]["rows"] == s["shards"]["ps-1"]["keys"]
