@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from roles.algorithms.embedding_table import EmbeddingTable, initial_rows
-from roles.algorithms.expiry import EVICT_MARGIN, MIN_CHUNK, Expiry
+from roles.algorithms.expiry import EVICT_MARGIN, MAX_DROPS, MAX_PIECE, MIN_PIECE, Expiry
 
 
 def seen(t: EmbeddingTable, keys) -> np.ndarray:
@@ -84,11 +84,11 @@ def test_a_sweep_is_done_in_bounded_pieces():
     for _ in range(8):
         seen(t, [])
     exp.tick(t, 0.0, nothing_held)
-    piece = max(MIN_CHUNK, t.index.capacity // 16)
-    assert exp.cursor == piece < t.index.capacity      # one piece per tick
-    assert 0 < exp.expired < len(keys)
-    run(exp, t, ticks=t.index.capacity // piece)
-    assert exp.expired == len(keys) and len(t) == 0
+    # one piece per tick: MIN_PIECE rows walked, at most MAX_DROPS of them dropped
+    assert exp.expired == min(MIN_PIECE, MAX_DROPS) and exp.cursor == exp.expired
+    run(exp, t, ticks=300_000 // MAX_DROPS)
+    assert exp.expired == len(keys) and len(t) == 0 and t.free_rows == len(keys)
+    assert MAX_PIECE * 16 >= 10_000_000     # a 10M-row table: pieces of 625k rows
 
 
 def test_beyond_the_cap_the_least_recently_seen_are_evicted_below_it():

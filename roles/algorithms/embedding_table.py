@@ -16,7 +16,9 @@ shard, after any restart, in any order of arrival (also when it comes back after
 
 Recency. ``clock`` counts the batches whose keys the shard looked up (the shard advances it);
 ``last_seen[row]`` is the clock of the row's latest look-up (or creation), which expiry and
-eviction go by.
+eviction go by (``FREE`` for a row that holds no key); ``row_key[row]`` is a live row's key.
+Expiry and eviction walk these two contiguous arrays by row number (``rows_seen_before``),
+not the index's slots, and probe the index only for the keys they drop.
 
 What a checkpoint (or an export, or a handover) needs:
 
@@ -50,6 +52,9 @@ def initial_rows(keys: np.ndarray, dim: int, scale: float, seed: int) -> np.ndar
     return ((2.0 * unit - 1.0) * scale).astype(np.float32)
 
 
+FREE = np.iinfo(np.int64).max   # the last-seen clock of a row that holds no key
+
+
 class EmbeddingTable:
     def __init__(self, dim: int, init_scale: float, lr: float, seed: int = 0,
                  eps: float = 1e-10, capacity: int = 1024, defaults: int = 0):
@@ -59,7 +64,8 @@ class EmbeddingTable:
         capacity = max(capacity, defaults, 1)
         self.weights = np.zeros((capacity, dim), dtype=np.float32)
         self.accum = np.zeros((capacity, dim), dtype=np.float32)   # Adagrad sum of g^2
-        self.last_seen = np.zeros(capacity, dtype=np.int64)
+        self.last_seen = np.full(capacity, FREE, dtype=np.int64)
+        self.row_key = np.zeros(capacity, dtype=np.int64)           # the key of a live row
         self.size = defaults          # row numbers in use: defaults, live and free
         self._free = np.empty(0, dtype=np.int64)   # a stack of free row numbers
         self._free_count = 0
@@ -79,7 +85,7 @@ class EmbeddingTable:
     def nbytes(self) -> int:
         """Memory the table's arrays hold (allocated, not only used)."""
         return (self.weights.nbytes + self.accum.nbytes + self.last_seen.nbytes
-                + self._free.nbytes + self.index.nbytes)
+                + self.row_key.nbytes + self._free.nbytes + self.index.nbytes)
 
     # -- look-ups -----------------------------------------------------------------------------
     def lookup(self, keys: np.ndarray) -> np.ndarray:
@@ -91,6 +97,7 @@ class EmbeddingTable:
     def create(self, keys: np.ndarray) -> np.ndarray:
         """Rows for distinct keys that have none: free row numbers first, then new ones; each
         starts from its key's initial row and no Adagrad state."""
+        keys = np.asarray(keys, dtype=np.int64)
         n = len(keys)
         reused = min(n, self._free_count)
         rows = np.empty(n, dtype=np.int64)
@@ -100,10 +107,10 @@ class EmbeddingTable:
         self._reserve(self.size + fresh)
         rows[reused:] = np.arange(self.size, self.size + fresh)
         self.size += fresh
-        self.weights[rows] = initial_rows(np.asarray(keys, dtype=np.int64), self.dim,
-                                          self.init_scale, self.seed)
+        self.weights[rows] = initial_rows(keys, self.dim, self.init_scale, self.seed)
         self.accum[rows] = 0.0
         self.last_seen[rows] = self.clock
+        self.row_key[rows] = keys
         self.index.insert(keys, rows)
         self.created += n
         return rows
@@ -117,16 +124,17 @@ class EmbeddingTable:
         return rows
 
     def touch(self, rows: np.ndarray) -> None:
-        """These rows count as seen now (a batch still holds them)."""
+        """These rows (live or default) count as seen now (a batch still holds them)."""
         self.last_seen[rows] = self.clock
 
     def _reserve(self, needed: int) -> None:
         if needed <= len(self.weights):
             return
         size = max(needed, 2 * len(self.weights))
-        for name in ("weights", "accum", "last_seen"):
+        for name, fill in (("weights", 0), ("accum", 0), ("last_seen", FREE), ("row_key", 0)):
             old = getattr(self, name)
-            grown = np.zeros((size, *old.shape[1:]), dtype=old.dtype)
+            grown = np.zeros((size, *old.shape[1:]), dtype=old.dtype) if fill == 0 else \
+                np.full(size, fill, dtype=old.dtype)
             grown[:self.size] = old[:self.size]
             setattr(self, name, grown)
 
@@ -141,26 +149,24 @@ class EmbeddingTable:
         """The live keys and their row numbers."""
         return self.index.items()
 
-    def drop_slots(self, slots: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> None:
-        """Remove the keys in these index slots (``KeyIndex.live_slots``); their rows are
-        freed for new keys."""
-        if not len(slots):
+    def drop_rows(self, rows: np.ndarray) -> None:
+        """Remove the keys of these distinct live rows; the rows are freed for new keys."""
+        if not len(rows):
             return
-        self.index.delete_slots(slots)
+        keys = self.row_key[rows]
+        self.index.delete(keys)
         self._free_rows(rows)
         if self._dropped is not None:
-            self._dropped.append(keys.copy())
+            self._dropped.append(keys)
 
     def drop(self, keys: np.ndarray) -> int:
         """Remove distinct keys (absent ones are ignored); how many were here."""
-        rows = self.index.delete(np.asarray(keys, dtype=np.int64))
-        here = rows >= 0
-        self._free_rows(rows[here])
-        if self._dropped is not None:
-            self._dropped.append(np.asarray(keys, dtype=np.int64)[here])
-        return int(here.sum())
+        rows = self.index.find(np.asarray(keys, dtype=np.int64))
+        self.drop_rows(rows[rows >= 0])
+        return int((rows >= 0).sum())
 
     def _free_rows(self, rows: np.ndarray) -> None:
+        self.last_seen[rows] = FREE
         needed = self._free_count + len(rows)
         if needed > len(self._free):
             grown = np.empty(max(needed, 2 * len(self._free), 1024), dtype=np.int64)
@@ -169,20 +175,31 @@ class EmbeddingTable:
         self._free[self._free_count:needed] = rows
         self._free_count = needed
 
-    def idle_rows(self, before: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every live entry last seen before clock ``before``: (slots, keys, rows)."""
-        slots, keys, rows = self.index.live_slots(0, self.index.capacity)
-        old = self.last_seen[rows] < before
-        return slots[old], keys[old], rows[old]
+    def rows_seen_before(self, start: int, stop: int, before: int) -> np.ndarray:
+        """The live rows among [start, stop) (default rows excluded) last seen before clock
+        ``before``."""
+        start = max(start, self.defaults)
+        stop = min(stop, self.size)
+        if start >= stop:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(self.last_seen[start:stop] < before) + start
 
-    def least_recent(self, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Up to ``count`` live entries seen least recently, none seen at the current clock:
-        (slots, keys, rows)."""
-        slots, keys, rows = self.idle_rows(self.clock)
-        if count < len(rows):
-            pick = np.argpartition(self.last_seen[rows], count - 1)[:count]
-            slots, keys, rows = slots[pick], keys[pick], rows[pick]
-        return slots, keys, rows
+    def clock_quantile(self, fraction: float, sample: int,
+                       rng: np.random.Generator) -> int:
+        """About the last-seen clock below which ``fraction`` of the live rows lie (from a
+        sample of ``sample`` rows, or every row of a smaller table)."""
+        span = self.size - self.defaults
+        if span <= 0:
+            return 0
+        if span <= sample:
+            seen = self.last_seen[self.defaults:self.size]
+        else:
+            seen = self.last_seen[rng.integers(self.defaults, self.size, sample)]
+        seen = seen[seen != FREE]
+        if not len(seen):
+            return 0
+        at = min(len(seen) - 1, int(fraction * len(seen)))
+        return int(np.partition(seen, at)[at])
 
     def mark(self) -> None:
         """From now on record the keys dropped (``dropped_since_mark``), forgetting earlier
@@ -228,9 +245,10 @@ class EmbeddingTable:
         order = np.argsort(stay_rows)
         stay_keys, stay_rows = stay_keys[order], stay_rows[order]
         d, n = self.defaults, len(stay_rows)
-        self.weights[d:d + n] = self.weights[stay_rows]
-        self.accum[d:d + n] = self.accum[stay_rows]
-        self.last_seen[d:d + n] = self.last_seen[stay_rows]
+        for array in (self.weights, self.accum, self.last_seen):
+            array[d:d + n] = array[stay_rows]
+        self.row_key[d:d + n] = stay_keys
+        self.last_seen[d + n:self.size] = FREE
         self.index = KeyIndex(max(1024, 2 * n))
         self.index.insert(stay_keys, np.arange(d, d + n, dtype=np.int64))
         self.size = d + n

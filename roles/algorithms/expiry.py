@@ -4,12 +4,13 @@ what keeps a shard's table bounded when the data's keys are not (pure; the shard
 
 **Expiry.** A key whose row was not looked up for ``expire_batches`` of the shard's batches, or
 for ``expire_s`` seconds, is dropped and its row freed for a new key. Rows are dropped by
-*sweeps*: a pass over the index's slots, started every ``expire_batches / 8`` batches or
-``expire_s / 8`` seconds, done in at most ``SWEEP_CHUNKS`` pieces (one per tick, each at least
-``MIN_CHUNK`` slots), so one tick's work is bounded (a sixteenth of the index, or less) and a
-row is dropped at most about an eighth of the horizon late. A pass drops the rows last seen
-before the clock ``before`` it fixes when it starts: ``table.clock - expire_batches + 1`` (not
-in the latest ``expire_batches`` batches), and for
+*passes* over the table's rows (its last-seen clocks, a contiguous array, by row number), one
+started every ``expire_batches / 8`` batches or ``expire_s / 8`` seconds, each done in pieces
+of ``rows / 16`` rows (at least ``MIN_PIECE``, at most ``MAX_PIECE``; a piece ends early after
+``MAX_DROPS`` dropped rows), one piece per tick: one tick's work is bounded, and a row is
+dropped at most about an eighth of the horizon late (more when a pass has very many to drop). A
+pass drops the rows last seen before the clock ``before`` it fixes when it starts:
+``table.clock - expire_batches + 1`` (not in the latest ``expire_batches`` batches), and for
 ``expire_s`` the clock at the newest *time mark* at least ``expire_s`` old. Time marks
 (clock, monotonic time) are taken every ``expire_s / 32`` seconds and only the ones the horizon
 needs are kept (about 33): a row's time is its clock, so no per-row time is stored, and a row
@@ -18,19 +19,19 @@ previous one advances the clock by one, so that on an idle shard the rows of the
 expire too (``expire_batches`` then also counts those marks: at most 32 per ``expire_s``).
 
 **Eviction.** When the table holds more than ``max_rows_per_shard`` keys, the least recently
-seen are dropped down to ``EVICT_MARGIN`` below the cap (one pass over the index and an
-``argpartition`` of the last-seen clocks: a batch of evictions every ``cap / 16`` new keys, not
-one per key). Between ticks the table may pass the cap by the keys of the batches of one tick.
+seen are dropped down to ``EVICT_MARGIN`` below the cap: the clock below which that many rows
+lie is read from a sample of ``SAMPLE`` rows' last-seen clocks, and a pass (as expiry's, in
+pieces) drops the rows seen before it; a pass under way is restarted with the higher bound.
+So eviction comes in batches (one per ``cap / 16`` new keys), never costs more than a piece
+per tick, and the cap can be passed by the keys admitted while its pass runs (a few ticks).
+A sample's error moves the figure by a few tenths of a percent of the cap; rows last seen in
+the same batch go together.
 
 **Held batches.** A row that a held batch uses must not be dropped (its number would be given
-to another key while the batch's gradients are on their way). When a pass starts, and before
-an eviction, every held row is *touched* (counted as seen now), so it is newer than anything
-the pass or the eviction drops; rows looked up later are newer still. If held rows alone
-exceed the cap, eviction stops short and waits for the table to grow by the margin again.
-
-A sweep that meets an index rebuild (a big insert) goes on from its slot number in the new
-layout: a key may be visited twice or missed by that pass, never dropped wrongly (the test is
-its last-seen clock).
+to another key while the batch's gradients are on their way). When a pass starts, and when
+eviction raises one, every held row is *touched* (counted as seen now), so it is newer than
+anything the pass drops; rows looked up later are newer still. If held rows alone exceed the
+cap, eviction stops short and waits for the table to grow by the margin again.
 """
 
 from __future__ import annotations
@@ -42,26 +43,32 @@ import numpy as np
 
 from roles.algorithms.embedding_table import EmbeddingTable
 
-SWEEP_PASSES = 8      # passes per horizon
-SWEEP_CHUNKS = 16     # a pass in at most this many ticks
-MIN_CHUNK = 1 << 16   # slots a tick sweeps at least
-TIME_MARKS = 32       # time marks per expire_s
+SWEEP_PASSES = 8        # passes per horizon
+PIECES = 16             # a pass in this many ticks, when the pieces' bounds allow
+MIN_PIECE = 1 << 16     # rows a tick walks at least ...
+MAX_PIECE = 1 << 20     # ... and at most
+MAX_DROPS = 1 << 15     # rows a tick drops at most
+TIME_MARKS = 32         # time marks per expire_s
 EVICT_MARGIN = 1 / 16
+SAMPLE = 1 << 16        # rows whose last-seen clocks set an eviction's bound
 
 
 class Expiry:
-    def __init__(self, expire_batches: int, expire_s: float, max_rows: int, now: float):
+    def __init__(self, expire_batches: int, expire_s: float, max_rows: int, now: float,
+                 seed: int = 0):
         self.after_batches, self.after_s, self.cap = expire_batches, expire_s, max_rows
         self.marks: deque[tuple[int, float]] = deque([(0, now)])
-        self.cursor = -1          # next slot of the pass under way; -1: none
-        self.before = 0           # that pass drops the rows last seen before this clock
+        self.cursor = -1          # next row of the pass under way; -1: none
+        self.expire_before = 0    # the pass drops rows last seen before these clocks: as
+        self.evict_before = 0     # expired, and (the rest) as evicted
         self.next_clock = max(1, expire_batches // SWEEP_PASSES)
         self.next_time = now + expire_s / SWEEP_PASSES
         self.evict_above = max_rows
+        self.rng = np.random.default_rng(seed)
         self.expired = 0
         self.evicted = 0
         self.sweeps = 0           # passes completed
-        self.evictions = 0        # batches of evictions
+        self.evictions = 0        # eviction bounds set
 
     @property
     def expiring(self) -> bool:
@@ -69,21 +76,16 @@ class Expiry:
 
     def tick(self, table: EmbeddingTable, now: float,
              held: Callable[[], Iterable[np.ndarray]]) -> None:
-        """The upkeep due now: a time mark, an eviction, a piece of a sweep. ``held`` gives
-        the row numbers of every batch the shard holds."""
+        """The upkeep due now: a time mark, a pass started, a piece of it. ``held`` gives the
+        row numbers of every batch the shard holds."""
         if self.after_s:
             self._mark(table, now)
         if self.cap and len(table) > self.evict_above:
             self._evict(table, held)
-        if not self.expiring:
-            return
-        if self.cursor < 0:
-            if not self._due(table.clock, now):
-                return
+        if self.cursor < 0 and self.expiring and self._due(table.clock, now):
             self._start(table, now, held)
-            if self.cursor < 0:
-                return
-        self._sweep(table)
+        if self.cursor >= 0:
+            self._piece(table)
 
     # -- expiry -------------------------------------------------------------------------------
     def _mark(self, table: EmbeddingTable, now: float) -> None:
@@ -115,29 +117,49 @@ class Expiry:
         if before <= 0 or not len(table):
             return
         _touch_held(table, held)
-        self.before, self.cursor = before, 0
+        self.expire_before, self.evict_before, self.cursor = before, 0, table.defaults
 
-    def _sweep(self, table: EmbeddingTable) -> None:
-        slots = table.index.capacity
-        chunk = max(MIN_CHUNK, -(-slots // SWEEP_CHUNKS))
-        at, keys, rows = table.index.live_slots(self.cursor, self.cursor + chunk)
-        old = table.last_seen[rows] < self.before
-        table.drop_slots(at[old], keys[old], rows[old])
-        self.expired += int(old.sum())
-        self.cursor += chunk
-        if self.cursor >= table.index.capacity:
+    def _piece(self, table: EmbeddingTable) -> None:
+        span = table.size - table.defaults
+        piece = max(MIN_PIECE, min(MAX_PIECE, -(-span // PIECES)))
+        before = max(self.expire_before, self.evict_before)
+        rows = table.rows_seen_before(self.cursor, self.cursor + piece, before)
+        if len(rows) > MAX_DROPS:   # the deletions are the dearer part: a bounded number
+            rows = rows[:MAX_DROPS]
+            piece = int(rows[-1]) + 1 - self.cursor
+        if len(rows):
+            expired = int(np.count_nonzero(table.last_seen[rows] < self.expire_before))
+            self.expired += expired
+            self.evicted += len(rows) - expired
+            table.drop_rows(rows)
+        self.cursor += piece
+        if self.cursor >= table.size:
             self.cursor = -1
             self.sweeps += 1
+            if self.evict_before:
+                margin = max(1, int(self.cap * EVICT_MARGIN))
+                self.evict_above = self.cap if len(table) <= self.cap else \
+                    len(table) + margin
+                self.expire_before = self.evict_before = 0
 
     # -- eviction -----------------------------------------------------------------------------
     def _evict(self, table: EmbeddingTable, held: Callable[[], Iterable[np.ndarray]]) -> None:
+        """Start (or raise) a pass that drops the least recently seen rows down to the margin
+        below the cap."""
         margin = max(1, int(self.cap * EVICT_MARGIN))
+        excess = len(table) - (self.cap - margin)
         _touch_held(table, held)
-        slots, keys, rows = table.least_recent(len(table) - (self.cap - margin))
-        table.drop_slots(slots, keys, rows)
-        self.evicted += len(slots)
+        bound = table.clock_quantile(excess / len(table), SAMPLE, self.rng) + 1
+        bound = min(bound, table.clock)    # never the rows of the latest batch
+        self.evict_above = 1 << 62         # until this pass is over
+        if bound <= max(self.evict_before, self.expire_before if self.cursor >= 0 else 0):
+            self.evict_above = len(table) + margin   # nothing more to drop: wait to grow
+            return
+        self.evict_before = bound
         self.evictions += 1
-        self.evict_above = max(self.cap, len(table) + margin)
+        if self.cursor < 0:
+            self.expire_before = 0
+        self.cursor = table.defaults       # (re)start the pass with the higher bound
 
     def counters(self) -> dict[str, int]:
         return {"expired": self.expired, "evicted": self.evicted, "sweeps": self.sweeps,
