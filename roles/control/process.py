@@ -484,9 +484,12 @@ class Control(Loop):
             self.metrics.write("throughput", samples=acked,
                                samples_per_s=round((acked - before) / (now - then), 1))
             self.last_acked = (now, acked)
-            tables = table_figures(self.job, {n: s.counters for n, s in
-                                              self.members.nodes.items()})
-            self.metrics.write("tables", total=tables["total"], shards=tables["shards"])
+            self.record_tables()
+
+    def record_tables(self) -> None:
+        """The shards' table figures (keys held, admitted, rejected, expired, evicted)."""
+        tables = table_figures(self.job, {n: s.counters for n, s in self.members.nodes.items()})
+        self.metrics.write("tables", total=tables["total"], shards=tables["shards"])
 
     # -- state on disk ---------------------------------------------------------------------------
     def save_state(self) -> None:
@@ -536,6 +539,7 @@ class Control(Loop):
                               wall_s=now - self.started + self.run_before_s)
         path = self.run_dir / "summary.json"
         atomic_write(path, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+        self.record_tables()
         self.save_state()  # phase done: the run cannot be resumed
         self.metrics.write("end", status=status, reason=reason)
         self.metrics.close()
