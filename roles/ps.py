@@ -96,7 +96,8 @@ class Shard(Node):
         self.sent_keys = 0
         self.moved_version = 0                # the last placement whose handover is complete
         t, e = job.train, job.embeddings
-        self.admission = Admission(e.min_count, e.sketch_mb, len(job.sparse_fields))
+        self.admission = Admission(e.min_count, e.sketch_mb, len(job.sparse_fields),
+                                   e.expire_batches, e.expire_s, time.monotonic())
         self.expiry = Expiry(e.expire_batches, e.expire_s, e.max_rows_per_shard,
                              time.monotonic())
         self.table = EmbeddingTable(job.model.embedding_dim, t.embedding_init, t.embedding_lr,
@@ -295,6 +296,7 @@ class Shard(Node):
         if self.moving is not None:
             self.try_handover()
         self.expiry.tick(self.table, now, self.held_rows)
+        self.admission.tick(now)
         if self.welcomed and self.run_dir and now >= self.next_checkpoint:
             self.next_checkpoint = now + self.job.train.checkpoint_s
             self.write_checkpoint()

@@ -47,8 +47,8 @@ PY = sys.executable
 ZIPF_VOCAB = [5, 20, 200, 2000, 2_000_000, 50, 1000, 500_000]   # zipf.toml's, tail x100
 JOB = """name = "bench-admission"
 [data]
-{data}
 eval_fraction = 0.2
+{data}
 [model]
 embedding_dim = 16
 hidden = [64, 32]

@@ -138,3 +138,24 @@ def test_the_summary_gives_each_shards_table_figures_and_their_total():
     assert t["total"]["rows"] == 6 and t["total"]["rejected"] == 14
     assert t["total"]["expired"] == 2 and t["total"]["evicted"] == 4
     assert (t["min_count"], t["expire_batches"], t["sketch_mb"]) == (3, 500, 16.0)
+
+
+def test_with_expiry_the_counters_are_halved_once_per_horizon():
+    # by batches: a key seen once per horizon never reaches 3: halvings in between
+    adm, t = Admission(3, 1, 2, age_batches=4), table()
+    key = [77, 78]
+    for _ in range(3):
+        adm.trained(adm.map_batch(t, *batch(key), 2).pending)
+        for _ in range(3):
+            adm.map_batch(t, *batch([1, 2]), 2)   # other batches (eval: nothing counted)
+    assert adm.sketch.halvings == 3 and len(t) == 0
+    assert adm.sketch.estimate(np.array([77]))[0] <= 1
+    # by seconds (expire_s): tick halves once per age_s
+    timed = Admission(3, 1, 2, age_s=10.0, now=100.0)
+    timed.trained((np.array([5]), np.array([2])))
+    timed.tick(105.0)
+    assert timed.sketch.estimate(np.array([5]))[0] == 2
+    timed.tick(110.0)
+    assert timed.sketch.estimate(np.array([5]))[0] == 1 and timed.sketch.halvings == 1
+    timed.tick(115.0)
+    assert timed.sketch.halvings == 1

@@ -10,10 +10,15 @@ collisions' excess much smaller than plain increments. **Ageing**: after every `
 sightings added, every counter is halved (a right shift). Without it the counters only grow:
 in a long job every slot would sooner or later be pushed to ``min_count`` by collisions and
 every key admitted; with it the sketch holds about ``width`` to ``2 × width`` sightings at any
-time, so collisions add a bounded excess (well under one sighting per counter), and what
+time, so collisions add a bounded excess (about one sighting per counter at most), and what
 counts is a key's recent frequency: it must be seen ``min_count`` times within roughly the
-last ``width`` sightings of keys without a row. Halving costs one pass over the counters
-(``depth × width`` bytes) once per ``width`` sightings.
+last ``width`` sightings of keys without a row. With expiry on, the counters are also halved
+once per expiry horizon (``expire_batches`` batches of the shard, ``expire_s`` seconds): a key
+must then earn its row within about the time it would keep it unseen. Without that, the
+sketch's memory would span a number of sightings, not a stretch of the data: in a job shorter
+than that, the keys admitted would be those seen ``min_count`` times since the start, a set
+that grows with the data, and so would the rows held; an expired key would come straight back
+on its next sighting. Halving costs one pass over the counters (``depth × width`` bytes).
 
 ``Admission``: maps one batch's keys to rows (``map_batch``). A key with a row keeps it; a key
 without one gets a row when its estimate plus its occurrences in this batch reach
@@ -93,9 +98,12 @@ class CountMinSketch:
                       np.broadcast_to(target, cells.shape).reshape(-1).astype(np.uint8))
         self.added += int(counts.sum())
         while self.added >= self.width:
-            self.counts >>= 1
+            self.halve()
             self.added -= self.width
-            self.halvings += 1
+
+    def halve(self) -> None:
+        self.counts >>= 1
+        self.halvings += 1
 
 
 @dataclass
@@ -110,10 +118,13 @@ class BatchRows:
 
 
 class Admission:
-    def __init__(self, min_count: int, sketch_mb: float, fields: int):
+    def __init__(self, min_count: int, sketch_mb: float, fields: int, age_batches: int = 0,
+                 age_s: float = 0.0, now: float = 0.0):
         self.min_count = min_count
         self.fields = fields
         self.sketch = CountMinSketch(sketch_width(sketch_mb)) if min_count > 1 else None
+        self.age_batches, self.age_s = age_batches, age_s   # the expiry horizon, if any
+        self.aged_clock, self.aged_time = 0, now   # the last halvings per horizon
         self.admitted = 0      # keys given a row by a look-up
         self.rejected = 0      # key occurrences mapped to a default row
         self.rejected_keys = 0  # distinct keys per batch mapped to a default row, summed
@@ -128,6 +139,9 @@ class Admission:
         """Rows for one batch's keys (``positions`` in its samples x ``fields`` grid); the
         table's clock advances by one batch."""
         table.clock += 1
+        if self.age_batches and table.clock - self.aged_clock >= self.age_batches:
+            self.aged_clock = table.clock
+            self.age()
         if self.sketch is None:
             uniq, inverse = np.unique(keys, return_inverse=True)
             before = table.created
@@ -159,6 +173,17 @@ class Admission:
             rows, again = np.unique(rows, return_inverse=True)
             inverse = again.reshape(-1)[inverse]
         return BatchRows(rows, inverse.astype(np.int32), pending)
+
+    def tick(self, now: float) -> None:
+        """Halve the counters once per ``age_s`` seconds (with ``expire_s``)."""
+        if self.age_s and now - self.aged_time >= self.age_s:
+            self.aged_time = now
+            self.age()
+
+    def age(self) -> None:
+        """One horizon has passed: halve every counter."""
+        if self.sketch is not None:
+            self.sketch.halve()
 
     def trained(self, pending: tuple[np.ndarray, np.ndarray] | None) -> None:
         """A batch's gradients were applied: count the sightings of its keys that had no row."""
