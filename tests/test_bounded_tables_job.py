@@ -1,10 +1,10 @@
 """Bounded embedding tables in real jobs (``[embeddings]``: admission, expiry, eviction):
 the counts reach the summary and the metrics, the export scores as the job did, skew-aware
-placement moves rows with admission on, and a killed shard restarts with expiry on."""
+placement moves rows with admission on (with checkpoints, restarts and resume:
+``test_bounded_resume.py``)."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from harness import ADULT_JOB, BIN, REPO
+from harness import BIN, REPO
 
 from roles.model.files import embeddings_file, load_default_rows, load_embeddings
 
@@ -110,27 +110,3 @@ def test_skew_placement_moves_rows_with_admission_and_expiry_on(cluster):
         assert load_default_rows(Path(s["export"]) / embeddings_file(shard)).shape == (8, 16)
     assert s["samples_trained"] == 4 * 48_000 and s["auc"] > 0.75, s["auc"]
 
-
-def test_a_killed_shard_restarts_from_its_checkpoint_with_expiry_on(cluster):
-    c = cluster(ADULT_JOB, train__epochs=2, train__checkpoint_s=0.5,
-                cluster__node_timeout_s=1.5, model__hidden=[512, 256],
-                embeddings__min_count=3, embeddings__expire_batches=40)
-    c.start_all(slowdown={0: 3.0, 1: 3.0})
-    checkpoint = c.run_dir / "checkpoints" / "ps-1.npz"
-    c.wait_for_event(lambda e: checkpoint.exists() and e["event"] == "round_done"
-                     and e["round"] >= 3)
-    c.procs["ps-1"].send_signal(signal.SIGKILL)
-    c.procs["ps-1"].wait()
-    c.wait_for_event(lambda e: e["event"] == "shard_lost" and e["node"] == "ps-1", timeout=30)
-    with np.load(checkpoint) as f:   # the default rows are checkpointed with the live ones
-        assert f["default_weights"].shape == (8, 16) and np.abs(f["default_weights"]).sum() > 0
-        restored_keys = len(f["keys"])
-    c.start("ps-1-again", [sys.executable, "-m", "roles.ps", "--index", "1"])
-    assert c.wait() == 0, c.logs()
-    s = c.summary()
-    (r,) = s["shard_recoveries"]
-    assert r["shard"] == "ps-1" and r["restored"], r
-    assert "restarted from the checkpoint" in c.log("ps-1-again")
-    assert f"{restored_keys} keys" in c.log("ps-1-again")
-    assert s["samples_trained"] == 2 * ADULT_TRAIN_ROWS and s["auc"] >= 0.88, s["auc"]
-    assert s["tables"]["shards"]["ps-1"]["rows"] == s["shards"]["ps-1"]["keys"]

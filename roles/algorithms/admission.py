@@ -190,6 +190,12 @@ class Admission:
         if pending is not None and self.sketch is not None:
             self.sketch.add(*pending)
 
+    def restore_counts(self, counts: dict[str, int]) -> None:
+        """Go on from a checkpoint's counts (the sketch itself is not kept: it starts empty)."""
+        self.admitted = int(counts.get("admitted", 0))
+        self.rejected = int(counts.get("rejected", 0))
+        self.rejected_keys = int(counts.get("rejected_keys", 0))
+
     def counters(self) -> dict[str, int]:
         s = self.sketch
         return {"admitted": self.admitted, "rejected": self.rejected,

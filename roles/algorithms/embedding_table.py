@@ -31,8 +31,11 @@ What a checkpoint (or an export, or a handover) needs:
   disappeared since the previous one. Nothing is recorded before the first ``mark()`` (memory
   must not grow in a job that never calls it). A key dropped and then created again since the
   mark is in both ``dropped_since_mark()`` and ``live()``: apply the drops first.
-- Rows change in ``create`` (new keys: a new initial row in a new or reused row number),
-  ``adagrad`` (trained), ``accept`` and ``release`` (which renumbers every row).
+- ``dirty``: the rows changed since ``clear_dirty()`` — by ``create`` (new keys: a new initial
+  row in a new or reused row number), ``adagrad`` (trained, default rows too) and ``accept``;
+  ``renumbered`` says ``release`` compacted the rows since (a handover), so that the next
+  checkpoint must hold the whole table. ``key_of_row()``: each row's key and whether it is
+  live.
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ class EmbeddingTable:
         self.clock = 0
         self.created = 0              # keys given a row, ever
         self._dropped: list[np.ndarray] | None = None   # since the mark; None: not recording
+        self.dirty = np.zeros(capacity, dtype=bool)  # changed since the last checkpoint
+        self.renumbered = False
 
     def __len__(self) -> int:
         """Live keys (default and free rows not counted)."""
@@ -85,7 +90,8 @@ class EmbeddingTable:
     def nbytes(self) -> int:
         """Memory the table's arrays hold (allocated, not only used)."""
         return (self.weights.nbytes + self.accum.nbytes + self.last_seen.nbytes
-                + self.row_key.nbytes + self._free.nbytes + self.index.nbytes)
+                + self.row_key.nbytes + self.dirty.nbytes + self._free.nbytes
+                + self.index.nbytes)
 
     # -- look-ups -----------------------------------------------------------------------------
     def lookup(self, keys: np.ndarray) -> np.ndarray:
@@ -111,6 +117,7 @@ class EmbeddingTable:
         self.accum[rows] = 0.0
         self.last_seen[rows] = self.clock
         self.row_key[rows] = keys
+        self.dirty[rows] = True
         self.index.insert(keys, rows)
         self.created += n
         return rows
@@ -131,7 +138,8 @@ class EmbeddingTable:
         if needed <= len(self.weights):
             return
         size = max(needed, 2 * len(self.weights))
-        for name, fill in (("weights", 0), ("accum", 0), ("last_seen", FREE), ("row_key", 0)):
+        for name, fill in (("weights", 0), ("accum", 0), ("last_seen", FREE), ("row_key", 0),
+                           ("dirty", 0)):
             old = getattr(self, name)
             grown = np.zeros((size, *old.shape[1:]), dtype=old.dtype) if fill == 0 else \
                 np.full(size, fill, dtype=old.dtype)
@@ -143,6 +151,7 @@ class EmbeddingTable:
         acc = self.accum[rows] + grads * grads
         self.accum[rows] = acc
         self.weights[rows] -= self.lr * grads / (np.sqrt(acc) + self.eps)
+        self.dirty[rows] = True
 
     # -- dropping keys ------------------------------------------------------------------------
     def live(self) -> tuple[np.ndarray, np.ndarray]:
@@ -231,6 +240,7 @@ class EmbeddingTable:
             rows = self.rows_for(np.asarray(keys, dtype=np.int64))
             self.weights[rows] = weights
             self.accum[rows] = accum
+            self.dirty[rows] = True
 
     def release(self, leaving: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Remove the keys whose rows are marked in ``leaving`` (bool per row); return their
@@ -253,4 +263,17 @@ class EmbeddingTable:
         self.index.insert(stay_keys, np.arange(d, d + n, dtype=np.int64))
         self.size = d + n
         self._free_count = 0
+        self.renumbered = True
         return out
+
+    def clear_dirty(self) -> None:
+        """A checkpoint took the table as it is: nothing has changed since."""
+        self.dirty[:self.size] = False
+        self.renumbered = False
+
+    def key_of_row(self) -> tuple[np.ndarray, np.ndarray]:
+        """The key of each row below ``size`` and whether the row holds one (default and free
+        rows do not)."""
+        live = self.last_seen[:self.size] != FREE
+        live[:self.defaults] = False
+        return np.where(live, self.row_key[:self.size], 0), live

@@ -161,6 +161,11 @@ class Expiry:
             self.expire_before = 0
         self.cursor = table.defaults       # (re)start the pass with the higher bound
 
+    def restore_counts(self, counts: dict[str, int]) -> None:
+        """Go on from a checkpoint's counts."""
+        for name in ("expired", "evicted", "sweeps", "evictions"):
+            setattr(self, name, int(counts.get(name, 0)))
+
     def counters(self) -> dict[str, int]:
         return {"expired": self.expired, "evicted": self.evicted, "sweeps": self.sweeps,
                 "evictions": self.evictions}

@@ -1,0 +1,133 @@
+"""Bounded tables with whole-job checkpoints (real processes, loopback): a shard killed and
+started again, and a whole job killed and resumed, with admission and expiry on. The chain of
+files a shard restores holds the table as it stood at the cut — the keys expired since its full
+file stay dropped — its default rows and its counts, which the restored shard goes on from;
+``zbus-predict`` scores a checkpoint with the default rows."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from harness import ADULT_JOB, REPO
+
+from roles.checkpoint.files import (
+    checkpoint_dir,
+    checkpoints_dir,
+    latest_complete,
+    read_manifest,
+    read_meta,
+)
+from roles.checkpoint.shard import read_chain
+
+pytestmark = pytest.mark.integration
+
+ADULT_TRAIN_ROWS = 39074
+BOUNDED = {"model__hidden": [512, 256], "embeddings__min_count": 3,
+           "embeddings__expire_batches": 30,
+           "checkpoint__keep": 1000}   # the files read after the job are not pruned meanwhile
+
+
+def chain_of(run_dir, number: int, node: str) -> list[str]:
+    manifest = read_manifest(checkpoint_dir(run_dir, number))
+    assert manifest is not None
+    return manifest["parts"][node]
+
+
+def last_meta(run_dir, files: list[str]) -> dict:
+    with np.load(checkpoints_dir(run_dir) / files[-1]) as f:
+        return read_meta(f)
+
+
+def dropped_after_full(run_dir, files: list[str]) -> set[int]:
+    """The keys a chain's deltas dropped and did not bring back later in the chain."""
+    gone: set[int] = set()
+    for name in files[1:]:
+        with np.load(checkpoints_dir(run_dir) / name) as f:
+            gone = (gone | set(f["dropped"].tolist())) - set(f["keys"].tolist())
+    return gone
+
+
+def with_drops(run_dir, e: dict) -> bool:
+    """A complete checkpoint whose shards' chains have dropped keys in a delta."""
+    if e["event"] != "checkpoint" or e["status"] != "complete":
+        return False
+    return all(dropped_after_full(run_dir, chain_of(run_dir, e["number"], f"ps-{i}"))
+               for i in range(2))
+
+
+def restored_number(log: str) -> tuple[int, int]:
+    """(checkpoint, keys) from a shard's 'restored checkpoint N of S s ago: K keys'."""
+    rest = log.split("restored checkpoint ")[1]
+    return int(rest.split()[0]), int(rest.split(": ")[1].split()[0])
+
+
+def test_whole_job_killed_with_expiry_on_resumes_and_no_dropped_key_comes_back(cluster):
+    c = cluster(ADULT_JOB, train__epochs=2, checkpoint__every_s=1.0, checkpoint__full_every=50,
+                **BOUNDED)
+    c.start_all(slowdown={0: 2.0, 1: 2.0})
+    cut = c.wait_for_event(lambda e: with_drops(c.run_dir, e), timeout=180)
+    c.kill_all()
+    number, _, _ = latest_complete(c.run_dir)
+    assert number >= cut["number"]
+    chains = {f"ps-{i}": chain_of(c.run_dir, number, f"ps-{i}") for i in range(2)}
+    c.start_all(resume=True, slowdown={0: 2.0, 1: 2.0})
+    assert c.wait() == 0, c.logs()
+    s = c.summary()
+    assert s["ok"] and s["checkpoints"]["rollbacks"][0]["checkpoint"] == number, s["reason"]
+    for node, files in chains.items():
+        meta = last_meta(c.run_dir, files)
+        got = read_chain(checkpoints_dir(c.run_dir), files)
+        # the chain gives the table as it stood at the cut: as many keys, none it had dropped
+        assert len(got.keys) == meta["keys"] == len(set(got.keys.tolist())), node
+        if len(files) > 1:
+            with np.load(checkpoints_dir(c.run_dir) / files[0]) as f:
+                full_keys = set(f["keys"][f["live"]].tolist())
+            gone = dropped_after_full(c.run_dir, files) & full_keys
+            assert not gone & set(got.keys.tolist()), node
+        assert got.default_weights.shape == (8, 16) and np.abs(got.default_weights).sum() > 0
+        assert restored_number(c.log(node)) == (number, meta["keys"]), node
+        t = meta["table"]
+        assert t["expired"] > 0 and meta["keys"] == t["admitted"] - t["expired"], (node, t)
+        # the counts go on from the checkpoint's: every row held admitted once
+        end = s["tables"]["shards"][node]
+        assert end["admitted"] >= t["admitted"] and end["expired"] >= t["expired"], (node, end)
+        assert end["rows"] == end["admitted"] - end["expired"] == s["shards"][node]["keys"]
+    for rows in s["parts"]["rows_per_epoch"]:
+        assert rows["rows"] == rows["rows_once"] == ADULT_TRAIN_ROWS, rows
+    assert s["samples_trained"] == 2 * ADULT_TRAIN_ROWS and s["auc"] >= 0.88, s["auc"]
+    assert s["duplicates_refused"]["embedding_updates"] == 0
+    # the newest checkpoint serves, unknown keys on their field's default row
+    scored = subprocess.run([sys.executable, "-m", "roles.tools.predict",
+                             str(c.run_dir / "checkpoints"), str(REPO / "data" / "adult.csv.gz"),
+                             "--split", "eval"], capture_output=True, text=True, cwd=REPO)
+    assert scored.returncode == 0, scored.stderr
+    assert json.loads(scored.stdout)["auc"] >= 0.88
+
+
+def test_a_killed_shard_restarts_from_its_chain_with_expiry_on(cluster):
+    c = cluster(ADULT_JOB, train__epochs=2, checkpoint__every_s=0.5,
+                cluster__node_timeout_s=1.5, **BOUNDED)
+    c.start_all(slowdown={0: 3.0, 1: 3.0})
+    c.wait_for_event(lambda e: e["event"] == "checkpoint" and e["status"] == "complete"
+                     and e["number"] >= 2)
+    c.procs["ps-1"].send_signal(signal.SIGKILL)
+    c.procs["ps-1"].wait()
+    c.wait_for_event(lambda e: e["event"] == "shard_lost" and e["node"] == "ps-1", timeout=30)
+    c.start("ps-1-again", [sys.executable, "-m", "roles.ps", "--index", "1"])
+    assert c.wait() == 0, c.logs()
+    s = c.summary()
+    (r,) = s["shard_recoveries"]
+    assert r["shard"] == "ps-1" and r["restored"], r
+    number, keys = restored_number(c.log("ps-1-again"))
+    files = chain_of(c.run_dir, number, "ps-1")
+    got = read_chain(checkpoints_dir(c.run_dir), files)
+    assert keys == len(got.keys) == last_meta(c.run_dir, files)["keys"]
+    assert got.default_weights.shape == (8, 16) and np.abs(got.default_weights).sum() > 0
+    assert s["samples_trained"] == 2 * ADULT_TRAIN_ROWS and s["auc"] >= 0.88, s["auc"]
+    end = s["tables"]["shards"]["ps-1"]
+    assert end["rows"] == s["shards"]["ps-1"]["keys"] == end["admitted"] - end["expired"]
