@@ -18,7 +18,7 @@ eviction), all figures from one run.
    ``tables`` events of metrics.jsonl), each shard's peak RSS (psutil, every 0.2 s), AUC,
    samples/s, and the counts (admitted, rejected for now, expired).
 
-    .venv/bin/python scripts/bench_admission.py [--criteo-rows 2000000 6000000]
+    .venv/bin/python scripts/bench_admission.py [--criteo-rows 1000000 3000000]
         [--zipf-rows 2000000] [--repeat 1] [--dir DIR] [--parts-only | --jobs-only]
 """
 
@@ -162,8 +162,11 @@ def sweep_costs(n: int) -> dict:
     cap = Expiry(0, 0, max_rows=n - n // 8, now=0.0)
     evict = passes(cap)
     return {"keys": n, "pieces": len(expire), "expiry_piece_ms_max":
-            round(max(expire) * 1e3, 1), "expiry_pass_ms": round(sum(expire) * 1e3, 1),
-            "expired": expired, "eviction_piece_ms_max": round(max(evict) * 1e3, 1),
+            round(max(expire) * 1e3, 1), "expiry_piece_ms_median":
+            round(statistics.median(expire) * 1e3, 1), "expiry_pass_ms":
+            round(sum(expire) * 1e3, 1), "expired": expired, "eviction_piece_ms_max":
+            round(max(evict) * 1e3, 1), "eviction_piece_ms_median":
+            round(statistics.median(evict) * 1e3, 1),
             "eviction_pass_ms": round(sum(evict) * 1e3, 1), "evicted": cap.evicted,
             "keys_after_eviction": len(table), "cap": cap.cap}
 
@@ -188,10 +191,12 @@ def job_run(job_text: str, work: Path, **settings: object) -> dict:
     job = work / "job.toml"
     job.write_text(job_text)
     peak: dict[str, int] = {}
+    trace: list[float] = []   # the shards' mean RSS, the most so far, every 0.2 s
     with LocalCluster(work / "cluster", job, transport="tcp", **settings) as c:
         started = time.monotonic()
         c.start_all()
         while c.procs["control-0"].poll() is None and time.monotonic() - started < 3000:
+            now = []
             for name, proc in c.procs.items():
                 if name.startswith("ps-"):
                     try:
@@ -199,6 +204,9 @@ def job_run(job_text: str, work: Path, **settings: object) -> dict:
                     except psutil.Error:
                         continue
                     peak[name] = max(peak.get(name, 0), rss)
+                    now.append(rss)
+            if now:
+                trace.append(max(statistics.mean(now), trace[-1] if trace else 0))
             time.sleep(0.2)
         if c.wait(timeout=60) != 0:
             raise SystemExit(f"the job failed:\n{c.logs()}")
@@ -207,12 +215,26 @@ def job_run(job_text: str, work: Path, **settings: object) -> dict:
     t = s["tables"]
     most = {n: max([e["shards"].get(n, {}).get("rows", 0) for e in events] + [f["rows"]])
             for n, f in t["shards"].items()}
+    held = [statistics.mean(f.get("rows", 0) for f in e["shards"].values()) for e in events
+            if e["shards"]]
     return {"auc": s["auc"], "samples_per_s": s["samples_per_s"],
             "keys": {n: f["rows"] for n, f in t["shards"].items()},
             "keys_most": most,
             "peak_rss_mb": {n: round(v / 2**20) for n, v in sorted(peak.items())},
+            # as the rows stream: the most so far at a quarter, half, three quarters and the
+            # end of the run
+            "rss_mb_quarters": [round(v / 2**20) for v in quarters(trace)],
+            "keys_quarters": [round(v) for v in quarters(held)],
             "admitted": t["total"]["admitted"], "rejected": t["total"]["rejected"],
             "expired": t["total"]["expired"], "evicted": t["total"]["evicted"]}
+
+
+def quarters(values: list[float]) -> list[float]:
+    """The values a quarter, half, three quarters of the way and at the end."""
+    if not values:
+        return []
+    return [values[min(len(values) - 1, len(values) * q // 4)] for q in (1, 2, 3)] + [
+        values[-1]]
 
 
 def compare(name: str, job_text: str, work: Path, repeat: int, expire: int) -> dict:
@@ -241,6 +263,8 @@ def compare(name: str, job_text: str, work: Path, repeat: int, expire: int) -> d
                      "keys_end_per_shard": round(med(kind, lambda x: statistics.mean(
                          x["keys"].values()))),
                      "peak_rss_mb_per_shard": round(med(kind, rss)),
+                     "rss_mb_quarters": runs[kind][0]["rss_mb_quarters"],
+                     "keys_quarters": runs[kind][0]["keys_quarters"],
                      "samples_per_s": round(med(kind, lambda x: x["samples_per_s"]))}
     out["auc_cost"] = round(out["none"]["auc"] - out["bounded"]["auc"], 4)
     out["keys_ratio"] = round(out["bounded"]["keys_most_per_shard"]
@@ -252,7 +276,7 @@ def compare(name: str, job_text: str, work: Path, repeat: int, expire: int) -> d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--criteo-rows", type=int, nargs="*", default=[2_000_000, 6_000_000])
+    parser.add_argument("--criteo-rows", type=int, nargs="*", default=[1_000_000, 3_000_000])
     parser.add_argument("--zipf-rows", type=int, nargs="*", default=[2_000_000])
     parser.add_argument("--expire", type=int, default=300,
                         help="expire_batches of the bounded runs")
