@@ -14,6 +14,8 @@ import orjson
 import pytest
 from harness import BIN, REPO
 
+from roles.checkpoint.files import checkpoints_dir, latest_complete
+from roles.checkpoint.shard import read_chain
 from roles.model.files import embeddings_file, load_default_rows, load_embeddings
 
 pytestmark = pytest.mark.integration
@@ -88,7 +90,8 @@ def test_admission_and_expiry_counts_reach_the_summary_and_the_export_scores_the
 
 
 def test_skew_placement_moves_rows_with_admission_and_expiry_on(cluster):
-    c = cluster(ZIPF_JOB, embeddings__min_count=3, embeddings__expire_batches=150)
+    c = cluster(ZIPF_JOB, embeddings__min_count=3, embeddings__expire_batches=150,
+                checkpoint__every_s=1.0)
     assert c.run_job(ps_slowdown={1: 2.0}) == 0, c.logs()
     s = c.summary()
     p = s["placement"]
@@ -109,4 +112,14 @@ def test_skew_placement_moves_rows_with_admission_and_expiry_on(cluster):
         assert np.isfinite(rows).all() and len(keys) == t["shards"][f"ps-{shard}"]["rows"]
         assert load_default_rows(Path(s["export"]) / embeddings_file(shard)).shape == (8, 16)
     assert s["samples_trained"] == 4 * 48_000 and s["auc"] > 0.75, s["auc"]
+    # checkpoints were cut between migrations: the newest one's chains hold each key once,
+    # on the shard that held it then, with the default rows
+    assert s["checkpoints"]["complete"] >= 1, s["checkpoints"]
+    number, _, manifest = latest_complete(c.run_dir)
+    held: set[int] = set()
+    for shard in range(2):
+        got = read_chain(checkpoints_dir(c.run_dir), manifest["parts"][f"ps-{shard}"])
+        assert not held & set(got.keys.tolist()), "a key checkpointed by two shards"
+        held |= set(got.keys.tolist())
+        assert np.isfinite(got.weights).all() and got.default_weights.shape == (8, 16)
 
