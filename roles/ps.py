@@ -117,7 +117,7 @@ class Shard(Node):
         try:
             restored = self.restore_checkpoint()
         except (OSError, ValueError, KeyError) as exc:
-            self.fail(f"cannot restore the checkpoint {self.restore}: {exc}")
+            self.fail(f"cannot restore the checkpoint {self.restore_dir}: {exc}")
             return
         self.state = "ready"
         self.to_control(Ready(info={"keys": len(self.table), **restored}))
@@ -145,7 +145,7 @@ class Shard(Node):
     def restore_checkpoint(self) -> dict:
         """A restarted shard, or the whole job going back to a checkpoint: the table, the
         applied ids and where it stood, from the checkpoint control named ({} when none)."""
-        manifest = read_manifest(Path(self.restore)) if self.restore else None
+        manifest = read_manifest(Path(self.restore_dir)) if self.restore_dir else None
         files = (manifest or {}).get("parts", {}).get(self.node_id)
         if not files:
             return {}
