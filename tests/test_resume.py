@@ -104,3 +104,22 @@ def test_an_operator_takes_a_checkpoint_and_a_used_run_directory_is_not_started_
     again = c.start("control-again", [sys.executable, "-m", "roles.control"])
     assert again.wait(timeout=60) == 2
     assert "holds run run already" in c.log("control-again")
+
+
+@pytest.mark.parametrize("job, settings", [
+    ("adult_mp.toml", {}),  # a worker group of two processes, the network split between them
+    ("zipf.toml", {"cluster__feeders": 2}),  # skew-aware placement moving keys; two feeders
+], ids=["model-parallel", "skew-placement-two-feeders"])
+def test_resume_with_model_parallel_and_with_placement_and_two_feeders(cluster, job, settings):
+    c = cluster(REPO / "jobs" / job, train__epochs=3, checkpoint__every_s=1.0, **settings)
+    c.start_all()
+    second = c.wait_for_event(lambda e: e["event"] == "epoch_start" and e["epoch"] == 1)
+    c.wait_for_event(lambda e: is_complete(e) and e["t"] > second["t"])
+    s = killed_and_resumed(c, 1.0)
+    for rows in s["parts"]["rows_per_epoch"]:
+        assert rows["rows"] == rows["rows_once"] == s["samples_in_data"], rows
+    assert s["samples_trained"] == 3 * s["samples_in_data"]
+    assert s["auc"] >= (0.88 if job == "adult_mp.toml" else 0.75), s["auc"]
+    if job == "zipf.toml":  # placement's windows closed with two feeders, across the resume
+        p = s["placement"]
+        assert p["window"] is not None and p["window"] >= 8 and p["records"] > 0, str(p)[:400]

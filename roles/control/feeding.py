@@ -105,6 +105,14 @@ class Feeding:
                      "parts": len(m.parts), "training_parts": len(train),
                      "oracle_auc": None if m.oracle_auc < 0 else m.oracle_auc}
 
+    def training_feeders(self) -> set[str] | None:
+        """The feeders that own a training part (None before the part map): only they count
+        keys for placement's windows."""
+        m = self.part_map
+        if m is None:
+            return None
+        return {f"feeder-{int(f)}" for f in np.unique(m.owners[m.parts[:, 6] == 0])}
+
     def assign_parts(self) -> None:
         """Consecutive parts of about as many rows to each feeder, training and eval alike."""
         m = self.index

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,8 +51,10 @@ class Migration:
 
 class PlacementKeeper:
     def __init__(self, job: Job, members: Members, commands: Commands, metrics: MetricsLog,
-                 run_dir: Path, progress: ProgressClock):
+                 run_dir: Path, progress: ProgressClock,
+                 training_feeders: Callable[[], set[str] | None] | None = None):
         self.job = job
+        self.training_feeders = training_feeders
         self.members = members
         self.commands = commands
         self.metrics = metrics
@@ -78,6 +81,12 @@ class PlacementKeeper:
         return {n for n, s in self.members.nodes.items()
                 if s.role == "feeder" and s.status == ALIVE}
 
+    def counting_feeders(self) -> set[str]:
+        """The live feeders whose KeyCounts close a window: those that feed training parts (a
+        feeder with none, as when there are fewer parts than feeders, counts nothing)."""
+        feeding = self.training_feeders() if self.training_feeders is not None else None
+        return self.feeders() if feeding is None else self.feeders() & feeding
+
     def shard_ids(self) -> set[str]:
         return {f"ps-{i}" for i in range(self.job.cluster.shards)}
 
@@ -92,7 +101,7 @@ class PlacementKeeper:
             return  # a window already closed
         got = self.window_counts.setdefault(m.window, {})
         got[node_id] = m
-        if set(got) >= self.feeders():
+        if set(got) >= self.counting_feeders():
             del self.window_counts[m.window]
             self.close_window(m.window, list(got.values()))
 

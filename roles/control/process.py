@@ -141,7 +141,8 @@ class Control(Loop):
         self.course = Course(job, self.commands, self.metrics, self.rounds, self.feeding,
                              self.exports, self.progress)
         self.placement = PlacementKeeper(job, self.members, self.commands, self.metrics,
-                                         self.run_dir, self.progress)
+                                         self.run_dir, self.progress,
+                                         training_feeders=self.feeding.training_feeders)
         self.checkpoints = Checkpoints(job, self.run_dir, self.members, self.commands,
                                        self.rounds, self.metrics, self.progress,
                                        self.capture_cut)
