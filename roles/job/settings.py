@@ -297,6 +297,22 @@ class PartitionConfig:
 
 
 @dataclass(frozen=True)
+class MonitoringConfig:
+    """What control serves to the monitoring stack operators run beside the job
+    (``roles.control.monitoring``)."""
+
+    prometheus_port: int = field(default=0, metadata={"min": 0, "max": 65535, "doc": (
+        "control serves the cluster's figures for Prometheus at "
+        "`http://<prometheus_host>:<port>/metrics`; 0: off")})
+    prometheus_host: str = field(default="127.0.0.1", metadata={"doc": (
+        "the address the metrics endpoint listens on (`0.0.0.0`: every interface)")})
+    tensorboard: bool = field(default=False, metadata={"doc": (
+        "write loss, AUC, throughput and the aggregation decisions as TensorBoard events "
+        "into `runs/<run>/tensorboard/` (needs the `tensorboard` package: "
+        "`pip install 'zbus[tensorboard]'`)")})
+
+
+@dataclass(frozen=True)
 class Job:
     name: str = field(default="job", metadata={"doc": (
         "names the run directory (letters, digits, `-`, `_` or `.`)")})
@@ -316,6 +332,8 @@ class Job:
         "where embedding keys live")})
     partition: PartitionConfig = field(default_factory=PartitionConfig, metadata={"doc": (
         "how the network is split over a model-parallel group (`roles/model/partitioner.py`)")})
+    monitoring: MonitoringConfig = field(default_factory=MonitoringConfig, metadata={"doc": (
+        "Prometheus metrics and TensorBoard events")})
     origin: str = field(default="", metadata={"internal": True})  # where the job was read
 
     def __post_init__(self) -> None:

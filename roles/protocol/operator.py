@@ -13,8 +13,9 @@ from zbus.codec import Message, ProtocolError, array, message
 
 # What an operator may ask control (ControlRequest.action)
 ACTIONS = ("settings", "set", "export", "backup", "aggregate", "pause", "resume", "stop")
-# The version of the Status body's layout (keys listed in roles.algorithms.status)
-STATUS_LAYOUT = 1
+# The version of the Status body's layout (keys listed in roles.algorithms.status); 2: tasks,
+# waiting, final
+STATUS_LAYOUT = 2
 
 
 

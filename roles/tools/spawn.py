@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, forward)
     while any(child.poll() is None for child in children):
         time.sleep(0.2)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # done: a signal now (honcho stopping the
+        signal.signal(sig, signal.SIG_IGN)       # other roles) must not change the status
     # a child ended by a signal has returncode -N: report it as a shell would, 128 + N
     codes = [c if c >= 0 else 128 - c for c in (child.returncode for child in children)]
     sys.exit(next((c for c in codes if c != 0), 0))
