@@ -1,0 +1,144 @@
+"""The Nodes tab: the table of every node, and below it the highlighted node's history (CPU,
+memory, bus in and out over the last minutes). Display only: ``show`` lays out a status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Static
+
+from console import format as fmt
+from console.charts import Chart, series
+from console.history import NodeHistory
+
+# (header, the row's key it shows and sorts by, shown in the narrow layout); the id names the
+# role, so the role has no column of its own (sorting by role is the default order). The
+# narrow layout's columns come first, in order, but for M.
+NODE_COLUMNS = (("id", "role", True), ("state", "state", True), ("cpu%", "cpu", True),
+                ("mem", "rss", True), ("in/s", "in_per_s", True),
+                ("out/s", "out_per_s", True), ("smp/s", "samples_per_s", True),
+                ("queue", "backlog", True), ("M", "round_samples", False),
+                ("beat", "beat_age_s", True), ("doing", None, False),
+                ("host:pid", None, False))
+WIDE = 120   # columns from which the table shows every column (else the detail line does)
+LEGEND = ("queue: feeder batches in flight · worker pipeline · shard batches held + look-ups "
+          "waiting   M: samples since the last contribution   ↑↓ select a node")
+
+
+def cells(r: dict[str, Any], wide: bool) -> list[Any]:
+    row = [r["id"], fmt.state(r["state"]), fmt.count(r["cpu"]), fmt.size(r["rss"]),
+           fmt.size(r["in_per_s"]), fmt.size(r["out_per_s"]), fmt.count(r["samples_per_s"]),
+           fmt.count(r["backlog"])]
+    if wide:
+        row.append(fmt.count(r["round_samples"]))
+    row.append(fmt.age(r["beat_age_s"]))
+    if wide:
+        row += [fmt.elide(r["doing"], 24), f"{r['host']}:{r['pid']}"]
+    return row
+
+
+class NodeTable(DataTable):
+    """Every node control knows, one row each; ``sort_by`` names the figure rows are sorted
+    by (a header click or the ``o`` key changes it). Narrower than ``WIDE`` columns, what a
+    node is doing and its host:pid are in the detail line below the table instead."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self.sort_by = "role"
+        self.rows_shown: list[dict] = []
+        self.wide: bool | None = None
+
+    def columns_for(self, wide: bool) -> None:
+        if wide == self.wide:
+            return
+        self.wide = wide
+        self.clear(columns=True)
+        for label, _, _narrow in self.columns_shown():
+            self.add_column(label, key=label)
+
+    def columns_shown(self) -> list[tuple[str, str | None, bool]]:
+        return [c for c in NODE_COLUMNS if self.wide or c[2]]
+
+    def show(self, rows: list[dict]) -> None:
+        self.columns_for(self.wide if self.wide is not None else False)
+        selected = self.selected()  # stays highlighted wherever the new order puts it
+        self.rows_shown = fmt.sort_nodes(rows, self.sort_by)
+        self.clear()
+        for r in self.rows_shown:
+            self.add_row(*cells(r, bool(self.wide)), key=r["id"])
+        ids = [r["id"] for r in self.rows_shown]
+        if selected in ids:
+            self.move_cursor(row=ids.index(selected), scroll=False)
+
+    def selected(self) -> str | None:
+        if 0 <= self.cursor_row < len(self.rows_shown):
+            return self.rows_shown[self.cursor_row]["id"]
+        return None
+
+    def cycle_sort(self) -> str:
+        keys = fmt.SORT_KEYS
+        self.sort_by = keys[(keys.index(self.sort_by) + 1) % len(keys)]
+        return self.sort_by
+
+
+class NodesPanel(Vertical):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.history = NodeHistory()
+        self.rows: list[dict] = []
+
+    def compose(self) -> ComposeResult:
+        yield NodeTable(id="node-table")
+        yield Static(LEGEND, id="node-legend")
+        yield Static(id="node-detail")
+        with Horizontal(id="node-charts"):
+            yield Chart("cpu %", "s", id="node-cpu")
+            yield Chart("memory", "s", id="node-mem", ytext=fmt.size)
+            yield Chart("bus bytes/s", "s", id="node-bus", ytext=fmt.size)
+
+    def on_resize(self) -> None:
+        table = self.query_one(NodeTable)
+        wide = self.size.width >= WIDE
+        if wide != table.wide:
+            table.columns_for(wide)
+            table.show(self.rows)
+
+    def show(self, snap: dict) -> None:
+        self.rows = snap["nodes"]
+        self.history.add(snap)
+        self.query_one(NodeTable).show(self.rows)
+        self.show_detail()
+
+    def show_detail(self) -> None:
+        table = self.query_one(NodeTable)
+        node = table.selected()
+        row = next((r for r in self.rows if r["id"] == node), None)
+        detail = self.query_one("#node-detail", Static)
+        if row is None:
+            detail.update(Text("no node selected", style="dim"))
+            return
+        parts: list = [(row["id"], "bold"), f"  {row['host']}:{row['pid']}  ",
+                       fmt.state(row["state"]), f"  doing {row['doing']}"]
+        if row.get("round_samples") is not None:
+            parts.append(f"  M {fmt.count(row['round_samples'])}")
+        if row.get("progress"):
+            parts.append((f"  {fmt.task_line(row['progress'])}", "yellow"))
+        line = Text.assemble(*parts)
+        detail.update(line)
+        times, cpu = self.history.of(node, "cpu")
+        _, rss = self.history.of(node, "rss")
+        _, bus_in = self.history.of(node, "in_per_s")
+        _, bus_out = self.history.of(node, "out_per_s")
+        self.query_one("#node-cpu", Chart).show([series("cpu", times, cpu)],
+                                                title=f"{node} cpu %")
+        self.query_one("#node-mem", Chart).show([series("rss", times, rss)],
+                                                title=f"{node} memory")
+        self.query_one("#node-bus", Chart).show(
+            [series("in", times, bus_in), series("out", times, bus_out)],
+            title=f"{node} bus bytes/s in, out")
+
+    def on_data_table_row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
+        self.show_detail()
