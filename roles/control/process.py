@@ -577,6 +577,8 @@ class Control(Loop):
         if gone or self.termination or now >= deadline:
             self.headline(summary, path)
             self.stopping = True
+            for sig in (signal.SIGTERM, signal.SIGINT):  # honcho stopping the others now
+                signal.signal(sig, signal.SIG_IGN)       # must not cut control's exit short
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.termination = signal.Signals(signum).name

@@ -520,7 +520,9 @@ def load_job(path: str | None = None, environ: typing.Mapping[str, str] | None =
     try:
         text = file.read_text()
     except OSError as exc:
-        raise JobError(f"cannot read job file {path}: {exc.strerror}") from None
+        tried = file.absolute()
+        where = f" ({tried})" if str(tried) != path else ""
+        raise JobError(f"cannot read job file {path}{where}: {exc.strerror}") from None
     return parse_job(text, str(file), file.absolute().parent, env)
 
 
