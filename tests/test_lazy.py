@@ -40,7 +40,7 @@ def test_lazy_matches_step_with_far_fewer_dense_bytes_and_its_export_predicts_th
     # the export scores the eval split exactly as the job did
     out = tmp_path / "scores.tsv"
     done = subprocess.run([str(BIN / "zbus-predict"), z["export"], str(ADULT), "--split",
-                           "eval", "--out", str(out)], capture_output=True, text=True,
+                           "eval", "--out", str(out), "--json"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     figures = orjson.loads(done.stdout.strip().splitlines()[-1])
@@ -121,6 +121,20 @@ def test_live_settings_are_validated_applied_and_recorded(cluster):
     assert crossed.returncode == 1 and "must be <= max_local_rounds (20)" in crossed.stdout
     now = ctl("settings")
     assert "net_util_max = 0.5 " in now.stdout and "min_local_rounds = 4 " in now.stdout
+    assert "min_local_rounds = 4   (integer in [1, 10000])" in now.stdout
+    whole = ctl("set", "min_local_rounds=2.5")
+    assert whole.returncode == 1 and "min_local_rounds must be an integer" in whole.stdout
+    quiet = ctl("backup")  # one line by default; the whole answer with --json
+    assert quiet.stdout.count("\n") == 1 and quiet.stdout.startswith(("ok: ", "refused: "))
+    answer = orjson.loads(ctl("--json", "settings").stdout)
+    assert answer["ok"] and answer["settings"]["net_util_max"] == 0.5
+    usage = ctl("set", "net_util_max")
+    assert usage.returncode == 2 and "is not name=value" in usage.stderr
+    # a reader that has gone away (| true: gone before the answer comes) ends it quietly
+    piped = subprocess.run(f"'{BIN / 'zbus-ctl'}' --endpoint '{endpoint}' settings | true; "
+                           "echo ${PIPESTATUS[0]}", shell=True, executable="/bin/bash",
+                           capture_output=True, text=True, timeout=60, env=c.env)
+    assert piped.stdout.strip() == "141" and piped.stderr == "", piped.stderr
     changes = [e for e in c.events() if e["event"] == "setting"]
     assert [e["changes"] for e in changes] == [{"net_util_max": 0.5, "max_local_rounds": 20}]
     assert "[aggregation] net_util_max = 0.5" in (c.run_dir / "config.toml").read_text()

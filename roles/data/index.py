@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 MARK_BYTES = 16 << 20      # a line start is marked about every 16 MiB of a large text file,
 MIN_MARK_BYTES = 64 << 10  # and 256 times in a smaller one, at least 64 KiB apart
 READ_BYTES = 16 << 20
+GZIP_READ_BYTES = 1 << 20
 INDEX_VERSION = 3
 AUTO_PARTS = 64
 Advance = Callable[[int], None]   # told how many more bytes of the files were read
@@ -147,7 +148,7 @@ def _index_gzip(path: str, fmt: str, stat: os.stat_result,
     rows, last, first, consumed = 0, b"\n", True, 0
     try:
         with open(path, "rb") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
-            while chunk := f.read(READ_BYTES):
+            while chunk := f.read(GZIP_READ_BYTES):  # small: the rows before damage count
                 advance(raw.tell() - consumed)   # compressed bytes: the file's size is known
                 consumed = raw.tell()
                 if first and fmt != "criteo":
@@ -160,8 +161,8 @@ def _index_gzip(path: str, fmt: str, stat: os.stat_result,
                 if chunk:
                     last = chunk[-1:]
     except (EOFError, OSError, gzip.BadGzipFile) as exc:
-        raise DataError(f"{path} is damaged ({exc}) after {rows} rows; restore or recompress "
-                        "it") from None
+        raise DataError(f"{path} is damaged ({exc}) after at least {rows} rows; restore or "
+                        "recompress it") from None
     if first and fmt != "criteo":
         raise DataError(f"{path} is empty (a header row is expected)")
     if last != b"\n":

@@ -20,10 +20,19 @@ MAX_WORKERS = 255
 SLOWED_ROLES = {"worker": "per batch (idling)", "ps": "per piece of work (sleeping)"}
 
 
+def integer(text: str) -> int:
+    """An argparse type: an integer, or the error says so."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
 def parse_role_args(role: str, argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"zbus-{role}", description=f"Run one zbus {role}.")
     parser.add_argument("--job", help="job file (default: $ZBUS_JOB, else the built-in job)")
-    parser.add_argument("--index", type=int, default=0, help="which one of its role (0-based)")
+    parser.add_argument("--index", type=integer, default=0,
+                        help="which one of its role (an integer from 0)")
     if role == "control":
         parser.add_argument("--resume", nargs="?", const="latest", default="", metavar="RUN_DIR",
                             help="go on with a run whose control died: RUN_DIR, else "
