@@ -10,6 +10,7 @@ and look at the new SVGs before committing them."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import math
 
@@ -158,3 +159,18 @@ def test_partition_of_the_model_over_a_group(snap_compare):
 
     assert snap_compare(ZbusConsole(None), press=("4",), terminal_size=SMALL,
                         run_before=grouped)
+
+
+def test_escape_closes_the_keys_panel():
+    async def drive() -> None:
+        app = ZbusConsole(None)
+        async with app.run_test(size=SMALL) as pilot:
+            await connected(pilot, history=1)
+            app.action_show_help_panel()
+            await pilot.pause()
+            assert app.screen.query("HelpPanel")
+            await pilot.press("escape")
+            await pilot.pause()
+            assert not app.screen.query("HelpPanel")
+
+    asyncio.run(drive())

@@ -4,6 +4,7 @@ reader; a job asking for events without the tensorboard package is told the pip 
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 import urllib.request
@@ -121,3 +122,23 @@ def test_a_job_serves_prometheus_metrics_and_writes_tensorboard_events(cluster):
     assert auc[-1][1] == pytest.approx(summary["auc"], abs=1e-6)
     assert events.Scalars("decisions/aggregate")[-1].value == \
         summary["aggregation_decisions"]["aggregate"]
+
+
+def test_every_figure_the_shipped_grafana_dashboard_charts_is_served():
+    dashboard = orjson.loads((REPO / "docs" / "grafana-dashboard.json").read_bytes())
+    wanted = {name for panel in dashboard["panels"] for target in panel["targets"]
+              for name in re.findall(r"zbus_\w+", target["expr"])}
+    skew = orjson.loads((REPO / "tests" / "data" / "console_status_skew.json").read_bytes())
+    busy = {**STATUS,
+            "tasks": [{"node": "feeder-0", "task": "indexing the data", "unit": "bytes",
+                       "done": 1.0, "total": 4.0, "rate": 1.0, "eta_s": 3.0}],
+            "waiting": [{"node": "ps-1", "what": "to be restarted", "left_s": 90.0}]}
+    served = set()
+    for status in (STATUS, busy, skew):
+        collector = StatusCollector()
+        collector.latest = status
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        served |= {s.name for samples in parsed(generate_latest(registry).decode()).values()
+                   for s in samples}
+    assert wanted and wanted <= served, wanted - served
