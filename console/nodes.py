@@ -89,6 +89,7 @@ class NodesPanel(Vertical):
         super().__init__(**kwargs)
         self.history = NodeHistory()
         self.rows: list[dict] = []
+        self.turn = 0
 
     def compose(self) -> ComposeResult:
         yield NodeTable(id="node-table")
@@ -110,9 +111,11 @@ class NodesPanel(Vertical):
         self.rows = snap["nodes"]
         self.history.add(snap)
         self.query_one(NodeTable).show(self.rows)
-        self.show_detail()
+        self.turn += 1
+        self.show_detail(only=self.turn % 3)  # one chart per status: no frame draws all three
 
-    def show_detail(self) -> None:
+    def show_detail(self, only: int | None = None) -> None:
+        """The selected node's line and charts (``only``: just that chart, by number)."""
         table = self.query_one(NodeTable)
         node = table.selected()
         row = next((r for r in self.rows if r["id"] == node), None)
@@ -126,19 +129,17 @@ class NodesPanel(Vertical):
             parts.append(f"  M {fmt.count(row['round_samples'])}")
         if row.get("progress"):
             parts.append((f"  {fmt.task_line(row['progress'])}", "yellow"))
-        line = Text.assemble(*parts)
-        detail.update(line)
-        times, cpu = self.history.of(node, "cpu")
-        _, rss = self.history.of(node, "rss")
-        _, bus_in = self.history.of(node, "in_per_s")
-        _, bus_out = self.history.of(node, "out_per_s")
-        self.query_one("#node-cpu", Chart).show([series("cpu", times, cpu)],
-                                                title=f"{node} cpu %")
-        self.query_one("#node-mem", Chart).show([series("rss", times, rss)],
-                                                title=f"{node} memory")
-        self.query_one("#node-bus", Chart).show(
-            [series("in", times, bus_in), series("out", times, bus_out)],
-            title=f"{node} bus bytes/s in, out")
+        detail.update(Text.assemble(*parts))
+        times, _ = self.history.of(node, "cpu")
+        charts = (("#node-cpu", f"{node} cpu %", (("cpu", "cpu"),)),
+                  ("#node-mem", f"{node} memory", (("rss", "rss"),)),
+                  ("#node-bus", f"{node} bus bytes/s in, out", (("in", "in_per_s"),
+                                                                ("out", "out_per_s"))))
+        for number, (where, title, lines) in enumerate(charts):
+            if only is None or number == only:
+                self.query_one(where, Chart).show(
+                    [series(label, times, self.history.of(node, key)[1])
+                     for label, key in lines], title=title)
 
     def on_data_table_row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
         self.show_detail()
