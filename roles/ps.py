@@ -11,10 +11,13 @@ again (its worker died) brings its keys again: while the batch is held that is a
 its gradients were applied the rows are held again for the new worker's look-up, and its
 gradients will be refused.
 
-Checkpoints: every ``[train] checkpoint_s`` the shard writes its rows, their Adagrad state and
-the applied batch ids to ``checkpoints/ps-<i>.npz`` in the run directory (write, fsync,
-rename). A shard started again in the same run restores the latest one when control welcomes
-it; the updates applied after it are lost (``roles.control.model`` reports what it cost).
+Checkpoints (``roles.checkpoint.shard``): at control's cut (Checkpoint ``write``) the
+shard waits until every training batch it holds has its gradients (feeders have drained, so
+they are on their way), forks a child that writes its rows, their Adagrad state and the applied
+batch ids (the whole table, or the rows changed since its previous file), reports Snapshotted
+with the pause, and CheckpointPart once the child is done. A shard started again restores the
+newest complete checkpoint control names in its Welcome; the updates applied after it are lost
+(``roles.control.recovery`` reports what it cost).
 
 Skew-aware placement (``roles.algorithms.placement``): the shard times its work per allocation
 window of the batches (look-ups: finding or creating rows and gathering them; updates: the Adagrad
@@ -37,15 +40,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import orjson
 import zmq
 
 from roles.algorithms.embedding_table import EmbeddingTable
 from roles.algorithms.placement import KeyMap
+from roles.checkpoint.files import checkpoints_dir, read_manifest
+from roles.checkpoint.shard import ShardCheckpoints, read_chain
 from roles.job.cli import role_main
-from roles.job.rundir import atomic_write
 from roles.job.settings import Job
-from roles.model.files import ExportAnswers, embeddings_file, npz_bytes, save_embeddings
+from roles.model.files import ExportAnswers, embeddings_file, save_embeddings
+from roles.protocol.checkpoint import Checkpoint, Snapshotted
 from roles.protocol.datapath import BatchKeys, EmbeddingGrads, Embeddings, Lookup, split_batch_id
 from roles.protocol.lifecycle import Export
 from roles.protocol.placement import WORK_SLOTS, Handover, Moved, Placement
@@ -104,53 +108,61 @@ class Shard(Node):
                        "keys_received": 0, "keys_repeated": 0, "lookup_s": 0.0,
                        "update_s": 0.0, "keys_moved_out": 0, "keys_moved_in": 0,
                        "handovers": 0, "handovers_forced": 0, "checkpoints": 0}
-        self.next_checkpoint = float("inf")  # from the welcome on
-        self.checkpointed: dict | None = None
+        self.checkpoints = ShardCheckpoints(index, self.table, job.checkpoint.full_every)
+        self.cut: Checkpoint | None = None   # a cut waiting for gradients on their way
+        self.cut_since = 0.0
 
     def on_welcome(self) -> None:
-        restored = self.restore_checkpoint()
+        try:
+            restored = self.restore_checkpoint()
+        except (OSError, ValueError, KeyError) as exc:
+            self.fail(f"cannot restore the checkpoint {self.restore}: {exc}")
+            return
         self.state = "ready"
-        self.next_checkpoint = time.monotonic() + self.job.train.checkpoint_s
         self.to_control(Ready(info={"keys": len(self.table), **restored}))
 
     # -- checkpoints -----------------------------------------------------------------------------
-    def checkpoint_path(self) -> Path:
-        return Path(self.run_dir) / "checkpoints" / f"ps-{self.index}.npz"
-
-    def write_checkpoint(self) -> None:
-        """The rows, their Adagrad state and the applied batch ids, written atomically: a
-        restarted shard goes on from here (the updates after it are lost)."""
-        keys, rows = self.table.index.items()
-        meta = {"updates": self.counts["updates"], "time": time.time(),
-                "newest_epoch": self.newest_epoch, "version": self.version}
-        path = self.checkpoint_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, npz_bytes(keys=keys, weights=self.table.weights[rows],
-                                     accum=self.table.accum[rows],
-                                     applied=np.fromiter(self.applied, np.int64,
-                                                         len(self.applied)),
-                                     meta=np.frombuffer(orjson.dumps(meta), np.uint8)))
+    def handle_cut(self, m: Checkpoint) -> None:
+        """Checkpoint ``write``: once no training batch held still waits for its gradients,
+        fork the writer (``roles.checkpoint.shard``)."""
+        if self.cut is None or self.cut.number != m.number:
+            self.cut, self.cut_since = m, time.monotonic()
+        pending = [b for b, h in self.held.items() if h.train and b not in self.applied]
+        if pending:
+            return
+        self.cut = None
+        waited = time.monotonic() - self.cut_since
+        meta = {"updates": self.counts["updates"], "newest_epoch": self.newest_epoch,
+                "version": self.version}
+        pause = self.checkpoints.begin(m.number, checkpoints_dir(self.run_dir), self.applied,
+                                       meta)
         self.counts["checkpoints"] += 1
-        self.checkpointed = meta
+        self.counts["checkpoint_pause_s"] = round(pause + waited, 6)
+        self.report(Snapshotted(number=m.number, pause_s=round(pause + waited, 6),
+                                waited_s=round(waited, 6)))
 
     def restore_checkpoint(self) -> dict:
-        """A restarted shard: the table, the applied ids and where it stood, from the latest
-        checkpoint of this run ({} when there is none)."""
-        path = self.checkpoint_path()
-        if not path.exists():
+        """A restarted shard, or the whole job going back to a checkpoint: the table, the
+        applied ids and where it stood, from the checkpoint control named ({} when none)."""
+        manifest = read_manifest(Path(self.restore)) if self.restore else None
+        files = (manifest or {}).get("parts", {}).get(self.node_id)
+        if not files:
             return {}
-        with np.load(path) as f:
-            meta = orjson.loads(f["meta"].tobytes())
-            self.table.accept(f["keys"], f["weights"], f["accum"])
-            self.applied = set(f["applied"].tolist())
+        got = read_chain(checkpoints_dir(self.run_dir), files)
+        self.table.accept(got.keys, got.weights, got.accum)
+        self.table.clear_dirty()
+        self.checkpoints.restored(files)
+        self.applied = set(got.applied.tolist())
+        meta = got.meta
         self.newest_epoch, self.version = meta["newest_epoch"], meta["version"]
         self.moved_version = self.version
         age = max(0.0, time.time() - meta["time"])
-        log.warning("restarted from the checkpoint of %.1f s ago: %d keys, %d updates (the "
-                    "updates after it are lost)", age, len(self.table), meta["updates"])
+        log.warning("restored checkpoint %d of %.1f s ago: %d keys, %d updates (the updates "
+                    "after it are %s)", meta["number"], age, len(self.table), meta["updates"],
+                    "trained again" if self.rollback else "lost")
         self.counts["updates"] = meta["updates"]
-        return {"restored": True, "checkpoint_age_s": round(age, 3),
-                "checkpoint_updates": meta["updates"]}
+        return {"restored": True, "checkpoint": meta["number"],
+                "checkpoint_age_s": round(age, 3), "checkpoint_updates": meta["updates"]}
 
     def export_part(self, where: Path) -> tuple[str, list[str]]:
         """A snapshot of every row this shard holds (the export's embeddings-ps-<i>.npz)."""
@@ -179,6 +191,9 @@ class Shard(Node):
         match env.msg:
             case Export() as m:
                 self.exports.handle(m)
+            case Checkpoint(phase="write") as m if m.number > self.checkpoints.written and (
+                    self.checkpoints.writing is None or m.number > self.checkpoints.writing.number):
+                self.handle_cut(m)
             case Placement(version=v, phase="move") as msg if self.skew and v > self.version \
                     and (self.moving is None or self.moving.version < v):
                 self.moving = KeyMap.from_message(msg, self.job.cluster.shards,
@@ -274,15 +289,21 @@ class Shard(Node):
         self.worked(held.window, "update", len(held.inverse), started)
         if self.moving is not None:
             self.try_handover()
+        if self.cut is not None:
+            self.handle_cut(self.cut)
 
     # -- placement: handing rows over ----------------------------------------------------------
     def on_tick(self, now: float) -> None:
         super().on_tick(now)
         if self.moving is not None:
             self.try_handover()
-        if self.welcomed and self.run_dir and now >= self.next_checkpoint:
-            self.next_checkpoint = now + self.job.train.checkpoint_s
-            self.write_checkpoint()
+        if self.cut is not None:
+            self.handle_cut(self.cut)
+        part = self.checkpoints.poll(checkpoints_dir(self.run_dir)) if self.welcomed else None
+        if part is not None:
+            if not part.ok:
+                log.error("checkpoint %d not written: %s", part.number, part.error)
+            self.report(part)
 
     def try_handover(self) -> None:
         """Hand over the rows this shard no longer owns, once no held training batch still

@@ -32,6 +32,8 @@ COMMANDS = {
            "applies all of them or none, and says why not)",
     "export": "export the model now (into runs/<run>/export-<n>/)",
     "backup": "back the dense weights up now",
+    "checkpoint": "take a whole-job checkpoint now (into runs/<run>/checkpoints/; zbus-control "
+                  "--resume goes back to the newest complete one if every process dies)",
     "aggregate": "call an aggregation round now (sync modes every and lazy, while training)",
     "pause": "stop feeding new batches (the batches out are trained; no stall timer runs)",
     "resume": "feed new batches again",
