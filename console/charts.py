@@ -12,6 +12,7 @@ from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
 COLORS = ("cyan", "orange", "green", "magenta")
+MIN_HEIGHT = 7  # rows a chart needs for its title, frame, two rows of plot, ticks and label
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,16 @@ class Chart(PlotextPlot):
         self.shown += 1
         self.refresh()
 
+    def in_words(self) -> Text:
+        """Too little room for axes: the title and each series' latest value, one line."""
+        latest = [f"{s.label} {self.ytext(s.y[-1]) if self.ytext else f'{s.y[-1]:.3g}'}"
+                  for s in self.lines if s.y]
+        return Text(f"{self.title}: {', '.join(latest) or self.note or 'no figure yet'}",
+                    style="dim")
+
     def render(self) -> RenderResult:
-        if self.size.width < 12 or self.size.height < 4:
-            return Text(self.title, style="dim")
+        if self.size.width < 12 or self.size.height < MIN_HEIGHT:
+            return self.in_words()
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()

@@ -134,3 +134,37 @@ def final_line(f: dict[str, Any]) -> Text:
         text.append(f" ({f['reason']})")
     text.append(f"; summary {f.get('summary')}")
     return text
+
+
+CUT_PHASES = {"drain": "draining", "flush": "flush round", "write": "snapshots",
+              "resume": "writing the files"}
+
+
+def checkpoint_line(k: dict[str, Any]) -> Text:
+    """Whole-job checkpoints (the status's ``checkpoint``): ``3, 12s ago, 4.2M, training
+    paused 0.050s; next in 48s`` or the cut under way, and a rollback on resume."""
+    text = Text()
+    latest, cut = k.get("latest"), k.get("under_way")
+    if latest:
+        text.append(f"{latest['number']}, {duration(latest.get('age_s'))} ago, "
+                    f"{size(latest.get('bytes'))}")
+        if latest.get("pause_s") is not None:
+            text.append(f", training paused {latest['pause_s']:.3f}s")
+    elif k.get("every_s"):
+        text.append(f"none yet (every {duration(k['every_s'])})", style="dim")
+    else:
+        text.append("none yet (only when asked: every_s = 0)", style="dim")
+    if cut:
+        phase = CUT_PHASES.get(cut["phase"], cut["phase"])
+        text.append(f"; {cut['number']} being cut ({phase}, "
+                    f"{duration(cut['elapsed_s'])})", style="yellow")
+    elif k.get("next_in_s") is not None:
+        text.append(f"; next in {duration(k['next_in_s'])}", style="dim")
+    aborted = k.get("last_aborted")
+    if aborted and (not latest or aborted["number"] > latest["number"]) and not cut:
+        text.append(f"; {aborted['number']} abandoned: {aborted['why']}", style="yellow")
+    for r in (k.get("rollbacks") or [])[-1:]:
+        text.append(f"; resumed from checkpoint {r['checkpoint']} (epoch {r['epoch'] + 1}, "
+                    f"{count(r.get('retrained_samples'))} samples trained again)",
+                    style="bold yellow")
+    return text

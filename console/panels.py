@@ -20,7 +20,8 @@ CLUSTER_POINTS = 300   # the Cluster tab's charts: one point per second of contr
 class ClusterPanel(Vertical):
     """Network utilisation and failure rate against their thresholds (bars now, charts over
     the last minutes as this console saw them), the nodes' health, rounds, decisions,
-    backups, what the job waits for and how it ended."""
+    backups, the newest checkpoint and what the job waits for (how it ended is the top
+    line's)."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -72,36 +73,37 @@ class ClusterPanel(Vertical):
         latest = c["latest_backup"]
         backup = f", latest round {latest['round']}" if latest else ""
         states = Counter(r["state"] for r in snap["nodes"])
-        facts = Text("\nnodes     ")
+        facts = Text("\nnodes      ")
         for name in ("alive", "suspect", "failed", "left"):
             facts.append(f"{states[name]} {name}", style=fmt.STATE_STYLE[name][1]
                          if states[name] and name != "alive" else "")
             facts.append("  ")
-        facts.append(f"\nworkers   {c['live_workers']} live     round {snap['round']}{in_flight}"
-                     f"     rounds done {c['rounds_done']}\n")
-        facts.append("decision  ")
-        facts.append_text(verdict)
-        facts.append(f"\ndecisions {c['decisions']['aggregate']} aggregate, "
+        facts.append(f" {c['live_workers']} workers live\n")
+        facts.append(f"rounds     round {snap['round']}{in_flight}, {c['rounds_done']} done   "
+                     f"decisions {c['decisions']['aggregate']} aggregate, "
                      f"{c['decisions']['wait']} wait\n")
-        facts.append(f"backups   {c['backups']}{backup}     recoveries {c['recoveries']}\n")
+        facts.append("decision   ")
+        facts.append_text(verdict)
+        facts.append("\n")
+        facts.append(f"backups    {c['backups']}{backup}     recoveries {c['recoveries']}\n")
+        if snap.get("checkpoint"):
+            facts.append("checkpoint ")
+            facts.append_text(fmt.checkpoint_line(snap["checkpoint"]))
+            facts.append("\n")
         feeding = Text("paused by an operator", style="bold yellow") if snap["paused"] \
             else Text("running")
-        facts.append("feeding   ")
+        facts.append("feeding    ")
         facts.append_text(feeding)
         for w in snap.get("waiting", []):
-            facts.append("\nwaiting   ", style="bold yellow")
+            facts.append("\nwaiting    ", style="bold yellow")
             facts.append(fmt.wait_line(w), style="bold yellow")
-        final = snap.get("final")
-        if final:
-            facts.append("\nended     ", style="bold")
-            facts.append_text(fmt.final_line(final))
         self.query_one("#cluster-facts", Static).update(facts)
         self.chart(snap)
 
 
 class TasksPanel(Vertical):
-    """Long tasks under way (indexing, the statistics pass, an export) as progress bars, and
-    what the job waits for; hidden when there is none."""
+    """Long tasks under way (indexing, the statistics pass, an export, a checkpoint) as a
+    progress bar, and what the job waits for; hidden when there is none."""
 
     def compose(self) -> ComposeResult:
         yield Static(id="tasks-line")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import re
 import signal
 import sys
 import time
@@ -246,8 +247,9 @@ def test_the_table_shows_32_reporting_nodes(cluster):
     asyncio.run(drive())
 
 
-def test_a_shard_restart_waited_for_then_the_end_shown_after_control_exits(cluster):
-    c = cluster(ADULT_JOB, train__epochs=4, train__checkpoint_s=0.5,
+def test_a_checkpoint_then_a_shard_restart_waited_for_then_the_end_after_control_exits(
+        cluster):
+    c = cluster(ADULT_JOB, train__epochs=4, checkpoint__every_s=0.5,
                 cluster__node_timeout_s=2.0)
     c.start_all(slowdown={0: 2.0, 1: 2.0})
 
@@ -259,6 +261,12 @@ def test_a_shard_restart_waited_for_then_the_end_shown_after_control_exits(clust
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.snapshot and app.snapshot["phase"] == "training",
                         "training")
+            await until(pilot, lambda: app.snapshot["checkpoint"]["latest"],
+                        "a complete checkpoint")
+            await until(pilot, lambda: re.search(r"checkpoint \d+, \S+ ago, \S+, training "
+                                                 r"paused", str(app.query_one(
+                                                     "#cluster-facts").render())),
+                        "the newest checkpoint on the Cluster tab")
             os.killpg(c.procs["ps-1"].pid, signal.SIGKILL)
             await until(pilot, lambda: "waiting for ps-1" in line(app), "the wait on top")
             strip = str(app.query_one("#tasks-line").render())

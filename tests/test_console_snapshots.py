@@ -1,9 +1,10 @@
 """The console's layout at 80x24 and 160x48, fixed by snapshots (pytest-textual-snapshot):
 every tab with its charts, the settings screen and its confirmation, the help, the
-no-connection banner, a job that is loading its data, a job waiting for a shard to be
-restarted, and a job that has ended (also once control has exited). The status is captured
-from a real lazy job on Adult at epoch 12 of 20 (tests/data/console_status.json; worker-1
-marked suspect and worker-2 failed by hand); the Nodes tab's history is made of that status
+no-connection banner, a job that is loading its data, a checkpoint being cut, a job waiting
+for a shard to be restarted, and a job that has ended (also once control has exited). The
+status is captured from a real lazy job on Adult at epoch 12 of 20
+(tests/data/console_status.json; worker-1 marked suspect and worker-2 failed by hand, the
+checkpoint figures added by hand); the Nodes tab's history is made of that status
 posted 90 times with figures that change with the clock.
 After an intended change of layout: ``pytest tests/test_console_snapshots.py --snapshot-update``
 and look at the new SVGs before committing them."""
@@ -143,6 +144,22 @@ def test_a_failed_job(snap_compare):
         await connected(pilot, s, history=1)
 
     assert snap_compare(ZbusConsole(None), terminal_size=SMALL, run_before=failed)
+
+
+def test_a_checkpoint_being_cut_after_a_resume_from_an_older_one(snap_compare):
+    s = copy.deepcopy(STATUS)
+    s["checkpoint"].update(under_way={"number": 3, "phase": "resume", "elapsed_s": 0.4},
+                           next_in_s=None,
+                           rollbacks=[{"checkpoint": 1, "round": 9, "epoch": 4, "at_s": 14.2,
+                                       "retrained_samples": 18_430}])
+    s["tasks"] = [{"node": "control", "task": "checkpoint 3: writing the files",
+                   "unit": "parts", "done": 3, "total": 4, "rate": None, "eta_s": None,
+                   "elapsed_s": 0.4}]
+
+    async def cutting(pilot) -> None:
+        await connected(pilot, s, history=1)
+
+    assert snap_compare(ZbusConsole(None), terminal_size=SMALL, run_before=cutting)
 
 
 def test_partition_with_skew_aware_placement(snap_compare):

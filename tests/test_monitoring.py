@@ -64,6 +64,11 @@ def test_the_collector_serves_the_status_figures_per_node_and_per_job():
     assert value(m["zbus_shard_keys"], shard="0") == \
         STATUS["partition"]["embeddings"]["shards"][0]["keys"]
     assert "zbus_train_loss" in m and "zbus_samples_per_second" in m
+    latest = STATUS["checkpoint"]["latest"]
+    assert value(m["zbus_checkpoint_latest"], job="adult") == latest["number"]
+    assert value(m["zbus_checkpoint_bytes"], job="adult") == latest["bytes"]
+    assert value(m["zbus_checkpoint_age_seconds"], job="adult") == latest["age_s"]
+    assert value(m["zbus_checkpoint_in_progress"], job="adult") == 0.0
 
 
 def test_tensorboard_asked_for_without_the_package_names_the_pip_command(monkeypatch, tmp_path):

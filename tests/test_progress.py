@@ -1,6 +1,7 @@
 """Progress where the job waits (pure parts): a long task's figures and its log line, the
 epoch's log line, what the job waits for, the console's history of each node and the charts'
-y range, the tools' output when their reader has gone."""
+y range, a checkpoint in the status and in words, the tools' output when their reader has
+gone."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 import pytest
 
 from console.charts import robust_limits, series
-from console.format import final_line, wait_line
+from console.format import checkpoint_line, final_line, wait_line
 from console.history import NodeHistory
 from roles.algorithms.progress import Every, Progress, amount, describe, epoch_line, seconds
 from roles.control.operators import wait_record
@@ -71,6 +72,22 @@ def test_the_end_in_one_line():
     failed = final_line({"status": "failed", "reason": "ps-1 did not come back",
                          "summary": "runs/a/summary.json"})
     assert failed.plain == "failed (ps-1 did not come back); summary runs/a/summary.json"
+
+
+def test_a_checkpoint_in_one_line_newest_cut_under_way_and_rollback():
+    k = {"every_s": 60.0, "complete": 2, "aborted": 1, "next_in_s": 48.0, "under_way": None,
+         "latest": {"number": 2, "age_s": 12.0, "bytes": 4_404_019, "pause_s": 0.05},
+         "last_aborted": {"number": 1, "why": "ps-1 lost"}, "rollbacks": []}
+    assert str(checkpoint_line(k)) == "2, 12s ago, 4.2M, training paused 0.050s; next in 48s"
+    k.update(latest=None, next_in_s=None, last_aborted={"number": 3, "why": "ps-1 lost"},
+             under_way={"number": 4, "phase": "drain", "elapsed_s": 1.0},
+             rollbacks=[{"checkpoint": 2, "epoch": 1, "retrained_samples": 1500}])
+    assert str(checkpoint_line(k)) == ("none yet (every 1m00s); 4 being cut (draining, 1s); "
+                                       "resumed from checkpoint 2 (epoch 2, 1.5k samples "
+                                       "trained again)")
+    k.update(under_way=None)
+    assert "3 abandoned: ps-1 lost" in str(checkpoint_line(k))
+    assert str(checkpoint_line({"every_s": 0.0})).startswith("none yet (only when asked")
 
 
 def test_node_history_keeps_one_point_a_second_and_starts_again_with_control():

@@ -22,7 +22,12 @@ and throughput, and lays out one snapshot: the ``Status`` message's body. Its ke
                  model}
     tasks       [{node, task, unit, done, total, rate, eta_s, elapsed_s}]: long tasks under
                 way (roles.algorithms.progress): a feeder indexing or summarising the data,
-                an export
+                an export, a checkpoint being cut
+    checkpoint  {every_s, complete, aborted, latest {number, age_s, bytes, pause_s,
+                shard_pause_s, dir} | null, under_way {number, phase, elapsed_s} | null,
+                last_aborted {number, why} | null, next_in_s, rollbacks [{checkpoint,
+                round, epoch, at_s, retrained_samples}]}: whole-job checkpoints
+                (roles.control.checkpoints)
     waiting     [{node, what, restart, waited_s, left_s}]: nodes the job waits for (to join,
                 to be restarted after a failure), the command that starts each, and how long
                 the job still waits

@@ -106,7 +106,8 @@ class StatusView:
     def __init__(self, job: Job, run_id: str, run_dir: str, members: Members,
                  builder: StatusBuilder, course: Course, rounds: Rounds, feeding: Feeding,
                  recovery: Recovery, settings: LiveSettings, health: Health,
-                 placement: PlacementKeeper, model_plan: dict | None):
+                 placement: PlacementKeeper, model_plan: dict | None,
+                 checkpoints: Checkpoints):
         self.job = job
         self.run_id = run_id
         self.run_dir = run_dir
@@ -120,11 +121,12 @@ class StatusView:
         self.health = health
         self.placement = placement
         self.model_plan = model_plan
+        self.checkpoints = checkpoints
         self.final: dict | None = None   # the job has ended: how (set by control)
 
     def tasks(self, now: float) -> list[dict]:
-        """Long tasks under way: what each node reports (indexing, the statistics pass) and
-        an export's parts (``roles.algorithms.progress``)."""
+        """Long tasks under way: what each node reports (indexing, the statistics pass), an
+        export's parts and a checkpoint's phase (``roles.algorithms.progress``)."""
         found = []
         for node_id, node in self.members.nodes.items():
             p = node.counters.get("progress")
@@ -135,6 +137,9 @@ class StatusView:
             found.append({"node": "control", "task": f"export {e.request}", "unit": "parts",
                           "done": len(e.files), "total": len(e.wanted), "rate": None,
                           "eta_s": None, "elapsed_s": round(now - e.started, 1)})
+        cut = self.checkpoints.task(now)
+        if cut is not None:
+            found.append({"node": "control", **cut})
         return found
 
     def waits(self, now: float, uptime_s: float) -> list[dict]:
@@ -198,6 +203,7 @@ class StatusView:
             "partition": {"embeddings": self.builder.embeddings(nodes, self.placement.status()),
                           "model": self.model_plan},
             "tasks": self.tasks(now),
+            "checkpoint": self.checkpoints.status(now, course.phase == "training"),
             "waiting": [] if self.final else self.waits(now, uptime_s),
             "final": self.final,
         }

@@ -36,7 +36,7 @@ import psutil
 import zmq
 
 from roles.algorithms.membership import ALIVE, Members, NodeState
-from roles.algorithms.progress import Every, epoch_line
+from roles.algorithms.progress import Every, describe, epoch_line, seconds
 from roles.algorithms.status import StatusBuilder
 from roles.algorithms.summary import feeder_totals
 from roles.checkpoint.files import latest_complete
@@ -102,6 +102,7 @@ from zbus.node import Loop
 log = logging.getLogger(__name__)
 THROUGHPUT_EVERY_S = 5.0   # throughput to metrics.jsonl, the epoch's progress to the log
 WAITING_LOG_S = 10.0       # what the job waits for, to the log
+TASK_LOG_S = 5.0           # an export's or a checkpoint's progress, to the log
 CLOSE_WAIT_S = 3.0         # after Stop, the nodes' time to leave before control exits
 
 
@@ -184,8 +185,10 @@ class Control(Loop):
                      ", ".join(expected), security.describe(self.curve))
         self.view = StatusView(job, self.run_id, str(self.run_dir), self.members, self.status,
                                self.course, self.rounds, self.feeding, self.recovery,
-                               self.settings, self.health, self.placement, self.model_plan)
+                               self.settings, self.health, self.placement, self.model_plan,
+                               self.checkpoints)
         self.waiting_log = Every(WAITING_LOG_S, self.started)
+        self.tasks_log = Every(TASK_LOG_S, self.started)
         self.closing: tuple[dict, Path, float] | None = None  # ended: summary, path, deadline
         self.monitoring = Monitoring(job, self.run_dir)  # Prometheus, TensorBoard
 
@@ -462,6 +465,10 @@ class Control(Loop):
             self.progress.touch(now)  # an operator paused feeding: nothing is stalled
         if now >= self.next_throughput:
             self.record_throughput(now)
+        if self.tasks_log.due(now):  # control's own long tasks (the feeders log theirs)
+            for t in self.view.tasks(now):
+                if t["node"] == "control" and t["elapsed_s"] >= TASK_LOG_S:
+                    log.info("%s, for %s", describe(t), seconds(t["elapsed_s"]))
         if self.waiting_log.due(now):
             for w in self.view.waits(now, now - self.started):
                 log.info("waiting for %s %s (start it with %s; %.0f s left)", w["node"],

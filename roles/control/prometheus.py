@@ -6,11 +6,12 @@ snapshot in). Every figure is named ``zbus_*``; the list is in docs/operations.m
 
 Per node (labels ``node``, ``role``): up, suspect, CPU, resident memory, bus bytes in and out
 (cumulative and per second), samples per second, queue, heartbeat age, the progress of a long
-task. Per job (label ``job``): information (run, sync mode, phase), epoch, loss, AUC, log
-loss, samples trained and per second, the ETA, rounds, aggregation decisions, backups,
-recoveries, network utilisation and failure rate against their thresholds, live workers,
-what the job waits for, the embedding shards (keys, keys per second, share of the load) and
-the placement (key map version, migrations, keys moved, imbalance), and how the job ended.
+task. Per job (label ``job``): information (run, sync mode, phase), epoch, loss, AUC, log loss,
+samples trained and per second, the ETA, rounds, aggregation decisions, backups, recoveries,
+whole-job checkpoints (the newest: number, age, bytes, pause), network utilisation and failure
+rate against their thresholds, live workers, what the job waits for, the embedding shards
+(keys, keys per second, share of the load) and the placement (key map version, migrations, keys
+moved, imbalance), and how the job ended.
 """
 
 from __future__ import annotations
@@ -134,6 +135,22 @@ def _job(f: Families, job: dict[str, str], snap: dict[str, Any]) -> None:
     f.add("zbus_failure_rate_max", "Live setting failure_rate_max", job,
           c.get("failure_rate_max"))
     f.add("zbus_live_workers", "Workers alive", job, c.get("live_workers"))
+    k = snap.get("checkpoint") or {}
+    f.add("zbus_checkpoints", "Whole-job checkpoints complete", job, k.get("complete"),
+          counter=True)
+    f.add("zbus_checkpoints_aborted", "Whole-job checkpoints abandoned", job, k.get("aborted"),
+          counter=True)
+    f.add("zbus_checkpoint_in_progress", "1 while a checkpoint is being cut", job,
+          k.get("under_way") is not None if k else None)
+    latest = k.get("latest") or {}
+    f.add("zbus_checkpoint_latest", "The newest complete checkpoint's number", job,
+          latest.get("number"))
+    f.add("zbus_checkpoint_age_seconds", "Seconds since the newest complete checkpoint", job,
+          latest.get("age_s"))
+    f.add("zbus_checkpoint_bytes", "Bytes the newest complete checkpoint wrote", job,
+          latest.get("bytes"))
+    f.add("zbus_checkpoint_pause_seconds", "How long the newest checkpoint paused training",
+          job, latest.get("pause_s"))
     final = snap.get("final")
     if final:
         f.add("zbus_job_ended", "1 once the job has ended, by how", {
