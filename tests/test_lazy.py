@@ -126,6 +126,12 @@ def test_live_settings_are_validated_applied_and_recorded(cluster):
     assert whole.returncode == 1 and "min_local_rounds must be an integer" in whole.stdout
     quiet = ctl("backup")  # one line by default; the whole answer with --json
     assert quiet.stdout.count("\n") == 1 and quiet.stdout.startswith(("ok: ", "refused: "))
+    early = ctl("checkpoint")  # not training yet: refused, in one line
+    assert early.returncode == 1 and early.stdout.count("\n") == 1, early.stdout
+    assert early.stdout.startswith("refused: not now: the job is not training"), early.stdout
+    assert orjson.loads(ctl("--json", "checkpoint").stdout)["ok"] is False
+    described = ctl("checkpoint", "--help")
+    assert "take a whole-job checkpoint now" in described.stdout, described.stdout
     answer = orjson.loads(ctl("--json", "settings").stdout)
     assert answer["ok"] and answer["settings"]["net_util_max"] == 0.5
     usage = ctl("set", "net_util_max")
