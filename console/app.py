@@ -7,8 +7,10 @@ the same beside ``honcho start`` and against a cluster on other hosts.
 
 Keys (``?`` lists them, ``console.screens.KEYS``): 1-4 the tabs (cluster, nodes, training,
 partition), s live settings, a aggregate now, p pause or resume feeding, b back up now,
-e export now, x twice stop the job, o sort the node table by the next column (or click a
-header), ? help, ctrl+p the command palette (every action by name), q quit.
+e export now, c checkpoint now, x twice stop the job, o sort the node table by the next
+column (or click a header), ? help, ctrl+p the command palette (every action by name), q quit.
+Only the tab in view is laid out from each status; the Cluster and Nodes tabs keep their
+history from every status.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ COMMANDS = (("Aggregate now", "call an aggregation round (sync every, lazy)",
             ("Back up now", "the aggregator writes a backup of the dense weights",
              "request('backup')"),
             ("Export now", "export the model into the run directory", "request('export')"),
+            ("Checkpoint now", "cut a whole-job checkpoint (zbus-control --resume goes back "
+             "to the newest)", "request('checkpoint')"),
             ("Stop the job", "ends the job as stopped (asks to confirm)", "stop"),
             ("Live settings", "change the aggregation thresholds", "settings"),
             ("Sort the node table", "by the next column", "sort"),
@@ -62,6 +66,7 @@ class ZbusConsole(App):
         Binding("p", "pause", "pause"),
         Binding("b", "request('backup')", "backup"),
         Binding("e", "request('export')", "export"),
+        Binding("c", "request('checkpoint')", "checkpoint", show=False),  # in ? help
         Binding("x", "stop", "stop"),
         Binding("o", "sort", "sort"),
         Binding("question_mark", "help", "help", key_display="?"),
@@ -122,11 +127,10 @@ class ZbusConsole(App):
         if self.closing():
             return
         snap = self.snapshot = message.snapshot
+        self.query_one(ClusterPanel).record(snap)   # histories: from every status
+        self.query_one(NodesPanel).record(snap)
         self.query_one(TasksPanel).show(snap)
-        self.query_one(ClusterPanel).show(snap)
-        self.query_one(NodesPanel).show(snap)
-        self.query_one(TrainingPanel).show(snap)
-        self.query_one(PartitionPanel).show(snap)
+        self.show_tab()
         if isinstance(self.screen, SettingsScreen):
             self.screen.show_status(snap["settings"])
         self.show_link()
@@ -223,6 +227,20 @@ class ZbusConsole(App):
 
     def action_tab(self, name: str) -> None:
         self.query_one(TabbedContent).active = name
+
+    def show_tab(self) -> None:
+        """Only the tab in view is laid out (a status at 32 nodes costs a table and charts
+        otherwise hidden); a tab coming into view is laid out at once."""
+        if self.snapshot is not None:
+            active = self.query_one(TabbedContent).active or "cluster"
+            panel = {"cluster": ClusterPanel, "nodes": NodesPanel, "training": TrainingPanel,
+                     "partition": PartitionPanel}.get(active, ClusterPanel)
+            self.query_one(panel).show(self.snapshot)
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self.show_tab()
+        if event.pane.id == "nodes":  # the arrow keys select a node at once
+            self.query_one(NodeTable).focus()
 
     def action_sort(self) -> None:
         table = self.query_one(NodeTable)

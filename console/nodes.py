@@ -50,11 +50,13 @@ class NodeTable(DataTable):
         self.sort_by = "role"
         self.rows_shown: list[dict] = []
         self.wide: bool | None = None
+        self.cells_shown: list[list[Any]] | None = None   # as shown, row by row
 
     def columns_for(self, wide: bool) -> None:
         if wide == self.wide:
             return
         self.wide = wide
+        self.cells_shown = None
         self.clear(columns=True)
         for label, _, _narrow in self.columns_shown():
             self.add_column(label, key=label)
@@ -63,15 +65,35 @@ class NodeTable(DataTable):
         return [c for c in NODE_COLUMNS if self.wide or c[2]]
 
     def show(self, rows: list[dict]) -> None:
+        """The rows, sorted. The same nodes in the same order (the usual case): only the
+        cells that changed are rewritten, which keeps a status with 32 nodes cheap to show;
+        else the table is made again."""
         self.columns_for(self.wide if self.wide is not None else False)
         selected = self.selected()  # stays highlighted wherever the new order puts it
+        before = [r["id"] for r in self.rows_shown]
         self.rows_shown = fmt.sort_nodes(rows, self.sort_by)
-        self.clear()
-        for r in self.rows_shown:
-            self.add_row(*cells(r, bool(self.wide)), key=r["id"])
         ids = [r["id"] for r in self.rows_shown]
-        if selected in ids:
-            self.move_cursor(row=ids.index(selected), scroll=False)
+        now = [cells(r, bool(self.wide)) for r in self.rows_shown]
+        if ids == before and self.cells_shown is not None and self.row_count == len(ids) \
+                and self.fits(now):
+            labels = [c[0] for c in self.columns_shown()]
+            for node, old, new in zip(ids, self.cells_shown, now, strict=True):
+                for label, a, b in zip(labels, old, new, strict=True):
+                    if a != b:
+                        self.update_cell(node, label, b)
+        else:
+            self.clear()
+            for node, row in zip(ids, now, strict=True):
+                self.add_row(*row, key=node)
+            if selected in ids:
+                self.move_cursor(row=ids.index(selected), scroll=False)
+        self.cells_shown = now
+
+    def fits(self, rows: list[list[Any]]) -> bool:
+        """Every cell fits its column as it is (else the table is made again, wider)."""
+        widths = [c.content_width for c in self.ordered_columns]
+        return all(len(str(cell)) <= width for row in rows
+                   for cell, width in zip(row, widths, strict=False))
 
     def selected(self) -> str | None:
         if 0 <= self.cursor_row < len(self.rows_shown):
@@ -107,9 +129,14 @@ class NodesPanel(Vertical):
             table.columns_for(wide)
             table.show(self.rows)
 
-    def show(self, snap: dict) -> None:
+    def record(self, snap: dict) -> None:
+        """Every status, shown or not: the nodes' history."""
         self.rows = snap["nodes"]
         self.history.add(snap)
+
+    def show(self, snap: dict) -> None:
+        """The tab is in view: the table, the selected node's line and (one of) its charts."""
+        self.rows = snap["nodes"]
         self.query_one(NodeTable).show(self.rows)
         self.turn += 1
         self.show_detail(only=self.turn % 3)  # one chart per status: no frame draws all three

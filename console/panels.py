@@ -1,6 +1,8 @@
 """The console's panels (the Cluster and Partition tabs, and the strip of tasks under way).
 Each only displays: ``show(snapshot)`` lays out what control published
-(``roles.algorithms.status`` describes the snapshot), nothing here talks to the bus. The
+(``roles.algorithms.status`` describes the snapshot), called for the tab in view only;
+``record(snapshot)``, where a panel has one, keeps its history from every status. Nothing
+here talks to the bus. The
 Nodes tab is ``console.nodes``, the Training tab ``console.training``."""
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ class ClusterPanel(Vertical):
             yield Chart("network utilisation", "s since start", id="net-plot")
             yield Chart("failure rate", "s since start", id="failure-plot")
 
-    def chart(self, snap: dict) -> None:
+    def record(self, snap: dict) -> None:
+        """Every status, shown or not: a point a second for the charts."""
         c, t = snap["cluster"], float(snap.get("uptime_s") or 0.0)
         if self.points and 0 <= t - self.points[-1][0] < 1.0 - 1e-6:
             return
@@ -43,6 +46,8 @@ class ClusterPanel(Vertical):
             self.points.clear()  # control started again
         self.points.append((t, c["net_util"], c["net_util_max"], c["failure_rate"],
                             c["failure_rate_max"]))
+
+    def chart(self) -> None:
         times = [p[0] for p in self.points]
         self.query_one("#net-plot", Chart).show(
             [series("utilisation", times, [p[1] for p in self.points]),
@@ -98,7 +103,7 @@ class ClusterPanel(Vertical):
             facts.append("\nwaiting    ", style="bold yellow")
             facts.append(fmt.wait_line(w), style="bold yellow")
         self.query_one("#cluster-facts", Static).update(facts)
-        self.chart(snap)
+        self.chart()
 
 
 class TasksPanel(Vertical):
