@@ -117,11 +117,11 @@ class Aggregator(Node):
         info: dict = {}
         if self.is_root:
             self.backups = Backups(Path(self.run_dir) / "backups")
-            if self.rollback and self.restore:
+            if self.rollback and self.restore_dir:
                 try:
-                    info = self.restore_checkpoint(Path(self.restore))
+                    info = self.restore_checkpoint(Path(self.restore_dir))
                 except (OSError, ValueError, KeyError) as exc:
-                    self.fail(f"cannot restore the checkpoint {self.restore}: {exc}")
+                    self.fail(f"cannot restore the checkpoint {self.restore_dir}: {exc}")
                     return
             if not self.backups.existing():  # a first start: the initial weights are backup 0
                 self.back_up(force=True)

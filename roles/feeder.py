@@ -173,11 +173,11 @@ class Feeder(Node):
         self.loading = None
         self.checkpoints = FeederCheckpoints(self.run_dir, self.node_id)
         info: dict = {"indexed": self.index == 0}
-        if self.rollback and self.restore:
+        if self.rollback and self.restore_dir:
             try:
-                info.update(self.roll_back(Path(self.restore), feeders))
+                info.update(self.roll_back(Path(self.restore_dir), feeders))
             except (OSError, ValueError, KeyError) as exc:
-                self.fail(f"cannot restore the checkpoint {self.restore}: {exc}")
+                self.fail(f"cannot restore the checkpoint {self.restore_dir}: {exc}")
                 return
         self.open_ack_log(feeders)
         self.state = "ready"

@@ -107,7 +107,8 @@ class Shard(Node):
         self.counts = {"key_messages": 0, "lookups": 0, "updates": 0, "duplicates_refused": 0,
                        "keys_received": 0, "keys_repeated": 0, "lookup_s": 0.0,
                        "update_s": 0.0, "keys_moved_out": 0, "keys_moved_in": 0,
-                       "handovers": 0, "handovers_forced": 0, "checkpoints": 0}
+                       "handovers": 0, "handovers_forced": 0, "checkpoints": 0,
+                       "lookups_after_update": 0}
         self.checkpoints = ShardCheckpoints(index, self.table, job.checkpoint.full_every)
         self.cut: Checkpoint | None = None   # a cut waiting for gradients on their way
         self.cut_since = 0.0
@@ -116,7 +117,7 @@ class Shard(Node):
         try:
             restored = self.restore_checkpoint()
         except (OSError, ValueError, KeyError) as exc:
-            self.fail(f"cannot restore the checkpoint {self.restore}: {exc}")
+            self.fail(f"cannot restore the checkpoint {self.restore_dir}: {exc}")
             return
         self.state = "ready"
         self.to_control(Ready(info={"keys": len(self.table), **restored}))
@@ -144,7 +145,7 @@ class Shard(Node):
     def restore_checkpoint(self) -> dict:
         """A restarted shard, or the whole job going back to a checkpoint: the table, the
         applied ids and where it stood, from the checkpoint control named ({} when none)."""
-        manifest = read_manifest(Path(self.restore)) if self.restore else None
+        manifest = read_manifest(Path(self.restore_dir)) if self.restore_dir else None
         files = (manifest or {}).get("parts", {}).get(self.node_id)
         if not files:
             return {}
@@ -245,6 +246,12 @@ class Shard(Node):
     def handle_lookup(self, identity: bytes, msg: Lookup) -> None:
         if msg.batch_id in self.held:
             self.answer(identity, msg.batch_id, msg.train)
+            return
+        if msg.train and msg.batch_id in self.applied:
+            # a second copy's look-up (a straggler sent again, looked up when pulled) come
+            # after the first copy's update: its keys are gone and will not come again, and
+            # its worker is refused the batch; parked, it would wait for ever
+            self.counts["lookups_after_update"] += 1
             return
         self.waiting.setdefault(msg.batch_id, []).append((identity, msg.train))
         while len(self.waiting) > MAX_WAITING:
@@ -360,7 +367,11 @@ class Shard(Node):
             self.applied = {b for b in self.applied if split_batch_id(b)[0] >= epoch - 1}
 
     def counters(self) -> dict:
-        return {**self.counts, "keys": len(self.table), "held_batches": len(self.held),
+        # the console's "queue" of a shard: training batches waiting for their gradients and
+        # look-ups waiting for their keys (answered eval batches kept for copies are apart)
+        waiting_grads = sum(1 for h in self.held.values() if h.train)
+        return {**self.counts, "keys": len(self.table), "held_batches": waiting_grads,
+                "eval_kept": len(self.held) - waiting_grads,
                 "waiting_lookups": len(self.waiting), "placement_version": self.version,
                 "slowdown": self.slowdown,
                 "windows": {str(w): [round(v, 6) for v in f] for w, f in self.work.items()}}

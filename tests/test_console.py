@@ -212,7 +212,8 @@ def test_console_says_when_control_is_gone_and_reconnects_when_it_is_back(cluste
             await pilot.press("b")  # a request with nobody to answer it is refused in time
             await until(pilot, lambda: "no answer from control" in str(
                 app.query_one("#notice").render()), "the request timing out", timeout=20)
-            again = c.start("control-again", [sys.executable, "-m", "roles.control"])
+            again = c.start("control-again", [sys.executable, "-m", "roles.control",
+                                              "--resume"])  # the killed control's run
             await until(pilot, lambda: app.connected, "reconnected", timeout=30)
             await until(pilot, lambda: app.snapshot["phase"] == "starting", "a status")
             assert again.poll() is None

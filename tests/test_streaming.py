@@ -56,6 +56,5 @@ def test_a_feeders_memory_stays_flat_however_large_the_file(cluster, tmp_path):
     large, size, s = feeder_peak_rss(cluster, tmp_path, 600_000)
     assert s["ok"] and s["rows_read"] == 600_000 and s["samples_trained"] == 570_000
     assert s["parts"]["parts"] > 10  # read part by part, a few at a time
-    # six times the rows, and a file larger than the feeder: its memory does not follow
-    assert large < size, (large, size)
-    assert large - small < 40 << 20, (small >> 20, large >> 20)
+    # six times the rows (the file grows by ~125 MB): the feeder's memory does not follow
+    assert large - small < 40 << 20, (small >> 20, large >> 20, size >> 20)

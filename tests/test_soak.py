@@ -1,0 +1,72 @@
+"""The soak (scripts/soak.py): its verdict on made-up series, and a CI-sized soak of the built-in
+job in which no role's memory, descriptors or queue may grow."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_soak():
+    spec = importlib.util.spec_from_file_location("soak", ROOT / "scripts" / "soak.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["soak"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def series(rss: list[float], queue: list[int] | None = None, fds: list[int] | None = None):
+    """Samples every 10 s of one process ("ps-0") with these RSS (MB), queue and descriptors."""
+    queue = queue or [5] * len(rss)
+    fds = fds or [20] * len(rss)
+    rows = zip(rss, queue, fds, strict=True)
+    return [{"t": 10.0 * i, "epoch": i,
+             "procs": {"ps-0": {"rss": int(r * 2**20), "fds": f, "sockets": 6, "threads": 5}},
+             "queues": {"ps-0": q}} for i, (r, q, f) in enumerate(rows)]
+
+
+def test_a_swing_within_the_bound_holds_and_growth_breaks_it():
+    soak = load_soak()
+    swinging = series([80, 100, 90, 100, 92, 101, 95, 100, 96, 104])
+    _, broken = soak.verdict(swinging, warmup_s=40, rss_bound=0.10, fd_slack=4)
+    assert broken == []
+    growing = series([80, 100, 90, 100, 104, 108, 112, 116, 120, 124])
+    _, broken = soak.verdict(growing, warmup_s=40, rss_bound=0.10, fd_slack=4)
+    assert len(broken) == 1 and broken[0].startswith("ps-0: RSS grew 100 -> 124 MB")
+
+
+def test_a_growing_queue_and_leaked_descriptors_break_the_bounds():
+    soak = load_soak()
+    flat = [100.0] * 10
+    queue = [20, 20, 22, 25, 40, 60, 80, 100, 120, 140]  # the shards' parked look-ups did this
+    _, broken = soak.verdict(series(flat, queue=queue), warmup_s=20, rss_bound=0.1, fd_slack=4)
+    assert broken == ["ps-0: queue grew from at most 60 to 140"]
+    fds = [20, 20, 20, 21, 22, 23, 24, 25, 26, 27]
+    _, broken = soak.verdict(series(flat, fds=fds), warmup_s=20, rss_bound=0.1, fd_slack=4)
+    assert broken == ["ps-0: fds grew 20 -> 27"]
+    with pytest.raises(ValueError, match="samples after warm-up"):
+        soak.verdict(series(flat[:4]), warmup_s=30, rss_bound=0.1, fd_slack=4)
+
+
+@pytest.mark.integration
+def test_a_ci_sized_soak_of_the_built_in_job_holds_every_bound(tmp_path):
+    """Before the fix, a shard parked the look-ups of stragglers' second copies for ever and
+    its queue grew by a few every epoch: this soak broke on it within a minute."""
+    soak = load_soak()
+    out = tmp_path / "soak.json"
+    rc = soak.main(["--minutes", "1.2", "--sample-s", "3", "--warmup-s", "30",
+                    "--out", str(out), "--workdir", str(tmp_path / "run")])
+    report = orjson.loads(out.read_bytes())
+    assert rc == 0, report["broken"]
+    sampled = {name for s in report["samples"] for name, v in s["procs"].items() if v}
+    assert {"control-0", "feeder-0", "ps-0", "ps-1", "worker-0", "aggregator-0"} <= sampled
+    queues = {node for s in report["samples"] for node in s["queues"]}
+    assert {"ps-0", "ps-1", "feeder-0", "worker-0"} <= queues
+    assert report["samples"][-1]["epoch"] >= 3
