@@ -160,7 +160,7 @@ class NodesPanel(Vertical):
         times, _ = self.history.of(node, "cpu")
         charts = (("#node-cpu", f"{node} cpu %", (("cpu", "cpu"),)),
                   ("#node-mem", f"{node} memory", (("rss", "rss"),)),
-                  ("#node-bus", f"{node} bus bytes/s in, out", (("in", "in_per_s"),
+                  ("#node-bus", f"{node} bus in/out", (("in", "in_per_s"),
                                                                 ("out", "out_per_s"))))
         for number, (where, title, lines) in enumerate(charts):
             if only is None or number == only:
