@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import orjson
 import pytest
@@ -47,6 +49,28 @@ def test_lazy_matches_step_with_far_fewer_dense_bytes_and_its_export_predicts_th
     assert figures["scored"] == z["eval_samples"] == 9768
     assert abs(figures["auc"] - z["auc"]) < 1e-6, (figures, z["auc"])
     assert len(out.read_text().splitlines()) == 9768 + 1
+    # bad input: one line each, a status that says so, no traceback (exit 2: unreadable)
+    text = gzip.decompress(ADULT.read_bytes())
+    damaged = tmp_path / "damaged.csv.gz"
+    whole = gzip.compress(text)
+    damaged.write_bytes(whole[:len(whole) // 2])
+
+    def predict(data: Path, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / "zbus-predict"), z["export"], str(data), *args],
+                              capture_output=True, text=True, timeout=120)
+
+    broken = predict(damaged)
+    assert broken.returncode == 2 and "Traceback" not in broken.stderr, broken.stderr
+    assert broken.stderr.count("\n") == 1 and "damaged.csv.gz is damaged" in broken.stderr
+    lines = text.decode().splitlines()
+    half = tmp_path / "half.csv"  # every other row has a field too few: above the limit
+    half.write_text("\n".join([lines[0], *(row if i % 2 else row.rsplit(",", 1)[0]
+                                           for i, row in enumerate(lines[1:2001]))]) + "\n")
+    rejected = predict(half)
+    assert rejected.returncode == 3 and "Traceback" not in rejected.stderr, rejected.stderr
+    assert "more than max_rejected_fraction" in rejected.stderr
+    assert rejected.stdout.count("\n") == 1  # the figures, in one line
+    assert "2,000 rows read, 1,000 rejected" in rejected.stdout, rejected.stdout
 
 
 def test_killed_aggregator_restarts_from_the_latest_backup_and_the_job_finishes(cluster):
