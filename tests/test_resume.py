@@ -98,6 +98,7 @@ def test_an_operator_takes_a_checkpoint_and_a_used_run_directory_is_not_started_
     asked = subprocess.run([sys.executable, "-m", "roles.tools.ctl", "checkpoint"],
                            capture_output=True, text=True, cwd=c.workdir, env=c.env)
     assert asked.returncode == 0, asked.stdout + asked.stderr
+    assert asked.stdout == "ok: checkpoint 1 begins\n", asked.stdout  # one line
     c.wait_for_event(lambda e: is_complete(e))
     assert c.wait() == 0, c.logs()
     assert c.summary()["checkpoints"]["complete"] == 1
