@@ -5,45 +5,73 @@ its request endpoint (``control_req``), both taken from the job's cluster sectio
 ``ZBUS_JOB``, ``ZBUS_CLUSTER__*``) or given with ``--status`` / ``--requests``. So it works
 the same beside ``honcho start`` and against a cluster on other hosts.
 
-Keys: 1-4 the tabs (cluster, nodes, training, partition), s live settings, a aggregate now,
-p pause or resume feeding, b back up now, e export now, x twice stop the job, o sort the node
-table by the next column (or click a header), q quit.
+Keys (``?`` lists them, ``console.screens.KEYS``): 1-4 the tabs (cluster, nodes, training,
+partition), s live settings, a aggregate now, p pause or resume feeding, b back up now,
+e export now, c checkpoint now, x twice stop the job, o sort the node table by the next
+column (or click a header), ? help, ctrl+p the command palette (every action by name), q quit.
+Only the tab in view is laid out from each status; the Cluster and Nodes tabs keep their
+history from every status.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
+from rich.text import Text
 from textual import work
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
+from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
 
 from console import format as fmt
 from console.bus import BusLink, Endpoints, LinkChanged, ReplyArrived, StatusArrived
-from console.panels import NODE_COLUMNS, ClusterPanel, NodeTable, PartitionPanel, TrainingPanel
+from console.nodes import NodesPanel, NodeTable
+from console.panels import ClusterPanel, PartitionPanel, TasksPanel
+from console.screens import HelpScreen
 from console.settings_screen import SettingsScreen
+from console.training import TrainingPanel
 
 STOP_CONFIRM_S = 3.0
 TABS = ("cluster", "nodes", "training", "partition")
+TABS_GROUP = Binding.Group("tabs", compact=True)
+# (title, help, action) of the command palette's zbus commands
+COMMANDS = (("Aggregate now", "call an aggregation round (sync every, lazy)",
+             "request('aggregate')"),
+            ("Pause or resume feeding", "the feeders stop or restart sending batches",
+             "pause"),
+            ("Back up now", "the aggregator writes a backup of the dense weights",
+             "request('backup')"),
+            ("Export now", "export the model into the run directory", "request('export')"),
+            ("Checkpoint now", "cut a whole-job checkpoint (zbus-control --resume goes back "
+             "to the newest)", "request('checkpoint')"),
+            ("Stop the job", "ends the job as stopped (asks to confirm)", "stop"),
+            ("Live settings", "change the aggregation thresholds", "settings"),
+            ("Sort the node table", "by the next column", "sort"),
+            ("Help: keys", "every key of the console", "help"),
+            *((f"Tab: {name}", f"show the {name} tab", f"tab('{name}')") for name in TABS))
 
 
 class ZbusConsole(App):
     CSS_PATH = Path(__file__).with_name("console.tcss")  # absolute: subclasses live elsewhere
     TITLE = "zbus console"
     BINDINGS = [
-        Binding("s", "settings", "settings"),
-        Binding("a", "request('aggregate')", "aggregate"),
-        Binding("p", "pause", "pause/resume"),
-        Binding("b", "request('backup')", "backup"),
-        Binding("e", "request('export')", "export", show=False),
-        Binding("x", "stop", "stop"),
-        Binding("o", "sort", "sort", show=False),
-        Binding("q", "quit", "quit"),
-        *(Binding(str(i + 1), f"tab('{name}')", name, show=False)
+        *(Binding(str(i + 1), f"tab('{name}')", name, group=TABS_GROUP)
           for i, name in enumerate(TABS)),
+        Binding("s", "settings", "set"),
+        Binding("a", "request('aggregate')", "round"),
+        Binding("p", "pause", "pause"),
+        Binding("b", "request('backup')", "backup"),
+        Binding("e", "request('export')", "export"),
+        Binding("c", "request('checkpoint')", "checkpoint", show=False),  # in ? help
+        Binding("x", "stop", "stop"),
+        Binding("o", "sort", "sort"),
+        Binding("question_mark", "help", "help", key_display="?"),
+        Binding("escape", "hide_help_panel", "close keys", show=False),
+        Binding("q", "quit", "quit"),
     ]
 
     def __init__(self, endpoints: Endpoints | None) -> None:
@@ -59,19 +87,21 @@ class ZbusConsole(App):
 
     def compose(self) -> ComposeResult:
         yield Static(id="link-line")
+        yield TasksPanel(id="tasks")
         with TabbedContent(initial="cluster", id="tabs"):
             with TabPane("Cluster", id="cluster"):
                 yield ClusterPanel(id="cluster-panel")
             with TabPane("Nodes", id="nodes"):
-                yield NodeTable(id="node-table")
+                yield NodesPanel(id="nodes-panel")
             with TabPane("Training", id="training"):
                 yield TrainingPanel(id="training-panel")
             with TabPane("Partition", id="partition"):
                 yield PartitionPanel(id="partition-panel")
         yield Static("", id="notice")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
+        self.query_one(TasksPanel).display = False
         self.show_link()
         if self.endpoints is not None:
             self.link = BusLink(self.endpoints, self.post_message)
@@ -80,6 +110,13 @@ class ZbusConsole(App):
     @work(exclusive=True, group="bus")
     async def run_link(self) -> None:
         await self.link.run()
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The palette (ctrl+p): every console action by name, then Textual's own."""
+        for title, help_text, action in COMMANDS:
+            yield SystemCommand(title, help_text,
+                                lambda action=action: self.run_action(action))
+        yield from super().get_system_commands(screen)
 
     # -- from the link -----------------------------------------------------------------------
     def closing(self) -> bool:
@@ -90,10 +127,12 @@ class ZbusConsole(App):
         if self.closing():
             return
         snap = self.snapshot = message.snapshot
-        self.query_one(ClusterPanel).show(snap)
-        self.query_one(NodeTable).show(snap["nodes"])
-        self.query_one(TrainingPanel).show(snap)
-        self.query_one(PartitionPanel).show(snap)
+        self.query_one(ClusterPanel).record(snap)   # histories: from every status
+        self.query_one(NodesPanel).record(snap)
+        self.query_one(TasksPanel).show(snap)
+        self.show_tab()
+        if isinstance(self.screen, SettingsScreen):
+            self.screen.show_status(snap["settings"])
         self.show_link()
         self.updates += 1
 
@@ -110,25 +149,41 @@ class ZbusConsole(App):
         if isinstance(screen, SettingsScreen) and message.action == "set":
             screen.show_result(message.ok, message.text)
             if message.settings:
-                screen.show_effective(message.settings, inputs_too=message.ok)
+                screen.show_effective(message.settings, applied=message.ok)
         self.notice(f"{message.action}: " + (message.text if message.ok
                                              else f"refused: {message.text}"),
                     "ok" if message.ok else "refused")
 
     def show_link(self) -> None:
+        """The top line: the job's phase and progress; how it ended once it has (also after
+        control has exited); or, red, that control is not heard."""
         line = self.query_one("#link-line", Static)
+        s = self.snapshot
+        final = s.get("final") if s else None
+        if final:
+            line.set_classes("ended" if final.get("status") in ("completed", "stopped")
+                             else "down")
+            ended = fmt.final_line(final)
+            ended.append(" (control has exited)" if not self.connected else "")
+            line.update(Text(f"■ {s['job']} {s['run_id']}  ").append_text(ended))
+            return
         if not self.connected:
             line.set_classes("down")
             line.update(f"✗ {self.link_detail}")
             return
         line.set_classes("up")
-        s = self.snapshot
         if s is None:
             line.update(f"● {self.link_detail}")
             return
         epoch = f"epoch {s['epoch'] + 1}/{s['epochs']}" if s["epoch"] >= 0 else "epoch -"
+        t = s["training"]
+        if s["epoch"] >= 0 and t.get("samples_per_epoch"):
+            epoch += f" {min(1.0, t['epoch_samples'] / t['samples_per_epoch']):.0%}"
         paused = "  PAUSED" if s["paused"] else ""
-        line.update(f"● {s['job']} {s['run_id']}  {s['phase']}  {epoch}  round {s['round']}"
+        waiting = s.get("waiting") or []
+        phase = s["phase"] if not waiting or s["phase"] == "starting" \
+            else f"{s['phase']}, waiting for {', '.join(w['node'] for w in waiting)}"
+        line.update(f"● {s['job']} {s['run_id']}  {phase}  {epoch}  round {s['round']}"
                     f"  sync {s['sync']}{paused}")
 
     def notice(self, text: str, kind: str = "") -> None:
@@ -166,8 +221,26 @@ class ZbusConsole(App):
             return
         self.push_screen(SettingsScreen(self.snapshot["settings"]))
 
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
     def action_tab(self, name: str) -> None:
         self.query_one(TabbedContent).active = name
+
+    def show_tab(self) -> None:
+        """Only the tab in view is laid out (a status at 32 nodes costs a table and charts
+        otherwise hidden); a tab coming into view is laid out at once."""
+        if self.snapshot is not None:
+            active = self.query_one(TabbedContent).active or "cluster"
+            panel = {"cluster": ClusterPanel, "nodes": NodesPanel, "training": TrainingPanel,
+                     "partition": PartitionPanel}.get(active, ClusterPanel)
+            self.query_one(panel).show(self.snapshot)
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self.show_tab()
+        if event.pane.id == "nodes":  # the arrow keys select a node at once
+            self.query_one(NodeTable).focus()
 
     def action_sort(self) -> None:
         table = self.query_one(NodeTable)
@@ -178,7 +251,7 @@ class ZbusConsole(App):
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
         if not isinstance(event.data_table, NodeTable):
             return
-        key = NODE_COLUMNS[event.column_index][1]
+        key = event.data_table.columns_shown()[event.column_index][1]
         if key in fmt.SORT_KEYS:
             event.data_table.sort_by = key
             self.notice(f"nodes sorted by {key}")
@@ -187,7 +260,8 @@ class ZbusConsole(App):
 
 
 def endpoints_from_args(argv: list[str] | None) -> Endpoints:
-    parser = argparse.ArgumentParser(prog="zbus-console", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="zbus-console", description=__doc__.splitlines()[0],
+                                     epilog="Keys: press ? in the console.")
     parser.add_argument("--job", help="job file (default: $ZBUS_JOB, else the built-in job)")
     parser.add_argument("--status", help="control's status endpoint (default: from the job)")
     parser.add_argument("--requests", help="control's request endpoint (default: from the job)")

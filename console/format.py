@@ -7,6 +7,8 @@ from typing import Any
 
 from rich.text import Text
 
+from roles.algorithms.progress import describe
+
 DASH = "-"
 STATE_STYLE = {"alive": ("● alive", "green"), "suspect": ("? suspect", "bold yellow"),
                "failed": ("✗ failed", "bold red"), "left": ("○ left", "dim")}
@@ -97,3 +99,72 @@ def sort_nodes(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     if key == "state":
         return sorted(rows, key=lambda r: (STATE_ORDER.get(r.get("state"), 9), *by_role(r)))
     return sorted(rows, key=lambda r: (r.get(key) is None, -(r.get(key) or 0), *by_role(r)))
+
+
+def elide(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, with … where it was cut."""
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def task_line(task: dict[str, Any]) -> str:
+    """A long task's progress (``roles.algorithms.progress``) in words."""
+    return describe(task)
+
+
+def wait_line(w: dict[str, Any]) -> str:
+    """``ps-1 to be restarted: start it with zbus-ps --index 1 (within 1m35s)``."""
+    return (f"{w['node']} {w['what']}: start it with {w['restart']} "
+            f"(within {duration(w['left_s'])})")
+
+
+def final_line(f: dict[str, Any]) -> Text:
+    """How the job ended: ``completed: auc 0.9071, logloss 0.3012 in 45s; summary runs/...``."""
+    ok = f.get("status") in ("completed", "stopped")
+    text = Text(str(f.get("status")), style="bold green" if ok else "bold red")
+    figures = []
+    if f.get("auc") is not None:
+        figures.append(f"auc {f['auc']:.4f}")
+    if f.get("logloss") is not None:
+        figures.append(f"logloss {f['logloss']:.4f}")
+    if f.get("wall_s") is not None:
+        figures.append(f"in {duration(f['wall_s'])}")
+    if figures:
+        text.append(": " + ", ".join(figures))
+    if f.get("reason") and f.get("status") != "completed":
+        text.append(f" ({f['reason']})")
+    text.append(f"; summary {f.get('summary')}")
+    return text
+
+
+CUT_PHASES = {"drain": "draining", "flush": "flush round", "write": "snapshots",
+              "resume": "writing the files"}
+
+
+def checkpoint_line(k: dict[str, Any]) -> Text:
+    """Whole-job checkpoints (the status's ``checkpoint``): ``3, 12s ago, 4.2M, training
+    paused 0.050s; next in 48s`` or the cut under way, and a rollback on resume."""
+    text = Text()
+    latest, cut = k.get("latest"), k.get("under_way")
+    if latest:
+        text.append(f"{latest['number']}, {duration(latest.get('age_s'))} ago, "
+                    f"{size(latest.get('bytes'))}")
+        if latest.get("pause_s") is not None:
+            text.append(f", training paused {latest['pause_s']:.3f}s")
+    elif k.get("every_s"):
+        text.append(f"none yet (every {duration(k['every_s'])})", style="dim")
+    else:
+        text.append("none yet (only when asked: every_s = 0)", style="dim")
+    if cut:
+        phase = CUT_PHASES.get(cut["phase"], cut["phase"])
+        text.append(f"; {cut['number']} being cut ({phase}, "
+                    f"{duration(cut['elapsed_s'])})", style="yellow")
+    elif k.get("next_in_s") is not None:
+        text.append(f"; next in {duration(k['next_in_s'])}", style="dim")
+    aborted = k.get("last_aborted")
+    if aborted and (not latest or aborted["number"] > latest["number"]) and not cut:
+        text.append(f"; {aborted['number']} abandoned: {aborted['why']}", style="yellow")
+    for r in (k.get("rollbacks") or [])[-1:]:
+        text.append(f"; resumed from checkpoint {r['checkpoint']} (epoch {r['epoch'] + 1}, "
+                    f"{count(r.get('retrained_samples'))} samples trained again)",
+                    style="bold yellow")
+    return text

@@ -1,66 +1,60 @@
-"""The console's panels. Each only displays: ``show(snapshot)`` lays out what control
-published (``roles.algorithms.status`` describes the snapshot), nothing here talks to the bus."""
+"""The console's panels (the Cluster and Partition tabs, and the strip of tasks under way).
+Each only displays: ``show(snapshot)`` lays out what control published
+(``roles.algorithms.status`` describes the snapshot), called for the tab in view only;
+``record(snapshot)``, where a panel has one, keeps its history from every status. Nothing
+here talks to the bus. The
+Nodes tab is ``console.nodes``, the Training tab ``console.training``."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Vertical
-from textual.widgets import DataTable, ProgressBar, Sparkline, Static
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, ProgressBar, Static
 
 from console import format as fmt
+from console.charts import Chart, series
 
-# (header, the row's key it shows and sorts by); the id names the role, so the role has no
-# column of its own (sorting by role is the default order)
-NODE_COLUMNS = (("id", "role"), ("state", "state"), ("cpu%", "cpu"), ("mem", "rss"),
-                ("in/s", "in_per_s"), ("out/s", "out_per_s"), ("smp/s", "samples_per_s"),
-                ("queue", "backlog"), ("M", "round_samples"), ("beat", "beat_age_s"),
-                ("host:pid", None), ("doing", None))
-
-
-class NodeTable(DataTable):
-    """Every node control knows, one row each; ``sort_by`` names the figure rows are sorted
-    by (a header click or the ``o`` key changes it)."""
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
-        self.sort_by = "role"
-        self.rows_shown: list[dict] = []
-
-    def on_mount(self) -> None:
-        for label, _ in NODE_COLUMNS:
-            self.add_column(label, key=label)
-
-    def show(self, rows: list[dict]) -> None:
-        # the highlighted node stays highlighted wherever the new order puts it
-        selected = None
-        if 0 <= self.cursor_row < len(self.rows_shown):
-            selected = self.rows_shown[self.cursor_row]["id"]
-        self.rows_shown = fmt.sort_nodes(rows, self.sort_by)
-        self.clear()
-        for r in self.rows_shown:
-            self.add_row(
-                r["id"], fmt.state(r["state"]), fmt.count(r["cpu"]), fmt.size(r["rss"]),
-                fmt.size(r["in_per_s"]), fmt.size(r["out_per_s"]),
-                fmt.count(r["samples_per_s"]), fmt.count(r["backlog"]),
-                fmt.count(r["round_samples"]), fmt.age(r["beat_age_s"]),
-                f"{r['host']}:{r['pid']}", r["doing"], key=r["id"])
-        ids = [r["id"] for r in self.rows_shown]
-        if selected in ids:
-            self.move_cursor(row=ids.index(selected), scroll=False)
-
-    def cycle_sort(self) -> str:
-        keys = fmt.SORT_KEYS
-        self.sort_by = keys[(keys.index(self.sort_by) + 1) % len(keys)]
-        return self.sort_by
-
+CLUSTER_POINTS = 300   # the Cluster tab's charts: one point per second of control's clock
 
 class ClusterPanel(Vertical):
+    """Network utilisation and failure rate against their thresholds (bars now, charts over
+    the last minutes as this console saw them), the nodes' health, rounds, decisions,
+    backups, the newest checkpoint and what the job waits for (how it ended is the top
+    line's)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.points: deque[tuple[float, float, float, float, float]] = deque(
+            maxlen=CLUSTER_POINTS)
+
     def compose(self) -> ComposeResult:
         yield Static(id="gauges")
         yield Static(id="cluster-facts")
+        with Horizontal(id="cluster-charts"):
+            yield Chart("network utilisation", "s since start", id="net-plot")
+            yield Chart("failure rate", "s since start", id="failure-plot")
+
+    def record(self, snap: dict) -> None:
+        """Every status, shown or not: a point a second for the charts."""
+        c, t = snap["cluster"], float(snap.get("uptime_s") or 0.0)
+        if self.points and 0 <= t - self.points[-1][0] < 1.0 - 1e-6:
+            return
+        if self.points and t < self.points[-1][0]:
+            self.points.clear()  # control started again
+        self.points.append((t, c["net_util"], c["net_util_max"], c["failure_rate"],
+                            c["failure_rate_max"]))
+
+    def chart(self) -> None:
+        times = [p[0] for p in self.points]
+        self.query_one("#net-plot", Chart).show(
+            [series("utilisation", times, [p[1] for p in self.points]),
+             series("net_util_max", times, [p[2] for p in self.points])])
+        self.query_one("#failure-plot", Chart).show(
+            [series("failure rate", times, [p[3] for p in self.points]),
+             series("failure_rate_max", times, [p[4] for p in self.points])])
 
     def show(self, snap: dict) -> None:
         c = snap["cluster"]
@@ -84,59 +78,61 @@ class ClusterPanel(Vertical):
         latest = c["latest_backup"]
         backup = f", latest round {latest['round']}" if latest else ""
         states = Counter(r["state"] for r in snap["nodes"])
-        facts = Text("\nnodes     ")
+        facts = Text("\nnodes      ")
         for name in ("alive", "suspect", "failed", "left"):
             facts.append(f"{states[name]} {name}", style=fmt.STATE_STYLE[name][1]
                          if states[name] and name != "alive" else "")
             facts.append("  ")
-        facts.append(f"\nworkers   {c['live_workers']} live     round {snap['round']}{in_flight}"
-                     f"     rounds done {c['rounds_done']}\n")
-        facts.append("decision  ")
-        facts.append_text(verdict)
-        facts.append(f"\ndecisions {c['decisions']['aggregate']} aggregate, "
+        facts.append(f" {c['live_workers']} workers live\n")
+        facts.append(f"rounds     round {snap['round']}{in_flight}, {c['rounds_done']} done   "
+                     f"decisions {c['decisions']['aggregate']} aggregate, "
                      f"{c['decisions']['wait']} wait\n")
-        facts.append(f"backups   {c['backups']}{backup}     recoveries {c['recoveries']}\n")
+        facts.append("decision   ")
+        facts.append_text(verdict)
+        facts.append("\n")
+        facts.append(f"backups    {c['backups']}{backup}     recoveries {c['recoveries']}\n")
+        if snap.get("checkpoint"):
+            facts.append("checkpoint ")
+            facts.append_text(fmt.checkpoint_line(snap["checkpoint"]))
+            facts.append("\n")
         feeding = Text("paused by an operator", style="bold yellow") if snap["paused"] \
             else Text("running")
-        facts.append("feeding   ")
+        facts.append("feeding    ")
         facts.append_text(feeding)
+        for w in snap.get("waiting", []):
+            facts.append("\nwaiting    ", style="bold yellow")
+            facts.append(fmt.wait_line(w), style="bold yellow")
         self.query_one("#cluster-facts", Static).update(facts)
+        self.chart()
 
 
-class TrainingPanel(Vertical):
+class TasksPanel(Vertical):
+    """Long tasks under way (indexing, the statistics pass, an export, a checkpoint) as a
+    progress bar, and what the job waits for; hidden when there is none."""
+
     def compose(self) -> ComposeResult:
-        yield Static(id="epoch-line")
-        yield ProgressBar(total=100, show_eta=False, id="epoch-progress")
-        yield Static(id="throughput-line")
-        yield Static("loss", id="loss-label", classes="plot-label")
-        yield Sparkline([], id="loss-plot")
-        yield Static(id="epochs-line", classes="plot-label")
-        yield Sparkline([], id="auc-plot")
-        yield Static("samples/s", classes="plot-label")
-        yield Sparkline([], id="speed-plot")
+        yield Static(id="tasks-line")
+        yield ProgressBar(total=100, show_eta=False, id="tasks-bar")
 
     def show(self, snap: dict) -> None:
-        t = snap["training"]
-        epoch = snap["epoch"]
-        shown = f"epoch {epoch + 1} of {snap['epochs']}" if epoch >= 0 else "not started"
-        self.query_one("#epoch-line", Static).update(
-            f"{shown}   phase {snap['phase']}   ETA epoch {fmt.duration(t['eta_epoch_s'])}, "
-            f"job {fmt.duration(t['eta_job_s'])}")
-        bar = self.query_one("#epoch-progress", ProgressBar)
-        bar.update(total=max(1, t["samples_per_epoch"]),
-                   progress=min(t["epoch_samples"], t["samples_per_epoch"]))
-        losses = [x for x in t["history"]["loss"] if x is not None]
-        last = f"{losses[-1]:.4f}" if losses else fmt.DASH
-        self.query_one("#throughput-line", Static).update(
-            f"throughput {fmt.count(t['samples_per_s'])} samples/s   trained "
-            f"{fmt.count(t['samples_acked'])} samples   loss now {last}")
-        self.query_one("#loss-plot", Sparkline).data = losses
-        self.query_one("#speed-plot", Sparkline).data = t["history"]["samples_per_s"]
-        done = [e for e in t["epochs"] if e.get("auc") is not None]
-        line = "  ".join(f"{e['epoch'] + 1}: {e['auc']:.4f}" for e in done[-5:])
-        self.query_one("#epochs-line", Static).update(
-            "eval auc by epoch  " + (line or "no epoch evaluated yet"))
-        self.query_one("#auc-plot", Sparkline).data = [e["auc"] for e in done]
+        tasks = snap.get("tasks") or []
+        waits = [] if snap.get("final") else snap.get("waiting") or []
+        self.display = bool(tasks or waits)
+        if not self.display:
+            return
+        text = Text()
+        for w in waits:
+            text.append("waiting for " + fmt.wait_line(w) + "\n", style="bold yellow")
+        for task in tasks:
+            text.append(f"{task['node']} {fmt.task_line(task)}\n")
+        self.query_one("#tasks-line", Static).update(text.rstrip() or text)
+        bar = self.query_one("#tasks-bar", ProgressBar)
+        known = [t for t in tasks if t.get("total")]
+        bar.display = bool(known)
+        if known:
+            bar.update(total=sum(float(t["total"]) for t in known),
+                       progress=sum(min(float(t["done"] or 0), float(t["total"]))
+                                    for t in known))
 
 
 class PartitionPanel(Vertical):

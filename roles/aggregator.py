@@ -303,7 +303,7 @@ class Aggregator(Node):
             return
         path = self.backups.write(self.params, self.round, self.generation, change,
                                   self.settings["backups_kept"])
-        log.info("backup after round %d: %s (change %.3f)", self.round, path.name, change)
+        log.debug("backup after round %d: %s (change %.3f)", self.round, path.name, change)
         self.to_control(BackupWritten(round=self.round, path=str(path),
                                       change=change if np.isfinite(change) else -1.0))
 

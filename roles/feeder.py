@@ -48,6 +48,7 @@ from roles.algorithms.batching import Ledger, PartProgress, max_in_flight, sampl
 from roles.algorithms.feeder_parts import FeederParts
 from roles.algorithms.feeding_pass import FeedingPass, PartStream
 from roles.algorithms.key_routing import KeyRouting
+from roles.algorithms.progress import Every, Progress
 from roles.algorithms.reclaim import Reclaim
 from roles.algorithms.sync import feeder as sync_modes
 from roles.algorithms.tally import FeederTally
@@ -85,6 +86,7 @@ from zbus.node import Node
 
 log = logging.getLogger(__name__)
 STATS_SLICE_S = 0.2   # the statistics pass works this long per turn of the loop
+PROGRESS_LOG_S = 5.0  # data loading is logged this often
 
 
 class Feeder(Node):
@@ -135,6 +137,8 @@ class Feeder(Node):
         self.checkpoint_hold = 0     # a checkpoint being cut: no new batch goes out
         self.checkpoint_drained = 0  # the newest cut reported drained
         self.routing = KeyRouting(c.shards, job.placement)
+        self.loading: Progress | None = None   # indexing, then the statistics pass
+        self.loading_log = Every(PROGRESS_LOG_S, 0.0)
 
     def in_flight_limit(self, workers: int) -> int:
         return max_in_flight(workers, self.job.train.prefetch)
@@ -152,7 +156,7 @@ class Feeder(Node):
             self.streams = PartStreams(self.job, self.source, self.rejected_rows)
             if self.index == 0:   # the index keeper
                 self.state = "indexing"
-                files, parts, n_train = self.source.index()
+                files, parts, n_train = self.source.index(self.indexing())
                 self.source.files = files
                 oracle = self.source.oracle_auc(parts)
                 self.report(DataIndex(n_train=n_train, oracle_auc=-1.0 if oracle is None
@@ -166,6 +170,7 @@ class Feeder(Node):
         except (DataError, OSError) as exc:
             self.fail(f"cannot read the data: {exc}")
             return
+        self.loading = None
         self.checkpoints = FeederCheckpoints(self.run_dir, self.node_id)
         info: dict = {"indexed": self.index == 0}
         if self.rollback and self.restore_dir:
@@ -191,6 +196,30 @@ class Feeder(Node):
         log.warning("back to checkpoint %d: the %d samples acknowledged after it are trained "
                     "again", manifest["number"], retrained)
         return {"checkpoint": manifest["number"], "retrained_samples": retrained}
+
+    def indexing(self):
+        """Told of the bytes indexed (in the loop, which waits meanwhile): the progress goes
+        to the log and, with the heartbeats still sent, to control."""
+        started = time.monotonic()
+        self.loading = progress = Progress("indexing the data", "bytes",
+                                           self.source.data_bytes() or None, started)
+        self.loading_log = Every(PROGRESS_LOG_S, started)
+
+        def advance(count: int) -> None:
+            now = time.monotonic()
+            progress.update(progress.done + count, now)
+            self.keep_alive(now)
+            if self.loading_log.due(now):
+                log.info("%s", progress.line(now))
+        return advance
+
+    def loading_progress(self, rows: int, now: float) -> None:
+        """The statistics pass read ``rows`` more rows."""
+        if self.loading is None:
+            return
+        self.loading.update(self.loading.done + rows, now)
+        if self.loading_log.due(now):
+            log.info("%s", self.loading.line(now))
 
     def open_ack_log(self, directory: Path) -> None:
         """Acknowledged training batches are logged; a log already there means this is a
@@ -350,8 +379,13 @@ class Feeder(Node):
                  self.parts.describe(self.parts.mine()))
         if self.preparer is None:  # the statistics are still being gathered: summarise
             training = [p for p in self.parts.parts if not p.eval]
-            self.statistics.want([self.part(n) for n in self.parts.mine(eval=False)],
-                                 len(training))
+            mine = [self.part(n) for n in self.parts.mine(eval=False)]
+            self.statistics.want(mine, len(training))
+            whole = self.job.data.decay_base > 1.0
+            self.loading = Progress("statistics of the data", "rows", sum(
+                p.rows if whole else min(p.rows, self.statistics.sample) for p in mine) or None,
+                time.monotonic())
+            self.loading_log = Every(PROGRESS_LOG_S, time.monotonic())
             self.wake_at = time.monotonic()
         elif new:
             self.take_over(new)
@@ -365,6 +399,7 @@ class Feeder(Node):
             self.statistics.shown = []
         if report is not None:
             self.to_control(report)
+            self.loading_progress(int(report.counts[:, 0].sum()), time.monotonic())
         self.wake_at = time.monotonic() if self.statistics.pending else None
 
     def take_stats(self, m: DataStats) -> None:
@@ -375,6 +410,7 @@ class Feeder(Node):
         weighting = Weighting(data.decay_base, unit, data.drop_below, data.merge,
                               None if m.newest < 0 else m.newest // unit)
         self.preparer = Preparer(self.job.sparse_fields, self.transform, weighting)
+        self.loading = None
         if self.statistics is not None:
             self.statistics.clear()
         self.state = "ready"
@@ -646,7 +682,9 @@ class Feeder(Node):
                 "placement_window": self.routing.counter.window,
                 "placing": self.routing.placing is not None,
                 "restarted": self.reclaim.restarted, "recovering": self.reclaim.recovering,
-                "bytes_read": self.source.bytes_read if self.source is not None else 0}
+                "bytes_read": self.source.bytes_read if self.source is not None else 0,
+                "progress": None if self.loading is None
+                else self.loading.figures(time.monotonic())}
 
     def on_crash(self, exc: Exception) -> None:
         if isinstance(exc, DataError):

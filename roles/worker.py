@@ -474,7 +474,7 @@ class Worker(Node):
         super().on_tick(now)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if self.leaving or not self.welcomed or self.state == "starting":
+        if self.leaving or self.quiet_stop() or not self.welcomed or self.state == "starting":
             super()._on_signal(signum, frame)  # nothing to hand back, or asked twice
             return
         log.info("%s: asked to stop; finishing its batches, then leaving", self.node_id)

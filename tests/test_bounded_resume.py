@@ -107,7 +107,8 @@ def test_whole_job_killed_with_expiry_on_resumes_and_no_dropped_key_comes_back(c
     # the newest checkpoint serves, unknown keys on their field's default row
     scored = subprocess.run([sys.executable, "-m", "roles.tools.predict",
                              str(c.run_dir / "checkpoints"), str(REPO / "data" / "adult.csv.gz"),
-                             "--split", "eval"], capture_output=True, text=True, cwd=REPO)
+                             "--split", "eval", "--json"], capture_output=True, text=True,
+                            cwd=REPO)
     assert scored.returncode == 0, scored.stderr
     assert json.loads(scored.stdout)["auc"] >= 0.88
     model = ExportedModel(c.run_dir / "checkpoints")

@@ -82,7 +82,7 @@ def test_admission_and_expiry_counts_reach_the_summary_and_the_export_scores_the
         defaults = load_default_rows(export / embeddings_file(shard))
         assert defaults.shape == (26, 8) and np.abs(defaults).sum() > 0   # trained
     done = subprocess.run([str(BIN / "zbus-predict"), str(export), str(data), "--split",
-                           "eval"], capture_output=True, text=True, timeout=120)
+                           "eval", "--json"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     figures = orjson.loads(done.stdout.strip().splitlines()[-1])
     assert figures["scored"] == s["eval_samples"] == 8_000

@@ -5,17 +5,21 @@ and summary, or a zbus-ctl request), not from the widgets."""
 from __future__ import annotations
 
 import asyncio
+import io
 import os
+import re
 import signal
 import sys
 import time
 
 import pytest
 from harness import ADULT_JOB, REPO
+from rich.console import Console
 
 from console.app import ZbusConsole
 from console.bus import Endpoints
-from console.panels import NodeTable
+from console.nodes import NodeTable
+from console.screens import ConfirmScreen, HelpScreen
 from console.settings_screen import SettingsScreen
 from roles.tools.ctl import request
 
@@ -75,9 +79,9 @@ def test_node_table_failed_worker_and_the_actions_reach_control(cluster):
             # aggregate now: with min_local_rounds out of reach only an operator calls rounds
             rounds = len(events("aggregate"))
             await pilot.press("a")
-            await until(pilot, lambda: len(events("aggregate")) > rounds, "a round called")
-            assert events("aggregate")[-1]["reason"].startswith("aggregate now: asked by "
-                                                                "console-")
+            await until(pilot, lambda: any(
+                e["reason"].startswith("aggregate now: asked by console-")
+                for e in events("aggregate")[rounds:]), "a round called")
             await pilot.press("p")
             await until(pilot, lambda: events("pause"), "pause reaching control")
             await until(pilot, lambda: any(r["id"] == "feeder-0" and r["doing"] == "paused"
@@ -111,31 +115,85 @@ def test_settings_screen_changes_control_and_a_refused_value_changes_nothing(clu
             await pilot.press("s")
             screen = await until(pilot, lambda: isinstance(app.screen, SettingsScreen)
                                  and app.screen, "the settings screen")
+            first = screen.query_one("#set-net_util_max")
+            assert app.focused is first and first.cursor_position == len(first.value)
 
             async def apply(name: str, text: str) -> str:
                 box = screen.query_one(f"#set-{name}")
                 box.value = ""
                 box.focus()
-                await pilot.press(*text)
+                await pilot.press(*text)  # no pause between the keys: typed fast
+                assert box.value == text
                 before = str(screen.query_one("#settings-result").render())
                 await pilot.click("#apply")
+                confirm = await until(pilot, lambda: isinstance(app.screen, ConfirmScreen)
+                                      and app.screen, "the confirmation")
+                shown = str(confirm.query_one("#confirm-text").render())
+                assert f"{name}: " in shown and f"→ {text}" in shown, shown
+                await pilot.press("enter")
                 return await until(pilot, lambda: (r := str(screen.query_one(
                     "#settings-result").render())) != before and not r.startswith("sent")
                     and r, f"control's answer to {name} = {text}")
 
-            assert (await apply("net_util_max", "0.5")).startswith("applied: net_util_max")
-            assert control_settings(c)["net_util_max"] == 0.5
+            assert (await apply("net_util_max", "0.55")).startswith("applied: net_util_max")
+            assert control_settings(c)["net_util_max"] == 0.55
+            assert first.value == "0.55" and first.cursor_position == len("0.55")
+            await until(pilot, lambda: "(version 1)" in str(
+                screen.query_one("#settings-title").render()), "the version refreshed")
             refused = await apply("net_util_max", "1.5")
             assert refused == "refused: net_util_max must be in [0.001, 1.0], got 1.5"
-            assert control_settings(c)["net_util_max"] == 0.5  # nothing changed
-            assert str(screen.query_one("#now-net_util_max").render()) == "now 0.5"
-            screen.query_one("#set-net_util_max").value = "0.5"
+            assert control_settings(c)["net_util_max"] == 0.55  # nothing changed
+            assert str(screen.query_one("#now-net_util_max").render()) == "now 0.55"
+            screen.query_one("#set-net_util_max").value = "0.55"
             refused = await apply("min_local_rounds", "20")  # above max_local_rounds 16
             assert refused.startswith("refused: min_local_rounds (20) must be <= "), refused
+            assert control_settings(c)["min_local_rounds"] == 4
+            # cancelled: nothing is sent
+            screen.query_one("#set-min_local_rounds").value = "5"
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "confirmation")
+            await pilot.press("escape")
+            await until(pilot, lambda: app.screen is screen, "back on the settings")
+            assert str(screen.query_one("#settings-result").render()) == "not sent"
             assert control_settings(c)["min_local_rounds"] == 4
 
     asyncio.run(drive())
     assert c.procs["control-0"].poll() is None  # refusals did not hurt control
+
+
+def test_help_lists_every_key_and_the_palette_every_action(cluster):
+    c = cluster(ADULT_JOB, cluster__start_timeout_s=600)
+    c.start_role("control")
+
+    async def drive() -> None:
+        app = ZbusConsole(endpoints(c))
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.snapshot, "a status from control")
+            await pilot.press("question_mark")
+            screen = await until(pilot, lambda: isinstance(app.screen, HelpScreen)
+                                 and app.screen, "the help")
+            console = Console(width=100, record=True, file=io.StringIO())
+            console.print(screen.query_one("#help-text").content)
+            shown = console.export_text()
+            for binding in app.BINDINGS:
+                if binding.action != "hide_help_panel":  # every key, in the bar or not
+                    assert f" {binding.key_display or binding.key} " in f" {shown} ".replace(
+                        "\n", " "), binding.key
+            assert "queue" in shown and "look-ups" in shown
+            await pilot.press("escape")
+            await until(pilot, lambda: not isinstance(app.screen, HelpScreen), "help closed")
+            titles = [cmd.title for cmd in app.get_system_commands(app.screen)]
+            for title in ("Aggregate now", "Pause or resume feeding", "Back up now",
+                          "Export now", "Checkpoint now", "Stop the job", "Live settings"):
+                assert title in titles
+            await pilot.press("ctrl+p")  # the palette runs an action by name
+            await pilot.press(*"Back up now")
+            await pilot.pause(0.5)
+            await pilot.press("enter")
+            await until(pilot, lambda: "backup: " in str(app.query_one("#notice").render()),
+                        "the palette's backup answered")
+
+    asyncio.run(drive())
 
 
 def test_console_says_when_control_is_gone_and_reconnects_when_it_is_back(cluster):
@@ -188,3 +246,41 @@ def test_the_table_shows_32_reporting_nodes(cluster):
             assert speeds == sorted(speeds, reverse=True) and len(speeds) == 28  # and feeder
 
     asyncio.run(drive())
+
+
+def test_a_checkpoint_then_a_shard_restart_waited_for_then_the_end_after_control_exits(
+        cluster):
+    c = cluster(ADULT_JOB, train__epochs=4, checkpoint__every_s=0.5,
+                cluster__node_timeout_s=2.0)
+    c.start_all(slowdown={0: 2.0, 1: 2.0})
+
+    def line(app) -> str:
+        return str(app.query_one("#link-line").render())
+
+    async def drive() -> None:
+        app = ZbusConsole(endpoints(c))
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.snapshot and app.snapshot["phase"] == "training",
+                        "training")
+            await until(pilot, lambda: app.snapshot["checkpoint"]["latest"],
+                        "a complete checkpoint")
+            await until(pilot, lambda: re.search(r"checkpoint \d+, \S+ ago, \S+, training "
+                                                 r"paused", str(app.query_one(
+                                                     "#cluster-facts").render())),
+                        "the newest checkpoint on the Cluster tab")
+            os.killpg(c.procs["ps-1"].pid, signal.SIGKILL)
+            await until(pilot, lambda: "waiting for ps-1" in line(app), "the wait on top")
+            strip = str(app.query_one("#tasks-line").render())
+            assert "ps-1 to be restarted: start it with zbus-ps --index 1" in strip, strip
+            c.start_role("ps", 1)
+            await until(pilot, lambda: not app.snapshot["waiting"], "the shard back")
+            await until(pilot, lambda: "completed" in line(app), "the end", timeout=120)
+            assert "summary runs/" in line(app) or "summary" in line(app)
+            await until(pilot, lambda: "control has exited" in line(app), "control gone",
+                        timeout=30)
+            assert "no connection" not in line(app)
+            assert app.query_one("#link-line").has_class("ended")
+
+    asyncio.run(drive())
+    assert c.wait(timeout=60) == 0, c.logs()
+    assert c.summary()["status"] == "completed"

@@ -1,10 +1,19 @@
-"""The console's layout at 80x24, fixed by snapshots (pytest-textual-snapshot): every tab, the
-settings screen and the no-connection banner, showing a status captured from a real lazy job
-(tests/data/console_status.json; worker-1 marked suspect and worker-2 failed by hand).
+"""The console's layout at 80x24 and 160x48, fixed by snapshots (pytest-textual-snapshot):
+every tab with its charts, the settings screen and its confirmation, the help, the
+no-connection banner, a job that is loading its data, a checkpoint being cut, a job waiting
+for a shard to be restarted, and a job that has ended (also once control has exited). The
+status is captured from a real lazy job on Adult at epoch 12 of 20
+(tests/data/console_status.json; worker-1 marked suspect and worker-2 failed by hand, the
+checkpoint figures added by hand); the Nodes tab's history is made of that status
+posted 90 times with figures that change with the clock.
 After an intended change of layout: ``pytest tests/test_console_snapshots.py --snapshot-update``
 and look at the new SVGs before committing them."""
 
 from __future__ import annotations
+
+import asyncio
+import copy
+import math
 
 import orjson
 import pytest
@@ -16,51 +25,172 @@ from console.bus import LinkChanged, StatusArrived
 STATUS = orjson.loads((REPO / "tests" / "data" / "console_status.json").read_bytes())
 # a Zipf job with skew-aware placement, shard 1 slowed 2x, caught while draining for map v26
 SKEW_STATUS = orjson.loads((REPO / "tests" / "data" / "console_status_skew.json").read_bytes())
-SIZE = (80, 24)
+# Adult with one model-parallel group of two processes (jobs/adult_mp.toml), caught training
+MP_STATUS = orjson.loads((REPO / "tests" / "data" / "console_status_mp.json").read_bytes())
+SMALL, LARGE = (80, 24), (160, 48)
+HISTORY = 90
 
 
-async def connected(pilot, status: dict = STATUS) -> None:
+def at(status: dict, second: int) -> dict:
+    """The status as control published it ``second`` seconds earlier or later: each node's
+    figures drift with the clock, so that its history has a shape."""
+    s = copy.deepcopy(status)
+    s["uptime_s"] = round(status["uptime_s"]) + HISTORY + second
+    for i, n in enumerate(s["nodes"]):
+        wave = 1 + 0.5 * math.sin(second / 9 + i)
+        for key in ("cpu", "in_per_s", "out_per_s"):
+            if n.get(key) is not None:
+                n[key] = round(n[key] * wave, 1)
+        if n.get("rss") is not None:
+            n["rss"] = round(n["rss"] * (1 + 0.1 * (HISTORY + second) / HISTORY))
+    return s
+
+
+async def connected(pilot, status: dict = STATUS, history: int = HISTORY) -> None:
     pilot.app.post_message(LinkChanged(True, "control at tcp://10.0.0.1:47107"))
-    pilot.app.post_message(StatusArrived(status))
+    for second in range(-history + 1, 1):
+        pilot.app.post_message(StatusArrived(at(status, second)))
     await pilot.pause()
 
 
-@pytest.mark.parametrize("keys", [(), ("2",), ("3",), ("4",), ("s",)],
-                         ids=["cluster", "nodes", "training", "partition", "settings"])
-def test_screens(snap_compare, keys):
-    assert snap_compare(ZbusConsole(None), press=keys, terminal_size=SIZE,
+@pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "160x48"])
+@pytest.mark.parametrize("keys", [(), ("2",), ("2", "down", "down", "down", "down"), ("3",),
+                                  ("4",), ("s",), ("question_mark",)],
+                         ids=["cluster", "nodes", "nodes-worker-0", "training", "partition",
+                              "settings", "help"])
+def test_screens(snap_compare, keys, size):
+    assert snap_compare(ZbusConsole(None), press=keys, terminal_size=size,
                         run_before=connected)
+
+
+def test_settings_confirmation(snap_compare):
+    async def typed(pilot) -> None:
+        await connected(pilot, history=1)
+        await pilot.press("s")
+        pilot.app.screen.query_one("#set-net_util_max").value = "0.5"
+        await pilot.press("ctrl+s")
+
+    assert snap_compare(ZbusConsole(None), terminal_size=SMALL, run_before=typed)
 
 
 def test_no_connection(snap_compare):
     async def lost(pilot) -> None:
-        await connected(pilot)
+        await connected(pilot, history=1)
         pilot.app.post_message(LinkChanged(False, "no connection: control at "
                                                   "tcp://10.0.0.1:47107 silent for 9 s, "
                                                   "retrying"))
         await pilot.pause()
 
-    assert snap_compare(ZbusConsole(None), terminal_size=SIZE, run_before=lost)
+    assert snap_compare(ZbusConsole(None), terminal_size=SMALL, run_before=lost)
+
+
+def loading() -> dict:
+    s = copy.deepcopy(STATUS)
+    s.update(phase="preparing", epoch=-1, round=0)
+    s["training"].update(samples_acked=0, epoch_samples=0, samples_per_s=0,
+                         eta_epoch_s=None, eta_job_s=None, epochs=[],
+                         history={"t": [], "loss": [], "samples_per_s": []})
+    s["tasks"] = [{"node": "feeder-0", "task": "statistics of the data", "unit": "rows",
+                   "done": 412_000.0, "total": 1_000_000.0, "rate": 61_500.0, "eta_s": 9.6,
+                   "elapsed_s": 6.7}]
+    return s
+
+
+@pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "160x48"])
+def test_a_loading_job_shows_a_progress_bar(snap_compare, size):
+    async def load(pilot) -> None:
+        await connected(pilot, loading(), history=1)
+
+    assert snap_compare(ZbusConsole(None), terminal_size=size, run_before=load)
+
+
+def test_a_job_waiting_for_a_restart_says_what_to_restart_and_by_when(snap_compare):
+    s = copy.deepcopy(STATUS)
+    s["waiting"] = [{"node": "ps-1", "what": "to be restarted", "restart": "zbus-ps --index 1",
+                     "waited_s": 25.0, "left_s": 95.0}]
+
+    async def wait(pilot) -> None:
+        await connected(pilot, s, history=1)
+
+    assert snap_compare(ZbusConsole(None), terminal_size=SMALL, run_before=wait)
+
+
+FINAL = {"status": "completed", "reason": "", "auc": 0.9071, "logloss": 0.3121,
+         "summary": "runs/adult-20261123-101500/summary.json", "wall_s": 41.3,
+         "samples_per_s": 61_234.0}
+
+
+def test_an_ended_job_after_control_exited(snap_compare):
+    s = copy.deepcopy(STATUS)
+    s.update(phase="done", final=FINAL)
+
+    async def ended(pilot) -> None:
+        await connected(pilot, s, history=1)
+        pilot.app.post_message(LinkChanged(False, "no connection: control at "
+                                                  "tcp://10.0.0.1:47107 silent for 9 s, "
+                                                  "retrying"))
+        await pilot.pause()
+
+    assert snap_compare(ZbusConsole(None), terminal_size=SMALL, run_before=ended)
+
+
+def test_a_failed_job(snap_compare):
+    s = copy.deepcopy(STATUS)
+    s.update(phase="done", final={**FINAL, "status": "failed", "auc": None, "logloss": None,
+                                  "reason": "ps-1 did not come back within "
+                                            "recovery_timeout_s = 120 s"})
+
+    async def failed(pilot) -> None:
+        await connected(pilot, s, history=1)
+
+    assert snap_compare(ZbusConsole(None), terminal_size=SMALL, run_before=failed)
+
+
+def test_a_checkpoint_being_cut_after_a_resume_from_an_older_one(snap_compare):
+    s = copy.deepcopy(STATUS)
+    s["checkpoint"].update(under_way={"number": 3, "phase": "resume", "elapsed_s": 0.4},
+                           next_in_s=None,
+                           rollbacks=[{"checkpoint": 1, "round": 9, "epoch": 4, "at_s": 14.2,
+                                       "retrained_samples": 18_430}])
+    s["tasks"] = [{"node": "control", "task": "checkpoint 3: writing the files",
+                   "unit": "parts", "done": 3, "total": 4, "rate": None, "eta_s": None,
+                   "elapsed_s": 0.4}]
+
+    async def cutting(pilot) -> None:
+        await connected(pilot, s, history=1)
+
+    assert snap_compare(ZbusConsole(None), terminal_size=SMALL, run_before=cutting)
 
 
 def test_partition_with_skew_aware_placement(snap_compare):
     async def skewed(pilot) -> None:
-        await connected(pilot, SKEW_STATUS)
+        await connected(pilot, SKEW_STATUS, history=1)
 
-    assert snap_compare(ZbusConsole(None), press=("4",), terminal_size=SIZE,
+    assert snap_compare(ZbusConsole(None), press=("4",), terminal_size=SMALL,
                         run_before=skewed)
-
-
-# Adult with one model-parallel group of two processes (jobs/adult_mp.toml), caught training
-MP_STATUS = orjson.loads((REPO / "tests" / "data" / "console_status_mp.json").read_bytes())
 
 
 def test_partition_of_the_model_over_a_group(snap_compare):
     async def grouped(pilot) -> None:
-        await connected(pilot, MP_STATUS)
+        await connected(pilot, MP_STATUS, history=1)
 
-    assert snap_compare(ZbusConsole(None), press=("4",), terminal_size=SIZE,
+    assert snap_compare(ZbusConsole(None), press=("4",), terminal_size=SMALL,
                         run_before=grouped)
+
+
+def test_escape_closes_the_keys_panel():
+    async def drive() -> None:
+        app = ZbusConsole(None)
+        async with app.run_test(size=SMALL) as pilot:
+            await connected(pilot, history=1)
+            app.action_show_help_panel()
+            await pilot.pause()
+            assert app.screen.query("HelpPanel")
+            await pilot.press("escape")
+            await pilot.pause()
+            assert not app.screen.query("HelpPanel")
+
+    asyncio.run(drive())
 
 
 # the Zipf job with admission (min_count 3) and expiry (100 batches), skew-aware placement and
@@ -73,5 +203,5 @@ def test_partition_with_bounded_tables(snap_compare):
     async def bounded(pilot) -> None:
         await connected(pilot, BOUNDED_STATUS)
 
-    assert snap_compare(ZbusConsole(None), press=("4",), terminal_size=SIZE,
+    assert snap_compare(ZbusConsole(None), press=("4",), terminal_size=SMALL,
                         run_before=bounded)

@@ -29,7 +29,18 @@ def test_default_synthetic_job_under_honcho_comes_close_to_the_oracle(cluster):
     assert all(s["bytes"][ch] > 0 for ch in ("samples", "keys", "lookups", "embeddings",
                                              "embedding_grads", "dense_sync", "acks",
                                              "control")), s["bytes"]
-    assert "auc" in c.log("honcho") and "summary in" in c.log("honcho")
+    out = c.log("honcho")
+    assert "auc" in out and "summary in" in out
+    # the end is said plainly: zbus's last lines are the summary, every process ends on its own
+    # and well, nothing is said twice
+    lines = [line.split(" ", 1)[1] for line in out.splitlines() if " | " in line]
+    zbus = [line for line in lines if not line.startswith("system")]
+    assert [line.split("| ", 1)[1].split(":")[0] for line in zbus[-3:]] == ["zbus"] * 3, zbus
+    assert "summary in" in zbus[-1]
+    for noise in ("received SIGTERM", "finishing its batches", "SIGKILL", "Traceback"):
+        assert noise not in out, out
+    assert len(set(zbus)) == len(zbus), [x for x in zbus if zbus.count(x) > 1]
+    assert all(line.endswith("(rc=0)") for line in lines if "stopped (rc=" in line), out
 
 
 def test_adult_two_workers_two_shards_over_tcp(cluster):
@@ -115,6 +126,21 @@ def test_a_missing_column_fails_the_job_naming_it(cluster):
     assert s["status"] == "failed" and "dense column 'salary' is not in" in s["reason"]
     assert c.wait("feeder-0", timeout=30) == 1
     assert "Traceback" not in c.log("feeder-0") + c.log("control-0")
+
+
+def test_a_job_file_error_is_said_once_for_the_whole_honcho_start(cluster, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(ADULT_JOB.read_text().replace("[train]\n", "[train]\nepochz = 2\n"))
+    c = cluster(ADULT_JOB)
+    c.env["ZBUS_JOB"] = str(bad)
+    c.start("honcho", [str(BIN / "honcho"), "-d", str(REPO), "-f", str(REPO / "Procfile"),
+                       "start"])
+    assert c.wait("honcho", timeout=60) == 2
+    out = c.log("honcho")
+    said = [line for line in out.splitlines() if "job error" in line]
+    assert len(said) == 1, out
+    assert "unknown key [train] epochz (did you mean 'epochs'?)" in said[0]
+    assert "Traceback" not in out
 
 
 def test_honcho_exits_non_zero_when_the_job_fails(cluster, tmp_path):

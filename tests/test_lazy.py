@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import orjson
 import pytest
@@ -40,13 +42,35 @@ def test_lazy_matches_step_with_far_fewer_dense_bytes_and_its_export_predicts_th
     # the export scores the eval split exactly as the job did
     out = tmp_path / "scores.tsv"
     done = subprocess.run([str(BIN / "zbus-predict"), z["export"], str(ADULT), "--split",
-                           "eval", "--out", str(out)], capture_output=True, text=True,
+                           "eval", "--out", str(out), "--json"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     figures = orjson.loads(done.stdout.strip().splitlines()[-1])
     assert figures["scored"] == z["eval_samples"] == 9768
     assert abs(figures["auc"] - z["auc"]) < 1e-6, (figures, z["auc"])
     assert len(out.read_text().splitlines()) == 9768 + 1
+    # bad input: one line each, a status that says so, no traceback (exit 2: unreadable)
+    text = gzip.decompress(ADULT.read_bytes())
+    damaged = tmp_path / "damaged.csv.gz"
+    whole = gzip.compress(text)
+    damaged.write_bytes(whole[:len(whole) // 2])
+
+    def predict(data: Path, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / "zbus-predict"), z["export"], str(data), *args],
+                              capture_output=True, text=True, timeout=120)
+
+    broken = predict(damaged)
+    assert broken.returncode == 2 and "Traceback" not in broken.stderr, broken.stderr
+    assert broken.stderr.count("\n") == 1 and "damaged.csv.gz is damaged" in broken.stderr
+    lines = text.decode().splitlines()
+    half = tmp_path / "half.csv"  # every other row has a field too few: above the limit
+    half.write_text("\n".join([lines[0], *(row if i % 2 else row.rsplit(",", 1)[0]
+                                           for i, row in enumerate(lines[1:2001]))]) + "\n")
+    rejected = predict(half)
+    assert rejected.returncode == 3 and "Traceback" not in rejected.stderr, rejected.stderr
+    assert "more than max_rejected_fraction" in rejected.stderr
+    assert rejected.stdout.count("\n") == 1  # the figures, in one line
+    assert "2,000 rows read, 1,000 rejected" in rejected.stdout, rejected.stdout
 
 
 def test_killed_aggregator_restarts_from_the_latest_backup_and_the_job_finishes(cluster):
@@ -121,6 +145,26 @@ def test_live_settings_are_validated_applied_and_recorded(cluster):
     assert crossed.returncode == 1 and "must be <= max_local_rounds (20)" in crossed.stdout
     now = ctl("settings")
     assert "net_util_max = 0.5 " in now.stdout and "min_local_rounds = 4 " in now.stdout
+    assert "min_local_rounds = 4   (integer in [1, 10000])" in now.stdout
+    whole = ctl("set", "min_local_rounds=2.5")
+    assert whole.returncode == 1 and "min_local_rounds must be an integer" in whole.stdout
+    quiet = ctl("backup")  # one line by default; the whole answer with --json
+    assert quiet.stdout.count("\n") == 1 and quiet.stdout.startswith(("ok: ", "refused: "))
+    early = ctl("checkpoint")  # not training yet: refused, in one line
+    assert early.returncode == 1 and early.stdout.count("\n") == 1, early.stdout
+    assert early.stdout.startswith("refused: not now: the job is not training"), early.stdout
+    assert orjson.loads(ctl("--json", "checkpoint").stdout)["ok"] is False
+    described = ctl("checkpoint", "--help")
+    assert "take a whole-job checkpoint now" in described.stdout, described.stdout
+    answer = orjson.loads(ctl("--json", "settings").stdout)
+    assert answer["ok"] and answer["settings"]["net_util_max"] == 0.5
+    usage = ctl("set", "net_util_max")
+    assert usage.returncode == 2 and "is not name=value" in usage.stderr
+    # a reader that has gone away (| true: gone before the answer comes) ends it quietly
+    piped = subprocess.run(f"'{BIN / 'zbus-ctl'}' --endpoint '{endpoint}' settings | true; "
+                           "echo ${PIPESTATUS[0]}", shell=True, executable="/bin/bash",
+                           capture_output=True, text=True, timeout=60, env=c.env)
+    assert piped.stdout.strip() == "141" and piped.stderr == "", piped.stderr
     changes = [e for e in c.events() if e["event"] == "setting"]
     assert [e["changes"] for e in changes] == [{"net_util_max": 0.5, "max_local_rounds": 20}]
     assert "[aggregation] net_util_max = 0.5" in (c.run_dir / "config.toml").read_text()

@@ -16,8 +16,12 @@ def test_a_change_inside_its_range_applies_and_one_outside_is_refused_naming_the
     with pytest.raises(live.SettingError, match=r"net_util_max must be in \[0.001, 1.0\], "
                                                 r"got 1.5"):
         live.apply(now, {"net_util_max": 1.5})
-    with pytest.raises(live.SettingError, match="whole number"):
+    with pytest.raises(live.SettingError, match="must be an integer"):
         live.apply(now, {"min_local_rounds": 2.5})
+    with pytest.raises(live.SettingError, match=r"min_local_rounds must be an integer in "
+                                                r"\[1, 10000\], got 2.5"):
+        live.apply(now, {"min_local_rounds": "2.5"})  # as zbus-ctl sends it
+    assert live.apply(now, {"min_local_rounds": "6"})["min_local_rounds"] == 6
     with pytest.raises(live.SettingError, match="did you mean 'probe_timeout_s'"):
         live.apply(now, {"probe_timeout": 1})
     with pytest.raises(live.SettingError, match="min_local_rounds"):

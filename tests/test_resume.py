@@ -59,7 +59,8 @@ def test_every_process_killed_mid_epoch_the_job_resumes_from_its_checkpoint(clus
     assert s["checkpoints"]["latest"] > back["checkpoint"]
     scored = subprocess.run([sys.executable, "-m", "roles.tools.predict",
                              str(c.run_dir / "checkpoints"), str(REPO / "data" / "adult.csv.gz"),
-                             "--split", "eval"], capture_output=True, text=True, cwd=REPO)
+                             "--split", "eval", "--json"], capture_output=True, text=True,
+                            cwd=REPO)
     assert scored.returncode == 0, scored.stderr
     assert json.loads(scored.stdout)["auc"] >= 0.89
 
@@ -98,6 +99,7 @@ def test_an_operator_takes_a_checkpoint_and_a_used_run_directory_is_not_started_
     asked = subprocess.run([sys.executable, "-m", "roles.tools.ctl", "checkpoint"],
                            capture_output=True, text=True, cwd=c.workdir, env=c.env)
     assert asked.returncode == 0, asked.stdout + asked.stderr
+    assert asked.stdout == "ok: checkpoint 1 begins\n", asked.stdout  # one line
     c.wait_for_event(lambda e: is_complete(e))
     assert c.wait() == 0, c.logs()
     assert c.summary()["checkpoints"]["complete"] == 1

@@ -11,6 +11,10 @@ know the nodes then, and answers a node's first message with Rejoin: the node sa
 with its run id and whether it was ready, then sends once more the latest report of each kind
 it sent (an epoch trained, a round done, ...), which the dead control may never have read.
 Control handles every report idempotently.
+
+When the job ends, control publishes Stop: a node says it is leaving and exits at once (a
+SIGTERM after that, from honcho or a spawner, ends it quietly); control waits for them, then
+prints the run's summary, so that the summary is the run's last output.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from zbus.messages import (
     Finish,
     Heartbeat,
     Hello,
+    Leaving,
     Probe,
     ProbeReply,
     Ready,
@@ -48,7 +53,7 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[bytes | None, Envelope], None]
 DRAIN_PER_POLL = 64      # messages taken from one socket before looking at the others
-STOP_LINGER_S = 0.5      # after Stop, leave control a moment to finish its own exit first
+WAITING_LOG_S = 10.0     # a node waiting for control says so again this often
 
 
 class Loop:
@@ -199,9 +204,13 @@ class Loop:
         """Called when the loop dies of an exception."""
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        if not self.stopping:
+        if not self.stopping and not self.quiet_stop():
             log.info("%s received %s, stopping", self.node_id, signal.Signals(signum).name)
         self.stopping = True
+
+    def quiet_stop(self) -> bool:
+        """A signal now is expected (the job is over): stop without a word."""
+        return False
 
     def close(self) -> None:
         self._handlers.clear()
@@ -232,8 +241,11 @@ class Node(Loop):
                                     self._on_control_reply)
         self.commands = self.connect(zmq.SUB, cluster.endpoint(CONTROL_PUB), self._on_command)
         self._next_beat = 0.0
-        self._stop_at: float | None = None
+        self.job_over = False   # control said Stop: the node leaves, quietly
         self._last_heard = time.monotonic()
+        self._waiting_said = self.started
+        log.info("%s: waiting for control at %s (%s)", self.node_id,
+                 cluster.endpoint(CONTROL), security.describe(self.curve))
         self.ready_sent = False
         self.reports: dict[type, Message] = {}  # the latest report of each kind
         self._rejoined_at = 0.0
@@ -326,10 +338,15 @@ class Node(Loop):
         self._last_heard = time.monotonic()
         match env.msg:
             case Stop(ok=ok):
-                if self._stop_at is None:  # control states the reason; nodes just say how
-                    log.info("%s: job %s, exiting", self.node_id, "done" if ok else "failed")
+                if not self.job_over:  # control states the reason and waits for the nodes
+                    log.debug("%s: job %s, exiting", self.node_id, "done" if ok else "failed")
+                    self.job_over = True
                     self.exit_code = 0 if ok else 1
-                    self._stop_at = time.monotonic() + STOP_LINGER_S
+                    for sig in (signal.SIGTERM, signal.SIGINT):  # the supervisor's signal
+                        signal.signal(sig, signal.SIG_IGN)       # must not cut the exit short
+                    if self.welcomed:
+                        self.to_control(Leaving(reason="the job is over"))
+                    self.stopping = True
             case Finish():
                 if self.welcomed:
                     self.heartbeat(final=True)
@@ -342,6 +359,16 @@ class Node(Loop):
     def on_welcome(self) -> None:
         """Called once control admitted this node."""
 
+    def quiet_stop(self) -> bool:
+        return getattr(self, "job_over", False)  # a signal may come before __init__ is done
+
+    def keep_alive(self, now: float) -> None:
+        """From inside a long piece of work that keeps the loop waiting (indexing the data):
+        the heartbeat when it is due, so that control sees the node alive and its progress."""
+        if self.welcomed and now >= self._next_beat:
+            self._next_beat = now + self.heartbeat_s
+            self.heartbeat()
+
     def on_tick(self, now: float) -> None:
         if now >= self._next_beat:
             self._next_beat = now + self.heartbeat_s
@@ -349,8 +376,10 @@ class Node(Loop):
                 self.heartbeat()
             else:
                 self.to_control(self.hello())
-        if self._stop_at is not None and now >= self._stop_at:
-            self.stopping = True
+                if now - self._waiting_said >= WAITING_LOG_S:
+                    self._waiting_said = now
+                    log.info("%s: still waiting for control at %s (%.0f s)", self.node_id,
+                             self.cluster.endpoint(CONTROL), now - self.started)
         if now - self._last_heard > self.cluster.orphan_timeout_s:
             log.error("%s: nothing from control for %.0f s, giving up", self.node_id,
                       now - self._last_heard)

@@ -99,3 +99,10 @@ def for_process(ctx: Context, cluster: BusConfig, name: str,
     if not cluster.curve_enabled():
         return None
     return Curve(ctx, cluster, name, authenticate)
+
+
+def describe(curve: Curve | None) -> str:
+    """Whether the bus is secured, for a start-up log line."""
+    if curve is None:
+        return "CURVE off: the bus is neither authenticated nor encrypted"
+    return f"CURVE on: keys from {curve.keys_dir}"

@@ -38,16 +38,18 @@ def initial(config: AggregationConfig) -> dict[str, Any]:
 def _coerce(name: str, value: Any, f: dataclasses.Field[Any]) -> Any:
     lo, hi = f.metadata["min"], f.metadata["max"]
     kind = f.type if isinstance(f.type, str) else f.type.__name__
+    what = "an integer" if kind == "int" else "a number"
     if isinstance(value, str):  # from a command line: "0.5"
         try:
-            value = int(value) if kind == "int" else float(value)
+            value = float(value) if kind != "int" or not value.strip().lstrip("+-").isdigit() \
+                else int(value)
         except ValueError:
-            raise SettingError(f"{name} must be a number in [{lo}, {hi}], got {value!r}") from None
+            raise SettingError(f"{name} must be {what} in [{lo}, {hi}], got {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SettingError(f"{name} must be a number in [{lo}, {hi}], got {value!r}")
+        raise SettingError(f"{name} must be {what} in [{lo}, {hi}], got {value!r}")
     if kind == "int":
         if float(value) != int(value):
-            raise SettingError(f"{name} must be a whole number in [{lo}, {hi}], got {value!r}")
+            raise SettingError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
         value = int(value)
     else:
         value = float(value)

@@ -8,7 +8,8 @@ and throughput, and lays out one snapshot: the ``Status`` message's body. Its ke
     layout, job, run_id, run_dir, phase, sync, paused, uptime_s, status_s, heartbeat_s,
     epoch, epochs, round, round_in_flight
     nodes       [{id, role, index, host, pid, state, doing, cpu, rss, in_per_s, out_per_s,
-                  samples_per_s, backlog, round_samples, beat_age_s}]
+                  bytes_in, bytes_out, samples_per_s, backlog, round_samples, beat_age_s,
+                  progress}]
     cluster     {net_util, net_util_max, failure_rate, failure_rate_max, live_workers,
                  decision {round, aggregate, reason, age_s} | null, decisions, rounds_done,
                  backups, latest_backup, recoveries}
@@ -21,6 +22,19 @@ and throughput, and lays out one snapshot: the ``Status`` message's body. Its ke
                  (roles.control.placement.placement_state) | null, bounds {min_count,
                  sketch_mb, expire_batches, expire_s, max_rows_per_shard} | null},
                  model}
+    tasks       [{node, task, unit, done, total, rate, eta_s, elapsed_s}]: long tasks under
+                way (roles.algorithms.progress): a feeder indexing or summarising the data,
+                an export, a checkpoint being cut
+    checkpoint  {every_s, complete, aborted, latest {number, age_s, bytes, pause_s,
+                shard_pause_s, dir} | null, under_way {number, phase, elapsed_s} | null,
+                last_aborted {number, why} | null, next_in_s, rollbacks [{checkpoint,
+                round, epoch, at_s, retrained_samples}]}: whole-job checkpoints
+                (roles.control.checkpoints)
+    waiting     [{node, what, restart, waited_s, left_s}]: nodes the job waits for (to join,
+                to be restarted after a failure), the command that starts each, and how long
+                the job still waits
+    final       {status, reason, auc, logloss, summary, wall_s, samples_per_s} | null: how
+                the job ended (control publishes it a few more times before it exits)
 
 ``state`` is the node's health as control sees it: alive, suspect (silent for more than
 ``SUSPECT_BEATS`` heartbeats or a probe unanswered past ``probe_timeout_s``, not yet failed),
@@ -122,6 +136,11 @@ class StatusBuilder:
         rates = self.rates.get(node_id)
         return rates.per_s.get(name) if rates else None
 
+    def total(self, node_id: str, name: str) -> float | None:
+        """A node's cumulative figure (bus bytes in or out) as of its last heartbeat."""
+        rates = self.rates.get(node_id)
+        return rates.totals.get(name) if rates else None
+
     # -- the snapshot's parts ----------------------------------------------------------------
     def health(self, node: NodeState, now: float, probe_timeout_s: float) -> str:
         if node.status != ALIVE:
@@ -145,10 +164,13 @@ class StatusBuilder:
                 "cpu": _number(load.get("cpu")),
                 "rss": _number(load.get("rss")),
                 "in_per_s": self.rate(node_id, "in"), "out_per_s": self.rate(node_id, "out"),
+                "bytes_in": self.total(node_id, "in"), "bytes_out": self.total(node_id, "out"),
                 "samples_per_s": self.rate(node_id, "samples"),
                 "backlog": int(sum(known)) if backlog and len(known) == len(backlog) else None,
                 "round_samples": _number(counters.get("round_samples")),
                 "beat_age_s": round(max(0.0, now - node.last_seen), 2),
+                "progress": counters.get("progress") if isinstance(counters.get("progress"),
+                                                                   dict) else None,
             })
         return rows
 

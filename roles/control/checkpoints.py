@@ -28,12 +28,20 @@ the aggregator up.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from roles.algorithms.membership import ALIVE, Members
-from roles.checkpoint.files import checkpoint_dir, prune, save_file, write_manifest
+from roles.checkpoint.files import (
+    MANIFEST,
+    checkpoint_dir,
+    prune,
+    read_manifest,
+    save_file,
+    write_manifest,
+)
 from roles.control.commands import Commands, ProgressClock
 from roles.control.rounds import Rounds
 from roles.data.hashing import KEY_HASH
@@ -43,6 +51,10 @@ from roles.protocol.checkpoint import Checkpoint, CheckpointDrained, CheckpointP
 
 log = logging.getLogger(__name__)
 RECORDS_KEPT = 50  # the newest checkpoints' records in the history (the totals cover all)
+# what a cut is doing in each phase, for the status's tasks and the log
+PHASE_TASKS = {"drain": ("draining the feeders", "feeders"),
+               "flush": ("a round brings the workers' progress in", "rounds"),
+               "write": ("snapshots", "parts"), "resume": ("writing the files", "parts")}
 
 
 @dataclass
@@ -92,6 +104,9 @@ class Checkpoints:
         self.rollbacks: list[dict] = []  # the job went back to a checkpoint (--resume)
         self.totals = {"complete": 0, "aborted": 0, "bytes": 0, "max_pause_s": 0.0,
                        "max_shard_pause_s": 0.0}
+        # the newest complete checkpoint, for the status: number, at (wall clock), bytes,
+        # pause_s, shard_pause_s, dir (from its record, or from its manifest on disk)
+        self.newest: dict | None = None
 
     @property
     def latest_dir(self) -> str:
@@ -225,6 +240,10 @@ class Checkpoints:
         self.complete = c.number
         removed = prune(self.run_dir, self.config.keep)
         self.record(now, "complete", "", removed)
+        rec = self.records[-1]
+        self.newest = {"number": c.number, "at": time.time(), "bytes": rec["bytes"],
+                       "pause_s": rec["pause_s"], "shard_pause_s": rec["shard_pause_s"],
+                       "dir": str(c.dir)}
         self.cut = None
         self.next_due = now + self.config.every_s if self.config.every_s > 0 else float("inf")
 
@@ -273,6 +292,63 @@ class Checkpoints:
                 "rollbacks": self.rollbacks,
                 "retrained_samples": sum(r["retrained_samples"] for r in self.rollbacks),
                 "records": self.records[-10:]}
+
+    def latest(self) -> dict | None:
+        """The newest complete checkpoint (``newest``); after a resume, read from its manifest
+        once (its age from the manifest's time, its pause not known)."""
+        if not self.complete:
+            return None
+        if self.newest is None or self.newest["number"] != self.complete:
+            where = checkpoint_dir(self.run_dir, self.complete)
+            manifest = read_manifest(where)
+            try:
+                at = (where / MANIFEST).stat().st_mtime
+            except OSError:
+                at = None
+            sizes = manifest.get("sizes", {}) if manifest else {}
+            self.newest = {"number": self.complete, "at": at,
+                           "bytes": sum(v for v in sizes.values() if isinstance(v, int)),
+                           "pause_s": None, "shard_pause_s": None, "dir": str(where)}
+        return self.newest
+
+    def task(self, now: float) -> dict | None:
+        """The cut under way as a long task (``roles.algorithms.progress`` figures): its
+        phase, and how many of the feeders, the round or the parts it waits for are done."""
+        c = self.cut
+        if c is None:
+            return None
+        what, unit = PHASE_TASKS.get(c.phase, (c.phase, "parts"))
+        done, total = {"drain": (len(c.drained), len(c.feeders)),
+                       "flush": (0, 1),
+                       "write": (len(c.snapshots), len(c.writers)),
+                       "resume": (len(c.parts), len(c.writers))}.get(c.phase, (0, 0))
+        return {"task": f"checkpoint {c.number}: {what}", "unit": unit, "done": done,
+                "total": total or None, "rate": None, "eta_s": None,
+                "elapsed_s": round(now - c.began, 1)}
+
+    def status(self, now: float, training: bool) -> dict:
+        """The status's ``checkpoint`` (``roles.algorithms.status``): the newest complete
+        checkpoint, the cut under way, the counts, when the next is due (while ``training``:
+        none is cut otherwise), the rollbacks."""
+        newest = self.latest()
+        latest = None
+        if newest is not None:
+            at = newest["at"]
+            latest = {k: newest[k] for k in ("number", "bytes", "pause_s", "shard_pause_s",
+                                              "dir")}
+            latest["age_s"] = None if at is None else round(max(0.0, time.time() - at), 1)
+        c = self.cut
+        aborted = next((r for r in reversed(self.records) if r["status"] == "aborted"), None)
+        return {
+            "every_s": self.config.every_s, "complete": self.totals["complete"],
+            "aborted": self.totals["aborted"], "latest": latest,
+            "under_way": None if c is None else {"number": c.number, "phase": c.phase,
+                                                 "elapsed_s": round(now - c.began, 1)},
+            "last_aborted": None if aborted is None else {"number": aborted["number"],
+                                                           "why": aborted["why"]},
+            "next_in_s": round(max(0.0, self.next_due - now), 1)
+            if training and c is None and self.next_due != float("inf") else None,
+            "rollbacks": self.rollbacks[-5:]}
 
     # -- state ----------------------------------------------------------------------------------
     def to_state(self) -> CheckpointsState:

@@ -3,6 +3,7 @@ whose control died (``--resume``); it prints the run's headline when the job end
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any
@@ -40,7 +41,13 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, ResumeError) as exc:
         print(f"zbus control: cannot start: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    sys.exit(control.run())
+    code = control.run()
+    # Everything is written (the summary and state atomically, metrics.jsonl closed): the
+    # interpreter's last garbage collection need not hold the exit up.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 
 from roles.algorithms import live
-from roles.algorithms.membership import Members
+from roles.algorithms.membership import ALIVE, Members
 from roles.algorithms.status import StatusBuilder
 from roles.control.checkpoints import Checkpoints
 from roles.control.commands import Commands, ProgressClock
@@ -107,7 +107,8 @@ class StatusView:
     def __init__(self, job: Job, run_id: str, run_dir: str, members: Members,
                  builder: StatusBuilder, course: Course, rounds: Rounds, feeding: Feeding,
                  recovery: Recovery, settings: LiveSettings, health: Health,
-                 placement: PlacementKeeper, model_plan: dict | None):
+                 placement: PlacementKeeper, model_plan: dict | None,
+                 checkpoints: Checkpoints):
         self.job = job
         self.run_id = run_id
         self.run_dir = run_dir
@@ -121,6 +122,57 @@ class StatusView:
         self.health = health
         self.placement = placement
         self.model_plan = model_plan
+        self.checkpoints = checkpoints
+        self.final: dict | None = None   # the job has ended: how (set by control)
+
+    def tasks(self, now: float) -> list[dict]:
+        """Long tasks under way: what each node reports (indexing, the statistics pass), an
+        export's parts and a checkpoint's phase (``roles.algorithms.progress``)."""
+        found = []
+        for node_id, node in self.members.nodes.items():
+            p = node.counters.get("progress")
+            if isinstance(p, dict) and node.status == ALIVE:
+                found.append({"node": node_id, **p})
+        e = self.course.exports.current
+        if e is not None:
+            found.append({"node": "control", "task": f"export {e.request}", "unit": "parts",
+                          "done": len(e.files), "total": len(e.wanted), "rate": None,
+                          "eta_s": None, "elapsed_s": round(now - e.started, 1)})
+        cut = self.checkpoints.task(now)
+        if cut is not None:
+            found.append({"node": "control", **cut})
+        return found
+
+    def waits(self, now: float, uptime_s: float) -> list[dict]:
+        """What the job waits for, with what to do and the deadline: nodes to join at the
+        start, a failed shard, aggregator or feeder to be started again."""
+        found = []
+        c, limit = self.job.cluster, self.job.train.recovery_timeout_s
+        if self.course.phase == "starting":
+            for node_id in self.members.missing():
+                node = self.members.nodes.get(node_id)
+                what = "to join" if node is None else f"to be ready ({node.state})"
+                found.append(wait_record(node_id, what, uptime_s,
+                                         c.start_timeout_s - uptime_s))
+        lost = {**self.recovery.shards_lost, **self.feeding.down}
+        if self.recovery.aggregator_lost_at is not None:
+            for node_id, node in self.members.nodes.items():
+                if node.role == "aggregator" and node.status != ALIVE:
+                    lost[node_id] = self.recovery.aggregator_lost_at
+        for node_id, since in sorted(lost.items()):
+            back = node_id in self.recovery.shards_back
+            found.append(wait_record(node_id, "to restore its checkpoint" if back
+                                     else "to be restarted", now - since,
+                                     limit - (now - since)))
+        return found
+
+    def training(self, feeding: dict) -> dict:
+        """The training part of the status (``StatusBuilder.training``)."""
+        course = self.course
+        return self.builder.training(
+            feeding=feeding, samples_per_epoch=self.feeding.data.get("samples_in_data", 0),
+            epoch=course.epoch, epochs=self.job.train.epochs, epochs_done=course.epochs,
+            running=course.running)
 
     def snapshot(self, now: float, uptime_s: float, feeding: dict) -> dict:
         nodes, s, course = self.members.nodes, self.settings.values, self.course
@@ -146,16 +198,25 @@ class StatusView:
                 "backups": len(self.recovery.backups),
                 "latest_backup": newest_backup(self.recovery.backups),
                 "recoveries": len(self.recovery.recoveries)},
-            "training": self.builder.training(
-                feeding=feeding, samples_per_epoch=self.feeding.data.get("samples_in_data", 0),
-                epoch=course.epoch, epochs=self.job.train.epochs, epochs_done=course.epochs,
-                running=course.running),
+            "training": self.training(feeding),
             "settings": {"version": self.settings.version, "values": dict(s),
                          "ranges": live.describe()},
             "partition": {"embeddings": self.builder.embeddings(
                 nodes, self.placement.status(), dataclasses.asdict(self.job.embeddings)),
                           "model": self.model_plan},
+            "tasks": self.tasks(now),
+            "checkpoint": self.checkpoints.status(now, course.phase == "training"),
+            "waiting": [] if self.final else self.waits(now, uptime_s),
+            "final": self.final,
         }
+
+
+def wait_record(node_id: str, what: str, waited_s: float, left_s: float) -> dict:
+    """One thing the job waits for: the node, what for, the command that starts it on its
+    host, how long it has waited and how long it may still."""
+    role, _, index = node_id.rpartition("-")
+    return {"node": node_id, "what": what, "restart": f"zbus-{role} --index {index}",
+            "waited_s": round(max(0.0, waited_s), 1), "left_s": round(max(0.0, left_s), 1)}
 
 
 def decisions(mode: object) -> dict[str, int]:

@@ -25,15 +25,18 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 import zmq
 
 from roles.algorithms.membership import ALIVE, Members, NodeState
+from roles.algorithms.progress import Every, describe, epoch_line, seconds
 from roles.algorithms.status import StatusBuilder
 from roles.algorithms.summary import feeder_totals, table_figures
 from roles.checkpoint.files import latest_complete
@@ -44,6 +47,7 @@ from roles.control.exports import Exports
 from roles.control.feeding import Feeding
 from roles.control.health import Health
 from roles.control.model_plan import plan_model
+from roles.control.monitoring import Monitoring, final_figures
 from roles.control.operators import Operators, StatusView
 from roles.control.placement import PlacementKeeper
 from roles.control.recovery import Recovery
@@ -96,7 +100,10 @@ from zbus.messages import (
 from zbus.node import Loop
 
 log = logging.getLogger(__name__)
-THROUGHPUT_EVERY_S = 5.0
+THROUGHPUT_EVERY_S = 5.0   # throughput to metrics.jsonl, the epoch's progress to the log
+WAITING_LOG_S = 10.0       # what the job waits for, to the log
+TASK_LOG_S = 5.0           # an export's or a checkpoint's progress, to the log
+CLOSE_WAIT_S = 3.0         # after Stop, the nodes' time to leave before control exits
 
 
 class Control(Loop):
@@ -175,11 +182,16 @@ class Control(Loop):
             self.metrics.write("start", job=job.name, run_id=self.run_id, nodes=expected,
                                fingerprint=job.fingerprint())
             self.settings.publish()
-            log.info("run %s: waiting for %d nodes (%s)", self.run_id, len(expected),
-                     ", ".join(expected))
+            log.info("run %s: waiting for %d nodes (%s); %s", self.run_id, len(expected),
+                     ", ".join(expected), security.describe(self.curve))
         self.view = StatusView(job, self.run_id, str(self.run_dir), self.members, self.status,
                                self.course, self.rounds, self.feeding, self.recovery,
-                               self.settings, self.health, self.placement, self.model_plan)
+                               self.settings, self.health, self.placement, self.model_plan,
+                               self.checkpoints)
+        self.waiting_log = Every(WAITING_LOG_S, self.started)
+        self.tasks_log = Every(TASK_LOG_S, self.started)
+        self.closing: tuple[dict, Path, float] | None = None  # ended: summary, path, deadline
+        self.monitoring = Monitoring(job, self.run_dir)  # Prometheus, TensorBoard
 
     # -- messages from nodes -----------------------------------------------------------------
     def on_node(self, identity: bytes | None, env: Envelope) -> None:
@@ -211,6 +223,8 @@ class Control(Loop):
                 self.handle_ready(node_id, node, info, now)
             case Failure(reason=reason):
                 self.fail(f"{node_id}: {reason}")
+            case Leaving(reason=reason) if self.course.phase == "done":
+                self.members.leave(node_id, now, reason)  # the job is over: it exits
             case Leaving(reason=reason):
                 log.info("%s left: %s", node_id, reason)
                 if self.members.leave(node_id, now, reason):
@@ -423,11 +437,15 @@ class Control(Loop):
         self.next_status = now + self.job.cluster.status_s
         feeding = self.feeding_counters()
         self.status.tick(now, feeding)
-        self.send(self.status_pub, Status.of(self.run_id, self.view.snapshot(
-            now, now - self.started, feeding)))
+        snapshot = self.view.snapshot(now, now - self.started, feeding)
+        self.send(self.status_pub, Status.of(self.run_id, snapshot))
+        self.monitoring.show(snapshot)
 
     # -- the clock -----------------------------------------------------------------------------
     def on_tick(self, now: float) -> None:
+        if self.closing is not None:
+            self.close_down(now)
+            return
         if self.termination:
             self.end("terminated", f"control received {self.termination}")
             return
@@ -448,6 +466,14 @@ class Control(Loop):
             self.progress.touch(now)  # an operator paused feeding: nothing is stalled
         if now >= self.next_throughput:
             self.record_throughput(now)
+        if self.tasks_log.due(now):  # control's own long tasks (the feeders log theirs)
+            for t in self.view.tasks(now):
+                if t["node"] == "control" and t["elapsed_s"] >= TASK_LOG_S:
+                    log.info("%s, for %s", describe(t), seconds(t["elapsed_s"]))
+        if self.waiting_log.due(now):
+            for w in self.view.waits(now, now - self.started):
+                log.info("waiting for %s %s (start it with %s; %.0f s left)", w["node"],
+                         w["what"], w["restart"], w["left_s"])
         c = self.job.cluster
         if self.course.phase == "starting" and now - self.started > c.start_timeout_s:
             self.fail(f"not ready after {c.start_timeout_s:.0f} s: "
@@ -561,9 +587,12 @@ class Control(Loop):
         acked = self.feeding_counters().get("samples_acked")
         then, before = self.last_acked
         if isinstance(acked, int) and self.course.phase != "starting":
-            self.metrics.write("throughput", samples=acked,
-                               samples_per_s=round((acked - before) / (now - then), 1))
+            rate = round((acked - before) / (now - then), 1)
+            self.metrics.write("throughput", samples=acked, samples_per_s=rate)
             self.last_acked = (now, acked)
+            if self.course.phase == "training":
+                log.info("%s", epoch_line(self.view.training(self.feeding_counters()),
+                                          self.course.epoch, self.job.train.epochs, rate))
             self.record_tables()
 
     def record_tables(self) -> None:
@@ -658,19 +687,45 @@ class Control(Loop):
         self.save_state()  # phase done: the run cannot be resumed
         self.metrics.write("end", status=status, reason=reason)
         self.metrics.close()
-        self.headline(summary, path)
         ok = status in ("completed", "stopped")  # stopped: an operator ended it on purpose
         self.send(self.pub, Stop(ok=ok, reason=reason or status))
+        self.view.final = final_figures(summary, path)
         self.publish_status(time.monotonic())  # consoles see the end
+        self.monitoring.close()
         self.exit_code = 0 if ok else 1
-        self.stopping = True
+        self.closing = (summary, path, now + CLOSE_WAIT_S)
+
+    def close_down(self, now: float) -> None:
+        """The job has ended: the nodes leave (consoles keep seeing the final status), then
+        the headline, the run's last output."""
+        summary, path, deadline = self.closing
+        self.wake_at = now + 0.1  # look again soon: the nodes exit within moments
+        if now >= self.next_status:
+            self.publish_status(now)
+        gone = all(n.status != ALIVE and exited(n) for n in self.members.nodes.values())
+        if gone or self.termination or now >= deadline:
+            self.headline(summary, path)
+            self.stopping = True
+            for sig in (signal.SIGTERM, signal.SIGINT):  # honcho stopping the others now
+                signal.signal(sig, signal.SIG_IGN)       # must not cut control's exit short
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.termination = signal.Signals(signum).name
 
     def close(self) -> None:
+        self.monitoring.stop()
         self.pub.setsockopt(zmq.LINGER, 1000)  # let Stop reach the nodes
         self.pub.close()
         self.status_pub.setsockopt(zmq.LINGER, 500)  # and the last status the consoles
         self.status_pub.close()
         super().close()
+
+
+def exited(node: NodeState) -> bool:
+    """The node's process has exited (or runs on another host, where control cannot tell)."""
+    if node.host != socket.gethostname():
+        return True
+    try:
+        return psutil.Process(node.pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True

@@ -21,6 +21,7 @@ import glob
 import gzip
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -30,8 +31,10 @@ import pyarrow.parquet as pq
 MARK_BYTES = 16 << 20      # a line start is marked about every 16 MiB of a large text file,
 MIN_MARK_BYTES = 64 << 10  # and 256 times in a smaller one, at least 64 KiB apart
 READ_BYTES = 16 << 20
+GZIP_READ_BYTES = 1 << 20
 INDEX_VERSION = 3
 AUTO_PARTS = 64
+Advance = Callable[[int], None]   # told how many more bytes of the files were read
 CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
 
 
@@ -105,7 +108,12 @@ def _split_header(line: bytes, fmt: str) -> list[str]:
     return [c.strip().strip('"') for c in text.split(sep)]
 
 
-def _index_text(path: str, fmt: str, stat: os.stat_result) -> FileIndex:
+def _nothing(_bytes: int) -> None:
+    pass
+
+
+def _index_text(path: str, fmt: str, stat: os.stat_result,
+                advance: Advance = _nothing) -> FileIndex:
     header: list[str] = []
     with open(path, "rb") as f:
         data_start = 0
@@ -127,18 +135,22 @@ def _index_text(path: str, fmt: str, stat: os.stat_result) -> FileIndex:
             rows += chunk.count(b"\n")
             at += len(chunk)
             last = chunk[-1:]
+            advance(len(chunk))
         if at > data_start and last != b"\n":
             rows += 1  # a last line without its newline
     return FileIndex(path, stat.st_size, stat.st_mtime_ns, "text", rows, header, data_start,
                      marks)
 
 
-def _index_gzip(path: str, fmt: str, stat: os.stat_result) -> FileIndex:
+def _index_gzip(path: str, fmt: str, stat: os.stat_result,
+                advance: Advance = _nothing) -> FileIndex:
     header: list[str] = []
-    rows, last, first = 0, b"\n", True
+    rows, last, first, consumed = 0, b"\n", True, 0
     try:
-        with gzip.open(path, "rb") as f:
-            while chunk := f.read(READ_BYTES):
+        with open(path, "rb") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
+            while chunk := f.read(GZIP_READ_BYTES):  # small: the rows before damage count
+                advance(raw.tell() - consumed)   # compressed bytes: the file's size is known
+                consumed = raw.tell()
                 if first and fmt != "criteo":
                     cut = chunk.find(b"\n")
                     head = chunk if cut < 0 else chunk[:cut + 1]
@@ -149,8 +161,8 @@ def _index_gzip(path: str, fmt: str, stat: os.stat_result) -> FileIndex:
                 if chunk:
                     last = chunk[-1:]
     except (EOFError, OSError, gzip.BadGzipFile) as exc:
-        raise DataError(f"{path} is damaged ({exc}) after {rows} rows; restore or recompress "
-                        "it") from None
+        raise DataError(f"{path} is damaged ({exc}) after at least {rows} rows; restore or "
+                        "recompress it") from None
     if first and fmt != "criteo":
         raise DataError(f"{path} is empty (a header row is expected)")
     if last != b"\n":
@@ -171,18 +183,22 @@ def _index_parquet(path: str, stat: os.stat_result) -> FileIndex:
                      list(meta.schema.names), 0, marks)
 
 
-def index_file(path: str, fmt: str) -> FileIndex:
+def index_file(path: str, fmt: str, advance: Advance = _nothing) -> FileIndex:
     stat = os.stat(path)
     kind = kind_of(path, fmt)
     if kind == "parquet":
-        return _index_parquet(path, stat)
+        index = _index_parquet(path, stat)
+        advance(stat.st_size)
+        return index
     if kind == "gzip":
-        return _index_gzip(path, fmt, stat)
-    return _index_text(path, fmt, stat)
+        return _index_gzip(path, fmt, stat, advance)
+    return _index_text(path, fmt, stat, advance)
 
 
-def index_files(paths: list[str], fmt: str, cache_dir: Path | None = None) -> list[FileIndex]:
-    """The index of every file (from the cache when every file is as it was)."""
+def index_files(paths: list[str], fmt: str, cache_dir: Path | None = None,
+                advance: Advance = _nothing) -> list[FileIndex]:
+    """The index of every file (from the cache when every file is as it was); ``advance`` is
+    told of the bytes read as it goes (the files' sizes add up to the whole)."""
     stats = [os.stat(p) for p in paths]
     key = hashlib.sha256(orjson.dumps([INDEX_VERSION, fmt, [
         [os.path.abspath(p), s.st_size, s.st_mtime_ns] for p, s in zip(paths, stats,
@@ -194,7 +210,7 @@ def index_files(paths: list[str], fmt: str, cache_dir: Path | None = None) -> li
             return [FileIndex(**f) for f in orjson.loads(cached.read_bytes())]
         except (orjson.JSONDecodeError, TypeError):
             pass  # a damaged cache entry is simply made again
-    index = [index_file(p, fmt) for p in paths]
+    index = [index_file(p, fmt, advance) for p in paths]
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")

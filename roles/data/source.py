@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from roles.data.index import (
+    Advance,
     DataError,
     FileIndex,
     Part,
@@ -55,16 +56,19 @@ class DataSource:
                                        s.seed)
 
     # -- the index (made by one feeder, told to the others through control) -------------------
-    def index(self) -> tuple[list[FileIndex], list[Part], int]:
-        """Every file's index, the parts and the number of training rows."""
+    def index(self, advance: Advance | None = None) -> tuple[list[FileIndex], list[Part], int]:
+        """Every file's index, the parts and the number of training rows; ``advance`` is told
+        of the bytes read as the files are indexed (``data_bytes`` is the whole)."""
         data = self.job.data
+        more = {} if advance is None else {"advance": advance}
         if self.generator is not None:
             parts, n_train = synthetic_parts(data.synthetic.rows, data.eval_fraction,
                                              data.part_rows)
             return [], parts, n_train
-        files = index_files(resolve_paths(data.path, self.fmt), self.fmt, self.cache_dir)
+        files = index_files(resolve_paths(data.path, self.fmt), self.fmt, self.cache_dir,
+                            **more)
         eval_files = index_files(resolve_paths(data.eval_path, self.fmt), self.fmt,
-                                  self.cache_dir) \
+                                  self.cache_dir, **more) \
             if data.eval_path else None
         parts, n_train = plan_parts(files, data.eval_fraction, data.part_mb, eval_files)
         for f in files + (eval_files or []):
@@ -86,6 +90,15 @@ class DataSource:
                                 "files")
             mine.append(FileIndex(**{**f, "marks": f.get("marks", [])}))
         self.files = mine
+
+    def data_bytes(self) -> int:
+        """The size of the data's files (what indexing reads at most), 0 for the generator."""
+        if self.generator is not None:
+            return 0
+        data = self.job.data
+        paths = resolve_paths(data.path, self.fmt) + (
+            resolve_paths(data.eval_path, self.fmt) if data.eval_path else [])
+        return sum(os.stat(p).st_size for p in paths)
 
     @staticmethod
     def describe(files: list[FileIndex]) -> list[dict]:

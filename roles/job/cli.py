@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
+import logging
 import os
 import sys
+import tempfile
+import time
 from typing import Any
+
+import psutil
 
 from roles.job.settings import Job, JobError, load_job
 from zbus.logs import setup_logging
@@ -14,10 +20,19 @@ MAX_WORKERS = 255
 SLOWED_ROLES = {"worker": "per batch (idling)", "ps": "per piece of work (sleeping)"}
 
 
+def integer(text: str) -> int:
+    """An argparse type: an integer, or the error says so."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
 def parse_role_args(role: str, argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"zbus-{role}", description=f"Run one zbus {role}.")
     parser.add_argument("--job", help="job file (default: $ZBUS_JOB, else the built-in job)")
-    parser.add_argument("--index", type=int, default=0, help="which one of its role (0-based)")
+    parser.add_argument("--index", type=integer, default=0,
+                        help="which one of its role (an integer from 0)")
     if role == "control":
         parser.add_argument("--resume", nargs="?", const="latest",
                             default=os.environ.get("ZBUS_RESUME", ""), metavar="RUN_DIR",
@@ -32,12 +47,46 @@ def parse_role_args(role: str, argv: list[str] | None = None) -> argparse.Namesp
     return parser.parse_args(argv)
 
 
+SAID_FOR_S = 60.0   # a job error said by a sibling this recently is not said again
+
+
+def first_to_say(message: str) -> bool:
+    """True for the first of the processes ``honcho start`` started (honcho names each in
+    ``HONCHO_PROCESS_NAME`` and starts it from a process of its own: they share honcho's pid as
+    their grandparent) to report ``message``: the others exit quietly with the same status. A
+    process not started by honcho always says."""
+    if not os.environ.get("HONCHO_PROCESS_NAME"):
+        return True
+    try:
+        honcho = psutil.Process(os.getppid()).ppid()
+    except psutil.Error:
+        return True
+    digest = hashlib.sha256(message.encode()).hexdigest()[:16]
+    marker = os.path.join(tempfile.gettempdir(), f"zbus-said-{honcho}-{digest}")
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        try:
+            if time.time() - os.stat(marker).st_mtime < SAID_FOR_S:
+                return False
+            os.utime(marker)   # said long ago: a new start of the same supervisor
+        except OSError:
+            pass
+        return True
+    except OSError:
+        return True
+    os.close(fd)
+    return True
+
+
 def load_job_or_exit(path: str | None, who: str) -> Job:
-    """The job, or one clear line on stderr and exit status 2 (no traceback)."""
+    """The job, or one clear line on stderr and exit status 2 (no traceback); under one
+    supervisor the line is said once (``first_to_say``)."""
     try:
         return load_job(path)
     except JobError as exc:
-        print(f"zbus {who}: job error: {exc}", file=sys.stderr)
+        if first_to_say(f"job error: {exc}"):
+            print(f"zbus {who}: job error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
@@ -69,4 +118,11 @@ def role_main(role_cls: Any, argv: list[str] | None = None) -> None:
     except (OSError, RuntimeError) as exc:  # a port in use, no CUDA device, ...
         print(f"zbus {role}-{args.index}: cannot start: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    sys.exit(node.run())
+    code = node.run()
+    # Everything is closed now (sockets, the ack log; files are written unbuffered or
+    # atomically). The interpreter's last garbage collection, with torch loaded, can take
+    # seconds (a worker took more than 5 s, and honcho killed it): end at once.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

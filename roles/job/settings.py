@@ -344,6 +344,22 @@ class PartitionConfig:
 
 
 @dataclass(frozen=True)
+class MonitoringConfig:
+    """What control serves to the monitoring stack operators run beside the job
+    (``roles.control.monitoring``)."""
+
+    prometheus_port: int = field(default=0, metadata={"min": 0, "max": 65535, "doc": (
+        "control serves the cluster's figures for Prometheus at "
+        "`http://<prometheus_host>:<port>/metrics`; 0: off")})
+    prometheus_host: str = field(default="127.0.0.1", metadata={"doc": (
+        "the address the metrics endpoint listens on (`0.0.0.0`: every interface)")})
+    tensorboard: bool = field(default=False, metadata={"doc": (
+        "write loss, AUC, throughput and the aggregation decisions as TensorBoard events "
+        "into `runs/<run>/tensorboard/` (needs the `tensorboard` package: "
+        "`pip install 'zbus[tensorboard]'`)")})
+
+
+@dataclass(frozen=True)
 class Job:
     name: str = field(default="job", metadata={"doc": (
         "names the run directory (letters, digits, `-`, `_` or `.`)")})
@@ -367,6 +383,8 @@ class Job:
         "how the network is split over a model-parallel group (`roles/model/partitioner.py`)")})
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"doc": (
         "whole-job checkpoints: how often, how many kept")})
+    monitoring: MonitoringConfig = field(default_factory=MonitoringConfig, metadata={"doc": (
+        "Prometheus metrics and TensorBoard events")})
     origin: str = field(default="", metadata={"internal": True})  # where the job was read
 
     def __post_init__(self) -> None:
@@ -558,7 +576,9 @@ def load_job(path: str | None = None, environ: typing.Mapping[str, str] | None =
     try:
         text = file.read_text()
     except OSError as exc:
-        raise JobError(f"cannot read job file {path}: {exc.strerror}") from None
+        tried = file.absolute()
+        where = f" ({tried})" if str(tried) != path else ""
+        raise JobError(f"cannot read job file {path}{where}: {exc.strerror}") from None
     return parse_job(text, str(file), file.absolute().parent, env)
 
 

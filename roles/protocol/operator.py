@@ -14,8 +14,9 @@ from zbus.codec import Message, ProtocolError, array, message
 # What an operator may ask control (ControlRequest.action)
 ACTIONS = ("settings", "set", "export", "backup", "checkpoint", "aggregate", "pause", "resume",
            "stop")
-# The version of the Status body's layout (keys listed in roles.algorithms.status)
-STATUS_LAYOUT = 1
+# The version of the Status body's layout (keys listed in roles.algorithms.status); 2: tasks,
+# waiting, final, checkpoint
+STATUS_LAYOUT = 2
 
 
 

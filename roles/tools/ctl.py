@@ -1,16 +1,10 @@
 """``zbus-ctl``: talk to a running job's control from a shell (the console does the same).
 
-    zbus-ctl settings                       the live settings, their values and ranges
-    zbus-ctl set net_util_max=0.5 ...       change live settings (all or none are applied)
-    zbus-ctl export                         export the model now (runs/<run>/export-<n>/)
-    zbus-ctl backup                         back the dense weights up now
-    zbus-ctl checkpoint                     take a whole-job checkpoint now
-    zbus-ctl aggregate                      call an aggregation round now (sync every, lazy)
-    zbus-ctl pause | resume                 stop or restart feeding new batches
-    zbus-ctl stop                           end the job (status "stopped", exit 0)
-
 Control's request endpoint comes from the job's cluster section (``--job``, ``ZBUS_JOB``,
-``ZBUS_CLUSTER__*``) or ``--endpoint``. Exit status: 0 done, 1 refused, 2 no answer or usage.
+``ZBUS_CLUSTER__*``) or ``--endpoint``. Each command prints control's answer in one line
+(``ok: ...`` or ``refused: ...``); ``settings`` also lists every live setting; ``--json``
+prints the whole answer as one JSON object instead. Exit status: 0 done, 1 refused, 2 no
+answer or usage.
 """
 
 from __future__ import annotations
@@ -25,10 +19,27 @@ import zmq
 
 from roles.algorithms import live
 from roles.job.cli import load_job_or_exit
-from roles.protocol.operator import ACTIONS, ControlReply, ControlRequest
+from roles.protocol.operator import ControlReply, ControlRequest
 from roles.protocol.topology import ClusterConfig
+from roles.tools.output import quiet_broken_pipe
 from zbus import security, sockets
 from zbus.codec import ProtocolError
+
+# the actions (roles.protocol.operator.ACTIONS), what each does, for --help
+COMMANDS = {
+    "settings": "list the live settings: each one's value and range",
+    "set": "change live settings: zbus-ctl set net_util_max=0.5 min_local_rounds=2 (control "
+           "applies all of them or none, and says why not)",
+    "export": "export the model now (into runs/<run>/export-<n>/)",
+    "backup": "back the dense weights up now",
+    "checkpoint": "take a whole-job checkpoint now (into runs/<run>/checkpoints/; zbus-control "
+                  "--resume goes back to the newest complete one if every process dies)",
+    "aggregate": "call an aggregation round now (sync modes every and lazy, while training)",
+    "pause": "stop feeding new batches (the batches out are trained; no stall timer runs)",
+    "resume": "feed new batches again",
+    "stop": "end the job: it is recorded as stopped, every process exits 0 (no export: "
+            "zbus-ctl export first if you want one)",
+}
 
 
 def request(endpoint: str, action: str, changes: dict | None = None,
@@ -59,20 +70,38 @@ def parse_changes(pairs: list[str]) -> dict:
     changes = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise SystemExit(f"zbus ctl: {pair!r} is not name=value")
+        if not sep or not name.strip():
+            print(f"zbus ctl: {pair!r} is not name=value", file=sys.stderr)
+            raise SystemExit(2)
         changes[name.strip()] = value.strip()
     return changes
 
 
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="zbus-ctl", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+        epilog="Exit status: 0 done, 1 refused by control, 2 no answer or usage. The console "
+               "(zbus-console) does the same from a terminal UI.")
+    p.add_argument("--job", help="job file (default: $ZBUS_JOB, else the built-in job)")
+    p.add_argument("--endpoint", help="control's request endpoint (default: the job's "
+                                      "[cluster] control_req)")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="S",
+                   help="seconds to wait for control's answer (default 5)")
+    p.add_argument("--json", action="store_true",
+                   help="print control's whole answer (ok, message, settings) as JSON")
+    commands = p.add_subparsers(dest="action", required=True, metavar="COMMAND",
+                                title="commands")
+    for name, text in COMMANDS.items():
+        sub = commands.add_parser(name, help=text, description=text)
+        if name == "set":
+            sub.add_argument("changes", nargs="+", metavar="NAME=VALUE",
+                             help=f"live settings: {', '.join(live.describe())}")
+    return p
+
+
+@quiet_broken_pipe
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="zbus-ctl", description=__doc__.splitlines()[0])
-    parser.add_argument("--job", help="job file (default: $ZBUS_JOB, else the built-in job)")
-    parser.add_argument("--endpoint", help="control's request endpoint (default: from the job)")
-    parser.add_argument("--timeout", type=float, default=5.0)
-    parser.add_argument("action", choices=ACTIONS)
-    parser.add_argument("changes", nargs="*", help="name=value (with set)")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     cluster = load_job_or_exit(args.job, "ctl").cluster
     endpoint = args.endpoint or cluster.endpoint("control_req")
     changes = parse_changes(args.changes) if args.action == "set" else {}
@@ -81,14 +110,18 @@ def main(argv: list[str] | None = None) -> None:
     except (TimeoutError, ProtocolError, zmq.ZMQError, OSError) as exc:
         print(f"zbus ctl: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    print(("ok: " if reply.ok else "refused: ") + reply.message)
-    if args.action == "settings":
-        ranges = live.describe()
-        for name, value in reply.settings.items():
-            r = ranges.get(name, {})
-            print(f"  {name} = {value}   [{r.get('min')}, {r.get('max')}]")
+    if args.json:
+        print(orjson.dumps({"ok": reply.ok, "message": reply.message,
+                            "settings": reply.settings}).decode())
     else:
-        print(orjson.dumps(reply.settings).decode())
+        print(("ok: " if reply.ok else "refused: ") + reply.message)
+        if args.action == "settings":
+            ranges = live.describe()
+            for name, value in reply.settings.items():
+                r = ranges.get(name, {})
+                kind = "integer" if r.get("type") == "int" else "number"
+                print(f"  {name} = {value}   ({kind} in [{r.get('min')}, {r.get('max')}])")
+    sys.stdout.flush()  # a reader gone away is seen here, inside the guard
     raise SystemExit(0 if reply.ok else 1)
 
 

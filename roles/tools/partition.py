@@ -11,7 +11,7 @@ import sys
 
 import orjson
 
-from roles.job.cli import load_job_or_exit
+from roles.job.cli import integer, load_job_or_exit
 from roles.protocol.topology import MAX_PARTS
 
 
@@ -35,7 +35,7 @@ def render(summary: dict, critical_bytes: float, critical_path: bool) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="zbus-partition", description=__doc__.splitlines()[0])
     parser.add_argument("--job", help="job file (default: $ZBUS_JOB, else the built-in job)")
-    parser.add_argument("--parts", type=int, help="devices (default: [cluster] parts, at "
+    parser.add_argument("--parts", type=integer, help="devices (default: [cluster] parts, at "
                                                   "least 2)")
     parser.add_argument("--json", action="store_true", help="the plan as JSON, with owners")
     args = parser.parse_args(argv)

@@ -6,20 +6,22 @@ Rows are read with the job's schema, chunk by chunk (``roles.data``: the memory 
 with the data); the label column is optional: without it the rows are only scored. A row that
 does not parse is rejected and listed, as in training. Each accepted row's sparse values are
 hashed to their keys, looked up in the exported embeddings (a key no shard held gets its
-deterministic initial row, as a shard would give it; with admission, ``[embeddings]
-min_count`` > 1, its field's default row on the shard that owns it by hash placement), its
-dense values go through the exported transform, and the dense network gives the click
-probability. ``--split eval`` scores only the job's held-out split (the last
-``eval_fraction`` of the rows), which reproduces the job's eval AUC. Writes ``score`` (and
-``label``) per accepted row, in file order, as TSV to ``--out`` (or nowhere), and prints the
-figures as JSON.
+deterministic initial row, as a shard would give it; with admission, ``[embeddings] min_count``
+above 1, its field's default row on the shard that owns it by hash placement), its dense values
+go through the exported transform, and the dense network gives the click probability. ``--split
+eval`` scores only the job's held-out split (the last ``eval_fraction`` of the rows), which
+reproduces the job's eval AUC. Writes ``score`` (and ``label``) per accepted row, in file order,
+as TSV to ``--out`` (or nowhere), and prints the figures in one line (``--json``: as one JSON
+object). On a terminal, a progress bar on stderr shows the rows scored, their rate and the time
+left (``--quiet``: none).
 
 The model can also be a complete checkpoint of a job still running (a serving system following
 it): ``zbus-predict runs/<run>/checkpoints DATA`` scores with the newest.
 
-Exits 0 when the rows were scored, 2 when the export or the data cannot be read, 3 when more
-than the job's ``max_rejected_fraction`` of the rows were rejected (the figures are printed,
-the scores written, and the first rejected rows listed on stderr).
+Exits 0 when the rows were scored, 2 when the export or the data cannot be read (a missing or
+damaged file, a missing column: one line names it), 3 when more than the job's
+``max_rejected_fraction`` of the rows were rejected (the figures are printed, the scores
+written, and the first rejected rows listed on stderr).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +58,7 @@ from roles.model.files import (
     load_named,
 )
 from roles.model.network import build_model
+from roles.tools.output import quiet_broken_pipe
 
 CHUNK = 65_536
 REJECTED_SHOWN = 5
@@ -167,7 +172,9 @@ def schema_of(job: Job, with_label: bool) -> Schema:
 
 
 def predict(model: ExportedModel, data: str, fmt: str, split: str,
-            out: Path | None = None) -> dict:
+            out: Path | None = None,
+            progress: Callable[[int, int], None] = lambda done, total: None) -> dict:
+    """Score the rows; ``progress`` is told of the rows read so far and of the rows in all."""
     job = model.job
     files = index_files(resolve_paths(data, fmt), fmt)
     parts, _ = plan_parts(files, job.data.eval_fraction, job.data.part_mb)
@@ -179,6 +186,7 @@ def predict(model: ExportedModel, data: str, fmt: str, split: str,
     prepare = Preparer(job.sparse_fields, model.transform, None)
     tally, scores = Tally(), ScoreHistogram()
     shown: list[Rejected] = []
+    total = sum(p.rows for p in parts)
     with open(out, "w") if out is not None else contextlib.nullcontext() as sink:
         if sink is not None:
             sink.write("score\tlabel\n" if with_label else "score\n")
@@ -192,6 +200,7 @@ def predict(model: ExportedModel, data: str, fmt: str, split: str,
                     sink.write("".join(f"{s:.6f}\t{int(y)}\n" if with_label else f"{s:.6f}\n"
                                        for s, y in zip(probs.tolist(), batch.labels.tolist(),
                                                        strict=True)))
+                progress(tally.rows_read, total)
     return {"rows_read": tally.rows_read, "rejected_rows": tally.rejected,
             "rejected": shown, "scored": tally.samples,
             "auc": scores.auc() if with_label and scores.samples else None,
@@ -205,25 +214,43 @@ def _keeping(blocks, shown: list[Rejected]):
         yield block
 
 
+def figures_line(figures: dict) -> str:
+    text = (f"zbus predict: {figures['rows_read']:,} rows read, {figures['rejected_rows']:,} "
+            f"rejected, {figures['scored']:,} scored")
+    if figures["auc"] is not None:
+        text += f": auc {figures['auc']:.4f}, logloss {figures['logloss']:.4f}"
+    if figures.get("exported_auc") is not None:
+        text += f" (the export's eval auc {figures['exported_auc']:.4f})"
+    return text
+
+
+@quiet_broken_pipe
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="zbus-predict", description=__doc__.splitlines()[0],
-                                     epilog="Exit status: 0 scored, 2 the export or the data "
-                                            "cannot be read, 3 too many rows rejected.")
-    parser.add_argument("export", help="an export directory (runs/<run>/export), or a "
-                                       "checkpoint: its directory, or the run's checkpoints "
-                                       "directory or run directory (the newest complete one)")
-    parser.add_argument("data", help="a file, a glob or a directory to score, with the job's "
-                                     "columns")
+    parser = argparse.ArgumentParser(
+        prog="zbus-predict", description=__doc__.replace("``", ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="zbus-predict [options] EXPORT DATA")
+    parser.add_argument("export", metavar="EXPORT",
+                        help="an export directory (runs/<run>/export, or export-<n>), or a "
+                             "checkpoint: its directory, or the run's checkpoints directory "
+                             "or run directory (the newest complete one)")
+    parser.add_argument("data", metavar="DATA", help="a file, a glob or a directory to score, "
+                                                     "with the job's columns")
     parser.add_argument("--format", choices=("csv", "tsv", "criteo", "parquet"),
-                        help="default: the job's format")
+                        help="the data's format (default: the job's)")
     parser.add_argument("--split", choices=("all", "train", "eval"), default="all",
-                        help="score every row, or the job's training or eval split")
-    parser.add_argument("--out", help="write score (and label) per accepted row as TSV")
+                        help="score every row (default), or the job's training or eval split")
+    parser.add_argument("--out", metavar="FILE",
+                        help="write score (and label) per accepted row as TSV")
+    parser.add_argument("--json", action="store_true",
+                        help="print the figures as one JSON object")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     try:
         model = ExportedModel(Path(args.export))
-        result = predict(model, args.data, args.format or model.job.data.format, args.split,
-                         Path(args.out) if args.out else None)
+        with progress_bar(not args.quiet and sys.stderr.isatty()) as advance:
+            result = predict(model, args.data, args.format or model.job.data.format,
+                             args.split, Path(args.out) if args.out else None, advance)
     except (ExportError, DataError, OSError, KeyError) as exc:
         print(f"zbus predict: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -232,12 +259,35 @@ def main(argv: list[str] | None = None) -> None:
     figures = {k: result[k] for k in ("rows_read", "rejected_rows", "scored", "auc",
                                       "logloss")}
     figures["exported_auc"] = model.manifest.get("auc")
-    print(orjson.dumps(figures).decode())
+    print(orjson.dumps(figures).decode() if args.json else figures_line(figures))
+    sys.stdout.flush()
     limit = model.job.data.max_rejected_fraction
     if result["rows_read"] and result["rejected_rows"] > limit * result["rows_read"]:
         print(f"zbus predict: {result['rejected_rows']} of {result['rows_read']} rows rejected, "
               f"more than max_rejected_fraction = {limit}", file=sys.stderr)
         raise SystemExit(3)
+
+
+@contextlib.contextmanager
+def progress_bar(shown: bool):
+    """A rich progress bar on stderr (rows read of all, their rate, the time left), as
+    zbus-prepare's; yields the function ``predict`` tells of its progress."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    started = time.monotonic()
+    with Progress(TextColumn("zbus-predict"), BarColumn(),
+                  TextColumn("{task.completed:,.0f}/{task.fields[of]} rows"),
+                  TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+                  console=Console(stderr=True), disable=not shown) as bar:
+        task = bar.add_task("score", total=None, rate="", of="?")
+
+        def advance(done: int, total: int) -> None:
+            rate = done / max(time.monotonic() - started, 1e-9)
+            bar.update(task, completed=done, total=total, rate=f"{rate:,.0f} rows/s",
+                       of=f"{total:,}")
+
+        yield advance
 
 
 if __name__ == "__main__":

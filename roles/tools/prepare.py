@@ -32,7 +32,7 @@ from roles.data.index import DataError, index_files, plan_parts, resolve_paths
 from roles.data.readers import RawBlock, Schema, read_part
 from roles.data.rejected import RejectedRows
 from roles.data.stats import Moments
-from roles.job.cli import load_job_or_exit
+from roles.job.cli import integer, load_job_or_exit
 from roles.job.rundir import atomic_write
 from roles.job.settings import Job
 
@@ -128,9 +128,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="zbus-prepare", description=__doc__.splitlines()[0])
     parser.add_argument("--job", help="job file (default: $ZBUS_JOB, else the built-in job)")
     parser.add_argument("--out", required=True, help="directory for the Parquet files")
-    parser.add_argument("--rows-per-file", type=int, default=2_000_000, metavar="N",
+    parser.add_argument("--rows-per-file", type=integer, default=2_000_000, metavar="N",
                         help="rows per output file (default 2,000,000)")
-    parser.add_argument("--row-group", type=int, default=131_072, metavar="N",
+    parser.add_argument("--row-group", type=integer, default=131_072, metavar="N",
                         help="rows per Parquet row group (default 131,072)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)

@@ -25,6 +25,7 @@ from roles.data.index import Part
 from roles.data.part_streams import PartStreams
 from roles.data.source import DataSource
 from roles.data.stream import Preparer, Samples, Tally, eval_batches
+from roles.job.cli import integer
 from roles.job.settings import Job, load_job
 from roles.model.network import build_model, set_threads, weighted_loss_sum
 
@@ -116,7 +117,7 @@ def train_epochs(job: Job, ref: Reference, prepare: Preparer, parts: list[Part],
 def main() -> None:
     parser = argparse.ArgumentParser(prog="zbus-reference", description=__doc__.splitlines()[0])
     parser.add_argument("--job", help="job file (default: ZBUS_JOB or the built-in job)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: all)")
+    parser.add_argument("--threads", type=integer, default=0, help="torch threads (default: all)")
     args = parser.parse_args()
     job = load_job(args.job)
     print(orjson.dumps(train_reference(job, args.threads), option=orjson.OPT_INDENT_2).decode())

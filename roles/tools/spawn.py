@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from roles.job.cli import count_of, load_job_or_exit
+from roles.job.cli import count_of, integer, load_job_or_exit
 
 ROLES = ("feeder", "ps", "worker", "aggregator")
 
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="zbus-spawn", description=__doc__.splitlines()[0])
     parser.add_argument("role", choices=ROLES)
     parser.add_argument("--job", help="job file (default: $ZBUS_JOB, else the built-in job)")
-    parser.add_argument("--count", type=int, help="how many (default: from the job)")
+    parser.add_argument("--count", type=integer, help="how many (default: from the job)")
     args = parser.parse_args(argv)
     job = load_job_or_exit(args.job, f"spawn {args.role}")
     count = args.count if args.count is not None else count_of(job, args.role)
@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, forward)
     while any(child.poll() is None for child in children):
         time.sleep(0.2)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # done: a signal now (honcho stopping the
+        signal.signal(sig, signal.SIG_IGN)       # other roles) must not change the status
     # a child ended by a signal has returncode -N: report it as a shell would, 128 + N
     codes = [c if c >= 0 else 128 - c for c in (child.returncode for child in children)]
     sys.exit(next((c for c in codes if c != 0), 0))

@@ -1,0 +1,198 @@
+"""The cluster's figures for Prometheus: a collector that reads control's latest status
+snapshot (``roles.algorithms.status``) when Prometheus scrapes ``/metrics``, served by the
+``prometheus_client`` library's HTTP server on its own thread (control's loop only swaps the
+snapshot in). Every figure is named ``zbus_*``; the list is in docs/operations.md
+(monitoring), and ``docs/grafana-dashboard.json`` charts them.
+
+Per node (labels ``node``, ``role``): up, suspect, CPU, resident memory, bus bytes in and out
+(cumulative and per second), samples per second, queue, heartbeat age, the progress of a long
+task. Per job (label ``job``): information (run, sync mode, phase), epoch, loss, AUC, log loss,
+samples trained and per second, the ETA, rounds, aggregation decisions, backups, recoveries,
+whole-job checkpoints (the newest: number, age, bytes, pause), network utilisation and failure
+rate against their thresholds, live workers, what the job waits for, the embedding shards
+(keys, keys per second, share of the load) and the placement (key map version, migrations, keys
+moved, imbalance), and how the job ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+PHASES = ("starting", "preparing", "training", "syncing", "evaluating", "exporting",
+          "finishing", "done")
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+class Families:
+    """Metric families under construction, each made on first use."""
+
+    def __init__(self) -> None:
+        self.made: dict[str, Metric] = {}
+
+    def add(self, name: str, doc: str, labels: dict[str, str], value: Any,
+            counter: bool = False) -> None:
+        v = _num(value)
+        if v is None:
+            return
+        family = self.made.get(name)
+        if family is None:
+            kind = CounterMetricFamily if counter else GaugeMetricFamily
+            family = self.made[name] = kind(name, doc, labels=list(labels))
+        family.add_metric(list(labels.values()), v)
+
+
+class StatusCollector(Collector):
+    """The figures of the latest snapshot; none before control published one."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, Any] | None = None  # replaced whole by control's loop
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.latest
+        if snap is None:
+            return iter(())
+        return iter(families(snap).made.values())
+
+
+def families(snap: dict[str, Any]) -> Families:
+    f = Families()
+    job = {"job": str(snap.get("job", ""))}
+    _job(f, job, snap)
+    for n in snap.get("nodes", []):
+        _node(f, {"node": str(n["id"]), "role": str(n["role"])}, n)
+    _partition(f, job, snap.get("partition", {}).get("embeddings", {}))
+    for t in snap.get("tasks", []):
+        labels = {"node": str(t.get("node")), "task": str(t.get("task"))}
+        total = _num(t.get("total"))
+        if total:
+            f.add("zbus_task_progress_ratio", "How far a long task (indexing, the statistics "
+                  "pass, an export) has got, 0 to 1", labels, (_num(t.get("done")) or 0) / total)
+        f.add("zbus_task_eta_seconds", "Seconds a long task still needs, at its rate so far",
+              labels, t.get("eta_s"))
+    for w in snap.get("waiting", []):
+        f.add("zbus_waiting_seconds_left", "The job waits for this node (to join, or to be "
+              "restarted): seconds before it gives up", {"node": str(w["node"])}, w["left_s"])
+    return f
+
+
+def _job(f: Families, job: dict[str, str], snap: dict[str, Any]) -> None:
+    f.add("zbus_job_info", "The job: its run, sync mode and phase", {
+        **job, "run_id": str(snap.get("run_id", "")), "sync": str(snap.get("sync", "")),
+        "phase": str(snap.get("phase", ""))}, 1)
+    for phase in PHASES:
+        f.add("zbus_job_phase", "1 for the job's current phase", {**job, "phase": phase},
+              1 if snap.get("phase") == phase else 0)
+    f.add("zbus_job_paused", "1 while an operator has paused feeding", job, snap.get("paused"))
+    f.add("zbus_epoch", "The epoch under way, from 1 (0: not started)", job,
+          (snap.get("epoch", -1) or 0) + 1)
+    f.add("zbus_epochs", "Epochs the job trains", job, snap.get("epochs"))
+    f.add("zbus_round", "The aggregation round", job, snap.get("round"))
+    t = snap.get("training", {})
+    losses = [x for x in t.get("history", {}).get("loss", []) if x is not None]
+    f.add("zbus_train_loss", "Training loss of the samples acknowledged in the last interval",
+          job, losses[-1] if losses else None)
+    done = [e for e in t.get("epochs", []) if e.get("auc") is not None]
+    if done:
+        f.add("zbus_eval_auc", "Eval AUC of the last evaluated epoch", job, done[-1]["auc"])
+        f.add("zbus_eval_logloss", "Eval log loss of the last evaluated epoch", job,
+              done[-1]["logloss"])
+    f.add("zbus_samples_trained", "Training samples acknowledged, all epochs", job,
+          t.get("samples_acked"), counter=True)
+    f.add("zbus_samples_per_second", "Training samples acknowledged per second", job,
+          t.get("samples_per_s"))
+    per_epoch = _num(t.get("samples_per_epoch"))
+    if per_epoch:
+        f.add("zbus_epoch_progress_ratio", "How far the epoch has got, 0 to 1", job,
+              min(1.0, (_num(t.get("epoch_samples")) or 0) / per_epoch))
+    f.add("zbus_eta_epoch_seconds", "Seconds left in the epoch at the current rate", job,
+          t.get("eta_epoch_s"))
+    f.add("zbus_eta_job_seconds", "Seconds left in the job at the current rate", job,
+          t.get("eta_job_s"))
+    c = snap.get("cluster", {})
+    f.add("zbus_rounds", "Aggregation rounds done", job, c.get("rounds_done"), counter=True)
+    for verdict, count in c.get("decisions", {}).items():
+        f.add("zbus_decisions", "Sync mode lazy's aggregation decisions, by verdict",
+              {**job, "decision": str(verdict)}, count, counter=True)
+    f.add("zbus_backups", "Backups of the dense weights written", job, c.get("backups"),
+          counter=True)
+    f.add("zbus_recoveries", "Restores of the dense weights after an aggregator died", job,
+          c.get("recoveries"), counter=True)
+    f.add("zbus_network_utilisation", "The cluster's network utilisation (0 to 1)", job,
+          c.get("net_util"))
+    f.add("zbus_network_utilisation_max", "Live setting net_util_max", job,
+          c.get("net_util_max"))
+    f.add("zbus_failure_rate", "Nodes with a late probe per live node", job,
+          c.get("failure_rate"))
+    f.add("zbus_failure_rate_max", "Live setting failure_rate_max", job,
+          c.get("failure_rate_max"))
+    f.add("zbus_live_workers", "Workers alive", job, c.get("live_workers"))
+    k = snap.get("checkpoint") or {}
+    f.add("zbus_checkpoints", "Whole-job checkpoints complete", job, k.get("complete"),
+          counter=True)
+    f.add("zbus_checkpoints_aborted", "Whole-job checkpoints abandoned", job, k.get("aborted"),
+          counter=True)
+    f.add("zbus_checkpoint_in_progress", "1 while a checkpoint is being cut", job,
+          k.get("under_way") is not None if k else None)
+    latest = k.get("latest") or {}
+    f.add("zbus_checkpoint_latest", "The newest complete checkpoint's number", job,
+          latest.get("number"))
+    f.add("zbus_checkpoint_age_seconds", "Seconds since the newest complete checkpoint", job,
+          latest.get("age_s"))
+    f.add("zbus_checkpoint_bytes", "Bytes the newest complete checkpoint wrote", job,
+          latest.get("bytes"))
+    f.add("zbus_checkpoint_pause_seconds", "How long the newest checkpoint paused training",
+          job, latest.get("pause_s"))
+    final = snap.get("final")
+    if final:
+        f.add("zbus_job_ended", "1 once the job has ended, by how", {
+            **job, "status": str(final.get("status"))}, 1)
+
+
+def _node(f: Families, labels: dict[str, str], n: dict[str, Any]) -> None:
+    f.add("zbus_node_up", "1 while control hears the node (alive or suspect)", labels,
+          n.get("state") in ("alive", "suspect"))
+    f.add("zbus_node_suspect", "1 while the node is late (heartbeat or probe)", labels,
+          n.get("state") == "suspect")
+    f.add("zbus_node_cpu_percent", "The node's CPU use (100 = one core)", labels, n.get("cpu"))
+    f.add("zbus_node_memory_bytes", "The node's resident memory", labels, n.get("rss"))
+    for direction in ("in", "out"):
+        d = {**labels, "direction": direction}
+        f.add("zbus_node_bus_bytes", "Bytes the node received or sent through zbus sockets",
+              d, n.get(f"bytes_{direction}"), counter=True)
+        f.add("zbus_node_bus_bytes_per_second", "Bus bytes per second, in or out", d,
+              n.get(f"{direction}_per_s"))
+    f.add("zbus_node_samples_per_second", "Samples per second (workers trained, feeders "
+          "acknowledged)", labels, n.get("samples_per_s"))
+    f.add("zbus_node_queue", "Feeder: batches in flight; worker: its pipeline; shard: "
+          "batches held and look-ups waiting", labels, n.get("backlog"))
+    f.add("zbus_node_heartbeat_age_seconds", "Seconds since the node's last message", labels,
+          n.get("beat_age_s"))
+
+
+def _partition(f: Families, job: dict[str, str], e: dict[str, Any]) -> None:
+    for s in e.get("shards", []):
+        labels = {**job, "shard": str(s.get("shard"))}
+        f.add("zbus_shard_keys", "Embedding keys the shard holds", labels, s.get("keys"))
+        f.add("zbus_shard_keys_per_second", "Keys the shard serves per second", labels,
+              s.get("keys_per_s"))
+        f.add("zbus_shard_load_share", "The shard's share of the keys served", labels,
+              s.get("share"))
+    f.add("zbus_placement_imbalance", "Max ÷ mean keys served per shard", job,
+          e.get("imbalance"))
+    skew = e.get("skew_aware")
+    if isinstance(skew, dict):
+        f.add("zbus_placement_keymap_version", "Skew-aware placement: the key map's version",
+              job, skew.get("version"))
+        f.add("zbus_placement_migrations", "Skew-aware placement: key migrations", job,
+              skew.get("migrations"), counter=True)
+        f.add("zbus_placement_moved_keys", "Skew-aware placement: keys moved", job,
+              skew.get("moved_keys"), counter=True)
