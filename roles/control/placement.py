@@ -12,7 +12,9 @@ the new map is better by more than ``min_gain`` (max of load / capacity), it is 
     Placement(v+1, active)  feeders route by v+1 and go on
 
 The pause (drain to active) and the keys moved are written to metrics.jsonl and the summary.
-A window closed while a migration runs is recorded but not placed. The shards' work per window
+A window closed while a migration runs is recorded but not placed. What a placement defers
+(pairs that fit no room left) is held to the next one (``roles.algorithms.placement``). The
+shards' work per window
 (heartbeat counter ``windows``) becomes history records two windows later, when it is complete.
 """
 
@@ -27,7 +29,7 @@ import numpy as np
 
 from roles.algorithms.capacity import CapacityPredictor, Record, append_records, equal_or_configured
 from roles.algorithms.membership import ALIVE, Members
-from roles.algorithms.placement import HeavyHitters, KeyMap, max_over_mean, place
+from roles.algorithms.placement import Deferred, HeavyHitters, KeyMap, max_over_mean, place
 from roles.control.commands import Commands, ProgressClock
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
@@ -70,7 +72,7 @@ class PlacementKeeper:
         if self.skew:   # torch's import takes a second or two: at start, not mid-job
             self.predictor = CapacityPredictor(c.shards)
         self.migration: Migration | None = None
-        self.carried = np.zeros(0, dtype=np.int64)
+        self.deferred = Deferred.nothing(c.shards, len(self.keymap.buckets))
         self.windows: list[dict] = []        # partition state per closed window (newest last)
         self.migrations: list[dict] = []
 
@@ -141,8 +143,8 @@ class PlacementKeeper:
 
     def allocate(self, window: int, heavy: HeavyHitters, buckets: np.ndarray,
                assigned: np.ndarray, capacities: np.ndarray, state: dict) -> None:
-        alloc = place(heavy, buckets, capacities, self.keymap, carried=self.carried)
-        self.carried = alloc.overflow
+        alloc = place(heavy, buckets, capacities, self.keymap, deferred=self.deferred)
+        self.deferred = alloc.deferred
         fill_now = float(np.max(assigned / capacities))
         fill_new = float(np.max(alloc.loads / capacities))
         moves = alloc.moved_keys + alloc.moved_buckets
@@ -150,6 +152,7 @@ class PlacementKeeper:
                      fill_now=round(fill_now, 4), fill_new=round(fill_new, 4),
                      overflow=len(alloc.overflow),
                      overflow_by_shard=alloc.overflow_by_shard.tolist(),
+                     released_pairs=round(alloc.released_pairs, 1), **alloc.deferred.report(),
                      moved_keys=alloc.moved_keys, moved_buckets=alloc.moved_buckets)
         if not moves or fill_new > fill_now * (1 - self.job.placement.min_gain):
             state["decision"] = "keep"
@@ -235,6 +238,9 @@ class PlacementKeeper:
             "pause_s_total": round(sum(m["pause_s"] for m in self.migrations), 4),
             "records": len(self.records),
             "outliers_dropped": self.predictor.dropped if self.predictor else None,
+            "deferred_pairs": round(self.deferred.pairs, 1),
+            "deferred_items": self.deferred.items,
+            "deferred_windows_max": self.deferred.windows_max,
             "table_keys": len(self.keymap.keys)}
 
     def summary(self) -> dict:
