@@ -20,9 +20,10 @@ Skew-aware placement (``roles.algorithms.placement``): the shard times its work 
 window of the batches (look-ups: finding or creating rows and gathering them; updates: the Adagrad
 step), in CPU time of its thread (``time.thread_time``: on a shared machine, wall time would count
 the moments the scheduler gave the core to someone else as the shard's own slowness), and reports
-the last few windows in its heartbeat; control turns them into the capacity predictor's
-history. When control publishes a key map in phase ``move``, the shard waits until
-no training batch it holds still expects gradients, sends every other shard one Handover with
+each window once it is finished, with its heartbeats, until control says it has recorded it
+(``roles.algorithms.window_work``): control turns them into the capacity predictor's history.
+When control publishes a key map in phase ``move``, the shard waits until no training batch it
+holds still expects gradients, sends every other shard one Handover with
 the rows (and Adagrad state) it no longer owns, takes the rows others send it, and reports
 Moved. ``--slowdown N`` (a test aid) makes the shard N times as slow: it sleeps (N - 1) x the
 CPU time each piece of work took (and counts that as its processing time).
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,13 +43,14 @@ import zmq
 
 from roles.algorithms.embedding_table import EmbeddingTable
 from roles.algorithms.placement import KeyMap
+from roles.algorithms.window_work import WindowLedger
 from roles.job.cli import role_main
 from roles.job.rundir import atomic_write
 from roles.job.settings import Job
 from roles.model.files import ExportAnswers, embeddings_file, npz_bytes, save_embeddings
 from roles.protocol.datapath import BatchKeys, EmbeddingGrads, Embeddings, Lookup, split_batch_id
 from roles.protocol.lifecycle import Export
-from roles.protocol.placement import WORK_SLOTS, Handover, Moved, Placement
+from roles.protocol.placement import Handover, Moved, Placement, WorkRecorded
 from zbus.codec import ProtocolError
 from zbus.messages import Ready
 from zbus.node import Node
@@ -56,8 +58,6 @@ from zbus.node import Node
 log = logging.getLogger(__name__)
 MAX_WAITING = 10_000  # look-ups parked for keys that have not arrived (bounded)
 MAX_EVAL_KEPT = 256   # answered eval batches still held, for a second copy's look-up
-WINDOWS_REPORTED = 4  # allocation windows whose work the heartbeat carries
-# where each operation's pairs and seconds sit in a window's work figures
 
 
 @dataclass
@@ -84,7 +84,7 @@ class Shard(Node):
         self.skew = job.placement.mode == "skew"
         self.peers = {i: self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"), sndhwm=0)
                       for i in range(c.shards) if i != index and self.skew}
-        self.work: OrderedDict[int, list[float]] = OrderedDict()  # window -> work figures
+        self.work = WindowLedger()            # work per window, until control recorded it
         self.version = 0                      # the key map this shard's rows follow
         self.moving: KeyMap | None = None     # a handover waiting for held batches' grads
         self.moving_since = 0.0
@@ -195,14 +195,7 @@ class Shard(Node):
         if self.slowdown > 1:
             time.sleep((self.slowdown - 1) * took)  # a slower machine: busy for longer
             took *= self.slowdown
-        figures = self.work.get(window)
-        if figures is None:
-            figures = self.work[window] = [0.0, 0.0, 0.0, 0.0]
-            while len(self.work) > WINDOWS_REPORTED:
-                self.work.popitem(last=False)
-        pairs_at, seconds_at = WORK_SLOTS[op]
-        figures[pairs_at] += pairs
-        figures[seconds_at] += took
+        self.work.add(window, op, pairs, took)
         self.counts[f"{op}_s"] += took
 
     def handle_keys(self, msg: BatchKeys) -> None:
@@ -341,8 +334,25 @@ class Shard(Node):
     def counters(self) -> dict:
         return {**self.counts, "keys": len(self.table), "held_batches": len(self.held),
                 "waiting_lookups": len(self.waiting), "placement_version": self.version,
-                "slowdown": self.slowdown,
-                "windows": {str(w): [round(v, 6) for v in f] for w, f in self.work.items()}}
+                "slowdown": self.slowdown, **self.work.counters()}
+
+    # -- the work per window: the capacity predictor's records -----------------------------------
+    def heartbeat(self, final: bool = False) -> None:
+        """The heartbeat, then the finished windows' work (skew-aware placement)."""
+        super().heartbeat(final)
+        if self.skew:
+            held = Counter(h.window for b, h in self.held.items()
+                           if h.train and b not in self.applied)
+            report = self.work.report(held)
+            if report is not None:
+                self.to_control(report)
+
+    def handle_reply(self, env) -> None:
+        match env.msg:
+            case WorkRecorded() as m:
+                self.work.answered(m)
+            case _:
+                super().handle_reply(env)
 
 
 def main() -> None:

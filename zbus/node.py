@@ -316,6 +316,8 @@ class Node(Loop):
                 log.error("%s refused by control: %s", self.node_id, reason)
                 self.exit_code = 2
                 self.stopping = True
+            case _ if self.welcomed:
+                self.handle_reply(env)
             case _:
                 self.unexpected(env, "control link")
 
@@ -335,6 +337,10 @@ class Node(Loop):
 
     def handle_command(self, env: Envelope) -> None:
         """The application's commands from control's PUB (all but Stop and Finish)."""
+
+    def handle_reply(self, env: Envelope) -> None:
+        """The application's answers from control on this node's own link (to its reports)."""
+        self.unexpected(env, "control link")
 
     def on_welcome(self) -> None:
         """Called once control admitted this node."""

@@ -67,7 +67,7 @@ from roles.protocol.dense_sync import (
 )
 from roles.protocol.lifecycle import EpochTrained, EvalReport, Exported, Membership
 from roles.protocol.operator import ControlReply, ControlRequest, Status
-from roles.protocol.placement import Drained, KeyCounts, Moved
+from roles.protocol.placement import Drained, KeyCounts, Moved, WindowWork
 from zbus import security
 from zbus.codec import Envelope, ProtocolError
 from zbus.endpoints import CONTROL_ID
@@ -229,6 +229,9 @@ class Control(Loop):
                 self.placement.handle_placement_drained(node_id, m)
             case Moved() as m:
                 self.placement.handle_moved(node_id, m)
+            case WindowWork() as m if node.role == "ps":
+                self.send(self.router, self.placement.handle_window_work(node.index, m),
+                          identity=identity)
             case _:
                 self.unexpected(env, "control socket")
 
@@ -300,8 +303,6 @@ class Control(Loop):
         node.state, node.load, node.counters = beat.state, beat.load, beat.counters
         node.final = node.final or beat.final
         self.health.meter(node, beat.load, now)
-        if node.role == "ps":
-            self.placement.record_work(node.index, beat.counters)
         self.status.heard(node_id, node.role, beat.counters, now)
 
     def handle_ready(self, node_id: str, node: NodeState, info: dict, now: float) -> None:
@@ -547,6 +548,7 @@ class Control(Loop):
         self.termination = signal.Signals(signum).name
 
     def close(self) -> None:
+        self.placement.close()
         self.pub.setsockopt(zmq.LINGER, 1000)  # let Stop reach the nodes
         self.pub.close()
         self.status_pub.setsockopt(zmq.LINGER, 500)  # and the last status the consoles

@@ -265,6 +265,9 @@ class PlacementConfig:
         "empty: equal"))
     predictor_steps: int = field(default=300, metadata={"min": 1, "max": 100_000, "doc": (
         "Adam steps of the predictor's first training (a fifth on each retraining)")})
+    history_windows: int = field(default=256, metadata={"min": 1, "max": 100_000, "doc": (
+        "the predictor trains on the newest this many windows of history (its cost stays "
+        "flat as the job runs)")})
     drain_timeout_s: float = field(default=10.0, metadata={"min": 0.1, "doc": (
         "a shard hands over after this long even if a held batch's gradients never came "
         "(counted)")})
@@ -272,6 +275,8 @@ class PlacementConfig:
     def __post_init__(self) -> None:
         if any(not c > 0 for c in self.capacities):
             raise ValueError("[placement] capacities must be positive")
+        if self.min_windows > self.history_windows:
+            raise ValueError("[placement] min_windows must be <= history_windows")
 
 
 @dataclass(frozen=True)
