@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ class Keeper(PlacementKeeper):
         self.published: list[Placement] = []
         self.log = MetricsLog(run_dir / "metrics.jsonl")
         super().__init__(job, members, Commands(self.published.append), self.log, run_dir,
-                         ProgressClock(0.0))
+                         ProgressClock(0.0), train_in=lambda: ThreadPoolExecutor(1))
 
     def events(self) -> list[dict]:
         return [orjson.loads(line) for line in (self.run_dir / "metrics.jsonl").read_bytes()
@@ -148,22 +149,11 @@ def test_every_window_is_recorded_when_windows_close_faster_than_heartbeats(keep
     assert all(not ledger.figures for ledger in ledgers.values())
 
 
-def test_the_history_is_bounded_and_the_predictor_trains_off_the_loop(tmp_path, monkeypatch):
-    """The fit runs on another thread; control's call returns at once, the capacities in
-    service being equal until the training is done; then the trained predictor serves."""
-    import threading
-
-    from roles.algorithms.capacity import CapacityPredictor
-
-    release, fitted_on = threading.Event(), []
-    real_fit = CapacityPredictor.fit
-
-    def slow_fit(self, records, steps=300, lr=0.02):
-        fitted_on.append((threading.current_thread().name, len(records)))
-        assert release.wait(10), "never released"
-        real_fit(self, records, steps=20, lr=lr)
-
-    monkeypatch.setattr(CapacityPredictor, "fit", slow_fit)
+def test_the_history_is_bounded_and_the_predictor_trains_off_the_loop(tmp_path):
+    """Control keeps the newest history_windows windows; the predictor is trained elsewhere
+    (here a thread; in control, a child process): the call that starts a training returns the
+    capacities in service (equal, before the first training), and the trained predictor serves
+    once it is done."""
     keeper = Keeper(tmp_path, history_windows=4, min_windows=2)
     for w in range(12):
         keeper.closed(w, 1000)
@@ -171,12 +161,11 @@ def test_the_history_is_bounded_and_the_predictor_trains_off_the_loop(tmp_path, 
         keeper.handle_window_work(1, work([w]))
     assert len(keeper.history) == 4 and len(keeper.records()) == 4 * 2 * 2
     assert keeper.records_total == 12 * 2 * 2 and min(keeper.history) == 8
-    started = time.monotonic()
     caps, source = keeper.capacities(1000)
-    assert time.monotonic() - started < 1.0 and source == "equal"  # not blocked by the fit
-    assert fitted_on == [("capacity-fit_0", 16)]
-    release.set()
-    keeper.trainer.wait(10)
+    assert source == "equal" and keeper.trainer.running is not None
+    keeper.trainer.wait(120)
     caps, source = keeper.capacities(1000)
     assert source == "predicted" and caps.sum() == pytest.approx(1000)
     assert keeper.status()["predictor_fits"] == 1
+    assert (tmp_path / "placement" / "capacity_model.pt").exists()
+    keeper.close()

@@ -48,6 +48,9 @@ def test_the_slow_shard_gets_half_the_load_and_nothing_is_lost(cluster):
         == p["records"]
     learnt = [w for w in p["windows"] if w["capacity_source"] == "predicted"]
     assert learnt, brief
+    # trained in a child process of control's, not in control's loop
+    assert p["predictor_fits"] >= 1 and p["predictor_pid"] not in (0, skewed.procs[
+        "control-0"].pid), brief
     # after the first windows the slow shard is assigned about half the fast one's load
     late = p["windows"][-8:]
     ratio = np.median([w["assigned"][1] / w["assigned"][0] for w in late])

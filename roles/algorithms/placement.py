@@ -260,30 +260,34 @@ def place(heavy: HeavyHitters, bucket_pairs: np.ndarray, capacities: np.ndarray,
         largest = float(room.max())
         room -= deferred.by_shard          # held pairs count first
         held_before = _held_windows(heavy, deferred, current)
-    owner = owner_now.copy()
-    over = np.zeros(len(loads), bool)
-    left = np.zeros(len(loads))          # pairs held to the next allocation
-    for i in order:
-        load, here = loads[i], owner_now[i]
+    # the walk, on plain Python numbers: a numpy call per item costs more than the item's work
+    room_l, loads_l, here_l = room.tolist(), loads.tolist(), owner_now.tolist()
+    owner_l, over_l, left_l = list(here_l), [False] * len(loads_l), [0.0] * len(loads_l)
+    shards = range(k)
+    for i in order.tolist():
+        load, here = loads_l[i], here_l[i]
         if load <= 0:
             continue
-        if room[here] >= load:
+        if room_l[here] >= load:
             target, take = here, load
         else:
-            fits = np.flatnonzero(room >= load)
-            if len(fits):
-                target, take = fits[np.argmin(room[fits])], load
+            fits = [(room_l[s], s) for s in shards if room_l[s] >= load]
+            if fits:
+                target, take = min(fits)[1], load          # best fit: the least room left
             elif deferred is None or load > largest:   # fits no shard: it overflows
-                over[i] = True
-                target, take = (here if room[here] >= 0 else int(np.argmax(room))), load
+                over_l[i] = True
+                most = max(shards, key=room_l.__getitem__)
+                target, take = (here if room_l[here] >= 0 else most), load
             else:                                      # fits no room left: deferred
-                target = here if room[here] > 0 else int(np.argmax(room))
-                if room[target] <= 0:
-                    target = here
-                take = max(float(room[target]), 0.0)
-                left[i] = load - take
-        owner[i] = target
-        room[target] -= take
+                most = max(shards, key=room_l.__getitem__)
+                target = here if room_l[here] > 0 or room_l[most] <= 0 else most
+                take = max(room_l[target], 0.0)
+                left_l[i] = load - take
+        owner_l[i] = target
+        room_l[target] -= take
+    owner = np.array(owner_l, dtype=np.int64)
+    over = np.array(over_l, dtype=bool)
+    left = np.array(left_l, dtype=np.float64)
     new_buckets = owner[n_keys:]
     keymap = current.with_table(current.version + 1, heavy.keys, owner[:n_keys], new_buckets)
     predicted = np.bincount(owner, weights=loads, minlength=k)

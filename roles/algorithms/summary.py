@@ -150,6 +150,9 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "batch_by_label": job.train.batch_by_label,
         "worker_time_s": worker_time,
         "busy": busy,
+        # the longest one turn of each node's event loop kept it from its sockets
+        "longest_turn_s": {node: round(_num(c.get("longest_turn_s")), 4)
+                           for node, c in sorted(counters.items()) if "longest_turn_s" in c},
         "sync": job.train.sync,
         "rounds": rounds,
         "round_samples": round_samples,

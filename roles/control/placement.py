@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +38,7 @@ import numpy as np
 from roles.algorithms.capacity import Record, append_records, equal_or_configured
 from roles.algorithms.membership import ALIVE, Members
 from roles.algorithms.placement import Deferred, HeavyHitters, KeyMap, max_over_mean, place
-from roles.control.capacity_training import BackgroundFit
+from roles.control.capacity_training import BackgroundFit, child_process
 from roles.control.commands import Commands, ProgressClock
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
@@ -68,7 +70,9 @@ class Migration:
 
 class PlacementKeeper:
     def __init__(self, job: Job, members: Members, commands: Commands, metrics: MetricsLog,
-                 run_dir: Path, progress: ProgressClock):
+                 run_dir: Path, progress: ProgressClock,
+                 train_in: Callable[[], Executor] = child_process):
+        """``train_in``: where the capacity predictor trains (a child process of control's)."""
         self.job = job
         self.members = members
         self.commands = commands
@@ -90,7 +94,8 @@ class PlacementKeeper:
         self.trainer: BackgroundFit | None = None
         self.last_capacities: tuple[np.ndarray, str] | None = None
         if self.skew:
-            self.trainer = BackgroundFit(c.shards, p.predictor_steps, run_dir / "placement")
+            self.trainer = BackgroundFit(c.shards, p.predictor_steps, run_dir / "placement",
+                                         train_in)
         self.migration: Migration | None = None
         self.deferred = Deferred.nothing(c.shards, len(self.keymap.buckets))
         self.windows: list[dict] = []        # partition state per closed window (newest last)
@@ -293,6 +298,7 @@ class PlacementKeeper:
             "late_pairs": sum(self.late_pairs.values()),
             "predictor_fits": self.trainer.fits if self.trainer else 0,
             "predictor_fit_s_last": round(self.trainer.fit_s_last, 4) if self.trainer else None,
+            "predictor_pid": self.trainer.trained_by if self.trainer else None,
             "outliers_dropped": self.trainer.serving.dropped
             if self.trainer and self.trainer.serving else None,
             "deferred_pairs": round(self.deferred.pairs, 1),

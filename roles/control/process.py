@@ -530,6 +530,7 @@ class Control(Loop):
                                         self.node_id: {**self.traffic.as_dict(),
                                                        "rejected_messages": dict(self.rejected),
                                                        "idle_s": self.idle_s,
+                                                       "longest_turn_s": self.longest_turn_s,
                                                        "uptime_s": now - self.started}},
                               wall_s=now - self.started + self.run_before_s)
         path = self.run_dir / "summary.json"
