@@ -111,7 +111,7 @@ class Control(Loop):
         self.commands = Commands(lambda msg: self.send(self.pub, msg), self.save_state)
         # the parts
         self.health = Health(c, self.members, lambda node_id, probe: self.send(
-            self.router, probe, identity=node_id.encode()))
+            self.router, probe, identity=node_id.encode()), job.aggregation.failure_window_s)
         self.settings = LiveSettings(job.aggregation, self.run_dir / "config.toml",
                                      self.commands, self.metrics)
         self.rounds = Rounds(sync_mode(job.train.sync, job.train.sync_every,

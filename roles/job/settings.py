@@ -218,10 +218,15 @@ class AggregationConfig:
         "`lazy` aggregates only while the cluster's network utilisation is below this")})
     failure_rate_max: float = field(default=0.05, metadata={
         "min": 0.001, "max": 1.0, "live": True, "doc": (
-            "… and its failure rate (nodes with a late probe ÷ live nodes) is below this")})
+            "… and its failure rate (nodes that crashed or answered a probe late within "
+            "`failure_window_s` ÷ the job's nodes in that window) is below this")})
     probe_timeout_s: float = field(default=3.0, metadata={
         "min": 0.05, "max": 600.0, "live": True, "doc": (
             "a probe unanswered this long counts as failed")})
+    failure_window_s: float = field(default=30.0, metadata={
+        "min": 0.1, "max": 3600.0, "doc": (
+            "the failure rate's sliding window: a crash or a late probe counts this long "
+            "(not live)")})
     min_local_rounds: int = field(default=4, metadata={
         "min": 1, "max": 10_000, "live": True, "doc": (
             "… and every live worker did this many local rounds (≤ `max_local_rounds`)")})
