@@ -301,6 +301,9 @@ class PartitionConfig:
     target: str = field(default="every", metadata={"choices": ("every", "flow"), "doc": (
         "where it moves: the best other part (`every`) or the first in flow order among its "
         "neighbours' parts (`flow`)")})
+    pick: str = field(default="gain", metadata={"choices": ("gain", "flow"), "doc": (
+        "which boundary sub-task moves first: the one with the largest gain (`gain`) or the "
+        "first in flow order (`flow`, the method's choice)")})
     tries: int = field(default=8, metadata={"min": 1, "max": 1000, "doc": (
         "random initial partitions of the sets, each refined; the best is kept")})
     seed: int = field(default=0, metadata={"doc": "the partitioner's random numbers"})
