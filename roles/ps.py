@@ -14,7 +14,9 @@ gradients will be refused.
 Checkpoints: every ``[train] checkpoint_s`` the shard writes its rows, their Adagrad state and
 the applied batch ids to ``checkpoints/ps-<i>.npz`` in the run directory (write, fsync,
 rename). A shard started again in the same run restores the latest one when control welcomes
-it; the updates applied after it are lost (``roles.control.model`` reports what it cost).
+it; the updates applied after it are lost, and counted exactly from the log of batches applied
+since the checkpoint (``roles.algorithms.applied_log``), in its Ready (``updates_lost``; control's
+``shard_recoveries``).
 
 Skew-aware placement (``roles.algorithms.placement``): the shard times its work per allocation
 window of the batches (look-ups: finding or creating rows and gathering them; updates: the Adagrad
@@ -41,6 +43,7 @@ import numpy as np
 import orjson
 import zmq
 
+from roles.algorithms.applied_log import AppliedLog
 from roles.algorithms.embedding_table import EmbeddingTable
 from roles.algorithms.placement import KeyMap
 from roles.algorithms.window_work import WindowLedger
@@ -106,9 +109,15 @@ class Shard(Node):
                        "handovers": 0, "handovers_forced": 0, "checkpoints": 0}
         self.next_checkpoint = float("inf")  # from the welcome on
         self.checkpointed: dict | None = None
+        self.applied_log: AppliedLog | None = None  # batches applied since the checkpoint
 
     def on_welcome(self) -> None:
+        self.applied_log = AppliedLog(self.checkpoint_path().with_suffix(".applied"))
         restored = self.restore_checkpoint()
+        lost = self.applied_log.lost(self.applied)   # applied by a dead process after the
+        self.applied_log.checkpointed()              # checkpoint it restored (exactly)
+        if restored or lost:
+            restored["updates_lost"] = len(lost)
         self.state = "ready"
         self.next_checkpoint = time.monotonic() + self.job.train.checkpoint_s
         self.to_control(Ready(info={"keys": len(self.table), **restored}))
@@ -132,6 +141,8 @@ class Shard(Node):
                                      meta=np.frombuffer(orjson.dumps(meta), np.uint8)))
         self.counts["checkpoints"] += 1
         self.checkpointed = meta
+        if self.applied_log is not None:
+            self.applied_log.checkpointed()
 
     def restore_checkpoint(self) -> dict:
         """A restarted shard: the table, the applied ids and where it stood, from the latest
@@ -261,6 +272,8 @@ class Shard(Node):
                                              f"{len(held.rows)} rows of {self.table.dim}")
         started = time.thread_time()
         del self.held[msg.batch_id]
+        if self.applied_log is not None:
+            self.applied_log.append(msg.batch_id)
         self.table.adagrad(held.rows, msg.grads)
         self.applied.add(msg.batch_id)
         self.counts["updates"] += 1
