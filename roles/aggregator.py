@@ -19,11 +19,17 @@
 - recovery: a restarted root is told by control to Restore the latest backup; it publishes it
   as round r of a new generation, and workers replace their weights with it.
 - WeightsRequest is answered with the current weights (start-up, or a worker that missed some).
+- checkpoints (root): at control's cut (Checkpoint ``write`` of round r, which this aggregator
+  has combined) the weights, round, generation, step count and the step-mode Adam state are
+  copied and written to ``checkpoints/<n>/dense.npz`` on a thread; when the whole job goes back
+  to a checkpoint (Welcome ``rollback``) they are read back from it, and the backups of later
+  rounds (the dead run's) removed.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -33,10 +39,19 @@ import zmq
 from roles.algorithms import live
 from roles.algorithms.aggregation import combine_partials, partial_sum
 from roles.algorithms.sync import aggregator as sync_modes
+from roles.checkpoint.background import ThreadWrite
+from roles.checkpoint.files import (
+    checkpoint_dir,
+    checkpoints_dir,
+    meta_array,
+    read_meta,
+    save_npz,
+)
 from roles.job.cli import role_main
 from roles.job.settings import Job
 from roles.model.files import DENSE, Backups, ExportAnswers, load_dense, save_named
 from roles.model.network import build_model
+from roles.protocol.checkpoint import Checkpoint, CheckpointPart, Snapshotted
 from roles.protocol.dense_sync import (
     Aggregate,
     BackupNow,
@@ -93,15 +108,77 @@ class Aggregator(Node):
         self.backups: Backups | None = None
         self.backup_request = 0
         self.counts = {"stale_contributions": 0, "refused_weights": 0, "partials": 0,
-                       "restores": 0}
+                       "restores": 0, "checkpoints": 0}
+        self.cut: Checkpoint | None = None           # a cut of a round not combined yet
+        self.writing: tuple[int, ThreadWrite, float] | None = None
+        self.checkpointed = 0
 
     def on_welcome(self) -> None:
+        info: dict = {}
         if self.is_root:
             self.backups = Backups(Path(self.run_dir) / "backups")
+            if self.rollback and self.restore:
+                try:
+                    info = self.restore_checkpoint(Path(self.restore))
+                except (OSError, ValueError, KeyError) as exc:
+                    self.fail(f"cannot restore the checkpoint {self.restore}: {exc}")
+                    return
             if not self.backups.existing():  # a first start: the initial weights are backup 0
                 self.back_up(force=True)
         self.state = "ready"
-        self.to_control(Ready(info={"parameters": self.size, "root": self.is_root}))
+        self.to_control(Ready(info={"parameters": self.size, "root": self.is_root, **info}))
+
+    # -- checkpoints (root) ---------------------------------------------------------------------
+    def handle_cut(self, m: Checkpoint) -> None:
+        """Copy the state of the cut's round and write it on a thread."""
+        if self.round < m.round:   # its round is still being combined: at its end
+            self.cut = m
+            return
+        self.cut = None
+        started = time.perf_counter()
+        arrays = {"params": self.params.copy(), **self.sync.state(),
+                  "meta": meta_array({"number": m.number, "round": self.round,
+                                      "generation": self.generation, "steps": self.steps,
+                                      "time": time.time()})}
+        path = checkpoint_dir(self.run_dir, m.number) / "dense.npz"
+        self.writing = (m.number, ThreadWrite(lambda: save_npz(path, **arrays)), time.monotonic())
+        self.checkpointed = m.number
+        self.counts["checkpoints"] += 1
+        self.report(Snapshotted(number=m.number, pause_s=round(time.perf_counter() - started,
+                                                                6), waited_s=0.0))
+
+    def poll_checkpoint(self) -> None:
+        if self.writing is None or (result := self.writing[1].done()) is None:
+            return
+        number, _, began = self.writing
+        self.writing = None
+        ok, error = result
+        name = f"{number:06d}/dense.npz"
+        size = (checkpoints_dir(self.run_dir) / name).stat().st_size if ok else 0
+        self.report(CheckpointPart(number=number, ok=ok, error=error,
+                                   files=[name] if ok else [], bytes=size,
+                                   write_s=round(time.monotonic() - began, 3),
+                                   info={"round": self.round}))
+
+    def restore_checkpoint(self, where: Path) -> dict:
+        """The whole job goes back to a checkpoint: its weights, round, generation, steps and
+        optimiser state; the backups of later rounds (the run that died) go."""
+        with np.load(where / "dense.npz") as f:
+            meta = read_meta(f)
+            params = f["params"].astype(np.float32)
+            state = {k: f[k] for k in f.files if k not in ("params", "meta")}
+        if params.shape != (self.size,):
+            raise ValueError(f"{where / 'dense.npz'} has {params.shape} weights, the model "
+                             f"{self.size}")
+        self.params, self.round = params, meta["round"]
+        self.generation, self.steps = meta["generation"], meta["steps"]
+        self.sync.load(state)
+        self.checkpointed = meta["number"]
+        dropped = self.backups.drop_after(self.round)
+        self.backups.last = params.copy()
+        log.warning("restored checkpoint %d (round %d); %d later backup(s) removed",
+                    meta["number"], self.round, dropped)
+        return {"checkpoint": meta["number"], "round": self.round}
 
     def weights(self) -> Weights:
         return Weights(round=self.round, step=self.steps, generation=self.generation,
@@ -165,6 +242,8 @@ class Aggregator(Node):
             case BackupNow(request=n) if self.is_root and n > self.backup_request:
                 self.backup_request = n
                 self.back_up(force=True)
+            case Checkpoint(phase="write") as m if self.is_root and m.number > self.checkpointed:
+                self.handle_cut(m)
             case _:
                 pass
 
@@ -209,6 +288,8 @@ class Aggregator(Node):
                                       samples_by=samples_by, coefficient=coefficient,
                                       samples=sum(samples_by)))
             self.back_up()
+            if self.cut is not None:
+                self.handle_cut(self.cut)
 
     def forget_through(self, r: int) -> None:
         for table in (self.expected, self.received, self.partials):
@@ -259,6 +340,10 @@ class Aggregator(Node):
             offset += n
         save_named(where / DENSE, tensors)
         return "dense", [DENSE]
+
+    def on_tick(self, now: float) -> None:
+        super().on_tick(now)
+        self.poll_checkpoint()
 
     def counters(self) -> dict:
         return {**self.counts, "round": self.round, "steps": self.steps,

@@ -51,6 +51,8 @@ from roles.algorithms.key_routing import KeyRouting
 from roles.algorithms.reclaim import Reclaim
 from roles.algorithms.sync import feeder as sync_modes
 from roles.algorithms.tally import FeederTally
+from roles.checkpoint.feeder import FeederCheckpoints
+from roles.checkpoint.files import read_manifest
 from roles.data.index import DataError, Part
 from roles.data.part_streams import PartStreams
 from roles.data.rejected import RejectedRows
@@ -61,6 +63,7 @@ from roles.data.transforms import DenseTransform
 from roles.job.cli import role_main
 from roles.job.settings import DECAY_UNITS, Job
 from roles.model.files import TRANSFORM, ExportAnswers, write_json
+from roles.protocol.checkpoint import Checkpoint, CheckpointDrained, Snapshotted
 from roles.protocol.datapath import (
     Ack,
     DataIndex,
@@ -127,6 +130,10 @@ class Feeder(Node):
         # a feeder killed and started again resumes from its ack log (roles.algorithms.ack_log)
         self.ack_log: AckLog | None = None
         self.reclaim = Reclaim(self.ledger)
+        self.rolled_back = False     # the whole job went back to a checkpoint: its log is it
+        self.checkpoints: FeederCheckpoints | None = None
+        self.checkpoint_hold = 0     # a checkpoint being cut: no new batch goes out
+        self.checkpoint_drained = 0  # the newest cut reported drained
         self.routing = KeyRouting(c.shards, job.placement)
 
     def in_flight_limit(self, workers: int) -> int:
@@ -159,9 +166,31 @@ class Feeder(Node):
         except (DataError, OSError) as exc:
             self.fail(f"cannot read the data: {exc}")
             return
+        self.checkpoints = FeederCheckpoints(self.run_dir, self.node_id)
+        info: dict = {"indexed": self.index == 0}
+        if self.rollback and self.restore:
+            try:
+                info.update(self.roll_back(Path(self.restore), feeders))
+            except (OSError, ValueError, KeyError) as exc:
+                self.fail(f"cannot restore the checkpoint {self.restore}: {exc}")
+                return
         self.open_ack_log(feeders)
         self.state = "ready"
-        self.to_control(Ready(info={"indexed": self.index == 0}))
+        self.to_control(Ready(info=info))
+
+    def roll_back(self, where: Path, feeders: Path) -> dict:
+        """The whole job goes back to a checkpoint: this feeder's ack log as it was there."""
+        manifest = read_manifest(where)
+        if manifest is None:
+            raise ValueError("not a complete checkpoint")
+        files = manifest["parts"].get(self.node_id, [])
+        position, retrained = self.checkpoints.roll_back(files, feeders)
+        if "sync_round" in position and isinstance(self.sync, sync_modes.RoundFeeding):
+            self.sync.round = int(position["sync_round"])
+        self.rolled_back = True
+        log.warning("back to checkpoint %d: the %d samples acknowledged after it are trained "
+                    "again", manifest["number"], retrained)
+        return {"checkpoint": manifest["number"], "retrained_samples": retrained}
 
     def open_ack_log(self, directory: Path) -> None:
         """Acknowledged training batches are logged; a log already there means this is a
@@ -171,8 +200,10 @@ class Feeder(Node):
         done = self.ack_log.restart()
         if done is None:
             return
-        self.reclaim.restart()
         self.tally.restore(done)
+        if self.rolled_back:  # nothing was in flight at the cut: no worker holds a batch
+            return
+        self.reclaim.restart()
         self.pause(self.acks, True)
         log.warning("restarted: %d acknowledged batches (%d samples) in the ack log, the last "
                     "of epoch %d; resuming from there", done["batches"], done["samples"],
@@ -218,6 +249,8 @@ class Feeder(Node):
                 count = self.resend_keys(i)
                 log.warning("ps-%d restarted: the keys of %d batch(es) in flight sent again",
                             i, count)
+            case Checkpoint() as m:
+                self.handle_checkpoint(m)
             case Feeding(paused=paused) if paused != self.paused:
                 self.paused = paused
                 log.info("feeding %s by an operator", "paused" if paused else "resumed")
@@ -237,6 +270,42 @@ class Feeder(Node):
                  len(msg.keys))
         self.pump()
 
+    # -- checkpoints ---------------------------------------------------------------------------
+    def handle_checkpoint(self, m: Checkpoint) -> None:
+        """Hold new batches from ``drain`` until ``resume`` (or ``abort``); at ``write``, take
+        this feeder's part (``roles.checkpoint.feeder``)."""
+        if m.phase in ("resume", "abort"):
+            if self.checkpoint_hold and m.number >= self.checkpoint_hold:
+                self.checkpoint_hold = 0
+                self.pump()
+            return
+        if m.number <= self.checkpoints.written and m.phase == "write":
+            return
+        if m.number > max(self.checkpoint_drained, self.checkpoints.written):
+            self.checkpoint_hold = m.number
+        if m.phase == "drain":
+            self.maybe_checkpoint_drained()
+        elif m.phase == "write" and not self.ledger.in_flight:
+            pause = self.checkpoints.begin(m.number, self.ack_log, self.position(),
+                                           self.transform_json() if self.index == 0 else None)
+            self.report(Snapshotted(number=m.number, pause_s=round(pause, 6), waited_s=0.0))
+
+    def maybe_checkpoint_drained(self) -> None:
+        if self.checkpoint_hold > self.checkpoint_drained and not self.ledger.in_flight:
+            self.checkpoint_drained = self.checkpoint_hold
+            self.report(CheckpointDrained(number=self.checkpoint_hold))
+
+    def position(self) -> dict:
+        where: dict = {"epoch": self.epoch}
+        if isinstance(self.sync, sync_modes.RoundFeeding):
+            where["sync_round"] = self.sync.round
+        return where
+
+    def transform_json(self) -> dict | None:
+        t = self.transform
+        return None if t is None else {"dense": self.job.dense_fields, "log1p": t.log1p,
+                                       "mean": t.mean.tolist(), "std": t.std.tolist()}
+
     def maybe_placement_drained(self) -> None:
         """A new key map waits for this feeder: once nothing is in flight, say so."""
         drained = self.routing.drained(bool(self.ledger.in_flight))
@@ -245,12 +314,11 @@ class Feeder(Node):
 
     def export_part(self, where: Path) -> tuple[str, list[str]] | None:
         """The dense transform, so that the export scores raw rows as training saw them."""
-        if self.transform is None:
+        transform = self.transform_json()
+        if transform is None:
             return None
-        t = self.transform
         where.mkdir(parents=True, exist_ok=True)
-        write_json(where / TRANSFORM, {"dense": self.job.dense_fields, "log1p": t.log1p,
-                                       "mean": t.mean.tolist(), "std": t.std.tolist()})
+        write_json(where / TRANSFORM, transform)
         return "transform", [TRANSFORM]
 
     def handle_membership(self, version: int, workers: set[str]) -> None:
@@ -362,7 +430,8 @@ class Feeder(Node):
         # had got to in this pass
         parts = self.streams.order(self.parts.mine(eval=False), epoch)
         self.begin_pass(FeedingPass(epoch, False, open=self.job.data.parts_open), parts,
-                        self.ack_log.progress(epoch) if self.reclaim.restarted else {})
+                        self.ack_log.progress(epoch)
+                        if self.reclaim.restarted or self.rolled_back else {})
 
     def begin_pass(self, pass_: FeedingPass, parts: list[int],
                    logged: dict[int, PartProgress] | None = None) -> None:
@@ -404,8 +473,8 @@ class Feeder(Node):
     def may_send_new(self) -> bool:
         # sync mode round: the next round's batches wait until this round is acknowledged
         return (self.plan is not None and not self.paused and self.routing.placing is None
-                and not self.reclaim.recovering and not self.at_tail()
-                and self.ledger.has_room())
+                and not self.checkpoint_hold and not self.reclaim.recovering
+                and not self.at_tail() and self.ledger.has_room())
 
     def pump(self) -> None:
         """Send batches again, then new ones (or, at the end of a pass or round, second copies
@@ -525,6 +594,7 @@ class Feeder(Node):
         if not self.ledger.in_flight and self.plan is not None:
             self.all_acked()
         self.maybe_placement_drained()
+        self.maybe_checkpoint_drained()
         self.pump()
 
     def all_acked(self) -> None:
@@ -552,6 +622,9 @@ class Feeder(Node):
     def on_tick(self, now: float) -> None:
         if self.statistics is not None and self.statistics.pending and self.preparer is None:
             self.summarise(now)
+        part = self.checkpoints.poll() if self.checkpoints is not None else None
+        if part is not None:
+            self.report(part)
         super().on_tick(now)
 
     def heartbeat(self, final: bool = False) -> None:

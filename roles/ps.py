@@ -11,11 +11,14 @@ again (its worker died) brings its keys again: while the batch is held that is a
 its gradients were applied the rows are held again for the new worker's look-up, and its
 gradients will be refused.
 
-Checkpoints: every ``[train] checkpoint_s`` the shard writes its rows, their Adagrad state and
-the applied batch ids to ``checkpoints/ps-<i>.npz`` in the run directory (write, fsync,
-rename). A shard started again in the same run restores the latest one when control welcomes
-it; the updates applied after it are lost, and counted exactly from the log of batches applied
-since the checkpoint (``roles.algorithms.applied_log``), in its Ready (``updates_lost``; control's
+Checkpoints (``roles.checkpoint.shard``): at control's cut (Checkpoint ``write``) the
+shard waits until every training batch it holds has its gradients (feeders have drained, so
+they are on their way), forks a child that writes its rows, their Adagrad state and the applied
+batch ids (the whole table, or the rows changed since its previous file), reports Snapshotted
+with the pause, and CheckpointPart once the child is done. A shard started again restores the
+newest complete checkpoint control names in its Welcome; the updates applied after it are lost,
+and counted exactly from the log of the batches applied after each snapshot
+(``roles.algorithms.applied_log``), in its Ready (``updates_lost``; control's
 ``shard_recoveries``).
 
 Skew-aware placement (``roles.algorithms.placement``): the shard times its work per allocation
@@ -40,17 +43,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import orjson
 import zmq
 
 from roles.algorithms.applied_log import AppliedLog
 from roles.algorithms.embedding_table import EmbeddingTable
 from roles.algorithms.placement import KeyMap
 from roles.algorithms.window_work import WindowLedger
+from roles.checkpoint.files import checkpoints_dir, latest_complete, read_manifest
+from roles.checkpoint.shard import ShardCheckpoints, read_chain
 from roles.job.cli import role_main
-from roles.job.rundir import atomic_write
 from roles.job.settings import Job
-from roles.model.files import ExportAnswers, embeddings_file, npz_bytes, save_embeddings
+from roles.model.files import ExportAnswers, embeddings_file, save_embeddings
+from roles.protocol.checkpoint import Checkpoint, Snapshotted
 from roles.protocol.datapath import BatchKeys, EmbeddingGrads, Embeddings, Lookup, split_batch_id
 from roles.protocol.lifecycle import Export
 from roles.protocol.placement import Handover, Moved, Placement, WorkRecorded
@@ -83,6 +87,9 @@ class Shard(Node):
         self.job = job
         c = job.cluster
         self.sock = self.bind(zmq.ROUTER, c.endpoint(f"ps-{index}"), self.on_message)
+        # read from the welcome on: a restarted shard's rows are the checkpoint's by then (the
+        # keys and gradients queued for it meanwhile would go to an empty table, and be lost)
+        self.pause(self.sock, True)
         self.slowdown = max(1.0, slowdown)
         self.skew = job.placement.mode == "skew"
         self.peers = {i: self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"), sndhwm=0)
@@ -106,62 +113,76 @@ class Shard(Node):
         self.counts = {"key_messages": 0, "lookups": 0, "updates": 0, "duplicates_refused": 0,
                        "keys_received": 0, "keys_repeated": 0, "lookup_s": 0.0,
                        "update_s": 0.0, "keys_moved_out": 0, "keys_moved_in": 0,
-                       "handovers": 0, "handovers_forced": 0, "checkpoints": 0}
-        self.next_checkpoint = float("inf")  # from the welcome on
-        self.checkpointed: dict | None = None
-        self.applied_log: AppliedLog | None = None  # batches applied since the checkpoint
+                       "handovers": 0, "handovers_forced": 0, "checkpoints": 0,
+                       "grads_without_keys": 0}
+        self.checkpoints = ShardCheckpoints(index, self.table, job.checkpoint.full_every)
+        self.cut: Checkpoint | None = None   # a cut waiting for gradients on their way
+        self.cut_since = 0.0
+        self.applied_log: AppliedLog | None = None  # batches applied after each snapshot
 
     def on_welcome(self) -> None:
-        self.applied_log = AppliedLog(self.checkpoint_path().with_suffix(".applied"))
-        restored = self.restore_checkpoint()
-        lost = self.applied_log.lost(self.applied)   # applied by a dead process after the
-        self.applied_log.checkpointed()              # checkpoint it restored (exactly)
-        if restored or lost:
-            restored["updates_lost"] = len(lost)
+        try:
+            restored = self.restore_checkpoint()
+        except (OSError, ValueError, KeyError) as exc:
+            self.fail(f"cannot restore the checkpoint {self.restore}: {exc}")
+            return
+        self.applied_log = AppliedLog(Path(self.run_dir) / "applied" / self.node_id)
+        number = restored.get("checkpoint", 0)
+        if not self.rollback:  # applied by a dead process after the checkpoint: lost
+            lost = self.applied_log.lost(number, self.applied)
+            if restored or lost:
+                restored["updates_lost"] = len(lost)
+        self.applied_log.restart(number)
+        self.pause(self.sock, False)
         self.state = "ready"
-        self.next_checkpoint = time.monotonic() + self.job.train.checkpoint_s
         self.to_control(Ready(info={"keys": len(self.table), **restored}))
 
     # -- checkpoints -----------------------------------------------------------------------------
-    def checkpoint_path(self) -> Path:
-        return Path(self.run_dir) / "checkpoints" / f"ps-{self.index}.npz"
-
-    def write_checkpoint(self) -> None:
-        """The rows, their Adagrad state and the applied batch ids, written atomically: a
-        restarted shard goes on from here (the updates after it are lost)."""
-        keys, rows = self.table.index.items()
-        meta = {"updates": self.counts["updates"], "time": time.time(),
-                "newest_epoch": self.newest_epoch, "version": self.version}
-        path = self.checkpoint_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, npz_bytes(keys=keys, weights=self.table.weights[rows],
-                                     accum=self.table.accum[rows],
-                                     applied=np.fromiter(self.applied, np.int64,
-                                                         len(self.applied)),
-                                     meta=np.frombuffer(orjson.dumps(meta), np.uint8)))
+    def handle_cut(self, m: Checkpoint) -> None:
+        """Checkpoint ``write``: once no training batch held still waits for its gradients,
+        fork the writer (``roles.checkpoint.shard``)."""
+        if self.cut is None or self.cut.number != m.number:
+            self.cut, self.cut_since = m, time.monotonic()
+        pending = [b for b, h in self.held.items() if h.train and b not in self.applied]
+        if pending:
+            return
+        self.cut = None
+        waited = time.monotonic() - self.cut_since
+        meta = {"updates": self.counts["updates"], "newest_epoch": self.newest_epoch,
+                "version": self.version}
+        pause = self.checkpoints.begin(m.number, checkpoints_dir(self.run_dir), self.applied,
+                                       meta)
         self.counts["checkpoints"] += 1
-        self.checkpointed = meta
+        self.counts["checkpoint_pause_s"] = round(pause + waited, 6)
+        self.report(Snapshotted(number=m.number, pause_s=round(pause + waited, 6),
+                                waited_s=round(waited, 6)))
         if self.applied_log is not None:
-            self.applied_log.checkpointed()
+            self.applied_log.start(m.number)
+            complete = latest_complete(Path(self.run_dir))
+            self.applied_log.prune(complete[0] if complete else 0)
 
     def restore_checkpoint(self) -> dict:
-        """A restarted shard: the table, the applied ids and where it stood, from the latest
-        checkpoint of this run ({} when there is none)."""
-        path = self.checkpoint_path()
-        if not path.exists():
+        """A restarted shard, or the whole job going back to a checkpoint: the table, the
+        applied ids and where it stood, from the checkpoint control named ({} when none)."""
+        manifest = read_manifest(Path(self.restore)) if self.restore else None
+        files = (manifest or {}).get("parts", {}).get(self.node_id)
+        if not files:
             return {}
-        with np.load(path) as f:
-            meta = orjson.loads(f["meta"].tobytes())
-            self.table.accept(f["keys"], f["weights"], f["accum"])
-            self.applied = set(f["applied"].tolist())
+        got = read_chain(checkpoints_dir(self.run_dir), files)
+        self.table.accept(got.keys, got.weights, got.accum)
+        self.table.clear_dirty()
+        self.checkpoints.restored(files)
+        self.applied = set(got.applied.tolist())
+        meta = got.meta
         self.newest_epoch, self.version = meta["newest_epoch"], meta["version"]
         self.moved_version = self.version
         age = max(0.0, time.time() - meta["time"])
-        log.warning("restarted from the checkpoint of %.1f s ago: %d keys, %d updates (the "
-                    "updates after it are lost)", age, len(self.table), meta["updates"])
+        log.warning("restored checkpoint %d of %.1f s ago: %d keys, %d updates (the updates "
+                    "after it are %s)", meta["number"], age, len(self.table), meta["updates"],
+                    "trained again" if self.rollback else "lost")
         self.counts["updates"] = meta["updates"]
-        return {"restored": True, "checkpoint_age_s": round(age, 3),
-                "checkpoint_updates": meta["updates"]}
+        return {"restored": True, "checkpoint": meta["number"],
+                "checkpoint_age_s": round(age, 3), "checkpoint_updates": meta["updates"]}
 
     def export_part(self, where: Path) -> tuple[str, list[str]]:
         """A snapshot of every row this shard holds (the export's embeddings-ps-<i>.npz)."""
@@ -190,6 +211,9 @@ class Shard(Node):
         match env.msg:
             case Export() as m:
                 self.exports.handle(m)
+            case Checkpoint(phase="write") as m if m.number > self.checkpoints.written and (
+                    self.checkpoints.writing is None or m.number > self.checkpoints.writing.number):
+                self.handle_cut(m)
             case Placement(version=v, phase="move") as msg if self.skew and v > self.version \
                     and (self.moving is None or self.moving.version < v):
                 self.moving = KeyMap.from_message(msg, self.job.cluster.shards,
@@ -264,6 +288,7 @@ class Shard(Node):
             self.early_grads[msg.batch_id] = msg
             while len(self.early_grads) > MAX_WAITING:
                 dropped, _ = self.early_grads.popitem(last=False)
+                self.counts["grads_without_keys"] += 1
                 self.reject(ProtocolError("unknown_batch", f"gradients for batch {dropped}, "
                                                            "whose keys never came"))
             return
@@ -280,15 +305,21 @@ class Shard(Node):
         self.worked(held.window, "update", len(held.inverse), started)
         if self.moving is not None:
             self.try_handover()
+        if self.cut is not None:
+            self.handle_cut(self.cut)
 
     # -- placement: handing rows over ----------------------------------------------------------
     def on_tick(self, now: float) -> None:
         super().on_tick(now)
         if self.moving is not None:
             self.try_handover()
-        if self.welcomed and self.run_dir and now >= self.next_checkpoint:
-            self.next_checkpoint = now + self.job.train.checkpoint_s
-            self.write_checkpoint()
+        if self.cut is not None:
+            self.handle_cut(self.cut)
+        part = self.checkpoints.poll(checkpoints_dir(self.run_dir)) if self.welcomed else None
+        if part is not None:
+            if not part.ok:
+                log.error("checkpoint %d not written: %s", part.number, part.error)
+            self.report(part)
 
     def try_handover(self) -> None:
         """Hand over the rows this shard no longer owns, once no held training batch still
@@ -345,7 +376,12 @@ class Shard(Node):
             self.applied = {b for b in self.applied if split_batch_id(b)[0] >= epoch - 1}
 
     def counters(self) -> dict:
-        return {**self.counts, "keys": len(self.table), "held_batches": len(self.held),
+        # gradients whose keys never came (a restarted shard: their keys went to the dead
+        # process, and the batch was acknowledged before the feeder sent them again): not
+        # applied, lost; those still waiting count, as at the job's end they are
+        lost = self.counts["grads_without_keys"] + len(self.early_grads)
+        return {**self.counts, "grads_without_keys": lost, "keys": len(self.table),
+                "held_batches": len(self.held),
                 "waiting_lookups": len(self.waiting), "placement_version": self.version,
                 "slowdown": self.slowdown, **self.work.counters()}
 

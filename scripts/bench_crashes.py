@@ -22,7 +22,7 @@ from local_cluster import LocalCluster  # noqa: E402  (the test harness)
 
 REPO = Path(__file__).resolve().parent.parent
 SETTINGS = {"train__epochs": 2, "model__hidden": [512, 256], "cluster__node_timeout_s": 3.0,
-            "train__checkpoint_s": 1.0}
+            "checkpoint__every_s": 1.0}
 ROWS = 39074
 # role killed, its process name, restarted (argv) or not, extra job settings
 CASES = {

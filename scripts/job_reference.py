@@ -54,7 +54,7 @@ SEE = {
     "train.embeddings": "architecture.md#embeddings-push-or-pull",
     "train.batch_by_label": "architecture.md#label-grouped-batches",
     "train.recovery_timeout_s": "architecture.md#recovery",
-    "train.checkpoint_s": "architecture.md#a-shard-that-dies",
+    "checkpoint.every_s": "architecture.md#whole-job-checkpoints",
     "aggregation": "architecture.md#dense-synchronisation",
     "aggregation.backup_change_min": "architecture.md#backups-recovery-and-export",
     "cluster.aggregators": "architecture.md#hierarchical-aggregation",
@@ -79,6 +79,9 @@ ENVIRONMENT = {
     "ZBUS_BIND_INTERFACE": "bind on this network interface (`*`: all of them)",
     "ZBUS_RUN_DIR": "the run directory (default `runs/<name>-<YYYYmmdd-HHMMSS>/`)",
     "ZBUS_LOG_LEVEL": "log level (default `INFO`)",
+    "ZBUS_RESUME": "`zbus-control` goes on with this run directory (`1`: the job's newest "
+                   "run), as `--resume` does: after control alone died, or every process "
+                   "([resume](operations.md#resuming-a-job))",
     "ZBUS_CACHE_DIR": "where the data's index and statistics are cached (overrides "
                       "`[data] cache_dir`)",
     "ZBUS_VENV": "the virtual environment the scripts set up and run (default `.venv`)",

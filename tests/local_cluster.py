@@ -83,12 +83,12 @@ class LocalCluster:
                                               "--index", str(index), *args])
 
     def start_all(self, slowdown: dict[int, float] | None = None,
-                  ps_slowdown: dict[int, float] | None = None) -> None:
+                  ps_slowdown: dict[int, float] | None = None, resume: bool = False) -> None:
         """Every role of the job; ``slowdown`` maps worker indexes to --slowdown factors,
-        ``ps_slowdown`` shard indexes."""
+        ``ps_slowdown`` shard indexes; ``resume``: control goes on with the run."""
         c = self.job.cluster
         slowdown, ps_slowdown = slowdown or {}, ps_slowdown or {}
-        self.start_role("control")
+        self.start_role("control", 0, *(["--resume"] if resume else []))
         for i in range(c.feeders):
             self.start_role("feeder", i)
         for i in range(c.shards):
@@ -128,6 +128,20 @@ class LocalCluster:
                 ps_slowdown: dict[int, float] | None = None) -> int:
         self.start_all(slowdown, ps_slowdown)
         return self.wait(timeout=timeout)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of the cluster (their process groups), as a power cut would
+        leave it (but for the disk); their logs are kept as ``<name>.killed-<n>.log``."""
+        for proc in self.procs.values():
+            _signal_group(proc, signal.SIGKILL)
+        for proc in self.procs.values():
+            proc.wait()
+        for name in list(self.procs):
+            path = self.workdir / f"{name}.log"
+            n = len(list(self.workdir.glob(f"{name}.killed-*.log")))
+            if path.exists():
+                path.rename(self.workdir / f"{name}.killed-{n}.log")
+        self.procs.clear()
 
     def log(self, name: str) -> str:
         path = self.workdir / f"{name}.log"

@@ -11,6 +11,8 @@ import pytest
 
 from roles.algorithms.membership import Members
 from roles.algorithms.metrics import ScoreHistogram
+from roles.checkpoint.files import checkpoint_dir, read_manifest
+from roles.control.checkpoints import Checkpoints
 from roles.control.commands import Commands, ProgressClock
 from roles.control.course import Course
 from roles.control.exports import Exports
@@ -29,7 +31,8 @@ from roles.control.state import (
 )
 from roles.control.sync_modes import EveryMode, LazyMode, RoundMode, SyncMode, sync_mode
 from roles.job.rundir import MetricsLog
-from roles.job.settings import AggregationConfig, DataConfig, Job, TrainConfig
+from roles.job.settings import AggregationConfig, CheckpointConfig, DataConfig, Job, TrainConfig
+from roles.protocol.checkpoint import Checkpoint, CheckpointDrained, CheckpointPart, Snapshotted
 from roles.protocol.datapath import DataIndex, DataStats, FeederProgress, PartMap, PartStats
 from roles.protocol.dense_sync import Aggregate, Decision, Restored, RoundDone, RoundReady
 from roles.protocol.lifecycle import EpochStart, EpochTrained, EvalReport, Evaluate, FeederBack
@@ -336,3 +339,90 @@ def test_the_state_records_round_trip_and_refuse_another_job(tmp_path):
     (tmp_path / "control-state.json").write_bytes(orjson.dumps(broken))
     with pytest.raises(ResumeError, match="incomplete"):
         read_state(tmp_path, "abc")
+
+
+# -- checkpoints ---------------------------------------------------------------------------------
+def checkpoints_of(tmp_path: Path, bus: Bus, metrics: MetricsLog, mode: SyncMode,
+                   **config) -> tuple[Checkpoints, Rounds]:
+    m = members("feeder-0", "feeder-1", "ps-0", "aggregator-0", *WORKERS)
+    rounds = Rounds(mode, m, bus.commands, metrics, ProgressClock(0.0))
+    j = Job(data=DataConfig(source="synthetic"), cluster=ClusterConfig(workers=2, feeders=2),
+            checkpoint=CheckpointConfig(**{"every_s": 10.0, "timeout_s": 30.0, **config}))
+    return Checkpoints(j, tmp_path, m, bus.commands, rounds, metrics, ProgressClock(0.0),
+                       lambda n: {"control-state.json": b"{}"}), rounds
+
+
+def written(node: str, number: int, tmp_path: Path) -> CheckpointPart:
+    name = f"{number:06d}/{node}.bin"
+    (tmp_path / "checkpoints" / name).write_bytes(b"part")
+    return CheckpointPart(number=number, ok=True, error="", files=[name], bytes=4,
+                          write_s=0.1, info={"kind": "full"})
+
+
+WRITERS = ("feeder-0", "feeder-1", "ps-0", "aggregator-0")
+
+
+def test_a_checkpoint_drains_flushes_writes_resumes_then_completes(tmp_path, metrics):
+    bus = Bus()
+    ck, rounds = checkpoints_of(tmp_path, bus, metrics, EveryMode(8))
+    ck.training_started(0.0)
+    ck.tick(5.0, None)
+    assert ck.cut is None            # not due yet
+    ck.tick(10.0, None)
+    assert bus.of(Checkpoint)[-1].phase == "drain"
+    ck.drained("feeder-0", CheckpointDrained(number=1), 10.1)
+    assert not bus.of(Aggregate)     # one feeder still has batches in flight
+    ck.drained("feeder-1", CheckpointDrained(number=1), 10.2)
+    (flush,) = bus.of(Aggregate)     # every worker's progress into the aggregator
+    assert flush.reason == "checkpoint 1" and flush.participants == WORKERS
+    assert bus.of(Checkpoint)[-1].phase == "drain"
+    rounds.finished(RoundDone(round=flush.round, contributors=WORKERS, samples_by=[1, 1],
+                              coefficient=2.0, samples=2), 10.3)
+    ck.round_finished(flush.round, 10.3)
+    cut = bus.of(Checkpoint)[-1]
+    assert cut.phase == "write" and cut.round == flush.round
+    for node in WRITERS[:-1]:
+        ck.snapshotted(node, Snapshotted(number=1, pause_s=0.01, waited_s=0.0), 10.4)
+    assert bus.of(Checkpoint)[-1].phase == "write"  # the aggregator has not copied yet
+    ck.part("feeder-0", written("feeder-0", 1, tmp_path), 10.4)  # a fast writer
+    ck.snapshotted("aggregator-0", Snapshotted(number=1, pause_s=0.0, waited_s=0.0), 10.5)
+    assert bus.of(Checkpoint)[-1].phase == "resume"  # feeding goes on while files are written
+    assert ck.complete == 0
+    for node in WRITERS[1:]:
+        ck.part(node, written(node, 1, tmp_path), 11.0)
+    assert ck.complete == 1 and ck.cut is None
+    manifest = read_manifest(checkpoint_dir(tmp_path, 1))
+    assert set(manifest["parts"]) == {*WRITERS, "control"}
+    assert manifest["round"] == flush.round
+    (record,) = ck.records
+    assert record["status"] == "complete" and record["pause_s"] == 0.5
+    ck.tick(20.9, None)
+    assert ck.cut is None            # every_s from the end of the last one
+    ck.tick(21.0, None)
+    assert ck.cut is not None and ck.cut.number == 2
+
+
+def test_a_checkpoint_is_abandoned_when_a_part_fails_a_writer_dies_or_time_runs_out(
+        tmp_path, metrics):
+    bus = Bus()
+    ck, rounds = checkpoints_of(tmp_path, bus, metrics, RoundMode())
+    ck.request("zbus-ctl", None)
+    ck.tick(1.0, None)
+    for f in ("feeder-0", "feeder-1"):
+        ck.drained(f, CheckpointDrained(number=1), 1.1)
+    assert bus.of(Checkpoint)[-1].phase == "write" and not bus.of(Aggregate)  # mode round
+    ck.part("ps-0", CheckpointPart(number=1, ok=False, error="disk full", files=[], bytes=0,
+                                   write_s=0.0, info={}), 1.2)
+    assert bus.of(Checkpoint)[-1].phase == "abort" and ck.complete == 0
+    assert "disk full" in ck.records[-1]["why"]
+    ck.request("zbus-ctl", None)
+    ck.tick(2.0, None)
+    ck.members.fail("ps-0", 2.1, "gone")
+    ck.tick(2.2, None)
+    assert bus.of(Checkpoint)[-1].phase == "abort" and "ps-0 lost" in ck.records[-1]["why"]
+    ck.request("zbus-ctl", None)
+    ck.tick(3.0, None)
+    ck.tick(3.0 + 31.0, None)
+    assert bus.of(Checkpoint)[-1].phase == "abort" and "timeout_s" in ck.records[-1]["why"]
+    assert ck.request("zbus-ctl", "the job is not training") == (
+        False, "not now: the job is not training")

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from roles.protocol.checkpoint import Checkpoint, CheckpointPart
 from roles.protocol.datapath import (
     BatchKeys,
     DataIndex,
@@ -75,6 +76,10 @@ def sample(cls: type) -> Message:
         values.update(call="flat")
     if cls is FeederProgress:
         values.update(above=[[9]])  # batch numbers at or above low
+    if cls is Checkpoint:
+        values.update(phase="write")
+    if cls is CheckpointPart:
+        values.update(files=["000003/ps-0.npz"])
     return cls(**values)
 
 
@@ -211,6 +216,12 @@ def test_consistency_rules():
                        keys=np.array([1], i64)),
         Placement(version=1, phase="later", buckets=np.zeros(2, i64), keys=np.zeros(0, i64),
                        owners=np.zeros(0, i64)),
+        Checkpoint(number=1, phase="later", round=0, dir="/r/checkpoints/000001"),
+        Checkpoint(number=0, phase="drain", round=0, dir="/r/checkpoints/000000"),
+        CheckpointPart(number=1, ok=True, error="", files=["../../etc/passwd"], bytes=1,
+                       write_s=0.1, info={}),
+        CheckpointPart(number=1, ok=True, error="", files=["/abs/ps-0.npz"], bytes=1,
+                       write_s=0.1, info={}),
         Placement(version=1, phase="move", buckets=np.zeros(2, i64),
                        keys=np.array([3, 1], i64), owners=np.array([0, 1], i64)),
         Placement(version=1, phase="move", buckets=np.array([0, -1], i64),

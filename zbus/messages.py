@@ -28,12 +28,17 @@ class Hello(Message):
 
 @message()
 class Welcome(Message):
-    """Control's answer to Hello: admitted or not, and the run directory to write into."""
+    """Control's answer to Hello: admitted or not, and the run directory to write into.
+    ``restore``: a directory the node's state is to be restored from, if the role restores
+    any ("": none; the application says what it holds); ``rollback``: the whole run goes back
+    to that state (every node restores from it), rather than this node alone."""
 
     accepted: bool
     reason: str
     run_id: str
     run_dir: str
+    restore: str = ""
+    rollback: bool = False
 
 
 @message()

@@ -235,6 +235,8 @@ class Node(Loop):
         self.state = "starting"
         self.run_id = ""
         self.run_dir = ""
+        self.restore = ""       # Welcome: the state to restore from (the role says what)
+        self.rollback = False   # Welcome: the whole run goes back to it
         self.welcomed = False
         self.load = LoadSampler()
         self.control = self.connect(zmq.DEALER, cluster.endpoint(CONTROL),
@@ -317,6 +319,7 @@ class Node(Loop):
                 if not self.welcomed:
                     self.welcomed = True
                     self.run_id, self.run_dir = w.run_id, w.run_dir
+                    self.restore, self.rollback = w.restore, w.rollback
                     log.info("%s joined run %s", self.node_id, w.run_id)
                     self.on_welcome()  # may take long (loading data): count silence anew
                     self._last_heard = time.monotonic()

@@ -142,6 +142,28 @@ class AckLog:
             os.close(fd)
         self.fds.clear()
 
+    # -- checkpoints ----------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, bytes]:
+        """The log as it stands, file name -> bytes (whole records only): a checkpoint's copy,
+        from which ``replace_files`` puts it back."""
+        files = {self.totals_path.name: orjson.dumps(self.totals)}
+        for epoch in self.epochs_on_disk():
+            files[self._file(epoch).name] = self.records(epoch).tobytes()
+        return files
+
+
+def replace_files(directory: Path, node: str, files: dict[str, bytes]) -> None:
+    """Put a log back as a checkpoint had it (``AckLog.snapshot``): the node's files there now
+    (of a run that went on after the checkpoint) are removed first."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for old in directory.glob(f"{node}.*"):
+        if old.name.endswith((".acks", ".totals.json")):
+            old.unlink()
+    for name, data in files.items():
+        if not name.startswith(f"{node}.") or "/" in name:
+            raise ValueError(f"{name} is not a file of {node}'s ack log")
+        (directory / name).write_bytes(data)
+
 
 def _by_worker(r: np.ndarray) -> dict[str, int]:
     if not len(r):

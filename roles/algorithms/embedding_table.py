@@ -8,6 +8,10 @@ number stays valid for the life of the table.
 
 A new key's row is a pure function of (key, seed): uniform in [-init, init], the same on any
 shard, after any restart, in any order of arrival.
+
+For incremental checkpoints the table marks the rows it changes (``dirty``: created, trained,
+taken over) until ``clear_dirty``; ``renumbered`` says the rows were compacted since (a
+handover), so that the next checkpoint must hold the whole table.
 """
 
 from __future__ import annotations
@@ -111,6 +115,8 @@ class EmbeddingTable:
         self.index = KeyIndex(capacity)
         self.weights = np.empty((capacity, dim), dtype=np.float32)
         self.accum = np.empty((capacity, dim), dtype=np.float32)   # Adagrad sum of g^2
+        self.dirty = np.zeros(capacity, dtype=bool)  # changed since the last checkpoint
+        self.renumbered = False
         self.size = 0
 
     def __len__(self) -> int:
@@ -127,6 +133,7 @@ class EmbeddingTable:
             self.weights[self.size:self.size + len(fresh)] = initial_rows(
                 fresh, self.dim, self.init_scale, self.seed)
             self.accum[self.size:self.size + len(fresh)] = 0.0
+            self.dirty[self.size:self.size + len(fresh)] = True
             self.index.insert(fresh, rows[new])
             self.size += len(fresh)
         return rows
@@ -140,12 +147,16 @@ class EmbeddingTable:
             grown = np.empty((size, self.dim), dtype=np.float32)
             grown[:self.size] = old[:self.size]
             setattr(self, name, grown)
+        dirty = np.zeros(size, dtype=bool)
+        dirty[:self.size] = self.dirty[:self.size]
+        self.dirty = dirty
 
     def adagrad(self, rows: np.ndarray, grads: np.ndarray) -> None:
         """One sparse Adagrad step on distinct rows: acc += g^2; w -= lr * g / (sqrt(acc)+eps)."""
         acc = self.accum[rows] + grads * grads
         self.accum[rows] = acc
         self.weights[rows] -= self.lr * grads / (np.sqrt(acc) + self.eps)
+        self.dirty[rows] = True
 
     def accept(self, keys: np.ndarray, weights: np.ndarray, accum: np.ndarray) -> None:
         """Take over distinct keys' rows and Adagrad state from another shard (a handover);
@@ -154,6 +165,7 @@ class EmbeddingTable:
             rows = self.rows_for(np.asarray(keys, dtype=np.int64))
             self.weights[rows] = weights
             self.accum[rows] = accum
+            self.dirty[rows] = True
 
     def release(self, leaving: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Remove the keys whose rows are marked in ``leaving`` (bool per row); return their
@@ -171,4 +183,19 @@ class EmbeddingTable:
         self.index = KeyIndex(max(1024, 2 * n))
         self.index.insert(stay_keys, np.arange(n, dtype=np.int64))
         self.size = n
+        self.renumbered = True
         return out
+
+    def clear_dirty(self) -> None:
+        """A checkpoint took the table as it is: nothing has changed since."""
+        self.dirty[:self.size] = False
+        self.renumbered = False
+
+    def key_of_row(self) -> tuple[np.ndarray, np.ndarray]:
+        """The key of each row below ``size`` and whether the row holds one."""
+        keys, rows = self.index.items()
+        by_row = np.zeros(self.size, dtype=np.int64)
+        live = np.zeros(self.size, dtype=bool)
+        by_row[rows] = keys
+        live[rows] = True
+        return by_row, live

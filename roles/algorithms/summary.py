@@ -87,7 +87,8 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
                   round_samples: dict[str, list[int]], membership: list[dict[str, Any]],
                   model: dict[str, Any] | None = None, placement: dict[str, Any] | None = None,
                   model_plan: dict[str, Any] | None = None,
-                  parts: dict[str, Any] | None = None) -> dict[str, Any]:
+                  parts: dict[str, Any] | None = None,
+                  checkpoints: dict[str, Any] | None = None) -> dict[str, Any]:
     model = model or {}
     evaluated = [e for e in epochs if "auc" in e]
     last = evaluated[-1] if evaluated else {}
@@ -105,6 +106,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
                          if isinstance(c.get("rejected_messages"), dict)
                          and c["rejected_messages"]}
     shards = {node: {k: c.get(k) for k in ("keys", "updates", "duplicates_refused",
+                                           "grads_without_keys",
                                            "keys_moved_out", "keys_moved_in", "lookup_s",
                                            "update_s")}
               for node, c in sorted(counters.items()) if node.startswith("ps-")}
@@ -186,6 +188,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
                                                                            "calls", "device")}
                                               for n, c in sorted(counters.items())
                                               if n.startswith("part-")}},
+        "checkpoints": checkpoints or {},
         "rejected_messages": rejected_messages,
         "per_epoch": epochs,
     }

@@ -10,10 +10,12 @@ ends as ``stopped``: nodes send their final counters, control writes the summary
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from roles.algorithms import live
 from roles.algorithms.membership import Members
 from roles.algorithms.status import StatusBuilder
+from roles.control.checkpoints import Checkpoints
 from roles.control.commands import Commands, ProgressClock
 from roles.control.course import Course
 from roles.control.feeding import Feeding
@@ -37,7 +39,10 @@ class Operators:
 
     def __init__(self, course: Course, rounds: Rounds, recovery: Recovery,
                  settings: LiveSettings, commands: Commands, metrics: MetricsLog,
-                 progress: ProgressClock):
+                 progress: ProgressClock, checkpoints: Checkpoints,
+                 checkpoint_blocker: Callable[[], str | None]):
+        self.checkpoints = checkpoints
+        self.checkpoint_blocker = checkpoint_blocker
         self.course = course
         self.rounds = rounds
         self.recovery = recovery
@@ -63,6 +68,8 @@ class Operators:
                 return True, "the aggregator backs up now"
             case "backup":
                 return False, f"cannot back up now (phase {course.phase})"
+            case "checkpoint":
+                return self.checkpoints.request(sender, self.checkpoint_blocker())
             case "aggregate" if course.phase != "training" and self.rounds.mode.operator_rounds:
                 return False, f"not training (phase {course.phase})"
             case "aggregate":

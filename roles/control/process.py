@@ -8,7 +8,11 @@ and the summary. The loop dispatches; its parts decide:
 - ``recovery``: backups, a restarted aggregator or shard;
 - ``exports``, ``placement`` (skew-aware key placement), ``settings`` (live settings),
   ``operators`` (requests of zbus-ctl and the console, and the status they watch);
-- ``state``: the records a resumed control starts from (``zbus-control --resume``).
+- ``checkpoints``: whole-job checkpoints, the consistent cut across the roles;
+- ``state``: the records a resumed control starts from (``zbus-control --resume``): when the
+  nodes live on, control's own latest records; when every node comes back as a new process
+  (the whole job was killed), the newest complete checkpoint, to which every node goes back
+  (``resuming``).
 
 The job fails, with the reason in the summary and a non-zero exit, when a node reports a
 Failure, a ready node other than a worker, a part, one of several feeders (its parts go to
@@ -32,6 +36,8 @@ import zmq
 from roles.algorithms.membership import ALIVE, Members, NodeState
 from roles.algorithms.status import StatusBuilder
 from roles.algorithms.summary import feeder_totals
+from roles.checkpoint.files import latest_complete
+from roles.control.checkpoints import Checkpoints
 from roles.control.commands import Commands, ProgressClock
 from roles.control.course import Course
 from roles.control.exports import Exports
@@ -41,12 +47,16 @@ from roles.control.model_plan import plan_model
 from roles.control.operators import Operators, StatusView
 from roles.control.placement import PlacementKeeper
 from roles.control.recovery import Recovery
+from roles.control.resuming import Resuming
 from roles.control.rounds import Rounds
 from roles.control.settings import LiveSettings
 from roles.control.state import (
+    STATE_FILE,
     ControlParts,
+    ResumeError,
     capture_history,
     capture_state,
+    cut_files,
     read_state,
     restore,
     write_history,
@@ -57,6 +67,7 @@ from roles.control.sync_modes import LazyMode, sync_mode
 from roles.job.cli import MAX_WORKERS
 from roles.job.rundir import MetricsLog, atomic_write, make_run_dir
 from roles.job.settings import Job, job_to_toml
+from roles.protocol.checkpoint import CheckpointDrained, CheckpointPart, Snapshotted
 from roles.protocol.datapath import DataIndex, FeederProgress, PartStats
 from roles.protocol.dense_sync import (
     BackupWritten,
@@ -103,6 +114,10 @@ class Control(Loop):
         self.status_pub = self.bind(zmq.PUB, c.endpoint("status"), sndhwm=16)
         self.run_dir = resume or make_run_dir(job.name, environ)
         self.run_id = self.run_dir.name
+        if resume is None and (self.run_dir / STATE_FILE).exists():
+            raise ResumeError(f"{self.run_dir} holds run {self.run_id} already: go on with it "
+                              "(zbus-control --resume), or start the job in another "
+                              "directory (ZBUS_RUN_DIR unset gives a new one under runs/)")
         if resume is None:
             atomic_write(self.run_dir / "config.toml", job_to_toml(job).encode())
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
@@ -127,12 +142,16 @@ class Control(Loop):
                              self.exports, self.progress)
         self.placement = PlacementKeeper(job, self.members, self.commands, self.metrics,
                                          self.run_dir, self.progress)
+        self.checkpoints = Checkpoints(job, self.run_dir, self.members, self.commands,
+                                       self.rounds, self.metrics, self.progress,
+                                       self.capture_cut)
         self.operators = Operators(self.course, self.rounds, self.recovery, self.settings,
-                                   self.commands, self.metrics, self.progress)
+                                   self.commands, self.metrics, self.progress,
+                                   self.checkpoints, self.checkpoint_blocker)
         self.status = StatusBuilder(c.heartbeat_s, self.started)
         self.parts = ControlParts(self.members, self.commands, self.course, self.rounds,
                                   self.feeding, self.recovery, self.exports, self.settings,
-                                  self.placement)
+                                  self.placement, self.checkpoints)
         self.headline = headline
         # the clock
         self.next_publish = self.next_status = self.next_save = 0.0
@@ -143,6 +162,7 @@ class Control(Loop):
         self.started_at = time.time()  # the run's start, for its wall time across a resume
         self.run_before_s = 0.0        # resumed: how long the run had been going
         self.awaiting_rejoin: set[str] = set()  # resumed: nodes that have not said Hello
+        self.resuming = Resuming(self.members.expected, resumed=resume is not None)
         self.model_plan: dict | None = None
         if resume is not None:
             self.resume_from_disk()
@@ -210,7 +230,14 @@ class Control(Loop):
                 self.rounds.drained(r)
             case RoundDone() as m:
                 if self.rounds.finished(m, now):
+                    self.checkpoints.round_finished(m.round, now)
                     self.after_round()
+            case CheckpointDrained() as m:
+                self.checkpoints.drained(node_id, m, now)
+            case Snapshotted() as m:
+                self.checkpoints.snapshotted(node_id, m, now)
+            case CheckpointPart() as m:
+                self.checkpoints.part(node_id, m, now)
             case BackupWritten() as m:
                 self.recovery.backup_written(node_id, m)
             case Restored() as m:
@@ -236,6 +263,13 @@ class Control(Loop):
                 self.unexpected(env, "control socket")
 
     def handle_hello(self, identity: bytes, node_id: str, hello: Hello, now: float) -> None:
+        choice = self.resuming.hello(node_id, hello.role, rejoin=hello.run_id == self.run_id)
+        if choice == "wait":
+            return   # a resumed control, not yet sure whether the nodes live on
+        if choice == "roll back":
+            self.roll_back(now)
+            if self.course.phase == "done":
+                return
         reason = self.members.refusal(node_id, hello.role, hello.index, hello.pid)
         known = self.members.nodes.get(node_id)
         if not reason and hello.run_id and hello.run_id != self.run_id:
@@ -260,7 +294,10 @@ class Control(Loop):
             log.info("%s said hello from %s pid %d", node_id, hello.host, hello.pid)
             self.metrics.write("hello", node=node_id, host=hello.host, pid=hello.pid)
         self.send(self.router, Welcome(accepted=True, reason="", run_id=self.run_id,
-                                       run_dir=str(self.run_dir)), identity=identity)
+                                       run_dir=str(self.run_dir),
+                                       restore=self.checkpoints.latest_dir,
+                                       rollback=self.resuming.rolled_back),
+                  identity=identity)
         if hello.run_id:
             self.awaiting_rejoin.discard(node_id)
         if hello.run_id and hello.ready:
@@ -310,7 +347,10 @@ class Control(Loop):
         if self.members.mark_ready(node_id, now):
             self.membership_changed()
         course = self.course
-        if node.role == "aggregator" and course.phase not in ("starting", "done"):
+        if self.resuming.rolled_back and isinstance(info.get("retrained_samples"), int):
+            self.checkpoints.rollbacks[-1]["retrained_samples"] += info["retrained_samples"]
+        if node.role == "aggregator" and course.phase not in ("starting", "done") \
+                and "checkpoint" not in info:  # else it went back to the checkpoint's weights
             self.recovery.restore(self.rounds.round)
         if node.role == "ps" and node_id in self.recovery.shards_back:
             self.recovery.shard_back(node_id, info, now)
@@ -394,10 +434,16 @@ class Control(Loop):
         if now >= self.next_publish:
             self.next_publish = now + self.heartbeat_s
             self.commands.republish()
+        if self.resuming.pending:  # nodes of the run, or new processes: not yet known which
+            self.wait_for_nodes(now)
+            return
         self.health.probe(now, self.heartbeat_s)
         if now >= self.next_status:
             self.publish_status(now)
         self.save_now(now)
+        if self.course.phase == "training":
+            self.checkpoints.training_started(now)
+        self.checkpoints.tick(now, self.checkpoint_blocker())
         if self.course.paused:
             self.progress.touch(now)  # an operator paused feeding: nothing is stalled
         if now >= self.next_throughput:
@@ -421,6 +467,18 @@ class Control(Loop):
         if self.course.phase == "finishing" and (now > self.course.finish_deadline
                                                  or self.members.all_final()):
             self.end(*self.course.finish_status)
+
+    def wait_for_nodes(self, now: float) -> None:
+        """A resumed control that has heard from no node of its run yet: it neither probes
+        nor times them out, but gives up after ``start_timeout_s``."""
+        self.progress.touch(now)
+        if now - self.started > self.job.cluster.start_timeout_s:
+            missing = sorted(self.resuming.stateful - self.resuming.fresh)
+            self.fail(f"resumed, but no node of run {self.run_id} came back within "
+                      f"start_timeout_s = {self.job.cluster.start_timeout_s:.0f} s (still "
+                      f"missing: {', '.join(missing)})")
+        elif now >= self.next_status:
+            self.publish_status(now)
 
     def check_silent(self, now: float) -> bool:
         """Nodes silent for node_timeout_s: each role as it may be lost; False when the job
@@ -473,6 +531,27 @@ class Control(Loop):
             return False
         return True
 
+    def checkpoint_blocker(self) -> str | None:
+        """Why a checkpoint cannot be cut now (None: it can)."""
+        if self.resuming.pending or self.awaiting_rejoin:
+            return "a resumed control waits for the nodes to join again"
+        if self.course.phase != "training":
+            return f"the job is not training an epoch (phase {self.course.phase})"
+        r = self.recovery
+        if r.aggregator_lost_at is not None or r.shards_lost or r.shards_back:
+            return "a shard or the aggregator is being restored"
+        if self.feeding.down:
+            return "a feeder is being restarted"
+        if self.placement.migration is not None:
+            return "keys are moving between shards"
+        return None
+
+    def capture_cut(self, number: int) -> dict[str, bytes]:
+        state = capture_state(self.parts, self.run_id, self.started_at, self.job.fingerprint())
+        files = cut_files(self.parts, state, capture_history(self.parts, self.model_plan),
+                          number)
+        return {**files, "job.toml": job_to_toml(self.job).encode()}
+
     def feeding_counters(self) -> dict:
         """Every feeder's counters added up."""
         return feeder_totals({n: s.counters for n, s in self.members.nodes.items()})
@@ -514,6 +593,41 @@ class Control(Loop):
         log.warning("resumed run %s: phase %s, epoch %d, round %d; waiting for the nodes to "
                     "join again", self.run_id, s.phase, s.epoch + 1, state.rounds.round)
         self.course.from_state(state.course, now)
+
+    def roll_back(self, now: float) -> None:
+        """Every node of the run is a new process: the whole job goes back to its newest
+        complete checkpoint (``roles.control.resuming``)."""
+        found = latest_complete(self.run_dir)
+        if found is None:
+            self.fail(f"every node of run {self.run_id} was started again and the run has no "
+                      "complete checkpoint to go back to (the first is taken "
+                      f"[checkpoint] every_s = {self.job.checkpoint.every_s:g} s into "
+                      "training): start the job again")
+            return
+        number, where, manifest = found
+        try:
+            state, history = read_state(where, self.job.fingerprint())
+        except ResumeError as exc:
+            self.fail(f"cannot go back to checkpoint {number}: {exc}")
+            return
+        restore(self.parts, state, history, now)
+        m = self.members
+        m.nodes.clear()   # every node joins anew, from the checkpoint
+        m.version += 1
+        self.awaiting_rejoin = set()
+        self.commands.withdraw("checkpoint")
+        self.commands.publish(Membership(version=m.version, workers=[]), "members")
+        self.checkpoints.rollbacks.append({"checkpoint": number, "round": manifest["round"],
+                                           "epoch": state.course.epoch,
+                                           "at_s": round(time.time() - self.started_at, 1),
+                                           "retrained_samples": 0})
+        self.course.from_state(state.course, now)
+        self.progress.touch(now)
+        self.metrics.write("rollback", checkpoint=number, round=manifest["round"],
+                           epoch=state.course.epoch)
+        log.warning("every node was started again: the whole job goes back to checkpoint %d "
+                    "(epoch %d, round %d); what was trained after it is trained again", number,
+                    state.course.epoch + 1, manifest["round"])
 
     # -- the end ---------------------------------------------------------------------------------
     def fail(self, reason: str) -> None:

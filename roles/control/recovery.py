@@ -8,7 +8,8 @@ round last called, under a new generation (``Restore``, standing), and a round i
 void.
 
 A shard that dies is declared failed likewise, and the job waits for it. The new process
-restores its latest checkpoint (``[train] checkpoint_s``) and says Ready; control then
+restores its rows from the newest complete whole-job checkpoint (``roles.control.checkpoints``,
+every ``[checkpoint] every_s``) and says Ready; control then
 publishes ``ShardBack``, and feeders send it the keys of their batches in flight again while
 workers repeat the look-ups it had not answered. The embedding updates it applied after that
 checkpoint are lost: the restarted shard counts them exactly from its log of applied batches
@@ -40,6 +41,7 @@ def shard_recovery(lost_at: float, back_at: float, info: dict) -> dict:
     lost = info.get("updates_lost")
     return {"down_s": round(back_at - lost_at, 3), "restored": info.get("restored") is True,
             "checkpoint_age_s": info.get("checkpoint_age_s"),
+            "checkpoint": info.get("checkpoint"),
             "checkpoint_updates": info.get("checkpoint_updates"),
             "updates_lost": lost if isinstance(lost, int) and lost >= 0 else None}
 
@@ -151,7 +153,7 @@ class Recovery:
         lost_at, _ = self.shards_back.pop(node_id)
         self.shard_generation += 1
         record = {"shard": node_id, "generation": self.shard_generation,
-                  "checkpoint_s": self.job.train.checkpoint_s,
+                  "checkpoint_every_s": self.job.checkpoint.every_s,
                   **shard_recovery(lost_at, now, info)}
         self.shard_recoveries.append(record)
         self.metrics.write("shard_recovered", **record)

@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 
 from roles.algorithms.membership import Members, NodeState
+from roles.control.checkpoints import Checkpoints, CheckpointsState
 from roles.control.commands import Commands
 from roles.control.course import Course, CourseState
 from roles.control.exports import Exports
@@ -49,7 +50,7 @@ from zbus.codec import Message, decode
 
 STATE_FILE = "control-state.json"
 HISTORY_FILE = "control-history.json"
-STATE_VERSION = 2
+STATE_VERSION = 3
 
 
 class ResumeError(Exception):
@@ -70,6 +71,7 @@ class ControlState:
     members_version: int
     nodes: dict[str, list]            # node -> [role, index, host, pid, status, ready]
     standing: dict[str, list[str]]    # name -> the command's frames, base64
+    checkpoints: CheckpointsState = field(default_factory=CheckpointsState)
     version: int = STATE_VERSION
 
 
@@ -89,6 +91,9 @@ class ControlHistory:
     migrations: list[dict] = field(default_factory=list)
     membership_events: list[dict] = field(default_factory=list)
     model_plan: dict | None = None
+    checkpoints: list[dict] = field(default_factory=list)
+    checkpoint_totals: dict = field(default_factory=dict)
+    rollbacks: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,7 @@ class ControlParts:
     exports: Exports
     settings: LiveSettings
     placement: PlacementKeeper
+    checkpoints: Checkpoints
 
 
 def capture_state(p: ControlParts, run_id: str, started_at: float,
@@ -116,7 +122,8 @@ def capture_state(p: ControlParts, run_id: str, started_at: float,
         export_request=p.exports.request, members_version=m.version,
         nodes={n: [s.role, s.index, s.host, s.pid, s.status, s.ready]
                for n, s in m.nodes.items()},
-        standing={k: encode_message(v) for k, v in p.commands.standing.items()})
+        standing={k: encode_message(v) for k, v in p.commands.standing.items()},
+        checkpoints=p.checkpoints.to_state())
 
 
 def capture_history(p: ControlParts, model_plan: dict | None) -> ControlHistory:
@@ -127,7 +134,8 @@ def capture_history(p: ControlParts, model_plan: dict | None) -> ControlHistory:
         shard_recoveries=r.shard_recoveries, exports=p.exports.exports, feeders_lost=f.lost,
         feeder_recoveries=f.recoveries, rows_counted=f.rows_counted,
         migrations=p.placement.migrations, membership_events=p.members.events,
-        model_plan=model_plan)
+        model_plan=model_plan, checkpoints=p.checkpoints.records,
+        checkpoint_totals=p.checkpoints.totals, rollbacks=p.checkpoints.rollbacks)
 
 
 def restore(p: ControlParts, state: ControlState, h: ControlHistory, now: float) -> None:
@@ -156,6 +164,10 @@ def restore(p: ControlParts, state: ControlState, h: ControlHistory, now: float)
         raise ResumeError(str(exc)) from None
     p.placement.migrations = h.migrations
     p.course.epochs = h.epochs
+    ck = p.checkpoints
+    ck.records, ck.rollbacks = h.checkpoints, h.rollbacks
+    ck.totals.update(h.checkpoint_totals)
+    ck.from_state(state.checkpoints, now)
 
 
 def encode_message(msg: Message) -> list[str]:
@@ -180,6 +192,16 @@ def _build(cls: Any, value: Any) -> Any:
         kwargs[f.name] = _build(kind, value[f.name]) if dataclasses.is_dataclass(kind) \
             else value[f.name]
     return cls(**kwargs)
+
+
+def cut_files(p: ControlParts, state: ControlState, history: ControlHistory,
+              number: int) -> dict[str, bytes]:
+    """Control's part of checkpoint ``number``: its records as they stand at the cut, as a
+    control resumed on the checkpoint will read them (the cut complete, no cut standing)."""
+    state.checkpoints = CheckpointsState(number, number)
+    state.standing.pop("checkpoint", None)
+    return {STATE_FILE: orjson.dumps(state),
+            HISTORY_FILE: orjson.dumps(history, option=orjson.OPT_SERIALIZE_NUMPY)}
 
 
 def write_state(run_dir: Path, state: ControlState) -> None:
@@ -222,7 +244,7 @@ def read_state(run_dir: Path, fingerprint: str) -> tuple[ControlState, ControlHi
 def resumable_run(job_name: str, given: str, environ: dict) -> Path:
     """The run directory to resume: ``given``, else ZBUS_RUN_DIR, else the newest run of the
     job under runs/ with a control state."""
-    if given and given != "latest":
+    if given and given not in ("latest", "1"):
         return Path(given).absolute()
     if environ.get("ZBUS_RUN_DIR"):
         return Path(environ["ZBUS_RUN_DIR"]).absolute()

@@ -23,4 +23,5 @@ def run_summary(p: ControlParts, job: Job, status: str, reason: str, *, counters
                "shard_recoveries": r.shard_recoveries, "exports": p.exports.exports,
                "settings_changes": p.settings.changes, "settings": p.settings.values,
                "decisions": decisions(mode), "last_decision": last.reason if last else None},
-        placement=p.placement.summary(), model_plan=model_plan, parts=p.feeding.summary())
+        placement=p.placement.summary(), model_plan=model_plan, parts=p.feeding.summary(),
+        checkpoints=p.checkpoints.summary())

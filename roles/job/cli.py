@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -18,9 +19,13 @@ def parse_role_args(role: str, argv: list[str] | None = None) -> argparse.Namesp
     parser.add_argument("--job", help="job file (default: $ZBUS_JOB, else the built-in job)")
     parser.add_argument("--index", type=int, default=0, help="which one of its role (0-based)")
     if role == "control":
-        parser.add_argument("--resume", nargs="?", const="latest", default="", metavar="RUN_DIR",
-                            help="go on with a run whose control died: RUN_DIR, else "
-                                 "$ZBUS_RUN_DIR, else the job's newest run under runs/")
+        parser.add_argument("--resume", nargs="?", const="latest",
+                            default=os.environ.get("ZBUS_RESUME", ""), metavar="RUN_DIR",
+                            help="go on with a run whose control died, or whose every "
+                                 "process died (it goes back to its newest complete "
+                                 "checkpoint): RUN_DIR, else $ZBUS_RUN_DIR, else the job's "
+                                 "newest run under runs/ (default: $ZBUS_RESUME, where "
+                                 "'latest' or 1 means the same as no RUN_DIR)")
     if role in SLOWED_ROLES:
         parser.add_argument("--slowdown", type=float, default=1.0, metavar="N",
                             help=f"test and demo aid: take N times as long {SLOWED_ROLES[role]}")

@@ -28,7 +28,7 @@ from roles.protocol.topology import ClusterConfig
 
 DECAY_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
 RESERVED_ENV = {"ZBUS_JOB", "ZBUS_RUN_DIR", "ZBUS_LOG_LEVEL", "ZBUS_VENV", "ZBUS_TORCH_SPEC",
-                "ZBUS_CACHE_DIR", "ZBUS_CLUSTER_FILE", "ZBUS_BIND_INTERFACE"}
+                "ZBUS_CACHE_DIR", "ZBUS_CLUSTER_FILE", "ZBUS_BIND_INTERFACE", "ZBUS_RESUME"}
 
 
 class JobError(ValueError):
@@ -203,8 +203,28 @@ class TrainConfig:
     recovery_timeout_s: float = field(default=120.0, metadata={"min": 1.0, "doc": (
         "how long the job waits for a killed aggregator, shard or (last) feeder to be "
         "started again")})
-    checkpoint_s: float = field(default=30.0, metadata={"min": 0.1, "doc": (
-        "seconds between a shard's checkpoints (the most of its work a crash can lose)")})
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Whole-job checkpoints (``roles.control.checkpoints``): a consistent cut of the dense
+    weights, every shard's rows and Adagrad state, the feeders' positions and control's state,
+    from which the job resumes after every process was killed (``zbus-control --resume``) and
+    a restarted shard restores its rows."""
+
+    every_s: float = field(default=60.0, metadata={"min": 0.0, "doc": (
+        "seconds between checkpoints, counted from the end of the previous one (0: only when "
+        "an operator asks, `zbus-ctl checkpoint`); the most training a crash of the whole job "
+        "or of a shard can undo")})
+    keep: int = field(default=2, metadata={"min": 1, "max": 1000, "doc": (
+        "newest complete checkpoints kept (with the older files their shards' incremental "
+        "files build on)")})
+    full_every: int = field(default=8, metadata={"min": 1, "max": 10_000, "doc": (
+        "a shard writes its whole table every this many checkpoints, and only the rows "
+        "changed since its previous file in between")})
+    timeout_s: float = field(default=120.0, metadata={"min": 1.0, "doc": (
+        "a checkpoint not complete this long after it began is abandoned (training goes "
+        "on; the next one is tried after `every_s`)")})
 
 
 @dataclass(frozen=True)
@@ -329,6 +349,8 @@ class Job:
         "where embedding keys live")})
     partition: PartitionConfig = field(default_factory=PartitionConfig, metadata={"doc": (
         "how the network is split over a model-parallel group (`roles/model/partitioner.py`)")})
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"doc": (
+        "whole-job checkpoints: how often, how many kept")})
     origin: str = field(default="", metadata={"internal": True})  # where the job was read
 
     def __post_init__(self) -> None:
@@ -421,11 +443,16 @@ def _settable(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
 
 
+MOVED = {("train", "checkpoint_s"): "[checkpoint] every_s (whole-job checkpoints)"}
+
+
 def _build(cls: type, table: dict, path: tuple[str, ...] = ()) -> Any:
     hints = typing.get_type_hints(cls)
     known = _settable(cls)
     values = {}
     for key, value in table.items():
+        if (*path, key) in MOVED:
+            raise JobError(f"{_where((*path, key))} is now {MOVED[(*path, key)]}")
         if key not in known:
             close = difflib.get_close_matches(key, list(known), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

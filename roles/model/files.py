@@ -89,6 +89,14 @@ class Backups:
         """Backups on disk, oldest first."""
         return sorted(self.dir.glob("dense-r*.npz"))
 
+    def drop_after(self, round_: int) -> int:
+        """Remove the backups of rounds after ``round_`` (a run gone back to a checkpoint will
+        make those rounds again); how many."""
+        later = [p for p in self.existing() if int(p.stem.split("-r")[-1]) > round_]
+        for path in later:
+            path.unlink(missing_ok=True)
+        return len(later)
+
     def due(self, params: np.ndarray, change_min: float) -> tuple[bool, float]:
         if self.last is None:
             return True, float("inf")

@@ -6,6 +6,7 @@ role decodes (and counts, or rejects by kind) whatever arrives.
 """
 
 from roles.protocol import (  # noqa: F401  (registers every message type)
+    checkpoint,
     datapath,
     dense_sync,
     lifecycle,

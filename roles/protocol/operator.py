@@ -12,7 +12,8 @@ import orjson
 from zbus.codec import Message, ProtocolError, array, message
 
 # What an operator may ask control (ControlRequest.action)
-ACTIONS = ("settings", "set", "export", "backup", "aggregate", "pause", "resume", "stop")
+ACTIONS = ("settings", "set", "export", "backup", "checkpoint", "aggregate", "pause", "resume",
+           "stop")
 # The version of the Status body's layout (keys listed in roles.algorithms.status)
 STATUS_LAYOUT = 1
 
@@ -21,8 +22,8 @@ STATUS_LAYOUT = 1
 @message()
 class ControlRequest(Message):
     """``action``: ``settings`` (read), ``set`` (apply ``changes``: name -> value), ``export``,
-    ``backup``, ``aggregate`` (a round now), ``pause`` / ``resume`` (feeding), ``stop`` (end
-    the job)."""
+    ``backup``, ``checkpoint`` (a whole-job checkpoint now), ``aggregate`` (a round now), ``pause``
+    / ``resume`` (feeding), ``stop`` (end the job)."""
 
     action: str
     changes: dict[str, Any]

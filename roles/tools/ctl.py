@@ -4,6 +4,7 @@
     zbus-ctl set net_util_max=0.5 ...       change live settings (all or none are applied)
     zbus-ctl export                         export the model now (runs/<run>/export-<n>/)
     zbus-ctl backup                         back the dense weights up now
+    zbus-ctl checkpoint                     take a whole-job checkpoint now
     zbus-ctl aggregate                      call an aggregation round now (sync every, lazy)
     zbus-ctl pause | resume                 stop or restart feeding new batches
     zbus-ctl stop                           end the job (status "stopped", exit 0)

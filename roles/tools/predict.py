@@ -12,6 +12,9 @@ scores only the job's held-out split (the last ``eval_fraction`` of the rows), w
 reproduces the job's eval AUC. Writes ``score`` (and ``label``) per accepted row, in file
 order, as TSV to ``--out`` (or nowhere), and prints the figures as JSON.
 
+The model can also be a complete checkpoint of a job still running (a serving system following
+it): ``zbus-predict runs/<run>/checkpoints DATA`` scores with the newest.
+
 Exits 0 when the rows were scored, 2 when the export or the data cannot be read, 3 when more
 than the job's ``max_rejected_fraction`` of the rows were rejected (the figures are printed,
 the scores written, and the first rejected rows listed on stderr).
@@ -30,6 +33,7 @@ import torch
 
 from roles.algorithms.embedding_table import initial_rows
 from roles.algorithms.metrics import ScoreHistogram
+from roles.checkpoint.serving import checkpoint_of, load_checkpoint_model
 from roles.data.hashing import KEY_HASH
 from roles.data.index import DataError, index_files, plan_parts, resolve_paths
 from roles.data.readers import Rejected, Schema, read_part
@@ -56,29 +60,67 @@ class ExportError(ValueError):
 
 
 class ExportedModel:
+    """An export (``runs/<run>/export``), or a complete checkpoint of a running or finished job
+    (its directory, the run's ``checkpoints`` directory or the run directory: the newest one;
+    ``roles.checkpoint.serving``)."""
+
     def __init__(self, where: Path):
+        checkpoint = checkpoint_of(where)
+        if checkpoint is not None:
+            self._from_checkpoint(checkpoint)
+            return
         if not (where / MANIFEST).exists():
             raise ExportError(f"{where} has no {MANIFEST}: not an export, or an incomplete one")
         self.manifest = orjson.loads((where / MANIFEST).read_bytes())
-        if self.manifest.get("key_hash") != KEY_HASH:
-            raise ExportError(f"{where} was exported with keys hashed by "
-                              f"{self.manifest.get('key_hash', 'zbus-key-v1')!r}; this zbus "
-                              f"hashes with {KEY_HASH!r}: score it with the zbus that made it")
-        try:
-            self.job: Job = parse_job((where / JOB).read_text(), str(where / JOB), None, {})
-        except (OSError, JobError) as exc:
-            raise ExportError(f"cannot read the export's job: {exc}") from None
-        t = orjson.loads((where / TRANSFORM).read_bytes())
-        self.transform = DenseTransform(log1p=t["log1p"], mean=np.asarray(t["mean"]),
-                                        std=np.asarray(t["std"]))
+        self._check_hash(where)
+        self.job = self._job((where / JOB).read_text(), where / JOB)
+        self._transform(orjson.loads((where / TRANSFORM).read_bytes()))
         self.net = build_model(self.job)
         tensors = {k: torch.from_numpy(v) for k, v in load_named(where / DENSE).items()}
         self.net.load_state_dict(tensors)
         self.net.eval()
-        parts = [load_embeddings(where / embeddings_file(i))
-                 for i in range(self.manifest["shards"])]
-        keys = np.concatenate([k for k, _ in parts])
-        rows = np.concatenate([r for _, r in parts])
+        self._tables([load_embeddings(where / embeddings_file(i))
+                      for i in range(self.manifest["shards"])])
+
+    def _from_checkpoint(self, where: Path) -> None:
+        try:
+            c = load_checkpoint_model(where)
+        except (ValueError, KeyError) as exc:
+            raise ExportError(str(exc)) from None
+        self.manifest = c.manifest
+        self._check_hash(where)
+        self.job = self._job(c.job_text, where / "job.toml")
+        self._transform(c.transform)
+        self.net = build_model(self.job)
+        if c.dense.shape != (sum(p.numel() for p in self.net.parameters()),):
+            raise ExportError(f"{where}: {c.dense.size} dense weights, the job's network has "
+                              "another number")
+        torch.nn.utils.vector_to_parameters(torch.from_numpy(c.dense), self.net.parameters())
+        self.net.eval()
+        self._tables(c.tables)
+
+    def _check_hash(self, where: Path) -> None:
+        if self.manifest.get("key_hash") != KEY_HASH:
+            raise ExportError(f"{where} was exported with keys hashed by "
+                              f"{self.manifest.get('key_hash', 'zbus-key-v1')!r}; this zbus "
+                              f"hashes with {KEY_HASH!r}: score it with the zbus that made it")
+
+    @staticmethod
+    def _job(text: str, path: Path) -> Job:
+        try:
+            return parse_job(text, str(path), None, {})
+        except JobError as exc:
+            raise ExportError(f"cannot read the export's job: {exc}") from None
+
+    def _transform(self, t: dict) -> None:
+        self.transform = DenseTransform(log1p=t["log1p"], mean=np.asarray(t["mean"]),
+                                        std=np.asarray(t["std"]))
+
+    def _tables(self, parts: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        dim = self.job.model.embedding_dim
+        keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros(0, np.int64)
+        rows = np.concatenate([r.reshape(-1, dim) for _, r in parts]) if parts \
+            else np.zeros((0, dim), np.float32)
         order = np.argsort(keys)
         self.keys, self.rows = keys[order], rows[order]
 
@@ -150,7 +192,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="zbus-predict", description=__doc__.splitlines()[0],
                                      epilog="Exit status: 0 scored, 2 the export or the data "
                                             "cannot be read, 3 too many rows rejected.")
-    parser.add_argument("export", help="an export directory (runs/<run>/export)")
+    parser.add_argument("export", help="an export directory (runs/<run>/export), or a "
+                                       "checkpoint: its directory, or the run's checkpoints "
+                                       "directory or run directory (the newest complete one)")
     parser.add_argument("data", help="a file, a glob or a directory to score, with the job's "
                                      "columns")
     parser.add_argument("--format", choices=("csv", "tsv", "criteo", "parquet"),

@@ -1,0 +1,105 @@
+"""Writing a snapshot off a role's loop.
+
+``ForkedWrite`` is how a shard writes its table (Redis's BGSAVE does the same): ``os.fork``
+gives a child process a copy-on-write image of the parent's memory at that instant; the child
+writes the files from it and exits, while the parent goes on serving at once. The parent's
+pause is the fork itself (copying its page tables), whatever the size of the table; the
+memory the two share is copied page by page only where the parent writes meanwhile. The child
+closes every inherited descriptor but its error pipe (a restarted shard must be able to bind
+its port while the child still writes), takes the default signal handlers and leaves with
+``os._exit`` (it never touches the parent's ZeroMQ context). It needs ``os.fork`` (Linux,
+macOS: the systems zbus runs on).
+
+``ThreadWrite`` writes a small snapshot the caller already copied (the dense weights, a
+feeder's ack log) on a thread.
+
+Both are polled from the loop: ``done()`` is None while writing, then (ok, error).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+
+
+class ThreadWrite:
+    def __init__(self, write: Callable[[], None]):
+        self.result: tuple[bool, str] | None = None
+        self.thread = threading.Thread(target=self._run, args=(write,), daemon=True,
+                                       name="zbus-checkpoint")
+        self.thread.start()
+
+    def _run(self, write: Callable[[], None]) -> None:
+        try:
+            write()
+            self.result = (True, "")
+        except Exception as exc:  # reported to control, which aborts the checkpoint
+            self.result = (False, f"{type(exc).__name__}: {exc}")
+
+    def done(self) -> tuple[bool, str] | None:
+        return self.result
+
+    def wait(self) -> tuple[bool, str]:
+        self.thread.join()
+        assert self.result is not None
+        return self.result
+
+
+class ForkedWrite:
+    def __init__(self, write: Callable[[], None]):
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: write, say what went wrong if anything, leave
+            code = 1
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.closerange(3, write_end)
+                os.closerange(write_end + 1, 65536)
+                write()
+                code = 0
+            except BaseException:
+                try:
+                    os.write(write_end, traceback.format_exc(limit=3).encode()[-4000:])
+                except OSError:
+                    pass
+            finally:
+                os._exit(code)
+        os.close(write_end)
+        os.set_blocking(read_end, False)
+        self.pid, self.pipe = pid, read_end
+        self.result: tuple[bool, str] | None = None
+
+    def done(self) -> tuple[bool, str] | None:
+        if self.result is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == 0:
+                return None
+            self._finish(status)
+        return self.result
+
+    def wait(self) -> tuple[bool, str]:
+        if self.result is None:
+            _, status = os.waitpid(self.pid, 0)
+            self._finish(status)
+        assert self.result is not None
+        return self.result
+
+    def _finish(self, status: int) -> None:
+        try:
+            said = os.read(self.pipe, 4096).decode(errors="replace").strip()
+        except OSError:
+            said = ""
+        os.close(self.pipe)
+        code = os.waitstatus_to_exitcode(status)
+        if code == 0:
+            self.result = (True, "")
+        else:
+            last = said.splitlines()[-1] if said else f"the writer exited with status {code}"
+            self.result = (False, last)
+            if said:
+                print(said, file=sys.stderr)

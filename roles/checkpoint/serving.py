@@ -1,0 +1,64 @@
+"""A complete checkpoint read as a model to serve (``zbus-predict RUN_DIR/checkpoints``): so a
+serving system can follow a long job, every checkpoint is also an export, in its own layout.
+
+A checkpoint holds what scoring needs: the job (``job.toml``), the dense transform
+(``transform.json``), the dense weights (``dense.npz``, flat, in the network's parameter
+order) and each shard's rows (its chain: the last whole table and the changes since, read in
+order by ``roles.checkpoint.shard.read_chain``). ``LATEST`` in the checkpoints directory names
+the newest complete one; a serving system polls it and loads the checkpoint it names (a
+checkpoint stays on disk until ``[checkpoint] keep`` newer ones are complete).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from roles.checkpoint.files import CHECKPOINTS, LATEST, MANIFEST, read_manifest
+from roles.checkpoint.shard import read_chain
+
+
+@dataclass
+class CheckpointModel:
+    where: Path
+    manifest: dict[str, Any]
+    job_text: str
+    transform: dict[str, Any]
+    dense: np.ndarray               # flat, in the network's parameters() order
+    tables: list[tuple[np.ndarray, np.ndarray]]   # per shard: keys, rows
+
+
+def checkpoint_of(where: Path) -> Path | None:
+    """The complete checkpoint ``where`` names: the checkpoint directory itself, a
+    checkpoints directory or a run directory (their newest, by LATEST); None when ``where``
+    names no checkpoint (an export, or nothing)."""
+    for root in (where, where / CHECKPOINTS):
+        latest = root / LATEST
+        if latest.is_file():
+            return root / latest.read_text().strip()
+    if (where / MANIFEST).is_file() and where.parent.name == CHECKPOINTS:
+        return where
+    return None
+
+
+def load_checkpoint_model(where: Path) -> CheckpointModel:
+    """The model of a complete checkpoint (ValueError when it is not one)."""
+    manifest = read_manifest(where)
+    if manifest is None:
+        raise ValueError(f"{where} is not a complete checkpoint (no manifest, or a file it "
+                         "lists is missing or of another size)")
+    root = where.parent
+    with np.load(where / "dense.npz") as f:
+        dense = f["params"].astype(np.float32)
+    tables = []
+    for node, files in sorted(manifest["parts"].items()):
+        if node.startswith("ps-"):
+            got = read_chain(root, files)
+            tables.append((got.keys, got.weights))
+    return CheckpointModel(where, manifest, (where / "job.toml").read_text(),
+                           orjson.loads((where / "transform.json").read_bytes()), dense,
+                           tables)

@@ -1,0 +1,142 @@
+"""A shard's part of the whole-job checkpoints: a chain of files, written off its loop.
+
+At the cut the shard forks (``roles.checkpoint.background.ForkedWrite``): the child writes
+from its copy-on-write image while the parent serves on, so the shard pauses only for the
+fork. The child writes either
+
+- ``<number>/ps-<i>.npz``, the whole table: ``keys`` (int64, the key of each row), ``live``
+  (bool: the row holds a key), ``weights`` and ``accum`` (float32 [rows, dim], written straight
+  from the table, no copy), ``applied`` (the batch ids whose gradients the rows hold) and
+  ``meta``; or
+- ``<number>/ps-<i>.delta.npz``, what changed since the shard's previous file: the ``keys``,
+  ``weights`` and ``accum`` of the rows marked dirty, the keys ``dropped`` since, ``applied``
+  and ``meta`` (``base``: the previous file).
+
+A full file is written every ``[checkpoint] full_every`` files, after the rows were renumbered
+(a handover), after a write failed, and first. A restore reads the chain in order: the full
+file, then each delta (drop, then overwrite). The chain's files are what the shard reports in
+``CheckpointPart.files``, so that the manifest keeps them all.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from roles.algorithms.embedding_table import EmbeddingTable
+from roles.checkpoint.background import ForkedWrite
+from roles.checkpoint.files import meta_array, read_meta, save_npz
+from roles.protocol.checkpoint import CheckpointPart
+
+
+@dataclass
+class Restored:
+    keys: np.ndarray
+    weights: np.ndarray
+    accum: np.ndarray
+    applied: np.ndarray
+    meta: dict
+
+
+@dataclass
+class Writing:
+    number: int
+    name: str
+    chain: list[str]
+    kind: str
+    writer: ForkedWrite
+    started: float
+
+
+class ShardCheckpoints:
+    def __init__(self, index: int, table: EmbeddingTable, full_every: int):
+        self.index, self.table, self.full_every = index, table, full_every
+        self.chain: list[str] = []  # files a restore reads, relative to checkpoints/
+        self.writing: Writing | None = None
+        self.force_full = True
+        self.written = 0            # the newest checkpoint number this shard wrote
+
+    def begin(self, number: int, root: Path, applied: set[int], meta: dict) -> float:
+        """Fork the writer of checkpoint ``number`` (under ``root``, the checkpoints
+        directory); the seconds the fork took (this shard's pause)."""
+        t = self.table
+        full = self.force_full or t.renumbered or not self.chain \
+            or len(self.chain) >= self.full_every
+        name = f"{number:06d}/ps-{self.index}{'' if full else '.delta'}.npz"
+        meta = {**meta, "number": number, "kind": "full" if full else "delta",
+                "base": None if full else self.chain[-1], "time": time.time()}
+        path = root / name
+
+        def write() -> None:  # in the child: its copy of the table, as it was at the fork
+            by_row, live = t.key_of_row()
+            done = np.fromiter(applied, np.int64, len(applied))
+            if full:
+                save_npz(path, keys=by_row, live=live, weights=t.weights[:t.size],
+                         accum=t.accum[:t.size], applied=done, meta=meta_array(meta))
+                return
+            rows = np.flatnonzero(t.dirty[:t.size] & live)
+            save_npz(path, keys=by_row[rows], weights=t.weights[rows], accum=t.accum[rows],
+                     dropped=np.zeros(0, np.int64), applied=done, meta=meta_array(meta))
+
+        started = time.perf_counter()
+        writer = ForkedWrite(write)
+        t.clear_dirty()
+        pause = time.perf_counter() - started
+        chain = [name] if full else [*self.chain, name]
+        self.writing = Writing(number, name, chain, "full" if full else "delta", writer,
+                               time.monotonic())
+        return pause
+
+    def poll(self, root: Path) -> CheckpointPart | None:
+        """The report of the write under way once it is over (None while it goes on)."""
+        w = self.writing
+        if w is None:
+            return None
+        result = w.writer.done()
+        if result is None:
+            return None
+        self.writing = None
+        ok, error = result
+        seconds = time.monotonic() - w.started
+        if not ok:
+            self.force_full = True  # the rows marked dirty since the last file are unknown
+            return CheckpointPart(number=w.number, ok=False, error=error, files=[], bytes=0,
+                                  write_s=seconds, info={})
+        self.chain, self.force_full, self.written = w.chain, False, w.number
+        size = (root / w.name).stat().st_size
+        return CheckpointPart(number=w.number, ok=True, error="", files=list(w.chain),
+                              bytes=size, write_s=round(seconds, 3),
+                              info={"kind": w.kind, "keys": len(self.table),
+                                    "chain": len(w.chain)})
+
+    def restored(self, files: list[str]) -> None:
+        """The chain a restore read: the next file may build on it."""
+        self.chain, self.force_full = list(files), False
+
+
+def read_chain(root: Path, files: list[str]) -> Restored:
+    """A shard's rows as its chain of files leaves them (``ValueError`` for a broken chain)."""
+    keys = np.zeros(0, np.int64)
+    weights = accum = np.zeros((0, 0), np.float32)
+    applied = np.zeros(0, np.int64)
+    meta: dict = {}
+    for i, name in enumerate(files):
+        with np.load(root / name) as f:
+            m = read_meta(f)
+            if (m["kind"] == "full") != (i == 0) or (i and m["base"] != files[i - 1]):
+                raise ValueError(f"{name} does not follow {files[i - 1] if i else 'nothing'} "
+                                 "in its shard's chain")
+            if m["kind"] == "full":
+                live = f["live"]
+                keys, weights, accum = f["keys"][live], f["weights"][live], f["accum"][live]
+            else:
+                new_keys = f["keys"]
+                stay = ~np.isin(keys, np.concatenate([f["dropped"], new_keys]))
+                keys = np.concatenate([keys[stay], new_keys])
+                weights = np.concatenate([weights[stay], f["weights"]])
+                accum = np.concatenate([accum[stay], f["accum"]])
+            applied, meta = f["applied"], m
+    return Restored(keys, weights, accum, applied, meta)

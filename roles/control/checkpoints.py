@@ -1,0 +1,291 @@
+"""Control's part in whole-job checkpoints: the consistent cut (the messages are
+``roles.protocol.checkpoint``, the files ``roles.checkpoint``).
+
+A cut is a moment at which nothing is in flight and every worker's dense progress is in the
+aggregator, so that the parts the roles write agree: every batch acknowledged before it is in
+the feeders' ack logs, in the shards' rows (its embedding gradients applied: its id in their
+applied sets) and in the aggregator's weights; no batch after it is anywhere. It is made the
+way a placement migration drains the data path, in four steps:
+
+1. **drain**: feeders stop sending new batches and report once every batch of theirs is
+   acknowledged (a lost worker's batches go out again meanwhile, as always);
+2. **flush**: one aggregation round brings every live worker's progress into the aggregator
+   (sync mode round: the round the feeder reports drained does);
+3. **write** of round r: the aggregator, the shards and the feeders each copy their state (a
+   shard first waits for the gradients of the batches it holds, which are on their way) and
+   report Snapshotted; control captures its own records;
+4. **resume**: feeding goes on as soon as every snapshot is taken; the files are written off
+   the loops meanwhile (a shard forks: its pause is the fork), and control writes the
+   manifest once every part is on disk. Only then is the checkpoint complete.
+
+Training pauses from 1 to 4 (measured: ``pause_s`` in each record). A cut that cannot finish
+within ``timeout_s`` (a node died, a write failed, the epoch ended first) is abandoned, and
+training goes on. A cut begins every ``every_s`` after the previous one ended, and when an
+operator asks (``zbus-ctl checkpoint``), while the job trains an epoch with every shard and
+the aggregator up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from roles.algorithms.membership import ALIVE, Members
+from roles.checkpoint.files import checkpoint_dir, prune, save_file, write_manifest
+from roles.control.commands import Commands, ProgressClock
+from roles.control.rounds import Rounds
+from roles.data.hashing import KEY_HASH
+from roles.job.rundir import MetricsLog
+from roles.job.settings import Job
+from roles.protocol.checkpoint import Checkpoint, CheckpointDrained, CheckpointPart, Snapshotted
+
+log = logging.getLogger(__name__)
+RECORDS_KEPT = 50  # the newest checkpoints' records in the history (the totals cover all)
+
+
+@dataclass
+class CheckpointsState:
+    number: int = 0      # the newest cut begun
+    complete: int = 0    # the newest complete checkpoint
+
+
+@dataclass
+class Cut:
+    number: int
+    reason: str
+    began: float
+    dir: Path
+    feeders: set[str]
+    writers: set[str]
+    phase: str = "drain"
+    drained: set[str] = field(default_factory=set)
+    round: int | None = None        # the flush round, once called or known
+    flushed_at: float = 0.0
+    snapshots: dict[str, Snapshotted] = field(default_factory=dict)
+    resumed_at: float = 0.0
+    parts: dict[str, CheckpointPart] = field(default_factory=dict)
+    control_files: dict[str, bytes] = field(default_factory=dict)
+
+
+class Checkpoints:
+    def __init__(self, job: Job, run_dir: Path, members: Members, commands: Commands,
+                 rounds: Rounds, metrics: MetricsLog, progress: ProgressClock,
+                 capture: Callable[[int], dict[str, bytes]]):
+        """``capture(n)``: control's own files for checkpoint n (its records at the cut)."""
+        self.config = job.checkpoint
+        self.job = job
+        self.run_dir = run_dir
+        self.members = members
+        self.commands = commands
+        self.rounds = rounds
+        self.metrics = metrics
+        self.progress = progress
+        self.capture = capture
+        self.number = 0
+        self.complete = 0
+        self.cut: Cut | None = None
+        self.next_due = float("inf")   # set when training starts
+        self.asked: str | None = None  # an operator asked for one
+        self.records: list[dict] = []
+        self.rollbacks: list[dict] = []  # the job went back to a checkpoint (--resume)
+        self.totals = {"complete": 0, "aborted": 0, "bytes": 0, "max_pause_s": 0.0,
+                       "max_shard_pause_s": 0.0}
+
+    @property
+    def latest_dir(self) -> str:
+        """The newest complete checkpoint's directory ("" before the first)."""
+        return str(checkpoint_dir(self.run_dir, self.complete)) if self.complete else ""
+
+    # -- when ---------------------------------------------------------------------------------
+    def training_started(self, now: float) -> None:
+        if self.next_due == float("inf") and self.config.every_s > 0:
+            self.next_due = now + self.config.every_s
+
+    def request(self, sender: str, blocker: str | None) -> tuple[bool, str]:
+        """An operator asks for a checkpoint now."""
+        if self.cut is not None:
+            return False, f"checkpoint {self.cut.number} is being taken"
+        if blocker:
+            return False, f"not now: {blocker}"
+        self.asked = sender
+        return True, f"checkpoint {self.number + 1} begins"
+
+    def tick(self, now: float, blocker: str | None) -> None:
+        """Begin a cut when one is due and nothing stands in the way (``blocker``); abandon
+        the one under way when it cannot finish."""
+        cut = self.cut
+        if cut is None:
+            if blocker is None and (self.asked or now >= self.next_due):
+                self.begin(now, f"asked by {self.asked}" if self.asked else "every_s")
+                self.asked = None
+            return
+        lost = sorted(n for n in cut.writers - set(cut.parts)
+                      if n not in self.members.nodes or self.members.nodes[n].status != ALIVE)
+        if lost:
+            self.abort(now, f"{', '.join(lost)} lost")
+        elif blocker is not None and cut.phase in ("drain", "flush"):
+            self.abort(now, blocker)
+        elif now - cut.began > self.config.timeout_s:
+            self.abort(now, f"not complete after timeout_s = {self.config.timeout_s:.0f} s")
+        elif cut.phase == "flush":
+            self.flush(now)
+
+    def begin(self, now: float, reason: str) -> None:
+        m = self.members
+        self.number += 1
+        feeders = {n for n, s in m.nodes.items() if s.role == "feeder" and s.status == ALIVE}
+        writers = feeders | {n for n, s in m.nodes.items() if s.status == ALIVE and (
+            s.role == "ps" or (s.role == "aggregator" and s.index == 0))}
+        where = checkpoint_dir(self.run_dir, self.number)
+        where.mkdir(parents=True, exist_ok=True)
+        self.cut = Cut(self.number, reason, now, where, feeders, writers)
+        log.info("checkpoint %d begins (%s): draining the feeders", self.number, reason)
+        self.metrics.write("checkpoint_begin", number=self.number, reason=reason)
+        self.publish("drain")
+
+    def publish(self, phase: str) -> None:
+        c = self.cut
+        assert c is not None
+        c.phase = phase
+        self.commands.publish(Checkpoint(number=c.number, phase=phase,
+                                         round=c.round or 0, dir=str(c.dir)), "checkpoint")
+
+    # -- the cut ------------------------------------------------------------------------------
+    def drained(self, node_id: str, m: CheckpointDrained, now: float) -> None:
+        c = self.cut
+        if c is None or c.phase != "drain" or m.number != c.number:
+            return
+        c.drained.add(node_id)
+        if c.drained >= c.feeders:
+            c.phase = "flush"
+            self.flush(now)
+
+    def flush(self, now: float) -> None:
+        """Every feeder drained: one round brings the workers' progress in (once the rounds
+        already called are over)."""
+        c = self.cut
+        assert c is not None
+        if c.round is not None or self.rounds.in_flight or self.rounds.mode.rounds_waiting():
+            return
+        if self.rounds.mode.name == "round":  # the drained round was the flush
+            self.flushed(self.rounds.round, now)
+            return
+        self.rounds.call(f"checkpoint {c.number}")
+        c.round = self.rounds.round
+
+    def round_finished(self, round_: int, now: float) -> None:
+        c = self.cut
+        if c is not None and c.phase == "flush" and c.round == round_:
+            self.flushed(round_, now)
+
+    def flushed(self, round_: int, now: float) -> None:
+        c = self.cut
+        assert c is not None
+        c.round, c.flushed_at = round_, now
+        c.control_files = self.capture(c.number)  # control's records at the cut
+        self.publish("write")
+
+    def snapshotted(self, node_id: str, m: Snapshotted, now: float) -> None:
+        c = self.cut
+        if c is None or c.phase != "write" or m.number != c.number or node_id not in c.writers:
+            return
+        c.snapshots[node_id] = m
+        if set(c.snapshots) >= c.writers:
+            c.resumed_at = now
+            self.progress.touch(now)
+            self.publish("resume")
+            self.maybe_complete(now)
+
+    def part(self, node_id: str, m: CheckpointPart, now: float) -> None:
+        c = self.cut
+        if c is None or m.number != c.number or node_id not in c.writers:
+            return
+        if not m.ok:
+            self.abort(now, f"{node_id} could not write its part: {m.error}")
+            return
+        c.parts[node_id] = m
+        self.maybe_complete(now)
+
+    def maybe_complete(self, now: float) -> None:
+        c = self.cut
+        assert c is not None
+        if c.phase != "resume" or set(c.parts) < c.writers:
+            return
+        control = []
+        for name, data in c.control_files.items():
+            save_file(c.dir / name, data)
+            control.append(f"{c.dir.name}/{name}")
+        parts = {n: p.files for n, p in c.parts.items()}
+        write_manifest(self.run_dir, c.number, {"parts": {**parts, "control": control},
+                                                "round": c.round, "job": self.job.name,
+                                                "key_hash": KEY_HASH,
+                                                "shards": self.job.cluster.shards})
+        self.complete = c.number
+        removed = prune(self.run_dir, self.config.keep)
+        self.record(now, "complete", "", removed)
+        self.cut = None
+        self.next_due = now + self.config.every_s if self.config.every_s > 0 else float("inf")
+
+    def abort(self, now: float, why: str) -> None:
+        c = self.cut
+        assert c is not None
+        log.warning("checkpoint %d abandoned: %s", c.number, why)
+        self.publish("abort")
+        self.record(now, "aborted", why, [])
+        self.cut = None
+        self.progress.touch(now)
+        self.next_due = now + self.config.every_s if self.config.every_s > 0 else float("inf")
+
+    def record(self, now: float, status: str, why: str, removed: list[int]) -> None:
+        c = self.cut
+        assert c is not None
+        shard_pauses = [s.pause_s for n, s in c.snapshots.items() if n.startswith("ps-")]
+        kinds: dict[str, int] = {}
+        for p in c.parts.values():
+            kind = str(p.info.get("kind", "other"))
+            kinds[kind] = kinds.get(kind, 0) + p.bytes
+        rec = {"number": c.number, "status": status, "reason": c.reason, "why": why,
+               "round": c.round, "drain_s": round((c.flushed_at or now) - c.began, 3)
+               if c.flushed_at else None,
+               "pause_s": round((c.resumed_at or now) - c.began, 3),
+               "shard_pause_s": max(shard_pauses, default=None),
+               "write_s": max((p.write_s for p in c.parts.values()), default=None),
+               "bytes": sum(p.bytes for p in c.parts.values()), "bytes_by_kind": kinds,
+               "total_s": round(now - c.began, 3), "removed": removed}
+        self.records = [*self.records, rec][-RECORDS_KEPT:]
+        t = self.totals
+        t[status] += 1
+        if status == "complete":
+            t["bytes"] += rec["bytes"]
+            t["max_pause_s"] = max(t["max_pause_s"], rec["pause_s"])
+            t["max_shard_pause_s"] = max(t["max_shard_pause_s"], rec["shard_pause_s"] or 0.0)
+            log.info("checkpoint %d complete: training paused %.3f s (a shard %.4f s), %d "
+                     "bytes written in %.2f s", c.number, rec["pause_s"],
+                     rec["shard_pause_s"] or 0.0, rec["bytes"], rec["total_s"])
+        self.metrics.write("checkpoint", **rec)
+
+    def summary(self) -> dict:
+        """The summary's ``checkpoints``: totals, the newest records, the rollbacks."""
+        return {"every_s": self.config.every_s, **self.totals,
+                "latest": self.complete or None, "latest_dir": self.latest_dir or None,
+                "rollbacks": self.rollbacks,
+                "retrained_samples": sum(r["retrained_samples"] for r in self.rollbacks),
+                "records": self.records[-10:]}
+
+    # -- state ----------------------------------------------------------------------------------
+    def to_state(self) -> CheckpointsState:
+        return CheckpointsState(self.number, self.complete)
+
+    def from_state(self, s: CheckpointsState, now: float) -> None:
+        """A resumed control: a cut its predecessor left under way is abandoned (feeders go
+        on); the next is due ``every_s`` from now."""
+        self.number, self.complete = s.number, s.complete
+        standing = self.commands.get("checkpoint")
+        if isinstance(standing, Checkpoint) and standing.phase in ("drain", "write"):
+            self.commands.publish(Checkpoint(number=standing.number, phase="abort",
+                                             round=standing.round, dir=standing.dir),
+                                  "checkpoint")
+        if self.config.every_s > 0:
+            self.next_due = now + self.config.every_s

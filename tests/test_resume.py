@@ -1,0 +1,106 @@
+"""A job that outlives its processes (real processes, loopback): every process SIGKILLed in
+the middle of a training epoch, then started again with ``zbus-control --resume``, goes back to
+the newest complete checkpoint and finishes, every row trained once per epoch counted from the
+cut; a checkpoint cut short by the kill is not used; a serving process reads the checkpoints
+while the job runs; an operator takes a checkpoint on demand."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from harness import ADULT_JOB, REPO
+
+from roles.checkpoint.files import latest_complete
+
+pytestmark = pytest.mark.integration
+
+ADULT_TRAIN_ROWS = 39074
+SLOW = {"model__hidden": [512, 256]}  # epochs of seconds: long enough to kill mid-epoch
+
+
+def is_complete(e: dict, at_least: int = 1) -> bool:
+    return e["event"] == "checkpoint" and e["status"] == "complete" and e["number"] >= at_least
+
+
+def killed_and_resumed(c, slowdown: float) -> dict:
+    """Resume after every process was killed; the summary."""
+    c.kill_all()
+    before = latest_complete(c.run_dir)
+    c.start_all(resume=True, slowdown={0: slowdown, 1: slowdown})
+    assert c.wait() == 0, c.logs()
+    s = c.summary()
+    assert s["ok"], s["reason"]
+    (back,) = s["checkpoints"]["rollbacks"]
+    assert before is not None and back["checkpoint"] == before[0]
+    return s
+
+
+@pytest.mark.parametrize("sync", ["every", "step", "round"])
+def test_every_process_killed_mid_epoch_the_job_resumes_from_its_checkpoint(cluster, sync):
+    c = cluster(ADULT_JOB, train__epochs=3, train__sync=sync, checkpoint__every_s=1.0, **SLOW)
+    c.start_all(slowdown={0: 2.0, 1: 2.0})
+    second = c.wait_for_event(lambda e: e["event"] == "epoch_start" and e["epoch"] == 1)
+    c.wait_for_event(lambda e: is_complete(e) and e["t"] > second["t"])
+    s = killed_and_resumed(c, 2.0)
+    assert s["auc"] >= 0.9, s["auc"]
+    # every row once per epoch: what was acknowledged after the cut was trained again
+    for rows in s["parts"]["rows_per_epoch"]:
+        assert rows["rows"] == rows["rows_once"] == ADULT_TRAIN_ROWS, rows
+    assert s["samples_trained"] == 3 * ADULT_TRAIN_ROWS
+    back = s["checkpoints"]["rollbacks"][0]
+    assert back["epoch"] == 1 and back["retrained_samples"] > 0, back
+    for node in ("ps-0", "ps-1", "aggregator-0", "feeder-0"):
+        assert f"checkpoint {back['checkpoint']}" in c.log(node), node
+    assert s["duplicates_refused"]["embedding_updates"] == 0
+    # the resumed job goes on taking checkpoints, and the latest one serves
+    assert s["checkpoints"]["latest"] > back["checkpoint"]
+    scored = subprocess.run([sys.executable, "-m", "roles.tools.predict",
+                             str(c.run_dir / "checkpoints"), str(REPO / "data" / "adult.csv.gz"),
+                             "--split", "eval"], capture_output=True, text=True, cwd=REPO)
+    assert scored.returncode == 0, scored.stderr
+    assert json.loads(scored.stdout)["auc"] >= 0.89
+
+
+def test_killed_while_a_checkpoint_is_taken_the_previous_complete_one_is_used(cluster):
+    c = cluster(ADULT_JOB, train__epochs=2, checkpoint__every_s=0.5, **SLOW)
+    c.start_all(slowdown={0: 2.0, 1: 2.0})
+    c.wait_for_event(lambda e: is_complete(e, 2))
+    begun = c.wait_for_event(lambda e: e["event"] == "checkpoint_begin" and e["number"] >= 4)
+    c.kill_all()  # within the cut of checkpoint begun["number"] or just after it
+    found = latest_complete(c.run_dir)
+    assert found is not None and found[0] >= begun["number"] - 1
+    c.start_all(resume=True, slowdown={0: 2.0, 1: 2.0})
+    assert c.wait() == 0, c.logs()
+    s = c.summary()
+    assert s["ok"] and s["checkpoints"]["rollbacks"][0]["checkpoint"] == found[0]
+    for rows in s["parts"]["rows_per_epoch"]:
+        assert rows["rows"] == rows["rows_once"] == ADULT_TRAIN_ROWS, rows
+
+
+def test_a_run_with_no_checkpoint_yet_is_refused_in_one_line(cluster):
+    c = cluster(ADULT_JOB, train__epochs=2, checkpoint__every_s=0, **SLOW)
+    c.start_all(slowdown={0: 3.0, 1: 3.0})
+    c.wait_for_event(lambda e: e["event"] == "epoch_start")
+    c.kill_all()
+    c.start_all(resume=True)
+    assert c.wait() == 1
+    s = c.summary()
+    assert "no complete checkpoint to go back to" in s["reason"], s["reason"]
+
+
+def test_an_operator_takes_a_checkpoint_and_a_used_run_directory_is_not_started_over(cluster):
+    c = cluster(ADULT_JOB, train__epochs=2, checkpoint__every_s=0, **SLOW)
+    c.start_all(slowdown={0: 3.0, 1: 3.0})
+    c.wait_for_event(lambda e: e["event"] == "epoch_start")
+    asked = subprocess.run([sys.executable, "-m", "roles.tools.ctl", "checkpoint"],
+                           capture_output=True, text=True, cwd=c.workdir, env=c.env)
+    assert asked.returncode == 0, asked.stdout + asked.stderr
+    c.wait_for_event(lambda e: is_complete(e))
+    assert c.wait() == 0, c.logs()
+    assert c.summary()["checkpoints"]["complete"] == 1
+    again = c.start("control-again", [sys.executable, "-m", "roles.control"])
+    assert again.wait(timeout=60) == 2
+    assert "holds run run already" in c.log("control-again")
