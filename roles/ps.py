@@ -2,9 +2,11 @@
 
 Per batch: the feeder sends the keys this shard owns (BatchKeys); the shard dedupes them, finds
 or creates their rows and keeps (rows, mask, inverse) until the batch's gradients arrive.
-A worker's Lookup is answered as soon as both the keys and the request are here (in either
-order), and so are gradients that arrive before the keys (after a restart, a worker's queued
-gradients can overtake the keys the feeder sends again; at most ``MAX_WAITING`` are kept).
+A worker's Lookup (mode ``pull``), or the feeder's Deliver naming the worker granted the batch
+(mode ``push``: sent to that worker unasked), is answered as soon as both the keys and the
+request are here (in either order), and so are gradients that arrive before the keys (after
+a restart, a worker's queued gradients can overtake the keys the feeder sends again; at most
+``MAX_WAITING`` are kept).
 EmbeddingGrads are applied once per batch: the shard remembers applied batch ids (the current
 and the previous epoch), so a gradient sent twice is refused and counted. A batch sent
 again (its worker died) brings its keys again: while the batch is held that is a no-op, after
@@ -55,7 +57,14 @@ from roles.job.cli import role_main
 from roles.job.settings import Job
 from roles.model.files import ExportAnswers, embeddings_file, save_embeddings
 from roles.protocol.checkpoint import Checkpoint, Snapshotted
-from roles.protocol.datapath import BatchKeys, EmbeddingGrads, Embeddings, Lookup, split_batch_id
+from roles.protocol.datapath import (
+    BatchKeys,
+    Deliver,
+    EmbeddingGrads,
+    Embeddings,
+    Lookup,
+    split_batch_id,
+)
 from roles.protocol.lifecycle import Export
 from roles.protocol.placement import Handover, Moved, Placement, WorkRecorded
 from zbus.codec import ProtocolError
@@ -200,6 +209,9 @@ class Shard(Node):
                 self.handle_keys(msg)
             case Lookup() as msg:
                 self.handle_lookup(identity, msg)
+            case Deliver() as msg:  # mode push: to the worker granted the batch, unasked
+                self.handle_lookup(f"worker-{msg.worker}".encode(),
+                                   Lookup(batch_id=msg.batch_id, train=msg.train))
             case EmbeddingGrads() as msg:
                 self.handle_grads(msg)
             case Handover() as msg if self.skew:

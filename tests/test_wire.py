@@ -14,6 +14,7 @@ from roles.protocol.datapath import (
     BatchKeys,
     DataIndex,
     DataStats,
+    Deliver,
     Embeddings,
     FeederProgress,
     Lookup,
@@ -265,6 +266,8 @@ def test_consistency_rules():
                           delta=np.array([np.nan], f32)),
         Weights(round=1, step=0, generation=0, params=np.array([1.0, np.inf], f32)),
         StepGrad(coefficient=1.0, grads=np.array([np.nan], f32)),
+        Deliver(batch_id=1, worker=-1, train=True),
+        Deliver(batch_id=-1, worker=0, train=True),
     ]
     for msg in bad:
         with pytest.raises(ProtocolError) as err:

@@ -182,9 +182,9 @@ class TrainConfig:
     prefetch: int = field(default=2, metadata={"min": 1, "max": 64, "doc": (
         "batches a worker pulls ahead of the one it trains (small keeps the queue fair)")})
     embeddings: str = field(default="push", metadata={"choices": ("push", "pull"), "doc": (
-        "`push`: a worker announces each batch to the shards as it pulls it and they send the "
-        "rows as soon as they have its keys; `pull`: it asks when it is about to train the "
-        "batch")})
+        "`push`: the feeder's grant of a batch tells the shards which worker trains it, and "
+        "they send it the rows unasked; `pull`: the worker asks every shard when it is about "
+        "to train the batch")})
     batch_by_label: bool = field(default=False, metadata={"doc": (
         "every training batch holds samples of one label, the labels' batches interleaved")})
     device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda"), "doc": (
