@@ -6,7 +6,7 @@ A real control process and stand-in nodes (``scripts/sim_nodes.py --windows``: 1
 closes ``--windows`` windows of Zipf-skewed keys at ``--rate`` a second (several per heartbeat),
 answers every new key map; the stand-in shards report every window's work (shard i is i + 1
 times slower per pair) until control has recorded it. Control merges the counts, predicts the
-capacities (the predictor trained on a thread over the newest ``history_windows`` windows),
+capacities (the predictor trained in a child process over the newest ``history_windows`` windows),
 places and migrates, as in a job. Measured: control's longest loop turn (``longest_turn_s``:
 the longest it went without polling its sockets), against a baseline measured in the same run:
 the same stand-in cluster for as long with placement ``hash`` (no windows). Then, in this
@@ -97,7 +97,7 @@ def main() -> None:
     p = skew["placement"]
     print(f"{skew['windows']} windows closed in {skew['elapsed']:.0f} s "
           f"({skew['windows'] / skew['elapsed']:.1f}/s, heartbeats every 0.25 s); "
-          f"{p['records']} records, {p['predictor_fits']} trainings on a thread "
+          f"{p['records']} records, {p['predictor_fits']} trainings in a child process "
           f"(the last {p['predictor_fit_s_last']:.3f} s), {p['migrations']} migrations")
     print()
     print("| control | longest loop turn (ms) | ÷ baseline |")
