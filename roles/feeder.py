@@ -130,6 +130,7 @@ class Feeder(Node):
         self.batches_resent = 0
         self.first_acked = False
         self.copies_wanted = 0  # second copies of untaken batches that idle workers could use
+        self.repeated_takes = 0  # a worker's Taken for a batch granted to it already
         self.paused = False          # an operator paused feeding: no new batch goes out
         # a feeder killed and started again resumes from its ack log (roles.algorithms.ack_log)
         self.ack_log: AckLog | None = None
@@ -558,6 +559,12 @@ class Feeder(Node):
 
     def grant(self, identity: bytes, batch_id: int) -> None:
         worker = identity.decode(errors="replace")
+        if self.ledger.holder(batch_id) == worker:
+            # its Taken again: after a restart one can come queued for the dead process and
+            # once more after FeederBack; the first was answered, and a second grant could
+            # run a later copy of the batch twice, a refusal drop the batch the ledger counts
+            self.repeated_takes += 1
+            return
         self.reclaim.taking(self.plan, batch_id)  # restarted: sent by its dead process?
         granted = self.ledger.take(batch_id, worker)
         self.send(self.acks, Grant(batch_id=batch_id, granted=granted), identity=identity)
@@ -647,7 +654,7 @@ class Feeder(Node):
                 "batches_resent": self.batches_resent, **self.tally.counters(),
                 "in_flight": len(ledger.in_flight), "paused": self.paused,
                 "requeued_batches": ledger.requeued, "duplicate_acks": ledger.duplicate_acks,
-                "refused_takes": ledger.refused_takes,
+                "refused_takes": ledger.refused_takes, "repeated_takes": self.repeated_takes,
                 "straggler_copies": ledger.straggler_copies,
                 "max_in_flight": ledger.max_in_flight,
                 "placement_version": self.routing.keymap.version,

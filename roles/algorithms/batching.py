@@ -91,13 +91,14 @@ class Ledger:
     def peek(self, batch_id: int) -> InFlight | None:
         return self.in_flight.get(batch_id)
 
-    def take(self, batch_id: int, worker: str) -> bool:
-        """Grant the batch to ``worker`` unless another worker holds it (or it is done). The
-        holder asking again is granted again: after a feeder restart a worker's Taken can reach
-        the new process twice (queued for the dead one, and sent again after FeederBack)."""
+    def holder(self, batch_id: int) -> str | None:
+        """The worker the batch is granted to (None: not in flight or not taken)."""
         entry = self.in_flight.get(batch_id)
-        if entry is not None and entry.state == TAKEN and entry.worker == worker:
-            return True
+        return entry.worker if entry is not None and entry.state == TAKEN else None
+
+    def take(self, batch_id: int, worker: str) -> bool:
+        """Grant the batch to ``worker`` unless another worker holds it (or it is done)."""
+        entry = self.in_flight.get(batch_id)
         if entry is None or entry.state == TAKEN:
             self.refused_takes += 1
             return False
