@@ -21,7 +21,9 @@ Flow control: at most ``max_in_flight`` batches are unacknowledged at a time (se
 the keys and the samples of a batch always leave together and no buffer grows without bound.
 
 A worker asks to take the next batch it will run (Taken -> Grant): each batch is granted to one
-worker, and only that worker's ack counts. When control's membership loses a worker, its
+worker, and only that worker's ack counts. In mode ``push`` (``[train] embeddings``) the grant
+also tells every shard to send the batch's embeddings to that worker (Deliver): the worker
+asks no shard for them. When control's membership loses a worker, its
 batches and every batch not yet taken are sent again under the same id; at the end of a pass,
 an idle worker gets second copies of batches still untaken elsewhere (see the Ledger).
 A feeder killed and started again on its run resumes from its ack log and reclaims the batches
@@ -69,6 +71,7 @@ from roles.protocol.datapath import (
     Ack,
     DataIndex,
     DataStats,
+    Deliver,
     Grant,
     Holding,
     Idle,
@@ -118,6 +121,7 @@ class Feeder(Node):
         self.parts = FeederParts(index)             # control's assignment of the parts
         self.rejected_rows: RejectedRows | None = None
         self.shards_back: dict[int, int] = {}  # shard -> the restart generation acted on
+        self.push = job.train.embeddings == "push"  # grants tell the shards (Deliver)
         self.members: set[str] = set()
         self.members_version = -1
         self.epoch = -1
@@ -128,6 +132,7 @@ class Feeder(Node):
         self.batches_resent = 0
         self.first_acked = False
         self.copies_wanted = 0  # second copies of untaken batches that idle workers could use
+        self.repeated_takes = 0  # a worker's Taken for a batch granted to it already
         self.paused = False          # an operator paused feeding: no new batch goes out
         # a feeder killed and started again resumes from its ack log (roles.algorithms.ack_log)
         self.ack_log: AckLog | None = None
@@ -590,10 +595,20 @@ class Feeder(Node):
 
     def grant(self, identity: bytes, batch_id: int) -> None:
         worker = identity.decode(errors="replace")
+        if self.ledger.holder(batch_id) == worker:
+            # its Taken again: after a restart one can come queued for the dead process and
+            # once more after FeederBack; the first was answered, and a second grant could
+            # run a later copy of the batch twice, a refusal drop the batch the ledger counts
+            self.repeated_takes += 1
+            return
         self.reclaim.taking(self.plan, batch_id)  # restarted: sent by its dead process?
-        self.send(self.acks, Grant(batch_id=batch_id,
-                                   granted=self.ledger.take(batch_id, worker)),
-                  identity=identity)
+        granted = self.ledger.take(batch_id, worker)
+        self.send(self.acks, Grant(batch_id=batch_id, granted=granted), identity=identity)
+        entry = self.ledger.peek(batch_id)
+        if granted and self.push and entry is not None and node_index(worker) >= 0:
+            deliver = Deliver(batch_id=batch_id, worker=node_index(worker), train=not entry.eval)
+            for sock in self.shards:  # the shards send its rows to the worker, unasked
+                self.send(sock, deliver)
 
     def handle_holding(self, worker: str, held: list[int]) -> None:
         """A worker's batches granted by the dead process: they stay that worker's."""
@@ -675,7 +690,7 @@ class Feeder(Node):
                 "batches_resent": self.batches_resent, **self.tally.counters(),
                 "in_flight": len(ledger.in_flight), "paused": self.paused,
                 "requeued_batches": ledger.requeued, "duplicate_acks": ledger.duplicate_acks,
-                "refused_takes": ledger.refused_takes,
+                "refused_takes": ledger.refused_takes, "repeated_takes": self.repeated_takes,
                 "straggler_copies": ledger.straggler_copies,
                 "max_in_flight": ledger.max_in_flight,
                 "placement_version": self.routing.keymap.version,

@@ -2,9 +2,11 @@
 
 Per batch: the feeder sends the keys this shard owns (BatchKeys); the shard dedupes them, finds
 or creates their rows and keeps (rows, mask, inverse) until the batch's gradients arrive.
-A worker's Lookup is answered as soon as both the keys and the request are here (in either
-order), and so are gradients that arrive before the keys (after a restart, a worker's queued
-gradients can overtake the keys the feeder sends again; at most ``MAX_WAITING`` are kept).
+A worker's Lookup (mode ``pull``), or the feeder's Deliver naming the worker granted the batch
+(mode ``push``: sent to that worker unasked), is answered as soon as both the keys and the
+request are here (in either order), and so are gradients that arrive before the keys (after
+a restart, a worker's queued gradients can overtake the keys the feeder sends again; at most
+``MAX_WAITING`` are kept).
 EmbeddingGrads are applied once per batch: the shard remembers applied batch ids (the current
 and the previous epoch), so a gradient sent twice is refused and counted. A batch sent
 again (its worker died) brings its keys again: while the batch is held that is a no-op, after
@@ -16,16 +18,19 @@ shard waits until every training batch it holds has its gradients (feeders have 
 they are on their way), forks a child that writes its rows, their Adagrad state and the applied
 batch ids (the whole table, or the rows changed since its previous file), reports Snapshotted
 with the pause, and CheckpointPart once the child is done. A shard started again restores the
-newest complete checkpoint control names in its Welcome; the updates applied after it are lost
-(``roles.control.recovery`` reports what it cost).
+newest complete checkpoint control names in its Welcome; the updates applied after it are lost,
+and counted exactly from the log of the batches applied after each snapshot
+(``roles.algorithms.applied_log``), in its Ready (``updates_lost``; control's
+``shard_recoveries``).
 
 Skew-aware placement (``roles.algorithms.placement``): the shard times its work per allocation
 window of the batches (look-ups: finding or creating rows and gathering them; updates: the Adagrad
 step), in CPU time of its thread (``time.thread_time``: on a shared machine, wall time would count
 the moments the scheduler gave the core to someone else as the shard's own slowness), and reports
-the last few windows in its heartbeat; control turns them into the capacity predictor's
-history. When control publishes a key map in phase ``move``, the shard waits until
-no training batch it holds still expects gradients, sends every other shard one Handover with
+each window once it is finished, with its heartbeats, until control says it has recorded it
+(``roles.algorithms.window_work``): control turns them into the capacity predictor's history.
+When control publishes a key map in phase ``move``, the shard waits until no training batch it
+holds still expects gradients, sends every other shard one Handover with
 the rows (and Adagrad state) it no longer owns, takes the rows others send it, and reports
 Moved. ``--slowdown N`` (a test aid) makes the shard N times as slow: it sleeps (N - 1) x the
 CPU time each piece of work took (and counts that as its processing time).
@@ -35,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,18 +48,27 @@ import numpy as np
 import zmq
 
 from roles.algorithms.admission import Admission
+from roles.algorithms.applied_log import AppliedLog
 from roles.algorithms.embedding_table import EmbeddingTable
 from roles.algorithms.expiry import Expiry
 from roles.algorithms.placement import KeyMap
-from roles.checkpoint.files import checkpoints_dir, read_manifest
+from roles.algorithms.window_work import WindowLedger
+from roles.checkpoint.files import checkpoints_dir, latest_complete, read_manifest
 from roles.checkpoint.shard import ShardCheckpoints, read_chain
 from roles.job.cli import role_main
 from roles.job.settings import Job
 from roles.model.files import ExportAnswers, embeddings_file, save_embeddings
 from roles.protocol.checkpoint import Checkpoint, Snapshotted
-from roles.protocol.datapath import BatchKeys, EmbeddingGrads, Embeddings, Lookup, split_batch_id
+from roles.protocol.datapath import (
+    BatchKeys,
+    Deliver,
+    EmbeddingGrads,
+    Embeddings,
+    Lookup,
+    split_batch_id,
+)
 from roles.protocol.lifecycle import Export
-from roles.protocol.placement import WORK_SLOTS, Handover, Moved, Placement
+from roles.protocol.placement import Handover, Moved, Placement, WorkRecorded
 from zbus.codec import ProtocolError
 from zbus.messages import Ready
 from zbus.node import Node
@@ -62,8 +76,6 @@ from zbus.node import Node
 log = logging.getLogger(__name__)
 MAX_WAITING = 10_000  # look-ups parked for keys that have not arrived (bounded)
 MAX_EVAL_KEPT = 256   # answered eval batches still held, for a second copy's look-up
-WINDOWS_REPORTED = 4  # allocation windows whose work the heartbeat carries
-# where each operation's pairs and seconds sit in a window's work figures
 
 
 @dataclass
@@ -88,11 +100,14 @@ class Shard(Node):
         self.job = job
         c = job.cluster
         self.sock = self.bind(zmq.ROUTER, c.endpoint(f"ps-{index}"), self.on_message)
+        # read from the welcome on: a restarted shard's rows are the checkpoint's by then (the
+        # keys and gradients queued for it meanwhile would go to an empty table, and be lost)
+        self.pause(self.sock, True)
         self.slowdown = max(1.0, slowdown)
         self.skew = job.placement.mode == "skew"
         self.peers = {i: self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"), sndhwm=0)
                       for i in range(c.shards) if i != index and self.skew}
-        self.work: OrderedDict[int, list[float]] = OrderedDict()  # window -> work figures
+        self.work = WindowLedger()            # work per window, until control recorded it
         self.version = 0                      # the key map this shard's rows follow
         self.moving: KeyMap | None = None     # a handover waiting for held batches' grads
         self.moving_since = 0.0
@@ -116,10 +131,11 @@ class Shard(Node):
                        "keys_received": 0, "keys_repeated": 0, "lookup_s": 0.0,
                        "update_s": 0.0, "keys_moved_out": 0, "keys_moved_in": 0,
                        "handovers": 0, "handovers_forced": 0, "checkpoints": 0,
-                       "lookups_after_update": 0}
+                       "lookups_after_update": 0, "grads_without_keys": 0}
         self.checkpoints = ShardCheckpoints(index, self.table, job.checkpoint.full_every)
         self.cut: Checkpoint | None = None   # a cut waiting for gradients on their way
         self.cut_since = 0.0
+        self.applied_log: AppliedLog | None = None  # batches applied after each snapshot
 
     def on_welcome(self) -> None:
         try:
@@ -127,6 +143,14 @@ class Shard(Node):
         except (OSError, ValueError, KeyError) as exc:
             self.fail(f"cannot restore the checkpoint {self.restore_dir}: {exc}")
             return
+        self.applied_log = AppliedLog(Path(self.run_dir) / "applied" / self.node_id)
+        number = restored.get("checkpoint", 0)
+        if not self.rollback:  # applied by a dead process after the checkpoint: lost
+            lost = self.applied_log.lost(number, self.applied)
+            if restored or lost:
+                restored["updates_lost"] = len(lost)
+        self.applied_log.restart(number)
+        self.pause(self.sock, False)
         self.state = "ready"
         self.to_control(Ready(info={"keys": len(self.table), **restored}))
 
@@ -149,6 +173,10 @@ class Shard(Node):
         self.counts["checkpoint_pause_s"] = round(pause + waited, 6)
         self.report(Snapshotted(number=m.number, pause_s=round(pause + waited, 6),
                                 waited_s=round(waited, 6)))
+        if self.applied_log is not None:
+            self.applied_log.start(m.number)
+            complete = latest_complete(Path(self.run_dir))
+            self.applied_log.prune(complete[0] if complete else 0)
 
     def restore_checkpoint(self) -> dict:
         """A restarted shard, or the whole job going back to a checkpoint: the table, the
@@ -194,6 +222,9 @@ class Shard(Node):
                 self.handle_keys(msg)
             case Lookup() as msg:
                 self.handle_lookup(identity, msg)
+            case Deliver() as msg:  # mode push: to the worker granted the batch, unasked
+                self.handle_lookup(f"worker-{msg.worker}".encode(),
+                                   Lookup(batch_id=msg.batch_id, train=msg.train))
             case EmbeddingGrads() as msg:
                 self.handle_grads(msg)
             case Handover() as msg if self.skew:
@@ -224,14 +255,7 @@ class Shard(Node):
         if self.slowdown > 1:
             time.sleep((self.slowdown - 1) * took)  # a slower machine: busy for longer
             took *= self.slowdown
-        figures = self.work.get(window)
-        if figures is None:
-            figures = self.work[window] = [0.0, 0.0, 0.0, 0.0]
-            while len(self.work) > WINDOWS_REPORTED:
-                self.work.popitem(last=False)
-        pairs_at, seconds_at = WORK_SLOTS[op]
-        figures[pairs_at] += pairs
-        figures[seconds_at] += took
+        self.work.add(window, op, pairs, took)
         self.counts[f"{op}_s"] += took
 
     def handle_keys(self, msg: BatchKeys) -> None:
@@ -295,6 +319,7 @@ class Shard(Node):
             self.early_grads[msg.batch_id] = msg
             while len(self.early_grads) > MAX_WAITING:
                 dropped, _ = self.early_grads.popitem(last=False)
+                self.counts["grads_without_keys"] += 1
                 self.reject(ProtocolError("unknown_batch", f"gradients for batch {dropped}, "
                                                            "whose keys never came"))
             return
@@ -303,6 +328,8 @@ class Shard(Node):
                                              f"{len(held.rows)} rows of {self.table.dim}")
         started = time.thread_time()
         del self.held[msg.batch_id]
+        if self.applied_log is not None:
+            self.applied_log.append(msg.batch_id)
         self.table.adagrad(held.rows, msg.grads)
         self.admission.trained(held.pending)
         self.applied.add(msg.batch_id)
@@ -387,14 +414,36 @@ class Shard(Node):
             self.applied = {b for b in self.applied if split_batch_id(b)[0] >= epoch - 1}
 
     def counters(self) -> dict:
+        # gradients whose keys never came (a restarted shard: their keys went to the dead
+        # process, and the batch was acknowledged before the feeder sent them again): not
+        # applied, lost; those still waiting count, as at the job's end they are
+        lost = self.counts["grads_without_keys"] + len(self.early_grads)
         # the console's "queue" of a shard: training batches waiting for their gradients and
         # look-ups waiting for their keys (answered eval batches kept for copies are apart)
         waiting_grads = sum(1 for h in self.held.values() if h.train)
-        return {**self.counts, "keys": len(self.table), "held_batches": waiting_grads,
-                "eval_kept": len(self.held) - waiting_grads, "table": self.table_counters(),
+        return {**self.counts, "grads_without_keys": lost, "keys": len(self.table),
+                "held_batches": waiting_grads, "eval_kept": len(self.held) - waiting_grads,
+                "table": self.table_counters(),
                 "waiting_lookups": len(self.waiting), "placement_version": self.version,
-                "slowdown": self.slowdown,
-                "windows": {str(w): [round(v, 6) for v in f] for w, f in self.work.items()}}
+                "slowdown": self.slowdown, **self.work.counters()}
+
+    # -- the work per window: the capacity predictor's records -----------------------------------
+    def heartbeat(self, final: bool = False) -> None:
+        """The heartbeat, then the finished windows' work (skew-aware placement)."""
+        super().heartbeat(final)
+        if self.skew:
+            held = Counter(h.window for b, h in self.held.items()
+                           if h.train and b not in self.applied)
+            report = self.work.report(held)
+            if report is not None:
+                self.to_control(report)
+
+    def handle_reply(self, env) -> None:
+        match env.msg:
+            case WorkRecorded() as m:
+                self.work.answered(m)
+            case _:
+                super().handle_reply(env)
 
     def table_counters(self) -> dict:
         """Admission, expiry and eviction: what keeps the table bounded."""

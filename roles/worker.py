@@ -12,10 +12,14 @@ its parts: the pulled batches (``roles.algorithms.pulled``), the links to the fe
 (``roles.algorithms.feeder_links``), a batch's arithmetic (``roles.model.compute``), its place
 in the rounds (``roles.algorithms.replica``) and its sync mode (below).
 
-Embeddings (``[train] embeddings``): ``push`` announces each batch to the shards (Lookup) as it
-is pulled, and they send its rows as soon as they have its keys; ``pull`` asks when the batch
-is the next to train and waits. Each batch's wait for its embeddings (from when it was the next
-to train, lacking only them) is sampled for the summary.
+Embeddings (``[train] embeddings``): in ``push`` the shards send a batch's rows unasked: the
+feeder's grant of the batch to this worker (Taken -> Grant, while the batch before it trains)
+tells every shard where to send them (Deliver), and they send as soon as they have its keys;
+the worker asks (Lookup) only a shard restarted meanwhile, or one whose rows have not come
+``PUSH_ASK_AFTER_S`` after the batch was the next to train (a Deliver lost with a feeder that
+died). ``pull`` asks every shard when the batch is the next to train and waits. Each batch's
+wait for its embeddings (from when it was the next to train, lacking only them) is sampled for
+the summary, and the look-ups and replies counted (the summary's messages per batch).
 
 Dense synchronisation (``[train] sync``): what differs by mode (``step``: every step's gradient
 to the aggregator, whose answer is the new weights; ``every``, ``round``, ``lazy``: a local Adam
@@ -83,6 +87,7 @@ from zbus.node import Node
 
 log = logging.getLogger(__name__)
 LEAVE_TIMEOUT_S = 5.0
+PUSH_ASK_AFTER_S = 2.0  # mode push: a shard's rows this late after the batch was next: ask
 WAITS_KEPT = 512  # embedding waits kept (a uniform sample) for the summary's quantiles
 
 
@@ -153,7 +158,7 @@ class Worker(Node):
         self.leave_by = 0.0
         self.counts = {"samples_trained": 0, "batches_trained": 0, "eval_samples": 0,
                        "contributions": 0, "rounds_adopted": 0, "refused_batches": 0,
-                       "copies_ignored": 0, "restores": 0,
+                       "copies_ignored": 0, "restores": 0, "lookups_overdue": 0,
                        "lookup_wait_s": 0.0, "compute_s": 0.0, "step_wait_s": 0.0,
                        "late_group_messages": 0,
                        "slowdown": self.slowdown}
@@ -279,8 +284,6 @@ class Worker(Node):
                     return
                 self.idle_said = False
                 self.idle_since = None
-                if self.push:  # announce it: the shards send its rows as soon as they can
-                    self.look_up(batch)
                 self.ask_next()
                 self.gate_pulling()
             case _:
@@ -321,6 +324,17 @@ class Worker(Node):
         for sock in self.shards:
             self.send(sock, Lookup(batch_id=batch.batch_id, train=not batch.sample.eval))
 
+    def ask_overdue(self, now: float) -> None:
+        """Mode push: the next batch's rows from a shard have not come ``PUSH_ASK_AFTER_S``
+        after it was the next to train: ask that shard (once)."""
+        batch = self.pipeline.overdue(now, PUSH_ASK_AFTER_S)
+        if batch is not None:
+            for i, reply in enumerate(batch.replies):
+                if reply is None:
+                    self.send(self.shards[i], Lookup(batch_id=batch.batch_id,
+                                                     train=not batch.sample.eval))
+                    self.counts["lookups_overdue"] += 1
+
     def send_ack(self, ack: Ack) -> None:
         self.send(self.feeders[self.links.acked(ack)], ack)
 
@@ -339,6 +353,8 @@ class Worker(Node):
         if batch is not None:
             self.send(self.feeders[self.links.feeder_of(batch.batch_id)],
                       Taken(batch_id=batch.batch_id))
+            if self.push:  # its grant sends the shards' rows here
+                batch.looked_up_at = time.monotonic()
 
     def due(self, s: SampleBatch) -> bool:
         """The batch's turn has come (its weights, or what its sync mode waits for)."""
@@ -363,6 +379,8 @@ class Worker(Node):
             batch = self.pipeline.wanting_embeddings(self.due, now)
             if batch is not None:  # lacking only its embeddings, not asked for (mode pull)
                 self.look_up(batch)
+            elif self.push:
+                self.ask_overdue(now)
         self.ask_for_missed_weights(now)
         if self.state != "starting":
             self.gate_pulling()
@@ -465,6 +483,8 @@ class Worker(Node):
         if self.leaving:
             self.leave_when_done(now)
         self.ask_for_missed_weights(now)
+        if self.push:
+            self.ask_overdue(now)
         if self.idle_since is not None and now - self.idle_since >= self.heartbeat_s:
             # starved for a while (the end of a pass): lazy does not hold the aggregation back
             report = self.sync.starved(self.replica)

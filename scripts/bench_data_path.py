@@ -1,9 +1,11 @@
 #!/usr/bin/env python
 """The data path on Adult (jobs/adult.toml: 2 workers, 2 shards, 3 epochs), in one run:
 
-- embeddings ``pull`` against ``push``: each batch's wait for its embeddings (from the moment
-  it was the next to train, lacking only them), median and p90 over the workers' batches, with
-  samples/s and AUC;
+- embeddings ``pull`` (the worker asks every shard when a batch is the next to train) against
+  ``push`` (the feeder's grant tells the shards, which send the rows to the worker unasked):
+  each batch's wait for its embeddings (from the moment it was the next to train, lacking only
+  them), median and p90 over the workers' batches, the messages its embeddings took at the
+  worker (look-ups sent and replies received, per batch), with samples/s and AUC;
 - ``batch_by_label`` (push): the AUC of label-grouped batches against mixed ones;
 - one feeder against two (push): samples/s and AUC;
 - the workers' input: bytes received per sample by channel (from the run's summary), against a
@@ -12,7 +14,7 @@
   key per (sample, field), and embedding replies of the rows alone (the worker knows where
   each goes); the zbus replies carry a bit per grid position and an int32 row index per key.
 
-    .venv/bin/python scripts/bench_data_path.py [--repeats 3]
+    .venv/bin/python scripts/bench_data_path.py [--repeats 3] [--only pull,push]
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def run(workdir: Path, settings: dict) -> dict:
         s = c.summary()
         fields, dim = len(c.job.sparse_fields), c.job.model.embedding_dim
     return {"wait_ms": s["embeddings"]["median_ms"], "p90_ms": s["embeddings"]["p90_ms"],
+            "messages": s["embeddings"]["messages_per_batch"],
             "samples_per_s": s["samples_per_s"], "auc": s["auc"],
             "input": s["worker_input_bytes_per_sample"], "fields": fields, "dim": dim,
             "bytes_received": s["bytes_received"], "samples": s["samples_trained"]}
@@ -68,34 +71,46 @@ def whole_sample_input(got: dict) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", default="", help="comma-separated cases (default: all)")
     args = parser.parse_args()
-    results: dict[str, list[dict]] = {name: [] for name in CASES}
+    cases = [n for n in CASES if not args.only or n in args.only.split(",")]
+    results: dict[str, list[dict]] = {name: [] for name in cases}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
-            for name, settings in CASES.items():
+            for name in cases:
+                settings = CASES[name]
                 got = run(Path(tmp) / f"{len(results[name])}-{name.replace(' ', '_')}",
                           settings)
                 results[name].append(got)
                 print(f"  run {r + 1} {name}: embedding wait median {got['wait_ms']} ms "
-                      f"(p90 {got['p90_ms']}), {got['samples_per_s']:,.0f} samples/s, "
-                      f"auc {got['auc']:.4f}", flush=True)
+                      f"(p90 {got['p90_ms']}), {got['messages']} messages per batch, "
+                      f"{got['samples_per_s']:,.0f} samples/s, auc {got['auc']:.4f}", flush=True)
 
     def med(name: str, key: str) -> float:
         return statistics.median(g[key] for g in results[name])
 
-    print("\n| case | embedding wait, median (ms) | p90 (ms) | samples/s | AUC |")
-    print("|---|---|---|---|---|")
-    for name in CASES:
+    print("\n| case | embedding wait, median (ms) | p90 (ms) | messages per batch at the worker "
+          "| samples/s | AUC |")
+    print("|---|---|---|---|---|---|")
+    for name in cases:
         print(f"| {name} | {med(name, 'wait_ms'):.3f} | {med(name, 'p90_ms'):.3f} | "
-              f"{med(name, 'samples_per_s'):,.0f} | {med(name, 'auc'):.4f} |")
-    wait_ratio = med("push", "wait_ms") / max(med("pull", "wait_ms"), 1e-9)
-    rate_ratio = med("push", "samples_per_s") / med("pull", "samples_per_s")
-    print(f"\npush / pull median wait: {wait_ratio:.2f}; push / pull samples/s: "
-          f"{rate_ratio:.2f}")
-    print(f"batch_by_label AUC - mixed AUC: "
-          f"{med('push, batch_by_label', 'auc') - med('push', 'auc'):+.4f}")
-    print(f"2 feeders / 1 feeder samples/s: "
-          f"{med('push, 2 feeders', 'samples_per_s') / med('push', 'samples_per_s'):.2f}")
+              f"{med(name, 'messages'):.2f} | {med(name, 'samples_per_s'):,.0f} | "
+              f"{med(name, 'auc'):.4f} |")
+    if "push" in results and "pull" in results:
+        wait_ratio = med("push", "wait_ms") / max(med("pull", "wait_ms"), 1e-9)
+        p90_ratio = med("push", "p90_ms") / max(med("pull", "p90_ms"), 1e-9)
+        rate_ratio = med("push", "samples_per_s") / med("pull", "samples_per_s")
+        print(f"\npush / pull median wait: {wait_ratio:.2f}; p90: {p90_ratio:.2f}; messages per "
+              f"batch: {med('push', 'messages') / med('pull', 'messages'):.2f}; samples/s: "
+              f"{rate_ratio:.2f}")
+    if "push, batch_by_label" in results and "push" in results:
+        print(f"batch_by_label AUC - mixed AUC: "
+              f"{med('push, batch_by_label', 'auc') - med('push', 'auc'):+.4f}")
+    if "push, 2 feeders" in results and "push" in results:
+        print(f"2 feeders / 1 feeder samples/s: "
+              f"{med('push, 2 feeders', 'samples_per_s') / med('push', 'samples_per_s'):.2f}")
+    if "push" not in results:
+        return
     got = results["push"][0]
     print("\nworker input, bytes per sample (push run 1):")
     print("| worker | channel | zbus | whole samples, own look-ups |")

@@ -100,7 +100,9 @@ def test_each_batch_is_granted_to_one_worker_and_only_its_ack_counts():
     ledger = Ledger(max_in_flight=8)
     ledger.sent(1, batch(3), False)
     assert ledger.acked(1, "w0") is None          # not taken yet
+    assert ledger.holder(1) is None
     assert ledger.take(1, "w0") and not ledger.take(1, "w1")
+    assert ledger.holder(1) == "w0"               # the feeder does not answer w0's Taken again
     assert ledger.acked(1, "w1") is None          # not the holder
     assert ledger.acked(1, "w0") is not None
     assert not ledger.take(1, "w1")               # done

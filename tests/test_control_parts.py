@@ -143,6 +143,25 @@ def test_lazy_mode_publishes_every_decision_and_a_refusal_once_per_interval(metr
     assert lazy.decisions == {"aggregate": 1, "wait": 1} and lazy.local_rounds == {}
 
 
+def test_a_crashed_node_counts_in_the_failure_rate_over_all_nodes_until_the_window_passes():
+    """Six nodes; worker-1 stops answering probes, is declared failed: it counts as failing
+    (over all six) from its late probe until the window has passed its crash; ps-0 started
+    again as a new process counts as a crash too."""
+    m = members("feeder-0", "ps-0", "worker-0", "worker-1", "aggregator-0", "ps-1")
+    health = Health(ClusterConfig(), m, lambda node, probe: None, failure_window_s=30.0)
+    assert health.figures(0.0, probe_timeout_s=3.0)[1] == 0.0
+    m.nodes["worker-1"].probe_pending_since = 1.0
+    assert health.figures(4.5, 3.0)[1] == pytest.approx(1 / 6)   # late
+    m.fail("worker-1", 10.0, "missed heartbeats")
+    assert health.figures(10.0, 3.0)[1] == pytest.approx(1 / 6)  # crashed: still counted
+    assert health.figures(39.0, 3.0)[1] == pytest.approx(1 / 6)
+    assert health.figures(40.5, 3.0)[1] == 0.0                   # the window has passed
+    m.admit("ps-0", "ps", 0, "h", 999, 41.0)                      # a new process: a crash
+    m.mark_ready("ps-0", 41.0)
+    assert health.figures(41.0, 3.0)[1] == pytest.approx(1 / 5)  # worker-1 is gone now
+    assert health.figures(71.5, 3.0)[1] == 0.0
+
+
 def test_the_modes_say_what_each_allows():
     health = Health(ClusterConfig(), members(), lambda node, probe: None)
     modes = {name: sync_mode(name, 8, health=health, settings=dict, send=print,

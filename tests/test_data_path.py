@@ -91,6 +91,7 @@ def test_pull_embeddings_train_adult_and_workers_receive_no_keys(cluster):
     assert e["mode"] == "pull" and sorted(e["workers"]) == ["worker-0", "worker-1"]
     assert sum(w["batches"] for w in e["workers"].values()) >= 2 * 153  # every batch waited
     assert e["median_ms"] > 0  # on demand, every batch waits for a round trip
+    assert e["messages_per_batch"] == 4.0  # a look-up to each of 2 shards, a reply from each
     for worker, channels in s["worker_input_bytes_per_sample"].items():
         assert "keys" not in channels, (worker, channels)  # the worker never gets a key
         # 6 dense features, a label and a weight as float32, plus the header: ~34 bytes

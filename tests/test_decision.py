@@ -6,10 +6,10 @@ import pytest
 
 from roles.algorithms.decision import (
     MBIT,
+    FailureWindow,
     HostMeter,
     counted_interfaces,
     decide,
-    failure_rate,
     utilisation,
 )
 
@@ -79,9 +79,21 @@ def test_counted_interfaces_loopback_only_on_one_host_named_ones_when_configured
     assert counted_interfaces(nics, ["eth0", "wlan9"], single_host=False) == ["eth0"]
 
 
-def test_failure_rate_counts_probes_unanswered_past_the_timeout():
-    now = 100.0
-    pending = [None, None, 99.5, 96.0, 90.0]  # answered, answered, recent, late, late
-    assert failure_rate(pending, now, timeout_s=3.0) == pytest.approx(2 / 5)
-    assert failure_rate(pending, now, timeout_s=20.0) == 0.0
-    assert failure_rate([], now, 3.0) == 0.0
+def test_failure_rate_counts_failing_nodes_over_every_node_in_a_sliding_window():
+    w = FailureWindow()
+    for t in (0.0, 5.0, 10.0):
+        for node in ("a", "b", "c", "d"):
+            w.saw(node, t, failing=(node == "b" and t == 5.0))   # b answered one probe late
+    assert w.rate(10.0, window_s=30.0) == pytest.approx(1 / 4)
+    assert w.rate(36.0, window_s=30.0) == 0.0           # its late answer is out of the window
+    w.crashed("c", 12.0)                                 # c crashed: no longer seen alive
+    for t in (20.0, 30.0, 41.0):
+        for node in ("a", "b", "d"):
+            w.saw(node, t)
+    # a crashed node still counts, as failing and as a node of the job, while in the window
+    assert w.rate(30.0, window_s=30.0) == pytest.approx(2 / 4)
+    assert w.rate(41.0, window_s=30.0) == pytest.approx(1 / 4)
+    assert w.rate(42.5, window_s=30.0) == 0.0           # the window has passed both
+    w.forget(42.5, 30.0)
+    assert set(w.seen) == {"a", "b", "d"}
+    assert FailureWindow().rate(1.0, 30.0) == 0.0

@@ -94,3 +94,38 @@ def test_slugs_follow_github():
     assert slug("Backups, recovery and export") == "backups-recovery-and-export"
     assert slug("Dense synchronisation: step, every, lazy") == \
         "dense-synchronisation-step-every-lazy"
+
+
+def recovery_table() -> dict[str, list[str]]:
+    """docs/architecture.md's table of the deaths each sync mode survives: row -> cells."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text[text.index("## Recovery"):text.index("### A shard that dies")]
+    rows = [line.strip("|").split("|") for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| process")]
+    return {cells[0].strip(): [c.strip() for c in cells[1:4]] for cells in rows}
+
+
+def test_the_recovery_table_says_what_the_sync_modes_allow():
+    from roles.control import sync_modes
+    table = recovery_table()
+    columns = {"step": 0, "every": 1, "lazy": 1, "round": 2}
+    modes = {"step": sync_modes.SyncMode, "every": sync_modes.EveryMode,
+             "round": sync_modes.RoundMode, "lazy": sync_modes.LazyMode}
+    for name, mode in modes.items():
+        cell = columns[name]
+        aggregator, feeder = table["an aggregator"][cell], table["the only (last) feeder"][cell]
+        assert ("job fails" in aggregator) == (not mode.aggregator_recovers), (name, aggregator)
+        assert ("job fails" in feeder) == (not mode.feeder_restarts), (name, feeder)
+        for survived in ("a worker (while another lives)", "a shard", "control"):
+            assert "survived" in table[survived][cell], (name, survived)
+    readme = (ROOT / "README.md").read_text()   # the opening names the same two exceptions
+    assert "aggregator's in sync mode `step`" in readme
+    assert "only feeder's in sync mode `round`" in readme
+    assert "any process can be killed" not in readme.lower()
+
+
+def test_the_partitioner_docs_give_the_codes_coarsening_target():
+    from roles.model.partitioner import coarse_target
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    assert "max(16, 2K) sets" in text and coarse_target(8) == max(16, 2 * 8)
+    assert "about 2 sets per part" not in text + (ROOT / "docs" / "benchmarks.md").read_text()

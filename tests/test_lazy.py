@@ -92,6 +92,32 @@ def test_killed_aggregator_restarts_from_the_latest_backup_and_the_job_finishes(
     assert "Traceback" not in c.log("aggregator-0-again") + c.log("control-0")
 
 
+def test_a_killed_worker_blocks_lazy_aggregation_until_the_failure_window_passes(cluster):
+    """A worker SIGKILLed mid-epoch is a failed node of the job for failure_window_s after its
+    death is found: no round is decided in that time (the failure rate, 1 of 6 nodes, is over
+    failure_rate_max), and once the window has passed the cluster aggregates again."""
+    window = 6.0
+    c = cluster(ADULT_JOB, train__sync="lazy", train__epochs=2,
+                aggregation__min_local_rounds=2, aggregation__failure_window_s=window,
+                cluster__node_timeout_s=1.5, model__hidden=[512, 256])
+    c.start_all(slowdown={0: 3.0, 1: 3.0})
+    c.wait_for_event(lambda e: e["event"] == "round_done" and e["round"] >= 2)
+    c.procs["worker-1"].send_signal(signal.SIGKILL)
+    assert c.wait(timeout=240) == 0, c.logs()
+    events = c.events()
+    (failed,) = [e for e in events if e["event"] == "membership" and e["node"] == "worker-1"
+                 and e["change"] == "failed"]
+    decided = [e["t"] for e in events if e["event"] == "aggregate"
+               and e["reason"].startswith("aggregate: network")]
+    blocked = [e for e in events if e["event"] == "decision" and "failure rate" in e["reason"]]
+    assert blocked and all(e["failure_rate"] >= 1 / 6 - 1e-9 for e in blocked), blocked
+    assert not [t for t in decided if failed["t"] <= t < failed["t"] + window], \
+        (failed, decided)
+    assert [t for t in decided if t >= failed["t"] + window], (failed, decided)  # again
+    s = c.summary()
+    assert s["ok"] and s["samples_trained"] == ADULT_TRAIN_ROWS * 2
+
+
 def test_hierarchical_aggregation_trains_adult(cluster):
     c = cluster(ADULT_JOB, train__sync="lazy", train__epochs=2, cluster__workers=3,
                 cluster__aggregators=2, cluster__shards=1)

@@ -1,9 +1,12 @@
 """Control's placement part (roles.control.placement), without sockets: a window's
-counts decide a new map; drain, move and active follow the feeders' and shards' reports."""
+counts decide a new map; drain, move and active follow the feeders' and shards' reports; the
+shards' work becomes history records, each window once; the predictor trains off the loop."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -11,27 +14,28 @@ import orjson
 import pytest
 
 from roles.algorithms.membership import Members
+from roles.algorithms.window_work import WindowLedger
 from roles.control.commands import Commands, ProgressClock
 from roles.control.placement import PlacementKeeper
 from roles.job.rundir import MetricsLog
 from roles.job.settings import DataConfig, Job, PlacementConfig
-from roles.protocol.placement import Drained, KeyCounts, Moved, Placement
+from roles.protocol.placement import Drained, KeyCounts, Moved, Placement, WindowWork
 from roles.protocol.topology import ClusterConfig
 
 
 class Keeper(PlacementKeeper):
     """The keeper with real parts around it: members, commands and metrics (no sockets)."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, **placement):
         job = Job(data=DataConfig(source="synthetic"), cluster=ClusterConfig(shards=2),
-                  placement=PlacementConfig(mode="skew", buckets_per_shard=2))
+                  placement=PlacementConfig(mode="skew", buckets_per_shard=2, **placement))
         members = Members(["feeder-0", "ps-0", "ps-1"], 0, 0.0)
         for node in members.expected:
             members.admit(node, node.split("-")[0], 0, "h", 1, 0.0)
         self.published: list[Placement] = []
         self.log = MetricsLog(run_dir / "metrics.jsonl")
         super().__init__(job, members, Commands(self.published.append), self.log, run_dir,
-                         ProgressClock(0.0))
+                         ProgressClock(0.0), train_in=lambda: ThreadPoolExecutor(1))
 
     def events(self) -> list[dict]:
         return [orjson.loads(line) for line in (self.run_dir / "metrics.jsonl").read_bytes()
@@ -96,15 +100,72 @@ def test_a_map_that_is_not_better_enough_is_kept(keeper):
     assert len(keeper.windows) == 1
 
 
-def test_shard_work_becomes_records_two_windows_later(keeper):
-    keeper.window_pairs.update({0: 1000, 1: 1000, 2: 1000})
-    work = {"0": [500, 0.01, 500, 0.002], "1": [500, 0.01, 500, 0.002],
-            "2": [100, 0.001, 0, 0.0]}
-    keeper.record_work(1, {"windows": work})
-    assert {(r.window, r.op, r.shard) for r in keeper.records} == {(0, "lookup", 1),
-                                                                   (0, "update", 1)}
-    keeper.record_work(1, {"windows": work})        # already recorded
-    keeper.record_work(1, {"windows": {"x": [1]}})  # malformed: ignored
-    assert len(keeper.records) == 2
+def work(windows: list[int], late: int = 0) -> WindowWork:
+    return WindowWork(late_pairs=late, windows=np.array(windows, np.int64),
+                      figures=np.array([[500, 0.01, 500, 0.002]] * len(windows), np.float64))
+
+
+def test_finished_windows_become_records_once_and_are_answered(keeper):
+    for w in range(3):
+        keeper.closed(w, 1000)
+    answer = keeper.handle_window_work(1, work([0, 1, 2]))
+    assert answer.closed == 2 and answer.windows.tolist() == [0, 1, 2]
+    assert {(r.window, r.op, r.shard) for r in keeper.records()} == {
+        (w, op, 1) for w in range(3) for op in ("lookup", "update")}
+    again = keeper.handle_window_work(1, work([1, 2]))   # the answer was lost: repeated
+    assert again.windows.tolist() == [1, 2] and len(keeper.records()) == 6
+    assert keeper.handle_window_work(1, work([5])).windows.tolist() == []  # not closed yet
     assert len((keeper.run_dir / "placement" / "capacity_records.jsonl")
-               .read_text().splitlines()) == 2
+               .read_text().splitlines()) == 6
+
+
+def test_every_window_is_recorded_when_windows_close_faster_than_heartbeats(keeper):
+    """Three windows close between two heartbeats of each shard; each shard's ledger reports
+    its finished windows with every heartbeat until control answers: none is lost."""
+    ledgers = {shard: WindowLedger() for shard in (0, 1)}
+    window = 0
+    for beat in range(20):
+        for _ in range(3):                        # three windows close per heartbeat
+            for shard, ledger in ledgers.items():
+                ledger.add(window, "lookup", 100 + shard, 0.001)
+                ledger.add(window, "update", 100 + shard, 0.0005)
+            keeper.handle_key_counts("feeder-0", counts(window, keeper.keymap))
+            window += 1
+        for shard, ledger in ledgers.items():
+            held = Counter({window - 1: 1} if beat % 4 == 0 else {})  # a batch in flight
+            report = ledger.report(held)
+            if beat % 5 == 3:
+                continue                          # this report was lost on the way
+            ledger.answered(keeper.handle_window_work(shard, report))
+    for _ in range(2):                            # two more heartbeats, nothing new
+        for shard, ledger in ledgers.items():
+            report = ledger.report(Counter())
+            if report is not None:
+                ledger.answered(keeper.handle_window_work(shard, report))
+    recorded = Counter((r.window, r.shard, r.op) for r in keeper.records())
+    assert set(recorded.values()) == {1}          # no record twice
+    assert {w for w, _, _ in recorded} == set(range(window))   # every window, every shard
+    assert len(recorded) == window * 2 * 2
+    assert all(not ledger.figures for ledger in ledgers.values())
+
+
+def test_the_history_is_bounded_and_the_predictor_trains_off_the_loop(tmp_path):
+    """Control keeps the newest history_windows windows; the predictor is trained elsewhere
+    (here a thread; in control, a child process): the call that starts a training returns the
+    capacities in service (equal, before the first training), and the trained predictor serves
+    once it is done."""
+    keeper = Keeper(tmp_path, history_windows=4, min_windows=2)
+    for w in range(12):
+        keeper.closed(w, 1000)
+        keeper.handle_window_work(0, work([w]))
+        keeper.handle_window_work(1, work([w]))
+    assert len(keeper.history) == 4 and len(keeper.records()) == 4 * 2 * 2
+    assert keeper.records_total == 12 * 2 * 2 and min(keeper.history) == 8
+    caps, source = keeper.capacities(1000)
+    assert source == "equal" and keeper.trainer.running is not None
+    keeper.trainer.wait(120)
+    caps, source = keeper.capacities(1000)
+    assert source == "predicted" and caps.sum() == pytest.approx(1000)
+    assert keeper.status()["predictor_fits"] == 1
+    assert (tmp_path / "placement" / "capacity_model.pt").exists()
+    keeper.close()

@@ -4,7 +4,17 @@ sockets."""
 import numpy as np
 import pytest
 
-from roles.model.partitioner import PartitionSettings, cut_counts, gains, partition, refine
+from roles.model.partitioner import (
+    Level,
+    Mover,
+    PartitionSettings,
+    coarse_target,
+    cut_counts,
+    gains,
+    partition,
+    refine,
+    visiting_order,
+)
 from roles.model.task_graph import TaskGraph, layered_dag
 
 CRITICAL = [(1, 2), (1, 3), (2, 4), (3, 6), (4, 7), (7, 9), (9, 10), (9, 11), (6, 8), (5, 10),
@@ -89,11 +99,32 @@ def test_the_best_partition_seen_is_returned():
     assert cut_counts(g, result.assign)[0] == result.cut_critical
 
 
-@pytest.mark.parametrize("target", ["every", "flow"])
+def test_pick_flow_moves_the_boundary_sub_task_first_in_flow_order():
+    """Part a (sub-tasks 0, 1) has room for one more. Sub-task 4 gains a critical relation by
+    joining a, sub-task 2 none (a tie): by gain, 4 moves; by flow order (the method's choice of
+    which boundary sub-task moves), 2 does, being upstream."""
+    edges = [(0, 2), (2, 3), (1, 4), (0, 4), (4, 5)]
+    g = TaskGraph.build([str(i) for i in range(6)], np.ones(6), edges, critical=[True] * 5)
+    assign = np.array([A, A, B, B, B, B])
+    level = Level.of(g)
+    border = level.boundary(assign)
+    mover = Mover(level, assign, 2)
+    assert visiting_order(level, mover, border, "gain").tolist() == [0, 1, 4, 2]
+    assert visiting_order(level, mover, border, "flow").tolist() == [0, 1, 2, 4]
+    by = {pick: refine(g, assign, PartitionSettings(parts=2, balance=1.0, max_iterations=1,
+                                                    pick=pick)).assign
+          for pick in ("gain", "flow")}
+    assert by["gain"][4] == A and by["gain"][2] == B
+    assert by["flow"][2] == A and by["flow"][4] == B
+    with pytest.raises(ValueError):
+        PartitionSettings(parts=2, pick="random")
+
+
+@pytest.mark.parametrize("target,pick", [("every", "gain"), ("flow", "gain"), ("every", "flow")])
 @pytest.mark.parametrize("k", [2, 4, 8])
-def test_partition_of_a_layered_dag_is_balanced_and_cuts_few_critical_edges(k, target):
+def test_partition_of_a_layered_dag_is_balanced_and_cuts_few_critical_edges(k, target, pick):
     g = layered_dag(1000, seed=3)
-    result = partition(g, PartitionSettings(parts=k, target=target))
+    result = partition(g, PartitionSettings(parts=k, target=target, pick=pick))
     assert result.balanced and result.balance <= 1.2 + 1e-9
     assert set(np.unique(result.assign)) == set(range(k))
     critical = int(g.critical.sum())
@@ -132,3 +163,14 @@ def test_longest_path_and_byte_threshold_mark_critical_edges():
 def test_a_graph_out_of_topological_order_is_refused():
     with pytest.raises(ValueError, match="topological"):
         TaskGraph.build(["a", "b"], [1, 1], [(1, 0)])
+
+
+def test_the_coarsening_aims_at_max_16_2k_sets_and_stops_when_a_round_merges_little():
+    """What docs/architecture.md says of the sets: at most max(16, 2k) aimed at; on random
+    layered DAGs the coarsening stops earlier, at 15 sets on 1k nodes and 33 on 10k."""
+    assert [coarse_target(k) for k in (2, 4, 8, 16)] == [16, 16, 16, 32]
+    assert coarse_target(4, coarsen_to=40) == 40
+    small = partition(layered_dag(1000, seed=0), PartitionSettings(parts=2, tries=1))
+    large = partition(layered_dag(10_000, seed=0), PartitionSettings(parts=8, tries=1))
+    assert small.coarsest_sets == 15 and large.coarsest_sets == 33
+    assert large.coarsest_sets > coarse_target(8)   # stopped: a round merged under 5%

@@ -1,12 +1,19 @@
 """Skew-aware placement, pure parts: heavy-hitter counting and merging, the mapping, best fit
-with overflow."""
+with overflow and deferral."""
 
 from collections import Counter
 
 import numpy as np
 import pytest
 
-from roles.algorithms.placement import HeavyHitters, KeyMap, lower_bound, max_over_mean, place
+from roles.algorithms.placement import (
+    Deferred,
+    HeavyHitters,
+    KeyMap,
+    lower_bound,
+    max_over_mean,
+    place,
+)
 from roles.data.hashing import shard_of
 
 
@@ -110,9 +117,11 @@ def test_a_key_bigger_than_any_capacity_overflows_and_is_alone_on_its_shard():
     share = hh.counts[0] / len(keys)
     assert loads[hot_shard] == pytest.approx(hh.counts[0], rel=0.01)  # nothing else there
     assert max_over_mean(loads) <= 1.05 * lower_bound(share, k)
-    # carried: next window the overflowing key is placed first among equals
-    again = place(hh, buckets, np.full(k, len(keys) / k), alloc.keymap, carried=alloc.overflow)
-    assert again.moved_keys == 0 and again.moved_buckets == 0
+    # it is never held over (no capacity can ever take it): deferral leaves it where it is
+    held = place(hh, buckets, np.full(k, len(keys) / k), m, Deferred.nothing(k, 4 * 64))
+    assert hot in held.overflow and hot not in held.deferred.keys
+    again = place(hh, buckets, np.full(k, len(keys) / k), held.keymap, held.deferred)
+    assert again.moved_keys == 0 and hot in again.overflow
 
 
 def test_two_overflowing_keys_on_one_shard_are_split():
@@ -149,3 +158,76 @@ def test_a_key_map_travels_as_a_placement_and_one_that_does_not_fit_is_refused()
         KeyMap.from_message(msg, 2, 8)        # another bucket count
     with pytest.raises(ProtocolError):
         KeyMap.from_message(KeyMap(4, 3, np.arange(8) % 3).message("move"), 2, 4)
+
+
+def two_shards(keys: dict[int, int], tails: list[int]) -> tuple[HeavyHitters, np.ndarray]:
+    """A window of heavy ``keys`` (key -> pairs) and light pairs per bucket (``tails``), on 2
+    shards of len(tails) // 2 buckets each."""
+    k = np.array(list(keys), dtype=np.int64)
+    c = np.array(list(keys.values()), dtype=np.int64)
+    heavy = HeavyHitters.of(len(k), k, c, np.zeros_like(c), int(c.sum()) + sum(tails))
+    buckets = np.array(tails, dtype=np.int64)
+    np.add.at(buckets, k % len(tails), c)
+    return heavy, buckets
+
+
+def test_pairs_that_fit_no_room_are_held_and_count_first_against_the_next_window():
+    m = KeyMap.hashed(2, 2)             # buckets 0, 2 on shard 0; 1, 3 on shard 1
+    caps = np.array([50.0, 50.0])
+    # window 1: two keys of 45 fill the shards; bucket 0's 10 light pairs fit no room left
+    heavy, buckets = two_shards({4: 45, 5: 45}, [10, 0, 0, 0])
+    first = place(heavy, buckets, caps, m, Deferred.nothing(2, 4))
+    held = first.deferred
+    assert held.pairs == 5 and held.by_shard.tolist() == [5.0, 0.0]   # shard 0 took 5 of 10
+    assert held.bucket_windows.tolist() == [1, 0, 0, 0] and held.items == 1
+    assert held.report()["deferred_windows_max"] == 1
+    # window 2: shard 0 starts with the 5 pairs it still owes, so it is given less new work
+    heavy, buckets = two_shards({4: 40, 5: 40}, [5, 5, 5, 5])
+    second = place(heavy, buckets, caps, first.keymap, held)
+    assert second.released_pairs == 5
+    assert second.loads[0] == 45 and second.loads[1] == 55
+    assert second.deferred.by_shard[0] == 0     # shard 0 has worked its backlog off
+    # every pair is placed or held: this window's and the ones released into it
+    placed = second.loads.sum() - second.deferred.pairs
+    assert placed + second.deferred.pairs == heavy.total and second.deferred.pairs == 2.5
+    # without deferral the same window is planned as if shard 0 owed nothing
+    off = place(heavy, buckets, caps, first.keymap)
+    assert off.loads.tolist() == [50.0, 50.0] and off.deferred.pairs == 0
+
+
+def test_an_item_held_again_counts_its_allocations_in_a_row():
+    m = KeyMap.hashed(2, 2)
+    caps = np.array([50.0, 50.0])
+    heavy, buckets = two_shards({4: 45, 5: 45}, [10, 0, 0, 0])
+    held = Deferred.nothing(2, 4)
+    for window in range(1, 4):
+        alloc = place(heavy, buckets, caps, m, held)
+        held = alloc.deferred
+        assert held.bucket_windows[0] == window and held.windows_max == window
+    # a heavy key held while heavy, then light, passes its count to its bucket
+    heavy, buckets = two_shards({4: 48, 5: 45, 7: 6}, [1, 0, 0, 0])
+    alloc = place(heavy, buckets, caps, m, Deferred.nothing(2, 4))
+    assert alloc.deferred.keys.tolist() == [7] and alloc.deferred.key_windows.tolist() == [1]
+    heavy, buckets = two_shards({4: 48, 5: 45}, [1, 0, 0, 6])   # key 7 is in bucket 3
+    again = place(heavy, buckets, caps, m, alloc.deferred)
+    assert again.released_pairs == alloc.deferred.pairs == 1
+    assert again.deferred.bucket_windows.tolist() == [0, 0, 0, 2]
+
+
+def test_deferred_pairs_stay_bounded_over_many_windows_of_skewed_keys():
+    """Coarse items (2 buckets per shard, 20 heavy keys) on unequal shards: something is held
+    over almost every window, and it is a sliver of a window, served in the next one."""
+    k = 4
+    m = KeyMap.hashed(k, 2)
+    caps = np.array([1.5, 1.0, 1.0, 0.5])
+    held = Deferred.nothing(k, len(m.buckets))
+    shares, longest = [], 0
+    for w in range(40):
+        keys = zipf_keys(20_000, 2_000, 1.0, seed=100 + w)
+        hh, buckets = window(m, keys, 20)
+        alloc = place(hh, buckets, caps / caps.sum() * len(keys), m, held)
+        m, held = alloc.keymap, alloc.deferred
+        shares.append(held.pairs / len(keys))
+        longest = max(longest, held.windows_max)
+    assert sum(s > 0 for s in shares) >= 30
+    assert max(shares) < 0.05 and longest <= 6

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 from harness import REPO
 
+from roles.algorithms.capacity import read_records
 from roles.model.files import embeddings_file, load_embeddings
 
 pytestmark = pytest.mark.integration
@@ -46,6 +48,9 @@ def test_the_slow_shard_gets_half_the_load_and_nothing_is_lost(cluster):
         == p["records"]
     learnt = [w for w in p["windows"] if w["capacity_source"] == "predicted"]
     assert learnt, brief
+    # trained in a child process of control's, not in control's loop
+    assert p["predictor_fits"] >= 1 and p["predictor_pid"] not in (0, skewed.procs[
+        "control-0"].pid), brief
     # after the first windows the slow shard is assigned about half the fast one's load
     late = p["windows"][-8:]
     ratio = np.median([w["assigned"][1] / w["assigned"][0] for w in late])
@@ -59,3 +64,22 @@ def test_the_slow_shard_gets_half_the_load_and_nothing_is_lost(cluster):
     assert all(np.isfinite(v).all() for v in rows_s.values())
     assert abs(s["auc"] - h["auc"]) <= 0.005, (s["auc"], h["auc"])
     assert s["samples_trained"] == h["samples_trained"]
+
+
+def test_every_window_of_every_shard_is_recorded_once_when_windows_close_faster_than_heartbeats(
+        cluster):
+    """Windows of 2 batches close several times per heartbeat (0.25 s here): every shard's work
+    in every closed window is a history record, once."""
+    c = cluster(ZIPF_JOB, train__epochs=2, placement__window_batches=2)
+    assert c.run_job() == 0, c.logs()
+    closed = [e for e in c.events() if e["event"] == "placement_window"]
+    gaps = np.diff([e["t"] for e in closed])
+    assert np.median(gaps) < c.job.cluster.heartbeat_s / 2, gaps   # > 2 per heartbeat
+    recorded = Counter((r.window, r.shard, r.op) for r in read_records(c.run_dir / "placement"))
+    assert set(recorded.values()) == {1}, recorded.most_common(3)   # none twice
+    windows = {e["window"] for e in closed}
+    missing = {(w, shard) for w in windows for shard in (0, 1)
+               if (w, shard, "lookup") not in recorded or (w, shard, "update") not in recorded}
+    assert not missing, (sorted(missing), len(windows))
+    p = c.summary()["placement"]
+    assert p["records"] == len(recorded) and p["records_unrecordable"] == 0

@@ -43,12 +43,17 @@ def train_step(r: Replica, strategy) -> StepGrad | None:
 def test_every_mode_has_a_strategy_on_every_side():
     modes = TrainConfig.__dataclass_fields__["sync"].metadata["choices"]
     assert modes == ("step", "every", "round", "lazy")
+    expected = {  # (worker, feeder, aggregator): each mode's own strategies
+        "step": (worker_sync.StepSync, feeder_sync.FreeFeeding, agg_sync.StepApplying),
+        "every": (worker_sync.EverySync, feeder_sync.FreeFeeding, agg_sync.RoundsOnly),
+        "round": (worker_sync.RoundSync, feeder_sync.RoundFeeding, agg_sync.RoundsOnly),
+        "lazy": (worker_sync.LazySync, feeder_sync.FreeFeeding, agg_sync.RoundsOnly)}
     for mode in modes:
         j = job(mode)
         settings = live.LiveValues(j.aggregation)
-        assert worker_sync.for_mode(j.train, settings) is not None
-        assert feeder_sync.for_mode(j) is not None
-        assert agg_sync.for_mode(j.train, 4) is not None
+        got = (worker_sync.for_mode(j.train, settings), feeder_sync.for_mode(j),
+               agg_sync.for_mode(j.train, 4))
+        assert tuple(type(g) for g in got) == expected[mode], (mode, got)
 
 
 def test_step_sends_every_gradient_and_takes_no_local_step():

@@ -14,6 +14,7 @@ from roles.protocol.datapath import (
     BatchKeys,
     DataIndex,
     DataStats,
+    Deliver,
     Embeddings,
     FeederProgress,
     Lookup,
@@ -24,7 +25,7 @@ from roles.protocol.datapath import (
 from roles.protocol.dense_sync import Aggregate, Contribution, RoundDone, StepGrad, Weights
 from roles.protocol.lifecycle import EpochTrained, EvalReport
 from roles.protocol.model_parallel import PartCall, PartReply, PartTensors
-from roles.protocol.placement import Handover, KeyCounts, Placement
+from roles.protocol.placement import Handover, KeyCounts, Placement, WindowWork
 from zbus.codec import MAX_HEADER_BYTES, Message, ProtocolError, decode, message_types
 from zbus.messages import Finish, Hello
 
@@ -52,6 +53,8 @@ def sample(cls: type) -> Message:
                       owners=np.array([1, 0], np.int64))
     if cls is KeyCounts:
         values.update(counts=np.array([4, 2, 1], np.int64), errors=np.array([1, 0, 0], np.int64))
+    if cls is WindowWork:
+        values.update(windows=np.array([0, 4, 5], np.int64), figures=np.ones((3, 4)))
     if cls is PartTensors:
         values.update(phase="forward", names=["mlp_0"], values=np.zeros(3, np.float32))
     parts = np.array([[0, 0, 0, 5, 0, 90, 0], [1, 0, 5, 2, 90, 130, 1]], np.int64)
@@ -263,6 +266,8 @@ def test_consistency_rules():
                           delta=np.array([np.nan], f32)),
         Weights(round=1, step=0, generation=0, params=np.array([1.0, np.inf], f32)),
         StepGrad(coefficient=1.0, grads=np.array([np.nan], f32)),
+        Deliver(batch_id=1, worker=-1, train=True),
+        Deliver(batch_id=-1, worker=0, train=True),
     ]
     for msg in bad:
         with pytest.raises(ProtocolError) as err:
@@ -295,3 +300,17 @@ def test_one_corrupted_frame_only_ever_raises_protocol_error(cls, which, junk):
         decode(frames)
     except ProtocolError:
         pass
+
+
+@pytest.mark.parametrize("change", [
+    {"windows": np.array([4, 3], np.int64)},              # not ascending
+    {"windows": np.array([-1, 3], np.int64)},             # negative
+    {"figures": np.ones((2, 3))},                         # not n x 4
+    {"figures": np.array([[1, 1, 1, -1], [1, 1, 1, 1]], np.float64)},   # negative work
+    {"figures": np.array([[1, 1, 1, np.nan], [1, 1, 1, 1]], np.float64)},
+])
+def test_a_shards_work_report_that_does_not_add_up_is_refused(change):
+    good = {"late_pairs": 0, "windows": np.array([3, 4], np.int64), "figures": np.ones((2, 4))}
+    decode(WindowWork(**good).to_frames())
+    with pytest.raises(ProtocolError):
+        decode(WindowWork(**{**good, **change}).to_frames())

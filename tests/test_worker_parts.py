@@ -82,6 +82,23 @@ def test_a_batch_runs_once_granted_with_its_embeddings_when_due():
     assert p.embeddings(0, r0) is None            # gone meanwhile
 
 
+def test_mode_push_asks_a_shard_only_when_its_rows_are_overdue():
+    """The shards send the rows of a granted batch unasked; a reply that has not come
+    ``after`` seconds after the batch was the next to run is asked for, once."""
+    p = Pipeline(shards=2, fields=FIELDS, dim=DIM)
+    batch = p.pulled(sample(6))
+    due = lambda s: True  # noqa: E731
+    assert p.overdue(10.0, 2.0) is None                    # not the next to run yet
+    p.granted(6, True)
+    batch.looked_up_at = 1.0                               # Taken: the grant sends the rows
+    assert p.wanting_embeddings(due, 2.0) is None and batch.needed_at == 2.0
+    r0, _ = split_replies(6)
+    p.embeddings(0, r0)
+    assert p.overdue(3.9, 2.0) is None                     # not late yet
+    assert p.overdue(4.0, 2.0) is batch and batch.replies[1] is None  # ask shard 1
+    assert p.overdue(9.0, 2.0) is None                     # once
+
+
 def test_an_eval_batch_complete_but_for_its_weights_is_seen():
     p = Pipeline(shards=1, fields=FIELDS, dim=DIM)
     p.pulled(sample(8, eval=True))

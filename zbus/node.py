@@ -3,8 +3,11 @@
 ``Loop`` is a single-threaded event loop over ZeroMQ sockets: a ``zmq.Poller`` whose timeout is
 the heartbeat interval, a handler per socket, counting of malformed messages (logged once per
 kind, never fatal), per-channel byte counts, and SIGTERM/SIGINT that end the loop within one
-poll interval. ``Node`` adds the link to control that every role but control has: Hello until
-Welcome, heartbeats with load figures and counters, and the lifecycle commands on control's PUB.
+poll interval. A turn of the loop (its handlers, then ``on_tick``) leaves the messages still
+queued to the next turn once it has worked ``TURN_BUDGET_S``; the longest turn is counted
+(``longest_turn_s``: how long the loop went without looking at its sockets). ``Node`` adds the
+link to control that every role but control has: Hello until Welcome, heartbeats with load
+figures and counters, and the lifecycle commands on control's PUB.
 
 Control may be killed and started again on its run (``zbus-control --resume``). It does not
 know the nodes then, and answers a node's first message with Rejoin: the node says Hello again
@@ -54,6 +57,8 @@ log = logging.getLogger(__name__)
 Handler = Callable[[bytes | None, Envelope], None]
 DRAIN_PER_POLL = 64      # messages taken from one socket before looking at the others
 WAITING_LOG_S = 10.0     # a node waiting for control says so again this often
+TURN_BUDGET_S = 0.02     # a turn that has worked this long leaves what is still queued to the
+                         # next turn, so that one busy socket does not keep the others waiting
 
 
 class Loop:
@@ -79,10 +84,12 @@ class Loop:
         self.exit_code = 0
         self.started = time.monotonic()
         self.idle_s = 0.0  # time spent waiting in poll: 1 - idle_s / uptime is the loop's load
+        self.longest_turn_s = 0.0  # the longest a turn of the loop kept it from polling
         self.wake_at: float | None = None  # a role that needs on_tick sooner than a heartbeat
         self._handlers: dict[sockets.Socket, tuple[Handler, bool]] = {}
         self._events: dict[sockets.Socket, int] = {}
         self._seq = 0
+        self._turn_began = 0.0
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
 
@@ -158,13 +165,15 @@ class Loop:
                 timeout = self.heartbeat_s if self.wake_at is None else \
                     min(self.heartbeat_s, max(0.0, self.wake_at - waited))
                 ready = self.poller.poll(int(timeout * 1000))
-                self.idle_s += time.monotonic() - waited
+                woke = self._turn_began = time.monotonic()
+                self.idle_s += woke - waited
                 for sock, events in ready:
                     if events & zmq.POLLIN and sock in self._handlers:
                         self._drain(sock)
                     if events & zmq.POLLOUT:
                         self.on_writable(sock)
                 self.on_tick(time.monotonic())
+                self.longest_turn_s = max(self.longest_turn_s, time.monotonic() - woke)
         except self.fatal_errors as exc:  # the role cannot go on, and says why in one line
             log.error("%s: %s", self.node_id, exc)
             self.on_crash(exc)
@@ -193,6 +202,8 @@ class Loop:
                 self.reject(exc, type(env.msg).__name__)
             if sock not in self._events or not self._events[sock] & zmq.POLLIN:
                 return  # the handler paused this socket
+            if time.monotonic() - self._turn_began > TURN_BUDGET_S:
+                return  # the rest waits for the next turn (the poll finds it at once)
 
     def on_tick(self, now: float) -> None:
         """Called after every poll (at least once per heartbeat interval)."""
@@ -290,6 +301,7 @@ class Node(Loop):
                                   counters={**self.counters(), **self.traffic.as_dict(),
                                             "rejected_messages": dict(self.rejected),
                                             "idle_s": round(self.idle_s, 3),
+                                            "longest_turn_s": round(self.longest_turn_s, 4),
                                             "uptime_s": round(now - self.started, 3)},
                                   final=final))
 
@@ -331,6 +343,8 @@ class Node(Loop):
                 log.error("%s refused by control: %s", self.node_id, reason)
                 self.exit_code = 2
                 self.stopping = True
+            case _ if self.welcomed:
+                self.handle_reply(env)
             case _:
                 self.unexpected(env, "control link")
 
@@ -355,6 +369,10 @@ class Node(Loop):
 
     def handle_command(self, env: Envelope) -> None:
         """The application's commands from control's PUB (all but Stop and Finish)."""
+
+    def handle_reply(self, env: Envelope) -> None:
+        """The application's answers from control on this node's own link (to its reports)."""
+        self.unexpected(env, "control link")
 
     def on_welcome(self) -> None:
         """Called once control admitted this node."""

@@ -91,6 +91,11 @@ class Ledger:
     def peek(self, batch_id: int) -> InFlight | None:
         return self.in_flight.get(batch_id)
 
+    def holder(self, batch_id: int) -> str | None:
+        """The worker the batch is granted to (None: not in flight or not taken)."""
+        entry = self.in_flight.get(batch_id)
+        return entry.worker if entry is not None and entry.state == TAKEN else None
+
     def take(self, batch_id: int, worker: str) -> bool:
         """Grant the batch to ``worker`` unless another worker holds it (or it is done)."""
         entry = self.in_flight.get(batch_id)

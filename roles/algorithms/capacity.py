@@ -92,6 +92,7 @@ class CapacityPredictor:
         torch.set_num_threads(1)  # a tiny net: threads cost more than they give (control's loop)
         self.torch = torch
         self.shards = shards
+        self.hidden = hidden
         torch.manual_seed(seed)
         self.model = torch.nn.Sequential(
             torch.nn.Linear(3, hidden), torch.nn.ReLU(),
@@ -100,6 +101,13 @@ class CapacityPredictor:
         self.offset = 0.0    # mean log seconds per pair, so the net learns around zero
         self.trained_on = 0  # records in the last training
         self.dropped = 0     # outliers filtered before the last training
+
+    def copy(self) -> CapacityPredictor:
+        """An independent predictor with the same weights (trained on while this one serves)."""
+        twin = CapacityPredictor(self.shards, self.hidden)
+        twin.model.load_state_dict(self.model.state_dict())
+        twin.offset, twin.trained_on, twin.dropped = self.offset, self.trained_on, self.dropped
+        return twin
 
     def fit(self, records: list[Record], steps: int = 300, lr: float = 0.02) -> None:
         """Train on the records (outliers filtered), full batch, Adam, MSE on log time/pair.

@@ -10,8 +10,11 @@ Aggregate round r only when all three hold:
    when the whole cluster is on one host, else every interface but loopback. Capacity: the
    speed psutil reports, or ``[cluster] link_mbps`` where it reports none (loopback, most
    virtual NICs).
-2. cluster failure rate < ``failure_rate_max``: nodes with a probe unanswered for longer than
-   ``probe_timeout_s``, over the live nodes.
+2. cluster failure rate < ``failure_rate_max``: over a sliding window of ``failure_window_s``,
+   the nodes that crashed (declared failed, or found replaced by a new process) or left a probe
+   unanswered for longer than ``probe_timeout_s``, over every node of the job in that window
+   (``FailureWindow``). A crashed node counts until the window has passed its crash: then a
+   recovered cluster aggregates again.
 3. every live worker has done at least ``min_local_rounds`` local rounds since the last
    aggregation, or has nothing left to train (idle) — otherwise a worker starved at the end of
    a pass would hold the round back while the others wait at ``max_local_rounds``.
@@ -19,6 +22,7 @@ Aggregate round r only when all three hold:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 MBIT = 1_000_000 / 8  # bytes/s in one Mbit/s
@@ -59,12 +63,37 @@ def utilisation(hosts: list[HostMeter]) -> float:
     return sum(h.rate for h in hosts) / capacity if capacity > 0 else 0.0
 
 
-def failure_rate(pending_since: list[float | None], now: float, timeout_s: float) -> float:
-    """Share of live nodes whose oldest unanswered probe is older than ``timeout_s``."""
-    if not pending_since:
-        return 0.0
-    failed = sum(1 for t in pending_since if t is not None and now - t > timeout_s)
-    return failed / len(pending_since)
+class FailureWindow:
+    """The failure rate over a sliding time window: the nodes that were failing at some moment
+    of the window (a probe answered late, or a crash), over the nodes that were part of the job
+    at some moment of it. A node is *seen* while it lives; a crash is seen once, when it is
+    found, and the node counts (as failing, and as a node of the job) until the window has
+    passed that moment."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, float] = {}      # node -> the last moment it was part of the job
+        self.failing: dict[str, float] = {}   # node -> the last moment it was failing
+
+    def saw(self, node: str, now: float, failing: bool = False) -> None:
+        self.seen[node] = max(self.seen.get(node, now), now)
+        if failing:
+            self.failing[node] = max(self.failing.get(node, now), now)
+
+    def crashed(self, node: str, now: float) -> None:
+        self.saw(node, now, failing=True)
+
+    def rate(self, now: float, window_s: float) -> float:
+        since = now - window_s
+        nodes = [n for n, t in self.seen.items() if t >= since]
+        if not nodes:
+            return 0.0
+        return sum(1 for n in nodes if self.failing.get(n, -math.inf) >= since) / len(nodes)
+
+    def forget(self, now: float, window_s: float) -> None:
+        """Nodes out of the window for good (bounded memory)."""
+        for n in [n for n, t in self.seen.items() if t < now - window_s]:
+            del self.seen[n]
+            self.failing.pop(n, None)
 
 
 @dataclass(frozen=True)

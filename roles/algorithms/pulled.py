@@ -32,6 +32,7 @@ class PulledBatch:
     granted: bool = False
     looked_up_at: float | None = None   # when its Lookups went to the shards
     needed_at: float | None = None      # when it was the next to train, but for embeddings
+    overdue: bool = False     # mode push: the shards whose rows were late were asked
 
     @property
     def batch_id(self) -> int:
@@ -113,6 +114,16 @@ class Pipeline:
         if batch.needed_at is None:
             batch.needed_at = now
         return batch if batch.looked_up_at is None else None
+
+    def overdue(self, now: float, after: float) -> PulledBatch | None:
+        """Mode push: the next batch, when it has waited ``after`` seconds for embeddings that
+        the shards were to send unasked (marked: returned once)."""
+        batch = next(iter(self.batches.values()), None)
+        if batch is None or batch.overdue or batch.needed_at is None \
+                or batch.has_embeddings() or now - batch.needed_at < after:
+            return None
+        batch.overdue = True
+        return batch
 
     def lacking(self, shard: int) -> list[PulledBatch]:
         """The batches looked up whose rows from ``shard`` are not in (a restarted shard)."""

@@ -64,17 +64,26 @@ def embedding_waits(counters: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Per-batch waits for embeddings (ms): each worker's sample of them, and all together."""
     every: list[float] = []
     per_worker = {}
+    batches = messages = 0
     for node, c in sorted(counters.items(), key=lambda kv: node_index(kv[0])):
         waits = c.get("embedding_wait_ms")
         if not node.startswith("worker-") or not isinstance(waits, list) or not waits:
             continue
         waits = sorted(float(_num(w)) for w in waits)
         every += waits
-        per_worker[node] = {"batches": int(_num(c.get("embedding_waits"))),
+        sent, got = c.get("msgs_out"), c.get("msgs_in")
+        # the messages a worker's embeddings took: its look-ups out, the replies in
+        moved = int(_num((sent if isinstance(sent, dict) else {}).get("lookups"))
+                    + _num((got if isinstance(got, dict) else {}).get("embeddings")))
+        done = int(_num(c.get("embedding_waits")))
+        batches, messages = batches + done, messages + moved
+        per_worker[node] = {"batches": done, "messages": moved,
                             "median_ms": _quantile(waits, 0.5), "p90_ms": _quantile(waits, 0.9)}
     every.sort()
     return {"median_ms": _quantile(every, 0.5) if every else None,
-            "p90_ms": _quantile(every, 0.9) if every else None, "workers": per_worker}
+            "p90_ms": _quantile(every, 0.9) if every else None,
+            "messages_per_batch": round(messages / batches, 3) if batches else None,
+            "workers": per_worker}
 
 
 TABLE_FIGURES = ("rows", "admitted", "rejected", "rejected_keys", "expired", "evicted",
@@ -128,6 +137,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
                          if isinstance(c.get("rejected_messages"), dict)
                          and c["rejected_messages"]}
     shards = {node: {k: c.get(k) for k in ("keys", "updates", "duplicates_refused",
+                                           "grads_without_keys",
                                            "keys_moved_out", "keys_moved_in", "lookup_s",
                                            "update_s")}
               for node, c in sorted(counters.items()) if node.startswith("ps-")}
@@ -173,6 +183,9 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "batch_by_label": job.train.batch_by_label,
         "worker_time_s": worker_time,
         "busy": busy,
+        # the longest one turn of each node's event loop kept it from its sockets
+        "longest_turn_s": {node: round(_num(c.get("longest_turn_s")), 4)
+                           for node, c in sorted(counters.items()) if "longest_turn_s" in c},
         "sync": job.train.sync,
         "rounds": rounds,
         "round_samples": round_samples,

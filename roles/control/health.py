@@ -1,13 +1,18 @@
 """The cluster's health as control measures it: network utilisation per host from the load
-figures in heartbeats, and the failure rate from probes (``roles.algorithms.decision`` holds
-the arithmetic). Sync mode lazy decides on these figures; consoles see them in the status."""
+figures in heartbeats, and the failure rate from probes and crashes over a sliding window
+(``roles.algorithms.decision`` holds the arithmetic). Sync mode lazy decides on these figures;
+consoles see them in the status.
+
+A crash is found here from the membership: a node newly declared failed, or a known node
+answering as a new process (a shard, feeder or aggregator started again) while it had not left.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from roles.algorithms.decision import HostMeter, counted_interfaces, failure_rate, utilisation
-from roles.algorithms.membership import ALIVE, Members, NodeState
+from roles.algorithms.decision import FailureWindow, HostMeter, counted_interfaces, utilisation
+from roles.algorithms.membership import ALIVE, FAILED, Members, NodeState
 from roles.protocol.topology import ClusterConfig
 from zbus.codec import ProtocolError
 from zbus.messages import Probe
@@ -15,10 +20,13 @@ from zbus.messages import Probe
 
 class Health:
     def __init__(self, cluster: ClusterConfig, members: Members,
-                 send_probe: Callable[[str, Probe], None]):
+                 send_probe: Callable[[str, Probe], None], failure_window_s: float = 30.0):
         self.cluster = cluster
         self.members = members
         self.send_probe = send_probe
+        self.failure_window_s = failure_window_s
+        self.failures = FailureWindow()
+        self.known: dict[str, tuple[int, str]] = {}  # node -> (pid, status) last observed
         self.hosts: dict[str, HostMeter] = {}
         self.nonce = 0
         self.next_probe = 0.0
@@ -48,8 +56,24 @@ class Health:
                 node.probe_pending_since = node.probe_pending_since or now
                 self.send_probe(node_id, Probe(nonce=self.nonce))
 
+    def observe(self, now: float, probe_timeout_s: float) -> None:
+        """Every node of the job as it is now: live (answering probes late or not), or found
+        crashed since the last look."""
+        for node_id, node in self.members.nodes.items():
+            before = self.known.get(node_id)
+            self.known[node_id] = (node.pid, node.status)
+            if before is not None and before[1] == ALIVE and (
+                    node.status == FAILED or node.pid != before[0]):
+                self.failures.crashed(node_id, now)  # declared failed, or replaced
+            elif node.status == ALIVE and node.ready:
+                pending = node.probe_pending_since
+                self.failures.saw(node_id, now, failing=pending is not None
+                                  and now - pending > probe_timeout_s)
+            # a node that left on purpose drops out once the window has passed it
+        self.failures.forget(now, self.failure_window_s)
+
     def figures(self, now: float, probe_timeout_s: float) -> tuple[float, float]:
         """(network utilisation, failure rate) of the cluster now."""
-        pending = [n.probe_pending_since for n in self.members.live_nodes()]
+        self.observe(now, probe_timeout_s)
         return (utilisation(list(self.hosts.values())),
-                failure_rate(pending, now, probe_timeout_s))
+                self.failures.rate(now, self.failure_window_s))

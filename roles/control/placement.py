@@ -12,8 +12,16 @@ the new map is better by more than ``min_gain`` (max of load / capacity), it is 
     Placement(v+1, active)  feeders route by v+1 and go on
 
 The pause (drain to active) and the keys moved are written to metrics.jsonl and the summary.
-A window closed while a migration runs is recorded but not placed. The shards' work per window
-(heartbeat counter ``windows``) becomes history records two windows later, when it is complete.
+A window closed while a migration runs is recorded but not placed. What a placement defers
+(pairs that fit no room left) is held to the next one (``roles.algorithms.placement``).
+
+History: each shard reports every window's work once it is finished (``WindowWork``, with its
+heartbeats; ``roles.algorithms.window_work``) and control answers which windows it recorded
+(``WorkRecorded``, with the newest window closed): every window of every shard becomes history
+records once, however fast windows close. The history kept for training is the newest
+``[placement] history_windows`` windows, and the predictor is trained on a thread, the previous
+one serving meanwhile (``roles.control.capacity_training``): control's loop does not slow down
+as the job goes on.
 """
 
 from __future__ import annotations
@@ -21,22 +29,33 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from roles.algorithms.capacity import CapacityPredictor, Record, append_records, equal_or_configured
+from roles.algorithms.capacity import Record, append_records, equal_or_configured
 from roles.algorithms.membership import ALIVE, Members
-from roles.algorithms.placement import HeavyHitters, KeyMap, max_over_mean, place
+from roles.algorithms.placement import Deferred, HeavyHitters, KeyMap, max_over_mean, place
+from roles.control.capacity_training import BackgroundFit, child_process
 from roles.control.commands import Commands, ProgressClock
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
-from roles.protocol.placement import WORK_SLOTS, Drained, KeyCounts, Moved, Placement
+from roles.protocol.placement import (
+    WORK_SLOTS,
+    Drained,
+    KeyCounts,
+    Moved,
+    Placement,
+    WindowWork,
+    WorkRecorded,
+)
 from zbus.codec import ProtocolError
 
 log = logging.getLogger(__name__)
 WINDOWS_KEPT = 32   # per-window partition state kept for the status and the summary
+WINDOWS_KNOWN = 4096  # closed windows whose pairs (and recorded shards) control remembers
 
 
 @dataclass
@@ -52,7 +71,11 @@ class Migration:
 class PlacementKeeper:
     def __init__(self, job: Job, members: Members, commands: Commands, metrics: MetricsLog,
                  run_dir: Path, progress: ProgressClock,
-                 training_feeders: Callable[[], set[str] | None] | None = None):
+                 training_feeders: Callable[[], set[str] | None] | None = None,
+                 train_in: Callable[[], Executor] = child_process):
+        """``train_in``: where the capacity predictor trains (a child process of control's);
+        ``training_feeders``: the feeders that feed training parts (their KeyCounts close a
+        window)."""
         self.job = job
         self.training_feeders = training_feeders
         self.members = members
@@ -64,16 +87,21 @@ class PlacementKeeper:
         self.skew = p.mode == "skew"
         self.keymap = KeyMap.hashed(c.shards, p.buckets_per_shard)
         self.window_counts: dict[int, dict[str, KeyCounts]] = {}
-        self.window_pairs: dict[int, int] = {}
-        self.records: list[Record] = []
-        self.recorded: set[tuple[int, int]] = set()
-        self.predictor: CapacityPredictor | None = None
-        self.fitted_on = 0                   # records the predictor was last trained on
+        self.window_pairs: dict[int, int] = {}     # closed windows (the newest WINDOWS_KNOWN)
+        self.newest_closed = -1
+        self.history: dict[int, list[Record]] = {}  # window -> its records (the newest kept)
+        self.history_version = 0                    # rises with every record
+        self.records_total = 0
+        self.recorded: set[tuple[int, int]] = set()  # (window, shard) recorded
+        self.unrecordable = 0     # windows a shard reported that this control never closed
+        self.late_pairs: dict[int, int] = {}        # shard -> pairs of late work (not recorded)
+        self.trainer: BackgroundFit | None = None
         self.last_capacities: tuple[np.ndarray, str] | None = None
-        if self.skew:   # torch's import takes a second or two: at start, not mid-job
-            self.predictor = CapacityPredictor(c.shards)
+        if self.skew:
+            self.trainer = BackgroundFit(c.shards, p.predictor_steps, run_dir / "placement",
+                                         train_in)
         self.migration: Migration | None = None
-        self.carried = np.zeros(0, dtype=np.int64)
+        self.deferred = Deferred.nothing(c.shards, len(self.keymap.buckets))
         self.windows: list[dict] = []        # partition state per closed window (newest last)
         self.migrations: list[dict] = []
 
@@ -97,7 +125,7 @@ class PlacementKeeper:
         if m.bucket_pairs.shape != self.keymap.buckets.shape or \
                 m.shard_pairs.shape != (self.keymap.shards,):
             raise ProtocolError("bad_shape", "KeyCounts whose buckets or shards do not fit")
-        if m.window in self.window_pairs:
+        if m.window in self.window_pairs or m.window <= self.newest_closed - WINDOWS_KNOWN:
             return  # a window already closed
         got = self.window_counts.setdefault(m.window, {})
         got[node_id] = m
@@ -113,7 +141,7 @@ class PlacementKeeper:
         buckets = sum(np.asarray(m.bucket_pairs, dtype=np.int64) for m in counts)
         assigned = sum(np.asarray(m.shard_pairs, dtype=np.int64) for m in counts)
         pairs = heavy.total
-        self.window_pairs[window] = pairs
+        self.closed(window, pairs)
         if self.migration is None or self.last_capacities is None:
             self.last_capacities = self.capacities(pairs)
         capacities, source = self.last_capacities
@@ -133,25 +161,42 @@ class PlacementKeeper:
         del self.windows[:-WINDOWS_KEPT]
         self.metrics.write("placement_window", **state)
 
+    def closed(self, window: int, pairs: int) -> None:
+        """A window is closed: its pairs are known; the oldest windows are forgotten."""
+        self.window_pairs[window] = pairs
+        self.newest_closed = max(self.newest_closed, window)
+        horizon = self.newest_closed - WINDOWS_KNOWN
+        for w in [w for w in self.window_pairs if w <= horizon]:
+            del self.window_pairs[w]
+        for w in [w for w in self.window_counts if w <= horizon]:
+            del self.window_counts[w]
+        if len(self.recorded) > 2 * WINDOWS_KNOWN * self.job.cluster.shards:
+            self.recorded = {(w, s) for w, s in self.recorded if w > horizon}
+
+    def records(self) -> list[Record]:
+        """The history kept: the records of the newest ``history_windows`` windows."""
+        return [r for records in self.history.values() for r in records]
+
     def capacities(self, pairs: int) -> tuple[np.ndarray, str]:
+        """The capacities for a window of ``pairs``: the predictor in service once one is
+        trained (a new training starts on a thread whenever the history has grown), equal or
+        configured before."""
         p = self.job.placement
-        windows = {r.window for r in self.records}
-        if len(windows) >= p.min_windows:
-            try:
-                if self.fitted_on != len(self.records):   # new history since the last fit
-                    self.predictor.fit(self.records, steps=p.predictor_steps)
-                    self.predictor.save(self.run_dir / "placement")
-                    self.fitted_on = len(self.records)
-                return self.predictor.capacities(pairs), "predicted"
-            except ValueError as exc:   # nothing usable after filtering
-                log.warning("capacity predictor not trained: %s", exc)
+        trainer = self.trainer
+        if trainer is not None:
+            trainer.poll()
+            if len(self.history) >= p.min_windows:
+                trainer.want(self.records(), self.history_version)
+            predicted = trainer.capacities(pairs)
+            if predicted is not None:
+                return predicted, "predicted"
         return equal_or_configured(pairs, self.job.cluster.shards, p.capacities), (
             "configured" if p.capacities else "equal")
 
     def allocate(self, window: int, heavy: HeavyHitters, buckets: np.ndarray,
                assigned: np.ndarray, capacities: np.ndarray, state: dict) -> None:
-        alloc = place(heavy, buckets, capacities, self.keymap, carried=self.carried)
-        self.carried = alloc.overflow
+        alloc = place(heavy, buckets, capacities, self.keymap, deferred=self.deferred)
+        self.deferred = alloc.deferred
         fill_now = float(np.max(assigned / capacities))
         fill_new = float(np.max(alloc.loads / capacities))
         moves = alloc.moved_keys + alloc.moved_buckets
@@ -159,6 +204,7 @@ class PlacementKeeper:
                      fill_now=round(fill_now, 4), fill_new=round(fill_new, 4),
                      overflow=len(alloc.overflow),
                      overflow_by_shard=alloc.overflow_by_shard.tolist(),
+                     released_pairs=round(alloc.released_pairs, 1), **alloc.deferred.report(),
                      moved_keys=alloc.moved_keys, moved_buckets=alloc.moved_buckets)
         if not moves or fill_new > fill_now * (1 - self.job.placement.min_gain):
             state["decision"] = "keep"
@@ -202,27 +248,41 @@ class PlacementKeeper:
             self.commands.publish(self.keymap.message("active"), "placement")
 
     # -- the shards' work: history records -----------------------------------------------------
-    def record_work(self, shard: int, counters: dict) -> None:
-        """Windows a shard finished (two behind the newest it reports) become records."""
-        windows = counters.get("windows")
-        if not self.skew or not isinstance(windows, dict):
-            return
-        try:
-            work = {int(w): [float(x) for x in f] for w, f in windows.items() if len(f) == 4}
-        except (TypeError, ValueError):
-            return
-        if not work:
-            return
-        newest = max(work)
-        for w, f in sorted(work.items()):
-            if w > newest - 2 or (w, shard) in self.recorded or w not in self.window_pairs:
+    def handle_window_work(self, shard: int, m: WindowWork) -> WorkRecorded:
+        """A shard's finished windows become records, each once; the answer names the windows
+        recorded (or never to be: closed before this control knew them, or long forgotten)."""
+        if not self.skew:
+            raise ProtocolError("unexpected", "WindowWork while placement mode is hash")
+        if not 0 <= shard < self.job.cluster.shards:
+            raise ProtocolError("unexpected", f"WindowWork from shard {shard}")
+        self.late_pairs[shard] = m.late_pairs
+        answered, new = [], []
+        for w, f in zip(m.windows.tolist(), m.figures.tolist(), strict=True):
+            if (w, shard) in self.recorded:
+                answered.append(w)     # a repeat: the answer was lost
+                continue
+            if w > self.newest_closed:
+                continue               # not closed here yet (a resumed control)
+            answered.append(w)
+            total = self.window_pairs.get(w)
+            if total is None:
+                self.unrecordable += 1
                 continue
             self.recorded.add((w, shard))
-            total = self.window_pairs[w]
-            new = [Record(w, op, shard, total, int(f[pairs_at]), f[seconds_at])
-                   for op, (pairs_at, seconds_at) in WORK_SLOTS.items()]
-            self.records += new
-            append_records(self.run_dir / "placement", new)
+            new += [Record(w, op, shard, total, int(f[pairs_at]), f[seconds_at])
+                    for op, (pairs_at, seconds_at) in WORK_SLOTS.items()]
+        if new:
+            self.remember(new)
+        return WorkRecorded(closed=self.newest_closed, windows=np.array(answered, np.int64))
+
+    def remember(self, records: list[Record]) -> None:
+        for r in records:
+            self.history.setdefault(r.window, []).append(r)
+        while len(self.history) > self.job.placement.history_windows:
+            del self.history[min(self.history)]
+        self.records_total += len(records)
+        self.history_version += 1
+        append_records(self.run_dir / "placement", records)
 
     # -- what consoles and the summary see -----------------------------------------------------
     def status(self) -> dict | None:
@@ -242,8 +302,18 @@ class PlacementKeeper:
             "moved_keys": sum(m["moved_keys"] for m in self.migrations),
             "pause_s_last": self.migrations[-1]["pause_s"] if self.migrations else None,
             "pause_s_total": round(sum(m["pause_s"] for m in self.migrations), 4),
-            "records": len(self.records),
-            "outliers_dropped": self.predictor.dropped if self.predictor else None,
+            "records": self.records_total,
+            "records_kept": sum(len(r) for r in self.history.values()),
+            "records_unrecordable": self.unrecordable,
+            "late_pairs": sum(self.late_pairs.values()),
+            "predictor_fits": self.trainer.fits if self.trainer else 0,
+            "predictor_fit_s_last": round(self.trainer.fit_s_last, 4) if self.trainer else None,
+            "predictor_pid": self.trainer.trained_by if self.trainer else None,
+            "outliers_dropped": self.trainer.serving.dropped
+            if self.trainer and self.trainer.serving else None,
+            "deferred_pairs": round(self.deferred.pairs, 1),
+            "deferred_items": self.deferred.items,
+            "deferred_windows_max": self.deferred.windows_max,
             "table_keys": len(self.keymap.keys)}
 
     def summary(self) -> dict:
@@ -263,3 +333,7 @@ class PlacementKeeper:
                                   "way; it cannot be resumed")
             self.keymap = self.keymap.from_message(placement, self.job.cluster.shards,
                                                    self.job.placement.buckets_per_shard)
+
+    def close(self) -> None:
+        if self.trainer is not None:
+            self.trainer.close()

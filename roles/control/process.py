@@ -82,7 +82,7 @@ from roles.protocol.dense_sync import (
 )
 from roles.protocol.lifecycle import EpochTrained, EvalReport, Exported, Membership
 from roles.protocol.operator import ControlReply, ControlRequest, Status
-from roles.protocol.placement import Drained, KeyCounts, Moved
+from roles.protocol.placement import Drained, KeyCounts, Moved, WindowWork
 from zbus import security
 from zbus.codec import Envelope, ProtocolError
 from zbus.endpoints import CONTROL_ID
@@ -133,7 +133,7 @@ class Control(Loop):
         self.commands = Commands(lambda msg: self.send(self.pub, msg), self.save_state)
         # the parts
         self.health = Health(c, self.members, lambda node_id, probe: self.send(
-            self.router, probe, identity=node_id.encode()))
+            self.router, probe, identity=node_id.encode()), job.aggregation.failure_window_s)
         self.settings = LiveSettings(job.aggregation, self.run_dir / "config.toml",
                                      self.commands, self.metrics)
         self.rounds = Rounds(sync_mode(job.train.sync, job.train.sync_every,
@@ -271,6 +271,9 @@ class Control(Loop):
                 self.placement.handle_placement_drained(node_id, m)
             case Moved() as m:
                 self.placement.handle_moved(node_id, m)
+            case WindowWork() as m if node.role == "ps":
+                self.send(self.router, self.placement.handle_window_work(node.index, m),
+                          identity=identity)
             case _:
                 self.unexpected(env, "control socket")
 
@@ -352,8 +355,6 @@ class Control(Loop):
         node.state, node.load, node.counters = beat.state, beat.load, beat.counters
         node.final = node.final or beat.final
         self.health.meter(node, beat.load, now)
-        if node.role == "ps":
-            self.placement.record_work(node.index, beat.counters)
         self.status.heard(node_id, node.role, beat.counters, now)
 
     def handle_ready(self, node_id: str, node: NodeState, info: dict, now: float) -> None:
@@ -679,6 +680,7 @@ class Control(Loop):
                                         self.node_id: {**self.traffic.as_dict(),
                                                        "rejected_messages": dict(self.rejected),
                                                        "idle_s": self.idle_s,
+                                                       "longest_turn_s": self.longest_turn_s,
                                                        "uptime_s": now - self.started}},
                               wall_s=now - self.started + self.run_before_s)
         path = self.run_dir / "summary.json"
@@ -714,6 +716,7 @@ class Control(Loop):
 
     def close(self) -> None:
         self.monitoring.stop()
+        self.placement.close()
         self.pub.setsockopt(zmq.LINGER, 1000)  # let Stop reach the nodes
         self.pub.close()
         self.status_pub.setsockopt(zmq.LINGER, 500)  # and the last status the consoles

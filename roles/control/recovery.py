@@ -12,9 +12,9 @@ restores its rows from the newest complete whole-job checkpoint (``roles.control
 every ``[checkpoint] every_s``) and says Ready; control then
 publishes ``ShardBack``, and feeders send it the keys of their batches in flight again while
 workers repeat the look-ups it had not answered. The embedding updates it applied after that
-checkpoint are lost: at least the difference between its last heartbeat's update count and the
-checkpoint's (in the summary's ``shard_recoveries``, with the checkpoint's age and the time it
-was down). A shard declared failed that speaks again was only stalled: it goes on.
+checkpoint are lost: the restarted shard counts them exactly from its log of applied batches
+(``updates_lost`` in the summary's ``shard_recoveries``, with the checkpoint's age and the time
+it was down). A shard declared failed that speaks again was only stalled: it goes on.
 """
 
 from __future__ import annotations
@@ -34,14 +34,16 @@ from zbus.endpoints import node_index
 log = logging.getLogger(__name__)
 
 
-def shard_recovery(lost_at: float, back_at: float, updates_before: int, info: dict) -> dict:
-    """What a shard's restart cost: how long it was away, how old its checkpoint was, and
-    at least how many applied updates were lost with it."""
-    checkpointed = info.get("checkpoint_updates")
-    counted = checkpointed if isinstance(checkpointed, int) else 0
+def shard_recovery(lost_at: float, back_at: float, info: dict) -> dict:
+    """What a shard's restart cost: how long it was away, how old its checkpoint was, and how
+    many updates its dead process had applied after that checkpoint (lost with it: counted by
+    the shard from its log of applied batches; None from a shard that did not say)."""
+    lost = info.get("updates_lost")
     return {"down_s": round(back_at - lost_at, 3), "restored": info.get("restored") is True,
             "checkpoint_age_s": info.get("checkpoint_age_s"),
-            "updates_lost_at_least": max(0, updates_before - counted)}
+            "checkpoint": info.get("checkpoint"),
+            "checkpoint_updates": info.get("checkpoint_updates"),
+            "updates_lost": lost if isinstance(lost, int) and lost >= 0 else None}
 
 
 @dataclass
@@ -68,7 +70,9 @@ class Recovery:
         self.recoveries: list[dict] = []
         self.aggregator_lost_at: float | None = None
         self.shards_lost: dict[str, float] = {}   # shard -> when declared failed
-        self.shards_back: dict[str, tuple[float, int]] = {}  # restarting: lost at, updates
+        # restarting: since when, and its update count at its last heartbeat (kept in the
+        # state file as before; the exact loss comes from the shard)
+        self.shards_back: dict[str, tuple[float, int]] = {}
         self.shard_generation = 0
         self.shard_recoveries: list[dict] = []
 
@@ -146,16 +150,16 @@ class Recovery:
         log.warning("%s restarted: it restores its latest checkpoint", node_id)
 
     def shard_back(self, node_id: str, info: dict, now: float) -> None:
-        lost_at, updates_before = self.shards_back.pop(node_id)
+        lost_at, _ = self.shards_back.pop(node_id)
         self.shard_generation += 1
         record = {"shard": node_id, "generation": self.shard_generation,
                   "checkpoint_every_s": self.job.checkpoint.every_s,
-                  **shard_recovery(lost_at, now, updates_before, info)}
+                  **shard_recovery(lost_at, now, info)}
         self.shard_recoveries.append(record)
         self.metrics.write("shard_recovered", **record)
-        log.warning("%s is back after %.1f s from a checkpoint %s s old: at least %d updates "
-                    "lost", node_id, record["down_s"], record["checkpoint_age_s"],
-                    record["updates_lost_at_least"])
+        log.warning("%s is back after %.1f s from a checkpoint %s s old: %s updates lost",
+                    node_id, record["down_s"], record["checkpoint_age_s"],
+                    record["updates_lost"])
         self.progress.touch(now)
         index = node_index(node_id)
         self.commands.publish(ShardBack(shard=index, generation=self.shard_generation),

@@ -182,9 +182,9 @@ class TrainConfig:
     prefetch: int = field(default=2, metadata={"min": 1, "max": 64, "doc": (
         "batches a worker pulls ahead of the one it trains (small keeps the queue fair)")})
     embeddings: str = field(default="push", metadata={"choices": ("push", "pull"), "doc": (
-        "`push`: a worker announces each batch to the shards as it pulls it and they send the "
-        "rows as soon as they have its keys; `pull`: it asks when it is about to train the "
-        "batch")})
+        "`push`: the feeder's grant of a batch tells the shards which worker trains it, and "
+        "they send it the rows unasked; `pull`: the worker asks every shard when it is about "
+        "to train the batch")})
     batch_by_label: bool = field(default=False, metadata={"doc": (
         "every training batch holds samples of one label, the labels' batches interleaved")})
     device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda"), "doc": (
@@ -265,10 +265,15 @@ class AggregationConfig:
         "`lazy` aggregates only while the cluster's network utilisation is below this")})
     failure_rate_max: float = field(default=0.05, metadata={
         "min": 0.001, "max": 1.0, "live": True, "doc": (
-            "… and its failure rate (nodes with a late probe ÷ live nodes) is below this")})
+            "… and its failure rate (nodes that crashed or answered a probe late within "
+            "`failure_window_s` ÷ the job's nodes in that window) is below this")})
     probe_timeout_s: float = field(default=3.0, metadata={
         "min": 0.05, "max": 600.0, "live": True, "doc": (
             "a probe unanswered this long counts as failed")})
+    failure_window_s: float = field(default=30.0, metadata={
+        "min": 0.1, "max": 3600.0, "doc": (
+            "the failure rate's sliding window: a crash or a late probe counts this long "
+            "(not live)")})
     min_local_rounds: int = field(default=4, metadata={
         "min": 1, "max": 10_000, "live": True, "doc": (
             "… and every live worker did this many local rounds (≤ `max_local_rounds`)")})
@@ -312,6 +317,9 @@ class PlacementConfig:
         "empty: equal"))
     predictor_steps: int = field(default=300, metadata={"min": 1, "max": 100_000, "doc": (
         "Adam steps of the predictor's first training (a fifth on each retraining)")})
+    history_windows: int = field(default=256, metadata={"min": 1, "max": 100_000, "doc": (
+        "the predictor trains on the newest this many windows of history (its cost stays "
+        "flat as the job runs)")})
     drain_timeout_s: float = field(default=10.0, metadata={"min": 0.1, "doc": (
         "a shard hands over after this long even if a held batch's gradients never came "
         "(counted)")})
@@ -319,6 +327,8 @@ class PlacementConfig:
     def __post_init__(self) -> None:
         if any(not c > 0 for c in self.capacities):
             raise ValueError("[placement] capacities must be positive")
+        if self.min_windows > self.history_windows:
+            raise ValueError("[placement] min_windows must be <= history_windows")
 
 
 @dataclass(frozen=True)
@@ -338,6 +348,9 @@ class PartitionConfig:
     target: str = field(default="every", metadata={"choices": ("every", "flow"), "doc": (
         "where it moves: the best other part (`every`) or the first in flow order among its "
         "neighbours' parts (`flow`)")})
+    pick: str = field(default="gain", metadata={"choices": ("gain", "flow"), "doc": (
+        "which boundary sub-task moves first: the one with the largest gain (`gain`) or the "
+        "first in flow order (`flow`, the method's choice)")})
     tries: int = field(default=8, metadata={"min": 1, "max": 1000, "doc": (
         "random initial partitions of the sets, each refined; the best is kept")})
     seed: int = field(default=0, metadata={"doc": "the partitioner's random numbers"})

@@ -119,7 +119,7 @@ def plan_graph(gm: fx.GraphModule, settings: PartitionSettings, critical_bytes: 
 def partition_settings(job: Job, parts: int | None = None) -> PartitionSettings:
     p = job.partition
     return PartitionSettings(parts=parts or job.cluster.parts, balance=p.balance,
-                             threshold=p.threshold, target=p.target, seed=p.seed,
+                             threshold=p.threshold, target=p.target, pick=p.pick, seed=p.seed,
                              tries=p.tries)
 
 

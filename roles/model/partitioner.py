@@ -3,8 +3,10 @@
 
 1. **Sets.** Sub-tasks are clustered along their flow relations: each round matches every
    sub-task with the unmatched neighbour it shares most critical relations with (any relation
-   when it has no critical one), as long as the set stays light; rounds repeat until about
-   ``coarsen_to`` sets are left. Every round is a level, coarsest last.
+   when it has no critical one), as long as the set stays light; rounds repeat until at most
+   ``coarse_target`` sets are left (``coarsen_to``, by default max(16, 2k)), or until a round
+   merges less than 5% (then the coarsest level has more: 33 sets on 10k-node layered DAGs).
+   Every round is a level, coarsest last.
 2. **Initial partition.** The sets are assigned to the k parts at random (a set goes to a random
    part that still has room), then a random set is moved to a random other part, again and
    again (``initial_moves``); the assignment with the fewest cut edges seen within the balance
@@ -16,9 +18,12 @@
    moves toward that part, if the part stays within the balance bound; the target is the best
    such part (``target = "every"``) or the first in flow order among the parts of its
    neighbours (``"flow"``). Gains are recomputed after every move. An iteration visits the
-   boundary. The default ``threshold`` of -0.5 also moves a sub-task that loses no critical
-   relation (a plateau move, which lets the boundary travel); relations that are not critical
-   only break ties between such moves. The refinement stops when an iteration brings no
+   boundary, in the order ``pick`` says: the sub-task with the largest gain first (``"gain"``,
+   the default) or in flow order, upstream first (``"flow"``, the method's choice of which
+   boundary sub-task moves: measured in ``scripts/bench_partition.py``). The default
+   ``threshold`` of -0.5 also moves a sub-task that loses no critical relation (a plateau
+   move, which lets the boundary travel); relations that are not critical only break ties
+   between such moves. The refinement stops when an iteration brings no
    boundary sub-task not seen before (or after ``max_iterations``) and returns the partition
    with the fewest cut critical edges seen over all its iterations.
    Before refining a level, parts over the bound give away the sub-tasks that lose fewest
@@ -42,6 +47,7 @@ import numpy as np
 from roles.model.task_graph import TaskGraph
 
 TARGETS = ("every", "flow")
+PICKS = ("gain", "flow")
 
 
 @dataclass(frozen=True)
@@ -50,11 +56,12 @@ class PartitionSettings:
     balance: float = 1.2
     threshold: float = -0.5      # < 0: moves that lose no critical relation go too
     target: str = "every"
+    pick: str = "gain"           # which boundary sub-task moves first: largest gain, or flow
     seed: int = 0
     initial_moves: int = 0       # 0: 40 per set
     max_iterations: int = 64
     tries: int = 8               # initial partitions of the coarsest sets
-    coarsen_to: int = 0          # 0: 2 sets per part, at least 16
+    coarsen_to: int = 0          # 0: max(16, 2k) sets (coarse_target)
 
     def __post_init__(self) -> None:
         if self.parts < 1:
@@ -63,6 +70,8 @@ class PartitionSettings:
             raise ValueError("balance must be >= 1.0")
         if self.target not in TARGETS:
             raise ValueError(f"target must be one of {', '.join(TARGETS)}")
+        if self.pick not in PICKS:
+            raise ValueError(f"pick must be one of {', '.join(PICKS)}")
 
 
 @dataclass
@@ -76,6 +85,7 @@ class Partition:
     history: list[int] = field(default_factory=list)  # cut critical per refinement iteration
     levels: int = 0
     seconds: float = 0.0
+    coarsest_sets: int = 0        # sets on the coarsest level (the initial partition's)
 
 
 class Level:
@@ -180,8 +190,18 @@ def _better(cut: tuple[int, int], over: float, best: tuple[int, int], best_over:
     return cut < best
 
 
+def visiting_order(level: Level, mv: Mover, border: np.ndarray, pick: str) -> np.ndarray:
+    """The boundary sub-tasks in the order an iteration visits them: largest gain (best second
+    gain minus first gain) first, or in flow order (upstream first)."""
+    if pick == "flow":
+        return border[np.argsort(level.flow[border], kind="stable")]
+    own = mv.gain[border, mv.assign[border]]
+    return border[np.argsort(-(mv.gain[border].max(axis=1) - own), kind="stable")]
+
+
 def refine_level(level: Level, assign: np.ndarray, k: int, cap: float, threshold: float,
-                 target: str, max_iterations: int) -> tuple[np.ndarray, list[int]]:
+                 target: str, max_iterations: int,
+                 pick: str = "gain") -> tuple[np.ndarray, list[int]]:
     """The refinement of the module docstring on one level: (best assignment, cut critical
     edges after every iteration, the starting one first)."""
     mv = Mover(level, assign, k)
@@ -195,9 +215,7 @@ def refine_level(level: Level, assign: np.ndarray, k: int, cap: float, threshold
         if not new:
             break   # the stop rule: no boundary sub-task not seen before
         seen |= new
-        own = mv.gain[border, mv.assign[border]]
-        order = border[np.argsort(-(mv.gain[border].max(axis=1) - own), kind="stable")]
-        for i in order.tolist():
+        for i in visiting_order(level, mv, border, pick).tolist():
             if level.pin[i] >= 0:
                 continue
             a = int(mv.assign[i])
@@ -321,7 +339,7 @@ def partition(g: TaskGraph, s: PartitionSettings) -> Partition:
     if k == 1:
         assign = np.zeros(g.n, dtype=np.int64)
         return _result(finest, assign, k, bound, [finest.cut(assign)[0]], 0, started)
-    target_sets = s.coarsen_to or max(16, 2 * k)
+    target_sets = coarse_target(k, s.coarsen_to)
     levels, maps = [finest], []
     while levels[-1].n > target_sets or len(levels) == 1:
         set_cap = max(1.5 * total / target_sets, 1e-12)
@@ -337,7 +355,7 @@ def partition(g: TaskGraph, s: PartitionSettings) -> Partition:
         mv = Mover(coarsest, start, k)
         rebalance(mv, cap)
         tried, _ = refine_level(coarsest, mv.assign, k, cap, s.threshold, s.target,
-                                s.max_iterations)
+                                s.max_iterations, s.pick)
         over = max(0.0, loads_of(coarsest, tried, k).max() - cap)
         tries.append((over > 0, over, coarsest.weighted_cut(tried), len(tries), tried))
     assign = min(tries)[-1]
@@ -346,10 +364,17 @@ def partition(g: TaskGraph, s: PartitionSettings) -> Partition:
         mv = Mover(levels[depth], assign, k)
         rebalance(mv, cap)
         assign, history = refine_level(levels[depth], mv.assign, k, cap, s.threshold, s.target,
-                                       s.max_iterations)
+                                       s.max_iterations, s.pick)
         if depth:
             assign = assign[maps[depth - 1]]
-    return _result(finest, assign, k, bound, history, len(levels), started)
+    result = _result(finest, assign, k, bound, history, len(levels), started)
+    result.coarsest_sets = coarsest.n
+    return result
+
+
+def coarse_target(k: int, coarsen_to: int = 0) -> int:
+    """How many sets the coarsening aims at: ``coarsen_to``, by default max(16, 2k)."""
+    return coarsen_to or max(16, 2 * k)
 
 
 def refine(g: TaskGraph, assign: np.ndarray, s: PartitionSettings) -> Partition:
@@ -358,7 +383,7 @@ def refine(g: TaskGraph, assign: np.ndarray, s: PartitionSettings) -> Partition:
     level = Level.of(g)
     cap = s.balance * float(level.load.sum()) / s.parts
     best, history = refine_level(level, np.asarray(assign, dtype=np.int64), s.parts, cap,
-                                 s.threshold, s.target, s.max_iterations)
+                                 s.threshold, s.target, s.max_iterations, s.pick)
     return _result(level, best, s.parts, cap, history, 1, started)
 
 

@@ -1,7 +1,8 @@
 """The data path: what the data is and which feeder reads which part of it (DataIndex, PartMap,
 PartStats, DataStats), a feeder's progress, a batch's sparse keys to the shards (feeder -> ps),
 its dense part to the sample queue (feeder PUSH -> worker PULL), embeddings and their gradients
-(worker <-> ps), and the ledger's take/grant/ack (worker <-> feeder)."""
+(worker <-> ps; in mode ``push`` the feeder tells the shards where to send them: Deliver), and
+the ledger's take/grant/ack (worker <-> feeder)."""
 
 from __future__ import annotations
 
@@ -232,6 +233,22 @@ class Lookup(Message):
 
     batch_id: int
     train: bool
+
+
+@message("deliveries")
+class Deliver(Message):
+    """Mode ``push`` (feeder -> ps): batch ``batch_id`` was granted to worker ``worker``; the
+    shard sends it the batch's Embeddings as soon as it has the keys, unasked (``train`` false
+    for evaluation: no gradients will follow). Frames: the tag and the header (``batch_id``,
+    ``worker``, ``train``), no array."""
+
+    batch_id: int
+    worker: int
+    train: bool
+
+    def check(self) -> None:
+        require(self.batch_id >= 0, "batch id must not be negative")
+        require(0 <= self.worker < 1 << 16, "worker index out of range")
 
 
 @message("embeddings")

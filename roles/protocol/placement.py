@@ -1,5 +1,6 @@
 """Skew-aware key placement: the feeders' key counts, control's key map and its migration
-phases, and the shards' handover of rows."""
+phases, the shards' handover of rows, and the shards' work per window (the capacity
+predictor's history), reported until control has recorded it."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import numpy as np
 
 from zbus.codec import Message, array, finite, message, require
 
-# A shard's work per allocation window, as its heartbeat reports it (counter "windows":
-# window -> 4 figures): for each operation, where its key-value pairs and its CPU seconds are.
+# A shard's work in one allocation window (a row of WindowWork's figures): for each operation,
+# where its key-value pairs and its CPU seconds are.
 WORK_SLOTS = {"lookup": (0, 1), "update": (2, 3)}
-
+WORK_FIGURES = 4
+MAX_WINDOWS_REPORTED = 256   # windows in one WindowWork (more wait for the next one)
 
 
 @message()
@@ -102,3 +104,41 @@ class Moved(Message):
     version: int
     sent: int
     received: int
+
+
+@message()
+class WindowWork(Message):
+    """A shard's work in allocation windows it has finished (ps -> control, with a heartbeat,
+    until control answers WorkRecorded): one row of ``figures`` per window of ``windows``
+    (ascending, distinct), in WORK_SLOTS order. A window is finished when control has said it
+    is closed (every feeder's batches of it sent) and no batch of it held by the shard still
+    expects gradients. ``late_pairs``: pairs of work done for windows already recorded (a batch
+    sent again), counted and left out of the history."""
+
+    late_pairs: int
+    windows: np.ndarray = array("int64", 1)
+    figures: np.ndarray = array("float64", 2)
+
+    def check(self) -> None:
+        n = len(self.windows)
+        require(self.figures.shape == (n, WORK_FIGURES), f"figures must be n x {WORK_FIGURES}")
+        require(n <= MAX_WINDOWS_REPORTED, "too many windows in one report")
+        require(not n or (self.windows.min() >= 0 and bool((np.diff(self.windows) > 0).all())),
+                "windows must be ascending, distinct and not negative")
+        require(finite(self.figures) and (not n or self.figures.min() >= 0),
+                "figures must be finite and not negative")
+        require(self.late_pairs >= 0, "negative late pairs")
+
+
+@message()
+class WorkRecorded(Message):
+    """Control's answer to WindowWork (control -> that shard, on its link): the windows it has
+    recorded, or never will (the shard forgets them), and the newest window closed, every
+    window up to which the shard may finish. -1: none closed yet."""
+
+    closed: int
+    windows: np.ndarray = array("int64", 1)
+
+    def check(self) -> None:
+        require(self.closed >= -1 and (not self.windows.size or self.windows.min() >= 0),
+                "negative window")
