@@ -68,9 +68,9 @@ def restored_number(log: str) -> tuple[int, int]:
 
 
 def test_whole_job_killed_with_expiry_on_resumes_and_no_dropped_key_comes_back(cluster):
-    c = cluster(ADULT_JOB, train__epochs=3, checkpoint__every_s=1.0, checkpoint__full_every=50,
+    c = cluster(ADULT_JOB, train__epochs=4, checkpoint__every_s=1.0, checkpoint__full_every=50,
                 **{**BOUNDED, "embeddings__expire_batches": 10})
-    c.start_all(slowdown={0: 2.0, 1: 2.0})
+    c.start_all(slowdown={0: 3.0, 1: 3.0})
     second = c.wait_for_event(lambda e: e["event"] == "epoch_start" and e["epoch"] == 1)
     cut = c.wait_for_event(lambda e: e["t"] > second["t"] and with_drops(c.run_dir, e),
                            timeout=180)
@@ -78,7 +78,7 @@ def test_whole_job_killed_with_expiry_on_resumes_and_no_dropped_key_comes_back(c
     number, _, _ = latest_complete(c.run_dir)
     assert number >= cut["number"]
     chains = {f"ps-{i}": chain_of(c.run_dir, number, f"ps-{i}") for i in range(2)}
-    c.start_all(resume=True, slowdown={0: 2.0, 1: 2.0})
+    c.start_all(resume=True, slowdown={0: 3.0, 1: 3.0})
     assert c.wait() == 0, c.logs()
     s = c.summary()
     assert s["ok"] and s["checkpoints"]["rollbacks"][0]["checkpoint"] == number, s["reason"]
@@ -102,7 +102,7 @@ def test_whole_job_killed_with_expiry_on_resumes_and_no_dropped_key_comes_back(c
         assert end["rows"] == end["admitted"] - end["expired"] == s["shards"][node]["keys"]
     for rows in s["parts"]["rows_per_epoch"]:
         assert rows["rows"] == rows["rows_once"] == ADULT_TRAIN_ROWS, rows
-    assert s["samples_trained"] == 3 * ADULT_TRAIN_ROWS and s["auc"] >= 0.88, s["auc"]
+    assert s["samples_trained"] == 4 * ADULT_TRAIN_ROWS and s["auc"] >= 0.88, s["auc"]
     assert s["duplicates_refused"]["embedding_updates"] == 0
     # the newest checkpoint serves, unknown keys on their field's default row
     scored = subprocess.run([sys.executable, "-m", "roles.tools.predict",

@@ -96,7 +96,7 @@ def test_a_job_serves_prometheus_metrics_and_writes_tensorboard_events(cluster):
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and c.procs["control-0"].poll() is None:
         m = scrape(port)
-        if m and "zbus_eval_auc" in m and any(s.value > 0 for s in
+        if m and "zbus_eval_auc" in m and "zbus_train_loss" in m and any(s.value > 0 for s in
                                               m.get("zbus_node_samples_per_second", [])):
             seen = m
             break

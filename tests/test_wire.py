@@ -314,3 +314,10 @@ def test_a_shards_work_report_that_does_not_add_up_is_refused(change):
     decode(WindowWork(**good).to_frames())
     with pytest.raises(ProtocolError):
         decode(WindowWork(**{**good, **change}).to_frames())
+
+
+def test_the_summary_counts_the_bytes_of_every_channel_but_status():
+    from roles.algorithms.summary import CHANNELS
+
+    channels = {cls.CHANNEL for cls in message_types().values()}
+    assert channels - set(CHANNELS) == {"status"}

@@ -9,8 +9,10 @@ from roles.model.files import newest_backup
 from zbus.endpoints import node_index
 
 WORKER_TIMES = ("compute_s", "lookup_wait_s", "step_wait_s")
-CHANNELS = ("samples", "keys", "lookups", "embeddings", "embedding_grads", "dense_sync",
-            "acks", "control")
+# every channel of roles.protocol's messages but "status" (control's, for consoles only);
+# tests/test_wire.py checks that none is missing
+CHANNELS = ("samples", "keys", "lookups", "deliveries", "embeddings", "embedding_grads",
+            "dense_sync", "handover", "model_parallel", "acks", "control")
 
 
 def _num(value: Any) -> float:
