@@ -158,9 +158,14 @@ def cell_name(rtt: float | None, curve: str, rate: str | None) -> str:
     return f"{where}, CURVE {curve}"
 
 
-def table(cells: dict[str, list[dict]], baseline: float) -> str:
-    rows = ["| cell | samples/s | × loopback | batches/s | worker wait ms/batch: sample, "
-            "grant, embeddings, weights | link bytes/sample a, b, c |", "|---|---|---|---|---|---|"]
+def table(cells: dict[str, list[dict]], loopback: list[dict]) -> str:
+    """Medians per cell; × loopback: the ratio of medians, then the median of the ratios of
+    each run to the loopback run of its repeat (the sturdier figure on a noisy machine)."""
+    baseline = statistics.median(r["samples_per_s"] for r in loopback)
+    rows = ["| cell | samples/s | × loopback (paired) | batches/s | worker compute ms/batch "
+            "| worker wait ms/batch: sample, grant, embeddings, weights "
+            "| link bytes/sample a, b, c |",
+            "|---|---|---|---|---|---|---|"]
     for name, runs in cells.items():
         if not runs:
             continue
@@ -169,13 +174,25 @@ def table(cells: dict[str, list[dict]], baseline: float) -> str:
         waits = ", ".join(f"{mid['wait_ms_per_batch'].get(w, 0):.2f}" for w in WAITS)
         links = mid.get("link_bytes_per_sample")
         linked = ", ".join(f"{links[h]:,.0f}" for h in HOSTS) if links else "—"
-        rows.append(f"| {name} | {sps:,.0f} | {sps / baseline:.2f} | "
-                    f"{mid['batches_per_s']:.1f} | {waits} | {linked} |")
+        paired = statistics.median(r["samples_per_s"] / base["samples_per_s"]
+                                   for r, base in zip(runs, loopback, strict=False))
+        rows.append(f"| {name} | {sps:,.0f} | {sps / baseline:.2f} ({paired:.2f}) | "
+                    f"{mid['batches_per_s']:.1f} | {mid['compute_ms_per_batch']:.2f} | "
+                    f"{waits} | {linked} |")
     return "\n".join(rows)
 
 
 def interrupted(*_: object) -> None:
     raise KeyboardInterrupt
+
+
+def reprint(path: Path) -> None:
+    """The table again from a JSON report."""
+    report = orjson.loads(path.read_bytes())
+    cells = report["cells"]
+    loopback = cells.get(cell_name(None, "off", None)) or next(iter(cells.values()))
+    print(f"bridge ceiling (one TCP stream, MB/s): {report['ceiling_mb_per_s']}")
+    print(table(cells, loopback))
 
 
 def main() -> None:
@@ -192,7 +209,11 @@ def main() -> None:
     parser.add_argument("--ceiling-s", type=float, default=3.0)
     parser.add_argument("--out", type=Path, default=Path("bench_hosts.json"))
     parser.add_argument("--keep", type=Path, help="keep the run directories here")
+    parser.add_argument("--table", type=Path, help="print the table of this JSON report")
     args = parser.parse_args()
+    if args.table:
+        reprint(args.table)
+        return
     why = namespaces_allowed()
     if why:
         raise SystemExit(f"cannot run across namespaces here: {why}")
@@ -221,11 +242,10 @@ def main() -> None:
                       f"{got['samples_per_s']:,.0f} samples/s, auc {got['auc']:.4f}, waits "
                       f"{got['wait_ms_per_batch']}", flush=True)
     loopback = cells.get(cell_name(None, "off", None)) or next(iter(cells.values()))
-    baseline = statistics.median(r["samples_per_s"] for r in loopback)
     report["load_after"] = os.getloadavg()
     args.out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     print(f"\nAdult, {args.epochs} epochs, medians of {args.repeats}; JSON in {args.out}")
-    print(table(cells, baseline))
+    print(table(cells, loopback))
 
 
 if __name__ == "__main__":
