@@ -6,7 +6,7 @@ random-tagged; ``Hosts.close`` removes every namespace, link and bridge process,
 leaving the ``with`` block, exceptions and Ctrl-C included.
 
     with Hosts(rtt_ms=1.0, rate="1gbit") as hosts:
-        hosts.run("a", ["ping", "-c", "1", hosts.address["b"]])
+        hosts.probe("a", "c", "rtt")     # tests/netprobe.py: TCP connect and echo times
 """
 
 from __future__ import annotations
