@@ -56,7 +56,7 @@ import zmq
 from roles.algorithms import live
 from roles.algorithms.batching import max_in_flight, sample_batch_bytes
 from roles.algorithms.feeder_links import FeederLinks
-from roles.algorithms.pulled import Pipeline, PulledBatch, WaitSample
+from roles.algorithms.pulled import Pipeline, PulledBatch, WaitClock, WaitSample
 from roles.algorithms.replica import RESTORED, STALE, Replica, WorkerRounds
 from roles.algorithms.sync import worker as sync_modes
 from roles.job.cli import MAX_WORKERS, role_main
@@ -136,6 +136,7 @@ class Worker(Node):
         self.shards_back: dict[int, int] = {}  # shard -> the restart generation acted on
         self.push = t.embeddings == "push"
         self.waits = WaitSample(WAITS_KEPT, index)  # of the batches' embedding waits
+        self.waiting = WaitClock()  # what the worker waits for, between batches
         self.compute = BatchCompute(self.fields, self.dim, self.device)
         self.shards = [self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"),
                                     functools.partial(self.on_shard, i))
@@ -159,6 +160,7 @@ class Worker(Node):
         self.counts = {"samples_trained": 0, "batches_trained": 0, "eval_samples": 0,
                        "contributions": 0, "rounds_adopted": 0, "refused_batches": 0,
                        "copies_ignored": 0, "restores": 0, "lookups_overdue": 0,
+                       "batches_scored": 0,
                        "lookup_wait_s": 0.0, "compute_s": 0.0, "step_wait_s": 0.0,
                        "late_group_messages": 0,
                        "slowdown": self.slowdown}
@@ -286,6 +288,7 @@ class Worker(Node):
                 self.idle_since = None
                 self.ask_next()
                 self.gate_pulling()
+                self.note_wait()
             case _:
                 self.unexpected(env, "sample queue")
 
@@ -369,6 +372,7 @@ class Worker(Node):
             if batch is None:
                 break
             self.links.running(batch.batch_id)
+            self.waiting.note(None, time.monotonic())  # running, not waiting
             self.ask_next()  # its grant comes back while this one trains
             if batch.sample.eval:
                 self.score(batch)
@@ -382,6 +386,7 @@ class Worker(Node):
             elif self.push:
                 self.ask_overdue(now)
         self.ask_for_missed_weights(now)
+        self.note_wait()
         if self.state != "starting":
             self.gate_pulling()
             if not (self.pipeline or self.idle_said or self.leaving or self.parked
@@ -390,6 +395,12 @@ class Worker(Node):
                 for sock in self.feeders:
                     self.send(sock, Idle())
                 self.idle_since = time.monotonic()
+
+    def note_wait(self) -> None:
+        """What the worker waits for from now on (``WaitClock``); nothing before it is ready."""
+        reason = None if self.state == "starting" else "step" if self.awaiting_step \
+            else "slowdown" if self.parked else self.pipeline.blocker(self.due)
+        self.waiting.note(reason, time.monotonic())
 
     def ask_for_missed_weights(self, now: float) -> None:
         """A broadcast of weights can be missed: ask for the current ones while something
@@ -467,6 +478,7 @@ class Worker(Node):
             self.group_failed(exc)
             return
         self.counts["eval_samples"] += len(s.labels)
+        self.counts["batches_scored"] += 1
         self.state = "evaluating"
         ack = Ack(batch_id=s.batch_id, samples=len(s.labels), loss_sum=0.0, weight_sum=0.0,
                   preds=probs.astype(np.float32))
@@ -524,6 +536,7 @@ class Worker(Node):
                 "embeddings": "push" if self.push else "pull",
                 "embedding_waits": self.waits.seen,
                 "embedding_wait_ms": self.waits.milliseconds(),
+                "waiting_s": self.waiting.rounded(),
                 "generation": self.rounds.generation,
                 "round_samples": self.replica.samples_since,
                 "pipeline": len(self.pipeline), "device": str(self.device)}

@@ -6,8 +6,6 @@ the reason, where the machine does not allow network namespaces."""
 from __future__ import annotations
 
 import os
-import secrets
-import shutil
 import signal
 import subprocess
 import time
@@ -15,6 +13,7 @@ import time
 import orjson
 import pytest
 from harness import ADULT_JOB, REPO
+from netns import HOSTS, Hosts, namespaces_allowed
 
 from roles.job.settings import load_job
 from roles.tools.keys import make_keys
@@ -22,65 +21,22 @@ from zbus.security import OPERATOR
 
 pytestmark = pytest.mark.integration
 
-HOSTS = {"a": "10.77.0.1", "b": "10.77.0.2", "c": "10.77.0.3"}
-
-
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
-def namespaces_allowed() -> str:
-    """'' when this process may make network namespaces, else why not."""
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    if shutil.which("ip") is None:
-        return "the ip command (iproute2) is missing"
-    probe = f"zbprobe{secrets.token_hex(3)}"
-    try:
-        ip("netns", "add", probe)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        return f"ip netns add is not permitted here: {getattr(exc, 'stderr', b'')!r}"
-    ip("netns", "del", probe)
-    return ""
-
 
 @pytest.fixture
 def three_hosts():
     why = namespaces_allowed()
     if why:
         pytest.skip(why)
-    tag = secrets.token_hex(2)
-    names = {h: f"zb{tag}{h}" for h in HOSTS} | {"hub": f"zb{tag}hub"}
+    hosts = Hosts()
     try:
         try:
-            build(names, tag)
+            hosts.build()
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
             pytest.skip(f"cannot build the namespaces here ({' '.join(exc.cmd)}): "
                         f"{(exc.stderr or b'').decode(errors='replace').strip()}")
-        yield names
+        yield hosts.names
     finally:
-        for ns in names.values():  # removing a namespace removes its links
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-        for h in HOSTS:  # and a pair left behind by a failed move, if any
-            subprocess.run(["ip", "link", "del", f"zb{tag}{h}o"], capture_output=True,
-                           timeout=30)
-
-
-def build(names: dict[str, str], tag: str) -> None:
-    """The hub's bridge, and each host's veth pair into it with its address."""
-    for ns in names.values():
-        ip("netns", "add", ns)
-    ip("-n", names["hub"], "link", "add", "br0", "type", "bridge")
-    ip("-n", names["hub"], "link", "set", "br0", "up")
-    for h, address in HOSTS.items():
-        outside, inside = f"zb{tag}{h}o", f"zb{tag}{h}i"
-        ip("link", "add", outside, "type", "veth", "peer", "name", inside)
-        ip("link", "set", outside, "netns", names["hub"])
-        ip("link", "set", inside, "netns", names[h])
-        ip("-n", names["hub"], "link", "set", outside, "master", "br0", "up")
-        ip("-n", names[h], "addr", "add", f"{address}/24", "dev", inside)
-        ip("-n", names[h], "link", "set", inside, "up")
-        ip("-n", names[h], "link", "set", "lo", "up")
+        hosts.close()
 
 
 def test_adult_trains_across_three_hosts_over_tcp_with_curve(three_hosts, tmp_path):

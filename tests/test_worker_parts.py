@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from roles.algorithms.feeder_links import FeederLinks
-from roles.algorithms.pulled import Pipeline, WaitSample
+from roles.algorithms.pulled import WAIT_REASONS, Pipeline, WaitClock, WaitSample
 from roles.algorithms.replica import ADOPTED, RESTORED, STALE, Replica, WorkerRounds
 from roles.model.compute import BatchCompute
 from roles.protocol.datapath import (
@@ -115,6 +115,40 @@ def test_the_wait_sample_is_bounded_and_in_milliseconds():
     assert w.seen == 100 and len(w.waits) == 4
     ms = w.milliseconds()
     assert ms == sorted(ms) and all(0 <= x <= 99 for x in ms)
+
+
+def test_what_the_next_batch_waits_for_is_named_and_timed():
+    p = Pipeline(shards=1, fields=FIELDS, dim=DIM)
+    due = lambda s: s.round <= 0  # noqa: E731
+    clock = WaitClock()
+    clock.note(p.blocker(due), 0.0)
+    assert p.blocker(due) == "samples"
+    p.pulled(sample(3, round_=1))
+    clock.note(p.blocker(due), 1.0)            # 1 s waiting for a sample
+    assert p.blocker(due) == "grant"
+    p.granted(3, True)
+    clock.note(p.blocker(due), 1.5)            # 0.5 s for the grant
+    assert p.blocker(due) == "embeddings"
+    p.embeddings(0, reply(3, [0, 1, 2, 3], 4, np.ones((1, DIM)), [0, 0, 0, 0]))
+    clock.note(p.blocker(due), 3.5)            # 2 s for the embeddings
+    assert p.blocker(due) == "weights"
+    clock.note(None, 6.5)                      # 3 s for the round's weights; then it runs
+    clock.note("step", 7.0)                    # running is not waiting
+    clock.note(None, 7.25)
+    assert clock.seconds == {"samples": 1.0, "grant": 0.5, "embeddings": 2.0, "weights": 3.0,
+                             "step": 0.25, "slowdown": 0.0}
+    assert set(clock.rounded()) == set(WAIT_REASONS)
+
+
+def test_the_summary_gives_waits_per_batch_over_all_workers():
+    from roles.algorithms.summary import worker_waits
+    waits = worker_waits({
+        "worker-0": {"waiting_s": {"grant": 1.0, "weights": 0.5}, "batches_trained": 90,
+                     "batches_scored": 10},
+        "worker-1": {"waiting_s": {"grant": 3.0, "weights": 0.0}, "batches_trained": 100},
+        "ps-0": {"waiting_s": {"grant": 100.0}}})
+    assert waits["batches"] == 200 and set(waits["workers"]) == {"worker-0", "worker-1"}
+    assert waits["ms_per_batch"] == {"grant": 20.0, "weights": 2.5}
 
 
 # -- feeder links --------------------------------------------------------------------------------

@@ -6,6 +6,10 @@ rest stay untaken and the feeder can hand copies of them to an idle worker at th
 and its embeddings, one reply per shard. A batch runs once it is granted, has its embeddings
 and its turn has come (its weights or its round: the caller's ``due``).
 
+``WaitClock``: the time a worker spends with no batch it can run, by what the next batch waits
+for (``Pipeline.blocker``): its sample, its grant, its embeddings, its weights (its round's, or
+what its sync mode waits for), the aggregator's answer to its step, or its slowdown.
+
 ``WaitSample``: a uniform sample of how long batches waited for their embeddings (from when one
 was the next to run, lacking only them), for the summary's quantiles.
 """
@@ -125,6 +129,17 @@ class Pipeline:
         batch.overdue = True
         return batch
 
+    def blocker(self, due: Due) -> str:
+        """What the next batch waits for when none can run (``WaitClock``'s reasons)."""
+        batch = next(iter(self.batches.values()), None)
+        if batch is None:
+            return "samples"
+        if not batch.granted:
+            return "grant"
+        if not batch.has_embeddings():
+            return "embeddings"
+        return "weights" if not due(batch.sample) else "running"
+
     def lacking(self, shard: int) -> list[PulledBatch]:
         """The batches looked up whose rows from ``shard`` are not in (a restarted shard)."""
         return [b for b in self.batches.values()
@@ -136,6 +151,27 @@ class Pipeline:
     def eval_waiting(self) -> bool:
         """An evaluation batch has all it needs but (maybe) its weights."""
         return any(b.complete() and b.sample.eval for b in self.batches.values())
+
+
+WAIT_REASONS = ("samples", "grant", "embeddings", "weights", "step", "slowdown")
+
+
+class WaitClock:
+    """Seconds waited, by reason: each stretch between two notes counts for the reason noted
+    at its start (None, or a reason not in ``WAIT_REASONS``: not waiting)."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(WAIT_REASONS, 0.0)
+        self.reason: str | None = None
+        self.since = 0.0
+
+    def note(self, reason: str | None, now: float) -> None:
+        if self.reason in self.seconds:
+            self.seconds[self.reason] += max(0.0, now - self.since)
+        self.reason, self.since = reason, now
+
+    def rounded(self) -> dict[str, float]:
+        return {k: round(v, 4) for k, v in self.seconds.items()}
 
 
 class WaitSample:

@@ -110,6 +110,25 @@ def table_figures(job: Job, counters: dict[str, dict[str, Any]]) -> dict[str, An
             "shards": shards}
 
 
+def worker_waits(counters: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What the workers waited for between batches (``roles.algorithms.pulled.WaitClock``):
+    seconds by reason per worker, and all workers' milliseconds per batch they ran."""
+    per_worker: dict[str, dict[str, float]] = {}
+    total: dict[str, float] = {}
+    batches = 0
+    for node, c in sorted(counters.items(), key=lambda kv: node_index(kv[0])):
+        waits = c.get("waiting_s")
+        if not node.startswith("worker-") or not isinstance(waits, dict):
+            continue
+        per_worker[node] = {k: round(float(_num(v)), 3) for k, v in waits.items()}
+        for k, v in waits.items():
+            total[k] = total.get(k, 0.0) + float(_num(v))
+        batches += int(_num(c.get("batches_trained"))) + int(_num(c.get("batches_scored")))
+    return {"batches": batches, "workers": per_worker,
+            "ms_per_batch": {k: round(1000 * v / batches, 3) for k, v in total.items()}
+            if batches else {}}
+
+
 def _quantile(sorted_values: list[float], q: float) -> float:
     return round(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))], 3)
 
@@ -184,6 +203,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "worker_input_bytes_per_sample": worker_input(counters),
         "batch_by_label": job.train.batch_by_label,
         "worker_time_s": worker_time,
+        "worker_waits": worker_waits(counters),
         "busy": busy,
         # the longest one turn of each node's event loop kept it from its sockets
         "longest_turn_s": {node: round(_num(c.get("longest_turn_s")), 4)
