@@ -67,13 +67,13 @@ def test_every_process_killed_mid_epoch_the_job_resumes_from_its_checkpoint(clus
 
 def test_killed_while_a_checkpoint_is_taken_the_previous_complete_one_is_used(cluster):
     c = cluster(ADULT_JOB, train__epochs=2, checkpoint__every_s=0.5, **SLOW)
-    c.start_all(slowdown={0: 2.0, 1: 2.0})
+    c.start_all(slowdown={0: 6.0, 1: 6.0})
     c.wait_for_event(lambda e: is_complete(e, 2))
     begun = c.wait_for_event(lambda e: e["event"] == "checkpoint_begin" and e["number"] >= 4)
     c.kill_all()  # within the cut of checkpoint begun["number"] or just after it
     found = latest_complete(c.run_dir)
     assert found is not None and found[0] >= begun["number"] - 1
-    c.start_all(resume=True, slowdown={0: 2.0, 1: 2.0})
+    c.start_all(resume=True, slowdown={0: 6.0, 1: 6.0})
     assert c.wait() == 0, c.logs()
     s = c.summary()
     assert s["ok"] and s["checkpoints"]["rollbacks"][0]["checkpoint"] == found[0]
