@@ -19,7 +19,7 @@ import zmq
 
 from roles.job.cli import role_main
 from roles.job.settings import Job
-from roles.model.network import auto_threads, pick_device, set_threads
+from roles.model.network import auto_threads, local_addresses, pick_device, set_threads
 from roles.model.parallel import PartServer, member_program
 from roles.protocol.model_parallel import ModelPlan, PartCall, PartTensors
 from zbus.codec import ProtocolError
@@ -40,7 +40,7 @@ class Part(Node):
         self.job = job
         self.group, self.member = c.part_position(index)
         self.threads = set_threads(job.train.torch_threads or
-                                   auto_threads(c, os.cpu_count() or 1))
+                                   auto_threads(c, os.cpu_count() or 1, local_addresses()))
         self.device = pick_device(job.train.device)
         self.inbox = self.bind(zmq.ROUTER, c.endpoint(c.group_endpoint_name(self.group,
                                                                             self.member)),

@@ -100,4 +100,12 @@ def test_auto_threads_leave_cores_to_the_other_roles_on_one_host():
     spread = parse_job(SYNTHETIC + "[cluster.endpoints]\n\"ps-1\" = \"tcp://10.0.0.3:1\"\n",
                        environ={})
     assert not spread.cluster.single_host()
-    assert auto_threads(spread.cluster, 16) == 16
+    assert auto_threads(spread.cluster, 16) == 16      # nothing busy bound on this host
+    # across hosts, a core left to each feeder and shard bound on the worker's own host
+    hosts = parse_job(SYNTHETIC + "[cluster]\nshards = 2\n[cluster.endpoints]\n"
+                      "\"samples\" = \"tcp://10.0.0.2:1\"\n\"ps-0\" = \"tcp://10.0.0.2:2\"\n"
+                      "\"ps-1\" = \"tcp://10.0.0.3:3\"\n", environ={})
+    assert auto_threads(hosts.cluster, 2, {"10.0.0.3"}) == 1     # ps-1 beside it
+    assert auto_threads(hosts.cluster, 16, {"10.0.0.2"}) == 14   # the feeder and ps-0
+    assert auto_threads(hosts.cluster, 16, {"10.0.0.9"}) == 16
+    assert auto_threads(hosts.cluster, 1, {"10.0.0.2"}) == 1

@@ -51,9 +51,14 @@ def node_index(node: str) -> int:
     return int(tail) if tail.isdigit() else -1
 
 
+def tcp_host(address: str) -> str | None:
+    """The host of a ``tcp://host:port`` address (None for ipc and inproc)."""
+    if not address.startswith("tcp://"):
+        return None
+    return address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+
+
 def is_local(address: str) -> bool:
     """The address is on this host (loopback TCP, ipc or inproc)."""
-    if not address.startswith("tcp://"):
-        return True
-    host = address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
-    return host in ("localhost", "::1") or host.startswith("127.")
+    host = tcp_host(address)
+    return host is None or host in ("localhost", "::1") or host.startswith("127.")

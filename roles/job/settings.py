@@ -191,8 +191,9 @@ class TrainConfig:
         "`auto`: CUDA when present, else CPU")})
     torch_threads: int = field(default=0, metadata={"min": 0, "doc": (
         "torch threads per worker; 0: on one host, the cores left after the feeder and the "
-        "shards (one each), shared by the workers; across hosts, all the host's cores (set it "
-        "when workers share a host)")})
+        "shards (one each), shared by the workers; across hosts, the host's cores less one for "
+        "each feeder and shard whose endpoint is on the worker's host (set it when workers "
+        "share a host)")})
     shuffle: bool = field(default=True, metadata={"doc": (
         "shuffle the training rows every epoch (seeded)")})
     seed: int = field(default=7, metadata={"doc": (

@@ -3,11 +3,16 @@ dense features, concatenated, through an MLP to one logit."""
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Collection
+
+import psutil
 import torch
 from torch import nn
 
 from roles.job.settings import Job
 from roles.protocol.topology import ClusterConfig
+from zbus.endpoints import tcp_host
 
 
 class CtrNet(nn.Module):
@@ -49,14 +54,26 @@ def pick_device(setting: str) -> torch.device:
     return torch.device("cpu")
 
 
-def auto_threads(cluster: ClusterConfig, cpus: int) -> int:
+def auto_threads(cluster: ClusterConfig, cpus: int, here: Collection[str] = ()) -> int:
     """Torch threads per worker when the job leaves it to zbus. On one host the feeder and
-    every shard keep a core busy, and the workers share the rest; across hosts a worker cannot
-    know who shares its machine, so it takes all the cores (set torch_threads when it is not
-    alone)."""
+    every shard keep a core busy, and the workers share the rest. Across hosts a worker leaves
+    a core to each feeder and shard whose endpoint is on its own host (``here``: this host's
+    addresses, ``local_addresses``) and takes the rest; it cannot know how many workers share
+    its host (they bind nothing): set torch_threads when several do."""
     if cluster.single_host():
         return max(1, (cpus - 1 - cluster.shards) // cluster.workers)
-    return max(1, cpus)
+    busy = set()
+    for name in cluster.endpoint_names():
+        owner = cluster.endpoint_owner(name)
+        if owner.split("-")[0] in ("feeder", "ps") and tcp_host(cluster.endpoint(name)) in here:
+            busy.add(owner)
+    return max(1, cpus - len(busy))
+
+
+def local_addresses() -> set[str]:
+    """This host's (this network namespace's) IP addresses."""
+    return {a.address.split("%")[0] for addresses in psutil.net_if_addrs().values()
+            for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6)}
 
 
 def set_threads(threads: int) -> int:
