@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.text import Text
 
-from roles.algorithms.progress import describe
+from roles.algorithms.progress import describe, seconds
 
 DASH = "-"
 STATE_STYLE = {"alive": ("● alive", "green"), "suspect": ("? suspect", "bold yellow"),
@@ -43,14 +43,7 @@ def ratio(r: float | None) -> str:
 
 def duration(s: float | None) -> str:
     """Seconds, short: 45s, 3m20s, 2h05m."""
-    if s is None:
-        return DASH
-    s = int(round(s))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return DASH if s is None else seconds(s, compact=True)
 
 
 def age(s: float | None) -> str:

@@ -281,8 +281,8 @@ class Worker(Node):
                 if s.dense.shape[1] != self.n_dense:
                     raise ProtocolError("bad_shape", f"batch with {s.dense.shape[1]} dense "
                                                      f"features, model has {self.n_dense}")
-                batch = self.pipeline.pulled(s)
-                if batch is None:  # a second copy of a straggler: have it
+                batch = self.pipeline.pulled(s, self.links.unacked)
+                if batch is None:  # a second copy of a straggler, here or running: have it
                     self.counts["copies_ignored"] += 1
                     return
                 self.idle_said = False

@@ -38,6 +38,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+from harness import criteo_data, job_text  # noqa: E402
+
 from roles.algorithms.admission import CountMinSketch, sketch_width  # noqa: E402
 from roles.algorithms.embedding_table import EmbeddingTable  # noqa: E402
 from roles.algorithms.expiry import Expiry  # noqa: E402
@@ -45,23 +47,12 @@ from roles.algorithms.key_index import KeyIndex  # noqa: E402
 
 PY = sys.executable
 ZIPF_VOCAB = [5, 20, 200, 2000, 2_000_000, 50, 1000, 500_000]   # zipf.toml's, tail x100
-JOB = """name = "bench-admission"
-[data]
-eval_fraction = 0.2
-{data}
-[model]
-embedding_dim = 16
-hidden = [64, 32]
-[train]
-epochs = 1
-batch_size = 1024
-sync = "every"
-sync_every = 16
-[cluster]
-workers = 2
-shards = 2
-"""
-CRITEO_DATA = 'path = "{path}"\nformat = "criteo"'
+
+
+def admission_job(data: str) -> str:
+    return job_text("bench-admission", data, dim=16, train='sync = "every"\nsync_every = 16')
+
+
 ZIPF_DATA = """source = "synthetic"
 [data.synthetic]
 rows = {rows}
@@ -298,11 +289,11 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         for rows in args.zipf_rows:
             data = ZIPF_DATA.format(rows=rows, vocab=ZIPF_VOCAB)
-            print(json.dumps({"jobs": compare(f"zipf-{rows}", JOB.format(data=data), work,
+            print(json.dumps({"jobs": compare(f"zipf-{rows}", admission_job(data), work,
                                               args.repeat, args.expire)}), flush=True)
         for rows in args.criteo_rows:
-            data = CRITEO_DATA.format(path=make_criteo(rows, work))
-            print(json.dumps({"jobs": compare(f"criteo-{rows}", JOB.format(data=data), work,
+            data = criteo_data(make_criteo(rows, work))
+            print(json.dumps({"jobs": compare(f"criteo-{rows}", admission_job(data), work,
                                               args.repeat, args.expire)}), flush=True)
 
 

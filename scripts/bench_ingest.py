@@ -37,6 +37,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
+sys.path.insert(0, str(REPO / "tests"))
+
+from harness import criteo_data, job_text  # noqa: E402
 
 PIPELINE = r"""
 import json, resource, sys, time
@@ -58,6 +61,7 @@ training = [p for p in parts if not p.eval]
 mine = [p for i, p in enumerate(training) if i * of // len(training) == share]
 streams = PartStreams(job, source)   # as the feeder streams them: parts_open at a time
 tally, batches, t0 = Tally(), 0, time.monotonic()
+before = resource.getrusage(resource.RUSAGE_SELF)
 pass_ = FeedingPass(0, False, [streams.training(p, 0, None, prepare, tally, lambda *_: None)
                                for p in mine], open=job.data.parts_open)
 first = None
@@ -65,12 +69,14 @@ while pass_.take() is not None:
     batches += 1
     first = first or time.monotonic() - started
 seconds = time.monotonic() - t0
+used = resource.getrusage(resource.RUSAGE_SELF)
 streams.close()
 print(json.dumps({"rows": tally.rows_read, "samples": tally.samples, "batches": batches,
                   "seconds": seconds, "rows_per_s": tally.rows_read / seconds,
                   "index_s": indexed, "stats_s": ready - indexed, "first_batch_s": first,
                   "bytes_read": source.bytes_read,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "cpu_s": used.ru_utime + used.ru_stime - before.ru_utime - before.ru_stime,
+                  "peak_rss_mb": used.ru_maxrss / 1024}))
 """
 
 HASHES = r"""
@@ -131,23 +137,7 @@ rows = sum(b.num_rows for b in reader)
 print(json.dumps({"rows": rows, "rows_per_s": rows / (time.monotonic() - t)}))
 """
 
-JOB = """name = "criteo-bench"
-[data]
-path = "{path}"
-format = "criteo"
-eval_fraction = 0.2
-[model]
-embedding_dim = 8
-hidden = [64, 32]
-[train]
-epochs = 1
-batch_size = 1024
-sync = "every"
-sync_every = 16
-[cluster]
-workers = 2
-shards = 2
-"""
+SYNC = 'sync = "every"\nsync_every = 16'
 
 
 def run(code: str, *args: str, env: dict | None = None) -> dict:
@@ -171,7 +161,7 @@ def median_of(runs: list[dict]) -> dict:
 
 def ingest(path: Path, work: Path, repeat: int) -> dict:
     job = work / f"job-{path.stem}.toml"
-    job.write_text(JOB.format(path=path))
+    job.write_text(job_text("criteo-bench", criteo_data(path), train=SYNC))
     env = {**os.environ, "ZBUS_CACHE_DIR": str(work / "cache")}
     run(PIPELINE, str(job), "0", "1", env=env)       # makes the caches (index, statistics)
     bare, typed, ones = [], [], []
@@ -194,20 +184,26 @@ def ingest(path: Path, work: Path, repeat: int) -> dict:
             "two_feeders": {"bytes_read": [h["bytes_read"] for h in halves],
                             "peak_rss_mb": [round(h["peak_rss_mb"]) for h in halves],
                             "rows_per_s": round(combined),
-                            "speedup": round(combined / one["rows_per_s"], 2)},
+                            "speedup": round(combined / one["rows_per_s"], 2),
+                            # one feeder already keeps this many cores busy: the bound on
+                            # the speedup of two on this machine is cores / this
+                            "cores": os.cpu_count(),
+                            "one_feeder_cores_busy": round(one["cpu_s"] / one["seconds"], 2),
+                            "cpu_s_per_m_rows": {
+                                "one": round(one["cpu_s"] / one["rows"] * 1e6, 2),
+                                "two": round(sum(h["cpu_s"] for h in halves)
+                                             / sum(h["rows"] for h in halves) * 1e6, 2)}},
             "hash_rows_per_s": {k: round(v) for k, v in hashes.items()}}
 
 
 def job_run(path: Path, work: Path, **settings: object) -> dict:
     import psutil
-
-    sys.path.insert(0, str(REPO / "tests"))
     from local_cluster import LocalCluster
 
     shutil.rmtree(work, ignore_errors=True)  # a run directory of its own, never resumed
     work.mkdir(parents=True)
     job = work / "job-run.toml"
-    job.write_text(JOB.format(path=path))
+    job.write_text(job_text("criteo-bench", criteo_data(path), train=SYNC))
     peak: dict[str, int] = {}
     with LocalCluster(work / "cluster", job, transport="tcp", **settings) as c:
         started = time.monotonic()

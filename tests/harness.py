@@ -15,7 +15,24 @@ from zbus.messages import Heartbeat, Hello, Welcome
 
 REPO = Path(__file__).resolve().parent.parent
 ADULT_JOB = REPO / "jobs" / "adult.toml"
-__all__ = ["ADULT_JOB", "BIN", "REPO", "Cluster", "FakeControl", "adult_text", "recv_within"]
+__all__ = ["ADULT_JOB", "BIN", "REPO", "Cluster", "FakeControl", "adult_text", "criteo_data",
+           "job_text", "recv_within"]
+
+
+def criteo_data(path: Path | str) -> str:
+    """The ``[data]`` lines of a Criteo-layout file (``scripts/make_criteo.py``)."""
+    return f'path = "{path}"\nformat = "criteo"'
+
+
+def job_text(name: str, data: str, *, dim: int = 8, hidden: tuple[int, ...] = (64, 32),
+             epochs: int = 1, batch_size: int = 1024, train: str = "", more: str = "") -> str:
+    """A job file's text for generated data (2 workers, 2 shards, a fifth of the rows kept
+    for evaluation): ``data``'s lines under ``[data]``, ``train``'s under ``[train]``, and
+    ``more`` (further sections) at the end."""
+    return (f'name = "{name}"\n[data]\neval_fraction = 0.2\n{data}\n'
+            f"[model]\nembedding_dim = {dim}\nhidden = {list(hidden)}\n"
+            f"[train]\nepochs = {epochs}\nbatch_size = {batch_size}\n{train}\n"
+            f"[cluster]\nworkers = 2\nshards = 2\n{more}")
 
 
 def adult_text(directory: Path) -> str:

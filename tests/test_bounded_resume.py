@@ -6,14 +6,13 @@ file stay dropped — its default rows and its counts, which the restored shard 
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
 import sys
 
 import numpy as np
 import pytest
-from harness import ADULT_JOB, REPO
+from harness import ADULT_JOB
+from resumes import checkpoint_auc, every_row_once, killed_and_resumed
 
 from roles.checkpoint.files import (
     checkpoint_dir,
@@ -74,14 +73,10 @@ def test_whole_job_killed_with_expiry_on_resumes_and_no_dropped_key_comes_back(c
     second = c.wait_for_event(lambda e: e["event"] == "epoch_start" and e["epoch"] == 1)
     cut = c.wait_for_event(lambda e: e["t"] > second["t"] and with_drops(c.run_dir, e),
                            timeout=180)
-    c.kill_all()
-    number, _, _ = latest_complete(c.run_dir)
+    s = killed_and_resumed(c, 3.0)
+    number = s["checkpoints"]["rollbacks"][0]["checkpoint"]
     assert number >= cut["number"]
     chains = {f"ps-{i}": chain_of(c.run_dir, number, f"ps-{i}") for i in range(2)}
-    c.start_all(resume=True, slowdown={0: 3.0, 1: 3.0})
-    assert c.wait() == 0, c.logs()
-    s = c.summary()
-    assert s["ok"] and s["checkpoints"]["rollbacks"][0]["checkpoint"] == number, s["reason"]
     for node, files in chains.items():
         meta = last_meta(c.run_dir, files)
         got = read_chain(checkpoints_dir(c.run_dir), files)
@@ -100,17 +95,11 @@ def test_whole_job_killed_with_expiry_on_resumes_and_no_dropped_key_comes_back(c
         end = s["tables"]["shards"][node]
         assert end["admitted"] >= t["admitted"] and end["expired"] >= t["expired"], (node, end)
         assert end["rows"] == end["admitted"] - end["expired"] == s["shards"][node]["keys"]
-    for rows in s["parts"]["rows_per_epoch"]:
-        assert rows["rows"] == rows["rows_once"] == ADULT_TRAIN_ROWS, rows
-    assert s["samples_trained"] == 4 * ADULT_TRAIN_ROWS and s["auc"] >= 0.88, s["auc"]
+    every_row_once(s, ADULT_TRAIN_ROWS, 4)
+    assert s["auc"] >= 0.88, s["auc"]
     assert s["duplicates_refused"]["embedding_updates"] == 0
     # the newest checkpoint serves, unknown keys on their field's default row
-    scored = subprocess.run([sys.executable, "-m", "roles.tools.predict",
-                             str(c.run_dir / "checkpoints"), str(REPO / "data" / "adult.csv.gz"),
-                             "--split", "eval", "--json"], capture_output=True, text=True,
-                            cwd=REPO)
-    assert scored.returncode == 0, scored.stderr
-    assert json.loads(scored.stdout)["auc"] >= 0.88
+    assert checkpoint_auc(c.run_dir) >= 0.88
     model = ExportedModel(c.run_dir / "checkpoints")
     assert model.defaults is not None and model.defaults.shape == (2, 8, 16)
     newest = latest_complete(c.run_dir)

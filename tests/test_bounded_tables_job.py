@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from harness import BIN, REPO
+from harness import BIN, REPO, criteo_data, job_text
 
 from roles.checkpoint.files import checkpoints_dir, latest_complete
 from roles.checkpoint.shard import read_chain
@@ -22,25 +22,7 @@ pytestmark = pytest.mark.integration
 
 ZIPF_JOB = REPO / "jobs" / "zipf.toml"   # mode skew, windows of 10 batches
 ADULT_TRAIN_ROWS = 39074
-CRITEO_JOB = """name = "criteo-bounded"
-[data]
-path = "{path}"
-format = "criteo"
-eval_fraction = 0.2
-[model]
-embedding_dim = 8
-hidden = [32]
-[train]
-epochs = 2
-batch_size = 256
-[embeddings]
-min_count = 3
-expire_batches = 60
-sketch_mb = 1
-[cluster]
-workers = 2
-shards = 2
-"""
+EMBEDDINGS = "[embeddings]\nmin_count = 3\nexpire_batches = 60\nsketch_mb = 1\n"
 
 
 def criteo_file(tmp_path: Path, rows: int) -> Path:
@@ -55,7 +37,8 @@ def test_admission_and_expiry_counts_reach_the_summary_and_the_export_scores_the
         cluster, tmp_path):
     data = criteo_file(tmp_path, 40_000)
     job = tmp_path / "criteo.toml"
-    job.write_text(CRITEO_JOB.format(path=data))
+    job.write_text(job_text("criteo-bounded", criteo_data(data), hidden=(32,), epochs=2,
+                            batch_size=256, more=EMBEDDINGS))
     c = cluster(job)
     assert c.run_job() == 0, c.logs()
     s = c.summary()

@@ -34,7 +34,14 @@ from roles.job.rundir import MetricsLog
 from roles.job.settings import AggregationConfig, CheckpointConfig, DataConfig, Job, TrainConfig
 from roles.protocol.checkpoint import Checkpoint, CheckpointDrained, CheckpointPart, Snapshotted
 from roles.protocol.datapath import DataIndex, DataStats, FeederProgress, PartMap, PartStats
-from roles.protocol.dense_sync import Aggregate, Decision, Restored, RoundDone, RoundReady
+from roles.protocol.dense_sync import (
+    Aggregate,
+    BackupWritten,
+    Decision,
+    Restored,
+    RoundDone,
+    RoundReady,
+)
 from roles.protocol.lifecycle import EpochStart, EpochTrained, EvalReport, Evaluate, FeederBack
 from roles.protocol.operator import Settings
 from roles.protocol.topology import ClusterConfig
@@ -96,6 +103,27 @@ def test_every_mode_calls_a_round_once_every_live_worker_is_ready(metrics):
     assert bus.commands.get("round") is None and clock.last == 2.0
     assert rounds.samples == {"worker-0": [10], "worker-1": [30]}
     assert not rounds.finished(done, 3.0)             # a repeat is not a second round
+
+
+def test_a_long_jobs_round_and_backup_records_stay_bounded_and_aligned(metrics, monkeypatch):
+    monkeypatch.setattr("roles.control.rounds.ROUND_SAMPLES_KEPT", 3)
+    monkeypatch.setattr("roles.control.recovery.BACKUP_RECORDS_KEPT", 2)
+    bus, clock = Bus(), ProgressClock(0.0)
+    rounds = rounds_of(EveryMode(8), bus, metrics, clock)
+    for r in range(1, 6):
+        rounds.call("test")
+        by = WORKERS if r < 4 else [*WORKERS, "worker-2"]  # a worker joins at round 4
+        rounds.finished(RoundDone(round=r, contributors=by, samples_by=[r] * len(by),
+                                  coefficient=1.0, samples=r * len(by)), float(r))
+    assert rounds.done_count == 5
+    assert rounds.samples == {"worker-0": [3, 4, 5], "worker-1": [3, 4, 5],
+                              "worker-2": [0, 4, 5]}
+    recovery = Recovery(job(), members("ps-0"), bus.commands, metrics, clock)
+    for r in range(1, 5):
+        recovery.backup_written("aggregator-0", BackupWritten(round=r, path=f"b{r}",
+                                                              change=0.1))
+    assert recovery.backups_written == 4 and [b["round"] for b in recovery.backups] == [3, 4]
+    assert recovery.latest_backup() == "b4"
 
 
 def test_round_mode_calls_drained_rounds_in_order_and_evaluates_the_last(metrics):

@@ -90,8 +90,7 @@ def test_a_job_serves_prometheus_metrics_and_writes_tensorboard_events(cluster):
     (port,) = free_tcp_ports(1)
     c = cluster(ADULT_JOB, train__sync="lazy", train__epochs=3,
                 aggregation__min_local_rounds=2, monitoring__prometheus_port=port,
-                monitoring__tensorboard=True,
-                checkpoint__every_s=0)  # checkpoints are tested apart (and stall: docs/limits.md)
+                monitoring__tensorboard=True, checkpoint__every_s=1.0)
     c.start_all(slowdown={0: 2.0, 1: 2.0})
     seen: dict[str, list] = {}
     deadline = time.monotonic() + 180

@@ -24,14 +24,15 @@ def amount(value: float, unit: str) -> str:
     return f"{value:,.0f} {unit}"
 
 
-def seconds(s: float) -> str:
-    """A duration, short: 45 s, 3 min 20 s, 2 h 05 min."""
+def seconds(s: float, compact: bool = False) -> str:
+    """A duration, short: 45 s, 3 min 20 s, 2 h 05 min (``compact``: 45s, 3m20s, 2h05m)."""
     s = int(round(s))
+    sep, minute = ("", "m") if compact else (" ", "min")
     if s < 60:
-        return f"{s} s"
+        return f"{s}{sep}s"
     if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+        return f"{s // 60}{sep}{minute}{sep}{s % 60:02d}{sep}s"
+    return f"{s // 3600}{sep}h{sep}{s % 3600 // 60:02d}{sep}{minute}"
 
 
 @dataclass

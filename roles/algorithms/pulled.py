@@ -16,7 +16,7 @@ was the next to run, lacking only them), for the summary's quantiles.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Set
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,9 +60,12 @@ class Pipeline:
     def __iter__(self) -> Iterator[PulledBatch]:
         return iter(list(self.batches.values()))
 
-    def pulled(self, sample: SampleBatch) -> PulledBatch | None:
-        """A batch from the queue; None when it is a second copy of one already here."""
-        if sample.batch_id in self.batches:
+    def pulled(self, sample: SampleBatch, running: Set[int] = frozenset()) -> PulledBatch | None:
+        """A batch from the queue; None when it is a second copy of one already here or
+        ``running`` (taken out to run, its ack not sent yet). Such a copy is never asked for:
+        the feeder, which still counts the batch as this worker's, would not answer a second
+        Taken from its holder, and the pipeline would wait behind it for ever."""
+        if sample.batch_id in self.batches or sample.batch_id in running:
             return None
         batch = PulledBatch(sample, [None] * self.shards, [None] * self.shards)
         self.batches[sample.batch_id] = batch

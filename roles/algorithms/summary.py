@@ -224,7 +224,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "last_decision": model.get("last_decision"),
         "settings": model.get("settings", {}),
         "settings_changes": model.get("settings_changes", []),
-        "backups": len(model.get("backups", [])),
+        "backups": model.get("backups_written", len(model.get("backups", []))),
         "latest_backup": (newest_backup(model.get("backups", [])) or {}).get("path"),
         "recoveries": len(model.get("recoveries", [])),
         "recovery": model.get("recoveries", []),

@@ -195,7 +195,7 @@ class StatusView:
                     "round": d.round, "aggregate": d.aggregate, "reason": d.reason,
                     "age_s": round(now - mode.last_at, 1)},
                 "decisions": dict(decisions(mode)), "rounds_done": self.rounds.done_count,
-                "backups": len(self.recovery.backups),
+                "backups": self.recovery.backups_written,
                 "latest_backup": newest_backup(self.recovery.backups),
                 "recoveries": len(self.recovery.recoveries)},
             "training": self.training(feeding),

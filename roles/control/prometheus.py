@@ -122,35 +122,35 @@ def _job(f: Families, job: dict[str, str], snap: dict[str, Any]) -> None:
     for verdict, count in c.get("decisions", {}).items():
         f.add("zbus_decisions", "Sync mode lazy's aggregation decisions, by verdict",
               {**job, "decision": str(verdict)}, count, counter=True)
-    f.add("zbus_backups", "Backups of the dense weights written", job, c.get("backups"),
-          counter=True)
-    f.add("zbus_recoveries", "Restores of the dense weights after an aggregator died", job,
-          c.get("recoveries"), counter=True)
-    f.add("zbus_network_utilisation", "The cluster's network utilisation (0 to 1)", job,
-          c.get("net_util"))
-    f.add("zbus_network_utilisation_max", "Live setting net_util_max", job,
-          c.get("net_util_max"))
-    f.add("zbus_failure_rate", "Nodes with a late probe per live node", job,
-          c.get("failure_rate"))
-    f.add("zbus_failure_rate_max", "Live setting failure_rate_max", job,
-          c.get("failure_rate_max"))
-    f.add("zbus_live_workers", "Workers alive", job, c.get("live_workers"))
     k = snap.get("checkpoint") or {}
-    f.add("zbus_checkpoints", "Whole-job checkpoints complete", job, k.get("complete"),
-          counter=True)
-    f.add("zbus_checkpoints_aborted", "Whole-job checkpoints abandoned", job, k.get("aborted"),
-          counter=True)
-    f.add("zbus_checkpoint_in_progress", "1 while a checkpoint is being cut", job,
-          k.get("under_way") is not None if k else None)
     latest = k.get("latest") or {}
-    f.add("zbus_checkpoint_latest", "The newest complete checkpoint's number", job,
-          latest.get("number"))
-    f.add("zbus_checkpoint_age_seconds", "Seconds since the newest complete checkpoint", job,
-          latest.get("age_s"))
-    f.add("zbus_checkpoint_bytes", "Bytes the newest complete checkpoint wrote", job,
-          latest.get("bytes"))
-    f.add("zbus_checkpoint_pause_seconds", "How long the newest checkpoint paused training",
-          job, latest.get("pause_s"))
+    for name, doc, value, counter in (
+            ("zbus_backups", "Backups of the dense weights written", c.get("backups"), True),
+            ("zbus_recoveries", "Restores of the dense weights after an aggregator died",
+             c.get("recoveries"), True),
+            ("zbus_network_utilisation", "The cluster's network utilisation (0 to 1)",
+             c.get("net_util"), False),
+            ("zbus_network_utilisation_max", "Live setting net_util_max",
+             c.get("net_util_max"), False),
+            ("zbus_failure_rate", "Nodes with a late probe per live node",
+             c.get("failure_rate"), False),
+            ("zbus_failure_rate_max", "Live setting failure_rate_max",
+             c.get("failure_rate_max"), False),
+            ("zbus_live_workers", "Workers alive", c.get("live_workers"), False),
+            ("zbus_checkpoints", "Whole-job checkpoints complete", k.get("complete"), True),
+            ("zbus_checkpoints_aborted", "Whole-job checkpoints abandoned", k.get("aborted"),
+             True),
+            ("zbus_checkpoint_in_progress", "1 while a checkpoint is being cut",
+             k.get("under_way") is not None if k else None, False),
+            ("zbus_checkpoint_latest", "The newest complete checkpoint's number",
+             latest.get("number"), False),
+            ("zbus_checkpoint_age_seconds", "Seconds since the newest complete checkpoint",
+             latest.get("age_s"), False),
+            ("zbus_checkpoint_bytes", "Bytes the newest complete checkpoint wrote",
+             latest.get("bytes"), False),
+            ("zbus_checkpoint_pause_seconds", "How long the newest checkpoint paused training",
+             latest.get("pause_s"), False)):
+        f.add(name, doc, job, value, counter=counter)
     final = snap.get("final")
     if final:
         f.add("zbus_job_ended", "1 once the job has ended, by how", {

@@ -32,6 +32,7 @@ from roles.protocol.lifecycle import ShardBack
 from zbus.endpoints import node_index
 
 log = logging.getLogger(__name__)
+BACKUP_RECORDS_KEPT = 100   # the newest backups' records (the count covers all)
 
 
 def shard_recovery(lost_at: float, back_at: float, info: dict) -> dict:
@@ -64,7 +65,8 @@ class Recovery:
         self.commands = commands
         self.metrics = metrics
         self.progress = progress
-        self.backups: list[dict] = []
+        self.backups: list[dict] = []   # the newest BACKUP_RECORDS_KEPT
+        self.backups_written = 0
         self.backup_request = 0
         self.generation = 0
         self.recoveries: list[dict] = []
@@ -80,7 +82,8 @@ class Recovery:
     def backup_written(self, node_id: str, m: BackupWritten) -> None:
         record = {"round": m.round, "path": m.path, "change": m.change if m.change >= 0
                   else None, "generation": self.generation}
-        self.backups.append(record)
+        self.backups = [*self.backups, record][-BACKUP_RECORDS_KEPT:]
+        self.backups_written += 1
         self.metrics.write("backup", node=node_id, **record)
 
     def backup_now(self) -> None:

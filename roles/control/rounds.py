@@ -17,6 +17,8 @@ from roles.control.sync_modes import SyncMode
 from roles.job.rundir import MetricsLog
 from roles.protocol.dense_sync import Aggregate, RoundDone, RoundReady
 
+ROUND_SAMPLES_KEPT = 10_000   # rounds whose samples per worker the summary lists (the newest)
+
 
 @dataclass
 class RoundsState:
@@ -39,7 +41,8 @@ class Rounds:
         self.in_flight = False
         self.done_count = 0
         self.eval_round: int | None = None
-        self.samples: dict[str, list[int]] = {}   # worker -> samples it trained per round
+        # worker -> samples it trained in each of the newest ROUND_SAMPLES_KEPT rounds
+        self.samples: dict[str, list[int]] = {}
 
     # -- reports ----------------------------------------------------------------------------
     def ready(self, node_id: str, m: RoundReady) -> None:
@@ -58,9 +61,11 @@ class Rounds:
         self.done_count += 1
         self.progress.touch(now)
         by_worker = dict(zip(m.contributors, m.samples_by, strict=True))
+        kept = max((len(v) for v in self.samples.values()), default=0)
         for worker in set(self.samples) | set(by_worker):
-            self.samples.setdefault(worker, [0] * (self.done_count - 1)).append(
-                by_worker.get(worker, 0))
+            samples = self.samples.setdefault(worker, [0] * kept)
+            samples.append(by_worker.get(worker, 0))
+            del samples[:-ROUND_SAMPLES_KEPT]  # a long job's memory stays flat
         self.metrics.write("round_done", round=m.round, samples_by=by_worker,
                            coefficient=m.coefficient, samples=m.samples)
         self.over()

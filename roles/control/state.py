@@ -82,6 +82,7 @@ class ControlHistory:
     round_samples: dict[str, list[int]] = field(default_factory=dict)
     settings_changes: list[dict] = field(default_factory=list)
     backups: list[dict] = field(default_factory=list)
+    backups_written: int | None = None   # None: a state file from before the count
     recoveries: list[dict] = field(default_factory=list)
     shard_recoveries: list[dict] = field(default_factory=list)
     exports: list[dict] = field(default_factory=list)
@@ -130,7 +131,8 @@ def capture_history(p: ControlParts, model_plan: dict | None) -> ControlHistory:
     f, r = p.feeding, p.recovery
     return ControlHistory(
         data=f.data, epochs=p.course.epochs, round_samples=p.rounds.samples,
-        settings_changes=p.settings.changes, backups=r.backups, recoveries=r.recoveries,
+        settings_changes=p.settings.changes, backups=r.backups,
+        backups_written=r.backups_written, recoveries=r.recoveries,
         shard_recoveries=r.shard_recoveries, exports=p.exports.exports, feeders_lost=f.lost,
         feeder_recoveries=f.recoveries, rows_counted=f.rows_counted,
         migrations=p.placement.migrations, membership_events=p.members.events,
@@ -154,6 +156,7 @@ def restore(p: ControlParts, state: ControlState, h: ControlHistory, now: float)
     r = p.recovery
     r.from_state(state.recovery, now)
     r.backups, r.recoveries, r.shard_recoveries = h.backups, h.recoveries, h.shard_recoveries
+    r.backups_written = len(h.backups) if h.backups_written is None else h.backups_written
     p.exports.from_state(state.export_request)
     p.exports.exports = h.exports
     p.settings.from_state(state.settings)

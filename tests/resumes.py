@@ -1,0 +1,65 @@
+"""Checks shared by the tests of whole-job resume (``test_resume``, ``test_bounded_resume``):
+every process killed, the job resumed from the newest complete checkpoint, every row trained
+once per epoch, and a checkpoint that serves."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness import REPO
+
+from roles.checkpoint.files import latest_complete
+
+
+def is_complete(e: dict, at_least: int = 1) -> bool:
+    return e["event"] == "checkpoint" and e["status"] == "complete" and e["number"] >= at_least
+
+
+def trained_past_a_checkpoint(c, after_t: float) -> None:
+    """Return once the job has trained for a while after a checkpoint completed (later than
+    ``after_t``) with no checkpoint begun since: a kill then loses training to retrain."""
+    for _ in range(60):
+        c.wait_for_event(lambda e, t=after_t: is_complete(e) and e["t"] > t)
+        newest = max((e for e in c.events() if is_complete(e)), key=lambda e: e["t"])
+        time.sleep(0.5)  # training goes on after the cut
+        if not any(e["event"] == "checkpoint_begin" and e["t"] > newest["t"]
+                   for e in c.events()):
+            return
+        after_t = newest["t"]
+    raise AssertionError("every checkpoint was followed by another within 0.5 s")
+
+
+def killed_and_resumed(c, slowdown: float) -> dict:
+    """Every process SIGKILLed, then the job resumed: its summary, once it went back to the
+    newest checkpoint complete at the kill and finished."""
+    c.kill_all()
+    before = latest_complete(c.run_dir)
+    assert before is not None, "no complete checkpoint at the kill"
+    c.start_all(resume=True, slowdown={0: slowdown, 1: slowdown})
+    assert c.wait() == 0, c.logs()
+    s = c.summary()
+    assert s["ok"], s["reason"]
+    (back,) = s["checkpoints"]["rollbacks"]
+    assert back["checkpoint"] == before[0], (back, before[0])
+    return s
+
+
+def every_row_once(s: dict, rows: int, epochs: int) -> None:
+    """Every row trained once in every epoch, counted from the cut."""
+    for epoch in s["parts"]["rows_per_epoch"]:
+        assert epoch["rows"] == epoch["rows_once"] == rows, epoch
+    assert s["samples_trained"] == epochs * rows, s["samples_trained"]
+
+
+def checkpoint_auc(run_dir: Path) -> float:
+    """``zbus-predict`` on the newest checkpoint, Adult's evaluation rows: the AUC."""
+    scored = subprocess.run([sys.executable, "-m", "roles.tools.predict",
+                             str(run_dir / "checkpoints"), str(REPO / "data" / "adult.csv.gz"),
+                             "--split", "eval", "--json"], capture_output=True, text=True,
+                            cwd=REPO)
+    assert scored.returncode == 0, scored.stderr
+    return float(json.loads(scored.stdout)["auc"])
