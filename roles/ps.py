@@ -131,7 +131,8 @@ class Shard(Node):
                        "keys_received": 0, "keys_repeated": 0, "lookup_s": 0.0,
                        "update_s": 0.0, "keys_moved_out": 0, "keys_moved_in": 0,
                        "handovers": 0, "handovers_forced": 0, "checkpoints": 0,
-                       "lookups_after_update": 0, "grads_without_keys": 0}
+                       "lookups_after_update": 0, "grads_without_keys": 0,
+                       "keys_after_update": 0, "held_dropped": 0}
         self.checkpoints = ShardCheckpoints(index, self.table, job.checkpoint.full_every)
         self.cut: Checkpoint | None = None   # a cut waiting for gradients on their way
         self.cut_since = 0.0
@@ -157,12 +158,19 @@ class Shard(Node):
     # -- checkpoints -----------------------------------------------------------------------------
     def handle_cut(self, m: Checkpoint) -> None:
         """Checkpoint ``write``: once no training batch held still waits for its gradients,
-        fork the writer (``roles.checkpoint.shard``)."""
+        fork the writer (``roles.checkpoint.shard``). The feeders have drained (every batch
+        is acknowledged), so gradients still to come are on their way; a batch that has none
+        after ``[placement] drain_timeout_s`` will get none (its gradients went to this
+        shard's dead process): it is dropped, counted, and the snapshot taken."""
         if self.cut is None or self.cut.number != m.number:
             self.cut, self.cut_since = m, time.monotonic()
         pending = [b for b, h in self.held.items() if h.train and b not in self.applied]
         if pending:
-            return
+            if time.monotonic() - self.cut_since < self.job.placement.drain_timeout_s:
+                return
+            log.warning("checkpoint %d: %d held batch(es) never got gradients; dropped",
+                        m.number, len(pending))
+            self.drop_held(pending)
         self.cut = None
         waited = time.monotonic() - self.cut_since
         meta = {"updates": self.counts["updates"], "newest_epoch": self.newest_epoch,
@@ -261,6 +269,12 @@ class Shard(Node):
     def handle_keys(self, msg: BatchKeys) -> None:
         if msg.batch_id in self.held:
             self.counts["keys_repeated"] += 1
+            return
+        if msg.batch_id in self.applied:
+            # a straggler's second copy, sent after the first copy's update: no gradients
+            # will come; held, the batch would wait for them for ever (and, once its epoch
+            # left the applied set, hold up every checkpoint's snapshot)
+            self.counts["keys_after_update"] += 1
             return
         started = time.thread_time()
         self._forget_old_epochs(split_batch_id(msg.batch_id)[0])
@@ -412,6 +426,15 @@ class Shard(Node):
         if epoch > self.newest_epoch:
             self.newest_epoch = epoch
             self.applied = {b for b in self.applied if split_batch_id(b)[0] >= epoch - 1}
+            # an epoch begins once the one before it is acknowledged: a training batch held
+            # from before that gets no gradients now (nor can its copies be told apart)
+            self.drop_held([b for b, h in self.held.items()
+                            if h.train and split_batch_id(b)[0] < epoch - 1])
+
+    def drop_held(self, batch_ids: list[int]) -> None:
+        for b in batch_ids:
+            del self.held[b]
+        self.counts["held_dropped"] += len(batch_ids)
 
     def counters(self) -> dict:
         # gradients whose keys never came (a restarted shard: their keys went to the dead

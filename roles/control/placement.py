@@ -19,9 +19,9 @@ History: each shard reports every window's work once it is finished (``WindowWor
 heartbeats; ``roles.algorithms.window_work``) and control answers which windows it recorded
 (``WorkRecorded``, with the newest window closed): every window of every shard becomes history
 records once, however fast windows close. The history kept for training is the newest
-``[placement] history_windows`` windows, and the predictor is trained on a thread, the previous
-one serving meanwhile (``roles.control.capacity_training``): control's loop does not slow down
-as the job goes on.
+``[placement] history_windows`` windows, and the predictor is trained in a child process, the
+previous one serving meanwhile (``roles.control.capacity_training``): control's loop does not
+slow down as the job goes on.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ class PlacementKeeper:
 
     def capacities(self, pairs: int) -> tuple[np.ndarray, str]:
         """The capacities for a window of ``pairs``: the predictor in service once one is
-        trained (a new training starts on a thread whenever the history has grown), equal or
+        trained (a new training starts in a child process whenever the history has grown), equal or
         configured before."""
         p = self.job.placement
         trainer = self.trainer

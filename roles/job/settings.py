@@ -322,8 +322,8 @@ class PlacementConfig:
         "the predictor trains on the newest this many windows of history (its cost stays "
         "flat as the job runs)")})
     drain_timeout_s: float = field(default=10.0, metadata={"min": 0.1, "doc": (
-        "a shard hands over after this long even if a held batch's gradients never came "
-        "(counted)")})
+        "a shard hands over (a migration), or takes its checkpoint snapshot, after this long "
+        "even if a held batch's gradients never came (counted)")})
 
     def __post_init__(self) -> None:
         if any(not c > 0 for c in self.capacities):

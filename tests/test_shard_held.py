@@ -1,0 +1,86 @@
+"""A shard's held batches (a real ``zbus-ps`` process, the test playing control, feeder and
+worker over its sockets): the keys of a straggler's second copy that come after the first copy's
+update are not held, so that no checkpoint snapshot waits for gradients that never come."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import zmq
+from harness import FakeControl, recv_within
+
+from roles.checkpoint.files import checkpoint_dir
+from roles.protocol.checkpoint import Checkpoint, Snapshotted
+from roles.protocol.datapath import BatchKeys, EmbeddingGrads, Lookup, make_batch_id
+from zbus.codec import Message, decode
+from zbus.messages import Heartbeat
+
+pytestmark = pytest.mark.integration
+
+
+def dealer(ctx: zmq.Context, endpoint: str, identity: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, identity.encode())
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    return sock
+
+
+def train_once(shard: zmq.Socket, batch_id: int, dim: int) -> None:
+    """Keys, a look-up and the gradients of one training batch of two samples."""
+    keys = np.array([3, 5, 3, 9], dtype=np.int64) + batch_id % 1000
+    shard.send_multipart(BatchKeys(batch_id=batch_id, window=0, samples=2, fields=2,
+                                   positions=np.arange(4, dtype=np.int32),
+                                   keys=keys).to_frames())
+    shard.send_multipart(Lookup(batch_id=batch_id, train=True).to_frames())
+    emb = decode(recv_within(shard)).msg
+    grads = np.full((len(emb.rows), dim), 0.1, dtype=np.float32)
+    shard.send_multipart(EmbeddingGrads(batch_id=batch_id, grads=grads).to_frames())
+
+
+def reported(fake: FakeControl, kind: type[Message], timeout_s: float) -> Message | None:
+    """The first ``kind`` the shard reports to control within ``timeout_s`` (None)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not fake.router.poll(100):
+            continue
+        identity, *frames = fake.router.recv_multipart()
+        msg = decode(frames).msg
+        if isinstance(msg, Heartbeat):
+            fake.beats[identity.decode()] = msg
+        elif isinstance(msg, kind):
+            return msg
+    return None
+
+
+def test_keys_of_a_copy_after_its_update_hold_up_no_checkpoint(cluster):
+    c = cluster(cluster__shards=1, cluster__workers=1,
+                placement__drain_timeout_s=60.0)  # the snapshot must not need the timeout
+    fake = FakeControl(c)
+    ctx = zmq.Context()
+    try:
+        c.start_role("ps", 0)
+        fake.admit({"ps-0"})
+        shard = dealer(ctx, c.job.cluster.endpoint("ps-0"), "worker-0")
+        dim = c.job.model.embedding_dim
+        first = make_batch_id(0, 0, 1)
+        train_once(shard, first, dim)
+        # the straggler's second copy: its keys come again after the first copy's update
+        shard.send_multipart(BatchKeys(batch_id=first, window=0, samples=2, fields=2,
+                                       positions=np.arange(4, dtype=np.int32),
+                                       keys=np.array([3, 5, 3, 9], np.int64)).to_frames())
+        train_once(shard, make_batch_id(2, 0, 1), dim)   # two epochs on
+        beat = fake.heartbeat("ps-0", lambda k: k.get("updates") == 2)
+        assert beat.counters["keys_after_update"] == 1
+        assert beat.counters["held_batches"] == 0, beat.counters
+        fake.pub.send_multipart(Checkpoint(
+            number=1, phase="write", round=0,
+            dir=str(checkpoint_dir(c.run_dir, 1))).to_frames("control-0"))
+        snap = reported(fake, Snapshotted, timeout_s=20.0)
+        assert snap is not None and snap.number == 1, "no snapshot: a held batch waits"
+        assert c.procs["ps-0"].poll() is None, c.log("ps-0")
+    finally:
+        ctx.destroy(linger=0)
+        fake.close()
