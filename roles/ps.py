@@ -132,7 +132,7 @@ class Shard(Node):
                        "update_s": 0.0, "keys_moved_out": 0, "keys_moved_in": 0,
                        "handovers": 0, "handovers_forced": 0, "checkpoints": 0,
                        "lookups_after_update": 0, "grads_without_keys": 0,
-                       "keys_after_update": 0, "held_dropped": 0}
+                       "held_dropped": 0}
         self.checkpoints = ShardCheckpoints(index, self.table, job.checkpoint.full_every)
         self.cut: Checkpoint | None = None   # a cut waiting for gradients on their way
         self.cut_since = 0.0
@@ -269,12 +269,6 @@ class Shard(Node):
     def handle_keys(self, msg: BatchKeys) -> None:
         if msg.batch_id in self.held:
             self.counts["keys_repeated"] += 1
-            return
-        if msg.batch_id in self.applied:
-            # a straggler's second copy, sent after the first copy's update: no gradients
-            # will come; held, the batch would wait for them for ever (and, once its epoch
-            # left the applied set, hold up every checkpoint's snapshot)
-            self.counts["keys_after_update"] += 1
             return
         started = time.thread_time()
         self._forget_old_epochs(split_batch_id(msg.batch_id)[0])
@@ -426,8 +420,12 @@ class Shard(Node):
         if epoch > self.newest_epoch:
             self.newest_epoch = epoch
             self.applied = {b for b in self.applied if split_batch_id(b)[0] >= epoch - 1}
-            # an epoch begins once the one before it is acknowledged: a training batch held
-            # from before that gets no gradients now (nor can its copies be told apart)
+            # keys of an applied batch are held (a part fed again by another feeder after its
+            # feeder died trains it again; its gradients are then refused as duplicates), but
+            # a straggler's copy, refused to its worker, gets none: its held keys would wait
+            # for ever, and once its id leaves the applied set above, hold up every snapshot.
+            # An epoch begins once the one before it is acknowledged: a training batch held
+            # from before that gets no gradients now
             self.drop_held([b for b, h in self.held.items()
                             if h.train and split_batch_id(b)[0] < epoch - 1])
 
