@@ -31,6 +31,9 @@ def test_a_task_has_its_rate_and_time_left_once_work_is_done():
     unknown = Progress("reading", "rows", None, started=0.0)
     unknown.update(5000, 1.0)
     assert describe(unknown.figures(1.0)) == "reading: 5,000 rows, 5,000 rows/s"
+    parts = Progress("snapshots", "parts", 4, started=0.0)
+    parts.update(3, 1.0)
+    assert describe(parts.figures(1.0)).startswith("snapshots: 3 of 4 parts (75%)")
 
 
 def test_amounts_and_durations_read_short():

@@ -87,9 +87,12 @@ def describe(f: dict[str, Any]) -> str:
     unit = str(f.get("unit", ""))
     done = float(f.get("done") or 0)
     total = f.get("total")
-    text = f"{f.get('task', 'work')}: {amount(done, unit)}"
-    if isinstance(total, (int, float)) and total > 0:
-        text += f" of {amount(float(total), unit)} ({min(1.0, done / total):.0%})"
+    total = float(total) if isinstance(total, (int, float)) and total > 0 else None
+    # a count's unit is said once (3 of 4 parts), a size's on both sides (1.2 MB of 4.0 MB)
+    shown = amount(done, unit) if unit == "bytes" or total is None else f"{done:,.0f}"
+    text = f"{f.get('task', 'work')}: {shown}"
+    if total is not None:
+        text += f" of {amount(total, unit)} ({min(1.0, done / total):.0%})"
     rate = f.get("rate")
     if isinstance(rate, (int, float)) and rate > 0:
         text += f", {amount(float(rate), unit)}/s"

@@ -158,7 +158,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
                          if isinstance(c.get("rejected_messages"), dict)
                          and c["rejected_messages"]}
     shards = {node: {k: c.get(k) for k in ("keys", "updates", "duplicates_refused",
-                                           "grads_without_keys",
+                                           "grads_without_keys", "held_dropped",
                                            "keys_moved_out", "keys_moved_in", "lookup_s",
                                            "update_s")}
               for node, c in sorted(counters.items()) if node.startswith("ps-")}
