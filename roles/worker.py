@@ -281,8 +281,8 @@ class Worker(Node):
                 if s.dense.shape[1] != self.n_dense:
                     raise ProtocolError("bad_shape", f"batch with {s.dense.shape[1]} dense "
                                                      f"features, model has {self.n_dense}")
-                batch = self.pipeline.pulled(s, self.links.unacked)
-                if batch is None:  # a second copy of a straggler, here or running: have it
+                batch = self.pipeline.pulled(s)
+                if batch is None:  # a second copy of a straggler: have it
                     self.counts["copies_ignored"] += 1
                     return
                 self.idle_said = False
@@ -341,6 +341,7 @@ class Worker(Node):
 
     def send_ack(self, ack: Ack) -> None:
         self.send(self.feeders[self.links.acked(ack)], ack)
+        self.ask_next()  # a copy of this batch, pulled while it ran, may be asked for now
 
     def feeder_restarted(self, feeder: int) -> None:
         """Tell a restarted feeder what its dead process may have lost (FeederLinks)."""
@@ -353,7 +354,7 @@ class Worker(Node):
 
     def ask_next(self) -> None:
         """Keep one batch taken ahead of the one training: the first not yet asked for."""
-        batch = self.pipeline.to_ask()
+        batch = self.pipeline.to_ask(self.links.unacked)
         if batch is not None:
             self.send(self.feeders[self.links.feeder_of(batch.batch_id)],
                       Taken(batch_id=batch.batch_id))

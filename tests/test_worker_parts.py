@@ -60,26 +60,35 @@ def test_only_the_next_batch_is_asked_for_and_a_copy_is_ignored():
     assert b not in list(p)
 
 
-def test_a_copy_of_a_batch_running_unacknowledged_is_ignored_not_asked_for():
+def test_a_copy_of_a_batch_running_unacknowledged_is_asked_for_only_after_its_ack():
     """Both copies of a straggler can reach one worker: the second, pulled while the first
     runs (its ack not sent: a slowed worker's outbox, a step waiting for the aggregator), is
-    dropped; asked for, the feeder (which counts the batch as this worker's) would not
-    answer, and every batch behind it would wait for ever (the stall seen at checkpoints)."""
+    asked for only once the ack is out. Asked before it, the feeder (which counts the batch
+    as this worker's) would not answer, and every batch behind it would wait for ever (the
+    stall seen at checkpoints); after it, the feeder refuses the copy, or grants it when the
+    part is fed again after its feeder died."""
     links = FeederLinks(feeders=1, acks_kept=4)
+    links.owners = np.zeros(1, np.int64)
     p = Pipeline(shards=2, fields=FIELDS, dim=DIM)
-    first = p.pulled(sample(1), links.unacked)
+    first = p.pulled(sample(1))
+    assert p.to_ask(links.unacked) is first
     p.granted(1, True)
     for r, e in enumerate(split_replies(1)):
         p.embeddings(r, e)
     assert p.take_ready(lambda s: True) is first
     links.running(1)
-    assert p.pulled(sample(1), links.unacked) is None   # the copy, while the first runs
-    after = p.pulled(sample(2), links.unacked)
-    assert p.to_ask() is after                          # the next batch is asked for
-    links.owners = np.zeros(1, np.int64)
+    copy = p.pulled(sample(1))                        # the copy, while the first runs
+    after = p.pulled(sample(2))
+    assert copy is not None and p.to_ask(links.unacked) is after   # the next one is asked
+    p.granted(2, True)
+    assert p.to_ask(links.unacked) is None            # the copy waits for the ack
     links.acked(Ack(batch_id=1, samples=2, loss_sum=0.0, weight_sum=2.0,
                     preds=np.zeros(0, np.float32)))
-    assert p.pulled(sample(1), links.unacked) is not None  # acked: the feeder refuses it
+    for r, e in enumerate(split_replies(2)):
+        p.embeddings(r, e)
+    assert p.take_ready(lambda s: True) is after      # the granted one runs first
+    assert p.to_ask(links.unacked) is copy            # the ack is out: ask
+    assert p.granted(1, False) and 1 not in p.batches   # refused: the copy goes
 
 
 def test_a_batch_runs_once_granted_with_its_embeddings_when_due():

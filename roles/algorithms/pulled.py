@@ -60,23 +60,25 @@ class Pipeline:
     def __iter__(self) -> Iterator[PulledBatch]:
         return iter(list(self.batches.values()))
 
-    def pulled(self, sample: SampleBatch, running: Set[int] = frozenset()) -> PulledBatch | None:
-        """A batch from the queue; None when it is a second copy of one already here or
-        ``running`` (taken out to run, its ack not sent yet). Such a copy is never asked for:
-        the feeder, which still counts the batch as this worker's, would not answer a second
-        Taken from its holder, and the pipeline would wait behind it for ever."""
-        if sample.batch_id in self.batches or sample.batch_id in running:
+    def pulled(self, sample: SampleBatch) -> PulledBatch | None:
+        """A batch from the queue; None when it is a second copy of one already here."""
+        if sample.batch_id in self.batches:
             return None
         batch = PulledBatch(sample, [None] * self.shards, [None] * self.shards)
         self.batches[sample.batch_id] = batch
         return batch
 
-    def to_ask(self) -> PulledBatch | None:
+    def to_ask(self, running: Set[int] = frozenset()) -> PulledBatch | None:
         """Keep one batch taken ahead of the one training: the first, when none is asked for
-        (it is marked asked)."""
+        (it is marked asked), but for a copy of one ``running`` (taken out to run, its ack
+        not sent yet). Such a copy is asked for once that ack is out, so that the feeder
+        reads the ack first: a feeder that still counts the batch as this worker's does not
+        answer a second Taken from its holder, and the pipeline would wait behind it for
+        ever; after the ack it refuses the copy (or, feeding a lost feeder's part again,
+        grants it: the batch is trained again)."""
         if any(b.asked for b in self.batches.values()):
             return None
-        batch = next(iter(self.batches.values()), None)
+        batch = next((b for b in self.batches.values() if b.batch_id not in running), None)
         if batch is not None:
             batch.asked = True
         return batch
