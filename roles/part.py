@@ -13,13 +13,12 @@ per group. Bad messages are counted and dropped like everywhere else.
 from __future__ import annotations
 
 import logging
-import os
 
 import zmq
 
 from roles.job.cli import role_main
 from roles.job.settings import Job
-from roles.model.network import auto_threads, local_addresses, pick_device, set_threads
+from roles.model.network import pick_device, use_threads
 from roles.model.parallel import PartServer, member_program
 from roles.protocol.model_parallel import ModelPlan, PartCall, PartTensors
 from zbus.codec import ProtocolError
@@ -39,8 +38,7 @@ class Part(Node):
             raise RuntimeError("this job has no model-parallel groups ([cluster] parts = 1)")
         self.job = job
         self.group, self.member = c.part_position(index)
-        self.threads = set_threads(job.train.torch_threads or
-                                   auto_threads(c, os.cpu_count() or 1, local_addresses()))
+        self.threads = use_threads(job)
         self.device = pick_device(job.train.device)
         self.inbox = self.bind(zmq.ROUTER, c.endpoint(c.group_endpoint_name(self.group,
                                                                             self.member)),

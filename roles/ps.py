@@ -164,7 +164,7 @@ class Shard(Node):
         shard's dead process): it is dropped, counted, and the snapshot taken."""
         if self.cut is None or self.cut.number != m.number:
             self.cut, self.cut_since = m, time.monotonic()
-        pending = [b for b, h in self.held.items() if h.train and b not in self.applied]
+        pending = self.awaiting_grads()
         if pending:
             if time.monotonic() - self.cut_since < self.job.placement.drain_timeout_s:
                 return
@@ -372,7 +372,7 @@ class Shard(Node):
         expects gradients (feeders have drained, so those are in flight), or after
         ``drain_timeout_s`` (their gradients will be refused; counted)."""
         keymap = self.moving
-        pending = [b for b, h in self.held.items() if h.train and b not in self.applied]
+        pending = self.awaiting_grads()
         if pending:
             if time.monotonic() - self.moving_since < self.job.placement.drain_timeout_s:
                 return
@@ -428,6 +428,10 @@ class Shard(Node):
             # from before that gets no gradients now
             self.drop_held([b for b, h in self.held.items()
                             if h.train and split_batch_id(b)[0] < epoch - 1])
+
+    def awaiting_grads(self) -> list[int]:
+        """The training batches held whose gradients have not been applied."""
+        return [b for b, h in self.held.items() if h.train and b not in self.applied]
 
     def drop_held(self, batch_ids: list[int]) -> None:
         for b in batch_ids:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -63,7 +62,7 @@ from roles.job.cli import MAX_WORKERS, role_main
 from roles.job.settings import Job
 from roles.model.compute import BatchCompute
 from roles.model.group_lead import GroupLead
-from roles.model.network import auto_threads, build_model, local_addresses, pick_device, set_threads
+from roles.model.network import build_model, pick_device, use_threads
 from roles.model.parallel import GroupError, GroupLeader
 from roles.protocol.datapath import (
     Ack,
@@ -102,8 +101,7 @@ class Worker(Node):
         self.fields, self.dim = len(job.sparse_fields), job.model.embedding_dim
         self.n_dense = len(job.dense_fields)
         self.slowdown = max(1.0, slowdown)
-        self.threads = set_threads(t.torch_threads or auto_threads(c, os.cpu_count() or 1,
-                                                                   local_addresses()))
+        self.threads = use_threads(job)
         self.device = pick_device(t.device)
         self.settings = live.LiveValues(job.aggregation)
         self.sync = sync_modes.for_mode(t, self.settings)

@@ -3,6 +3,7 @@ dense features, concatenated, through an MLP to one logit."""
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Collection
 
@@ -79,3 +80,10 @@ def local_addresses() -> set[str]:
 def set_threads(threads: int) -> int:
     torch.set_num_threads(threads)
     return threads
+
+
+def use_threads(job: Job) -> int:
+    """Set this process's torch threads: ``[train] torch_threads``, or ``auto_threads`` for
+    this host; the number set."""
+    return set_threads(job.train.torch_threads or
+                       auto_threads(job.cluster, os.cpu_count() or 1, local_addresses()))
