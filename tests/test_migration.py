@@ -119,6 +119,20 @@ def test_finished_windows_become_records_once_and_are_answered(keeper):
                .read_text().splitlines()) == 6
 
 
+def test_work_reported_after_the_summary_is_answered_but_not_recorded(keeper):
+    """The shards report their last windows as they stop, after control wrote the summary: the
+    records file keeps to what the summary counted."""
+    for w in range(3):
+        keeper.closed(w, 1000)
+    keeper.handle_window_work(0, work([0, 1]))
+    keeper.seal()
+    late = keeper.handle_window_work(0, work([2]))
+    assert late.windows.tolist() == [2]             # answered: the shard stops reporting it
+    assert keeper.status()["records"] == 4 == len(keeper.records())
+    assert len((keeper.run_dir / "placement" / "capacity_records.jsonl")
+               .read_text().splitlines()) == 4
+
+
 def test_every_window_is_recorded_when_windows_close_faster_than_heartbeats(keeper):
     """Three windows close between two heartbeats of each shard; each shard's ledger reports
     its finished windows with every heartbeat until control answers: none is lost."""

@@ -92,6 +92,7 @@ class PlacementKeeper:
         self.history: dict[int, list[Record]] = {}  # window -> its records (the newest kept)
         self.history_version = 0                    # rises with every record
         self.records_total = 0
+        self.sealed = False       # the summary is written: no record after it
         self.recorded: set[tuple[int, int]] = set()  # (window, shard) recorded
         self.unrecordable = 0     # windows a shard reported that this control never closed
         self.late_pairs: dict[int, int] = {}        # shard -> pairs of late work (not recorded)
@@ -255,6 +256,8 @@ class PlacementKeeper:
             raise ProtocolError("unexpected", "WindowWork while placement mode is hash")
         if not 0 <= shard < self.job.cluster.shards:
             raise ProtocolError("unexpected", f"WindowWork from shard {shard}")
+        if self.sealed:   # the job has ended and its summary counted the records
+            return WorkRecorded(closed=self.newest_closed, windows=m.windows.astype(np.int64))
         self.late_pairs[shard] = m.late_pairs
         answered, new = [], []
         for w, f in zip(m.windows.tolist(), m.figures.tolist(), strict=True):
@@ -315,6 +318,11 @@ class PlacementKeeper:
             "deferred_items": self.deferred.items,
             "deferred_windows_max": self.deferred.windows_max,
             "table_keys": len(self.keymap.keys)}
+
+    def seal(self) -> None:
+        """The job has ended: work the shards report from now on (their last windows, as they
+        stop) is answered but not recorded, so the records file holds what the summary counts."""
+        self.sealed = True
 
     def summary(self) -> dict:
         summary = {"mode": self.job.placement.mode}

@@ -675,6 +675,7 @@ class Control(Loop):
             return
         self.course.phase = "done"
         now = time.monotonic()
+        self.placement.seal()
         summary = run_summary(self.parts, self.job, status, reason, model_plan=self.model_plan,
                               counters={**{n: s.counters for n, s in self.members.nodes.items()},
                                         self.node_id: {**self.traffic.as_dict(),
