@@ -5,12 +5,14 @@ keys; one PULL socket connected to every feeder's queue), gets its embeddings fr
 by batch id, asks the batch's feeder to take it (each batch is granted to one worker), runs
 forward and backward, sends each shard the gradients of its rows, updates the dense weights
 and acknowledges the batch to the feeder of its part (control's PartMap). Up to ``prefetch``
-batches are pulled ahead while the current one trains, but only the next one to run is taken:
-the rest stay untaken, so at the end of a pass the feeder can hand copies of them to an idle
-worker instead of waiting for a slow one. The worker moves messages between its sockets and
-its parts: the pulled batches (``roles.algorithms.pulled``), the links to the feeders' ledgers
-(``roles.algorithms.feeder_links``), a batch's arithmetic (``roles.model.compute``), its place
-in the rounds (``roles.algorithms.replica``) and its sync mode (below).
+batches are pulled ahead while the current one trains, but only the next ``grants_ahead`` to
+run are taken (asked for while the one before them trains, so that the feeder's answer does not
+wait on the round trip): the rest stay untaken, so at the end of a pass the feeder can hand
+copies of them to an idle worker instead of waiting for a slow one. The worker moves messages
+between its sockets and its parts: the pulled batches (``roles.algorithms.pulled``), the links
+to the feeders' ledgers (``roles.algorithms.feeder_links``), a batch's arithmetic
+(``roles.model.compute``), its place in the rounds (``roles.algorithms.replica``) and its sync
+mode (below).
 
 Embeddings (``[train] embeddings``): in ``push`` the shards send a batch's rows unasked: the
 feeder's grant of the batch to this worker (Taken -> Grant, while the batch before it trains)
@@ -147,6 +149,7 @@ class Worker(Node):
         self.weights_pub = self.connect(zmq.SUB, c.endpoint("aggregator_pub"),
                                         self.on_broadcast)
         self.pipeline = Pipeline(c.shards, self.fields, self.dim)
+        self.grants_ahead = min(t.grants_ahead, t.prefetch + 1)  # no more than it can pull
         self.rounds = WorkerRounds(2 * self.heartbeat_s)
         self.awaiting_step: tuple[PulledBatch, float, float] | None = None
         self.parked: tuple[list[tuple[zmq.Socket, Message]], Callable[[], None]] | None = None
@@ -351,9 +354,9 @@ class Worker(Node):
                     feeder, len(self.links.acks_kept[feeder]), len(held.held))
 
     def ask_next(self) -> None:
-        """Keep one batch taken ahead of the one training: the first not yet asked for."""
-        batch = self.pipeline.to_ask(self.links.unacked)
-        if batch is not None:
+        """Keep ``[train] grants_ahead`` batches asked for ahead of the one training, in pull
+        order (``Pipeline.to_ask``)."""
+        while (batch := self.pipeline.to_ask(self.links.unacked, self.grants_ahead)) is not None:
             self.send(self.feeders[self.links.feeder_of(batch.batch_id)],
                       Taken(batch_id=batch.batch_id))
             if self.push:  # its grant sends the shards' rows here

@@ -79,10 +79,11 @@ def figures(s: dict, links: dict[str, dict[str, int]] | None) -> dict:
     return out
 
 
-def run_loopback(workdir: Path, epochs: int, curve: str, threads: int) -> dict:
+def run_loopback(workdir: Path, epochs: int, curve: str, threads: int,
+                 settings: dict[str, str]) -> dict:
     keys = workdir / "keys"
     with LocalCluster(workdir, JOB, transport="tcp", train__epochs=epochs, cluster__curve=curve,
-                      cluster__keys_dir=str(keys),
+                      cluster__keys_dir=str(keys), **settings,
                       **({"train__torch_threads": threads} if threads else {})) as c:
         make_keys(keys, [*c.job.cluster.expected_nodes(), "control-0", OPERATOR])
         if c.run_job(timeout=TIMEOUT_S) != 0:
@@ -91,7 +92,7 @@ def run_loopback(workdir: Path, epochs: int, curve: str, threads: int) -> dict:
 
 
 def run_namespaces(workdir: Path, epochs: int, curve: str, rtt_ms: float, rate: str | None,
-                   mtu: int, threads: int) -> dict:
+                   mtu: int, threads: int, settings: dict[str, str]) -> dict:
     workdir.mkdir(parents=True)
     cluster_file = workdir / "cluster.toml"
     cluster_file.write_text("[endpoints]\n" + "".join(
@@ -99,7 +100,9 @@ def run_namespaces(workdir: Path, epochs: int, curve: str, rtt_ms: float, rate: 
     env = {**clean_environ(), "ZBUS_CLUSTER__KEYS_DIR": str(workdir / "keys"),
            "ZBUS_RUN_DIR": str(workdir / "run"), "ZBUS_TRAIN__EPOCHS": str(epochs),
            "ZBUS_CLUSTER__CURVE": curve, "ZBUS_CLUSTER_FILE": str(cluster_file),
-           "ZBUS_JOB": str(JOB)} | ({"ZBUS_TRAIN__TORCH_THREADS": str(threads)} if threads else {})
+           "ZBUS_JOB": str(JOB),
+           **({"ZBUS_TRAIN__TORCH_THREADS": str(threads)} if threads else {}),
+           **{f"ZBUS_{k.upper()}": v for k, v in settings.items()}}
     job = load_job(None, environ=env)
     make_keys(workdir / "keys", [*job.cluster.expected_nodes(), "control-0", OPERATOR])
     procs: dict[str, subprocess.Popen] = {}
@@ -152,16 +155,25 @@ def ceilings(mtu: int, rates: list[str | None], seconds: float) -> dict:
     return {k: round(v, 1) for k, v in out.items()}
 
 
-def cell_name(rtt: float | None, curve: str, rate: str | None) -> str:
+def cell_name(rtt: float | None, curve: str, rate: str | None, variant: str = "") -> str:
     where = "loopback" if rtt is None else f"namespaces, RTT {rtt:g} ms" + (
         " (kernel bridge)" if rtt == 0 else "") + (f", {rate}" if rate else "")
-    return f"{where}, CURVE {curve}"
+    return f"{where}, CURVE {curve}" + (f", {variant}" if variant else "")
 
 
-def table(cells: dict[str, list[dict]], loopback: list[dict]) -> str:
+def variants(vary: str | None) -> list[tuple[str, dict[str, str]]]:
+    """``--vary train__grants_ahead=1,2``: each value a variant of every cell (its name, its
+    setting); none: one variant, the job as it is."""
+    if not vary:
+        return [("", {})]
+    key, _, values = vary.partition("=")
+    return [(f"{key.split('__')[-1]} {v}", {key: v}) for v in values.split(",")]
+
+
+def table(cells: dict[str, list[dict]], baselines: dict[str, str]) -> str:
     """Medians per cell; × loopback: the ratio of medians, then the median of the ratios of
-    each run to the loopback run of its repeat (the sturdier figure on a noisy machine)."""
-    baseline = statistics.median(r["samples_per_s"] for r in loopback)
+    each run to the loopback run of its repeat (the sturdier figure on a noisy machine), the
+    loopback of the cell's own variant (``baselines``: cell -> its loopback cell)."""
     rows = ["| cell | samples/s | × loopback (paired) | batches/s | worker compute ms/batch "
             "| worker wait ms/batch: sample, grant, embeddings, weights "
             "| link bytes/sample a, b, c |",
@@ -169,6 +181,8 @@ def table(cells: dict[str, list[dict]], loopback: list[dict]) -> str:
     for name, runs in cells.items():
         if not runs:
             continue
+        loopback = cells[baselines[name]]
+        baseline = statistics.median(r["samples_per_s"] for r in loopback)
         sps = statistics.median(r["samples_per_s"] for r in runs)
         mid = min(runs, key=lambda r: abs(r["samples_per_s"] - sps))
         waits = ", ".join(f"{mid['wait_ms_per_batch'].get(w, 0):.2f}" for w in WAITS)
@@ -189,10 +203,21 @@ def interrupted(*_: object) -> None:
 def reprint(path: Path) -> None:
     """The table again from a JSON report."""
     report = orjson.loads(path.read_bytes())
-    cells = report["cells"]
-    loopback = cells.get(cell_name(None, "off", None)) or next(iter(cells.values()))
     print(f"bridge ceiling (one TCP stream, MB/s): {report['ceiling_mb_per_s']}")
-    print(table(cells, loopback))
+    print(table(report["cells"], report.get("baselines") or baselines_of(report["cells"], [""])))
+
+
+def baselines_of(cells: dict[str, list[dict]], names: list[str]) -> dict[str, str]:
+    """Each cell's loopback baseline: loopback with CURVE off of its variant, else the first
+    cell of its variant."""
+    out = {}
+    for variant in names:
+        own = [c for c in cells if c.endswith(f", {variant}")] if variant else \
+            [c for c in cells if c.endswith(("CURVE on", "CURVE off"))]
+        base = cell_name(None, "off", None, variant)
+        for c in own:
+            out[c] = base if base in cells else own[0]
+    return out
 
 
 def main() -> None:
@@ -206,6 +231,8 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="per worker, in every cell (0: zbus's choice, which differs: "
                              "across hosts a worker takes every core of what is one machine)")
+    parser.add_argument("--vary", help="a job setting to compare, each value a variant of "
+                                       "every cell, interleaved: train__grants_ahead=1,2")
     parser.add_argument("--ceiling-s", type=float, default=3.0)
     parser.add_argument("--out", type=Path, default=Path("bench_hosts.json"))
     parser.add_argument("--keep", type=Path, help="keep the run directories here")
@@ -220,11 +247,13 @@ def main() -> None:
     signal.signal(signal.SIGTERM, interrupted)  # cleaned up as on Ctrl-C
     curves = args.curve.split(",")
     rates = [None if r == "none" else r for r in args.rates.split(",")]
-    plan: list[tuple[float | None, str, str | None]] = [(None, c, None) for c in curves] + [
+    where: list[tuple[float | None, str, str | None]] = [(None, c, None) for c in curves] + [
         (float(rtt), c, rate) for rate in rates for rtt in args.rtts.split(",") for c in curves]
-    cells: dict[str, list[dict]] = {cell_name(*p): [] for p in plan}
+    kinds = variants(args.vary)
+    plan = [(*w, v) for w in where for v in kinds]
+    cells: dict[str, list[dict]] = {cell_name(*p[:3], p[3][0]): [] for p in plan}
     report: dict = {"epochs": args.epochs, "repeats": args.repeats, "mtu": args.mtu,
-                    "torch_threads": args.torch_threads,
+                    "torch_threads": args.torch_threads, "vary": args.vary,
                     "load": os.getloadavg(), "cells": cells}
     report["ceiling_mb_per_s"] = ceilings(args.mtu, rates, args.ceiling_s)
     print(f"bridge ceiling (one TCP stream, MB/s): {report['ceiling_mb_per_s']}", flush=True)
@@ -232,20 +261,21 @@ def main() -> None:
         if args.keep else tempfile.TemporaryDirectory(prefix="bench-hosts-")
     with kept as tmp:
         for r in range(args.repeats):
-            for i, (rtt, curve, rate) in enumerate(plan):
+            for i, (rtt, curve, rate, (variant, settings)) in enumerate(plan):
                 workdir = Path(tmp) / f"{r}-{i}"
-                got = run_loopback(workdir, args.epochs, curve, args.torch_threads) \
+                got = run_loopback(workdir, args.epochs, curve, args.torch_threads, settings) \
                     if rtt is None else run_namespaces(workdir, args.epochs, curve, rtt, rate,
-                                                       args.mtu, args.torch_threads)
-                cells[cell_name(rtt, curve, rate)].append(got)
-                print(f"  run {r + 1}, {cell_name(rtt, curve, rate)}: "
+                                                       args.mtu, args.torch_threads, settings)
+                name = cell_name(rtt, curve, rate, variant)
+                cells[name].append(got)
+                print(f"  run {r + 1}, {name}: "
                       f"{got['samples_per_s']:,.0f} samples/s, auc {got['auc']:.4f}, waits "
                       f"{got['wait_ms_per_batch']}", flush=True)
-    loopback = cells.get(cell_name(None, "off", None)) or next(iter(cells.values()))
+    report["baselines"] = baselines_of(cells, [v for v, _ in kinds])
     report["load_after"] = os.getloadavg()
     args.out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     print(f"\nAdult, {args.epochs} epochs, medians of {args.repeats}; JSON in {args.out}")
-    print(table(cells, loopback))
+    print(table(cells, report["baselines"]))
 
 
 if __name__ == "__main__":

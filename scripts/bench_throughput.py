@@ -10,6 +10,7 @@ medians, the ratio of the medians, and the median of the ratios of those back-to
 (the sturdier figure on a noisy machine).
 
     .venv/bin/python scripts/bench_throughput.py [--repeats 3] [--batch 1024] [--rows 200000]
+        [--shapes 1x1,2x2] [--set train__grants_ahead=1 ...]
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000, help="synthetic rows")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--shapes", default="1x1,2x2", help="workers x shards, comma-separated")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION__KEY=VALUE",
+                        help="a job setting for the cluster's runs, e.g. train__grants_ahead=1")
     args = parser.parse_args()
     settings = {"train__batch_size": args.batch, "train__epochs": args.epochs,
                 "data__synthetic__rows": args.rows}
@@ -42,6 +45,7 @@ def main() -> None:
     env.update({f"ZBUS_{k.upper()}": toml_value(v) for k, v in settings.items()})
     job = load_job(None, environ=env)
     data = load_dataset(job)
+    cluster_only = dict(kv.split("=", 1) for kv in args.set)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -51,7 +55,7 @@ def main() -> None:
                 single.append(train_reference(job, data)["samples_per_s"])
                 workdir = Path(tmp) / f"{workers}x{shards}-{r}"
                 with LocalCluster(workdir, transport="tcp", cluster__workers=workers,
-                                  cluster__shards=shards, **settings) as c:
+                                  cluster__shards=shards, **settings, **cluster_only) as c:
                     if c.run_job(timeout=600) != 0:
                         raise SystemExit(f"cluster run failed:\n{c.logs()}")
                     s = c.summary()
@@ -63,7 +67,7 @@ def main() -> None:
             rows.append((workers, shards, statistics.median(single),
                          statistics.median(cluster), paired, statistics.median(aucs)))
     print(f"\nbatch {args.batch}, {data.n_train:,} training rows x {args.epochs} epochs, "
-          f"medians of {args.repeats}")
+          f"medians of {args.repeats}" + "".join(f", {kv}" for kv in args.set))
     print("| workers/shards | single process (samples/s) | cluster (samples/s) | "
           "ratio of medians | median of paired ratios | cluster AUC |")
     print("|---|---|---|---|---|---|")

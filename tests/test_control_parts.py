@@ -430,6 +430,23 @@ def test_a_checkpoint_drains_flushes_writes_resumes_then_completes(tmp_path, met
     assert ck.cut is not None and ck.cut.number == 2
 
 
+def test_a_checkpoint_cut_short_by_an_epochs_end_is_taken_again_once_the_next_one_trains(
+        tmp_path, metrics):
+    """Epochs about as long as every_s: each cut would begin near an epoch's end and be
+    abandoned there; the next one begins as soon as the job trains again, not every_s on."""
+    bus = Bus()
+    ck, _ = checkpoints_of(tmp_path, bus, metrics, EveryMode(8))
+    ck.training_started(0.0)
+    ck.tick(10.0, None)
+    assert ck.cut is not None and ck.cut.number == 1
+    ck.tick(10.5, "the job is not training an epoch (phase syncing)")
+    assert ck.cut is None and ck.records[-1]["status"] == "aborted"
+    ck.tick(10.6, "the job is not training an epoch (phase syncing)")
+    assert ck.cut is None                        # not while the epoch ends
+    ck.tick(10.7, None)                          # the next epoch trains: at once
+    assert ck.cut is not None and ck.cut.number == 2
+
+
 def test_a_checkpoint_is_abandoned_when_a_part_fails_a_writer_dies_or_time_runs_out(
         tmp_path, metrics):
     bus = Bus()

@@ -60,6 +60,20 @@ def test_only_the_next_batch_is_asked_for_and_a_copy_is_ignored():
     assert b not in list(p)
 
 
+def test_up_to_grants_ahead_batches_are_asked_for_in_pull_order():
+    """Two asked ahead: the third waits until one of them runs or is refused."""
+    p = Pipeline(shards=2, fields=FIELDS, dim=DIM)
+    a, b, c = (p.pulled(sample(i)) for i in (1, 2, 3))
+    assert p.to_ask(ahead=2) is a and p.to_ask(ahead=2) is b and p.to_ask(ahead=2) is None
+    assert not c.asked
+    p.granted(2, True)
+    for r, e in enumerate(split_replies(2)):
+        p.embeddings(r, e)
+    assert p.take_ready(lambda s: True) is b          # granted first: runs first
+    assert p.to_ask(ahead=2) is c and p.to_ask(ahead=2) is None
+    assert p.granted(1, False) and p.to_ask(ahead=2) is None   # refused: nothing left to ask
+
+
 def test_a_copy_of_a_batch_running_unacknowledged_is_asked_for_only_after_its_ack():
     """Both copies of a straggler can reach one worker: the second, pulled while the first
     runs (its ack not sent: a slowed worker's outbox, a step waiting for the aggregator), is
@@ -216,6 +230,9 @@ def test_a_restarted_feeder_is_told_its_acks_held_batches_and_unanswered_takes()
 
 
 def test_a_part_moved_to_another_feeder_is_asked_of_it():
+    """Asked or granted by the lost feeder, a batch is asked of the new one: a lost feeder's
+    grant is void (the new one may grant the batch's copy to another worker, whose update
+    leaves the shards without its keys: held, this grant would wait for ever)."""
     links = FeederLinks(feeders=2, acks_kept=2)
     p = Pipeline(shards=1, fields=FIELDS, dim=DIM)
     asked, granted = make_batch_id(0, 1, 0), make_batch_id(0, 1, 1)
@@ -226,7 +243,9 @@ def test_a_part_moved_to_another_feeder_is_asked_of_it():
         links.feeder_of(asked)                         # no part map yet: no feeder
     assert links.moved(part_map(0, [0, 1]), p) == [] and links.feeder_of(asked) == 1
     assert not links.newer(part_map(0, [0, 0]))
-    assert links.moved(part_map(1, [0, 0]), p) == [(0, Taken(batch_id=asked))]
+    assert links.moved(part_map(1, [0, 0]), p) == [(0, Taken(batch_id=asked)),
+                                                  (0, Taken(batch_id=granted))]
+    assert not p.batches[granted].granted              # until the new feeder answers
     assert links.feeder_of(asked) == 0 and links.moved(part_map(2, [0, 0]), p) == []
     with pytest.raises(ProtocolError):
         links.feeder_of(make_batch_id(0, 7, 0))        # part 7: no such part

@@ -6,7 +6,7 @@ part): a worker pulls no batch before it has the map. The worker keeps its lates
 feeder and the batches it trained whose ack is not sent yet: when a feeder is restarted
 (FeederBack) it is told them again, then the batches of its that are granted here (Holding),
 then asked again for the grants it never answered. When a lost feeder's parts move to another
-feeder, a Taken that went to the lost one is asked of the new one.
+feeder, every batch asked of the lost one (granted or not) is asked of the new one.
 """
 
 from __future__ import annotations
@@ -53,15 +53,23 @@ class FeederLinks:
         return m.version > self.map_version
 
     def moved(self, m: PartMap, pipeline: Pipeline) -> list[tuple[int, Taken]]:
-        """Control's new PartMap: the Takens to ask again of their part's new feeder (it
-        refuses them: it feeds the batch again itself)."""
+        """Control's new PartMap: the Takens to ask again of their part's new feeder, for
+        every batch of a moved part asked for, granted or not. The new feeder knows nothing of
+        the lost one's grants: it feeds the part again from its last progress report, and
+        grants the batch to whoever asks first once it has sent it again. A grant of the lost
+        feeder's is therefore void (the batch waits for the new feeder's answer): kept, the
+        batch could run here while its copy runs elsewhere, or wait for ever for embeddings
+        that the shards no longer hold once that copy's update is applied. The new feeder
+        grants the batch (it has sent it again and nobody holds it) or refuses it (not sent
+        again yet, or held by another worker): it goes, and comes again as any batch."""
         before, self.owners = self.owners, np.array(m.owners)
         self.map_version = m.version
         again = []
         for b in pipeline:
             part = split_batch_id(b.batch_id)[1]
             moved = before is not None and part < len(before) and before[part] != m.owners[part]
-            if moved and b.asked and not b.granted:
+            if moved and b.asked:
+                b.granted = False
                 again.append((self.feeder_of(b.batch_id), Taken(batch_id=b.batch_id)))
         return again
 

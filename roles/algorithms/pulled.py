@@ -1,10 +1,10 @@
 """A worker's pulled batches (pure; no sockets).
 
 ``Pipeline``: the batches a worker has pulled from the sample queue and not yet run, in pull
-order, each with its grant (Taken -> Grant: only the next one to run is asked for, so that the
-rest stay untaken and the feeder can hand copies of them to an idle worker at the end of a pass)
-and its embeddings, one reply per shard. A batch runs once it is granted, has its embeddings
-and its turn has come (its weights or its round: the caller's ``due``).
+order, each with its grant (Taken -> Grant: only the next ``grants_ahead`` to run are asked
+for, so that the rest stay untaken and the feeder can hand copies of them to an idle worker at
+the end of a pass) and its embeddings, one reply per shard. A batch runs once it is granted,
+has its embeddings and its turn has come (its weights or its round: the caller's ``due``).
 
 ``WaitClock``: the time a worker spends with no batch it can run, by what the next batch waits
 for (``Pipeline.blocker``): its sample, its grant, its embeddings, its weights (its round's, or
@@ -68,17 +68,18 @@ class Pipeline:
         self.batches[sample.batch_id] = batch
         return batch
 
-    def to_ask(self, running: Set[int] = frozenset()) -> PulledBatch | None:
-        """Keep one batch taken ahead of the one training: the first, when none is asked for
-        (it is marked asked), but for a copy of one ``running`` (taken out to run, its ack
-        not sent yet). Such a copy is asked for once that ack is out, so that the feeder
-        reads the ack first: a feeder that still counts the batch as this worker's does not
-        answer a second Taken from its holder, and the pipeline would wait behind it for
-        ever; after the ack it refuses the copy (or, feeding a lost feeder's part again,
-        grants it: the batch is trained again)."""
-        if any(b.asked for b in self.batches.values()):
+    def to_ask(self, running: Set[int] = frozenset(), ahead: int = 1) -> PulledBatch | None:
+        """Keep ``ahead`` batches asked for (Taken sent, granted or not yet) beside the one
+        training: the first not asked for, while fewer are (it is marked asked), but for a
+        copy of one ``running`` (taken out to run, its ack not sent yet). Such a copy is asked
+        for once that ack is out, so that the feeder reads the ack first: a feeder that still
+        counts the batch as this worker's does not answer a second Taken from its holder, and
+        the pipeline would wait behind it for ever; after the ack it refuses the copy (or,
+        feeding a lost feeder's part again, grants it: the batch is trained again)."""
+        if sum(b.asked for b in self.batches.values()) >= ahead:
             return None
-        batch = next((b for b in self.batches.values() if b.batch_id not in running), None)
+        batch = next((b for b in self.batches.values()
+                      if not b.asked and b.batch_id not in running), None)
         if batch is not None:
             batch.asked = True
         return batch

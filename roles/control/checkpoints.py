@@ -141,7 +141,7 @@ class Checkpoints:
         if lost:
             self.abort(now, f"{', '.join(lost)} lost")
         elif blocker is not None and cut.phase in ("drain", "flush"):
-            self.abort(now, blocker)
+            self.abort(now, blocker, again_soon=True)
         elif now - cut.began > self.config.timeout_s:
             self.abort(now, f"not complete after timeout_s = {self.config.timeout_s:.0f} s")
         elif cut.phase == "flush":
@@ -247,7 +247,11 @@ class Checkpoints:
         self.cut = None
         self.next_due = now + self.config.every_s if self.config.every_s > 0 else float("inf")
 
-    def abort(self, now: float, why: str) -> None:
+    def abort(self, now: float, why: str, again_soon: bool = False) -> None:
+        """Abandon the cut under way. The next is due ``every_s`` from now, or, when the job
+        only left training under it (``again_soon``: an epoch ended during the drain), as soon
+        as it trains again: with epochs about as long as ``every_s``, every cut would
+        otherwise fall at an epoch's end, and none would ever complete."""
         c = self.cut
         assert c is not None
         log.warning("checkpoint %d abandoned: %s", c.number, why)
@@ -255,7 +259,11 @@ class Checkpoints:
         self.record(now, "aborted", why, [])
         self.cut = None
         self.progress.touch(now)
-        self.next_due = now + self.config.every_s if self.config.every_s > 0 else float("inf")
+        if again_soon and c.reason == "every_s":
+            self.next_due = now
+        else:
+            self.next_due = now + self.config.every_s if self.config.every_s > 0 \
+                else float("inf")
 
     def record(self, now: float, status: str, why: str, removed: list[int]) -> None:
         c = self.cut
