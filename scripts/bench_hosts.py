@@ -16,7 +16,8 @@ sample on each host's link (the hub's counters, up + down) and by channel (zbus'
 First, the bridge's own ceiling: one TCP stream through it with no delay (MB/s).
 
     .venv/bin/python scripts/bench_hosts.py [--epochs 2] [--repeats 1] [--rtts 0,0.1,1]
-        [--curve on,off] [--rates none,1gbit] [--out bench_hosts.json]
+        [--curve on,off] [--rates none,1gbit] [--vary train__grants_ahead=1,2]
+        [--out bench_hosts.json]
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from roles.data.dataset import load_dataset
 from roles.job.settings import load_job
 from roles.tools.reference import train_reference
 
@@ -44,15 +43,16 @@ def main() -> None:
     env = clean_environ()
     env.update({f"ZBUS_{k.upper()}": toml_value(v) for k, v in settings.items()})
     job = load_job(None, environ=env)
-    data = load_dataset(job)
     cluster_only = dict(kv.split("=", 1) for kv in args.set)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    rows = []
+    rows, trained = [], 0
     with tempfile.TemporaryDirectory() as tmp:
         for workers, shards in shapes:
             single, cluster, aucs = [], [], []
             for r in range(args.repeats):
-                single.append(train_reference(job, data)["samples_per_s"])
+                reference = train_reference(job)
+                single.append(reference["samples_per_s"])
+                trained = reference["samples_trained"] // args.epochs
                 workdir = Path(tmp) / f"{workers}x{shards}-{r}"
                 with LocalCluster(workdir, transport="tcp", cluster__workers=workers,
                                   cluster__shards=shards, **settings, **cluster_only) as c:
@@ -66,7 +66,7 @@ def main() -> None:
             paired = statistics.median(m / o for m, o in zip(cluster, single, strict=True))
             rows.append((workers, shards, statistics.median(single),
                          statistics.median(cluster), paired, statistics.median(aucs)))
-    print(f"\nbatch {args.batch}, {data.n_train:,} training rows x {args.epochs} epochs, "
+    print(f"\nbatch {args.batch}, {trained:,} training rows x {args.epochs} epochs, "
           f"medians of {args.repeats}" + "".join(f", {kv}" for kv in args.set))
     print("| workers/shards | single process (samples/s) | cluster (samples/s) | "
           "ratio of medians | median of paired ratios | cluster AUC |")
