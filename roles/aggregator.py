@@ -348,7 +348,21 @@ class Aggregator(Node):
     def counters(self) -> dict:
         return {**self.counts, "round": self.round, "steps": self.steps,
                 "parameters": self.size, "generation": self.generation,
-                "backups": self.backups.written if self.backups else 0}
+                "backups": self.backups.written if self.backups else 0,
+                "waiting_for": self.waiting_for()}
+
+    def waiting_for(self) -> dict | None:
+        """The next round, once called, and what it still waits for: its participants' (of
+        this group, still members) contributions and the leaves' partial sums."""
+        r = self.round + 1
+        who = self.expected.get(r)
+        if who is None:
+            return None
+        got = self.received.get(r, {})
+        workers = [w for w in who if self.cluster.group_of(node_index(w)) == self.index
+                   and w not in got and (self.members is None or w in self.members)]
+        leaves = [leaf for leaf in self.leaves if leaf not in self.partials.get(r, {})]
+        return {"round": r, "workers": workers, "aggregators": leaves}
 
 
 def main() -> None:

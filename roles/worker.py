@@ -541,6 +541,8 @@ class Worker(Node):
                 "embedding_wait_ms": self.waits.milliseconds(),
                 "waiting_s": self.waiting.rounded(),
                 "generation": self.rounds.generation,
+                "round_sent": self.replica.sent_round if self.replica.in_flight else None,
+                "round_deferred": self.rounds.deferred,
                 "round_samples": self.replica.samples_since,
                 "pipeline": len(self.pipeline), "device": str(self.device)}
 

@@ -403,6 +403,10 @@ def test_a_checkpoint_drains_flushes_writes_resumes_then_completes(tmp_path, met
     ck.drained("feeder-1", CheckpointDrained(number=1), 10.2)
     (flush,) = bus.of(Aggregate)     # every worker's progress into the aggregator
     assert flush.reason == "checkpoint 1" and flush.participants == WORKERS
+    ck.members.nodes["aggregator-0"].counters["waiting_for"] = {
+        "round": flush.round, "workers": WORKERS[1:], "aggregators": []}
+    assert ck.task(10.25)["task"] == ("checkpoint 1: a round brings the workers' progress in "
+                                      f"(round {flush.round} waits for {WORKERS[1]})")
     assert bus.of(Checkpoint)[-1].phase == "drain"
     rounds.finished(RoundDone(round=flush.round, contributors=WORKERS, samples_by=[1, 1],
                               coefficient=2.0, samples=2), 10.3)

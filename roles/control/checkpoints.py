@@ -330,9 +330,21 @@ class Checkpoints:
                        "flush": (0, 1),
                        "write": (len(c.snapshots), len(c.writers)),
                        "resume": (len(c.parts), len(c.writers))}.get(c.phase, (0, 0))
+        if c.phase == "flush":
+            what += self.round_waits()
         return {"task": f"checkpoint {c.number}: {what}", "unit": unit, "done": done,
                 "total": total or None, "rate": None, "eta_s": None,
                 "elapsed_s": round(now - c.began, 1)}
+
+    def round_waits(self) -> str:
+        """What the flush round waits for, as the root aggregator's last heartbeat said."""
+        agg = self.members.nodes.get("aggregator-0")
+        waiting = agg.counters.get("waiting_for") if agg is not None else None
+        if not isinstance(waiting, dict):
+            return ""
+        missing = [*waiting.get("workers", []), *waiting.get("aggregators", [])]
+        return f" (round {waiting.get('round')} waits for {', '.join(map(str, missing))})" \
+            if missing else ""
 
     def status(self, now: float, training: bool) -> dict:
         """The status's ``checkpoint`` (``roles.algorithms.status``): the newest complete
