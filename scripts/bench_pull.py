@@ -15,7 +15,7 @@ idles rather than computes, so that on a small machine the shared cores do not d
 result. The built-in synthetic data (80,000 training rows, 313 batches of 256 an epoch), MLP
 512-256, 1 shard; epoch times are training passes only.
 
-    .venv/bin/python scripts/bench_pull.py [--repeats 3] [--epochs 2]
+    .venv/bin/python scripts/bench_pull.py [--repeats 3] [--epochs 2] [--set train__grants_ahead=1]
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from local_cluster import LocalCluster  # noqa: E402  (the test harness)
 FAST, SLOW = 2.0, 6.0
 
 
-def run(workdir: Path, epochs: int, slowdowns: list[float]) -> dict:
+def run(workdir: Path, epochs: int, slowdowns: list[float], settings: dict[str, str]) -> dict:
     with LocalCluster(workdir, None, transport="tcp", cluster__workers=len(slowdowns),
                       cluster__shards=1, model__hidden=[512, 256], train__epochs=epochs,
-                      train__torch_threads=1) as c:
+                      train__torch_threads=1, **settings) as c:
         if c.run_job(timeout=900, slowdown=dict(enumerate(slowdowns))) != 0:
             raise SystemExit(f"run failed:\n{c.logs()}")
         s = c.summary()
@@ -54,13 +54,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION__KEY=VALUE",
+                        help="a job setting for every run, e.g. train__grants_ahead=1")
     args = parser.parse_args()
+    settings = dict(kv.split("=", 1) for kv in args.set)
     cases = {"fast alone": [FAST], "slow alone": [SLOW], "pull": [FAST, SLOW]}
     results: dict[str, list[dict]] = {name: [] for name in cases}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
             for name, slowdowns in cases.items():
-                got = run(Path(tmp) / f"{name.replace(' ', '-')}-{r}", args.epochs, slowdowns)
+                got = run(Path(tmp) / f"{name.replace(' ', '-')}-{r}", args.epochs, slowdowns,
+                          settings)
                 results[name].append(got)
                 print(f"  run {r + 1} {name}: epoch {got['epoch_s']:.2f} s, "
                       f"{got['workers']}, auc {got['auc']:.4f}", flush=True)
@@ -72,7 +76,8 @@ def main() -> None:
                               for g in results["pull"])
     auc = statistics.median(g["auc"] for g in results["pull"])
     print(f"\nmedians of {args.repeats}; workers slowed {FAST:g}x and {SLOW:g}x; alone: fast "
-          f"{epoch['fast alone']:.2f} s, slow {epoch['slow alone']:.2f} s an epoch")
+          f"{epoch['fast alone']:.2f} s, slow {epoch['slow alone']:.2f} s an epoch"
+          + "".join(f", {kv}" for kv in args.set))
     print("| case | epoch (s) | ÷ ideal | samples fast : slow |")
     print("|---|---|---|---|")
     print(f"| ideal: 1 / (1/fast + 1/slow) | {ideal:.2f} | 1.00 | {ideal_split:.2f} : 1 |")
