@@ -247,12 +247,18 @@ class Aggregator(Node):
             case _:
                 pass
 
-    def group_ready(self, r: int, who: list[str]) -> bool:
+    def missing(self, r: int, who: list[str]) -> tuple[list[str], list[str]]:
+        """What round ``r`` of participants ``who`` still waits for: the contributions of this
+        group's participants that are still members, and the leaves' partial sums."""
         got = self.received.get(r, {})
-        mine = [w for w in who if self.cluster.group_of(node_index(w)) == self.index]
-        if any(w not in got and (self.members is None or w in self.members) for w in mine):
-            return False
-        return all(leaf in self.partials.get(r, {}) for leaf in self.leaves)
+        workers = [w for w in who if self.cluster.group_of(node_index(w)) == self.index
+                   and w not in got and (self.members is None or w in self.members)]
+        leaves = [leaf for leaf in self.leaves if leaf not in self.partials.get(r, {})]
+        return workers, leaves
+
+    def group_ready(self, r: int, who: list[str]) -> bool:
+        workers, leaves = self.missing(r, who)
+        return not workers and not leaves
 
     def complete_rounds(self) -> None:
         while True:
@@ -352,16 +358,12 @@ class Aggregator(Node):
                 "waiting_for": self.waiting_for()}
 
     def waiting_for(self) -> dict | None:
-        """The next round, once called, and what it still waits for: its participants' (of
-        this group, still members) contributions and the leaves' partial sums."""
+        """The next round, once called, and what it still waits for (``missing``)."""
         r = self.round + 1
         who = self.expected.get(r)
         if who is None:
             return None
-        got = self.received.get(r, {})
-        workers = [w for w in who if self.cluster.group_of(node_index(w)) == self.index
-                   and w not in got and (self.members is None or w in self.members)]
-        leaves = [leaf for leaf in self.leaves if leaf not in self.partials.get(r, {})]
+        workers, leaves = self.missing(r, who)
         return {"round": r, "workers": workers, "aggregators": leaves}
 
 

@@ -27,12 +27,12 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from local_cluster import LocalCluster  # noqa: E402  (the test harness)
+from local_cluster import LocalCluster, setting_pair  # noqa: E402  (the test harness)
 
 FAST, SLOW = 2.0, 6.0
 
 
-def run(workdir: Path, epochs: int, slowdowns: list[float], settings: dict[str, str]) -> dict:
+def run(workdir: Path, epochs: int, slowdowns: list[float], settings: dict[str, object]) -> dict:
     with LocalCluster(workdir, None, transport="tcp", cluster__workers=len(slowdowns),
                       cluster__shards=1, model__hidden=[512, 256], train__epochs=epochs,
                       train__torch_threads=1, **settings) as c:
@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION__KEY=VALUE",
                         help="a job setting for every run, e.g. train__grants_ahead=1")
     args = parser.parse_args()
-    settings = dict(kv.split("=", 1) for kv in args.set)
+    settings = dict(setting_pair(kv) for kv in args.set)
     cases = {"fast alone": [FAST], "slow alone": [SLOW], "pull": [FAST, SLOW]}
     results: dict[str, list[dict]] = {name: [] for name in cases}
     with tempfile.TemporaryDirectory() as tmp:

@@ -25,7 +25,12 @@ from roles.job.settings import load_job
 from roles.tools.reference import train_reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from local_cluster import LocalCluster, clean_environ, toml_value  # noqa: E402  (the test harness)
+from local_cluster import (  # noqa: E402  (the test harness)
+    LocalCluster,
+    clean_environ,
+    setting_pair,
+    toml_value,
+)
 
 
 def main() -> None:
@@ -43,7 +48,7 @@ def main() -> None:
     env = clean_environ()
     env.update({f"ZBUS_{k.upper()}": toml_value(v) for k, v in settings.items()})
     job = load_job(None, environ=env)
-    cluster_only = dict(kv.split("=", 1) for kv in args.set)
+    cluster_only = dict(setting_pair(kv) for kv in args.set)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     rows, trained = [], 0
     with tempfile.TemporaryDirectory() as tmp:

@@ -40,7 +40,7 @@ import psutil
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from local_cluster import LocalCluster  # noqa: E402  (the test harness)
+from local_cluster import LocalCluster, setting_pair  # noqa: E402  (the test harness)
 
 from roles.protocol.operator import Status  # noqa: E402
 from roles.tools.ctl import request  # noqa: E402
@@ -129,7 +129,7 @@ def verdict(samples: list[dict[str, Any]], warmup_s: float, rss_bound: float,
 
 
 def soak(args: argparse.Namespace, workdir: Path) -> tuple[list[dict[str, Any]], str]:
-    settings = {"train__epochs": 4095, **dict(_pair(p) for p in args.set)}
+    settings = {"train__epochs": 4095, **dict(setting_pair(p) for p in args.set)}
     samples: list[dict[str, Any]] = []
     with LocalCluster(workdir, job=args.job, **settings) as cluster:
         reader = StatusReader(cluster.job.cluster.endpoint("status"))
@@ -154,11 +154,6 @@ def soak(args: argparse.Namespace, workdir: Path) -> tuple[list[dict[str, Any]],
         finally:
             reader.close()
     return samples, ""
-
-
-def _pair(text: str) -> tuple[str, object]:
-    key, _, value = text.partition("=")
-    return key, orjson.loads(value) if value[:1] in "-0123456789[{tf" else value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,6 +41,14 @@ def endpoint_overrides(names: list[str], transport: str, ipc_dir: str) -> str:
     return "{" + ", ".join(f'"{n}" = "{a}"' for n, a in zip(names, addresses, strict=True)) + "}"
 
 
+def setting_pair(text: str) -> tuple[str, object]:
+    """``section__key=value`` from a command line: the value as JSON when it reads as a
+    number, list, object or boolean, else the string."""
+    key, _, value = text.partition("=")
+    typed = value in ("true", "false") or value[:1] in "-0123456789[{"
+    return key, orjson.loads(value) if typed else value
+
+
 def toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
