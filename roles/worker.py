@@ -368,19 +368,30 @@ class Worker(Node):
             return self.replica.version >= s.min_round
         return self.sync.due(self.replica, s.round)
 
+    def run_next(self) -> None:
+        """Train (or score) the first batch that can go: granted, embeddings in, its round due.
+        One batch per turn of the loop (``on_tick``, after every socket with something to read
+        was read): between two batches the next ones are pulled and asked for and their grants
+        and rows come in, so that they are ready when this one ends (run from the handlers,
+        batches would follow each other with the sample queue unread, and the worker would
+        pull its next batches only once it had run out of them)."""
+        if self.awaiting_step is not None or self.parked is not None:
+            return
+        batch = self.pipeline.take_ready(self.due)
+        if batch is None:
+            return
+        self.links.running(batch.batch_id)
+        self.waiting.note(None, time.monotonic())  # running, not waiting
+        self.ask_next()  # its grant comes back while this one trains
+        if batch.sample.eval:
+            self.score(batch)
+        else:
+            self.train(batch)
+        self.advance()
+
     def advance(self) -> None:
-        """Train (or score) every batch that can go: granted, embeddings in, its round due."""
-        while self.awaiting_step is None and self.parked is None:
-            batch = self.pipeline.take_ready(self.due)
-            if batch is None:
-                break
-            self.links.running(batch.batch_id)
-            self.waiting.note(None, time.monotonic())  # running, not waiting
-            self.ask_next()  # its grant comes back while this one trains
-            if batch.sample.eval:
-                self.score(batch)
-            else:
-                self.train(batch)
+        """Ask for what the next batches lack and say what the worker waits for; a batch that
+        can go runs at the end of the loop's turn (``run_next``)."""
         now = time.monotonic()
         if self.awaiting_step is None and self.parked is None:
             batch = self.pipeline.wanting_embeddings(self.due, now)
@@ -493,6 +504,11 @@ class Worker(Node):
             (outbox, then), self.parked, self.wake_at = self.parked, None, None
             self.deliver(outbox, then)
             self.advance()
+        else:
+            self.run_next()
+        if self.parked is None:  # another batch ready: the next poll only looks, then runs it
+            self.wake_at = now if self.awaiting_step is None and \
+                self.pipeline.ready(self.due) else None
         if self.group is not None and self.group.waiting():
             self.group.ping(now)
         if self.leaving:

@@ -77,6 +77,7 @@ def test_whole_job_killed_with_expiry_on_resumes_and_no_dropped_key_comes_back(c
     number = s["checkpoints"]["rollbacks"][0]["checkpoint"]
     assert number >= cut["number"]
     chains = {f"ps-{i}": chain_of(c.run_dir, number, f"ps-{i}") for i in range(2)}
+    expired: dict[str, int] = {}
     for node, files in chains.items():
         meta = last_meta(c.run_dir, files)
         got = read_chain(checkpoints_dir(c.run_dir), files)
@@ -90,11 +91,15 @@ def test_whole_job_killed_with_expiry_on_resumes_and_no_dropped_key_comes_back(c
         assert got.default_weights.shape == (8, 16) and np.abs(got.default_weights).sum() > 0
         assert restored_number(c.log(node)) == (number, meta["keys"]), node
         t = meta["table"]
-        assert t["expired"] > 0 and meta["keys"] == t["admitted"] - t["expired"], (node, t)
+        expired[node] = t["expired"]
+        assert meta["keys"] == t["admitted"] - t["expired"], (node, t)
         # the counts go on from the checkpoint's: every row held admitted once
         end = s["tables"]["shards"][node]
         assert end["admitted"] >= t["admitted"] and end["expired"] >= t["expired"], (node, end)
         assert end["rows"] == end["admitted"] - end["expired"] == s["shards"][node]["keys"]
+    # the cut had dropped keys on some shard (with_drops), so some shard had expired keys;
+    # a shard holding only frequent keys may have expired none yet
+    assert sum(expired.values()) > 0, expired
     every_row_once(s, ADULT_TRAIN_ROWS, 4)
     assert s["auc"] >= 0.88, s["auc"]
     assert s["duplicates_refused"]["embedding_updates"] == 0

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,6 +92,23 @@ def test_effective_config_reads_back_as_the_same_job():
     job = load_job(str(ADULT), environ={"ZBUS_CLUSTER__ENDPOINTS": '{control = "ipc:///t/c"}'})
     again = parse_job(job_to_toml(job), environ={})
     assert dataclasses.replace(again, origin=job.origin) == job
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("given", "threads"), [(None, 1), ("2", 2)])
+def test_a_role_process_runs_numpys_blas_on_one_thread_unless_the_user_says(given, threads):
+    """OpenBLAS's pool spins between calls: a role calling it now and then kept a core busy
+    (``roles/__init__.py``). Its threads are started when numpy loads, so they are counted in
+    /proc after importing a role."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    code = ("import os, roles.aggregator, numpy; numpy.linalg.norm(numpy.ones(1 << 20)); "
+            "print(sum(open(f'/proc/self/task/{t}/comm').read().strip() == 'python'"
+            " for t in os.listdir('/proc/self/task')))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parent.parent)
+    assert int(out.stdout) == threads, out
 
 
 def test_auto_threads_leave_cores_to_the_other_roles_on_one_host():

@@ -88,10 +88,11 @@ def scrape(port: int) -> dict[str, list] | None:
 @pytest.mark.integration
 def test_a_job_serves_prometheus_metrics_and_writes_tensorboard_events(cluster):
     (port,) = free_tcp_ports(1)
-    c = cluster(ADULT_JOB, train__sync="lazy", train__epochs=3,
+    # long enough to be scraped while it trains after its first evaluation (5 epochs, slowed)
+    c = cluster(ADULT_JOB, train__sync="lazy", train__epochs=5,
                 aggregation__min_local_rounds=2, monitoring__prometheus_port=port,
                 monitoring__tensorboard=True, checkpoint__every_s=1.0)
-    c.start_all(slowdown={0: 2.0, 1: 2.0})
+    c.start_all(slowdown={0: 3.0, 1: 3.0})
     seen: dict[str, list] = {}
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and c.procs["control-0"].poll() is None:
@@ -123,7 +124,7 @@ def test_a_job_serves_prometheus_metrics_and_writes_tensorboard_events(cluster):
         assert tag in tags, tags
     summary = c.summary()
     auc = [(e.step, e.value) for e in events.Scalars("eval/auc")]
-    assert [step for step, _ in auc] == [1, 2, 3]
+    assert [step for step, _ in auc] == [1, 2, 3, 4, 5]
     assert auc[-1][1] == pytest.approx(summary["auc"], abs=1e-6)
     assert events.Scalars("decisions/aggregate")[-1].value == \
         summary["aggregation_decisions"]["aggregate"]

@@ -111,6 +111,7 @@ def test_a_batch_runs_once_granted_with_its_embeddings_when_due():
     due = lambda s: s.round <= 1  # noqa: E731
     p.granted(5, True)
     assert p.take_ready(due) is None and p.wanting_embeddings(due, 1.0) is None  # not due
+    assert not p.ready(due)
     due = lambda s: True  # noqa: E731
     assert p.wanting_embeddings(due, 2.0) is batch and batch.needed_at == 2.0  # pull: ask
     batch.looked_up_at = 2.5
@@ -121,9 +122,11 @@ def test_a_batch_runs_once_granted_with_its_embeddings_when_due():
     assert p.lacking(1) == [batch] and p.lacking(0) == []
     with pytest.raises(ProtocolError):
         p.embeddings(1, reply(5, [1], 3, np.ones((1, DIM)), [0]))  # another grid
+    assert not p.ready(due)                       # one shard's rows are missing
     p.embeddings(1, r1)
     assert batch.complete() and p.holds_granted()
-    assert p.take_ready(due) is batch and len(p) == 0
+    assert p.ready(due) and p.first_ready(due) is batch and len(p) == 1   # looked, not taken
+    assert p.take_ready(due) is batch and len(p) == 0 and not p.ready(due)
     assert p.embeddings(0, r0) is None            # gone meanwhile
 
 

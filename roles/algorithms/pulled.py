@@ -107,10 +107,16 @@ class Pipeline:
         batch.replies[shard] = e
         return batch
 
+    def first_ready(self, due: Due) -> PulledBatch | None:
+        """The first batch that can run: granted, embeddings in, ``due``."""
+        return next((b for b in self.batches.values() if b.complete() and due(b.sample)), None)
+
+    def ready(self, due: Due) -> bool:
+        return self.first_ready(due) is not None
+
     def take_ready(self, due: Due) -> PulledBatch | None:
-        """The first batch that can run (granted, embeddings in, ``due``), taken out."""
-        batch = next((b for b in self.batches.values() if b.complete() and due(b.sample)),
-                     None)
+        """The first batch that can run, taken out."""
+        batch = self.first_ready(due)
         if batch is not None:
             del self.batches[batch.batch_id]
         return batch
