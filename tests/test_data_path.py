@@ -5,6 +5,7 @@ part fed on from where it was), embeddings pulled on demand, and what the worker
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 from harness import ADULT_JOB, adult_text
@@ -12,6 +13,7 @@ from harness import ADULT_JOB, adult_text
 pytestmark = pytest.mark.integration
 
 ADULT_TRAIN_ROWS = 39074
+ADULT_ROWS = 48842
 SLOW = {"model__hidden": [512, 256]}  # epochs of seconds: long enough to kill a feeder in
 
 
@@ -49,6 +51,29 @@ def test_two_feeders_train_every_row_exactly_once_per_epoch(cluster, tmp_path):
 
 def mid_epoch(e: dict) -> bool:
     return e["event"] == "round_done" and e["round"] >= 3
+
+
+def test_a_feeder_lost_while_scoring_has_only_its_eval_part_scored_again(cluster, tmp_path):
+    """Killed once its training pass is over (the job syncing or scoring), the feeder's parts
+    go to the other one, which scores its eval part again and none of its training parts: the
+    epoch's evaluation counts every eval row once (it had counted the training rows of the
+    lost feeder's parts too)."""
+    c = cluster(ADULT_JOB, train__epochs=2, cluster__feeders=2, cluster__node_timeout_s=1.5,
+                data__path=adult_text(tmp_path), data__part_mb=0.5, **SLOW)
+    c.start_all(slowdown={0: 4.0, 1: 4.0})
+    deadline = time.monotonic() + 120
+    while "epoch 0 trained" not in c.log("feeder-1"):
+        assert time.monotonic() < deadline and c.procs["feeder-1"].poll() is None, c.logs()
+        time.sleep(0.02)
+    c.procs["feeder-1"].send_signal(signal.SIGKILL)
+    assert c.wait() == 0, c.logs()
+    s = c.summary()
+    (lost,) = s["parts"]["feeders_lost"]
+    assert lost["epoch"] == 0, lost
+    first, second = s["per_epoch"]
+    assert first["eval_samples"] == second["eval_samples"] == s["eval_samples"] \
+        == ADULT_ROWS - ADULT_TRAIN_ROWS, s["per_epoch"]
+    assert first["rows_once"] == second["rows_once"] == ADULT_TRAIN_ROWS
 
 
 def test_a_lost_feeders_part_is_fed_on_from_its_last_acknowledged_batch(cluster, tmp_path):

@@ -221,3 +221,14 @@ def test_a_feeder_reads_its_parts_and_takes_over_a_lost_ones_from_where_it_had_g
     assert (progress.low, progress.above, progress.samples) == (1, {2}, 20)
     assert parts.resumed(1, 3) is None and parts.resumed(0, 2) is None
     assert "eval rows 60..70 of file 0" in parts.describe([2])
+
+
+def test_only_the_eval_parts_of_a_feeder_lost_while_scoring_are_scored_again():
+    """Lost in an eval pass, a feeder's parts all come with phase "evaluating": its eval part is
+    scored again by the new owner, its training parts are not (they were, and the epoch's eval
+    counted every training row of them too)."""
+    parts = FeederParts(0)
+    parts.take(part_map(0, [0, 1, 1]))
+    resume = {str(n): {"epoch": 2, "phase": "evaluating", "reported": True} for n in (1, 2)}
+    parts.take(part_map(1, [0, 0, 0], resume))
+    assert parts.scoring(2) and not parts.scoring(1) and not parts.scoring(0)

@@ -51,14 +51,16 @@ def test_the_slow_shard_gets_half_the_load_and_nothing_is_lost(cluster):
     # trained in a child process of control's, not in control's loop
     assert p["predictor_fits"] >= 1 and p["predictor_pid"] not in (0, skewed.procs[
         "control-0"].pid), brief
-    # after the first windows the slow shard is assigned about half the fast one's load
-    late = p["windows"][-8:]
-    ratio = np.median([w["assigned"][1] / w["assigned"][0] for w in late])
-    assert 0.4 <= ratio <= 0.7, (ratio, late)
     # the learnt capacities say the slow shard (2x slowed) is the slow one; how much slower
     # depends on the machine's other load, hence the wide band
+    late = p["windows"][-8:]
     caps = late[-1]["capacity"]
     assert 1.4 <= caps[0] / caps[1] <= 3.5, late[-1]
+    # after the first windows the slow shard is assigned about half the fast one's load (hash
+    # placement gives both the same), in proportion to the capacities give or take what a
+    # window's keys happen to be (a window's ratio moves by 0.2 or more from one to the next)
+    ratio = np.median([w["assigned"][1] / w["assigned"][0] for w in late])
+    assert 0.3 <= ratio <= 0.7 and 0.65 <= ratio / (caps[1] / caps[0]) <= 1.35, (ratio, late)
 
     # the same rows as without migration: same keys, every value finite; quality unchanged
     rows_h, rows_s = exported_rows(h), exported_rows(s)

@@ -53,6 +53,8 @@ class FeederParts:
         return isinstance(r, dict) and r.get("reported") is not True
 
     def scoring(self, part: int) -> bool:
-        """A lost feeder's part that it was scoring."""
+        """A lost feeder's eval part that it was scoring (its training parts come with the
+        same phase, and are not scored)."""
         r = self.current.resume.get(str(part), {})
-        return bool(isinstance(r, dict) and r.get("phase") == "evaluating")
+        return bool(self.parts[part].eval and isinstance(r, dict)
+                    and r.get("phase") == "evaluating")
