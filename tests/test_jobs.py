@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -130,6 +131,23 @@ def test_a_missing_column_fails_the_job_naming_it(cluster):
     assert s["status"] == "failed" and "dense column 'salary' is not in" in s["reason"]
     assert c.wait("feeder-0", timeout=30) == 1
     assert "Traceback" not in c.log("feeder-0") + c.log("control-0")
+
+
+def test_a_damaged_gzip_file_fails_the_job_naming_the_file_with_no_traceback(cluster, tmp_path):
+    import gzip
+    whole = (REPO / "data" / "adult.csv.gz").read_bytes()
+    text = gzip.decompress(whole)
+    damaged = tmp_path / "adult-damaged.csv.gz"
+    damaged.write_bytes(gzip.compress(text)[:len(whole) // 2])  # cut in the middle
+    c = cluster(ADULT_JOB, data__path=str(damaged), cluster__workers=1, cluster__shards=1)
+    c.start_all()
+    assert c.wait(timeout=120) == 1, c.logs()
+    s = c.summary()
+    assert s["status"] == "failed", s["reason"]
+    assert "adult-damaged.csv.gz is damaged" in s["reason"], s["reason"]
+    assert re.search(r"after at least \d+ rows", s["reason"]), s["reason"]  # where it broke
+    for node in ("control-0", "feeder-0", "ps-0", "worker-0", "aggregator-0"):
+        assert "Traceback" not in c.log(node), c.log(node)
 
 
 def test_a_job_file_error_is_said_once_for_the_whole_honcho_start(cluster, tmp_path):
