@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 
 import numpy as np
 import pytest
@@ -26,8 +27,9 @@ from roles.protocol.datapath import (
 )
 from roles.protocol.dense_sync import Contribution, WeightsRequest
 from roles.protocol.lifecycle import EpochStart
+from roles.tools.ctl import request
 from zbus.codec import PROTOCOL_VERSION, Message, decode
-from zbus.messages import Heartbeat, Hello, Probe, Ready, Rejoin
+from zbus.messages import Failure, Heartbeat, Hello, Probe, Ready, Rejoin, Stop
 
 pytestmark = pytest.mark.integration
 
@@ -220,3 +222,35 @@ def test_control_sends_away_a_worker_it_declared_failed(cluster):
         assert not sent_away.accepted and "declared failed" in sent_away.reason
     finally:
         ctx.destroy(linger=0)
+
+
+def test_after_the_end_a_late_node_is_told_stop_and_a_request_refused_without_a_crash(cluster):
+    """The job has ended (summary written, metrics closed) while control waits for the nodes
+    to leave: a node saying Hello only now (one slow to start) is told Stop, a request to change
+    anything is refused, and a late Failure is dropped: control exits with the job's status,
+    no traceback (a Hello in this window once crashed it writing to its closed metrics)."""
+    c = cluster(cluster__start_timeout_s=1.0)  # the job fails: not every node came
+    c.start_role("control")
+    ctx = zmq.Context()
+    try:
+        endpoint = c.job.cluster.endpoint("control")
+        hello = dict(index=0, host=socket.gethostname(), pid=os.getpid(),  # alive: waited for
+                     fingerprint=c.job.fingerprint())
+        early = dealer(ctx, endpoint, "worker-0")
+        early.send_multipart(Hello(role="worker", **hello).to_frames())
+        assert reply(early).accepted
+        c.wait_for_event(lambda e: e["event"] == "end")
+        late = dealer(ctx, endpoint, "ps-0")
+        late.send_multipart(Hello(role="ps", **hello).to_frames())
+        stop = reply(late)
+        assert isinstance(stop, Stop) and not stop.ok and "not ready after" in stop.reason
+        refused = request(c.job.cluster.endpoint("control_req"), "set",
+                          {"net_util_max": "0.5"})
+        assert not refused.ok and refused.message.startswith("the job has ended"), refused
+        early.send_multipart(Failure(reason="late trouble").to_frames())
+    finally:
+        ctx.destroy(linger=0)
+    assert c.wait(timeout=30) == 1
+    assert "not ready after" in c.summary()["reason"]
+    assert "Traceback" not in c.log("control-0"), c.log("control-0")
+    assert "late trouble" not in c.log("control-0")

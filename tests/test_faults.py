@@ -51,6 +51,7 @@ def test_a_killed_shard_restarts_from_the_last_checkpoint_and_its_lost_updates_a
     of ps-0 (which got every batch's gradients too) by exactly that count. The feeder's ledger
     still has every sample trained once."""
     c = cluster(ADULT_JOB, train__epochs=4, checkpoint__every_s=1.5,
+                checkpoint__keep=1000,  # the checkpoint restored is read back at the end
                 cluster__node_timeout_s=3.0, **SLOW)
     c.start_all(slowdown={0: 8.0, 1: 8.0})  # epochs of several seconds
     c.wait_for_event(mid_epoch)

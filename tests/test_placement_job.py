@@ -16,6 +16,7 @@ pytestmark = pytest.mark.integration
 
 ZIPF_JOB = REPO / "jobs" / "zipf.toml"   # mode skew, windows of 10 batches
 SLOW_SHARD = {1: 2.0}
+EPOCHS = 8   # the job file's 4 left a busy machine one window or none after the first migration
 
 
 def exported_rows(s: dict) -> dict[int, np.ndarray]:
@@ -29,9 +30,9 @@ def exported_rows(s: dict) -> dict[int, np.ndarray]:
 
 def test_the_slow_shard_gets_half_the_load_and_nothing_is_lost(cluster):
     job = ZIPF_JOB
-    hashed = cluster(job, placement__mode="hash")
+    hashed = cluster(job, placement__mode="hash", train__epochs=EPOCHS)
     assert hashed.run_job(ps_slowdown=SLOW_SHARD) == 0, hashed.logs()
-    skewed = cluster(job, placement__mode="skew")
+    skewed = cluster(job, placement__mode="skew", train__epochs=EPOCHS)
     assert skewed.run_job(ps_slowdown=SLOW_SHARD) == 0, skewed.logs()
     h, s = hashed.summary(), skewed.summary()
     p = s["placement"]
@@ -53,10 +54,15 @@ def test_the_slow_shard_gets_half_the_load_and_nothing_is_lost(cluster):
         "control-0"].pid), brief
     # the learnt capacities say the slow shard (2x slowed) is the slow one; how much slower
     # depends on the machine's other load, hence the wide band
-    late = p["windows"][-8:]
+    # the windows counted under a placement made from learnt capacities (version 1 on): the
+    # first migration waits for the predictor, trained in a child process, so it comes later on
+    # a busy machine; 8 epochs leave room for several windows after it
+    placed = [w for w in p["windows"] if w["version"] >= 1]
+    assert len(placed) >= 4, [(w["window"], w["version"], w["decision"]) for w in p["windows"]]
+    late = placed[-8:]
     caps = late[-1]["capacity"]
     assert 1.4 <= caps[0] / caps[1] <= 3.5, late[-1]
-    # after the first windows the slow shard is assigned about half the fast one's load (hash
+    # under the learnt placement the slow shard is assigned about half the fast one's load (hash
     # placement gives both the same), in proportion to the capacities give or take what a
     # window's keys happen to be (a window's ratio moves by 0.2 or more from one to the next)
     ratio = np.median([w["assigned"][1] / w["assigned"][0] for w in late])

@@ -17,7 +17,8 @@ Control handles every report idempotently.
 
 When the job ends, control publishes Stop: a node says it is leaving and exits at once (a
 SIGTERM after that, from honcho or a spawner, ends it quietly); control waits for them, then
-prints the run's summary, so that the summary is the run's last output.
+prints the run's summary, so that the summary is the run's last output. A node that says Hello
+after the end (one slow to start) is answered Stop directly, and exits with the job's status.
 """
 
 from __future__ import annotations
@@ -343,6 +344,8 @@ class Node(Loop):
                 log.error("%s refused by control: %s", self.node_id, reason)
                 self.exit_code = 2
                 self.stopping = True
+            case Stop(ok=ok):  # the answer to a Hello that came after the job's end
+                self.job_ended(ok)
             case _ if self.welcomed:
                 self.handle_reply(env)
             case _:
@@ -352,20 +355,26 @@ class Node(Loop):
         self._last_heard = time.monotonic()
         match env.msg:
             case Stop(ok=ok):
-                if not self.job_over:  # control states the reason and waits for the nodes
-                    log.debug("%s: job %s, exiting", self.node_id, "done" if ok else "failed")
-                    self.job_over = True
-                    self.exit_code = 0 if ok else 1
-                    for sig in (signal.SIGTERM, signal.SIGINT):  # the supervisor's signal
-                        signal.signal(sig, signal.SIG_IGN)       # must not cut the exit short
-                    if self.welcomed:
-                        self.to_control(Leaving(reason="the job is over"))
-                    self.stopping = True
+                self.job_ended(ok)
             case Finish():
                 if self.welcomed:
                     self.heartbeat(final=True)
             case _ if self.welcomed:
                 self.handle_command(env)
+
+    def job_ended(self, ok: bool) -> None:
+        """Control said Stop: leave quietly with the job's status (control states the reason
+        and waits for the nodes)."""
+        if self.job_over:
+            return
+        log.debug("%s: job %s, exiting", self.node_id, "done" if ok else "failed")
+        self.job_over = True
+        self.exit_code = 0 if ok else 1
+        for sig in (signal.SIGTERM, signal.SIGINT):  # the supervisor's signal
+            signal.signal(sig, signal.SIG_IGN)       # must not cut the exit short
+        if self.welcomed:
+            self.to_control(Leaving(reason="the job is over"))
+        self.stopping = True
 
     def handle_command(self, env: Envelope) -> None:
         """The application's commands from control's PUB (all but Stop and Finish)."""

@@ -190,13 +190,17 @@ class Control(Loop):
                                self.checkpoints)
         self.waiting_log = Every(WAITING_LOG_S, self.started)
         self.tasks_log = Every(TASK_LOG_S, self.started)
-        self.closing: tuple[dict, Path, float] | None = None  # ended: summary, path, deadline
+        # ended: the summary, its path, the deadline to exit, the Stop the nodes were sent
+        self.closing: tuple[dict, Path, float, Stop] | None = None
         self.monitoring = Monitoring(job, self.run_dir)  # Prometheus, TensorBoard
 
     # -- messages from nodes -----------------------------------------------------------------
     def on_node(self, identity: bytes | None, env: Envelope) -> None:
         node_id = (identity or b"").decode(errors="replace")
         msg, now = env.msg, time.monotonic()
+        if self.closing is not None:  # the job has ended: the nodes only leave
+            self.after_the_end(identity or b"", node_id, msg, now)
+            return
         if isinstance(msg, Hello):
             self.handle_hello(identity or b"", node_id, msg, now)
             return
@@ -223,8 +227,6 @@ class Control(Loop):
                 self.handle_ready(node_id, node, info, now)
             case Failure(reason=reason):
                 self.fail(f"{node_id}: {reason}")
-            case Leaving(reason=reason) if self.course.phase == "done":
-                self.members.leave(node_id, now, reason)  # the job is over: it exits
             case Leaving(reason=reason):
                 log.info("%s left: %s", node_id, reason)
                 if self.members.leave(node_id, now, reason):
@@ -276,6 +278,20 @@ class Control(Loop):
                           identity=identity)
             case _:
                 self.unexpected(env, "control socket")
+
+    def after_the_end(self, identity: bytes, node_id: str, msg: Any, now: float) -> None:
+        """Messages once the job has ended (summary written, metrics closed): a node saying
+        Hello now, one slow to start, is told Stop as the others were, and exits with the job's
+        status; a node that leaves is counted gone; anything else is late and dropped."""
+        assert self.closing is not None
+        match msg:
+            case Hello():
+                self.send(self.router, self.closing[3], identity=identity)
+            case Leaving(reason=reason) if node_id in self.members.nodes:
+                self.members.nodes[node_id].last_seen = now
+                self.members.leave(node_id, now, reason)
+            case _:
+                pass
 
     def handle_hello(self, identity: bytes, node_id: str, hello: Hello, now: float) -> None:
         choice = self.resuming.hello(node_id, hello.role, rejoin=hello.run_id == self.run_id)
@@ -420,6 +436,9 @@ class Control(Loop):
     # -- operators ---------------------------------------------------------------------------
     def on_request(self, identity: bytes | None, env: Envelope) -> None:
         match env.msg:
+            case ControlRequest(action=action) if self.closing is not None \
+                    and action != "settings":  # the summary is written: nothing changes now
+                ok, message = False, f"the job has ended ({self.closing[3].reason})"
             case ControlRequest(action=action, changes=changes):
                 ok, message = self.operators.handle(action, changes, env.sender,
                                                     time.monotonic())
@@ -691,17 +710,18 @@ class Control(Loop):
         self.metrics.write("end", status=status, reason=reason)
         self.metrics.close()
         ok = status in ("completed", "stopped")  # stopped: an operator ended it on purpose
-        self.send(self.pub, Stop(ok=ok, reason=reason or status))
+        stop = Stop(ok=ok, reason=reason or status)
+        self.send(self.pub, stop)
         self.view.final = final_figures(summary, path)
         self.publish_status(time.monotonic())  # consoles see the end
         self.monitoring.close()
         self.exit_code = 0 if ok else 1
-        self.closing = (summary, path, now + CLOSE_WAIT_S)
+        self.closing = (summary, path, now + CLOSE_WAIT_S, stop)
 
     def close_down(self, now: float) -> None:
         """The job has ended: the nodes leave (consoles keep seeing the final status), then
         the headline, the run's last output."""
-        summary, path, deadline = self.closing
+        summary, path, deadline, _ = self.closing
         self.wake_at = now + 0.1  # look again soon: the nodes exit within moments
         if now >= self.next_status:
             self.publish_status(now)
