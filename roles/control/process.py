@@ -29,7 +29,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import psutil
@@ -104,6 +104,16 @@ THROUGHPUT_EVERY_S = 5.0   # throughput to metrics.jsonl, the epoch's progress t
 WAITING_LOG_S = 10.0       # what the job waits for, to the log
 TASK_LOG_S = 5.0           # an export's or a checkpoint's progress, to the log
 CLOSE_WAIT_S = 3.0         # after Stop, the nodes' time to leave before control exits
+
+
+class Closing(NamedTuple):
+    """The job has ended: its summary and where it was written, when control exits at the
+    latest, and the Stop the nodes were sent (a node that says Hello after it gets it too)."""
+
+    summary: dict
+    path: Path
+    deadline: float
+    stop: Stop
 
 
 class Control(Loop):
@@ -190,8 +200,7 @@ class Control(Loop):
                                self.checkpoints)
         self.waiting_log = Every(WAITING_LOG_S, self.started)
         self.tasks_log = Every(TASK_LOG_S, self.started)
-        # ended: the summary, its path, the deadline to exit, the Stop the nodes were sent
-        self.closing: tuple[dict, Path, float, Stop] | None = None
+        self.closing: Closing | None = None
         self.monitoring = Monitoring(job, self.run_dir)  # Prometheus, TensorBoard
 
     # -- messages from nodes -----------------------------------------------------------------
@@ -286,7 +295,7 @@ class Control(Loop):
         assert self.closing is not None
         match msg:
             case Hello():
-                self.send(self.router, self.closing[3], identity=identity)
+                self.send(self.router, self.closing.stop, identity=identity)
             case Leaving(reason=reason) if node_id in self.members.nodes:
                 self.members.nodes[node_id].last_seen = now
                 self.members.leave(node_id, now, reason)
@@ -438,7 +447,7 @@ class Control(Loop):
         match env.msg:
             case ControlRequest(action=action) if self.closing is not None \
                     and action != "settings":  # the summary is written: nothing changes now
-                ok, message = False, f"the job has ended ({self.closing[3].reason})"
+                ok, message = False, f"the job has ended ({self.closing.stop.reason})"
             case ControlRequest(action=action, changes=changes):
                 ok, message = self.operators.handle(action, changes, env.sender,
                                                     time.monotonic())
@@ -716,7 +725,7 @@ class Control(Loop):
         self.publish_status(time.monotonic())  # consoles see the end
         self.monitoring.close()
         self.exit_code = 0 if ok else 1
-        self.closing = (summary, path, now + CLOSE_WAIT_S, stop)
+        self.closing = Closing(summary, path, now + CLOSE_WAIT_S, stop)
 
     def close_down(self, now: float) -> None:
         """The job has ended: the nodes leave (consoles keep seeing the final status), then
