@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.text import Text
 
-from roles.algorithms.progress import describe, seconds
+from roles.algorithms.shared.progress import describe, seconds
 
 DASH = "-"
 STATE_STYLE = {"alive": ("● alive", "green"), "suspect": ("? suspect", "bold yellow"),
@@ -100,7 +100,7 @@ def elide(text: str, width: int) -> str:
 
 
 def task_line(task: dict[str, Any]) -> str:
-    """A long task's progress (``roles.algorithms.progress``) in words."""
+    """A long task's progress (``roles.algorithms.shared.progress``) in words."""
     return describe(task)
 
 

@@ -1,6 +1,6 @@
 """The console's panels (the Cluster and Partition tabs, and the strip of tasks under way).
 Each only displays: ``show(snapshot)`` lays out what control published
-(``roles.algorithms.status`` describes the snapshot), called for the tab in view only;
+(``roles.algorithms.control.status`` describes the snapshot), called for the tab in view only;
 ``record(snapshot)``, where a panel has one, keeps its history from every status. Nothing
 here talks to the bus. The
 Nodes tab is ``console.nodes``, the Training tab ``console.training``."""

@@ -7,7 +7,7 @@
   Aggregate(r) with its participants; when each of them that is still a member (control's
   Membership: a worker that died or left is not waited for) has sent its Contribution for r,
   the new weights are the old ones plus the coefficient-weighted mean of the deltas received
-  (``roles.algorithms.aggregation``); they go out on PUB as Weights(r) and control hears
+  (``roles.algorithms.shared.aggregation``); they go out on PUB as Weights(r) and control hears
   RoundDone(r) with the samples each contributor trained. Rounds complete in order. A contribution
   marked ``done`` (its worker leaves) counts in its round; that worker gets no further weights.
 - hierarchical (``[cluster] aggregators = K > 1``): aggregator i combines the workers whose
@@ -36,8 +36,8 @@ import numpy as np
 import torch
 import zmq
 
-from roles.algorithms import live
-from roles.algorithms.aggregation import combine_partials, partial_sum
+from roles.algorithms.shared import live
+from roles.algorithms.shared.aggregation import combine_partials, partial_sum
 from roles.algorithms.sync import aggregator as sync_modes
 from roles.checkpoint.background import ThreadWrite
 from roles.checkpoint.files import (

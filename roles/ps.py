@@ -20,17 +20,17 @@ batch ids (the whole table, or the rows changed since its previous file), report
 with the pause, and CheckpointPart once the child is done. A shard started again restores the
 newest complete checkpoint control names in its Welcome; the updates applied after it are lost,
 and counted exactly from the log of the batches applied after each snapshot
-(``roles.algorithms.applied_log``), in its Ready (``updates_lost``; control's
+(``roles.algorithms.shard.applied_log``), in its Ready (``updates_lost``; control's
 ``shard_recoveries``).
 
-Skew-aware placement (``roles.algorithms.placement``): the shard times its work per allocation
-window of the batches (look-ups: finding or creating rows and gathering them; updates: the Adagrad
-step), in CPU time of its thread (``time.thread_time``: on a shared machine, wall time would count
-the moments the scheduler gave the core to someone else as the shard's own slowness), and reports
-each window once it is finished, with its heartbeats, until control says it has recorded it
-(``roles.algorithms.window_work``): control turns them into the capacity predictor's history.
-When control publishes a key map in phase ``move``, the shard waits until no training batch it
-holds still expects gradients, sends every other shard one Handover with
+Skew-aware placement (``roles.algorithms.control.placement``): the shard times its work per
+allocation window of the batches (look-ups: finding or creating rows and gathering them; updates:
+the Adagrad step), in CPU time of its thread (``time.thread_time``: on a shared machine, wall time
+would count the moments the scheduler gave the core to someone else as the shard's own slowness),
+and reports each window once it is finished, with its heartbeats, until control says it has
+recorded it (``roles.algorithms.shard.window_work``): control turns them into the capacity
+predictor's history. When control publishes a key map in phase ``move``, the shard waits until no
+training batch it holds still expects gradients, sends every other shard one Handover with
 the rows (and Adagrad state) it no longer owns, takes the rows others send it, and reports
 Moved. ``--slowdown N`` (a test aid) makes the shard N times as slow: it sleeps (N - 1) x the
 CPU time each piece of work took (and counts that as its processing time).
@@ -47,12 +47,12 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from roles.algorithms.admission import Admission
-from roles.algorithms.applied_log import AppliedLog
-from roles.algorithms.embedding_table import EmbeddingTable
-from roles.algorithms.expiry import Expiry
-from roles.algorithms.placement import KeyMap
-from roles.algorithms.window_work import WindowLedger
+from roles.algorithms.shard.admission import Admission
+from roles.algorithms.shard.applied_log import AppliedLog
+from roles.algorithms.shard.embedding_table import EmbeddingTable
+from roles.algorithms.shard.expiry import Expiry
+from roles.algorithms.shard.window_work import WindowLedger
+from roles.algorithms.shared.key_map import KeyMap
 from roles.checkpoint.files import checkpoints_dir, latest_complete, read_manifest
 from roles.checkpoint.shard import ShardCheckpoints, read_chain
 from roles.job.cli import role_main

@@ -9,10 +9,10 @@ batches are pulled ahead while the current one trains, but only the next ``grant
 run are taken (asked for while the one before them trains, so that the feeder's answer does not
 wait on the round trip): the rest stay untaken, so at the end of a pass the feeder can hand
 copies of them to an idle worker instead of waiting for a slow one. The worker moves messages
-between its sockets and its parts: the pulled batches (``roles.algorithms.pulled``), the links
-to the feeders' ledgers (``roles.algorithms.feeder_links``), a batch's arithmetic
-(``roles.model.compute``), its place in the rounds (``roles.algorithms.replica``) and its sync
-mode (below).
+between its sockets and its parts: the pulled batches (``roles.algorithms.worker.pulled``), the
+links to the feeders' ledgers (``roles.algorithms.worker.feeder_links``), a batch's arithmetic
+(``roles.model.compute``), its place in the rounds (``roles.algorithms.worker.replica``) and its
+sync mode (below).
 
 Embeddings (``[train] embeddings``): in ``push`` the shards send a batch's rows unasked: the
 feeder's grant of the batch to this worker (Taken -> Grant, while the batch before it trains)
@@ -54,12 +54,11 @@ import numpy as np
 import torch
 import zmq
 
-from roles.algorithms import live
-from roles.algorithms.batching import max_in_flight, sample_batch_bytes
-from roles.algorithms.feeder_links import FeederLinks
-from roles.algorithms.pulled import Pipeline, PulledBatch, WaitClock, WaitSample
-from roles.algorithms.replica import RESTORED, STALE, Replica, WorkerRounds
+from roles.algorithms.shared import live
 from roles.algorithms.sync import worker as sync_modes
+from roles.algorithms.worker.feeder_links import FeederLinks
+from roles.algorithms.worker.pulled import Pipeline, PulledBatch, WaitClock, WaitSample
+from roles.algorithms.worker.replica import RESTORED, STALE, Replica, WorkerRounds
 from roles.job.cli import MAX_WORKERS, role_main
 from roles.job.settings import Job
 from roles.model.compute import BatchCompute
@@ -77,6 +76,8 @@ from roles.protocol.datapath import (
     PartMap,
     SampleBatch,
     Taken,
+    max_in_flight,
+    sample_batch_bytes,
 )
 from roles.protocol.dense_sync import Aggregate, Contribution, Restore, Weights, WeightsRequest
 from roles.protocol.lifecycle import FeederBack, ShardBack

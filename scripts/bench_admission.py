@@ -40,10 +40,10 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from harness import criteo_data, job_text  # noqa: E402
 
-from roles.algorithms.admission import CountMinSketch, sketch_width  # noqa: E402
-from roles.algorithms.embedding_table import EmbeddingTable  # noqa: E402
-from roles.algorithms.expiry import Expiry  # noqa: E402
-from roles.algorithms.key_index import KeyIndex  # noqa: E402
+from roles.algorithms.shard.admission import CountMinSketch, sketch_width  # noqa: E402
+from roles.algorithms.shard.embedding_table import EmbeddingTable  # noqa: E402
+from roles.algorithms.shard.expiry import Expiry  # noqa: E402
+from roles.algorithms.shard.key_index import KeyIndex  # noqa: E402
 
 PY = sys.executable
 ZIPF_VOCAB = [5, 20, 200, 2000, 2_000_000, 50, 1000, 500_000]   # zipf.toml's, tail x100

@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from roles.algorithms.embedding_table import EmbeddingTable  # noqa: E402
+from roles.algorithms.shard.embedding_table import EmbeddingTable  # noqa: E402
 from roles.checkpoint.files import save_npz  # noqa: E402
 from roles.checkpoint.shard import ShardCheckpoints  # noqa: E402
 

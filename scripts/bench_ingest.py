@@ -43,8 +43,8 @@ from harness import criteo_data, job_text  # noqa: E402
 
 PIPELINE = r"""
 import json, resource, sys, time
-from roles.algorithms.feeding_pass import FeedingPass
-from roles.data.part_streams import PartStreams
+from roles.algorithms.feeding.passes import FeedingPass
+from roles.feeder.streams import PartStreams
 from roles.data.source import DataSource
 from roles.data.stream import Tally
 from roles.job.settings import load_job

@@ -30,7 +30,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from roles.algorithms.placement import HeavyHitters, KeyMap, lower_bound, max_over_mean, place  # noqa: E402
+from roles.algorithms.control.placement import lower_bound, max_over_mean, place  # noqa: E402
+from roles.algorithms.shared.key_map import HeavyHitters, KeyMap  # noqa: E402
 
 DISTINCT = 1_000_000
 

@@ -28,8 +28,8 @@ from collections import Counter
 import numpy as np
 import zmq
 
-from roles.algorithms.placement import HeavyHitters, KeyMap
-from roles.algorithms.window_work import WindowLedger
+from roles.algorithms.shard.window_work import WindowLedger
+from roles.algorithms.shared.key_map import HeavyHitters, KeyMap
 from roles.job.settings import Job, load_job
 from roles.protocol.datapath import DataIndex, PartMap, PartStats
 from roles.protocol.placement import Drained, KeyCounts, Moved, Placement, WorkRecorded

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from roles.algorithms.admission import MAX_COUNT, Admission, CountMinSketch, sketch_width
-from roles.algorithms.embedding_table import EmbeddingTable
+from roles.algorithms.shard.admission import MAX_COUNT, Admission, CountMinSketch, sketch_width
+from roles.algorithms.shard.embedding_table import EmbeddingTable
 from zbus.codec import ProtocolError
 
 
@@ -126,7 +126,7 @@ def test_a_batch_wider_than_the_fields_is_refused():
 
 
 def test_the_summary_gives_each_shards_table_figures_and_their_total():
-    from roles.algorithms.summary import table_figures
+    from roles.algorithms.control.summary import table_figures
     from roles.job.settings import parse_job
     job = parse_job("[data]\nsource = \"synthetic\"\n[embeddings]\nmin_count = 3\n"
                     "expire_batches = 500\n")

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from roles.algorithms.aggregation import Adam, combine, combine_partials, partial_sum
+from roles.algorithms.shared.aggregation import Adam, combine, combine_partials, partial_sum
 
 
 def test_combine_is_the_coefficient_weighted_mean_of_deltas():

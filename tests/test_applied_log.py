@@ -1,8 +1,8 @@
 """A shard's log of the batches it applied after each checkpoint snapshot
-(roles.algorithms.applied_log): the updates a restarted shard lost are counted exactly,
+(roles.algorithms.shard.applied_log): the updates a restarted shard lost are counted exactly,
 whichever complete checkpoint it goes back to."""
 
-from roles.algorithms.applied_log import AppliedLog
+from roles.algorithms.shard.applied_log import AppliedLog
 
 
 def test_the_updates_applied_after_the_restored_checkpoint_are_counted_exactly(tmp_path):

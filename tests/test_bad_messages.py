@@ -12,7 +12,7 @@ import pytest
 import zmq
 from harness import FakeControl, recv_within
 
-from roles.algorithms.embedding_table import initial_rows
+from roles.algorithms.shard.embedding_table import initial_rows
 from roles.protocol.datapath import (
     Ack,
     BatchKeys,

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from roles.algorithms.ack_log import AckLog
-from roles.algorithms.batching import Ledger, PartProgress, assign_parts
-from roles.algorithms.feeding_pass import FeedingPass, PartStream
+from roles.algorithms.feeding.ack_log import AckLog
+from roles.algorithms.feeding.ledger import Ledger, PartProgress
+from roles.algorithms.feeding.parts import assign_parts
+from roles.algorithms.feeding.passes import FeedingPass, PartStream
 from roles.data.stream import Samples
 from roles.protocol.datapath import MAX_SEQ, make_batch_id, split_batch_id
 

@@ -4,7 +4,7 @@ persistence in the run directory."""
 import numpy as np
 import pytest
 
-from roles.algorithms.capacity import (
+from roles.algorithms.control.capacity import (
     CapacityPredictor,
     Record,
     append_records,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from roles.algorithms.embedding_table import EmbeddingTable
-from roles.algorithms.expiry import Expiry
+from roles.algorithms.shard.embedding_table import EmbeddingTable
+from roles.algorithms.shard.expiry import Expiry
 from roles.checkpoint.files import checkpoints_dir
 from roles.checkpoint.shard import ShardCheckpoints, read_chain
 

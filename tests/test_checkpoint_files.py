@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from roles.algorithms.ack_log import AckLog
-from roles.algorithms.embedding_table import EmbeddingTable
+from roles.algorithms.feeding.ack_log import AckLog
+from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.checkpoint.background import ForkedWrite, ThreadWrite
 from roles.checkpoint.feeder import FeederCheckpoints
 from roles.checkpoint.files import (

@@ -9,8 +9,8 @@ import numpy as np
 import orjson
 import pytest
 
-from roles.algorithms.membership import Members
-from roles.algorithms.metrics import ScoreHistogram
+from roles.algorithms.control.membership import Members
+from roles.algorithms.shared.metrics import ScoreHistogram
 from roles.checkpoint.files import checkpoint_dir, read_manifest
 from roles.control.checkpoints import Checkpoints
 from roles.control.commands import Commands, ProgressClock

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from roles.algorithms.metrics import auc
+from roles.algorithms.shared.metrics import auc
 from roles.data.source import DataSource
 from roles.data.stats import Moments, merge_summaries, summarize
 from roles.data.stream import Preparer, Tally, Weighting, eval_batches, training_batches

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from roles.algorithms.decision import (
+from roles.algorithms.control.decision import (
     MBIT,
     FailureWindow,
     HostMeter,

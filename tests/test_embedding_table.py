@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from roles.algorithms.embedding_table import EmbeddingTable, KeyIndex, initial_rows
+from roles.algorithms.shard.embedding_table import EmbeddingTable, KeyIndex, initial_rows
 
 
 def test_index_agrees_with_a_dict_through_growth():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from roles.algorithms.embedding_table import EmbeddingTable, initial_rows
-from roles.algorithms.expiry import EVICT_MARGIN, MAX_DROPS, MAX_PIECE, MIN_PIECE, Expiry
+from roles.algorithms.shard.embedding_table import EmbeddingTable, initial_rows
+from roles.algorithms.shard.expiry import EVICT_MARGIN, MAX_DROPS, MAX_PIECE, MIN_PIECE, Expiry
 
 
 def seen(t: EmbeddingTable, keys) -> np.ndarray:

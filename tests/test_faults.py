@@ -28,8 +28,8 @@ def mid_epoch(e: dict) -> bool:
 
 def quiet(run_dir, number: int, still_s: float = 1.0, timeout: float = 30.0) -> None:
     """Until both shards have applied the same batches since checkpoint ``number``'s snapshot
-    (their logs, ``roles.algorithms.applied_log``) and neither applied another for ``still_s``:
-    no gradient is on its way to either."""
+    (their logs, ``roles.algorithms.shard.applied_log``) and neither applied another for
+    ``still_s``: no gradient is on its way to either."""
     logs = [run_dir / "applied" / f"ps-{i}" / f"{number:06d}.ids" for i in (0, 1)]
     seen, since, deadline = None, time.monotonic(), time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from roles.algorithms.batching import TAKEN, Ledger, PartProgress
-from roles.algorithms.feeder_parts import FeederParts
-from roles.algorithms.feeding_pass import FeedingPass, PartStream
-from roles.algorithms.key_routing import COUNT_EVERY, KeyRouting, WindowCounter
-from roles.algorithms.metrics import auc
-from roles.algorithms.placement import KeyMap
-from roles.algorithms.reclaim import Reclaim
-from roles.algorithms.tally import FeederTally
+from roles.algorithms.feeding.key_routing import COUNT_EVERY, KeyRouting, WindowCounter
+from roles.algorithms.feeding.ledger import TAKEN, Ledger, PartProgress
+from roles.algorithms.feeding.parts import FeederParts
+from roles.algorithms.feeding.passes import FeedingPass, PartStream
+from roles.algorithms.feeding.reclaim import Reclaim
+from roles.algorithms.feeding.tally import FeederTally
+from roles.algorithms.shared.key_map import KeyMap
+from roles.algorithms.shared.metrics import auc
 from roles.data.stream import Samples
 from roles.job.settings import parse_job
 from roles.protocol.datapath import FeederProgress, PartMap, make_batch_id

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roles.algorithms.key_index import MAX_LOAD, KeyIndex
+from roles.algorithms.shard.key_index import MAX_LOAD, KeyIndex
 
 # a small key space, so that inserts, deletes and look-ups keep meeting the same keys
 keys_st = st.lists(st.integers(-40, 40), max_size=30)

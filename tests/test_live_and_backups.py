@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from roles.algorithms import live
+from roles.algorithms.shared import live
 from roles.job.settings import AggregationConfig
 from roles.model.files import Backups, load_dense, relative_change
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from roles.algorithms.membership import Members
+from roles.algorithms.control.membership import Members
 
 EXPECTED = ["feeder-0", "aggregator-0", "ps-0", "worker-0", "worker-1"]
 

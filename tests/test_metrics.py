@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from roles.algorithms.metrics import auc, logloss
+from roles.algorithms.shared.metrics import auc, logloss
 
 
 def brute_auc(y, s):

@@ -13,8 +13,8 @@ import numpy as np
 import orjson
 import pytest
 
-from roles.algorithms.membership import Members
-from roles.algorithms.window_work import WindowLedger
+from roles.algorithms.control.membership import Members
+from roles.algorithms.shard.window_work import WindowLedger
 from roles.control.commands import Commands, ProgressClock
 from roles.control.placement import PlacementKeeper
 from roles.job.rundir import MetricsLog

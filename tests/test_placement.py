@@ -6,14 +6,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from roles.algorithms.placement import (
-    Deferred,
-    HeavyHitters,
-    KeyMap,
-    lower_bound,
-    max_over_mean,
-    place,
-)
+from roles.algorithms.control.placement import Deferred, lower_bound, max_over_mean, place
+from roles.algorithms.shared.key_map import HeavyHitters, KeyMap
 from roles.data.hashing import shard_of
 
 

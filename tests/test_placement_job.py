@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from harness import REPO
 
-from roles.algorithms.capacity import read_records
+from roles.algorithms.control.capacity import read_records
 from roles.model.files import embeddings_file, load_embeddings
 
 pytestmark = pytest.mark.integration

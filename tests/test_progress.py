@@ -14,7 +14,7 @@ import pytest
 from console.charts import robust_limits, series
 from console.format import checkpoint_line, final_line, wait_line
 from console.history import NodeHistory
-from roles.algorithms.progress import Every, Progress, amount, describe, epoch_line, seconds
+from roles.algorithms.shared.progress import Every, Progress, amount, describe, epoch_line, seconds
 from roles.control.operators import wait_record
 from roles.tools.output import SIGPIPE_STATUS, quiet_broken_pipe
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from roles.algorithms.aggregation import combine
-from roles.algorithms.replica import Replica
+from roles.algorithms.shared.aggregation import combine
+from roles.algorithms.worker.replica import Replica
 
 
 def replica(start: np.ndarray) -> Replica:

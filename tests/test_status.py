@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from console import format as fmt
-from roles.algorithms.membership import FAILED, NodeState
-from roles.algorithms.status import StatusBuilder
+from roles.algorithms.control.membership import FAILED, NodeState
+from roles.algorithms.control.status import StatusBuilder
 from roles.protocol.operator import Status
 from zbus.codec import ProtocolError, decode
 

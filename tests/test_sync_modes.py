@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from roles.algorithms import live
-from roles.algorithms.replica import Replica
+from roles.algorithms.shared import live
 from roles.algorithms.sync import aggregator as agg_sync
 from roles.algorithms.sync import feeder as feeder_sync
 from roles.algorithms.sync import worker as worker_sync
+from roles.algorithms.worker.replica import Replica
 from roles.job.settings import TrainConfig, parse_job
 from roles.protocol.dense_sync import RoundDrained, RoundReady, StepGrad
 from roles.protocol.operator import Settings

@@ -317,7 +317,7 @@ def test_a_shards_work_report_that_does_not_add_up_is_refused(change):
 
 
 def test_the_summary_counts_the_bytes_of_every_channel_but_status():
-    from roles.algorithms.summary import CHANNELS
+    from roles.algorithms.control.summary import CHANNELS
 
     channels = {cls.CHANNEL for cls in message_types().values()}
     assert channels - set(CHANNELS) == {"status"}

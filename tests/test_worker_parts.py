@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from roles.algorithms.feeder_links import FeederLinks
-from roles.algorithms.pulled import WAIT_REASONS, Pipeline, WaitClock, WaitSample
-from roles.algorithms.replica import ADOPTED, RESTORED, STALE, Replica, WorkerRounds
+from roles.algorithms.worker.feeder_links import FeederLinks
+from roles.algorithms.worker.pulled import WAIT_REASONS, Pipeline, WaitClock, WaitSample
+from roles.algorithms.worker.replica import ADOPTED, RESTORED, STALE, Replica, WorkerRounds
 from roles.model.compute import BatchCompute
 from roles.protocol.datapath import (
     Ack,
@@ -189,7 +189,7 @@ def test_what_the_next_batch_waits_for_is_named_and_timed():
 
 
 def test_the_summary_gives_waits_per_batch_over_all_workers():
-    from roles.algorithms.summary import worker_waits
+    from roles.algorithms.control.summary import worker_waits
     waits = worker_waits({
         "worker-0": {"waiting_s": {"grant": 1.0, "weights": 0.5}, "batches_trained": 90,
                      "batches_scored": 10},

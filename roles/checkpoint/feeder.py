@@ -1,11 +1,11 @@
 """A feeder's part of the whole-job checkpoints: where its passes stood at the cut.
 
 At the cut nothing of the feeder's is in flight (it drained), so its position is its ack log
-(``roles.algorithms.ack_log``): every training batch acknowledged, per epoch, and the totals of
-the epochs folded. The log (at most one epoch's records and a small totals file) is copied in
-memory at the cut and written on a thread into ``<number>/<feeder>/``, with ``position.json``
-(the epoch, and in sync mode round the round being fed) and, from feeder 0, the dense
-transform (``<number>/transform.json``) that serving needs.
+(``roles.algorithms.feeding.ack_log``): every training batch acknowledged, per epoch, and the
+totals of the epochs folded. The log (at most one epoch's records and a small totals file) is
+copied in memory at the cut and written on a thread into ``<number>/<feeder>/``, with
+``position.json`` (the epoch, and in sync mode round the round being fed) and, from feeder 0, the
+dense transform (``<number>/transform.json``) that serving needs.
 
 When the whole job goes back to a checkpoint, the feeder's log is replaced by the copy before
 the feeder opens it: the batches acknowledged after the cut are fed and trained again; how many
@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from roles.algorithms.ack_log import AckLog, replace_files
+from roles.algorithms.feeding.ack_log import AckLog, replace_files
 from roles.checkpoint.background import ThreadWrite
 from roles.checkpoint.files import checkpoint_dir, checkpoints_dir, save_file
 from roles.protocol.checkpoint import CheckpointPart

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from roles.algorithms.embedding_table import EmbeddingTable
+from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.checkpoint.background import ForkedWrite
 from roles.checkpoint.files import meta_array, read_meta, save_npz
 from roles.protocol.checkpoint import CheckpointPart

@@ -1,8 +1,8 @@
 """The capacity predictor trained off control's loop (``[placement] mode = "skew"``).
 
-Training the predictor (``roles.algorithms.capacity``) takes tens of milliseconds to seconds,
-more the longer the history: done in control's one loop it would stall heartbeats, probes and
-every decision meanwhile. Here it runs in a child process of control's (one, started with
+Training the predictor (``roles.algorithms.control.capacity``) takes tens of milliseconds to
+seconds, more the longer the history: done in control's one loop it would stall heartbeats, probes
+and every decision meanwhile. Here it runs in a child process of control's (one, started with
 control, torch imported there once): a training starts when new history records are in and
 none is running, from the weights of the predictor in service (so it goes on from what it has
 learnt), and the trained predictor replaces the one in service once it is done (checked at each
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from roles.algorithms.capacity import CapacityPredictor, Record
+from roles.algorithms.control.capacity import CapacityPredictor, Record
 
 log = logging.getLogger(__name__)
 Weights = dict[str, Any]   # a predictor's state: its network's arrays, offset, counts

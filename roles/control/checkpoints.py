@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from roles.algorithms.membership import ALIVE, Members
+from roles.algorithms.control.membership import ALIVE, Members
 from roles.checkpoint.files import (
     MANIFEST,
     checkpoint_dir,
@@ -320,7 +320,7 @@ class Checkpoints:
         return self.newest
 
     def task(self, now: float) -> dict | None:
-        """The cut under way as a long task (``roles.algorithms.progress`` figures): its
+        """The cut under way as a long task (``roles.algorithms.shared.progress`` figures): its
         phase, and how many of the feeders, the round or the parts it waits for are done."""
         c = self.cut
         if c is None:
@@ -347,7 +347,7 @@ class Checkpoints:
             if missing else ""
 
     def status(self, now: float, training: bool) -> dict:
-        """The status's ``checkpoint`` (``roles.algorithms.status``): the newest complete
+        """The status's ``checkpoint`` (``roles.algorithms.control.status``): the newest complete
         checkpoint, the cut under way, the counts, when the next is due (while ``training``:
         none is cut otherwise), the rollbacks."""
         newest = self.latest()

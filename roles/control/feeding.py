@@ -25,7 +25,7 @@ An eval pass is scored again from its start.
 
 When no other feeder lives (one feeder, the default), control waits ``recovery_timeout_s`` for
 the feeder to be started again instead (not in sync mode round, whose rounds count one
-feeder's batches). The new process resumes from its ack log (``roles.algorithms.ack_log``)
+feeder's batches). The new process resumes from its ack log (``roles.algorithms.feeding.ack_log``)
 exactly: once it is ready, control publishes FeederBack; every worker sends it again its
 latest acks and the batches the dead process granted it (Holding), and only then does the
 feeder grant and send, so that no batch is lost and none is trained twice.
@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from roles.algorithms.batching import assign_parts
-from roles.algorithms.membership import ALIVE, Members
-from roles.algorithms.metrics import ScoreHistogram
+from roles.algorithms.control.membership import ALIVE, Members
+from roles.algorithms.feeding.parts import assign_parts
+from roles.algorithms.shared.metrics import ScoreHistogram
 from roles.control.commands import Commands, ProgressClock
 from roles.data.stats import Moments
 from roles.job.rundir import MetricsLog

@@ -1,7 +1,7 @@
 """The cluster's health as control measures it: network utilisation per host from the load
 figures in heartbeats, and the failure rate from probes and crashes over a sliding window
-(``roles.algorithms.decision`` holds the arithmetic). Sync mode lazy decides on these figures;
-consoles see them in the status.
+(``roles.algorithms.control.decision`` holds the arithmetic). Sync mode lazy decides on these
+figures; consoles see them in the status.
 
 A crash is found here from the membership: a node newly declared failed, or a known node
 answering as a new process (a shard, feeder or aggregator started again) while it had not left.
@@ -11,8 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from roles.algorithms.decision import FailureWindow, HostMeter, counted_interfaces, utilisation
-from roles.algorithms.membership import ALIVE, FAILED, Members, NodeState
+from roles.algorithms.control.decision import (
+    FailureWindow,
+    HostMeter,
+    counted_interfaces,
+    utilisation,
+)
+from roles.algorithms.control.membership import ALIVE, FAILED, Members, NodeState
 from roles.protocol.topology import ClusterConfig
 from zbus.codec import ProtocolError
 from zbus.messages import Probe

@@ -9,7 +9,7 @@
   package (``pip install 'zbus[tensorboard]'``): a job that does not ask for events does not
   need it.
 
-Both read only the status snapshot (``roles.algorithms.status``) and the summary: what
+Both read only the status snapshot (``roles.algorithms.control.status``) and the summary: what
 consoles see is what the monitoring stack sees."""
 
 from __future__ import annotations

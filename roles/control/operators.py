@@ -13,9 +13,9 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
-from roles.algorithms import live
-from roles.algorithms.membership import ALIVE, Members
-from roles.algorithms.status import StatusBuilder
+from roles.algorithms.control.membership import ALIVE, Members
+from roles.algorithms.control.status import StatusBuilder
+from roles.algorithms.shared import live
 from roles.control.checkpoints import Checkpoints
 from roles.control.commands import Commands, ProgressClock
 from roles.control.course import Course
@@ -28,7 +28,6 @@ from roles.control.settings import LiveSettings
 from roles.control.sync_modes import LazyMode
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
-from roles.model.files import newest_backup
 from roles.protocol.operator import ACTIONS, STATUS_LAYOUT
 from roles.protocol.operator import Feeding as FeedingPaused
 
@@ -101,7 +100,7 @@ class Operators:
 
 
 class StatusView:
-    """The status consoles watch (``roles.algorithms.status`` lists its keys), from the
+    """The status consoles watch (``roles.algorithms.control.status`` lists its keys), from the
     parts."""
 
     def __init__(self, job: Job, run_id: str, run_dir: str, members: Members,
@@ -127,7 +126,7 @@ class StatusView:
 
     def tasks(self, now: float) -> list[dict]:
         """Long tasks under way: what each node reports (indexing, the statistics pass), an
-        export's parts and a checkpoint's phase (``roles.algorithms.progress``)."""
+        export's parts and a checkpoint's phase (``roles.algorithms.shared.progress``)."""
         found = []
         for node_id, node in self.members.nodes.items():
             p = node.counters.get("progress")
@@ -196,7 +195,7 @@ class StatusView:
                     "age_s": round(now - mode.last_at, 1)},
                 "decisions": dict(decisions(mode)), "rounds_done": self.rounds.done_count,
                 "backups": self.recovery.backups_written,
-                "latest_backup": newest_backup(self.recovery.backups),
+                "latest_backup": self.recovery.newest_backup(),
                 "recoveries": len(self.recovery.recoveries)},
             "training": self.training(feeding),
             "settings": {"version": self.settings.version, "values": dict(s),

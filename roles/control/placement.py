@@ -1,9 +1,10 @@
 """Control's part in skew-aware placement (``[placement] mode = "skew"``), mixed into Control.
 
 Per allocation window: every feeder sends its KeyCounts; control merges them, predicts each
-shard's capacity for the window (``roles.algorithms.capacity``: learned from the shards' work
-records once ``min_windows`` windows of history exist, equal or from the job file before), and
-places the heavy keys and the buckets of light keys (``roles.algorithms.placement.place``). When
+shard's capacity for the window (``roles.algorithms.control.capacity``: learned from the shards'
+work records once ``min_windows`` windows of history exist, equal or from the job file before), and
+places the heavy keys and the buckets of light keys (``roles.algorithms.control.placement.place``).
+When
 the new map is better by more than ``min_gain`` (max of load / capacity), it is migrated:
 
     Placement(v+1, drain)   feeders send no new batch; each reports Drained when nothing of
@@ -13,10 +14,10 @@ the new map is better by more than ``min_gain`` (max of load / capacity), it is 
 
 The pause (drain to active) and the keys moved are written to metrics.jsonl and the summary.
 A window closed while a migration runs is recorded but not placed. What a placement defers
-(pairs that fit no room left) is held to the next one (``roles.algorithms.placement``).
+(pairs that fit no room left) is held to the next one (``roles.algorithms.control.placement``).
 
 History: each shard reports every window's work once it is finished (``WindowWork``, with its
-heartbeats; ``roles.algorithms.window_work``) and control answers which windows it recorded
+heartbeats; ``roles.algorithms.shard.window_work``) and control answers which windows it recorded
 (``WorkRecorded``, with the newest window closed): every window of every shard becomes history
 records once, however fast windows close. The history kept for training is the newest
 ``[placement] history_windows`` windows, and the predictor is trained in a child process, the
@@ -35,9 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-from roles.algorithms.capacity import Record, append_records, equal_or_configured
-from roles.algorithms.membership import ALIVE, Members
-from roles.algorithms.placement import Deferred, HeavyHitters, KeyMap, max_over_mean, place
+from roles.algorithms.control.capacity import Record, append_records, equal_or_configured
+from roles.algorithms.control.membership import ALIVE, Members
+from roles.algorithms.control.placement import Deferred, max_over_mean, place
+from roles.algorithms.shared.key_map import HeavyHitters, KeyMap
 from roles.control.capacity_training import BackgroundFit, child_process
 from roles.control.commands import Commands, ProgressClock
 from roles.job.rundir import MetricsLog

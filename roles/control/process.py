@@ -35,10 +35,10 @@ import orjson
 import psutil
 import zmq
 
-from roles.algorithms.membership import ALIVE, Members, NodeState
-from roles.algorithms.progress import Every, describe, epoch_line, seconds
-from roles.algorithms.status import StatusBuilder
-from roles.algorithms.summary import feeder_totals, table_figures
+from roles.algorithms.control.membership import ALIVE, Members, NodeState
+from roles.algorithms.control.status import StatusBuilder
+from roles.algorithms.control.summary import feeder_totals, table_figures
+from roles.algorithms.shared.progress import Every, describe, epoch_line, seconds
 from roles.checkpoint.files import latest_complete
 from roles.control.checkpoints import Checkpoints
 from roles.control.commands import Commands, ProgressClock

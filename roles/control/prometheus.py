@@ -1,5 +1,5 @@
 """The cluster's figures for Prometheus: a collector that reads control's latest status
-snapshot (``roles.algorithms.status``) when Prometheus scrapes ``/metrics``, served by the
+snapshot (``roles.algorithms.control.status``) when Prometheus scrapes ``/metrics``, served by the
 ``prometheus_client`` library's HTTP server on its own thread (control's loop only swaps the
 snapshot in). Every figure is named ``zbus_*``; the list is in docs/operations.md
 (monitoring), and ``docs/grafana-dashboard.json`` charts them.

@@ -22,11 +22,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from roles.algorithms.membership import ALIVE, Members, NodeState
+from roles.algorithms.control.membership import ALIVE, Members, NodeState
 from roles.control.commands import Commands, ProgressClock
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
-from roles.model.files import newest_backup
 from roles.protocol.dense_sync import BackupNow, BackupWritten, Restore, Restored
 from roles.protocol.lifecycle import ShardBack
 from zbus.endpoints import node_index
@@ -91,9 +90,13 @@ class Recovery:
         self.backup_request += 1
         self.commands.publish(BackupNow(request=self.backup_request), "backup")
 
+    def newest_backup(self) -> dict | None:
+        """The record (round, path, change, generation) of the newest backup reported, or None."""
+        return max(self.backups, key=lambda b: b["round"]) if self.backups else None
+
     def latest_backup(self) -> str:
         """The newest backup the aggregator reported ('' when none: it finds its own)."""
-        newest = newest_backup(self.backups)
+        newest = self.newest_backup()
         return newest["path"] if newest else ""
 
     def aggregator_down(self, now: float) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from roles.algorithms.membership import Members
+from roles.algorithms.control.membership import Members
 from roles.control.commands import Commands, ProgressClock
 from roles.control.sync_modes import SyncMode
 from roles.job.rundir import MetricsLog

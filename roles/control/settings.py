@@ -1,5 +1,5 @@
 """Control's live settings: the effective values of the thresholds an operator may change
-while the job runs (``roles.algorithms.live`` validates a change). A change is applied as a
+while the job runs (``roles.algorithms.shared.live`` validates a change). A change is applied as a
 whole or not at all, broadcast (``Settings``, standing), written to ``metrics.jsonl`` and
 appended to the run's ``config.toml`` as a comment line per changed key."""
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roles.algorithms import live
+from roles.algorithms.shared import live
 from roles.control.commands import Commands
 from roles.job.rundir import MetricsLog, atomic_write
 from roles.job.settings import AggregationConfig

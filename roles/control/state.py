@@ -35,7 +35,7 @@ from typing import Any
 
 import orjson
 
-from roles.algorithms.membership import Members, NodeState
+from roles.algorithms.control.membership import Members, NodeState
 from roles.control.checkpoints import Checkpoints, CheckpointsState
 from roles.control.commands import Commands
 from roles.control.course import Course, CourseState

@@ -1,9 +1,9 @@
 """The run's summary (``summary.json``) from control's parts; the figures themselves are
-assembled in ``roles.algorithms.summary``."""
+assembled in ``roles.algorithms.control.summary``."""
 
 from __future__ import annotations
 
-from roles.algorithms.summary import build_summary
+from roles.algorithms.control.summary import build_summary
 from roles.control.operators import decisions
 from roles.control.state import ControlParts
 from roles.control.sync_modes import LazyMode
@@ -20,6 +20,7 @@ def run_summary(p: ControlParts, job: Job, status: str, reason: str, *, counters
         wall_s=wall_s, rounds=p.rounds.done_count, round_samples=p.rounds.samples,
         membership=p.members.events,
         model={"backups": r.backups, "backups_written": r.backups_written,
+               "latest_backup": r.latest_backup() or None,
                "recoveries": r.recoveries,
                "shard_recoveries": r.shard_recoveries, "exports": p.exports.exports,
                "settings_changes": p.settings.changes, "settings": p.settings.values,

@@ -8,7 +8,7 @@ aggregator's sides of the same modes are in their own modules.
 - ``round``: a round when the feeder reports the round's queue drained (RoundDrained), in
   order; the epoch's evaluation uses the epoch's last round, and a feeder restart fails the
   job (a round counts one feeder process's batches).
-- ``lazy``: control decides (``roles.algorithms.decision``) on the cluster's network
+- ``lazy``: control decides (``roles.algorithms.control.decision``) on the cluster's network
   utilisation and failure rate and the workers' local rounds, and publishes every decision and
   refusal with its reason (a refusal once per heartbeat interval).
 """
@@ -19,7 +19,7 @@ import bisect
 from collections.abc import Callable
 from typing import Any
 
-from roles.algorithms.decision import decide
+from roles.algorithms.control.decision import decide
 from roles.control.health import Health
 from roles.job.rundir import MetricsLog
 from roles.protocol.dense_sync import Decision, RoundReady

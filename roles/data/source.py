@@ -151,13 +151,11 @@ class DataSource:
                         Weighting(d.decay_base, unit, d.drop_below, d.merge,
                                   None if newest is None else newest // unit))
 
-    def oracle_auc(self, parts: list[Part]) -> float | None:
-        """Synthetic data: the AUC of the true probabilities on (up to ``ORACLE_ROWS`` of) the
-        eval rows."""
+    def oracle_scores(self, parts: list[Part]) -> tuple[np.ndarray, np.ndarray] | None:
+        """Synthetic data: the labels and true probabilities of (up to ``ORACLE_ROWS`` of) the
+        eval rows, whose AUC is the best any model can reach; None for real data."""
         if self.generator is None:
             return None
-        from roles.algorithms.metrics import auc
-
         labels, probs, left = [], [], ORACLE_ROWS
         for part in parts:
             if part.eval and left > 0:
@@ -166,4 +164,4 @@ class DataSource:
                 labels.append(rows.labels)
                 probs.append(rows.probs)
                 left -= len(rows.labels)
-        return auc(np.concatenate(labels), np.concatenate(probs)) if labels else None
+        return (np.concatenate(labels), np.concatenate(probs)) if labels else None

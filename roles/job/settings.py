@@ -235,8 +235,8 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class EmbeddingsConfig:
-    """Keeping the shards' tables bounded (``roles.algorithms.admission`` and
-    ``roles.algorithms.expiry``): a key gets a row of its own only after ``min_count``
+    """Keeping the shards' tables bounded (``roles.algorithms.shard.admission`` and
+    ``roles.algorithms.shard.expiry``): a key gets a row of its own only after ``min_count``
     sightings (until then it shares its field's default row), rows not looked up for a while
     are dropped, and a shard holds at most ``max_rows_per_shard`` keys."""
 
@@ -264,7 +264,7 @@ class EmbeddingsConfig:
 class AggregationConfig:
     """Sync mode lazy: when control lets the workers' dense weights be combined, and when the
     aggregator backs the result up. Every key marked ``live`` can be changed while the job runs
-    (``zbus-ctl set``, the console); see ``roles.algorithms.live``."""
+    (``zbus-ctl set``, the console); see ``roles.algorithms.shared.live``."""
 
     net_util_max: float = field(default=0.30, metadata={"min": 0.001, "max": 1.0, "live": True,
                                                         "doc": (
@@ -300,9 +300,9 @@ class AggregationConfig:
 
 @dataclass(frozen=True)
 class PlacementConfig:
-    """Where embedding keys live (``roles.algorithms.placement``): ``hash`` (key mod shards, fixed)
-    or ``skew`` (heavy keys and buckets of light keys placed by predicted shard capacity each
-    allocation window, moved between shards while the job runs)."""
+    """Where embedding keys live (``roles.algorithms.control.placement``): ``hash`` (key mod
+    shards, fixed) or ``skew`` (heavy keys and buckets of light keys placed by predicted shard
+    capacity each allocation window, moved between shards while the job runs)."""
 
     mode: str = field(default="hash", metadata={"choices": ("hash", "skew"), "doc": (
         "`hash` (key mod shards, fixed) or `skew` (placed by predicted capacity, moved while "

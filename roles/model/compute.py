@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from roles.algorithms.pulled import PulledBatch
+from roles.algorithms.worker.pulled import PulledBatch
 from roles.model.network import weighted_loss_sum
 from roles.model.parallel import GroupLeader
 from roles.protocol.datapath import Embeddings, SampleBatch

@@ -14,7 +14,7 @@ The export (``runs/<run>/export/``), the hand-off to a serving system:
   with admission (``[embeddings] min_count`` > 1) also ``defaults`` (float32 [sparse fields,
   embedding_dim]), the shard's default row of each field. A key in no shard file has its
   field's default row of the shard that owns it by hash placement when the files have default
-  rows, else its deterministic initial row (``roles.algorithms.embedding_table``);
+  rows, else its deterministic initial row (``roles.algorithms.shard.embedding_table``);
 - ``transform.json``: the dense transform (log1p flag, training mean and std per column);
 - ``job.toml``: the effective job (schema, model sizes, seed);
 - ``manifest.json``, written last: the parts, the round and the AUC of the exported weights,
@@ -71,11 +71,6 @@ def relative_change(new: np.ndarray, old: np.ndarray) -> float:
     if base == 0:
         return 0.0 if diff == 0 else float("inf")
     return diff / base
-
-
-def newest_backup(records: list[dict]) -> dict | None:
-    """The record (round, path, change, generation) of the newest backup reported, or None."""
-    return max(records, key=lambda b: b["round"]) if records else None
 
 
 class Backups:

@@ -28,7 +28,7 @@ import torch
 import zmq
 from torch import fx
 
-from roles.algorithms.replica import Replica
+from roles.algorithms.worker.replica import Replica
 from roles.job.settings import Job
 from roles.model.graph import differentiable, example_inputs, trace
 from roles.model.network import build_model

@@ -34,6 +34,22 @@ def split_batch_id(batch_id: int) -> tuple[int, int, int]:
     return batch_id >> 51, (batch_id >> 27) & (MAX_PARTS - 1), batch_id & (MAX_SEQ - 1)
 
 
+# Flow control, shared by the feeder (its ledger's bound, its sample queue's buffers) and the
+# worker (the acks it keeps per feeder, its sample queue's buffers).
+def sample_batch_bytes(batch_size: int, dense: int) -> int:
+    """About the size of one SampleBatch on the wire: the sample queue's kernel buffers are
+    sized to it, so that a worker cannot hold more than a batch or two it has not pulled."""
+    return batch_size * (dense + 2) * 4 + 1024
+
+
+def max_in_flight(workers: int, prefetch: int) -> int:
+    """A feeder's bound on the batches unacknowledged at a time. Per worker, its prefetch and the
+    one it trains, as many again that a slow worker may hold in socket buffers, and some in
+    transit. It also bounds the acks a dead feeder can have lost in transit, so a worker
+    keeps that many of its latest acks per feeder to send a restarted one again."""
+    return max(1, workers) * (2 * prefetch + 6) + 2
+
+
 def _json_body(body: np.ndarray, what: str) -> Any:
     try:
         return orjson.loads(body.tobytes())

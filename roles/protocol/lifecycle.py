@@ -58,7 +58,7 @@ class EpochTrained(Message):
 class EvalReport(Message):
     """A feeder scored the eval rows of ``parts`` for ``epoch``: their scores as a histogram
     of negatives and positives per score bin and the summed log loss
-    (``roles.algorithms.metrics.ScoreHistogram``; control adds every feeder's up into the
+    (``roles.algorithms.shared.metrics.ScoreHistogram``; control adds every feeder's up into the
     epoch's AUC and logloss), and the rows read and rejected."""
 
     epoch: int

@@ -14,8 +14,8 @@ from zbus.codec import Message, ProtocolError, array, message
 # What an operator may ask control (ControlRequest.action)
 ACTIONS = ("settings", "set", "export", "backup", "checkpoint", "aggregate", "pause", "resume",
            "stop")
-# The version of the Status body's layout (keys listed in roles.algorithms.status); 2: tasks,
-# waiting, final, checkpoint
+# The version of the Status body's layout (keys listed in roles.algorithms.control.status); 2:
+# tasks, waiting, final, checkpoint
 STATUS_LAYOUT = 2
 
 
@@ -41,7 +41,7 @@ class ControlReply(Message):
 
 @message()
 class Settings(Message):
-    """The effective live settings (``roles.algorithms.live``); ``version`` rises with every
+    """The effective live settings (``roles.algorithms.shared.live``); ``version`` rises with every
     change."""
 
     version: int
@@ -60,7 +60,7 @@ class Feeding(Message):
 class Status(Message):
     """Control's picture of the job for consoles, published every ``status_s`` (channel
     "status"). ``body`` is an orjson object in one uint8 frame (with many nodes it outgrows the
-    header cap); its keys are listed in ``roles.algorithms.status`` and its ``"layout"`` key
+    header cap); its keys are listed in ``roles.algorithms.control.status`` and its ``"layout"`` key
     names their version, ``STATUS_LAYOUT``, which a console checks."""
 
     run_id: str

@@ -17,7 +17,7 @@ import sys
 import orjson
 import zmq
 
-from roles.algorithms import live
+from roles.algorithms.shared import live
 from roles.job.cli import load_job_or_exit
 from roles.protocol.operator import ControlReply, ControlRequest
 from roles.protocol.topology import ClusterConfig

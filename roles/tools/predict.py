@@ -37,9 +37,9 @@ import numpy as np
 import orjson
 import torch
 
-from roles.algorithms.embedding_table import initial_rows
-from roles.algorithms.metrics import ScoreHistogram
-from roles.algorithms.placement import KeyMap
+from roles.algorithms.shard.embedding_table import initial_rows
+from roles.algorithms.shared.key_map import KeyMap
+from roles.algorithms.shared.metrics import ScoreHistogram
 from roles.checkpoint.serving import checkpoint_of, load_checkpoint_model
 from roles.data.hashing import KEY_HASH
 from roles.data.index import DataError, index_files, plan_parts, resolve_paths

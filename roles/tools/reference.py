@@ -18,13 +18,13 @@ import numpy as np
 import orjson
 import torch
 
-from roles.algorithms.embedding_table import EmbeddingTable
-from roles.algorithms.feeding_pass import FeedingPass
-from roles.algorithms.metrics import ScoreHistogram
+from roles.algorithms.feeding.passes import FeedingPass
+from roles.algorithms.shard.embedding_table import EmbeddingTable
+from roles.algorithms.shared.metrics import ScoreHistogram, auc
 from roles.data.index import Part
-from roles.data.part_streams import PartStreams
 from roles.data.source import DataSource
 from roles.data.stream import Preparer, Samples, Tally, eval_batches
+from roles.feeder.streams import PartStreams
 from roles.job.cli import integer
 from roles.job.settings import Job, load_job
 from roles.model.network import build_model, set_threads, weighted_loss_sum
@@ -80,8 +80,9 @@ def train_reference(job: Job, threads: int = 0) -> dict:
                                                 streams, training)
     finally:
         streams.close()
+    oracle = source.oracle_scores(parts)
     return {"auc": epochs[-1]["auc"], "logloss": epochs[-1]["logloss"],
-            "oracle_auc": source.oracle_auc(parts), "samples_trained": trained,
+            "oracle_auc": None if oracle is None else auc(*oracle), "samples_trained": trained,
             "train_s": train_s, "samples_per_s": trained / train_s if train_s else None,
             "keys": len(ref.table), "per_epoch": epochs}
 

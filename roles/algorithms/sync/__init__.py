@@ -14,6 +14,6 @@ behaves differently, pure (no sockets: a role sends what its strategy returns).
 The worker's strategies are in ``.worker``, the feeder's in ``.feeder``, the aggregator's in
 ``.aggregator``; each module's ``for_mode`` is its table of modes, so a new mode is a class (or
 an existing one) and a line there, per side. What every mode shares (contributing on
-Aggregate, the replica's round arithmetic in ``roles.algorithms.replica``, the aggregator's
+Aggregate, the replica's round arithmetic in ``roles.algorithms.worker.replica``, the aggregator's
 rounds) stays with the role. Control's side (when it calls rounds) is ``roles.control``.
 """

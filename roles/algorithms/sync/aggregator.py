@@ -9,7 +9,7 @@ from typing import Protocol
 
 import numpy as np
 
-from roles.algorithms.aggregation import Adam
+from roles.algorithms.shared.aggregation import Adam
 from roles.job.settings import TrainConfig
 from zbus.codec import ProtocolError
 

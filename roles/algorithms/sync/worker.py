@@ -2,15 +2,15 @@
 local optimiser, what follows a training batch's backward pass, when a training batch may go,
 and what the worker tells control of its progress (RoundReady). Pure: the worker sends what a
 strategy returns. What every mode shares (contributing on Aggregate, adopting weights) is the
-worker's and the replica's (``roles.algorithms.replica``).
+worker's and the replica's (``roles.algorithms.worker.replica``).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from roles.algorithms.live import LiveValues
-from roles.algorithms.replica import Replica
+from roles.algorithms.shared.live import LiveValues
+from roles.algorithms.worker.replica import Replica
 from roles.job.settings import TrainConfig
 from roles.protocol.dense_sync import RoundReady, StepGrad
 
@@ -138,7 +138,7 @@ class RoundSync:
 
 class LazySync:
     """``lazy``: local Adam; a local round is ``sync_every`` local steps, each reported to
-    control (RoundReady), which decides when to aggregate (``roles.algorithms.decision``). A
+    control (RoundReady), which decides when to aggregate (``roles.algorithms.control.decision``). A
     worker that has done ``max_local_rounds`` (a live setting) local rounds since its last
     contribution waits; one starved for a heartbeat (the end of a pass) says so (idle), so
     that it does not hold the aggregation back."""

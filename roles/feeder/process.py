@@ -1,9 +1,9 @@
 """A feeder: reads its parts of the data, sends each batch's sparse keys to the shards that own
 them and its dense features, labels and weights to the sample queue, and keeps the ledger of
-batches in flight (``roles.algorithms.batching.Ledger``). It reports each finished training
+batches in flight (``roles.algorithms.feeding.ledger.Ledger``). It reports each finished training
 pass (and, in sync mode round, each drained round: ``roles.algorithms.sync.feeder``) and scores
 each evaluation pass. What its acknowledged batches add up to is its tally
-(``roles.algorithms.tally``).
+(``roles.algorithms.feeding.tally``).
 
 The data is streamed (``roles.data``): feeder 0 indexes the files once (``roles.data.index``:
 cached) and tells control (DataIndex); control gives every feeder its parts (PartMap). Each
@@ -27,9 +27,9 @@ asks no shard for them. When control's membership loses a worker, its
 batches and every batch not yet taken are sent again under the same id; at the end of a pass,
 an idle worker gets second copies of batches still untaken elsewhere (see the Ledger).
 A feeder killed and started again on its run resumes from its ack log and reclaims the batches
-its dead process had sent (``roles.algorithms.reclaim``).
+its dead process had sent (``roles.algorithms.feeding.reclaim``).
 
-Keys go to shards by the key map (``roles.algorithms.key_routing``). With skew-aware
+Keys go to shards by the key map (``roles.algorithms.feeding.key_routing``). With skew-aware
 placement (``[placement] mode = "skew"``) the feeder counts the keys of the batches it sends per
 allocation window and sends control the window's KeyCounts; when control publishes a new key
 map it stops sending new batches, reports Drained once nothing is in flight, and routes by the
@@ -45,24 +45,25 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from roles.algorithms.ack_log import AckLog
-from roles.algorithms.batching import Ledger, PartProgress, max_in_flight, sample_batch_bytes
-from roles.algorithms.feeder_parts import FeederParts
-from roles.algorithms.feeding_pass import FeedingPass, PartStream
-from roles.algorithms.key_routing import KeyRouting
-from roles.algorithms.progress import Every, Progress
-from roles.algorithms.reclaim import Reclaim
+from roles.algorithms.feeding.ack_log import AckLog
+from roles.algorithms.feeding.key_routing import KeyRouting
+from roles.algorithms.feeding.ledger import Ledger, PartProgress
+from roles.algorithms.feeding.parts import FeederParts
+from roles.algorithms.feeding.passes import FeedingPass, PartStream
+from roles.algorithms.feeding.reclaim import Reclaim
+from roles.algorithms.feeding.tally import FeederTally
+from roles.algorithms.shared.metrics import auc
+from roles.algorithms.shared.progress import Every, Progress
 from roles.algorithms.sync import feeder as sync_modes
-from roles.algorithms.tally import FeederTally
 from roles.checkpoint.feeder import FeederCheckpoints
 from roles.checkpoint.files import read_manifest
 from roles.data.index import DataError, Part
-from roles.data.part_streams import PartStreams
 from roles.data.rejected import RejectedRows
 from roles.data.source import DataSource
 from roles.data.statistics_pass import StatisticsPass
 from roles.data.stream import Preparer, Samples, Weighting
 from roles.data.transforms import DenseTransform
+from roles.feeder.streams import PartStreams
 from roles.job.cli import role_main
 from roles.job.settings import DECAY_UNITS, Job
 from roles.model.files import TRANSFORM, ExportAnswers, write_json
@@ -78,6 +79,8 @@ from roles.protocol.datapath import (
     PartMap,
     SampleBatch,
     Taken,
+    max_in_flight,
+    sample_batch_bytes,
 )
 from roles.protocol.lifecycle import EpochStart, Evaluate, Export, Membership, ShardBack
 from roles.protocol.operator import Feeding
@@ -134,7 +137,8 @@ class Feeder(Node):
         self.copies_wanted = 0  # second copies of untaken batches that idle workers could use
         self.repeated_takes = 0  # a worker's Taken for a batch granted to it already
         self.paused = False          # an operator paused feeding: no new batch goes out
-        # a feeder killed and started again resumes from its ack log (roles.algorithms.ack_log)
+        # a feeder killed and started again resumes from its ack log
+        # (roles.algorithms.feeding.ack_log)
         self.ack_log: AckLog | None = None
         self.reclaim = Reclaim(self.ledger)
         self.rolled_back = False     # the whole job went back to a checkpoint: its log is it
@@ -163,9 +167,9 @@ class Feeder(Node):
                 self.state = "indexing"
                 files, parts, n_train = self.source.index(self.indexing())
                 self.source.files = files
-                oracle = self.source.oracle_auc(parts)
+                oracle = self.source.oracle_scores(parts)
                 self.report(DataIndex(n_train=n_train, oracle_auc=-1.0 if oracle is None
-                                      else oracle, body=PartMap.body_of(
+                                      else auc(*oracle), body=PartMap.body_of(
                                           DataSource.describe(files)),
                                       parts=np.array([p.as_list() for p in parts],
                                                      dtype=np.int64).reshape(-1, 7)))

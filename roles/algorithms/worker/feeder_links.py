@@ -15,7 +15,7 @@ from collections import deque
 
 import numpy as np
 
-from roles.algorithms.pulled import Pipeline
+from roles.algorithms.worker.pulled import Pipeline
 from roles.protocol.datapath import Ack, Holding, PartMap, Taken, split_batch_id
 from zbus.codec import Message, ProtocolError
 

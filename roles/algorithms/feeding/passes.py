@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from roles.algorithms.batching import PartProgress
+from roles.algorithms.feeding.ledger import PartProgress
 from roles.data.stream import Samples
 from roles.protocol.datapath import make_batch_id, split_batch_id
 

@@ -11,8 +11,8 @@ process goes to a second worker.
 
 from __future__ import annotations
 
-from roles.algorithms.batching import TAKEN, InFlight, Ledger
-from roles.algorithms.feeding_pass import FeedingPass
+from roles.algorithms.feeding.ledger import TAKEN, InFlight, Ledger
+from roles.algorithms.feeding.passes import FeedingPass
 
 
 class Reclaim:

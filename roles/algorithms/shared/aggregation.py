@@ -5,11 +5,11 @@ aggregator adds the coefficient-weighted mean of the deltas to the global weight
 worker started the round from the same global weights this is exactly the weighted average of
 the workers' weights; sending deltas instead of weights is what lets a worker keep training
 while a round is in flight (it keeps the progress made after its contribution, see
-``roles.algorithms.replica``). Deltas rather than gradients: between two rounds a worker takes many
-local steps with its own Adam, and the sum of what those steps did is its delta; its gradients alone
-would lose the optimiser's work. A contribution with coefficient 0 (nothing trained) does not
-count. A worker's coefficient is the sum of the sample weights it trained on since its last
-contribution (``roles.data.weighting``: decayed, merged samples weigh more or less).
+``roles.algorithms.worker.replica``). Deltas rather than gradients: between two rounds a worker
+takes many local steps with its own Adam, and the sum of what those steps did is its delta; its
+gradients alone would lose the optimiser's work. A contribution with coefficient 0 (nothing
+trained) does not count. A worker's coefficient is the sum of the sample weights it trained on
+since its last contribution (``roles.data.weighting``: decayed, merged samples weigh more or less).
 
 Hierarchical aggregation: each group aggregator forwards ``partial_sum`` of its contributions
 (sum of c_i x delta_i and sum of c_i, in float64) to the root, which adds the partials up and

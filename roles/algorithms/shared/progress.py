@@ -119,7 +119,7 @@ class Every:
 
 def epoch_line(t: dict[str, Any], epoch: int, epochs: int, rate: float) -> str:
     """The epoch's progress for the log, from the status's training figures
-    (``roles.algorithms.status``): ``epoch 3 of 20: 36,000 of 80,000 samples (45%), 30,100
+    (``roles.algorithms.control.status``): ``epoch 3 of 20: 36,000 of 80,000 samples (45%), 30,100
     samples/s, epoch ends in 1 s, job in 35 s``."""
     done, total = int(t.get("epoch_samples") or 0), int(t.get("samples_per_epoch") or 0)
     text = f"epoch {epoch + 1} of {epochs}: {done:,} of {total:,} samples"

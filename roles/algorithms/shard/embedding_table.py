@@ -1,7 +1,7 @@
 """A shard's embedding table: rows keyed by 64-bit ids, trained with sparse Adagrad, that can
-be kept bounded (expiry, eviction: ``roles.algorithms.expiry``; admission:
-``roles.algorithms.admission``). Every operation works on whole arrays of keys (no per-key
-Python loop); the key -> row map is a ``KeyIndex`` (``roles.algorithms.key_index``).
+be kept bounded (expiry, eviction: ``roles.algorithms.shard.expiry``; admission:
+``roles.algorithms.shard.admission``). Every operation works on whole arrays of keys (no per-key
+Python loop); the key -> row map is a ``KeyIndex`` (``roles.algorithms.shard.key_index``).
 
 Rows. ``weights`` and ``accum`` (Adagrad's sum of squared gradients) have one row per row
 number below ``size``. Rows ``[0, defaults)`` are the *default rows*, one per sparse field
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from roles.algorithms.key_index import KeyIndex
+from roles.algorithms.shard.key_index import KeyIndex
 from roles.data.hashing import splitmix64
 
 

@@ -1,4 +1,4 @@
-"""The streams of a feeder's parts (``roles.algorithms.feeding_pass.PartStream``): each reads
+"""The streams of a feeder's parts (``roles.algorithms.feeding.passes.PartStream``): each reads
 its part when its turn comes (``roles.data.source``), writes the rows it rejects the first time
 (``roles.data.rejected``) and makes batches (``roles.data.stream``): for training through the
 shuffle buffer seeded by (seed, epoch, part), for evaluation in file order. Each part's next
@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from roles.algorithms.batching import PartProgress
-from roles.algorithms.feeding_pass import Made, PartStream
+from roles.algorithms.feeding.ledger import PartProgress
+from roles.algorithms.feeding.passes import Made, PartStream
 from roles.data.index import Part
 from roles.data.read_ahead import Reader
 from roles.data.readers import RawBlock

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from roles.algorithms.embedding_table import EmbeddingTable
+from roles.algorithms.shard.embedding_table import EmbeddingTable
 
 SWEEP_PASSES = 8        # passes per horizon
 PIECES = 16             # a pass in this many ticks, when the pieces' bounds allow

@@ -1,6 +1,7 @@
-"""The feeder's ledger of batches in flight and its progress per part, and which feeder reads
-which part (pure; no sockets). Batch ids are laid out in ``roles.protocol.datapath``; a pass's
-batches come from ``roles.algorithms.feeding_pass``."""
+"""The feeder's ledger of batches in flight and its progress per part (pure; no sockets).
+Which feeder reads which part is ``roles.algorithms.feeding.parts``; how many batches may be in
+flight, how large one is on the wire and the batch-id layout are protocol facts
+(``roles.protocol.datapath``); a pass's batches come from ``roles.algorithms.feeding.passes``."""
 
 from __future__ import annotations
 
@@ -9,38 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roles.data.stream import Samples
-
-
-def sample_batch_bytes(batch_size: int, dense: int) -> int:
-    """About the size of one SampleBatch on the wire: the sample queue's kernel buffers are
-    sized to it, so that a worker cannot hold more than a batch or two it has not pulled."""
-    return batch_size * (dense + 2) * 4 + 1024
-
-
-def max_in_flight(workers: int, prefetch: int) -> int:
-    """A feeder's bound on the batches unacknowledged at a time. Per worker, its prefetch and the
-    one it trains, as many again that a slow worker may hold in socket buffers, and some in
-    transit. It also bounds the acks a dead feeder can have lost in transit, so a worker
-    keeps that many of its latest acks per feeder to send a restarted one again."""
-    return max(1, workers) * (2 * prefetch + 6) + 2
-
-
-def assign_parts(rows: list[int], feeders: int) -> list[int]:
-    """The feeder of each part: consecutive parts to each feeder, about as many rows each (a
-    feeder gets none only when there are fewer parts than feeders)."""
-    total = sum(rows)
-    owners, before = [], 0
-    for n in rows:
-        owners.append(min(feeders - 1, before * feeders // total) if total else 0)
-        before += n
-    if len(rows) >= feeders:  # every feeder reads something
-        for f in range(feeders):
-            if f not in owners:
-                owners[max(range(len(owners)),
-                           key=lambda i: (owners.count(owners[i]), -abs(owners[i] - f)))] = f
-        owners = sorted(owners)
-    return owners
-
 
 SENT, TAKEN, QUEUED = "sent", "taken", "queued"
 

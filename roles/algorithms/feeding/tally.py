@@ -1,13 +1,13 @@
 """What a feeder's acknowledged batches add up to (pure; no sockets).
 
 Over the job: batches, samples, loss and weight sums (the console's loss curve) and samples per
-worker; a feeder restarted on its ack log (``roles.algorithms.ack_log``) starts from there. Over
-the training pass under way: its samples and loss (the EpochTrained report), how often each
+worker; a feeder restarted on its ack log (``roles.algorithms.feeding.ack_log``) starts from there.
+Over the training pass under way: its samples and loss (the EpochTrained report), how often each
 batch's samples were trained (counted per batch: a part's batches hold each of its samples
 once), what the stream made of the rows (read, rejected, dropped, merged), and per part how far
 the pass has got (PartProgress; the FeederProgress control hears with every heartbeat, and
 hands a lost feeder's part on from). Over an evaluation pass: its scores, as a histogram
-(``roles.algorithms.metrics.ScoreHistogram``), so the memory does not grow with the data.
+(``roles.algorithms.shared.metrics.ScoreHistogram``), so the memory does not grow with the data.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from roles.algorithms.batching import PartProgress
-from roles.algorithms.feeding_pass import FeedingPass
-from roles.algorithms.metrics import ScoreHistogram
+from roles.algorithms.feeding.ledger import PartProgress
+from roles.algorithms.feeding.passes import FeedingPass
+from roles.algorithms.shared.metrics import ScoreHistogram
 from roles.data.stream import Tally
 from roles.protocol.datapath import FeederProgress, split_batch_id
 from roles.protocol.lifecycle import EpochTrained, EvalReport

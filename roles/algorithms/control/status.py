@@ -23,7 +23,7 @@ and throughput, and lays out one snapshot: the ``Status`` message's body. Its ke
                  sketch_mb, expire_batches, expire_s, max_rows_per_shard} | null},
                  model}
     tasks       [{node, task, unit, done, total, rate, eta_s, elapsed_s}]: long tasks under
-                way (roles.algorithms.progress): a feeder indexing or summarising the data,
+                way (roles.algorithms.shared.progress): a feeder indexing or summarising the data,
                 an export, a checkpoint being cut
     checkpoint  {every_s, complete, aborted, latest {number, age_s, bytes, pause_s,
                 shard_pause_s, dir} | null, under_way {number, phase, elapsed_s} | null,
@@ -47,7 +47,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from roles.algorithms.membership import ALIVE, NodeState
+from roles.algorithms.control.membership import ALIVE, NodeState
 
 SUSPECT_BEATS = 2.5
 HISTORY_POINTS = 120

@@ -1,8 +1,8 @@
 """Where a feeder sends each key (pure; no sockets).
 
 ``KeyRouting``: the key map the feeder routes each batch's keys by
-(``roles.algorithms.placement``); with skew-aware placement (``[placement] mode = "skew"``) the
-counts of the keys it sends per allocation window, and the pause while a new map moves in: once
+(``roles.algorithms.control.placement``); with skew-aware placement (``[placement] mode = "skew"``)
+the counts of the keys it sends per allocation window, and the pause while a new map moves in: once
 control publishes one the feeder sends no new batch, reports Drained when none is in flight, and
 routes by the new map when control says it is active (the shards have handed their rows over).
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from roles.algorithms.placement import HeavyHitters, KeyMap
+from roles.algorithms.shared.key_map import HeavyHitters, KeyMap
 from roles.job.settings import PlacementConfig
 from roles.protocol.datapath import BatchKeys
 from roles.protocol.placement import Drained, KeyCounts, Placement

@@ -3,9 +3,26 @@ over from a lost feeder resumes (pure; no sockets)."""
 
 from __future__ import annotations
 
-from roles.algorithms.batching import PartProgress
+from roles.algorithms.feeding.ledger import PartProgress
 from roles.data.index import Part
 from roles.protocol.datapath import PartMap
+
+
+def assign_parts(rows: list[int], feeders: int) -> list[int]:
+    """The feeder of each part: consecutive parts to each feeder, about as many rows each (a
+    feeder gets none only when there are fewer parts than feeders)."""
+    total = sum(rows)
+    owners, before = [], 0
+    for n in rows:
+        owners.append(min(feeders - 1, before * feeders // total) if total else 0)
+        before += n
+    if len(rows) >= feeders:  # every feeder reads something
+        for f in range(feeders):
+            if f not in owners:
+                owners[max(range(len(owners)),
+                           key=lambda i: (owners.count(owners[i]), -abs(owners[i] - f)))] = f
+        owners = sorted(owners)
+    return owners
 
 
 class FeederParts:

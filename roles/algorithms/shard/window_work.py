@@ -1,13 +1,13 @@
 """A shard's work per allocation window, kept until control has recorded it (pure; no sockets).
 
 The capacity predictor learns from every window's work on every shard
-(``roles.algorithms.capacity``): for each operation, the key-value pairs and the CPU seconds.
-A shard adds up its work per window (the window a batch's keys came in, ``BatchKeys.window``)
-and reports a window once it is *finished*: control has said that the window is closed (every
-feeder has sent its batches of it and their counts) and no batch of it that the shard holds
-still expects gradients. Finished windows go to control with each heartbeat (``WindowWork``,
-at most ``MAX_WINDOWS_REPORTED`` at a time, oldest first) until control answers that it has
-recorded them (``WorkRecorded``), however many windows close between two heartbeats.
+(``roles.algorithms.control.capacity``): for each operation, the key-value pairs and the CPU
+seconds. A shard adds up its work per window (the window a batch's keys came in,
+``BatchKeys.window``) and reports a window once it is *finished*: control has said that the window
+is closed (every feeder has sent its batches of it and their counts) and no batch of it that the
+shard holds still expects gradients. Finished windows go to control with each heartbeat
+(``WindowWork``, at most ``MAX_WINDOWS_REPORTED`` at a time, oldest first) until control answers
+that it has recorded them (``WorkRecorded``), however many windows close between two heartbeats.
 
 Work for a window that is closed and no longer kept here (already recorded: a batch sent again
 after its window was reported) is counted as late and left out. At most ``kept`` windows are

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from roles.algorithms.batching import PartProgress
+from roles.algorithms.feeding.ledger import PartProgress
 from roles.protocol.datapath import split_batch_id
 
 RECORD = np.dtype([("batch_id", "<i8"), ("samples", "<i4"), ("loss_sum", "<f8"),

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from roles.algorithms.embedding_table import EmbeddingTable
+from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.data.hashing import splitmix64
 from zbus.codec import ProtocolError
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from roles.job.settings import Job
-from roles.model.files import newest_backup
 from zbus.endpoints import node_index
 
 WORKER_TIMES = ("compute_s", "lookup_wait_s", "step_wait_s")
@@ -111,7 +110,7 @@ def table_figures(job: Job, counters: dict[str, dict[str, Any]]) -> dict[str, An
 
 
 def worker_waits(counters: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """What the workers waited for between batches (``roles.algorithms.pulled.WaitClock``):
+    """What the workers waited for between batches (``roles.algorithms.worker.pulled.WaitClock``):
     seconds by reason per worker, and all workers' milliseconds per batch they ran."""
     per_worker: dict[str, dict[str, float]] = {}
     total: dict[str, float] = {}
@@ -225,7 +224,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "settings": model.get("settings", {}),
         "settings_changes": model.get("settings_changes", []),
         "backups": model.get("backups_written", len(model.get("backups", []))),
-        "latest_backup": (newest_backup(model.get("backups", [])) or {}).get("path"),
+        "latest_backup": model.get("latest_backup"),
         "recoveries": len(model.get("recoveries", [])),
         "recovery": model.get("recoveries", []),
         "shard_recoveries": model.get("shard_recoveries", []),

@@ -1,0 +1,3 @@
+from roles.feeder.process import main
+
+main()
