@@ -28,8 +28,7 @@ from roles.control.settings import LiveSettings
 from roles.control.sync_modes import LazyMode
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
-from roles.protocol.operator import ACTIONS, STATUS_LAYOUT
-from roles.protocol.operator import Feeding as FeedingPaused
+from roles.protocol.operator import ACTIONS, STATUS_LAYOUT, FeedingPaused
 
 log = logging.getLogger(__name__)
 

@@ -83,7 +83,7 @@ from roles.protocol.datapath import (
     sample_batch_bytes,
 )
 from roles.protocol.lifecycle import EpochStart, Evaluate, Export, Membership, ShardBack
-from roles.protocol.operator import Feeding
+from roles.protocol.operator import FeedingPaused
 from roles.protocol.placement import Placement
 from zbus.codec import ProtocolError
 from zbus.endpoints import node_index
@@ -289,7 +289,7 @@ class Feeder(Node):
                             i, count)
             case Checkpoint() as m:
                 self.handle_checkpoint(m)
-            case Feeding(paused=paused) if paused != self.paused:
+            case FeedingPaused(paused=paused) if paused != self.paused:
                 self.paused = paused
                 log.info("feeding %s by an operator", "paused" if paused else "resumed")
                 self.pump()

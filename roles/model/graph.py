@@ -76,7 +76,7 @@ def task_graph(gm: fx.GraphModule) -> TaskGraph:
 
 
 @dataclass(frozen=True)
-class ModelPlan:
+class PartitionReport:
     """What a partition of the network costs: per part its sub-tasks and load; the cut."""
 
     parts: int
@@ -99,7 +99,7 @@ class ModelPlan:
 
 
 def plan_graph(gm: fx.GraphModule, settings: PartitionSettings, critical_bytes: float,
-               critical_path: bool) -> ModelPlan:
+               critical_path: bool) -> PartitionReport:
     started = time.perf_counter()
     g = task_graph(gm)
     g.mark_critical(critical_bytes, critical_path)
@@ -110,7 +110,7 @@ def plan_graph(gm: fx.GraphModule, settings: PartitionSettings, critical_bytes: 
         users = {owner[u.name] for u in node.users} - {owner[node.name]}
         sent += value_bytes(node) * len(users) * (2 if differentiable(node) else 1)
     k = settings.parts
-    return ModelPlan(k, owner, [[n for n in g.names if owner[n] == p] for p in range(k)],
+    return PartitionReport(k, owner, [[n for n in g.names if owner[n] == p] for p in range(k)],
                      [round(float(x), 1) for x in result.loads], round(result.balance, 4),
                      result.balanced, g.m, int(g.critical.sum()), result.cut_edges,
                      result.cut_critical, int(sent), round(time.perf_counter() - started, 4))
@@ -123,7 +123,7 @@ def partition_settings(job: Job, parts: int | None = None) -> PartitionSettings:
                              tries=p.tries)
 
 
-def plan_job(job: Job, parts: int | None = None) -> ModelPlan:
+def plan_job(job: Job, parts: int | None = None) -> PartitionReport:
     """The plan of the job's network over ``parts`` devices (default: the job's)."""
     gm = trace(build_model(job), example_inputs(job))
     return plan_graph(gm, partition_settings(job, parts), job.partition.critical_bytes,

@@ -15,7 +15,7 @@ from zbus.codec import Message, array, message, require
 class ModelPlan(Message):
     """How the network is split over the members of every model-parallel group (standing;
     control PUB): ``owner`` maps each traced node's name to its member (0 = the leader);
-    ``summary`` is the plan's figures (``roles.model.graph.ModelPlan``)."""
+    ``summary`` is the plan's figures (``roles.model.graph.PartitionReport``)."""
 
     parts: int
     owner: dict[str, int]

@@ -49,7 +49,7 @@ class Settings(Message):
 
 
 @message()
-class Feeding(Message):
+class FeedingPaused(Message):
     """An operator paused (or resumed) the feeder: while ``paused`` it sends no new batch;
     batches already out are trained and acknowledged as usual."""
 
