@@ -41,12 +41,14 @@ def endpoint_overrides(names: list[str], transport: str, ipc_dir: str) -> str:
     return "{" + ", ".join(f'"{n}" = "{a}"' for n, a in zip(names, addresses, strict=True)) + "}"
 
 
-def setting_pair(text: str) -> tuple[str, object]:
-    """``section__key=value`` from a command line: the value as JSON when it reads as a
-    number, list, object or boolean, else the string."""
-    key, _, value = text.partition("=")
-    typed = value in ("true", "false") or value[:1] in "-0123456789[{"
-    return key, orjson.loads(value) if typed else value
+def setting_pair(text: str) -> tuple[str, str]:
+    """``section__key=value`` from a command line (``--set``), the value as text: it becomes a
+    ``ZBUS_SECTION__KEY`` variable, which the job schema reads as the key's type (a string key
+    takes ``2024-data.csv`` as it is) and checks, naming the variable when it is wrong."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--set wants SECTION__KEY=VALUE, got {text!r}")
+    return key, value
 
 
 def toml_value(value: object) -> str:

@@ -65,8 +65,35 @@ def test_environment_overrides_any_key():
 def test_unknown_or_bad_override_is_named():
     with pytest.raises(JobError, match="ZBUS_TRAIN__EPOCH names no job key"):
         parse_job(SYNTHETIC, environ={"ZBUS_TRAIN__EPOCH": "1"})
-    with pytest.raises(JobError, match=r"\[train\] epochs must be an integer"):
+    with pytest.raises(JobError, match=r"\[train\] epochs must be an integer, got 'many' "
+                       r"\(from the environment variable ZBUS_TRAIN__EPOCHS\)"):
         parse_job(SYNTHETIC, environ={"ZBUS_TRAIN__EPOCHS": "many"})
+
+
+def test_a_string_key_takes_the_variables_text_as_it_is():
+    """Text that TOML would read as a date, a number or nothing stays the text a string key
+    was given; other keys still read TOML."""
+    env = {"ZBUS_DATA__LABEL": "2024-01-01", "ZBUS_DATA__TIMESTAMP": "123",
+           "ZBUS_CLUSTER__HOST": "", "ZBUS_TRAIN__EPOCHS": "3"}
+    job = parse_job(SYNTHETIC, environ=env)
+    assert (job.data.label, job.data.timestamp, job.cluster.host, job.train.epochs) == \
+        ("2024-01-01", "123", "", 3)
+
+
+@pytest.mark.parametrize("text, pair", [
+    ("data__path=2024-data.csv", ("data__path", "2024-data.csv")),
+    ("data__path=", ("data__path", "")),
+    ("train__epochs=-3", ("train__epochs", "-3")),
+    ("model__hidden=[8, 4]", ("model__hidden", "[8, 4]")),
+])
+def test_the_scripts_set_option_keeps_the_text_for_the_job_schema(text, pair):
+    """``--set`` of the benchmarks and the soak (``setting_pair``): the text goes to the job
+    schema as a ZBUS_* variable, which types and checks it."""
+    from local_cluster import setting_pair
+
+    assert setting_pair(text) == pair
+    with pytest.raises(ValueError, match="SECTION__KEY=VALUE"):
+        setting_pair("train__epochs")
 
 
 def test_override_of_data_path_is_relative_to_the_working_directory(tmp_path, monkeypatch):

@@ -517,15 +517,23 @@ def _build(cls: type, table: dict, path: tuple[str, ...] = ()) -> Any:
         raise JobError(str(exc)) from None
 
 
+def _env_value(raw: str, t: Any) -> Any:
+    """A ``ZBUS_*`` variable's text as its key reads it: a string key takes the text as it is
+    (``2024-01-01.csv``, ``123``); any other key, as a TOML value (``3``, ``[64, 32]``,
+    ``true``), or the text when it is not one (the key's check then says what was wanted)."""
+    if (typing.get_origin(t) or t) is str:
+        return raw
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
 def _env_overrides(table: dict, environ: typing.Mapping[str, str]) -> None:
     for var, raw in sorted(environ.items()):
         if not var.startswith("ZBUS_") or var in RESERVED_ENV or "__" not in var:
             continue
         keys = [k.lower() for k in var[len("ZBUS_"):].split("__")]
-        try:
-            value = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = raw
         cls: Any = Job
         node = table
         for depth, key in enumerate(keys):
@@ -533,13 +541,18 @@ def _env_overrides(table: dict, environ: typing.Mapping[str, str]) -> None:
             if key not in known:
                 raise JobError(f"environment variable {var} names no job key "
                                f"({_where(tuple(keys[:depth + 1]))} is unknown)")
+            hint = typing.get_type_hints(cls)[key]
             if depth == len(keys) - 1:
-                if key in ("path", "eval_path") and cls is DataConfig and value \
-                        and isinstance(value, str):
+                value = _env_value(raw, hint)
+                if key in ("path", "eval_path") and cls is DataConfig and value:
                     value = os.path.normpath(Path(value).expanduser().absolute())
+                try:  # checked here, so that a bad value names the variable it came from
+                    _coerce(value, hint, tuple(keys), known[key].metadata)
+                except JobError as exc:
+                    raise JobError(f"{exc} (from the environment variable {var})") from None
                 node[key] = value
             else:
-                cls = typing.get_type_hints(cls)[key]
+                cls = hint
                 if not dataclasses.is_dataclass(cls):
                     raise JobError(f"environment variable {var}: {key} is not a section")
                 node = node.setdefault(key, {})
