@@ -30,7 +30,12 @@ stamp="$venv/.zbus-installed"
 want=$(cat "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "zbus setup: installing zbus and its test tools" >&2
-  "${pip[@]}" install -q -e "$root[test]" 2>&1 | grep -v "is ignored: it is neither" >&2 || true
+  # pip's own status decides (pipefail): only the filter of one harmless warning may find nothing
+  if ! "${pip[@]}" install -q -e "$root[test]" 2>&1 \
+      | { grep -v "is ignored: it is neither" >&2 || true; }; then
+    echo "zbus setup: installing zbus into $venv failed (pip's message above)" >&2
+    exit 1
+  fi
   "$venv/bin/python" -c 'import zbus, roles, console, zmq, torch, honcho, textual' # fails loudly if incomplete
   echo "$want" > "$stamp"
 fi

@@ -4,13 +4,13 @@
     .venv/bin/python scripts/soak.py --minutes 1 --sample-s 3   # CI-sized (tests/test_soak.py)
 
 Every process of the job (control, feeders, shards, workers, aggregators) is its own OS process
-on this host (``tests/local_cluster.py``); the job is the built-in one (Adult) unless ``--job``
-names another, with the most epochs a job may have (4,095: more than any soak lasts); the soak
-stops it with ``zbus-ctl stop``. Every ``--sample-s`` seconds it records, per process, its
-resident memory, open file descriptors, sockets and threads (psutil), and per node the queue
-control's status shows (the console's "queue" column: a feeder's batches in flight, a worker's
-batches in its pipeline, a shard's training batches waiting for their gradients plus look-ups
-waiting for their keys).
+on this host (``tests/local_cluster.py``); the job is the built-in one (synthetic data,
+``roles/job/default_job.toml``) unless ``--job`` names another, with the most epochs a job may have
+(4,095: more than any soak lasts); the soak stops it with ``zbus-ctl stop``. Every ``--sample-s``
+seconds it records, per process, its resident memory, open file descriptors, sockets and threads
+(psutil), and per node the queue control's status shows (the console's "queue" column: a feeder's
+batches in flight, a worker's batches in its pipeline, a shard's training batches waiting for their
+gradients plus look-ups waiting for their keys).
 
 The verdict, after ``--warmup`` (a fraction of the run, or ``--warmup-s``):
   * memory: every process's largest RSS after warm-up within ``--rss-bound`` (10 %) of its

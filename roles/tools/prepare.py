@@ -12,7 +12,12 @@ categorical column as text (null where missing), the timestamp as int64 unix sec
 count, mean and standard deviation) and the ``[data]`` keys that read it. A progress bar shows
 the rows converted, their rate and the time left.
 
-    zbus-prepare --job jobs/criteo.toml --out data/criteo-parquet [--rows-per-file 2000000]
+    zbus-prepare --job jobs/adult.toml --out data/adult-parquet [--rows-per-file 2000000]
+
+A Criteo-layout file (``scripts/make_criteo.py`` writes one) needs a job whose ``[data]``
+names it (only that section is read); with the built-in job, set it from the environment:
+``ZBUS_DATA__SOURCE=file ZBUS_DATA__FORMAT=criteo ZBUS_DATA__PATH=/data/day_0.gz zbus-prepare
+--out /data/day_0-parquet``.
 """
 
 from __future__ import annotations
