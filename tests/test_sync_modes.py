@@ -135,6 +135,18 @@ def test_round_feeding_releases_a_round_at_a_time_and_reports_it_drained():
     assert f.all_acked(eval=False) is None
 
 
+def test_round_feeding_puts_its_round_in_a_checkpoint_and_takes_it_back():
+    f = feeder_sync.RoundFeeding(2)
+    f.sent(eval=False)
+    f.all_acked(eval=False)
+    assert f.position() == {"sync_round": 2}
+    again = feeder_sync.RoundFeeding(2)
+    again.restore({"epoch": 1})                  # a checkpoint of another mode: round 1
+    assert again.round_of(eval=False) == 1
+    again.restore({"epoch": 1, **f.position()})
+    assert again.round_of(eval=False) == 2
+
+
 @pytest.mark.parametrize("mode", ["step", "every", "lazy"])
 def test_other_modes_feed_freely(mode):
     f = feeder_sync.for_mode(job(mode))
@@ -143,6 +155,9 @@ def test_other_modes_feed_freely(mode):
         f.acked(3)
     assert not f.round_full() and f.round_of(eval=False) == 0
     assert f.all_acked(eval=False) is None
+    assert f.position() == {}                    # nothing of theirs in a checkpoint
+    f.restore({"epoch": 2, "sync_round": 7})
+    assert f.round_of(eval=False) == 0
 
 
 def test_the_aggregator_applies_step_gradients_only_in_mode_step():

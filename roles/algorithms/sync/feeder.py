@@ -1,11 +1,13 @@
 """The feeder's side of each sync mode (``roles.algorithms.sync``): in mode ``round`` it
 releases a round's batches at a time and reports each round drained; in every other mode it
-feeds freely (as fast as its ledger and the sample queue take batches). Pure: the feeder sends
-what a strategy returns."""
+feeds freely (as fast as its ledger and the sample queue take batches). A strategy also says
+what it adds to a checkpoint's position and takes it back on a roll-back to that checkpoint
+(mode ``round``: the round being fed). Pure: the feeder sends what a strategy returns."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from roles.job.settings import Job
 from roles.protocol.dense_sync import RoundDrained
@@ -28,8 +30,17 @@ class FeederSync(Protocol):
         """Nothing is in flight (in a pass of evaluation when ``eval``): the report due to
         control, if any."""
 
+    def position(self) -> dict[str, int]:
+        """What the mode adds to the feeder's position in a checkpoint (none by default)."""
+        return {}
 
-class FreeFeeding:
+    def restore(self, position: Mapping[str, Any]) -> None:
+        """The whole job went back to a checkpoint at ``position`` (what ``position`` wrote,
+        or less from a checkpoint of another mode): take the mode's state back from it."""
+        return None  # nothing to take back by default
+
+
+class FreeFeeding(FeederSync):
     """Modes ``step``, ``every`` and ``lazy``: no rounds in the data path."""
 
     def round_full(self) -> bool:
@@ -48,7 +59,7 @@ class FreeFeeding:
         return None
 
 
-class RoundFeeding:
+class RoundFeeding(FeederSync):
     """Mode ``round``: ``batches`` training batches (``round_iterations`` per worker) make a
     round; the next round's wait until every batch of this one is acknowledged, which is
     reported (RoundDrained) so that control calls the round's aggregation."""
@@ -78,6 +89,13 @@ class RoundFeeding:
         self.round += 1
         self.sent_in_round = self.samples = 0
         return drained
+
+    def position(self) -> dict[str, int]:
+        return {"sync_round": self.round}
+
+    def restore(self, position: Mapping[str, Any]) -> None:
+        if "sync_round" in position:
+            self.round = int(position["sync_round"])
 
 
 def for_mode(job: Job) -> FeederSync:
