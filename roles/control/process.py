@@ -67,7 +67,7 @@ from roles.control.state import (
     write_state,
 )
 from roles.control.summary import run_summary
-from roles.control.sync_modes import LazyMode, sync_mode
+from roles.control.sync_modes import sync_mode
 from roles.job.cli import MAX_WORKERS
 from roles.job.rundir import MetricsLog, atomic_write, make_run_dir
 from roles.job.settings import Job, job_to_toml
@@ -349,7 +349,7 @@ class Control(Loop):
         if hello.role == "ps":
             self.recovery.shard_restarting(node_id, before, now)
         elif hello.role == "feeder":
-            if not self.mode.feeder_restarts and self.course.phase != "starting":
+            if not self.mode.rules.feeder_restarts and self.course.phase != "starting":
                 self.fail(f"{node_id} restarted: a feeder cannot resume in sync mode "
                           f"{self.mode.name} (its rounds count one process's batches)")
                 return False
@@ -543,7 +543,7 @@ class Control(Loop):
             node = self.members.nodes[node_id]
             reason = (f"{node_id} missed heartbeats for {now - node.last_seen:.1f} s "
                       f"(node_timeout_s = {c.node_timeout_s})")
-            if node.role == "aggregator" and self.mode.aggregator_recovers:
+            if node.role == "aggregator" and self.mode.rules.aggregator_recovers:
                 log.warning("%s; waiting up to %.0f s for it to restart", reason,
                             self.job.train.recovery_timeout_s)
                 self.members.fail(node_id, now, reason)
@@ -553,7 +553,7 @@ class Control(Loop):
                 self.members.fail(node_id, now, reason)
             elif node.role == "feeder" and self.feeding.feeder_lost(
                     node_id, reason, now, epoch=self.course.epoch, phase=self.course.phase,
-                    restarts=self.mode.feeder_restarts):
+                    restarts=self.mode.rules.feeder_restarts):
                 continue
             elif node.role == "ps":
                 self.recovery.shard_silent(node_id, reason, now)
@@ -579,7 +579,7 @@ class Control(Loop):
         stall = self.job.train.stall_timeout_s
         if (self.course.active or self.course.phase == "preparing") \
                 and self.progress.stalled_for(now) > stall:
-            last = self.mode.last if isinstance(self.mode, LazyMode) else None
+            last = self.mode.last
             said = f"; last aggregation decision: {last.reason}" \
                 if last and self.course.phase == "training" else ""
             self.fail(f"no progress for {stall:.0f} s in phase {self.course.phase}{said}")
