@@ -2,7 +2,7 @@
 ``node_timeout_s`` (``lost``), a new process under the id of a node that had been ready
 (``restarted``), its Ready (``ready``), its heartbeats (``heartbeat``), and the node speaking
 after it was declared failed (``spoke_when_failed``). ``Control`` builds them once from its
-parts (``by_role``) and asks the one of the node's role. ``Role`` is what a role does not
+components (``by_role``) and asks the one of the node's role. ``Role`` is what a role does not
 change: a lost node fails the job; nothing else needs more than membership.
 """
 
@@ -59,7 +59,7 @@ class WorkerRole(Role):
         return None
 
 
-class PartRole(Role):
+class MemberRole(Role):
     def __init__(self, members: Members):
         self.members = members
 

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 class Operators:
-    """The actions, each on the parts it concerns."""
+    """The actions, each on the components it concerns."""
 
     def __init__(self, course: Course, rounds: Rounds, recovery: Recovery,
                  settings: LiveSettings, commands: Commands, metrics: MetricsLog,
@@ -99,7 +99,7 @@ class Operators:
 
 class StatusView:
     """The status consoles watch (``roles.algorithms.control.status`` lists its keys), from the
-    parts."""
+    components."""
 
     def __init__(self, job: Job, run_id: str, run_dir: str, members: Members,
                  builder: StatusBuilder, course: Course, rounds: Rounds, feeding: Feeding,

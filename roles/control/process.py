@@ -1,5 +1,5 @@
 """Control: membership and health of the cluster, the job's course, the aggregation rounds,
-and the summary. The loop dispatches; its parts decide:
+and the summary. The loop dispatches; its components decide:
 
 - ``course``: the lifecycle, epoch by epoch (``roles.control.course``);
 - ``rounds`` and the sync mode: when the workers' dense weights are combined;
@@ -17,8 +17,8 @@ and the summary. The loop dispatches; its parts decide:
   (``resuming``).
 
 The job fails, with the reason in the summary and a non-zero exit, when a node reports a
-Failure, a ready node other than a worker, a part, one of several feeders (its parts go to
-another), an aggregator or a shard (which may be started again within
+Failure, a ready node other than a worker, a group member, one of several feeders (its parts
+go to another), an aggregator or a shard (which may be started again within
 ``recovery_timeout_s``) misses heartbeats for ``node_timeout_s``, the nodes are not all ready
 within ``start_timeout_s``, or nothing progresses for ``stall_timeout_s``.
 """
@@ -53,7 +53,7 @@ from roles.control.monitoring import Monitoring, final_figures
 from roles.control.node_roles import (
     AggregatorRole,
     FeederRole,
-    PartRole,
+    MemberRole,
     Role,
     ShardRole,
     WorkerRole,
@@ -66,7 +66,7 @@ from roles.control.rounds import Rounds
 from roles.control.settings import LiveSettings
 from roles.control.state import (
     STATE_FILE,
-    ControlParts,
+    ControlComponents,
     ResumeError,
     capture_history,
     capture_state,
@@ -151,7 +151,7 @@ class Control(Loop):
         self.members = Members(c.expected_nodes(), MAX_WORKERS, self.started)
         self.progress = ProgressClock(self.started)
         self.commands = Commands(lambda msg: self.send(self.pub, msg), self.save_state)
-        # the parts
+        # the components
         self.health = Health(c, self.members, lambda node_id, probe: self.send(
             self.router, probe, identity=node_id.encode()), job.aggregation.failure_window_s)
         self.settings = LiveSettings(job.aggregation, self.run_dir / "config.toml",
@@ -173,7 +173,7 @@ class Control(Loop):
                                          self.recovery),
             "ps": ShardRole(self.recovery),
             "worker": WorkerRole(self.members, self.membership_changed),
-            "part": PartRole(self.members)}
+            "member": MemberRole(self.members)}
         self.placement = PlacementKeeper(job, self.members, self.commands, self.metrics,
                                          self.run_dir, self.progress,
                                          training_feeders=self.feeding.training_feeders)
@@ -184,7 +184,7 @@ class Control(Loop):
                                    self.commands, self.metrics, self.progress,
                                    self.checkpoints, self.checkpoint_blocker)
         self.status = StatusBuilder(c.heartbeat_s, self.started)
-        self.parts = ControlParts(self.members, self.commands, self.course, self.rounds,
+        self.components = ControlComponents(self.members, self.commands, self.course, self.rounds,
                                   self.feeding, self.recovery, self.exports, self.settings,
                                   self.placement, self.checkpoints)
         self.headline = headline
@@ -575,8 +575,8 @@ class Control(Loop):
         return None
 
     def capture_cut(self, number: int) -> dict[str, bytes]:
-        state = capture_state(self.parts, self.run_id, self.started_at, self.job.fingerprint())
-        files = cut_files(self.parts, state, capture_history(self.parts, self.model_plan),
+        state = capture_state(self.components, self.run_id, self.started_at, self.job.fingerprint())
+        files = cut_files(self.components, state, capture_history(self.components, self.model_plan),
                           number)
         return {**files, "job.toml": job_to_toml(self.job).encode()}
 
@@ -604,7 +604,7 @@ class Control(Loop):
 
     # -- state on disk ---------------------------------------------------------------------------
     def save_state(self) -> None:
-        write_state(self.run_dir, capture_state(self.parts, self.run_id, self.started_at,
+        write_state(self.run_dir, capture_state(self.components, self.run_id, self.started_at,
                                                 self.job.fingerprint()))
 
     def save_now(self, now: float) -> None:
@@ -612,7 +612,7 @@ class Control(Loop):
         if now >= self.next_save and self.course.phase != "done":
             self.next_save = now + self.heartbeat_s
             self.save_state()
-            write_history(self.run_dir, capture_history(self.parts, self.model_plan))
+            write_history(self.run_dir, capture_history(self.components, self.model_plan))
 
     def resume_from_disk(self) -> None:
         state, history = read_state(self.run_dir, self.job.fingerprint())
@@ -620,7 +620,7 @@ class Control(Loop):
         self.started_at = state.started_at
         self.run_before_s = max(0.0, time.time() - self.started_at)
         self.model_plan = history.model_plan
-        restore(self.parts, state, history, now)  # ResumeError when it cannot be
+        restore(self.components, state, history, now)  # ResumeError when it cannot be
         m = self.members
         self.awaiting_rejoin = {n for n, s in m.nodes.items() if s.status == ALIVE}
         self.progress.touch(now)
@@ -647,7 +647,7 @@ class Control(Loop):
         except ResumeError as exc:
             self.fail(f"cannot go back to checkpoint {number}: {exc}")
             return
-        restore(self.parts, state, history, now)
+        restore(self.components, state, history, now)
         m = self.members
         m.nodes.clear()   # every node joins anew, from the checkpoint
         m.version += 1
@@ -677,7 +677,7 @@ class Control(Loop):
         self.course.phase = "done"
         now = time.monotonic()
         self.placement.seal()
-        summary = run_summary(self.parts, self.job, status, reason, model_plan=self.model_plan,
+        summary = run_summary(self.components, self.job, status, reason, model_plan=self.model_plan,
                               counters={**{n: s.counters for n, s in self.members.nodes.items()},
                                         self.node_id: {**self.traffic.as_dict(),
                                                        "rejected_messages": dict(self.rejected),

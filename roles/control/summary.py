@@ -1,14 +1,14 @@
-"""The run's summary (``summary.json``) from control's parts; the figures themselves are
+"""The run's summary (``summary.json``) from control's components; the figures themselves are
 assembled in ``roles.algorithms.control.summary``."""
 
 from __future__ import annotations
 
 from roles.algorithms.control.summary import build_summary
-from roles.control.state import ControlParts
+from roles.control.state import ControlComponents
 from roles.job.settings import Job
 
 
-def run_summary(p: ControlParts, job: Job, status: str, reason: str, *, counters: dict,
+def run_summary(p: ControlComponents, job: Job, status: str, reason: str, *, counters: dict,
                 wall_s: float, model_plan: dict | None) -> dict:
     r, mode = p.recovery, p.rounds.mode
     last = mode.last
