@@ -77,7 +77,7 @@ def gauge(value: float | None, limit: float, width: int = 30) -> Text:
 
 SORT_KEYS = ("role", "state", "cpu", "rss", "in_per_s", "out_per_s", "samples_per_s",
              "backlog", "round_samples", "beat_age_s")
-ROLE_ORDER = {"control": 0, "feeder": 1, "aggregator": 2, "ps": 3, "worker": 4, "part": 5}
+ROLE_ORDER = {"control": 0, "feeder": 1, "aggregator": 2, "ps": 3, "worker": 4, "member": 5}
 STATE_ORDER = {"failed": 0, "suspect": 1, "left": 2, "alive": 3}
 
 

@@ -106,7 +106,7 @@ class LocalCluster:
         for i in range(c.workers):
             self.start_role("worker", i, "--slowdown", str(slowdown.get(i, 1.0)))
         for i in range(c.workers * (c.parts - 1)):
-            self.start_role("part", i)
+            self.start_role("member", i)
         for i in range(c.aggregators):
             self.start_role("aggregator", i)
 

@@ -32,6 +32,7 @@ from roles.control.state import (
 from roles.control.sync_modes import EveryMode, LazyMode, RoundMode, SyncMode, sync_mode
 from roles.job.rundir import MetricsLog
 from roles.job.settings import AggregationConfig, CheckpointConfig, DataConfig, Job, TrainConfig
+from roles.job.sync_rules import SYNC_MODES
 from roles.protocol.checkpoint import Checkpoint, CheckpointDrained, CheckpointPart, Snapshotted
 from roles.protocol.datapath import DataIndex, DataStats, FeederProgress, PartMap, PartStats
 from roles.protocol.dense_sync import (
@@ -195,10 +196,15 @@ def test_the_modes_say_what_each_allows():
     modes = {name: sync_mode(name, 8, health=health, settings=dict, send=print,
                              metrics=None, interval=1.0)  # type: ignore[arg-type]
              for name in ("step", "every", "round", "lazy")}
-    assert [n for n, m in modes.items() if m.aggregator_recovers] == ["every", "round", "lazy"]
-    assert [n for n, m in modes.items() if not m.feeder_restarts] == ["round"]
+    assert [n for n, m in modes.items() if m.rules.aggregator_recovers] == \
+        ["every", "round", "lazy"]
+    assert [n for n, m in modes.items() if not m.rules.feeder_restarts] == ["round"]
     assert [n for n, m in modes.items() if m.operator_rounds] == ["every", "lazy"]
     assert [n for n, m in modes.items() if not m.epoch_end_round] == ["round"]
+    assert [n for n, m in modes.items() if not m.checkpoint_round] == ["round"]
+    assert all(m.rules is SYNC_MODES[n] and m.name == n for n, m in modes.items())
+    assert [n for n, m in modes.items() if m.last is not None or m.decision_counts() !=
+            {"aggregate": 0, "wait": 0}] == []   # nothing decided yet, in any mode
 
 
 PARTS = np.array([[0, 0, 0, 50, 0, 500, 0], [1, 0, 50, 50, 500, 1000, 0],

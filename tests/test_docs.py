@@ -114,8 +114,9 @@ def test_the_recovery_table_says_what_the_sync_modes_allow():
     for name, mode in modes.items():
         cell = columns[name]
         aggregator, feeder = table["an aggregator"][cell], table["the only (last) feeder"][cell]
-        assert ("job fails" in aggregator) == (not mode.aggregator_recovers), (name, aggregator)
-        assert ("job fails" in feeder) == (not mode.feeder_restarts), (name, feeder)
+        assert ("job fails" in aggregator) == (not mode.rules.aggregator_recovers), \
+            (name, aggregator)
+        assert ("job fails" in feeder) == (not mode.rules.feeder_restarts), (name, feeder)
         for survived in ("a worker (while another lives)", "a shard", "control"):
             assert "survived" in table[survived][cell], (name, survived)
     readme = (ROOT / "README.md").read_text()   # the opening names the same two exceptions

@@ -41,6 +41,13 @@ def test_zbus_job_names_the_file_and_data_path_is_relative_to_it():
     ("[cluster.endpoints]\nnope = 'tcp://h:1'", "unknown endpoint 'nope'"),
     ("[cluster.endpoints]\ncontrol = 'h:1'", "must start with one of tcp://"),
     ("name = 'a b'", "name must be"),
+    ("[train]\nsync = 'step'\n[cluster]\nparts = 2",
+     "[cluster] parts > 1 (model parallelism) needs [train] sync = \"every\", \"round\" or "
+     "\"lazy\": in sync mode step the aggregator takes every step's whole gradient from one "
+     "process"),
+    ("[train]\nsync = 'round'\n[cluster]\nfeeders = 2",
+     "[cluster] feeders > 1 needs [train] sync = \"step\", \"every\" or \"lazy\": in sync "
+     "mode round one feeder's ledger counts every batch of a round"),
     ("[train\n", "not valid TOML"),
 ])
 def test_mistakes_are_named(text, needle):

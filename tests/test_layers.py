@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 LAYERS = ["zbus", "roles.protocol", "roles.job", "roles.data", "roles.algorithms", "roles.model",
           "roles.checkpoint", "process", "roles.tools"]
 PROCESSES = ("roles.control", "roles.feeder", "roles.ps", "roles.worker", "roles.aggregator",
-             "roles.part")
+             "roles.member")
 ALGORITHM_GROUPS = ("feeding", "shard", "worker", "control")
 CONSOLE_MAY_IMPORT = ("zbus", "roles.protocol", "roles.job.cli",
                       "roles.algorithms.shared.progress", "console")

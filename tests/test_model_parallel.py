@@ -12,9 +12,9 @@ import zmq
 from roles.job.settings import parse_job
 from roles.model.graph import example_inputs, plan_graph, plan_job, task_graph, trace
 from roles.model.network import build_model, weighted_loss_sum
-from roles.model.parallel import GroupLeader, GroupReplica, PartServer, Program
+from roles.model.parallel import GroupLeader, GroupReplica, MemberServer, Program
 from roles.model.partitioner import PartitionSettings
-from roles.protocol.model_parallel import PartReply, PartTensors
+from roles.protocol.model_parallel import MemberReply, MemberTensors
 from zbus import sockets
 from zbus.codec import ProtocolError
 
@@ -47,9 +47,9 @@ class Member:
 
     def __init__(self, ctx: zmq.Context, owner: dict[str, int], inbox: str, leader: str):
         gm = trace(build_model(JOB), example_inputs(JOB, 4))
-        self.server = PartServer(Program(gm, owner, 1, torch.device("cpu")), lr=1e-3)
+        self.server = MemberServer(Program(gm, owner, 1, torch.device("cpu")), lr=1e-3)
         self.inbox = sockets.bind(ctx, zmq.ROUTER, inbox)
-        self.to_leader = sockets.connect(ctx, zmq.DEALER, leader, identity="part-0")
+        self.to_leader = sockets.connect(ctx, zmq.DEALER, leader, identity="member-0")
         self.traffic = sockets.Traffic()
         self.stop = threading.Event()
         self.errors: list[Exception] = []
@@ -63,7 +63,7 @@ class Member:
                     continue
                 _, env = sockets.recv(self.inbox, router=True, traffic=self.traffic)
                 for _, msg in self.server.handle(env.msg):
-                    sockets.send(self.to_leader, msg, sender="part-0", seq=0,
+                    sockets.send(self.to_leader, msg, sender="member-0", seq=0,
                                  traffic=self.traffic)
         except Exception as exc:  # reported by the test
             self.errors.append(exc)
@@ -164,13 +164,13 @@ def test_scoring_runs_forward_only(group):
 
 def test_a_message_for_a_value_not_in_the_network_is_refused():
     gm = trace(build_model(JOB), example_inputs(JOB, 4))
-    server = PartServer(Program(gm, split({"mlp_2"}), 1, torch.device("cpu")), lr=1e-3)
-    bad = PartTensors(step=1, phase="forward", train=True, names=["nope"], shapes=[[1]],
-                      values=np.zeros(1, dtype=np.float32))
+    server = MemberServer(Program(gm, split({"mlp_2"}), 1, torch.device("cpu")), lr=1e-3)
+    bad = MemberTensors(step=1, phase="forward", train=True, names=["nope"], shapes=[[1]],
+                        values=np.zeros(1, dtype=np.float32))
     with pytest.raises(ProtocolError):
         server.handle(bad)
     with pytest.raises(ProtocolError):
-        server.handle(PartReply(call="step", seq=1, values=np.zeros(0, np.float32)))
+        server.handle(MemberReply(call="step", seq=1, values=np.zeros(0, np.float32)))
 
 
 def test_a_plan_that_does_not_match_the_network_is_refused():
@@ -217,11 +217,11 @@ def test_plan_of_four_parts_balances_better_than_the_bound_or_says_so():
 ])
 def test_tensors_that_do_not_fit_the_plan_are_refused(names, shapes, phase, kind):
     gm = trace(build_model(JOB), example_inputs(JOB, 4))
-    server = PartServer(Program(gm, split({"mlp_2", "mlp_3"}), 1, torch.device("cpu")),
-                        lr=1e-3)
+    server = MemberServer(Program(gm, split({"mlp_2", "mlp_3"}), 1, torch.device("cpu")),
+                          lr=1e-3)
     size = sum(int(np.prod(s)) for s in shapes)
-    msg = PartTensors(step=1, phase=phase, train=True, names=names, shapes=shapes,
-                      values=np.zeros(size, dtype=np.float32))
+    msg = MemberTensors(step=1, phase=phase, train=True, names=names, shapes=shapes,
+                        values=np.zeros(size, dtype=np.float32))
     with pytest.raises(ProtocolError) as err:
         server.handle(msg)
     assert err.value.kind == kind
@@ -232,16 +232,16 @@ def test_group_messages_are_checked_on_decoding():
     from roles.protocol.model_parallel import ModelPlan
     from zbus.codec import decode
 
-    good = PartTensors(step=1, phase="forward", train=True, names=["a", "b"],
-                       shapes=[[2, 3], [4]], values=np.arange(10, dtype=np.float32))
+    good = MemberTensors(step=1, phase="forward", train=True, names=["a", "b"],
+                         shapes=[[2, 3], [4]], values=np.arange(10, dtype=np.float32))
     back = decode(good.to_frames("worker-0", 1)).msg
     assert [(n, a.shape) for n, a in back.tensors()] == [("a", (2, 3)), ("b", (4,))]
-    for bad in (PartTensors(step=1, phase="forward", train=True, names=["a"], shapes=[[2, 3]],
-                            values=np.zeros(5, dtype=np.float32)),         # 6 values declared
-                PartTensors(step=1, phase="sideways", train=True, names=[], shapes=[],
-                            values=np.zeros(0, dtype=np.float32)),
-                PartTensors(step=1, phase="forward", train=True, names=["a"], shapes=[[-1]],
-                            values=np.zeros(0, dtype=np.float32)),
+    for bad in (MemberTensors(step=1, phase="forward", train=True, names=["a"], shapes=[[2, 3]],
+                              values=np.zeros(5, dtype=np.float32)),         # 6 values declared
+                MemberTensors(step=1, phase="sideways", train=True, names=[], shapes=[],
+                              values=np.zeros(0, dtype=np.float32)),
+                MemberTensors(step=1, phase="forward", train=True, names=["a"], shapes=[[-1]],
+                              values=np.zeros(0, dtype=np.float32)),
                 ModelPlan(parts=2, owner={"x": 2}, summary={}),
                 ModelPlan(parts=1, owner={}, summary={})):
         with pytest.raises(ProtocolError):

@@ -1,6 +1,6 @@
 """A real job with one model-parallel group of two processes: Adult, the network split by the
 partitioner, the cut tensors over the bus; the plan reaches control's status, the run
-directory and the summary; a killed part makes its group leave and the job fail clearly."""
+directory and the summary; a killed group member makes its group leave and the job fail clearly."""
 
 from __future__ import annotations
 
@@ -48,24 +48,24 @@ def test_a_two_part_group_trains_adult(cluster):
     mp = s["model_parallel"]
     assert model["parts"] == mp["parts"] == 2
     assert model["cut_critical"] == mp["cut_critical"] and len(model["load"]) == 2
-    assert mp["nodes"][1], "the part process holds some of the network"
-    # every training step of the group ran through the part process
-    part = mp["parts_processes"]["part-0"]
+    assert mp["nodes"][1], "the member process holds some of the network"
+    # every training step of the group ran through the member process
+    member = mp["members"]["member-0"]
     worker = s["workers"]["worker-0"]
     assert worker == s["samples_trained"]
-    assert part["steps"] > 0 and part["scored"] > 0
+    assert member["steps"] > 0 and member["scored"] > 0
     plan = orjson.loads((c.run_dir / "partition" / "plan.json").read_bytes())
     assert plan["owner"]["embeddings"] == 0 and plan["owner"]["output"] == 0
     assert sorted(plan["owner"]) == sorted(n for nodes in plan["nodes"] for n in nodes)
     assert any(e.get("event") == "model_plan" for e in c.events())
 
 
-def test_a_killed_part_ends_its_group_and_the_job_says_why(cluster):
+def test_a_killed_member_ends_its_group_and_the_job_says_why(cluster):
     c = cluster(MP_JOB, train__epochs=50, cluster__node_timeout_s=2.0)
     c.start_all()
     c.wait_for_event(lambda e: e.get("event") == "epoch_start")
     time.sleep(1.0)
-    c.procs["part-0"].send_signal(signal.SIGKILL)
+    c.procs["member-0"].send_signal(signal.SIGKILL)
     assert c.wait(timeout=120) != 0
     s = c.summary()
     assert s["status"] == "failed", s["reason"]

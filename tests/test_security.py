@@ -39,7 +39,7 @@ def test_every_endpoint_has_the_node_that_binds_it():
     assert owners["control_req"] == owners["status"] == "control-0"
     assert owners["samples-1"] == owners["ledger-1"] == "feeder-1"
     assert owners["ps-1"] == "ps-1" and owners["aggregator-1"] == "aggregator-1"
-    assert owners["group-1-0"] == "worker-1" and owners["group-1-2"] == "part-3"
+    assert owners["group-1-0"] == "worker-1" and owners["group-1-2"] == "member-3"
     assert set(owners.values()) <= set(c.expected_nodes()) | {"control-0"}
 
 

@@ -100,8 +100,8 @@ def strangers(ctx: zmq.Context, endpoints: dict[str, str]) -> dict[str, zmq.Sock
 # the bound sockets that receive, and the node that counts what arrives there
 TARGETS = {"control": "control-0", "control_req": "control-0", "ledger": "feeder-0",
            "ps-0": "ps-0", "ps-1": "ps-1", "aggregator": "aggregator-0"}
-# with model parallelism, the group's leader (worker-0) and member (part-0) bind too
-GROUP_TARGETS = {"group-0-0": "worker-0", "group-0-1": "part-0"}
+# with model parallelism, the group's leader (worker-0) and member (member-0) bind too
+GROUP_TARGETS = {"group-0-0": "worker-0", "group-0-1": "member-0"}
 JOBS = {"plain": ({}, TARGETS),
         "model-parallel": ({"cluster__workers": 1, "cluster__parts": 2,
                             "data__synthetic__rows": 10_000, "train__epochs": 1},

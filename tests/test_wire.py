@@ -24,7 +24,7 @@ from roles.protocol.datapath import (
 )
 from roles.protocol.dense_sync import Aggregate, Contribution, RoundDone, StepGrad, Weights
 from roles.protocol.lifecycle import EpochTrained, EvalReport
-from roles.protocol.model_parallel import PartCall, PartReply, PartTensors
+from roles.protocol.model_parallel import MemberCall, MemberReply, MemberTensors
 from roles.protocol.placement import Handover, KeyCounts, Placement, WindowWork
 from zbus.codec import MAX_HEADER_BYTES, Message, ProtocolError, decode, message_types
 from zbus.messages import Finish, Hello
@@ -55,7 +55,7 @@ def sample(cls: type) -> Message:
         values.update(counts=np.array([4, 2, 1], np.int64), errors=np.array([1, 0, 0], np.int64))
     if cls is WindowWork:
         values.update(windows=np.array([0, 4, 5], np.int64), figures=np.ones((3, 4)))
-    if cls is PartTensors:
+    if cls is MemberTensors:
         values.update(phase="forward", names=["mlp_0"], values=np.zeros(3, np.float32))
     parts = np.array([[0, 0, 0, 5, 0, 90, 0], [1, 0, 5, 2, 90, 130, 1]], np.int64)
     if cls is PartMap:
@@ -73,7 +73,7 @@ def sample(cls: type) -> Message:
         values.update(mean=np.zeros(2), std=np.ones(2))
     if cls is EvalReport:
         values.update(counts=np.ones((2, 8), np.int64))
-    if cls in (PartCall, PartReply):
+    if cls in (MemberCall, MemberReply):
         values.update(call="flat")
     if cls is FeederProgress:
         values.update(above=[[9]])  # batch numbers at or above low

@@ -184,7 +184,7 @@ class Checkpoints:
         assert c is not None
         if c.round is not None or self.rounds.in_flight or self.rounds.mode.rounds_waiting():
             return
-        if self.rounds.mode.name == "round":  # the drained round was the flush
+        if not self.rounds.mode.checkpoint_round:  # the drained round was the flush
             self.flushed(self.rounds.round, now)
             return
         self.rounds.call(f"checkpoint {c.number}")

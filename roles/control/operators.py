@@ -25,7 +25,6 @@ from roles.control.placement import PlacementKeeper
 from roles.control.recovery import Recovery
 from roles.control.rounds import Rounds
 from roles.control.settings import LiveSettings
-from roles.control.sync_modes import LazyMode
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
 from roles.protocol.operator import ACTIONS, STATUS_LAYOUT, FeedingPaused
@@ -34,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 class Operators:
-    """The actions, each on the parts it concerns."""
+    """The actions, each on the components it concerns."""
 
     def __init__(self, course: Course, rounds: Rounds, recovery: Recovery,
                  settings: LiveSettings, commands: Commands, metrics: MetricsLog,
@@ -100,7 +99,7 @@ class Operators:
 
 class StatusView:
     """The status consoles watch (``roles.algorithms.control.status`` lists its keys), from the
-    parts."""
+    components."""
 
     def __init__(self, job: Job, run_id: str, run_dir: str, members: Members,
                  builder: StatusBuilder, course: Course, rounds: Rounds, feeding: Feeding,
@@ -175,7 +174,7 @@ class StatusView:
     def snapshot(self, now: float, uptime_s: float, feeding: dict) -> dict:
         nodes, s, course = self.members.nodes, self.settings.values, self.course
         mode = self.rounds.mode
-        d = mode.last if isinstance(mode, LazyMode) else None
+        d = mode.last
         net_util, failures = self.health.figures(now, s["probe_timeout_s"])
         return {
             "layout": STATUS_LAYOUT, "job": self.job.name, "run_id": self.run_id,
@@ -192,7 +191,7 @@ class StatusView:
                 "decision": None if d is None else {
                     "round": d.round, "aggregate": d.aggregate, "reason": d.reason,
                     "age_s": round(now - mode.last_at, 1)},
-                "decisions": dict(decisions(mode)), "rounds_done": self.rounds.done_count,
+                "decisions": mode.decision_counts(), "rounds_done": self.rounds.done_count,
                 "backups": self.recovery.backups_written,
                 "latest_backup": self.recovery.newest_backup(),
                 "recoveries": len(self.recovery.recoveries)},
@@ -216,7 +215,3 @@ def wait_record(node_id: str, what: str, waited_s: float, left_s: float) -> dict
     return {"node": node_id, "what": what, "restart": f"zbus-{role} --index {index}",
             "waited_s": round(max(0.0, waited_s), 1), "left_s": round(max(0.0, left_s), 1)}
 
-
-def decisions(mode: object) -> dict[str, int]:
-    """Sync mode lazy's counts of decisions to aggregate and to wait."""
-    return mode.decisions if isinstance(mode, LazyMode) else {"aggregate": 0, "wait": 0}

@@ -1,9 +1,11 @@
 """Control: membership and health of the cluster, the job's course, the aggregation rounds,
-and the summary. The loop dispatches; its parts decide:
+and the summary. The loop dispatches; its components decide:
 
 - ``course``: the lifecycle, epoch by epoch (``roles.control.course``);
 - ``rounds`` and the sync mode: when the workers' dense weights are combined;
 - ``health``: network utilisation and probes (the failure rate);
+- ``by_role``: what a node's loss, restart, Ready and heartbeats mean for its role
+  (``roles.control.node_roles``);
 - ``feeding``: the feeders' parts of the data, reports, a lost or restarted feeder;
 - ``recovery``: backups, a restarted aggregator or shard;
 - ``exports``, ``placement`` (skew-aware key placement), ``settings`` (live settings),
@@ -15,8 +17,8 @@ and the summary. The loop dispatches; its parts decide:
   (``resuming``).
 
 The job fails, with the reason in the summary and a non-zero exit, when a node reports a
-Failure, a ready node other than a worker, a part, one of several feeders (its parts go to
-another), an aggregator or a shard (which may be started again within
+Failure, a ready node other than a worker, a group member, one of several feeders (its parts
+go to another), an aggregator or a shard (which may be started again within
 ``recovery_timeout_s``) misses heartbeats for ``node_timeout_s``, the nodes are not all ready
 within ``start_timeout_s``, or nothing progresses for ``stall_timeout_s``.
 """
@@ -48,6 +50,14 @@ from roles.control.feeding import Feeding
 from roles.control.health import Health
 from roles.control.model_plan import plan_model
 from roles.control.monitoring import Monitoring, final_figures
+from roles.control.node_roles import (
+    AggregatorRole,
+    FeederRole,
+    MemberRole,
+    Role,
+    ShardRole,
+    WorkerRole,
+)
 from roles.control.operators import Operators, StatusView
 from roles.control.placement import PlacementKeeper
 from roles.control.recovery import Recovery
@@ -56,7 +66,7 @@ from roles.control.rounds import Rounds
 from roles.control.settings import LiveSettings
 from roles.control.state import (
     STATE_FILE,
-    ControlParts,
+    ControlComponents,
     ResumeError,
     capture_history,
     capture_state,
@@ -67,7 +77,7 @@ from roles.control.state import (
     write_state,
 )
 from roles.control.summary import run_summary
-from roles.control.sync_modes import LazyMode, sync_mode
+from roles.control.sync_modes import sync_mode
 from roles.job.cli import MAX_WORKERS
 from roles.job.rundir import MetricsLog, atomic_write, make_run_dir
 from roles.job.settings import Job, job_to_toml
@@ -141,7 +151,7 @@ class Control(Loop):
         self.members = Members(c.expected_nodes(), MAX_WORKERS, self.started)
         self.progress = ProgressClock(self.started)
         self.commands = Commands(lambda msg: self.send(self.pub, msg), self.save_state)
-        # the parts
+        # the components
         self.health = Health(c, self.members, lambda node_id, probe: self.send(
             self.router, probe, identity=node_id.encode()), job.aggregation.failure_window_s)
         self.settings = LiveSettings(job.aggregation, self.run_dir / "config.toml",
@@ -157,6 +167,13 @@ class Control(Loop):
         self.exports = Exports(job, self.run_dir, self.run_id, self.commands, self.metrics)
         self.course = Course(job, self.commands, self.metrics, self.rounds, self.feeding,
                              self.exports, self.progress)
+        self.by_role: dict[str, Role] = {  # what a node's loss, restart, Ready... mean
+            "feeder": FeederRole(self.course, self.rounds, self.feeding, self.progress),
+            "aggregator": AggregatorRole(job, self.members, self.course, self.rounds,
+                                         self.recovery),
+            "ps": ShardRole(self.recovery),
+            "worker": WorkerRole(self.members, self.membership_changed),
+            "member": MemberRole(self.members)}
         self.placement = PlacementKeeper(job, self.members, self.commands, self.metrics,
                                          self.run_dir, self.progress,
                                          training_feeders=self.feeding.training_feeders)
@@ -167,7 +184,7 @@ class Control(Loop):
                                    self.commands, self.metrics, self.progress,
                                    self.checkpoints, self.checkpoint_blocker)
         self.status = StatusBuilder(c.heartbeat_s, self.started)
-        self.parts = ControlParts(self.members, self.commands, self.course, self.rounds,
+        self.components = ControlComponents(self.members, self.commands, self.course, self.rounds,
                                   self.feeding, self.recovery, self.exports, self.settings,
                                   self.placement, self.checkpoints)
         self.headline = headline
@@ -218,8 +235,8 @@ class Control(Loop):
             self.send(self.router, Rejoin(run_id=self.run_id), identity=identity)
             raise ProtocolError("unregistered", f"{type(msg).__name__} from {node_id!r}, "
                                                 "which has not said Hello")
-        if node.status != ALIVE and node.role == "ps":
-            self.recovery.shard_speaks(node_id, node)
+        if node.status != ALIVE:  # declared failed: a shard may only have stalled
+            self.by_role[node.role].spoke_when_failed(node_id, node)
         if node.status != ALIVE:  # declared failed, yet it speaks: it must not go on
             self.send(self.router, Welcome(
                 accepted=False, run_id=self.run_id, run_dir="",
@@ -328,9 +345,11 @@ class Control(Loop):
                                            run_dir=""), identity=identity)
             return
         if self.members.admit(node_id, hello.role, hello.index, hello.host, hello.pid, now):
-            if known is not None and known.ready and not self.restarted(node_id, known,
-                                                                        hello, now):
-                return
+            if known is not None and known.ready:  # a new process under a ready node's id
+                failure = self.by_role[hello.role].restarted(node_id, known, hello, now)
+                if failure:
+                    self.fail(failure)
+                    return
             log.info("%s said hello from %s pid %d", node_id, hello.host, hello.pid)
             self.metrics.write("hello", node=node_id, host=hello.host, pid=hello.pid)
         self.send(self.router, Welcome(accepted=True, reason="", run_id=self.run_id,
@@ -343,26 +362,6 @@ class Control(Loop):
         if hello.run_id and hello.ready:
             self.rejoined(node_id)
 
-    def restarted(self, node_id: str, before: NodeState, hello: Hello, now: float) -> bool:
-        """A new process under the id of a node that had been ready; False when the job
-        cannot take it (and has failed)."""
-        if hello.role == "ps":
-            self.recovery.shard_restarting(node_id, before, now)
-        elif hello.role == "feeder":
-            if not self.mode.feeder_restarts and self.course.phase != "starting":
-                self.fail(f"{node_id} restarted: a feeder cannot resume in sync mode "
-                          f"{self.mode.name} (its rounds count one process's batches)")
-                return False
-            log.warning("%s restarted (pid %d, was %d): it resumes from its ack log",
-                        node_id, hello.pid, before.pid)
-            self.feeding.feeder_down(node_id, now, epoch=self.course.epoch,
-                                     phase=self.course.phase)
-        elif hello.role == "aggregator":
-            log.warning("%s restarted (pid %d, was %d): it will restore the latest backup",
-                        node_id, hello.pid, before.pid)
-            self.recovery.aggregator_down(now)
-        return True
-
     def rejoined(self, node_id: str) -> None:
         """A node that was ready joins a resumed control again."""
         node = self.members.nodes[node_id]
@@ -374,9 +373,7 @@ class Control(Loop):
 
     def handle_heartbeat(self, node_id: str, node: NodeState, beat: Heartbeat,
                          now: float) -> None:
-        if node.role == "feeder" and beat.counters.get("batches_acked") != \
-                node.counters.get("batches_acked"):
-            self.progress.touch(now)  # training or evaluation moves on
+        self.by_role[node.role].heartbeat(node, beat, now)
         node.state, node.load, node.counters = beat.state, beat.load, beat.counters
         node.final = node.final or beat.final
         self.health.meter(node, beat.load, now)
@@ -386,16 +383,9 @@ class Control(Loop):
         log.info("%s ready %s", node_id, orjson.dumps(info).decode())
         if self.members.mark_ready(node_id, now):
             self.membership_changed()
-        course = self.course
         if self.resuming.rolled_back and isinstance(info.get("retrained_samples"), int):
             self.checkpoints.rollbacks[-1]["retrained_samples"] += info["retrained_samples"]
-        if node.role == "aggregator" and course.phase not in ("starting", "done") \
-                and "checkpoint" not in info:  # else it went back to the checkpoint's weights
-            self.recovery.restore(self.rounds.round)
-        if node.role == "ps" and node_id in self.recovery.shards_back:
-            self.recovery.shard_back(node_id, info, now)
-        if node.role == "feeder" and node_id in self.feeding.down:
-            self.feeding.feeder_back(node_id, now, epoch=course.epoch, phase=course.phase)
+        self.by_role[node.role].ready(node_id, info, now)
         self.maybe_start()
 
     def maybe_start(self) -> None:
@@ -543,27 +533,10 @@ class Control(Loop):
             node = self.members.nodes[node_id]
             reason = (f"{node_id} missed heartbeats for {now - node.last_seen:.1f} s "
                       f"(node_timeout_s = {c.node_timeout_s})")
-            if node.role == "aggregator" and self.mode.aggregator_recovers:
-                log.warning("%s; waiting up to %.0f s for it to restart", reason,
-                            self.job.train.recovery_timeout_s)
-                self.members.fail(node_id, now, reason)
-                self.recovery.aggregator_down(now)
-            elif node.role == "part":
-                log.warning("%s; its group stops when its leader finds it gone", reason)
-                self.members.fail(node_id, now, reason)
-            elif node.role == "feeder" and self.feeding.feeder_lost(
-                    node_id, reason, now, epoch=self.course.epoch, phase=self.course.phase,
-                    restarts=self.mode.feeder_restarts):
-                continue
-            elif node.role == "ps":
-                self.recovery.shard_silent(node_id, reason, now)
-            elif node.role != "worker":
-                self.fail(reason)
+            failure = self.by_role[node.role].lost(node_id, reason, now)
+            if failure:
+                self.fail(failure)
                 return False
-            else:
-                log.warning("%s; its batches go to the other workers", reason)
-                if self.members.fail(node_id, now, reason):
-                    self.membership_changed()
         return True
 
     def check_moving(self, now: float) -> bool:
@@ -579,7 +552,7 @@ class Control(Loop):
         stall = self.job.train.stall_timeout_s
         if (self.course.active or self.course.phase == "preparing") \
                 and self.progress.stalled_for(now) > stall:
-            last = self.mode.last if isinstance(self.mode, LazyMode) else None
+            last = self.mode.last
             said = f"; last aggregation decision: {last.reason}" \
                 if last and self.course.phase == "training" else ""
             self.fail(f"no progress for {stall:.0f} s in phase {self.course.phase}{said}")
@@ -602,8 +575,8 @@ class Control(Loop):
         return None
 
     def capture_cut(self, number: int) -> dict[str, bytes]:
-        state = capture_state(self.parts, self.run_id, self.started_at, self.job.fingerprint())
-        files = cut_files(self.parts, state, capture_history(self.parts, self.model_plan),
+        state = capture_state(self.components, self.run_id, self.started_at, self.job.fingerprint())
+        files = cut_files(self.components, state, capture_history(self.components, self.model_plan),
                           number)
         return {**files, "job.toml": job_to_toml(self.job).encode()}
 
@@ -631,7 +604,7 @@ class Control(Loop):
 
     # -- state on disk ---------------------------------------------------------------------------
     def save_state(self) -> None:
-        write_state(self.run_dir, capture_state(self.parts, self.run_id, self.started_at,
+        write_state(self.run_dir, capture_state(self.components, self.run_id, self.started_at,
                                                 self.job.fingerprint()))
 
     def save_now(self, now: float) -> None:
@@ -639,7 +612,7 @@ class Control(Loop):
         if now >= self.next_save and self.course.phase != "done":
             self.next_save = now + self.heartbeat_s
             self.save_state()
-            write_history(self.run_dir, capture_history(self.parts, self.model_plan))
+            write_history(self.run_dir, capture_history(self.components, self.model_plan))
 
     def resume_from_disk(self) -> None:
         state, history = read_state(self.run_dir, self.job.fingerprint())
@@ -647,7 +620,7 @@ class Control(Loop):
         self.started_at = state.started_at
         self.run_before_s = max(0.0, time.time() - self.started_at)
         self.model_plan = history.model_plan
-        restore(self.parts, state, history, now)  # ResumeError when it cannot be
+        restore(self.components, state, history, now)  # ResumeError when it cannot be
         m = self.members
         self.awaiting_rejoin = {n for n, s in m.nodes.items() if s.status == ALIVE}
         self.progress.touch(now)
@@ -674,7 +647,7 @@ class Control(Loop):
         except ResumeError as exc:
             self.fail(f"cannot go back to checkpoint {number}: {exc}")
             return
-        restore(self.parts, state, history, now)
+        restore(self.components, state, history, now)
         m = self.members
         m.nodes.clear()   # every node joins anew, from the checkpoint
         m.version += 1
@@ -704,7 +677,7 @@ class Control(Loop):
         self.course.phase = "done"
         now = time.monotonic()
         self.placement.seal()
-        summary = run_summary(self.parts, self.job, status, reason, model_plan=self.model_plan,
+        summary = run_summary(self.components, self.job, status, reason, model_plan=self.model_plan,
                               counters={**{n: s.counters for n, s in self.members.nodes.items()},
                                         self.node_id: {**self.traffic.as_dict(),
                                                        "rejected_messages": dict(self.rejected),

@@ -3,8 +3,8 @@
 
 Two typed records, each written atomically (temporary file and rename) into the run directory:
 
-- ``control-state.json`` (``ControlState``): what the job's course rests on, one part of it
-  per part of control (the course's phase and epoch, the rounds, the feeders and shards waited
+- ``control-state.json`` (``ControlState``): what the job's course rests on, one entry
+  per component of control (the course's phase and epoch, the rounds, the feeders and shards waited
   for, the live settings, ...), the nodes with their process ids, and the commands that stand
   (as wire frames). It is written before every standing command is published (write-ahead: a
   restarted control never calls a round or starts an epoch under a number already used) and
@@ -98,8 +98,8 @@ class ControlHistory:
 
 
 @dataclass(frozen=True)
-class ControlParts:
-    """The parts whose state the records hold."""
+class ControlComponents:
+    """Control's components whose state the records hold (``Control.components``)."""
 
     members: Members
     commands: Commands
@@ -113,7 +113,7 @@ class ControlParts:
     checkpoints: Checkpoints
 
 
-def capture_state(p: ControlParts, run_id: str, started_at: float,
+def capture_state(p: ControlComponents, run_id: str, started_at: float,
                   fingerprint: str) -> ControlState:
     m = p.members
     return ControlState(
@@ -127,7 +127,7 @@ def capture_state(p: ControlParts, run_id: str, started_at: float,
         checkpoints=p.checkpoints.to_state())
 
 
-def capture_history(p: ControlParts, model_plan: dict | None) -> ControlHistory:
+def capture_history(p: ControlComponents, model_plan: dict | None) -> ControlHistory:
     f, r = p.feeding, p.recovery
     return ControlHistory(
         data=f.data, epochs=p.course.epochs, round_samples=p.rounds.samples,
@@ -140,8 +140,8 @@ def capture_history(p: ControlParts, model_plan: dict | None) -> ControlHistory:
         checkpoint_totals=p.checkpoints.totals, rollbacks=p.checkpoints.rollbacks)
 
 
-def restore(p: ControlParts, state: ControlState, h: ControlHistory, now: float) -> None:
-    """Put the records back into the parts (all but the course, which a resumed control
+def restore(p: ControlComponents, state: ControlState, h: ControlHistory, now: float) -> None:
+    """Put the records back into the components (all but the course, which a resumed control
     restores last: it may start an export again); ResumeError when it cannot be."""
     p.commands.standing = {k: decode_message(v) for k, v in state.standing.items()}
     m = p.members
@@ -197,7 +197,7 @@ def _build(cls: Any, value: Any) -> Any:
     return cls(**kwargs)
 
 
-def cut_files(p: ControlParts, state: ControlState, history: ControlHistory,
+def cut_files(p: ControlComponents, state: ControlState, history: ControlHistory,
               number: int) -> dict[str, bytes]:
     """Control's part of checkpoint ``number``: its records as they stand at the cut, as a
     control resumed on the checkpoint will read them (the cut complete, no cut standing)."""

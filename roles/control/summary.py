@@ -1,19 +1,17 @@
-"""The run's summary (``summary.json``) from control's parts; the figures themselves are
+"""The run's summary (``summary.json``) from control's components; the figures themselves are
 assembled in ``roles.algorithms.control.summary``."""
 
 from __future__ import annotations
 
 from roles.algorithms.control.summary import build_summary
-from roles.control.operators import decisions
-from roles.control.state import ControlParts
-from roles.control.sync_modes import LazyMode
+from roles.control.state import ControlComponents
 from roles.job.settings import Job
 
 
-def run_summary(p: ControlParts, job: Job, status: str, reason: str, *, counters: dict,
+def run_summary(p: ControlComponents, job: Job, status: str, reason: str, *, counters: dict,
                 wall_s: float, model_plan: dict | None) -> dict:
     r, mode = p.recovery, p.rounds.mode
-    last = mode.last if isinstance(mode, LazyMode) else None
+    last = mode.last
     return build_summary(
         job=job, run_id=p.exports.run_id, run_dir=str(p.exports.run_dir), status=status,
         reason=reason, data=p.feeding.data, epochs=p.course.epochs, counters=counters,
@@ -24,6 +22,6 @@ def run_summary(p: ControlParts, job: Job, status: str, reason: str, *, counters
                "recoveries": r.recoveries,
                "shard_recoveries": r.shard_recoveries, "exports": p.exports.exports,
                "settings_changes": p.settings.changes, "settings": p.settings.values,
-               "decisions": decisions(mode), "last_decision": last.reason if last else None},
+               "decisions": mode.decision_counts(), "last_decision": last.reason if last else None},
         placement=p.placement.summary(), model_plan=model_plan, parts=p.feeding.summary(),
         checkpoints=p.checkpoints.summary())

@@ -1,6 +1,7 @@
 """Control's side of the four sync modes (``[train] sync``), one class each: which progress
-reports it counts, when a round is due, and what the mode allows. The workers', feeder's and
-aggregator's sides of the same modes are in their own modules.
+reports it counts, when a round is due, and what the mode allows; which deaths a mode survives
+is its row in ``roles.job.sync_rules`` (with the shapes of cluster it refuses). The workers',
+feeder's and aggregator's sides of the same modes are in their own modules.
 
 - ``step``: no rounds while training (the aggregator applies every step); the aggregator
   holds the only dense optimiser, so its death fails the job.
@@ -22,6 +23,7 @@ from typing import Any
 from roles.algorithms.control.decision import decide
 from roles.control.health import Health
 from roles.job.rundir import MetricsLog
+from roles.job.sync_rules import SYNC_MODES
 from roles.protocol.dense_sync import Decision, RoundReady
 
 
@@ -29,11 +31,17 @@ class SyncMode:
     """Step mode, and the defaults of the others."""
 
     name = "step"
-    aggregator_recovers = False   # a dead aggregator may be restarted from a backup
-    feeder_restarts = True        # a dead feeder may be restarted from its ack log
+    rules = SYNC_MODES[name]      # the deaths it survives (``roles.job.sync_rules``)
     operator_rounds = False       # an operator may call a round now
     epoch_end_round = True        # evaluation waits for one more round (else the last one)
     decides_every_tick = False    # control asks ``due`` on every tick, not only on reports
+    checkpoint_round = True       # a checkpoint's flush calls a round (else the drained one)
+    last: Decision | None = None  # the latest aggregation decision (lazy decides)
+    last_at = 0.0                 # when it was taken
+
+    def decision_counts(self) -> dict[str, int]:
+        """The decisions to aggregate and to wait taken so far (lazy decides)."""
+        return {"aggregate": 0, "wait": 0}
 
     def progress(self, node_id: str, m: RoundReady) -> None:
         """A worker's RoundReady towards the next round."""
@@ -68,7 +76,7 @@ class SyncMode:
 
 class EveryMode(SyncMode):
     name = "every"
-    aggregator_recovers = True
+    rules = SYNC_MODES[name]
     operator_rounds = True
 
     def __init__(self, sync_every: int):
@@ -92,9 +100,9 @@ class EveryMode(SyncMode):
 
 class RoundMode(SyncMode):
     name = "round"
-    aggregator_recovers = True
-    feeder_restarts = False
+    rules = SYNC_MODES[name]
     epoch_end_round = False
+    checkpoint_round = False      # the round the feeders drained is the flush
 
     def __init__(self) -> None:
         self.drained: list[int] = []   # drained rounds not yet called, ascending
@@ -120,7 +128,7 @@ class RoundMode(SyncMode):
 
 class LazyMode(SyncMode):
     name = "lazy"
-    aggregator_recovers = True
+    rules = SYNC_MODES[name]
     operator_rounds = True
     decides_every_tick = True
 
@@ -135,10 +143,11 @@ class LazyMode(SyncMode):
         self.local_rounds: dict[str, int] = {}
         self.idle: set[str] = set()
         self.next_decision = 0.0
-        self.last: Decision | None = None
-        self.last_at = 0.0
         self.last_kind = ""
         self.decisions = {"aggregate": 0, "wait": 0}
+
+    def decision_counts(self) -> dict[str, int]:
+        return dict(self.decisions)
 
     def progress(self, node_id: str, m: RoundReady) -> None:
         self.local_rounds[node_id] = m.steps // self.sync_every

@@ -95,7 +95,7 @@ def count_of(job: Job, role: str) -> int:
     c = job.cluster
     return {"worker": c.workers, "ps": c.shards, "aggregator": c.aggregators,
             "feeder": c.feeders,
-            "part": c.workers * (c.parts - 1)}.get(role, 1)
+            "member": c.workers * (c.parts - 1)}.get(role, 1)
 
 
 def index_limit(job: Job, role: str) -> int:

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from roles.job.sync_rules import SYNC_MODES, cluster_refusal
 from roles.protocol.topology import ClusterConfig
 
 DECAY_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
@@ -165,7 +166,7 @@ class TrainConfig:
         "passes over the training split")})
     batch_size: int = field(default=256, metadata={"min": 1, "max": 1 << 20, "doc": (
         "samples per batch")})
-    sync: str = field(default="every", metadata={"choices": ("step", "every", "round", "lazy"),
+    sync: str = field(default="every", metadata={"choices": tuple(SYNC_MODES),
                                                  "doc": "dense synchronisation"})
     sync_every: int = field(default=8, metadata={"min": 1, "doc": (
         "local steps per worker before it is ready for a round (`every`); steps in a local "
@@ -409,14 +410,9 @@ class Job:
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
             raise ValueError("name must be non-empty letters, digits, '-', '_' or '.'")
-        if self.cluster.parts > 1 and self.train.sync == "step":
-            raise ValueError("[cluster] parts > 1 (model parallelism) needs [train] sync = "
-                             "\"every\", \"round\" or \"lazy\": in sync mode step the "
-                             "aggregator takes every step's whole gradient from one process")
-        if self.cluster.feeders > 1 and self.train.sync == "round":
-            raise ValueError("[cluster] feeders > 1 needs [train] sync = \"step\", \"every\" "
-                             "or \"lazy\": in sync mode round one feeder's ledger counts "
-                             "every batch of a round")
+        refusal = cluster_refusal(self.train.sync, self.cluster)
+        if refusal:
+            raise ValueError(refusal)
         caps = self.placement.capacities
         if caps and len(caps) != self.cluster.shards:
             raise ValueError(f"[placement] capacities lists {len(caps)} figure(s) for "

@@ -16,7 +16,7 @@ import zmq
 
 from roles.job.settings import Job
 from roles.model.parallel import GroupLeader, GroupReplica, Send, member_program
-from roles.protocol.model_parallel import ModelPlan, PartCall, PartReply, PartTensors
+from roles.protocol.model_parallel import MemberCall, MemberReply, MemberTensors, ModelPlan
 from zbus import sockets
 from zbus.codec import Envelope, ProtocolError
 from zbus.endpoints import node_index
@@ -61,20 +61,20 @@ class GroupLead:
         self.next_ping = now + self.ping_every_s
         for member, sock in self.peers.items():
             if member not in self.answered:
-                self.send(sock, PartCall(call="ping", seq=0,
-                                         values=np.zeros(0, dtype=np.float32)))
+                self.send(sock, MemberCall(call="ping", seq=0,
+                                           values=np.zeros(0, dtype=np.float32)))
 
     def heard(self, env: Envelope) -> None:
         """A message on the group's inbox outside a step."""
         match env.msg:
-            case PartReply(call="ping") if node_index(env.sender) >= 0:
-                _, member = self.job.cluster.part_position(node_index(env.sender))
+            case MemberReply(call="ping") if node_index(env.sender) >= 0:
+                _, member = self.job.cluster.member_position(node_index(env.sender))
                 if member not in self.answered:
                     self.answered.add(member)
                     if not self.waiting():
                         log.info("%s: every member of its group is there", self.name)
                         self.all_there()
-            case PartReply() | PartTensors():
+            case MemberReply() | MemberTensors():
                 self.late_messages += 1
             case _:
                 self.unexpected(env, "group link")

@@ -3,14 +3,14 @@
 The traced graph (``roles.model.graph``) is cut into *stages*: maximal runs of consecutive
 nodes (in the graph's topological order) owned by one member. A stage runs as soon as its
 inputs are in; the values it makes that a later stage on another member needs go there as one
-``PartTensors`` per member (forward). Every stage starts from detached copies of its inputs
+``MemberTensors`` per member (forward). Every stage starts from detached copies of its inputs
 (leaves), so each member's autograd graph ends at its stage boundaries: backward runs a stage
 once the gradients of all its outputs are in (from every consuming stage, local or not), and
 sends the gradients of its input leaves to the members that made them. The leader (member 0)
 holds the inputs and the output, computes the loss and starts backward. The result equals the
 unpartitioned network's forward and backward (tests/test_model_parallel.py checks to 1e-5).
 
-``Program`` is one member's share (torch, no sockets); ``PartServer`` is a member's message
+``Program`` is one member's share (torch, no sockets); ``MemberServer`` is a member's message
 handling (no sockets); ``GroupLeader`` drives a step from the leader over its sockets;
 ``GroupReplica`` is the leader's ``Replica`` whose weights are spread over the group.
 """
@@ -32,7 +32,7 @@ from roles.algorithms.worker.replica import Replica
 from roles.job.settings import Job
 from roles.model.graph import differentiable, example_inputs, trace
 from roles.model.network import build_model
-from roles.protocol.model_parallel import ModelPlan, PartCall, PartReply, PartTensors
+from roles.protocol.model_parallel import MemberCall, MemberReply, MemberTensors, ModelPlan
 from zbus import sockets
 from zbus.codec import Message, ProtocolError
 
@@ -121,7 +121,7 @@ class Program:
             for p in self.params.values():
                 p.grad = None
 
-    def receive(self, msg: PartTensors) -> None:
+    def receive(self, msg: MemberTensors) -> None:
         """Values this member needs (forward) or gradients of values it made (backward), each
         checked against the traced shapes (any batch size) before any is taken."""
         items = msg.tensors()
@@ -291,12 +291,12 @@ def parameter_owners(gm: fx.GraphModule, owner: dict[str, int]) -> dict[str, int
 
 
 def tensors_message(step: int, phase: str, train: bool,
-                    items: list[tuple[str, torch.Tensor]]) -> PartTensors:
+                    items: list[tuple[str, torch.Tensor]]) -> MemberTensors:
     arrays = [t.detach().to(torch.float32).cpu().numpy() for _, t in items]
-    return PartTensors(step=step, phase=phase, train=train, names=[n for n, _ in items],
-                       shapes=[list(a.shape) for a in arrays],
-                       values=np.concatenate([a.reshape(-1) for a in arrays])
-                       if arrays else np.zeros(0, dtype=np.float32))
+    return MemberTensors(step=step, phase=phase, train=train, names=[n for n, _ in items],
+                         shapes=[list(a.shape) for a in arrays],
+                         values=np.concatenate([a.reshape(-1) for a in arrays])
+                         if arrays else np.zeros(0, dtype=np.float32))
 
 
 def member_program(job: Job, plan: ModelPlan, member: int, device: torch.device
@@ -310,7 +310,7 @@ def member_program(job: Job, plan: ModelPlan, member: int, device: torch.device
     return gm, Program(gm, plan.owner, member, device)
 
 
-class PartServer:
+class MemberServer:
     """A member's handling of group messages (no sockets): each call returns the messages to
     send, as (member, message)."""
 
@@ -323,7 +323,7 @@ class PartServer:
     def handle(self, msg: Message) -> list[tuple[int, Message]]:
         p = self.program
         match msg:
-            case PartTensors() as t:
+            case MemberTensors() as t:
                 if t.step != p.step:
                     p.begin(t.step, t.train, {})
                 p.receive(t)
@@ -334,16 +334,16 @@ class PartServer:
                         if self.optimizer is not None:
                             self.optimizer.step()
                         self.steps += 1
-                        out.append((0, PartReply(call="step", seq=p.step,
-                                                 values=np.zeros(0, dtype=np.float32))))
+                        out.append((0, MemberReply(call="step", seq=p.step,
+                                                   values=np.zeros(0, dtype=np.float32))))
                         p.finish()
                 return out
-            case PartCall(call="load", seq=seq, values=values):
+            case MemberCall(call="load", seq=seq, values=values):
                 p.load(values)
-                return [(0, PartReply(call="load", seq=seq, values=np.zeros(0, np.float32)))]
-            case PartCall(call=call, seq=seq):
+                return [(0, MemberReply(call="load", seq=seq, values=np.zeros(0, np.float32)))]
+            case MemberCall(call=call, seq=seq):
                 values = p.flat() if call == "flat" else np.zeros(0, dtype=np.float32)
-                return [(0, PartReply(call=call, seq=seq, values=values))]
+                return [(0, MemberReply(call=call, seq=seq, values=values))]
         raise ProtocolError("unexpected_type", f"{type(msg).__name__} on a group link")
 
     def sends(self, out: dict[int, list], phase: str) -> list[tuple[int, Message]]:
@@ -368,18 +368,18 @@ class GroupLeader:
         self.timeout_s = timeout_s
         self.step = 0
         self.seq = 0
-        self.replies: dict[tuple[str, int], list[PartReply]] = defaultdict(list)
+        self.replies: dict[tuple[str, int], list[MemberReply]] = defaultdict(list)
         self.working = sorted(program.members_with_stages - {0})
         self.wait_s = 0.0
 
     def take(self, msg: Message) -> None:
         """A message that reached the leader's inbox."""
         match msg:
-            case PartTensors() as t if t.step == self.program.step:
+            case MemberTensors() as t if t.step == self.program.step:
                 self.program.receive(t)
-            case PartTensors():
+            case MemberTensors():
                 pass  # of a step given up on
-            case PartReply(call=call, seq=seq) as r:
+            case MemberReply(call=call, seq=seq) as r:
                 self.replies[(call, seq)].append(r)
             case _:
                 raise ProtocolError("unexpected_type", f"{type(msg).__name__} on a group link")
@@ -428,10 +428,10 @@ class GroupLeader:
         self.wait(finished, f"running backward of step {self.step}")
         self.replies.pop(key, None)
 
-    def call(self, member: int, call: str, values: np.ndarray | None = None) -> PartReply:
+    def call(self, member: int, call: str, values: np.ndarray | None = None) -> MemberReply:
         self.seq += 1
         key = (call, self.seq)
-        self.send(self.peers[member], PartCall(call=call, seq=self.seq, values=(
+        self.send(self.peers[member], MemberCall(call=call, seq=self.seq, values=(
             values if values is not None else np.zeros(0, dtype=np.float32))))
         self.wait(lambda: bool(self.replies[key]), f"waiting for {call} from member {member}")
         return self.replies.pop(key)[0]

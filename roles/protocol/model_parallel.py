@@ -29,7 +29,7 @@ class ModelPlan(Message):
 
 
 @message("model_parallel")
-class PartTensors(Message):
+class MemberTensors(Message):
     """The tensors on cut edges of step ``step``: values (``phase`` forward) or their gradients
     (backward), float32, concatenated in ``values``; ``names[i]`` (a traced node's name) has
     shape ``shapes[i]``. A name may repeat in backward: one gradient per consuming stage."""
@@ -63,9 +63,9 @@ class PartTensors(Message):
 
 
 @message("model_parallel")
-class PartCall(Message):
+class MemberCall(Message):
     """Leader -> member: ``load`` its slice of the dense weights (``values``), or send them
-    back (``flat``); ``ping`` asks whether it is there with the plan. Answered by PartReply."""
+    back (``flat``); ``ping`` asks whether it is there with the plan. Answered by MemberReply."""
 
     CALLS: ClassVar[tuple[str, ...]] = ("load", "flat", "ping")
     call: str
@@ -77,8 +77,8 @@ class PartCall(Message):
 
 
 @message("model_parallel")
-class PartReply(Message):
-    """Member -> leader: the answer to PartCall ``seq``, or (``call`` = "step") that the
+class MemberReply(Message):
+    """Member -> leader: the answer to MemberCall ``seq``, or (``call`` = "step") that the
     member finished step ``seq``: its backward is done and its optimiser has stepped."""
 
     call: str

@@ -45,8 +45,9 @@ class ClusterConfig:
     aggregators: int = field(default=1, metadata={"min": 1, "max": MAX_AGGREGATORS, "doc": (
         "aggregator processes; more than one: hierarchical aggregation")})
     parts: int = field(default=1, metadata={"min": 1, "max": MAX_PARTS, "doc": (
-        "processes per worker: more than one makes each worker a model-parallel group of "
-        "that many (not with sync `step`)")})
+        "how many parts the dense network is split into: more than one makes each worker "
+        "lead a model-parallel group of that many processes, itself and `parts − 1` "
+        "members (not with sync `step`)")})
     feeders: int = field(default=1, metadata={"min": 1, "max": MAX_FEEDERS, "doc": (
         "feeder processes, each reading its parts of the data (not with sync `round`)")})
     host: str = field(default="127.0.0.1", metadata={"doc": "address of the default endpoints"})
@@ -62,8 +63,8 @@ class ClusterConfig:
     status_s: float = field(default=0.25, metadata={"min": 0.05, "max": 10.0, "doc": (
         "control publishes its status for consoles this often")})
     node_timeout_s: float = field(default=10.0, metadata={"min": 0.5, "doc": (
-        "a node silent this long is failed: a worker's batches go to the others, a part ends "
-        "its group, a shard, a feeder or an aggregator is waited for (up to "
+        "a node silent this long is failed: a worker's batches go to the others, a group "
+        "member ends its group, a shard, a feeder or an aggregator is waited for (up to "
         "`recovery_timeout_s`) or replaced as the recovery design says, else the job fails")})
     start_timeout_s: float = field(default=180.0, metadata={"min": 1.0, "doc": (
         "every node must be ready within this")})
@@ -106,8 +107,8 @@ class ClusterConfig:
     @staticmethod
     def group_endpoint_name(group: int, member: int) -> str:
         """Where member ``member`` of model-parallel group ``group`` listens (member 0 is the
-        group's leader, worker ``group``; member p >= 1 is part process
-        ``group * (parts - 1) + p - 1``)."""
+        group's leader, worker ``group``; member p >= 1 is node
+        ``member-<group * (parts - 1) + p - 1>``)."""
         return f"group-{group}-{member}"
 
     @staticmethod
@@ -116,11 +117,12 @@ class ClusterConfig:
         feeder 0 at ``samples`` / ``ledger``, feeder i >= 1 at ``samples-i`` / ``ledger-i``."""
         return kind if feeder == 0 else f"{kind}-{feeder}"
 
-    def part_position(self, part_index: int) -> tuple[int, int]:
-        """(group, member) of part process ``part_index``."""
-        return divmod(part_index, self.parts - 1)[0], part_index % (self.parts - 1) + 1
+    def member_position(self, index: int) -> tuple[int, int]:
+        """(group, member) of node ``member-<index>``."""
+        return divmod(index, self.parts - 1)[0], index % (self.parts - 1) + 1
 
-    def part_index(self, group: int, member: int) -> int:
+    def member_index(self, group: int, member: int) -> int:
+        """The index of the node that is member ``member`` >= 1 of group ``group``."""
         return group * (self.parts - 1) + member - 1
 
     def endpoint(self, name: str) -> str:
@@ -176,7 +178,7 @@ class ClusterConfig:
         if kind == "group":
             group, member = (int(x) for x in rest.split("-"))
             return f"worker-{group}" if member == 0 else \
-                f"part-{self.part_index(group, member)}"
+                f"member-{self.member_index(group, member)}"
         raise KeyError(f"no endpoint {name!r}")
 
     @property
@@ -189,7 +191,7 @@ class ClusterConfig:
                 *(f"aggregator-{i}" for i in range(self.aggregators)),
                 *(f"ps-{i}" for i in range(self.shards)),
                 *(f"worker-{i}" for i in range(self.workers)),
-                *(f"part-{i}" for i in range(self.workers * (self.parts - 1)))]
+                *(f"member-{i}" for i in range(self.workers * (self.parts - 1)))]
 
 
 if TYPE_CHECKING:

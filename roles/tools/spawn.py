@@ -1,7 +1,7 @@
 """``zbus-spawn ROLE``: start the job's feeders, N shards, M workers or K aggregators, each its own
 process, and supervise them (one Procfile line runs however many the job names). With
 ``[cluster] parts`` > 1 each worker leads a model-parallel group, and ``zbus-spawn worker``
-starts the groups' part processes too.
+starts the groups' members too.
 
 SIGTERM/SIGINT are passed on to the children; it exits when they all have, with the first
 non-zero exit status among them (0 when all ended well).
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     extra = ["--job", args.job] if args.job else []
     starts = [(args.role, i) for i in range(count)]
     if args.role == "worker":
-        starts += [("part", i) for i in range(count * (job.cluster.parts - 1))]
+        starts += [("member", i) for i in range(count * (job.cluster.parts - 1))]
     children = [subprocess.Popen([sys.executable, "-m", f"roles.{role}", "--index", str(i),
                                   *extra]) for role, i in starts]
 

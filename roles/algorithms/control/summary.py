@@ -237,10 +237,10 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "tables": table_figures(job, counters),
         "placement": placement or {"mode": job.placement.mode},
         "model_parallel": None if model_plan is None else {
-            **model_plan, "parts_processes": {n: {k: c.get(k) for k in ("steps", "scored",
-                                                                           "calls", "device")}
-                                              for n, c in sorted(counters.items())
-                                              if n.startswith("part-")}},
+            **model_plan, "members": {n: {k: c.get(k) for k in ("steps", "scored", "calls",
+                                                                  "device")}
+                                      for n, c in sorted(counters.items())
+                                      if n.startswith("member-")}},
         "checkpoints": checkpoints or {},
         "rejected_messages": rejected_messages,
         "per_epoch": epochs,
