@@ -20,7 +20,7 @@ from roles.control.rounds import Rounds
 from roles.job.settings import Job
 from zbus.messages import Heartbeat, Hello
 
-log = logging.getLogger("roles.control.process")  # the lines Control's loop has always logged
+log = logging.getLogger(__name__)
 
 
 class Role:
