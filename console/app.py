@@ -36,6 +36,7 @@ from console.settings_screen import SettingsScreen
 from console.training import TrainingPanel
 
 STOP_CONFIRM_S = 3.0
+TabPanel = ClusterPanel | NodesPanel | TrainingPanel | PartitionPanel  # a tab's content
 TABS = ("cluster", "nodes", "training", "partition")
 TABS_GROUP = Binding.Group("tabs", compact=True)
 # (title, help, action) of the command palette's zbus commands
@@ -105,11 +106,11 @@ class ZbusConsole(App):
         self.show_link()
         if self.endpoints is not None:
             self.link = BusLink(self.endpoints, self.post_message)
-            self.run_link()
+            self.run_link(self.link)
 
     @work(exclusive=True, group="bus")
-    async def run_link(self) -> None:
-        await self.link.run()
+    async def run_link(self, link: BusLink) -> None:
+        await link.run()
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """The palette (ctrl+p): every console action by name, then Textual's own."""
@@ -159,8 +160,7 @@ class ZbusConsole(App):
         control has exited); or, red, that control is not heard."""
         line = self.query_one("#link-line", Static)
         s = self.snapshot
-        final = s.get("final") if s else None
-        if final:
+        if s and (final := s.get("final")):
             line.set_classes("ended" if final.get("status") in ("completed", "stopped")
                              else "down")
             ended = fmt.final_line(final)
@@ -219,7 +219,7 @@ class ZbusConsole(App):
         if self.snapshot is None:
             self.notice("settings: no status from control yet", "refused")
             return
-        self.push_screen(SettingsScreen(self.snapshot["settings"]))
+        self.push_screen(SettingsScreen(self.snapshot["settings"], self.send_request))
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
@@ -233,8 +233,10 @@ class ZbusConsole(App):
         otherwise hidden); a tab coming into view is laid out at once."""
         if self.snapshot is not None:
             active = self.query_one(TabbedContent).active or "cluster"
-            panel = {"cluster": ClusterPanel, "nodes": NodesPanel, "training": TrainingPanel,
-                     "partition": PartitionPanel}.get(active, ClusterPanel)
+            panels: dict[str, type[TabPanel]] = {
+                "cluster": ClusterPanel, "nodes": NodesPanel, "training": TrainingPanel,
+                "partition": PartitionPanel}
+            panel = panels.get(active, ClusterPanel)
             self.query_one(panel).show(self.snapshot)
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:

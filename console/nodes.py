@@ -147,7 +147,7 @@ class NodesPanel(Vertical):
         node = table.selected()
         row = next((r for r in self.rows if r["id"] == node), None)
         detail = self.query_one("#node-detail", Static)
-        if row is None:
+        if node is None or row is None:
             detail.update(Text("no node selected", style="dim"))
             return
         parts: list = [(row["id"], "bold"), f"  {row['host']}:{row['pid']}  ",

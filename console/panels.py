@@ -125,7 +125,8 @@ class TasksPanel(Vertical):
             text.append("waiting for " + fmt.wait_line(w) + "\n", style="bold yellow")
         for task in tasks:
             text.append(f"{task['node']} {fmt.task_line(task)}\n")
-        self.query_one("#tasks-line", Static).update(text.rstrip() or text)
+        text.rstrip()  # in place
+        self.query_one("#tasks-line", Static).update(text)
         bar = self.query_one("#tasks-bar", ProgressBar)
         known = [t for t in tasks if t.get("total")]
         bar.display = bool(known)

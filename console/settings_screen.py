@@ -12,6 +12,8 @@ then goes to the end of the text."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -21,14 +23,18 @@ from textual.widgets import Button, Footer, Input, Label, Static
 
 from console.screens import ConfirmScreen
 
+# the app's request to control: (action, changes)
+Request = Callable[[str, dict[str, str]], None]
+
 
 class SettingsScreen(Screen):
     BINDINGS = [Binding("escape", "app.pop_screen", "back"),
                 Binding("ctrl+s", "apply", "apply")]
 
-    def __init__(self, settings: dict) -> None:
+    def __init__(self, settings: dict, request: Request) -> None:
         super().__init__()
         self.settings = settings  # {"version", "values", "ranges"} from control's status
+        self.request = request
         self.sent: dict[str, str] = {}   # the request in flight: name -> text sent
 
     def compose(self) -> ComposeResult:
@@ -98,7 +104,7 @@ class SettingsScreen(Screen):
         self.sent = dict(changes)
         self.show_result(None, "sent to control: " + ", ".join(f"{k} = {v}"
                                                               for k, v in changes.items()))
-        self.app.send_request("set", changes)
+        self.request("set", changes)
 
     def on_input_submitted(self, _event: Input.Submitted) -> None:
         self.action_apply()

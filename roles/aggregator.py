@@ -67,6 +67,7 @@ from roles.protocol.dense_sync import (
 )
 from roles.protocol.lifecycle import Export, Membership
 from roles.protocol.operator import Settings
+from roles.protocol.topology import ClusterConfig
 from zbus.codec import ProtocolError
 from zbus.endpoints import node_index
 from zbus.messages import Ready
@@ -77,6 +78,7 @@ log = logging.getLogger(__name__)
 
 class Aggregator(Node):
     role = "aggregator"
+    cluster: ClusterConfig  # the job's (the transport knows it only as a BusConfig)
 
     def __init__(self, job: Job, index: int = 0):
         super().__init__(job.cluster, index, job.fingerprint())
@@ -105,7 +107,7 @@ class Aggregator(Node):
         self.received: dict[int, dict[str, Contribution]] = {}
         self.partials: dict[int, dict[str, Partial]] = {}
         self.done: set[str] = set()
-        self.backups: Backups | None = None
+        self.backups: Backups | None = None  # the root's, from its welcome on (``root_backups``)
         self.backup_request = 0
         self.counts = {"stale_contributions": 0, "refused_weights": 0, "partials": 0,
                        "restores": 0, "checkpoints": 0}
@@ -116,14 +118,14 @@ class Aggregator(Node):
     def on_welcome(self) -> None:
         info: dict = {}
         if self.is_root:
-            self.backups = Backups(Path(self.run_dir) / "backups")
+            backups = self.backups = Backups(Path(self.run_dir) / "backups")
             if self.rollback and self.restore_dir:
                 try:
                     info = self.restore_checkpoint(Path(self.restore_dir))
                 except (OSError, ValueError, KeyError) as exc:
                     self.fail(f"cannot restore the checkpoint {self.restore_dir}: {exc}")
                     return
-            if not self.backups.existing():  # a first start: the initial weights are backup 0
+            if not backups.existing():  # a first start: the initial weights are backup 0
                 self.back_up(force=True)
         self.state = "ready"
         self.to_control(Ready(info={"parameters": self.size, "root": self.is_root, **info}))
@@ -174,8 +176,9 @@ class Aggregator(Node):
         self.generation, self.steps = meta["generation"], meta["steps"]
         self.sync.load(state)
         self.checkpointed = meta["number"]
-        dropped = self.backups.drop_after(self.round)
-        self.backups.last = params.copy()
+        backups = self.root_backups()
+        dropped = backups.drop_after(self.round)
+        backups.last = params.copy()
         log.warning("restored checkpoint %d (round %d); %d later backup(s) removed",
                     meta["number"], self.round, dropped)
         return {"checkpoint": meta["number"], "round": self.round}
@@ -186,6 +189,8 @@ class Aggregator(Node):
 
     # -- messages from workers and group aggregators ----------------------------------------
     def on_peer(self, identity: bytes | None, env) -> None:
+        if identity is None:  # a ROUTER socket names the sender of every message
+            raise ProtocolError("no_identity", "a message without its sender's identity")
         peer = identity.decode(errors="replace")
         match env.msg:
             case WeightsRequest() if self.is_root:
@@ -274,7 +279,7 @@ class Aggregator(Node):
             partials = self.partials.get(r, {})
             self.round = r
             self.forget_through(r)
-            if not self.is_root:
+            if self.up is not None:  # a group aggregator: its partial sum goes to the root
                 self.send(self.up, Partial(round=r, contributors=contributors,
                                            samples_by=samples_by, done=done,
                                            coefficient=coefficient, samples=sum(samples_by),
@@ -289,7 +294,7 @@ class Aggregator(Node):
                 done += p.done
             self.params = self.params + combine_partials(parts, self.size)
             self.done.update(done)
-            self.send(self.pub, self.weights())
+            self.publish(self.weights())
             self.report(RoundDone(round=r, contributors=contributors,
                                       samples_by=samples_by, coefficient=coefficient,
                                       samples=sum(samples_by)))
@@ -303,12 +308,26 @@ class Aggregator(Node):
                 del table[old]
 
     # -- backups, recovery, export --------------------------------------------------------------
+    def root_backups(self) -> Backups:
+        """The root's backups (made at its welcome, once the run directory is known)."""
+        if self.backups is None:
+            raise RuntimeError(f"{self.node_id} keeps no backups: only the root does, once "
+                               "welcomed")
+        return self.backups
+
+    def publish(self, weights: Weights) -> None:
+        """The root's weights out on PUB."""
+        if self.pub is None:
+            raise RuntimeError(f"{self.node_id} publishes no weights: only the root does")
+        self.send(self.pub, weights)
+
     def back_up(self, force: bool = False) -> None:
-        due, change = self.backups.due(self.params, self.settings["backup_change_min"])
+        backups = self.root_backups()
+        due, change = backups.due(self.params, self.settings["backup_change_min"])
         if not (due or force):
             return
-        path = self.backups.write(self.params, self.round, self.generation, change,
-                                  self.settings["backups_kept"])
+        path = backups.write(self.params, self.round, self.generation, change,
+                             self.settings["backups_kept"])
         log.debug("backup after round %d: %s (change %.3f)", self.round, path.name, change)
         self.to_control(BackupWritten(round=self.round, path=str(path),
                                       change=change if np.isfinite(change) else -1.0))
@@ -317,7 +336,8 @@ class Aggregator(Node):
         self.generation = r.generation
         self.forget_through(r.round)
         if self.is_root:
-            on_disk = self.backups.existing()
+            backups = self.root_backups()
+            on_disk = backups.existing()
             path = Path(r.path) if r.path else on_disk[-1]
             params, meta = load_dense(path)
             if params.shape != (self.size,):
@@ -325,13 +345,13 @@ class Aggregator(Node):
                           f"{self.size}")
                 return
             self.params = params
-            self.backups.last = params.copy()
+            backups.last = params.copy()
             log.warning("restored %s (round %s) as round %d", path, meta.get("round"),
                         r.round)
         self.round = r.round
         self.counts["restores"] += 1
         if self.is_root:
-            self.send(self.pub, self.weights())
+            self.publish(self.weights())
             self.report(Restored(generation=r.generation, round=r.round))
         self.complete_rounds()
 

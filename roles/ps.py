@@ -195,7 +195,7 @@ class Shard(Node):
             return {}
         got = read_chain(checkpoints_dir(self.run_dir), files)
         self.table.accept(got.keys, got.weights, got.accum)
-        if got.default_weights is not None:
+        if got.default_weights is not None and got.default_accum is not None:
             self.table.restore_defaults(got.default_weights, got.default_accum)
         self.table.clear_dirty()
         self.checkpoints.restored(files)
@@ -225,6 +225,8 @@ class Shard(Node):
         return self.node_id, [name]
 
     def on_message(self, identity: bytes | None, env) -> None:
+        if identity is None:  # a ROUTER socket names the sender of every message
+            raise ProtocolError("no_identity", "a message without its sender's identity")
         match env.msg:
             case BatchKeys() as msg:
                 self.handle_keys(msg)
@@ -372,6 +374,8 @@ class Shard(Node):
         expects gradients (feeders have drained, so those are in flight), or after
         ``drain_timeout_s`` (their gradients will be refused; counted)."""
         keymap = self.moving
+        if keymap is None:  # no placement to move to
+            return
         pending = self.awaiting_grads()
         if pending:
             if time.monotonic() - self.moving_since < self.job.placement.drain_timeout_s:

@@ -27,13 +27,13 @@ from collections.abc import Callable
 
 
 class ThreadWrite:
-    def __init__(self, write: Callable[[], None]):
+    def __init__(self, write: Callable[[], object]):
         self.result: tuple[bool, str] | None = None
         self.thread = threading.Thread(target=self._run, args=(write,), daemon=True,
                                        name="zbus-checkpoint")
         self.thread.start()
 
-    def _run(self, write: Callable[[], None]) -> None:
+    def _run(self, write: Callable[[], object]) -> None:
         try:
             write()
             self.result = (True, "")
@@ -50,7 +50,7 @@ class ThreadWrite:
 
 
 class ForkedWrite:
-    def __init__(self, write: Callable[[], None]):
+    def __init__(self, write: Callable[[], object]):
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: write, say what went wrong if anything, leave

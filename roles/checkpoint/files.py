@@ -58,7 +58,8 @@ def save_npz(path: Path, **arrays: np.ndarray) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
+        # allow_pickle given, as its default: else mypy checks the arrays against it too
+        np.savez(f, allow_pickle=True, **arrays)
         f.flush()
         os.fsync(f.fileno())
         size = f.tell()

@@ -83,6 +83,7 @@ def _hash_buffers(seed: np.uint64, data: np.ndarray, offsets: np.ndarray) -> np.
 
 def _string_buffers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(data bytes, offsets) of a string array without nulls."""
+    offset_type: type[np.int64] | type[np.int32]
     if pa.types.is_large_string(values.type):
         offset_type = np.int64
     else:

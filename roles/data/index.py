@@ -307,13 +307,13 @@ def plan_parts(files: list[FileIndex], eval_fraction: float, part_mb: float,
                 continue
             number = offset_files + i
             if f.kind == "text":
-                cuts = _text_cuts(f, a, b, part_bytes)
-                for (s, r0), (e, r1) in zip(cuts, cuts[1:], strict=False):
+                text_cuts = _text_cuts(f, a, b, part_bytes)
+                for (s, r0), (e, r1) in zip(text_cuts, text_cuts[1:], strict=False):
                     parts.append(Part(len(parts), number, r0, r1 - r0, s, e, is_eval))
             elif f.kind == "parquet":
                 rows_per = max(1, int(part_bytes / max(1.0, f.size / max(f.rows, 1))))
-                cuts = _parquet_cuts(f, a, b, rows_per)
-                for r0, r1 in zip(cuts, cuts[1:], strict=False):
+                row_cuts = _parquet_cuts(f, a, b, rows_per)
+                for r0, r1 in zip(row_cuts, row_cuts[1:], strict=False):
                     parts.append(Part(len(parts), number, r0, r1 - r0, eval=is_eval))
             else:
                 parts.append(Part(len(parts), number, a, b - a, eval=is_eval))

@@ -18,6 +18,7 @@ key (``hashing``).
 
 from __future__ import annotations
 
+import functools
 import gzip
 import math
 import zlib
@@ -423,7 +424,7 @@ def _read_text(f: FileIndex, part: Part, fmt: str, schema: Schema) -> Iterator[R
         except pa.ArrowInvalid:  # a ragged row or a bad number in the chunk: find the rows
             table, invalid = parser.parse(chunk, first, parser.texts, ragged=True)
         yield _block(schema, table, table.num_rows + len(invalid),
-                     lambda c=chunk, s=first, bad=invalid: _accepted_rows(c, s, bad), f.path,
+                     functools.partial(_accepted_rows, chunk, first, invalid), f.path,
                      invalid, len(chunk))
 
 

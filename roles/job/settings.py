@@ -456,7 +456,7 @@ def _kind(t: Any) -> str:
 
 def _coerce(value: Any, t: Any, path: tuple[str, ...], meta: typing.Mapping) -> Any:
     origin = typing.get_origin(t) or t
-    if dataclasses.is_dataclass(origin):
+    if isinstance(origin, type) and dataclasses.is_dataclass(origin):
         if not isinstance(value, dict):
             raise JobError(f"[{'.'.join(path)}] must be a table")
         return _build(origin, value, path)

@@ -18,6 +18,30 @@ from roles.model.parallel import GroupLeader
 from roles.protocol.datapath import Embeddings, SampleBatch
 
 
+def arrived(batch: PulledBatch) -> tuple[list[Embeddings], list[np.ndarray]]:
+    """Each shard's reply and its grid positions: all in by the time a batch runs
+    (``PulledBatch.complete``)."""
+    replies = [e for e in batch.replies if e is not None]
+    positions = [p for p in batch.positions if p is not None]
+    if len(replies) < len(batch.replies) or len(positions) < len(batch.positions):
+        raise ValueError(f"batch {batch.batch_id} runs without every shard's embeddings")
+    return replies, positions
+
+
+def replica(model: torch.nn.Module | None) -> torch.nn.Module:
+    """The worker's own network, when it runs without a model-parallel group leader."""
+    if model is None:
+        raise ValueError("a batch needs the worker's network or its group's leader")
+    return model
+
+
+def gradient(t: torch.Tensor) -> torch.Tensor:
+    """The gradient the backward pass left in ``t``."""
+    if t.grad is None:
+        raise RuntimeError("the backward pass left no gradient")
+    return t.grad
+
+
 class BatchCompute:
     def __init__(self, fields: int, dim: int, device: torch.device):
         self.fields, self.dim, self.device = fields, dim, device
@@ -27,12 +51,13 @@ class BatchCompute:
         """Forward and backward of a training batch: its loss sum, its sample weight sum and
         the gradient rows for each shard (the dense gradients stay in the parameters)."""
         s = batch.sample
-        emb = self.embeddings(len(s.labels), batch.replies, batch.positions)
+        replies, positions = arrived(batch)
+        emb = self.embeddings(len(s.labels), replies, positions)
         emb.requires_grad_(True)
         dense, labels, weights = self.tensors(s)
         weight_sum = float(weights.sum())
         loss_sum = self.forward_backward(model, leader, emb, dense, labels, weights, weight_sum)
-        grads = self.shard_grads(emb.grad, batch.replies, batch.positions)
+        grads = self.shard_grads(gradient(emb), replies, positions)
         return float(loss_sum.detach()), weight_sum, grads
 
     def score(self, model: torch.nn.Module | None, leader: GroupLeader | None,
@@ -40,7 +65,7 @@ class BatchCompute:
         """The predicted probabilities of an evaluation batch."""
         s = batch.sample
         dense, _, _ = self.tensors(s)
-        emb = self.embeddings(len(s.labels), batch.replies, batch.positions)
+        emb = self.embeddings(len(s.labels), *arrived(batch))
         return self.scores(model, leader, emb, dense).cpu().numpy()
 
     def embeddings(self, n: int, replies: list[Embeddings],
@@ -62,22 +87,23 @@ class BatchCompute:
         """Loss sum of the batch; the gradients land in emb.grad and the dense parameters
         (of ``model``, or with a ``leader`` those of its group)."""
         if leader is None:
-            loss_sum = weighted_loss_sum(model(emb, dense), labels, weights)
-            model.zero_grad(set_to_none=True)
+            net = replica(model)
+            loss_sum = weighted_loss_sum(net(emb, dense), labels, weights)
+            net.zero_grad(set_to_none=True)
             (loss_sum / max(weight_sum, 1e-12)).backward()
             return loss_sum
         logits = leader.forward({"embeddings": emb, "dense": dense}, train=True)
         leaf = logits.detach().requires_grad_(True)
         loss_sum = weighted_loss_sum(leaf, labels, weights)
         (loss_sum / max(weight_sum, 1e-12)).backward()
-        leader.backward(leaf.grad)
+        leader.backward(gradient(leaf))
         return loss_sum
 
     def scores(self, model: torch.nn.Module | None, leader: GroupLeader | None,
                emb: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             if leader is None:
-                return torch.sigmoid(model(emb, dense))
+                return torch.sigmoid(replica(model)(emb, dense))
             return torch.sigmoid(leader.forward({"embeddings": emb, "dense": dense},
                                                 train=False))
 

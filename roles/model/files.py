@@ -47,7 +47,8 @@ def embeddings_file(shard: int) -> str:
 
 def npz_bytes(**arrays: np.ndarray) -> bytes:
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    # allow_pickle given, as its default: else mypy checks the arrays against it too
+    np.savez(buf, allow_pickle=True, **arrays)
     return buf.getvalue()
 
 

@@ -65,7 +65,8 @@ def flops(gm: fx.GraphModule, node: fx.Node) -> float:
 def task_graph(gm: fx.GraphModule) -> TaskGraph:
     nodes = list(gm.graph.nodes)
     index = {node: i for i, node in enumerate(nodes)}
-    edges, nbytes = [], []
+    edges: list[tuple[int, int]] = []
+    nbytes: list[float] = []
     for node in nodes:
         for source in node.all_input_nodes:
             edges.append((index[source], index[node]))

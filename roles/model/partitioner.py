@@ -180,7 +180,8 @@ class Mover:
         return seen
 
 
-def _better(cut: tuple[int, int], over: float, best: tuple[int, int], best_over: float) -> bool:
+def _better(cut: tuple[float, ...], over: float, best: tuple[float, ...],
+            best_over: float) -> bool:
     """Within the bound beats over it; then fewer cut critical edges, then fewer cut edges;
     over the bound, less over it wins."""
     if (over <= 0) != (best_over <= 0):
@@ -253,7 +254,8 @@ def rebalance(mv: Mover, cap: float) -> None:
 def coarsen(level: Level, cap: float, rng: np.random.Generator) -> tuple[Level, np.ndarray]:
     """One round of clustering: (the level of sets, the set of every node)."""
     mate = np.full(level.n, -1, dtype=np.int64)
-    prefer = {}  # relation weight: critical ones first, any flow relation after
+    # relation weight: critical ones first, any flow relation after
+    prefer: dict[tuple[int, int], float] = {}
     for u, v, c, n in zip(level.a.tolist(), level.b.tolist(), level.crit.tolist(),
                           level.count.tolist(), strict=True):
         w = c + 1e-3 * n
@@ -349,7 +351,8 @@ def partition(g: TaskGraph, s: PartitionSettings) -> Partition:
         levels.append(coarse)
         maps.append(of)
     coarsest = levels[-1]
-    tries = []   # a few initial partitions of the sets, each refined; the best goes on
+    # a few initial partitions of the sets, each refined; the best goes on
+    tries: list[tuple[bool, float, float, int, np.ndarray]] = []
     for _ in range(max(1, s.tries)):
         start = initial_partition(coarsest, k, cap, s.initial_moves or 40 * coarsest.n, rng)
         mv = Mover(coarsest, start, k)

@@ -132,8 +132,9 @@ class ExportedModel:
         shard order."""
         dim = self.job.model.embedding_dim
         # with admission, a key with no row had its field's default row on its shard
-        self.defaults = np.stack(defaults) if defaults and all(
-            d is not None and len(d) for d in defaults) else None
+        present = [d for d in defaults if d is not None and len(d)]
+        self.defaults = np.stack(present) if defaults and len(present) == len(defaults) \
+            else None
         self.owners = KeyMap.hashed(len(parts), self.job.placement.buckets_per_shard)
         keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros(0, np.int64)
         rows = np.concatenate([r.reshape(-1, dim) for _, r in parts]) if parts \

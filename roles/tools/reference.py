@@ -56,6 +56,8 @@ class Reference:
         self.opt.zero_grad()
         (loss / w.sum().clamp_min(1e-12)).backward()
         self.opt.step()
+        if emb.grad is None:
+            raise RuntimeError("the backward pass left the embeddings no gradient")
         grads = np.zeros((len(rows), self.table.dim), dtype=np.float32)
         np.add.at(grads, inverse, emb.grad.reshape(-1, self.table.dim).numpy())
         self.table.adagrad(rows, grads)
