@@ -85,12 +85,13 @@ def sort_nodes(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     """Rows in table order: by role then index, or by a figure (largest first; failed and
     suspect nodes first when sorting by state)."""
     def by_role(r: dict) -> tuple:
-        return ROLE_ORDER.get(r.get("role"), 9), r.get("index", 0)
+        return ROLE_ORDER.get(str(r.get("role")), 9), r.get("index", 0)
 
     if key == "role":
         return sorted(rows, key=by_role)
     if key == "state":
-        return sorted(rows, key=lambda r: (STATE_ORDER.get(r.get("state"), 9), *by_role(r)))
+        return sorted(rows, key=lambda r: (STATE_ORDER.get(str(r.get("state")), 9),
+                                           *by_role(r)))
     return sorted(rows, key=lambda r: (r.get(key) is None, -(r.get(key) or 0), *by_role(r)))
 
 

@@ -201,6 +201,7 @@ class Worker(Node):
         return None if self.group is None else self.group.leader
 
     def on_group(self, _identity: bytes | None, env) -> None:
+        assert self.group is not None  # its socket exists only in a group
         self.group.heard(env)
 
     def group_failed(self, exc: GroupError) -> None:
@@ -242,7 +243,7 @@ class Worker(Node):
 
     def handle_command(self, env) -> None:
         match env.msg:
-            case ModelPlan() as plan if self.grouped and self.leader is None:
+            case ModelPlan() as plan if self.group is not None and self.leader is None:
                 self.replica = self.group.take_plan(plan, time.monotonic())
             case ShardBack(shard=i, generation=g) if g > self.shards_back.get(i, 0) \
                     and 0 <= i < len(self.shards):
@@ -313,7 +314,8 @@ class Worker(Node):
                     return  # the batch was refused to this worker meanwhile
                 if batch.has_embeddings():
                     now = time.monotonic()
-                    self.counts["lookup_wait_s"] += now - batch.looked_up_at
+                    if batch.looked_up_at is not None:  # rows that came before it asked
+                        self.counts["lookup_wait_s"] += now - batch.looked_up_at
                     self.waits.add(now - batch.needed_at if batch.needed_at else 0.0)
                 self.advance()
             case _:

@@ -273,21 +273,23 @@ class Checkpoints:
         for p in c.parts.values():
             kind = str(p.info.get("kind", "other"))
             kinds[kind] = kinds.get(kind, 0) + p.bytes
+        pause_s = round((c.resumed_at or now) - c.began, 3)
+        shard_pause_s = max(shard_pauses, default=None)
+        written = sum(p.bytes for p in c.parts.values())
         rec = {"number": c.number, "status": status, "reason": c.reason, "why": why,
                "round": c.round, "drain_s": round((c.flushed_at or now) - c.began, 3)
                if c.flushed_at else None,
-               "pause_s": round((c.resumed_at or now) - c.began, 3),
-               "shard_pause_s": max(shard_pauses, default=None),
+               "pause_s": pause_s, "shard_pause_s": shard_pause_s,
                "write_s": max((p.write_s for p in c.parts.values()), default=None),
-               "bytes": sum(p.bytes for p in c.parts.values()), "bytes_by_kind": kinds,
+               "bytes": written, "bytes_by_kind": kinds,
                "total_s": round(now - c.began, 3), "removed": removed}
         self.records = [*self.records, rec][-RECORDS_KEPT:]
         t = self.totals
         t[status] += 1
         if status == "complete":
-            t["bytes"] += rec["bytes"]
-            t["max_pause_s"] = max(t["max_pause_s"], rec["pause_s"])
-            t["max_shard_pause_s"] = max(t["max_shard_pause_s"], rec["shard_pause_s"] or 0.0)
+            t["bytes"] += written
+            t["max_pause_s"] = max(t["max_pause_s"], pause_s)
+            t["max_shard_pause_s"] = max(t["max_shard_pause_s"], shard_pause_s or 0.0)
             log.info("checkpoint %d complete: training paused %.3f s (a shard %.4f s), %d "
                      "bytes written in %.2f s", c.number, rec["pause_s"],
                      rec["shard_pause_s"] or 0.0, rec["bytes"], rec["total_s"])

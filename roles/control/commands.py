@@ -15,7 +15,7 @@ from zbus.codec import Message
 
 
 class Commands:
-    def __init__(self, send: Callable[[Message], None],
+    def __init__(self, send: Callable[[Message], object],
                  before_standing: Callable[[], None] = lambda: None):
         self.send = send
         self.before_standing = before_standing

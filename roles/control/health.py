@@ -25,7 +25,7 @@ from zbus.messages import Probe
 
 class Health:
     def __init__(self, cluster: ClusterConfig, members: Members,
-                 send_probe: Callable[[str, Probe], None], failure_window_s: float = 30.0):
+                 send_probe: Callable[[str, Probe], object], failure_window_s: float = 30.0):
         self.cluster = cluster
         self.members = members
         self.send_probe = send_probe
@@ -41,6 +41,8 @@ class Health:
         net, speeds = load.get("net"), load.get("speed", {})
         c = self.cluster
         try:
+            if not isinstance(net, dict):
+                raise TypeError
             nics = counted_interfaces(list(net), c.interfaces, c.single_host())
             self.hosts.setdefault(node.host, HostMeter()).update(
                 now, net, speeds, nics, c.link_mbps)

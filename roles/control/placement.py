@@ -33,6 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -141,8 +142,8 @@ class PlacementKeeper:
         heavy = HeavyHitters(p.heavy_keys)
         for m in counts:
             heavy.merge(HeavyHitters.of(m.size, m.keys, m.counts, m.errors, m.pairs))
-        buckets = sum(np.asarray(m.bucket_pairs, dtype=np.int64) for m in counts)
-        assigned = sum(np.asarray(m.shard_pairs, dtype=np.int64) for m in counts)
+        buckets = np.sum([np.asarray(m.bucket_pairs, dtype=np.int64) for m in counts], axis=0)
+        assigned = np.sum([np.asarray(m.shard_pairs, dtype=np.int64) for m in counts], axis=0)
         pairs = heavy.total
         self.closed(window, pairs)
         if self.migration is None or self.last_capacities is None:
@@ -294,7 +295,8 @@ class PlacementKeeper:
         if not self.skew:
             return None
         last = self.windows[-1] if self.windows else {}
-        placed = next((w for w in reversed(self.windows) if "overflow_by_shard" in w), {})
+        placed: dict[str, Any] = next(
+            (w for w in reversed(self.windows) if "overflow_by_shard" in w), {})
         return {
             "version": self.keymap.version,
             "phase": "active" if self.migration is None else (
@@ -327,10 +329,10 @@ class PlacementKeeper:
         self.sealed = True
 
     def summary(self) -> dict:
-        summary = {"mode": self.job.placement.mode}
+        summary: dict[str, Any] = {"mode": self.job.placement.mode}
         if self.skew:
-            summary.update(self.status() or {}, windows=self.windows,
-                           migration_log=self.migrations)
+            summary.update(self.status() or {})
+            summary.update(windows=self.windows, migration_log=self.migrations)
         return summary
 
     def from_state(self) -> None:

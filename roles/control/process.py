@@ -463,7 +463,7 @@ class Control(Loop):
     # -- the clock -----------------------------------------------------------------------------
     def on_tick(self, now: float) -> None:
         if self.closing is not None:
-            self.close_down(now)
+            self.close_down(now, self.closing)
             return
         if self.termination:
             self.end("terminated", f"control received {self.termination}")
@@ -700,10 +700,10 @@ class Control(Loop):
         self.exit_code = 0 if ok else 1
         self.closing = Closing(summary, path, now + CLOSE_WAIT_S, stop)
 
-    def close_down(self, now: float) -> None:
+    def close_down(self, now: float, closing: Closing) -> None:
         """The job has ended: the nodes leave (consoles keep seeing the final status), then
         the headline, the run's last output."""
-        summary, path, deadline, _ = self.closing
+        summary, path, deadline, _ = closing
         self.wake_at = now + 0.1  # look again soon: the nodes exit within moments
         if now >= self.next_status:
             self.publish_status(now)

@@ -36,7 +36,7 @@ class Families:
     """Metric families under construction, each made on first use."""
 
     def __init__(self) -> None:
-        self.made: dict[str, Metric] = {}
+        self.made: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
 
     def add(self, name: str, doc: str, labels: dict[str, str], value: Any,
             counter: bool = False) -> None:

@@ -133,7 +133,7 @@ class LazyMode(SyncMode):
     decides_every_tick = True
 
     def __init__(self, sync_every: int, health: Health, settings: Callable[[], dict],
-                 send: Callable[[Decision], None], metrics: MetricsLog, interval: float):
+                 send: Callable[[Decision], object], metrics: MetricsLog, interval: float):
         self.sync_every = sync_every
         self.health = health
         self.settings = settings
@@ -191,7 +191,7 @@ class LazyMode(SyncMode):
 
 
 def sync_mode(name: str, sync_every: int, *, health: Health, settings: Callable[[], dict],
-              send: Callable[[Decision], None], metrics: MetricsLog,
+              send: Callable[[Decision], object], metrics: MetricsLog,
               interval: float) -> SyncMode:
     if name == "step":
         return SyncMode()

@@ -22,6 +22,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -177,7 +178,7 @@ class Program:
         return out
 
     def run_stage(self, stage: Stage) -> None:
-        env: dict[str, object] = {}
+        env: dict[str, Any] = {}   # a traced node's name -> its value (tensors, mostly)
         for name in stage.inputs:
             value = self.values[name]
             if self.train and self.differentiable[name]:
@@ -195,7 +196,9 @@ class Program:
             elif node.op == "call_module":
                 env[node.name] = self.gm.get_submodule(str(node.target))(*args, **kwargs)
             elif node.op == "call_function":
-                env[node.name] = node.target(*args, **kwargs)
+                function = node.target
+                assert callable(function)  # fx: a call_function node's target is the function
+                env[node.name] = function(*args, **kwargs)
             elif node.op == "call_method":
                 env[node.name] = getattr(args[0], str(node.target))(*args[1:], **kwargs)
             else:  # output
@@ -414,7 +417,9 @@ class GroupLeader:
             return p.result() is not None
 
         self.wait(reached, f"running forward of step {self.step}")
-        return p.result()
+        output = p.result()
+        assert output is not None  # what reached() waited for
+        return output
 
     def backward(self, output_grad: torch.Tensor) -> None:
         p = self.program
@@ -444,14 +449,15 @@ class GroupReplica(Replica):
     def __init__(self, gm: fx.GraphModule, program: Program, leader: GroupLeader,
                  device: torch.device, local_lr: float | None):
         self.program, self.leader = program, leader
-        self.slices: dict[int, np.ndarray] = defaultdict(list)   # member -> flat indexes
+        indexes: dict[int, list[int]] = defaultdict(list)
         owners = parameter_owners(gm, program.owner)
         at = 0
         for name, p in gm.named_parameters():
             member = owners.get(name, 0)  # a parameter no node uses: the leader keeps it
-            self.slices[member].extend(range(at, at + p.numel()))
+            indexes[member].extend(range(at, at + p.numel()))
             at += p.numel()
-        self.slices = {m: np.asarray(ix, dtype=np.int64) for m, ix in self.slices.items()}
+        self.slices = {m: np.asarray(ix, dtype=np.int64)   # member -> flat indexes
+                       for m, ix in indexes.items()}
         super().__init__(None, device, local_lr, params=list(program.params.values()),
                          size=at)
 
