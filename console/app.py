@@ -34,6 +34,7 @@ from console.panels import ClusterPanel, PartitionPanel, TasksPanel
 from console.screens import HelpScreen
 from console.settings_screen import SettingsScreen
 from console.training import TrainingPanel
+from roles.protocol.status import StatusSnapshot
 
 STOP_CONFIRM_S = 3.0
 TabPanel = ClusterPanel | NodesPanel | TrainingPanel | PartitionPanel  # a tab's content
@@ -80,7 +81,7 @@ class ZbusConsole(App):
         super().__init__()
         self.endpoints = endpoints
         self.link: BusLink | None = None
-        self.snapshot: dict | None = None
+        self.snapshot: StatusSnapshot | None = None
         self.connected = False
         self.link_detail = "not connected"
         self.stop_armed_at = 0.0

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import zmq
 from textual.message import Message
 
-from roles.protocol.operator import STATUS_LAYOUT, ControlReply, ControlRequest, Status
+from roles.protocol.operator import ControlReply, ControlRequest, Status
+from roles.protocol.status import StatusSnapshot
 from roles.protocol.topology import ClusterConfig
 from zbus import security, sockets
 from zbus.codec import ProtocolError
@@ -36,7 +37,7 @@ POLL_S = 0.05  # the sockets are polled without blocking, then the task sleeps t
 
 
 class StatusArrived(Message):
-    def __init__(self, snapshot: dict) -> None:
+    def __init__(self, snapshot: StatusSnapshot) -> None:
         super().__init__()
         self.snapshot = snapshot
 
@@ -159,11 +160,7 @@ class BusLink:
                 _, env = sockets.recv(sub, router=False, traffic=self.traffic)
                 if not isinstance(env.msg, Status):
                     raise ProtocolError("unexpected_type", type(env.msg).__name__)
-                snapshot = env.msg.snapshot()
-                if snapshot.get("layout") != STATUS_LAYOUT:
-                    raise ProtocolError("bad_body", f"status layout {snapshot.get('layout')!r}"
-                                                    f", this console reads {STATUS_LAYOUT}")
-                newest = snapshot
+                newest = env.msg.snapshot()  # its layout checked
             except zmq.Again:
                 break
             except ProtocolError as exc:

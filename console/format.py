@@ -3,11 +3,12 @@ and the order of the node table."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from rich.text import Text
 
 from roles.algorithms.shared.progress import describe, seconds
+from roles.protocol.status import CheckpointView, Final, NodeRow, TaskFigures, Wait
 
 DASH = "-"
 STATE_STYLE = {"alive": ("● alive", "green"), "suspect": ("? suspect", "bold yellow"),
@@ -81,18 +82,24 @@ ROLE_ORDER = {"control": 0, "feeder": 1, "aggregator": 2, "ps": 3, "worker": 4, 
 STATE_ORDER = {"failed": 0, "suspect": 1, "left": 2, "alive": 3}
 
 
-def sort_nodes(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+def sort_nodes(rows: list[NodeRow], key: str) -> list[NodeRow]:
     """Rows in table order: by role then index, or by a figure (largest first; failed and
     suspect nodes first when sorting by state)."""
-    def by_role(r: dict) -> tuple:
-        return ROLE_ORDER.get(str(r.get("role")), 9), r.get("index", 0)
+    def by_role(r: NodeRow) -> tuple[int, int]:
+        return ROLE_ORDER.get(r["role"], 9), r["index"]
 
     if key == "role":
         return sorted(rows, key=by_role)
     if key == "state":
-        return sorted(rows, key=lambda r: (STATE_ORDER.get(str(r.get("state")), 9),
-                                           *by_role(r)))
-    return sorted(rows, key=lambda r: (r.get(key) is None, -(r.get(key) or 0), *by_role(r)))
+        return sorted(rows, key=lambda r: (STATE_ORDER.get(r["state"], 9), *by_role(r)))
+    return sorted(rows, key=lambda r: (figure(r, key) is None, -(figure(r, key) or 0),
+                                       *by_role(r)))
+
+
+def figure(row: Mapping[str, object], name: str) -> float | None:
+    """A row's figure by name (a node's cpu, rss, ...): None where it has none."""
+    value = row.get(name)
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def elide(text: str, width: int) -> str:
@@ -100,18 +107,18 @@ def elide(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
-def task_line(task: dict[str, Any]) -> str:
+def task_line(task: TaskFigures) -> str:
     """A long task's progress (``roles.algorithms.shared.progress``) in words."""
     return describe(task)
 
 
-def wait_line(w: dict[str, Any]) -> str:
+def wait_line(w: Wait) -> str:
     """``ps-1 to be restarted: start it with zbus-ps --index 1 (within 1m35s)``."""
     return (f"{w['node']} {w['what']}: start it with {w['restart']} "
             f"(within {duration(w['left_s'])})")
 
 
-def final_line(f: dict[str, Any]) -> Text:
+def final_line(f: Final) -> Text:
     """How the job ended: ``completed: auc 0.9071, logloss 0.3012 in 45s; summary runs/...``."""
     ok = f.get("status") in ("completed", "stopped")
     text = Text(str(f.get("status")), style="bold green" if ok else "bold red")
@@ -134,7 +141,7 @@ CUT_PHASES = {"drain": "draining", "flush": "flush round", "write": "snapshots",
               "resume": "writing the files"}
 
 
-def checkpoint_line(k: dict[str, Any]) -> Text:
+def checkpoint_line(k: CheckpointView) -> Text:
     """Whole-job checkpoints (the status's ``checkpoint``): ``3, 12s ago, 4.2M, training
     paused 0.050s; next in 48s`` or the cut under way, and a rollback on resume."""
     text = Text()

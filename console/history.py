@@ -6,7 +6,9 @@ console started late shows what it has seen since."""
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+
+from console.format import figure
+from roles.protocol.status import StatusSnapshot
 
 FIGURES = ("cpu", "rss", "in_per_s", "out_per_s")
 
@@ -17,7 +19,7 @@ class NodeHistory:
         self.points = int(keep_s / every_s)
         self.nodes: dict[str, deque[tuple[float, dict[str, float | None]]]] = {}
 
-    def add(self, snapshot: dict[str, Any]) -> bool:
+    def add(self, snapshot: StatusSnapshot) -> bool:
         """The figures of a status; False when it added no point (too soon after the last)."""
         t = float(snapshot.get("uptime_s") or 0.0)
         added = False
@@ -27,7 +29,7 @@ class NodeHistory:
                 continue
             if points and t < points[-1][0]:   # control started again: its clock too
                 points.clear()
-            points.append((t, {k: row.get(k) for k in FIGURES}))
+            points.append((t, {k: figure(row, k) for k in FIGURES}))
             added = True
         return added
 

@@ -13,6 +13,7 @@ from textual.widgets import DataTable, Static
 from console import format as fmt
 from console.charts import Chart, series
 from console.history import NodeHistory
+from roles.protocol.status import NodeRow, StatusSnapshot
 
 # (header, the row's key it shows and sorts by, shown in the narrow layout); the id names the
 # role, so the role has no column of its own (sorting by role is the default order). The
@@ -28,7 +29,7 @@ LEGEND = ("queue: feeder batches in flight · worker pipeline · shard batches h
           "waiting   M: samples since the last contribution   ↑↓ select a node")
 
 
-def cells(r: dict[str, Any], wide: bool) -> list[Any]:
+def cells(r: NodeRow, wide: bool) -> list[Any]:
     row = [r["id"], fmt.state(r["state"]), fmt.count(r["cpu"]), fmt.size(r["rss"]),
            fmt.size(r["in_per_s"]), fmt.size(r["out_per_s"]), fmt.count(r["samples_per_s"]),
            fmt.count(r["backlog"])]
@@ -48,7 +49,7 @@ class NodeTable(DataTable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self.sort_by = "role"
-        self.rows_shown: list[dict] = []
+        self.rows_shown: list[NodeRow] = []
         self.wide: bool | None = None
         self.cells_shown: list[list[Any]] | None = None   # as shown, row by row
 
@@ -64,7 +65,7 @@ class NodeTable(DataTable):
     def columns_shown(self) -> list[tuple[str, str | None, bool]]:
         return [c for c in NODE_COLUMNS if self.wide or c[2]]
 
-    def show(self, rows: list[dict]) -> None:
+    def show(self, rows: list[NodeRow]) -> None:
         """The rows, sorted. The same nodes in the same order (the usual case): only the
         cells that changed are rewritten, which keeps a status with 32 nodes cheap to show;
         else the table is made again."""
@@ -110,7 +111,7 @@ class NodesPanel(Vertical):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.history = NodeHistory()
-        self.rows: list[dict] = []
+        self.rows: list[NodeRow] = []
         self.turn = 0
 
     def compose(self) -> ComposeResult:
@@ -129,12 +130,12 @@ class NodesPanel(Vertical):
             table.columns_for(wide)
             table.show(self.rows)
 
-    def record(self, snap: dict) -> None:
+    def record(self, snap: StatusSnapshot) -> None:
         """Every status, shown or not: the nodes' history."""
         self.rows = snap["nodes"]
         self.history.add(snap)
 
-    def show(self, snap: dict) -> None:
+    def show(self, snap: StatusSnapshot) -> None:
         """The tab is in view: the table, the selected node's line and (one of) its charts."""
         self.rows = snap["nodes"]
         self.query_one(NodeTable).show(self.rows)
@@ -154,7 +155,7 @@ class NodesPanel(Vertical):
                        fmt.state(row["state"]), f"  doing {row['doing']}"]
         if row.get("round_samples") is not None:
             parts.append(f"  M {fmt.count(row['round_samples'])}")
-        if row.get("progress"):
+        if row["progress"]:
             parts.append((f"  {fmt.task_line(row['progress'])}", "yellow"))
         detail.update(Text.assemble(*parts))
         times, _ = self.history.of(node, "cpu")

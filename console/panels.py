@@ -1,6 +1,6 @@
 """The console's panels (the Cluster and Partition tabs, and the strip of tasks under way).
 Each only displays: ``show(snapshot)`` lays out what control published
-(``roles.algorithms.control.status`` describes the snapshot), called for the tab in view only;
+(``roles.protocol.status.StatusSnapshot``), called for the tab in view only;
 ``record(snapshot)``, where a panel has one, keeps its history from every status. Nothing
 here talks to the bus. The
 Nodes tab is ``console.nodes``, the Training tab ``console.training``."""
@@ -16,6 +16,7 @@ from textual.widgets import DataTable, ProgressBar, Static
 
 from console import format as fmt
 from console.charts import Chart, series
+from roles.protocol.status import StatusSnapshot
 
 CLUSTER_POINTS = 300   # the Cluster tab's charts: one point per second of control's clock
 
@@ -37,7 +38,7 @@ class ClusterPanel(Vertical):
             yield Chart("network utilisation", "s since start", id="net-plot")
             yield Chart("failure rate", "s since start", id="failure-plot")
 
-    def record(self, snap: dict) -> None:
+    def record(self, snap: StatusSnapshot) -> None:
         """Every status, shown or not: a point a second for the charts."""
         c, t = snap["cluster"], float(snap.get("uptime_s") or 0.0)
         if self.points and 0 <= t - self.points[-1][0] < 1.0 - 1e-6:
@@ -56,7 +57,7 @@ class ClusterPanel(Vertical):
             [series("failure rate", times, [p[3] for p in self.points]),
              series("failure_rate_max", times, [p[4] for p in self.points])])
 
-    def show(self, snap: dict) -> None:
+    def show(self, snap: StatusSnapshot) -> None:
         c = snap["cluster"]
         gauges = Text()
         gauges.append("network  ")
@@ -114,7 +115,7 @@ class TasksPanel(Vertical):
         yield Static(id="tasks-line")
         yield ProgressBar(total=100, show_eta=False, id="tasks-bar")
 
-    def show(self, snap: dict) -> None:
+    def show(self, snap: StatusSnapshot) -> None:
         tasks = snap.get("tasks") or []
         waits = [] if snap.get("final") else snap.get("waiting") or []
         self.display = bool(tasks or waits)
@@ -128,12 +129,11 @@ class TasksPanel(Vertical):
         text.rstrip()  # in place
         self.query_one("#tasks-line", Static).update(text)
         bar = self.query_one("#tasks-bar", ProgressBar)
-        known = [t for t in tasks if t.get("total")]
+        known = [(t["done"] or 0.0, total) for t in tasks if (total := t["total"])]
         bar.display = bool(known)
         if known:
-            bar.update(total=sum(float(t["total"]) for t in known),
-                       progress=sum(min(float(t["done"] or 0), float(t["total"]))
-                                    for t in known))
+            bar.update(total=sum(total for _, total in known),
+                       progress=sum(min(done, total) for done, total in known))
 
 
 class PartitionPanel(Vertical):
@@ -150,7 +150,7 @@ class PartitionPanel(Vertical):
         self.query_one("#tables", DataTable).add_columns(
             "shard", "admitted", "rejected", "expired", "evicted")
 
-    def show(self, snap: dict) -> None:
+    def show(self, snap: StatusSnapshot) -> None:
         e = snap["partition"]["embeddings"]
         skew = e.get("skew_aware")
         head = Text(f"embedding shards: {e['placement']} placement", style="bold")
@@ -180,8 +180,8 @@ class PartitionPanel(Vertical):
         tables = self.query_one("#tables", DataTable)
         tables.clear()
         for s in e["shards"]:
-            tables.add_row(str(s["shard"]), *(fmt.count(s.get(k)) for k in (
-                "admitted", "rejected", "expired", "evicted")))
+            tables.add_row(str(s["shard"]), fmt.count(s["admitted"]), fmt.count(s["rejected"]),
+                           fmt.count(s["expired"]), fmt.count(s["evicted"]))
         self.query_one("#model-partition", Static).update(
             model_partition_text(snap["partition"].get("model")))
 

@@ -22,6 +22,7 @@ from textual.validation import Integer, Number
 from textual.widgets import Button, Footer, Input, Label, Static
 
 from console.screens import ConfirmScreen
+from roles.protocol.status import SettingsView
 
 # the app's request to control: (action, changes)
 Request = Callable[[str, dict[str, str]], None]
@@ -31,7 +32,7 @@ class SettingsScreen(Screen):
     BINDINGS = [Binding("escape", "app.pop_screen", "back"),
                 Binding("ctrl+s", "apply", "apply")]
 
-    def __init__(self, settings: dict, request: Request) -> None:
+    def __init__(self, settings: SettingsView, request: Request) -> None:
         super().__init__()
         self.settings = settings  # {"version", "values", "ranges"} from control's status
         self.request = request
@@ -120,7 +121,7 @@ class SettingsScreen(Screen):
         result.set_classes("" if ok is None else ("ok" if ok else "refused"))
         result.update(text if ok is not False else f"refused: {text}")
 
-    def show_status(self, settings: dict) -> None:
+    def show_status(self, settings: SettingsView) -> None:
         """A status from control: the effective values and the version (inputs untouched)."""
         if settings.get("version") == self.settings.get("version"):
             return

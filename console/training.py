@@ -10,6 +10,7 @@ from textual.widgets import ProgressBar, Static
 
 from console import format as fmt
 from console.charts import Chart, robust_limits, series
+from roles.protocol.status import EpochFigures, StatusSnapshot
 
 
 class TrainingPanel(Vertical):
@@ -24,7 +25,7 @@ class TrainingPanel(Vertical):
             yield Chart("eval AUC", "epoch", id="auc-plot", whole_x=True)
             yield EpochsTable(id="epochs-table")
 
-    def show(self, snap: dict) -> None:
+    def show(self, snap: StatusSnapshot) -> None:
         t = snap["training"]
         epoch = snap["epoch"]
         shown = f"epoch {epoch + 1} of {snap['epochs']}" if epoch >= 0 else "not started"
@@ -45,9 +46,9 @@ class TrainingPanel(Vertical):
             note="the loss of each interval's acknowledged samples")
         self.query_one("#speed-plot", Chart).show(
             [series("samples/s", h["t"], h["samples_per_s"])])
-        done = [e for e in t["epochs"] if e.get("auc") is not None]
+        done = [(e["epoch"] + 1, e["auc"]) for e in t["epochs"] if e["auc"] is not None]
         self.query_one("#auc-plot", Chart).show(
-            [series("auc", [e["epoch"] + 1 for e in done], [e["auc"] for e in done])],
+            [series("auc", [x for x, _ in done], [y for _, y in done])],
             note="no epoch evaluated yet")
         self.query_one(EpochsTable).show(t["epochs"])
 
@@ -57,9 +58,9 @@ class EpochsTable(Static):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.epochs: list[dict] = []
+        self.epochs: list[EpochFigures] = []
 
-    def show(self, epochs: list[dict]) -> None:
+    def show(self, epochs: list[EpochFigures]) -> None:
         if epochs != self.epochs:
             self.epochs = list(epochs)
             self.refresh()
@@ -68,13 +69,13 @@ class EpochsTable(Static):
         return epochs_table(self.epochs, max(1, self.size.height - 1))
 
 
-def epochs_table(epochs: list[dict], last: int = 12) -> Text:
+def epochs_table(epochs: list[EpochFigures], last: int = 12) -> Text:
     """The last epochs' figures, one line each."""
     text = Text("epoch  train loss  eval auc  logloss\n", style="bold")
     if not epochs:
         text.append("no epoch trained yet", style="dim")
     for e in epochs[-last:]:
-        loss, auc, logloss = (fmt.DASH if e.get(k) is None else f"{e[k]:.4f}"
-                              for k in ("train_loss", "auc", "logloss"))
+        loss, auc, logloss = (fmt.DASH if v is None else f"{v:.4f}"
+                              for v in (e["train_loss"], e["auc"], e["logloss"]))
         text.append(f"{e['epoch'] + 1:>5}  {loss:>10}  {auc:>8}  {logloss:>7}\n")
     return text

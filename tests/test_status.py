@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import orjson
 import pytest
 
 from console import format as fmt
 from roles.algorithms.control.membership import FAILED, NodeState
 from roles.algorithms.control.status import StatusBuilder
 from roles.protocol.operator import Status
+from roles.protocol.status import STATUS_LAYOUT
 from zbus.codec import ProtocolError, decode
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def node(role: str, index: int, last_seen: float = 0.0, **counters) -> NodeState:
@@ -78,12 +84,19 @@ def test_training_history_eta_and_shard_shares():
 
 
 def test_status_body_round_trips_and_a_bad_body_is_refused():
-    snap = {"layout": 1, "nodes": [{"id": "worker-0"}] * 500}
+    """A snapshot of 500 nodes (more than a header holds) comes back whole; a body that is not
+    a JSON object, is of another layout's version, or lacks a key of the layout is refused."""
+    snap = orjson.loads((REPO / "tests" / "data" / "console_status.json").read_bytes())
+    snap["nodes"] = snap["nodes"][:1] * 500
     msg = decode(Status.of("run-1", snap).to_frames("control-0", 3)).msg
     assert msg.run_id == "run-1" and msg.snapshot() == snap
-    for body in (b"not json", b"[1, 2]"):
+    older = {**snap, "layout": STATUS_LAYOUT - 1}
+    partial = {k: v for k, v in snap.items() if k not in ("tasks", "final")}
+    for body, why in ((b"not json", "not JSON"), (b"[1, 2]", "not a JSON object"),
+                      (orjson.dumps(older), f"status layout {STATUS_LAYOUT - 1}, this reader"),
+                      (orjson.dumps(partial), "status without final, tasks")):
         bad = Status(run_id="r", body=np.frombuffer(body, np.uint8))
-        with pytest.raises(ProtocolError, match="bad_body"):
+        with pytest.raises(ProtocolError, match=why):
             decode(bad.to_frames()).msg.snapshot()
 
 

@@ -48,6 +48,7 @@ from roles.data.hashing import KEY_HASH
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
 from roles.protocol.checkpoint import Checkpoint, CheckpointDrained, CheckpointPart, Snapshotted
+from roles.protocol.status import CheckpointView, LatestCheckpoint, TaskFigures
 
 log = logging.getLogger(__name__)
 RECORDS_KEPT = 50  # the newest checkpoints' records in the history (the totals cover all)
@@ -321,7 +322,7 @@ class Checkpoints:
                            "pause_s": None, "shard_pause_s": None, "dir": str(where)}
         return self.newest
 
-    def task(self, now: float) -> dict | None:
+    def task(self, now: float) -> TaskFigures | None:
         """The cut under way as a long task (``roles.algorithms.shared.progress`` figures): its
         phase, and how many of the feeders, the round or the parts it waits for are done."""
         c = self.cut
@@ -348,22 +349,24 @@ class Checkpoints:
         return f" (round {waiting.get('round')} waits for {', '.join(map(str, missing))})" \
             if missing else ""
 
-    def status(self, now: float, training: bool) -> dict:
-        """The status's ``checkpoint`` (``roles.algorithms.control.status``): the newest complete
+    def status(self, now: float, training: bool) -> CheckpointView:
+        """The status's ``checkpoint`` (``roles.protocol.status.CheckpointView``): the newest
+        complete
         checkpoint, the cut under way, the counts, when the next is due (while ``training``:
         none is cut otherwise), the rollbacks."""
         newest = self.latest()
-        latest = None
+        latest: LatestCheckpoint | None = None
         if newest is not None:
             at = newest["at"]
-            latest = {k: newest[k] for k in ("number", "bytes", "pause_s", "shard_pause_s",
-                                              "dir")}
-            latest["age_s"] = None if at is None else round(max(0.0, time.time() - at), 1)
+            latest = {"number": newest["number"], "bytes": newest["bytes"],
+                      "pause_s": newest["pause_s"], "shard_pause_s": newest["shard_pause_s"],
+                      "dir": newest["dir"],
+                      "age_s": None if at is None else round(max(0.0, time.time() - at), 1)}
         c = self.cut
         aborted = next((r for r in reversed(self.records) if r["status"] == "aborted"), None)
         return {
-            "every_s": self.config.every_s, "complete": self.totals["complete"],
-            "aborted": self.totals["aborted"], "latest": latest,
+            "every_s": self.config.every_s, "complete": int(self.totals["complete"]),
+            "aborted": int(self.totals["aborted"]), "latest": latest,
             "under_way": None if c is None else {"number": c.number, "phase": c.phase,
                                                  "elapsed_s": round(now - c.began, 1)},
             "last_aborted": None if aborted is None else {"number": aborted["number"],

@@ -9,7 +9,7 @@
   package (``pip install 'zbus[tensorboard]'``): a job that does not ask for events does not
   need it.
 
-Both read only the status snapshot (``roles.algorithms.control.status``) and the summary: what
+Both read only the status snapshot (``roles.protocol.status``) and the summary: what
 consoles see is what the monitoring stack sees."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 from roles.job.settings import Job
+from roles.protocol.status import Final, StatusSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class MonitoringError(OSError):
     """A monitoring outlet cannot start (the port is taken, a package is missing)."""
 
 
-def final_figures(summary: dict, path: Path) -> dict:
+def final_figures(summary: dict, path: Path) -> Final:
     """How the job ended, for the status's ``final``."""
     return {"status": summary.get("status"), "reason": summary.get("reason", ""),
             "auc": summary.get("auc"), "logloss": summary.get("logloss"),
@@ -73,8 +73,8 @@ class TensorBoardEvents:
         self.decisions: dict[str, int] = {}
         log.info("TensorBoard events in %s", directory)
 
-    def show(self, snap: dict[str, Any]) -> None:
-        t = snap.get("training", {})
+    def show(self, snap: StatusSnapshot) -> None:
+        t = snap["training"]
         history = t.get("history", {})
         times = history.get("t", [])
         if times and times[-1] != self.last_t:
@@ -84,13 +84,15 @@ class TensorBoardEvents:
             if loss is not None:
                 self.writer.add_scalar("train/loss", loss, step)
             self.writer.add_scalar("train/samples_per_s", history["samples_per_s"][-1], step)
-        for e in t.get("epochs", []):
-            if e.get("auc") is not None and e["epoch"] not in self.epochs:
-                self.epochs.add(e["epoch"])
-                self.writer.add_scalar("eval/auc", e["auc"], e["epoch"] + 1)
-                self.writer.add_scalar("eval/logloss", e["logloss"], e["epoch"] + 1)
-                if e.get("train_loss") is not None:
-                    self.writer.add_scalar("train/epoch_loss", e["train_loss"], e["epoch"] + 1)
+        for e in t["epochs"]:
+            epoch = e["epoch"]
+            if e["auc"] is None or epoch in self.epochs:
+                continue
+            self.epochs.add(epoch)
+            self.writer.add_scalar("eval/auc", e["auc"], epoch + 1)
+            self.writer.add_scalar("eval/logloss", e["logloss"], epoch + 1)
+            if e["train_loss"] is not None:
+                self.writer.add_scalar("train/epoch_loss", e["train_loss"], epoch + 1)
         decisions = snap.get("cluster", {}).get("decisions", {})
         if decisions and decisions != self.decisions and any(decisions.values()):
             self.decisions = dict(decisions)
@@ -109,7 +111,7 @@ class Monitoring:
         self.tensorboard = TensorBoardEvents(run_dir / "tensorboard") if m.tensorboard \
             else None
 
-    def show(self, snapshot: dict[str, Any]) -> None:
+    def show(self, snapshot: StatusSnapshot) -> None:
         """A status control published."""
         if self.prometheus is not None:
             self.prometheus.collector.latest = snapshot

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from typing import cast
 
 from roles.algorithms.control.membership import ALIVE, Members
 from roles.algorithms.control.status import StatusBuilder
@@ -27,7 +28,16 @@ from roles.control.rounds import Rounds
 from roles.control.settings import LiveSettings
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
-from roles.protocol.operator import ACTIONS, STATUS_LAYOUT, FeedingPaused
+from roles.protocol.operator import ACTIONS, FeedingPaused
+from roles.protocol.status import (
+    STATUS_LAYOUT,
+    Final,
+    StatusSnapshot,
+    Task,
+    TaskFigures,
+    TrainingView,
+    Wait,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +108,7 @@ class Operators:
 
 
 class StatusView:
-    """The status consoles watch (``roles.algorithms.control.status`` lists its keys), from the
+    """The status consoles watch (``roles.protocol.status.StatusSnapshot``), from the
     components."""
 
     def __init__(self, job: Job, run_id: str, run_dir: str, members: Members,
@@ -120,16 +130,16 @@ class StatusView:
         self.placement = placement
         self.model_plan = model_plan
         self.checkpoints = checkpoints
-        self.final: dict | None = None   # the job has ended: how (set by control)
+        self.final: Final | None = None   # the job has ended: how (set by control)
 
-    def tasks(self, now: float) -> list[dict]:
+    def tasks(self, now: float) -> list[Task]:
         """Long tasks under way: what each node reports (indexing, the statistics pass), an
         export's parts and a checkpoint's phase (``roles.algorithms.shared.progress``)."""
-        found = []
+        found: list[Task] = []
         for node_id, node in self.members.nodes.items():
             p = node.counters.get("progress")
-            if isinstance(p, dict) and node.status == ALIVE:
-                found.append({"node": node_id, **p})
+            if isinstance(p, dict) and node.status == ALIVE:  # Progress.figures
+                found.append({"node": node_id, **cast(TaskFigures, p)})
         e = self.course.exports.current
         if e is not None:
             found.append({"node": "control", "task": f"export {e.request}", "unit": "parts",
@@ -140,7 +150,7 @@ class StatusView:
             found.append({"node": "control", **cut})
         return found
 
-    def waits(self, now: float, uptime_s: float) -> list[dict]:
+    def waits(self, now: float, uptime_s: float) -> list[Wait]:
         """What the job waits for, with what to do and the deadline: nodes to join at the
         start, a failed shard, aggregator or feeder to be started again."""
         found = []
@@ -163,7 +173,7 @@ class StatusView:
                                      limit - (now - since)))
         return found
 
-    def training(self, feeding: dict) -> dict:
+    def training(self, feeding: dict) -> TrainingView:
         """The training part of the status (``StatusBuilder.training``)."""
         course = self.course
         return self.builder.training(
@@ -171,7 +181,7 @@ class StatusView:
             epoch=course.epoch, epochs=self.job.train.epochs, epochs_done=course.epochs,
             running=course.running)
 
-    def snapshot(self, now: float, uptime_s: float, feeding: dict) -> dict:
+    def snapshot(self, now: float, uptime_s: float, feeding: dict) -> StatusSnapshot:
         nodes, s, course = self.members.nodes, self.settings.values, self.course
         mode = self.rounds.mode
         d = mode.last
@@ -208,7 +218,7 @@ class StatusView:
         }
 
 
-def wait_record(node_id: str, what: str, waited_s: float, left_s: float) -> dict:
+def wait_record(node_id: str, what: str, waited_s: float, left_s: float) -> Wait:
     """One thing the job waits for: the node, what for, the command that starts it on its
     host, how long it has waited and how long it may still."""
     role, _, index = node_id.rpartition("-")

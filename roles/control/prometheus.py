@@ -1,5 +1,5 @@
 """The cluster's figures for Prometheus: a collector that reads control's latest status
-snapshot (``roles.algorithms.control.status``) when Prometheus scrapes ``/metrics``, served by the
+snapshot (``roles.protocol.status``) when Prometheus scrapes ``/metrics``, served by the
 ``prometheus_client`` library's HTTP server on its own thread (control's loop only swaps the
 snapshot in). Every figure is named ``zbus_*``; the list is in docs/operations.md
 (monitoring), and ``docs/grafana-dashboard.json`` charts them.
@@ -16,11 +16,13 @@ moved, imbalance), and how the job ended.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from roles.protocol.status import EmbeddingsView, NodeRow, StatusSnapshot
 
 PHASES = ("starting", "preparing", "training", "syncing", "evaluating", "exporting",
           "finishing", "done")
@@ -54,7 +56,7 @@ class StatusCollector(Collector):
     """The figures of the latest snapshot; none before control published one."""
 
     def __init__(self) -> None:
-        self.latest: dict[str, Any] | None = None  # replaced whole by control's loop
+        self.latest: StatusSnapshot | None = None  # replaced whole by control's loop
 
     def collect(self) -> Iterator[Metric]:
         snap = self.latest
@@ -63,7 +65,7 @@ class StatusCollector(Collector):
         return iter(families(snap).made.values())
 
 
-def families(snap: dict[str, Any]) -> Families:
+def families(snap: StatusSnapshot) -> Families:
     f = Families()
     job = {"job": str(snap.get("job", ""))}
     _job(f, job, snap)
@@ -84,7 +86,7 @@ def families(snap: dict[str, Any]) -> Families:
     return f
 
 
-def _job(f: Families, job: dict[str, str], snap: dict[str, Any]) -> None:
+def _job(f: Families, job: dict[str, str], snap: StatusSnapshot) -> None:
     f.add("zbus_job_info", "The job: its run, sync mode and phase", {
         **job, "run_id": str(snap.get("run_id", "")), "sync": str(snap.get("sync", "")),
         "phase": str(snap.get("phase", ""))}, 1)
@@ -123,7 +125,7 @@ def _job(f: Families, job: dict[str, str], snap: dict[str, Any]) -> None:
         f.add("zbus_decisions", "Sync mode lazy's aggregation decisions, by verdict",
               {**job, "decision": str(verdict)}, count, counter=True)
     k = snap.get("checkpoint") or {}
-    latest = k.get("latest") or {}
+    latest: Mapping[str, object] = k.get("latest") or {}
     for name, doc, value, counter in (
             ("zbus_backups", "Backups of the dense weights written", c.get("backups"), True),
             ("zbus_recoveries", "Restores of the dense weights after an aggregator died",
@@ -157,7 +159,7 @@ def _job(f: Families, job: dict[str, str], snap: dict[str, Any]) -> None:
             **job, "status": str(final.get("status"))}, 1)
 
 
-def _node(f: Families, labels: dict[str, str], n: dict[str, Any]) -> None:
+def _node(f: Families, labels: dict[str, str], n: NodeRow) -> None:
     f.add("zbus_node_up", "1 while control hears the node (alive or suspect)", labels,
           n.get("state") in ("alive", "suspect"))
     f.add("zbus_node_suspect", "1 while the node is late (heartbeat or probe)", labels,
@@ -178,7 +180,7 @@ def _node(f: Families, labels: dict[str, str], n: dict[str, Any]) -> None:
           n.get("beat_age_s"))
 
 
-def _partition(f: Families, job: dict[str, str], e: dict[str, Any]) -> None:
+def _partition(f: Families, job: dict[str, str], e: EmbeddingsView) -> None:
     for s in e.get("shards", []):
         labels = {**job, "shard": str(s.get("shard"))}
         f.add("zbus_shard_keys", "Embedding keys the shard holds", labels, s.get("keys"))

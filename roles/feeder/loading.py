@@ -34,6 +34,7 @@ from roles.feeder.streams import PartStreams
 from roles.job.settings import DECAY_UNITS, Job
 from roles.model.files import TRANSFORM, write_json
 from roles.protocol.datapath import DataIndex, DataStats, PartMap
+from roles.protocol.status import TaskFigures
 from zbus.codec import Message
 
 log = logging.getLogger(__name__)
@@ -210,7 +211,7 @@ class Loading:
     def bytes_read(self) -> int:
         return self.source.bytes_read if self.source is not None else 0
 
-    def figures(self, now: float) -> dict[str, Any] | None:
+    def figures(self, now: float) -> TaskFigures | None:
         """How far indexing or the statistics pass has got (None: neither under way)."""
         return None if self.progress is None else self.progress.figures(now)
 

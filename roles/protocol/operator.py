@@ -1,24 +1,20 @@
 """Operators (``zbus-ctl``, the console) and control: requests and replies on control's request
 endpoint (DEALER -> ROUTER), the live settings and the feeding pause (control PUB), and the
-status published for consoles (PUB, channel "status")."""
+status published for consoles (PUB, channel "status"; its layout: ``roles.protocol.status``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
 
+from roles.protocol.status import STATUS_LAYOUT, StatusSnapshot
 from zbus.codec import Message, ProtocolError, array, message
 
 # What an operator may ask control (ControlRequest.action)
 ACTIONS = ("settings", "set", "export", "backup", "checkpoint", "aggregate", "pause", "resume",
            "stop")
-# The version of the Status body's layout (keys listed in roles.algorithms.control.status); 2:
-# tasks, waiting, final, checkpoint
-STATUS_LAYOUT = 2
-
-
 
 @message()
 class ControlRequest(Message):
@@ -60,22 +56,29 @@ class FeedingPaused(Message):
 class Status(Message):
     """Control's picture of the job for consoles, published every ``status_s`` (channel
     "status"). ``body`` is an orjson object in one uint8 frame (with many nodes it outgrows the
-    header cap); its keys are listed in ``roles.algorithms.control.status`` and its ``"layout"`` key
-    names their version, ``STATUS_LAYOUT``, which a console checks."""
+    header cap); its layout is ``roles.protocol.status.StatusSnapshot``, and its ``"layout"`` key
+    names the layout's version, ``STATUS_LAYOUT``."""
 
     run_id: str
     body: np.ndarray = array("uint8", 1)
 
-    def snapshot(self) -> dict[str, Any]:
-        """The body as a dict; ProtocolError when it is not one JSON object."""
+    def snapshot(self) -> StatusSnapshot:
+        """The body; ProtocolError when it is not one JSON object of this layout's version
+        with every key of the layout."""
         try:
             value = orjson.loads(self.body.tobytes())
         except orjson.JSONDecodeError:
             raise ProtocolError("bad_body", "Status body is not JSON") from None
         if not isinstance(value, dict):
             raise ProtocolError("bad_body", "Status body is not a JSON object")
-        return value
+        if value.get("layout") != STATUS_LAYOUT:
+            raise ProtocolError("bad_body", f"status layout {value.get('layout')!r}, this "
+                                            f"reader reads {STATUS_LAYOUT}")
+        missing = sorted(StatusSnapshot.__required_keys__ - value.keys())
+        if missing:
+            raise ProtocolError("bad_body", f"status without {', '.join(missing)}")
+        return cast(StatusSnapshot, value)
 
     @classmethod
-    def of(cls, run_id: str, snapshot: dict[str, Any]) -> Status:
+    def of(cls, run_id: str, snapshot: StatusSnapshot) -> Status:
         return cls(run_id=run_id, body=np.frombuffer(orjson.dumps(snapshot), dtype=np.uint8))

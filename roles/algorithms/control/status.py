@@ -2,39 +2,10 @@
 
 ``StatusBuilder`` turns the cumulative counters of heartbeats into rates (bus bytes in and out
 per second, samples per second, keys per second), keeps a short history of the training loss
-and throughput, and lays out one snapshot: the ``Status`` message's body. Its keys (layout
-``roles.protocol.operator.STATUS_LAYOUT``)::
-
-    layout, job, run_id, run_dir, phase, sync, paused, uptime_s, status_s, heartbeat_s,
-    epoch, epochs, round, round_in_flight
-    nodes       [{id, role, index, host, pid, state, doing, cpu, rss, in_per_s, out_per_s,
-                  bytes_in, bytes_out, samples_per_s, backlog, round_samples, beat_age_s,
-                  progress}]
-    cluster     {net_util, net_util_max, failure_rate, failure_rate_max, live_workers,
-                 decision {round, aggregate, reason, age_s} | null, decisions, rounds_done,
-                 backups, latest_backup, recoveries}
-    training    {samples_acked, epoch_samples, samples_per_epoch, samples_per_s, eta_epoch_s,
-                 eta_job_s, history {t, loss, samples_per_s}, epochs [...]}
-    settings    {version, values, ranges}
-    partition   {embeddings {placement, shards [{shard, keys, keys_per_s, share, admitted,
-                 rejected, expired, evicted, and with skew-aware placement capacity, assigned,
-                 overflow, moved, slowdown}], imbalance, skew_aware
-                 (roles.control.placement.placement_state) | null, bounds {min_count,
-                 sketch_mb, expire_batches, expire_s, max_rows_per_shard} | null},
-                 model}
-    tasks       [{node, task, unit, done, total, rate, eta_s, elapsed_s}]: long tasks under
-                way (roles.algorithms.shared.progress): a feeder indexing or summarising the data,
-                an export, a checkpoint being cut
-    checkpoint  {every_s, complete, aborted, latest {number, age_s, bytes, pause_s,
-                shard_pause_s, dir} | null, under_way {number, phase, elapsed_s} | null,
-                last_aborted {number, why} | null, next_in_s, rollbacks [{checkpoint,
-                round, epoch, at_s, retrained_samples}]}: whole-job checkpoints
-                (roles.control.checkpoints)
-    waiting     [{node, what, restart, waited_s, left_s}]: nodes the job waits for (to join,
-                to be restarted after a failure), the command that starts each, and how long
-                the job still waits
-    final       {status, reason, auc, logloss, summary, wall_s, samples_per_s} | null: how
-                the job ended (control publishes it a few more times before it exits)
+and throughput, and lays out the snapshot's rows: each node's (``node_rows``), the training's
+(``training``) and the shards' (``embeddings``). The snapshot's layout, every key of it, is
+``roles.protocol.status.StatusSnapshot``; control assembles it
+(``roles.control.operators.StatusView``).
 
 ``state`` is the node's health as control sees it: alive, suspect (silent for more than
 ``SUSPECT_BEATS`` heartbeats or a probe unanswered past ``probe_timeout_s``, not yet failed),
@@ -45,9 +16,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from roles.algorithms.control.membership import ALIVE, NodeState
+from roles.protocol.status import EmbeddingsView, NodeRow, ShardRow, TaskFigures, TrainingView
 
 SUSPECT_BEATS = 2.5
 HISTORY_POINTS = 120
@@ -151,8 +123,8 @@ class StatusBuilder:
         return "suspect" if silent or unanswered else ALIVE
 
     def node_rows(self, nodes: dict[str, NodeState], now: float,
-                  probe_timeout_s: float) -> list[dict[str, Any]]:
-        rows = []
+                  probe_timeout_s: float) -> list[NodeRow]:
+        rows: list[NodeRow] = []
         for node_id, node in nodes.items():
             load, counters = node.load, node.counters
             backlog = [_number(counters.get(k)) for k in BACKLOG_COUNTERS.get(node.role, ())]
@@ -169,14 +141,13 @@ class StatusBuilder:
                 "backlog": int(sum(known)) if backlog and len(known) == len(backlog) else None,
                 "round_samples": _number(counters.get("round_samples")),
                 "beat_age_s": round(max(0.0, now - node.last_seen), 2),
-                "progress": counters.get("progress") if isinstance(counters.get("progress"),
-                                                                   dict) else None,
+                "progress": _progress(counters.get("progress")),
             })
         return rows
 
     def training(self, *, feeding: dict[str, Any] | None, samples_per_epoch: int, epoch: int,
                  epochs: int, epochs_done: list[dict[str, Any]],
-                 running: bool = True) -> dict[str, Any]:
+                 running: bool = True) -> TrainingView:
         """Progress of the epoch, the ETAs (none unless ``running``) and the history."""
         counters = feeding or {}
         epoch_samples = int(_number(counters.get("epoch_samples")) or 0)
@@ -193,11 +164,12 @@ class StatusBuilder:
                 "eta_job_s": eta_job,
                 "history": {"t": [p[0] for p in points], "loss": [p[1] for p in points],
                             "samples_per_s": [p[2] for p in points]},
-                "epochs": [{k: e.get(k) for k in ("epoch", "train_loss", "auc", "logloss")}
+                "epochs": [{"epoch": int(e["epoch"]), "train_loss": e.get("train_loss"),
+                            "auc": e.get("auc"), "logloss": e.get("logloss")}
                            for e in epochs_done]}
 
     def embeddings(self, nodes: dict[str, NodeState], skew: dict[str, Any] | None = None,
-                   bounds: dict[str, Any] | None = None) -> dict[str, Any]:
+                   bounds: dict[str, Any] | None = None) -> EmbeddingsView:
         """The shards: keys each holds, keys per second it serves, and what keeps its table
         bounded (keys admitted, key occurrences rejected for now, rows expired and evicted;
         ``bounds``: the job's ``[embeddings]`` settings); with skew-aware placement (``skew``:
@@ -206,27 +178,41 @@ class StatusBuilder:
         shards = sorted((n for n in nodes.values() if n.role == "ps"), key=lambda n: n.index)
         rates = [self.rate(f"ps-{n.index}", "keys") or 0.0 for n in shards]
         total = sum(rates)
-        rows = [{"shard": n.index, "keys": int(_number(n.counters.get("keys")) or 0),
-                 "keys_per_s": round(r, 1), "share": round(r / total, 4) if total else None,
-                 **_table(n.counters.get("table"))}
-                for n, r in zip(shards, rates, strict=True)]
+        rows = [_shard_row(n, r, total) for n, r in zip(shards, rates, strict=True)]
         imbalance = round(max(rates) / (total / len(rates)), 3) if total else None
         if skew is not None:
             for row, n in zip(rows, shards, strict=True):
-                i = n.index
-                for key, values in (("capacity", skew.get("capacity")),
-                                    ("assigned", skew.get("assigned")),
-                                    ("overflow", skew.get("overflow_by_shard"))):
-                    row[key] = values[i] if isinstance(values, list) and i < len(values) \
-                        else None
+                row["capacity"] = _of_shard(skew.get("capacity"), n.index)
+                row["assigned"] = _of_shard(skew.get("assigned"), n.index)
+                row["overflow"] = _of_shard(skew.get("overflow_by_shard"), n.index)
                 row["moved"] = int(_number(n.counters.get("keys_moved_in")) or 0)
                 row["slowdown"] = _number(n.counters.get("slowdown"))
         return {"placement": "skew" if skew is not None else "hash", "shards": rows,
                 "imbalance": imbalance, "skew_aware": skew, "bounds": bounds}
 
 
-def _table(counters: object) -> dict[str, int | None]:
-    """A shard's table figures (its heartbeat's ``table`` counters) for the status."""
-    got = counters if isinstance(counters, dict) else {}
-    return {k: None if _number(got.get(k)) is None else int(got[k])
-            for k in ("admitted", "rejected", "expired", "evicted")}
+def _progress(figures: object) -> TaskFigures | None:
+    """A node's task figures as its heartbeat gave them (``Progress.figures``), or None."""
+    return cast(TaskFigures, figures) if isinstance(figures, dict) else None
+
+
+def _of_shard(values: object, shard: int) -> Any:
+    """A per-shard list's value for ``shard`` (None where the list does not reach it)."""
+    return values[shard] if isinstance(values, list) and shard < len(values) else None
+
+
+def _shard_row(n: NodeState, keys_per_s: float, total: float) -> ShardRow:
+    """A shard's keys, its rate and share of the keys served, and its table's figures (its
+    heartbeat's ``table`` counters; None where it does not say)."""
+    table = n.counters.get("table")
+    got: dict[str, Any] = table if isinstance(table, dict) else {}
+
+    def figure(name: str) -> int | None:
+        value = _number(got.get(name))
+        return None if value is None else int(value)
+
+    return {"shard": n.index, "keys": int(_number(n.counters.get("keys")) or 0),
+            "keys_per_s": round(keys_per_s, 1),
+            "share": round(keys_per_s / total, 4) if total else None,
+            "admitted": figure("admitted"), "rejected": figure("rejected"),
+            "expired": figure("expired"), "evicted": figure("evicted")}

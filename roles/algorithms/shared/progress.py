@@ -9,7 +9,8 @@ left at that rate; neither is known before some work is done."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from roles.protocol.status import TaskFigures, TrainingView
 
 UNITS = ("rows", "bytes", "parts", "samples")
 
@@ -67,7 +68,7 @@ class Progress:
             return None
         return min(1.0, self.done / self.total)
 
-    def figures(self, now: float) -> dict[str, Any]:
+    def figures(self, now: float) -> TaskFigures:
         """For heartbeats and the status: task, unit, done, total, rate (per second), eta_s,
         elapsed_s."""
         rate, eta = self.rate(now), self.eta_s(now)
@@ -82,8 +83,9 @@ class Progress:
         return describe(self.figures(now))
 
 
-def describe(f: dict[str, Any]) -> str:
-    """``Progress.figures`` (as a heartbeat carried them) in words."""
+def describe(f: TaskFigures) -> str:
+    """``Progress.figures`` (as a heartbeat carried them: each figure read with care) in
+    words."""
     unit = str(f.get("unit", ""))
     done = float(f.get("done") or 0)
     total = f.get("total")
@@ -117,10 +119,10 @@ class Every:
         return True
 
 
-def epoch_line(t: dict[str, Any], epoch: int, epochs: int, rate: float) -> str:
+def epoch_line(t: TrainingView, epoch: int, epochs: int, rate: float) -> str:
     """The epoch's progress for the log, from the status's training figures
-    (``roles.algorithms.control.status``): ``epoch 3 of 20: 36,000 of 80,000 samples (45%), 30,100
-    samples/s, epoch ends in 1 s, job in 35 s``."""
+    (``roles.protocol.status.TrainingView``): ``epoch 3 of 20: 36,000 of 80,000 samples (45%),
+    30,100 samples/s, epoch ends in 1 s, job in 35 s``."""
     done, total = int(t.get("epoch_samples") or 0), int(t.get("samples_per_epoch") or 0)
     text = f"epoch {epoch + 1} of {epochs}: {done:,} of {total:,} samples"
     if total:

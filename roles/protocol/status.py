@@ -1,0 +1,238 @@
+"""The status control publishes for consoles (``Status``'s body, channel "status"), laid out
+once: control builds a ``StatusSnapshot`` (``roles.control.operators.StatusView``, with
+``roles.algorithms.control.status.StatusBuilder``'s rates and rows), a console reads one
+(``console/``), Prometheus is served from one (``roles.control.prometheus``). ``STATUS_LAYOUT``
+is the layout's version: a console refuses a body of another (``"layout"``).
+
+A field that may be unknown yet (no heartbeat, no rate between two, no epoch evaluated) is
+None. Times are seconds, sizes bytes, rates per second.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NotRequired, TypedDict
+
+# 2: tasks, waiting, final, checkpoint
+STATUS_LAYOUT = 2
+
+
+class TaskFigures(TypedDict):
+    """A long task's progress (``roles.algorithms.shared.progress.Progress.figures``)."""
+
+    task: str
+    unit: str
+    done: float
+    total: float | None
+    rate: float | None
+    eta_s: float | None
+    elapsed_s: float
+
+
+class Task(TaskFigures):
+    """A long task under way, and the node doing it ("control" for an export's or a
+    checkpoint's)."""
+
+    node: str
+
+
+class NodeRow(TypedDict):
+    """One node as control sees it. ``state``: its health (alive, suspect, failed, left);
+    ``doing``: what the node says it does (loading, training, paused, ...); ``backlog``: its
+    queue (a feeder's batches in flight, a worker's pipeline, a shard's held batches and
+    waiting look-ups)."""
+
+    id: str
+    role: str
+    index: int
+    host: str
+    pid: int
+    state: str
+    doing: str
+    cpu: float | None
+    rss: float | None
+    in_per_s: float | None
+    out_per_s: float | None
+    bytes_in: float | None
+    bytes_out: float | None
+    samples_per_s: float | None
+    backlog: int | None
+    round_samples: float | None
+    beat_age_s: float
+    progress: TaskFigures | None
+
+
+class DecisionView(TypedDict):
+    """Sync mode lazy's latest aggregation decision, and how old it is."""
+
+    round: int
+    aggregate: bool
+    reason: str
+    age_s: float
+
+
+class ClusterView(TypedDict):
+    net_util: float
+    net_util_max: float
+    failure_rate: float
+    failure_rate_max: float
+    live_workers: int
+    decision: DecisionView | None
+    decisions: dict[str, int]          # "aggregate", "wait": counts
+    rounds_done: int
+    backups: int
+    latest_backup: dict[str, Any] | None   # round, path, change, generation
+    recoveries: int
+
+
+class History(TypedDict):
+    """The recent training loss and throughput, one point per heartbeat or second."""
+
+    t: list[float]
+    loss: list[float | None]
+    samples_per_s: list[float]
+
+
+class EpochFigures(TypedDict):
+    """An epoch trained (from 0), and its figures once known."""
+
+    epoch: int
+    train_loss: float | None
+    auc: float | None
+    logloss: float | None
+
+
+class TrainingView(TypedDict):
+    samples_acked: int
+    epoch_samples: int
+    samples_per_epoch: int
+    samples_per_s: float
+    eta_epoch_s: float | None
+    eta_job_s: float | None
+    history: History
+    epochs: list[EpochFigures]
+
+
+class SettingsView(TypedDict):
+    """The live settings: their version, values, and each one's type and range."""
+
+    version: int
+    values: dict[str, Any]
+    ranges: dict[str, dict[str, Any]]
+
+
+class ShardRow(TypedDict):
+    """A shard: keys held, keys served per second and its share, what keeps its table bounded
+    (None when it does not say); with skew-aware placement also its predicted capacity and
+    assigned pairs of the last window, its overflowing heavy keys, the keys moved in and its
+    slowdown knob."""
+
+    shard: int
+    keys: int
+    keys_per_s: float
+    share: float | None
+    admitted: int | None
+    rejected: int | None
+    expired: int | None
+    evicted: int | None
+    capacity: NotRequired[float | None]
+    assigned: NotRequired[int | None]
+    overflow: NotRequired[int | None]
+    moved: NotRequired[int]
+    slowdown: NotRequired[float | None]
+
+
+class EmbeddingsView(TypedDict):
+    placement: str                          # "hash" or "skew"
+    shards: list[ShardRow]
+    imbalance: float | None                 # busiest shard's keys per second over the mean
+    skew_aware: dict[str, Any] | None       # roles.control.placement: PlacementKeeper.status
+    bounds: dict[str, Any] | None           # the job's [embeddings]
+
+
+class PartitionView(TypedDict):
+    embeddings: EmbeddingsView
+    model: dict[str, Any] | None            # the model-parallel plan's figures, if any
+
+
+class LatestCheckpoint(TypedDict):
+    """The newest complete checkpoint (its pauses not known after a resume)."""
+
+    number: int
+    bytes: int
+    pause_s: float | None
+    shard_pause_s: float | None
+    dir: str
+    age_s: float | None
+
+
+class CutUnderWay(TypedDict):
+    number: int
+    phase: str
+    elapsed_s: float
+
+
+class AbortedCut(TypedDict):
+    number: int
+    why: str
+
+
+class CheckpointView(TypedDict):
+    """Whole-job checkpoints (``roles.control.checkpoints``)."""
+
+    every_s: float
+    complete: int
+    aborted: int
+    latest: LatestCheckpoint | None
+    under_way: CutUnderWay | None
+    last_aborted: AbortedCut | None
+    next_in_s: float | None
+    rollbacks: list[dict[str, Any]]         # checkpoint, round, epoch, at_s, retrained_samples
+
+
+class Wait(TypedDict):
+    """A node the job waits for (to join, to be restarted), the command that starts it, how
+    long the job has waited and may still."""
+
+    node: str
+    what: str
+    restart: str
+    waited_s: float
+    left_s: float
+
+
+class Final(TypedDict):
+    """How the job ended (control publishes it a few more times before it exits)."""
+
+    status: str | None
+    reason: str
+    auc: float | None
+    logloss: float | None
+    summary: str
+    wall_s: float | None
+    samples_per_s: float | None
+
+
+class StatusSnapshot(TypedDict):
+    layout: int
+    job: str
+    run_id: str
+    run_dir: str
+    phase: str
+    sync: str
+    paused: bool
+    uptime_s: float
+    status_s: float
+    heartbeat_s: float
+    epoch: int
+    epochs: int
+    round: int
+    round_in_flight: bool
+    nodes: list[NodeRow]
+    cluster: ClusterView
+    training: TrainingView
+    settings: SettingsView
+    partition: PartitionView
+    tasks: list[Task]
+    checkpoint: CheckpointView
+    waiting: list[Wait]
+    final: Final | None
