@@ -6,7 +6,9 @@ for this cluster in sessions of their own (found by the run directory in their e
 
 from __future__ import annotations
 
+import functools
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -22,6 +24,12 @@ from roles.job.settings import Job, load_job
 from zbus.sockets import free_tcp_ports
 
 BIN = Path(sys.executable).parent
+# A process started under a memory budget (``LocalCluster.budgets``) allocates with what
+# reserves address space as it uses it, since RLIMIT_DATA counts reservations: pyarrow's pool
+# is the system allocator (its mimalloc reserves a 1 GiB arena up front), glibc keeps one arena
+# (not one per thread), and thread stacks are 2 MiB (RLIMIT_STACK; 8 MiB each by default).
+BUDGET_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "1"}
+BUDGET_STACK = 2 << 20
 
 
 def clean_environ() -> dict[str, str]:
@@ -76,15 +84,23 @@ class LocalCluster:
         self.env["ZBUS_CLUSTER__ENDPOINTS"] = endpoint_overrides(names, transport, self.ipc_dir)
         self.job: Job = load_job(None, environ=self.env)
         self.procs: dict[str, subprocess.Popen] = {}
+        # process name -> bytes: that process runs under an OS-enforced memory budget, its
+        # RLIMIT_DATA (heap, anonymous mappings, thread stacks): an allocation beyond it fails,
+        # and so does the process
+        self.budgets: dict[str, int] = {}
 
     @property
     def run_dir(self) -> Path:
         return Path(self.env["ZBUS_RUN_DIR"])
 
     def start(self, name: str, argv: list[str]) -> subprocess.Popen:
+        budget = self.budgets.get(name)
+        limit = None if budget is None else functools.partial(_limit_memory, budget)
+        env = self.env if budget is None else {**self.env, **BUDGET_ENV}
         with open(self.workdir / f"{name}.log", "wb") as log:
-            proc = subprocess.Popen(argv, cwd=self.workdir, env=self.env, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(argv, cwd=self.workdir, env=env, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=limit)
         self.procs[name] = proc
         return proc
 
@@ -195,6 +211,14 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _limit_memory(data_bytes: int) -> None:
+    """In the child before it runs: its memory budget (``LocalCluster.budgets``)."""
+    resource.setrlimit(resource.RLIMIT_DATA, (data_bytes, data_bytes))
+    _, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    soft = BUDGET_STACK if hard == resource.RLIM_INFINITY else min(BUDGET_STACK, hard)
+    resource.setrlimit(resource.RLIMIT_STACK, (soft, hard))
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -6,9 +6,12 @@ while the job runs; an operator takes a checkpoint on demand."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 from harness import ADULT_JOB, REPO
 from resumes import (
@@ -19,7 +22,7 @@ from resumes import (
     trained_past_a_checkpoint,
 )
 
-from roles.checkpoint.files import latest_complete
+from roles.checkpoint.files import MANIFEST, checkpoint_dir, latest_complete
 
 pytestmark = pytest.mark.integration
 
@@ -47,21 +50,52 @@ def test_every_process_killed_mid_epoch_the_job_resumes_from_its_checkpoint(clus
     assert checkpoint_auc(c.run_dir) >= 0.89
 
 
+def control_frozen_mid_cut(c, first: int) -> tuple[int, list[str]]:
+    """SIGSTOP control once a checkpoint numbered ``first`` or later has a shard's part on
+    disk and no manifest: control writes the manifest, so from then on that cut cannot be
+    completed. A cut that completes before control is stopped is let go (SIGCONT) and the next
+    one is tried. The checkpoint's number and the shards' files on disk."""
+    control = psutil.Process(c.procs["control-0"].pid)
+    for _ in range(20):
+        begun = c.wait_for_event(lambda e, n=first: e["event"] == "checkpoint_begin"
+                                 and e["number"] >= n)
+        number, where = begun["number"], checkpoint_dir(c.run_dir, begun["number"])
+        ended, look = False, 0.0
+        while not ended and not (where / MANIFEST).exists():
+            parts = sorted(p.name for p in where.glob("ps-*.npz"))  # final names: whole files
+            if parts:
+                control.suspend()
+                while control.status() != psutil.STATUS_STOPPED:
+                    time.sleep(0.001)
+                if not (where / MANIFEST).exists():
+                    return number, parts
+                control.resume()  # too late: the manifest was written first
+                break
+            if time.monotonic() > look:  # the cut abandoned, or over with no shard file seen
+                ended = any(e["event"] == "checkpoint" and e["number"] == number
+                            for e in c.events())
+                look = time.monotonic() + 0.05
+            time.sleep(0.002)
+        first = number + 1
+    raise AssertionError(f"20 checkpoints from {first - 20} on: none seen mid-way")
+
+
 def test_killed_while_a_checkpoint_is_taken_the_previous_complete_one_is_used(cluster):
     c = cluster(ADULT_JOB, train__epochs=2, checkpoint__every_s=0.5, **SLOW)
     c.start_all(slowdown={0: 6.0, 1: 6.0})
     c.wait_for_event(lambda e: is_complete(e, 2))
-    begun = c.wait_for_event(lambda e: e["event"] == "checkpoint_begin" and e["number"] >= 4)
-    c.kill_all()  # within the cut of checkpoint begun["number"] or just after it
-    found = latest_complete(c.run_dir)
-    # the newest checkpoint complete before the kill (one cut short by an epoch's end is not;
-    # the one begun counts only if its manifest was written before the kill)
+    number, parts = control_frozen_mid_cut(c, 4)
+    c.kill_all()  # control frozen since: checkpoint `number` has shard parts and no manifest
+    where = checkpoint_dir(c.run_dir, number)
+    assert parts and not (where / MANIFEST).exists(), (number, sorted(os.listdir(where)))
+    # the newest checkpoint complete before the kill is the one found, not the one cut short
     done = max(e["number"] for e in c.events() if is_complete(e))
-    assert found is not None and done <= found[0] <= begun["number"], (found, done, begun)
+    found = latest_complete(c.run_dir)
+    assert found is not None and found[0] == done < number, (found, done, number)
     c.start_all(resume=True, slowdown={0: 6.0, 1: 6.0})
     assert c.wait() == 0, c.logs()
     s = c.summary()
-    assert s["ok"] and s["checkpoints"]["rollbacks"][0]["checkpoint"] == found[0]
+    assert s["ok"] and s["checkpoints"]["rollbacks"][0]["checkpoint"] == done
     every_row_once(s, ADULT_TRAIN_ROWS, 2)
 
 

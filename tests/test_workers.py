@@ -42,13 +42,18 @@ def test_a_faster_worker_takes_more_and_quality_holds(cluster):
     even = cluster(ADULT_JOB, **HEAVY)
     assert even.run_job() == 0, even.logs()
     uneven = cluster(ADULT_JOB, **HEAVY)
-    assert uneven.run_job(slowdown={1: 3.0}) == 0, uneven.logs()
+    # Both slowed, by idling, 2x and 6x (as scripts/bench_pull.py does): --slowdown stretches
+    # a batch's compute only. A worker left at 1x also spends, per batch, its waits for the
+    # feeder and the shard and its loop's own time: on 2 cores shared with other suites (load
+    # 10) 15 ms against 23 ms of compute, so "3x slower" was ~2.1x and the queue, fair, split
+    # ~2.1 : 1. A slowed worker takes its messages while it idles, so 6x : 2x stays ~3 : 1.
+    assert uneven.run_job(slowdown={0: 2.0, 1: 6.0}) == 0, uneven.logs()
     s = uneven.summary()
     assert_every_batch_trained_once(s, epochs=3)
     fast, slow = s["workers"]["worker-0"], s["workers"]["worker-1"]
-    # 3x slower: about a third of the fast one's batches (the bar, 1/2.5, is measured by
-    # scripts/bench_pull.py); an even split would give 1x; a loaded machine blurs the ratio
-    assert fast >= 2.0 * slow, s["workers"]
+    # 3x slower: about a third of the fast one's batches, less what a pass's start and end
+    # give the slow one (the bar, 1/2.5, is scripts/bench_pull.py's); an even split gives 1x
+    assert fast >= 2.5 * slow, s["workers"]
     assert abs(s["auc"] - even.summary()["auc"]) <= 0.005, (s["auc"], even.summary()["auc"])
 
 
