@@ -457,6 +457,22 @@ def test_a_checkpoint_cut_short_by_an_epochs_end_is_taken_again_once_the_next_on
     assert ck.cut is not None and ck.cut.number == 2
 
 
+def test_a_new_cut_takes_no_number_whose_directory_is_on_disk(tmp_path, metrics):
+    """After a run went back to checkpoint 3, the directories of the cuts it abandoned (4, and 5
+    killed half-written) are on disk: the next cut is 6, and their files stay out of it."""
+    bus = Bus()
+    ck, _ = checkpoints_of(tmp_path, bus, metrics, EveryMode(8))
+    ck.number = ck.complete = 3
+    for number in (4, 5):
+        stale = checkpoint_dir(tmp_path, number)
+        stale.mkdir(parents=True)
+        (stale / "ps-0.delta.npz").write_bytes(b"of the run that died")
+    ck.request("zbus-ctl", None)
+    ck.tick(1.0, None)
+    assert ck.cut is not None and ck.cut.number == 6
+    assert bus.of(Checkpoint)[-1].number == 6 and not any(ck.cut.dir.iterdir())
+
+
 def test_a_checkpoint_is_abandoned_when_a_part_fails_a_writer_dies_or_time_runs_out(
         tmp_path, metrics):
     bus = Bus()

@@ -37,6 +37,7 @@ from roles.algorithms.control.membership import ALIVE, Members
 from roles.checkpoint.files import (
     MANIFEST,
     checkpoint_dir,
+    numbers_on_disk,
     prune,
     read_manifest,
     save_file,
@@ -150,7 +151,10 @@ class Checkpoints:
 
     def begin(self, now: float, reason: str) -> None:
         m = self.members
-        self.number += 1
+        # a number of its own: a run gone back to an earlier checkpoint (or a control resumed
+        # from older records) has the directories of cuts it abandoned on disk, whose files
+        # must not mix with a new cut's (they are pruned with the other older checkpoints)
+        self.number = max([self.number, *numbers_on_disk(self.run_dir)]) + 1
         feeders = {n for n, s in m.nodes.items() if s.role == "feeder" and s.status == ALIVE}
         writers = feeders | {n for n, s in m.nodes.items() if s.status == ALIVE and (
             s.role == "ps" or (s.role == "aggregator" and s.index == 0))}
