@@ -19,7 +19,7 @@ from roles.control.commands import Commands, ProgressClock
 from roles.control.placement import PlacementKeeper
 from roles.job.rundir import MetricsLog
 from roles.job.settings import DataConfig, Job, PlacementConfig
-from roles.protocol.placement import Drained, KeyCounts, Moved, Placement, WindowWork
+from roles.protocol.placement import Drained, KeyCounts, Moved, Placement, WindowWork, WorkRecorded
 from roles.protocol.topology import ClusterConfig
 
 
@@ -161,6 +161,41 @@ def test_every_window_is_recorded_when_windows_close_faster_than_heartbeats(keep
     assert {w for w, _, _ in recorded} == set(range(window))   # every window, every shard
     assert len(recorded) == window * 2 * 2
     assert all(not ledger.figures for ledger in ledgers.values())
+
+
+def test_a_shard_behind_the_feeders_still_reports_the_windows_closed_meanwhile(keeper):
+    """Control closes a window when every feeder has sent its batches; a shard still working
+    through earlier batches hears of it first. Its work on those windows afterwards is that
+    window's work, not a late copy's: every window is recorded; a batch sent again after its
+    window was recorded is late."""
+    ledger = WindowLedger()
+    for w in range(3):
+        keeper.handle_key_counts("feeder-0", counts(w, keeper.keymap))
+    ledger.add(0, "lookup", 100, 0.001)
+    ledger.add(0, "update", 100, 0.0005)
+    ledger.answered(keeper.handle_window_work(0, ledger.report(Counter())))
+    assert ledger.closed == 2 and ledger.recorded == 0   # heard: up to window 2 closed
+    for w in (1, 2):                                # the shard catches up with the closed ones
+        ledger.add(w, "lookup", 100, 0.001)
+        ledger.add(w, "update", 100, 0.0005)
+    assert ledger.late_pairs == 0
+    ledger.answered(keeper.handle_window_work(0, ledger.report(Counter())))
+    assert ledger.recorded == 3
+    assert {(r.window, r.op) for r in keeper.records() if r.shard == 0} == {
+        (w, op) for w in range(3) for op in ("lookup", "update")}
+    ledger.add(1, "update", 7, 0.0001)              # window 1's batch sent again
+    assert ledger.late_pairs == 7 and not ledger.figures
+
+
+def test_the_windows_a_shard_remembers_as_recorded_are_bounded():
+    ledger = WindowLedger(kept=4)
+    for w in range(10):
+        ledger.add(w, "lookup", 1, 0.001)
+        ledger.answered(WorkRecorded(closed=w, windows=np.array([w], np.int64)))
+    assert len(ledger.done) == 4 and ledger.done_below == 5
+    ledger.add(3, "lookup", 2, 0.001)               # long recorded: late
+    ledger.add(8, "lookup", 3, 0.001)               # recorded: late
+    assert ledger.late_pairs == 5 and not ledger.figures
 
 
 def test_the_history_is_bounded_and_the_predictor_trains_off_the_loop(tmp_path):

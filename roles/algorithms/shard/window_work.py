@@ -9,9 +9,12 @@ shard holds still expects gradients. Finished windows go to control with each he
 (``WindowWork``, at most ``MAX_WINDOWS_REPORTED`` at a time, oldest first) until control answers
 that it has recorded them (``WorkRecorded``), however many windows close between two heartbeats.
 
-Work for a window that is closed and no longer kept here (already recorded: a batch sent again
-after its window was reported) is counted as late and left out. At most ``kept`` windows are
-kept (control gone for long): beyond that the oldest are dropped, and counted.
+Work for a window that control has recorded already (a batch sent again after its window was
+reported) is counted as late and left out. A window that control says is closed but whose
+batches this shard is only now working through (it lags behind the feeders) is not late: its
+work is kept and reported like any other. At most ``kept`` windows are kept (control gone for
+long): beyond that the oldest are dropped, and counted; the windows recorded are remembered
+as far back as ``kept`` recorded windows.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class WindowLedger:
         self.kept = kept
         self.figures: dict[int, list[float]] = {}   # window -> WORK_SLOTS figures
         self.closed = -1            # control: every window up to this one is closed
+        self.done: set[int] = set()  # windows control recorded (the newest ``kept`` of them)
+        self.done_below = -1        # ... and every window up to this one
         self.late_pairs = 0
         self.dropped = 0            # windows dropped unreported (more than ``kept``)
         self.recorded = 0           # windows control has recorded
@@ -44,7 +49,7 @@ class WindowLedger:
         """Work of ``op`` (lookup or update) on a batch of ``window``."""
         figures = self.figures.get(window)
         if figures is None:
-            if window <= self.closed:   # recorded already: a batch sent again
+            if window <= self.done_below or window in self.done:  # a batch sent again
                 self.late_pairs += pairs
                 return
             figures = self.figures[window] = [0.0] * WORK_FIGURES
@@ -72,6 +77,11 @@ class WindowLedger:
         for w in msg.windows.tolist():
             if self.figures.pop(w, None) is not None:
                 self.recorded += 1
+            self.done.add(w)
+        while len(self.done) > self.kept:
+            oldest = min(self.done)
+            self.done.discard(oldest)
+            self.done_below = max(self.done_below, oldest)
 
     def counters(self) -> dict[str, int]:
         return {"windows_unrecorded": len(self.figures), "windows_recorded": self.recorded,
