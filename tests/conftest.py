@@ -15,6 +15,13 @@ def _integration(request: pytest.FixtureRequest) -> bool:
     return request.node.get_closest_marker("integration") is not None
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The integration tests first, the unit tests (each well under a second) after them: when
+    the suite is spread over two processes (``scripts/test`` runs pytest-xdist), the small ones
+    then fill what the long ones leave at the end, rather than one long test ending alone."""
+    items.sort(key=lambda item: item.get_closest_marker("integration") is None)
+
+
 @pytest.fixture(autouse=True)
 def _unit_tests_start_no_process(request, monkeypatch):
     """Keeps the tiers honest: a test without the ``integration`` mark (the fast tier,
