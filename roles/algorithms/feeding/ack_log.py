@@ -90,12 +90,7 @@ class AckLog:
         t = self.totals
         acked_by: Counter[str] = Counter(t["acked_by"])
         for epoch in old:
-            r = self.records(epoch)
-            t["batches"] += len(r)
-            t["samples"] += int(r["samples"].sum())
-            t["loss_sum"] += float(r["loss_sum"].sum())
-            t["weight_sum"] += float(r["weight_sum"].sum())
-            acked_by.update(_by_worker(r))
+            _add(t, acked_by, self.records(epoch))
             t["epochs"] = sorted({*t["epochs"], epoch})
         t["acked_by"] = dict(acked_by)
         tmp = self.totals_path.with_name(f".{self.totals_path.name}.tmp")
@@ -117,12 +112,7 @@ class AckLog:
         t = dict(self.totals)
         acked_by: Counter[str] = Counter(t["acked_by"])
         for epoch in epochs:
-            r = self.records(epoch)
-            t["batches"] += len(r)
-            t["samples"] += int(r["samples"].sum())
-            t["loss_sum"] += float(r["loss_sum"].sum())
-            t["weight_sum"] += float(r["weight_sum"].sum())
-            acked_by.update(_by_worker(r))
+            _add(t, acked_by, self.records(epoch))
         t["acked_by"] = dict(acked_by)
         t["last_epoch"] = max([*epochs, *t["epochs"]])
         return t
@@ -163,6 +153,15 @@ def replace_files(directory: Path, node: str, files: dict[str, bytes]) -> None:
         if not name.startswith(f"{node}.") or "/" in name:
             raise ValueError(f"{name} is not a file of {node}'s ack log")
         (directory / name).write_bytes(data)
+
+
+def _add(totals: dict[str, Any], acked_by: Counter[str], r: np.ndarray) -> None:
+    """An epoch's records added to the job-wide totals and the samples per worker."""
+    totals["batches"] += len(r)
+    totals["samples"] += int(r["samples"].sum())
+    totals["loss_sum"] += float(r["loss_sum"].sum())
+    totals["weight_sum"] += float(r["weight_sum"].sum())
+    acked_by.update(_by_worker(r))
 
 
 def _by_worker(r: np.ndarray) -> dict[str, int]:
