@@ -38,8 +38,7 @@ def module_name(path: Path) -> str:
 def layer_of(module: str) -> int | None:
     """The layer's rank, or None outside the project (numpy, torch, ...) or at ``roles``
     itself (its ``__init__`` sets a thread count, imported by every module)."""
-    if module.startswith(PROCESSES) and module.split(".")[1] in {p.split(".")[1]
-                                                               for p in PROCESSES}:
+    if any(module == p or module.startswith(p + ".") for p in PROCESSES):
         return LAYERS.index("process")
     for rank, prefix in enumerate(LAYERS):
         if module == prefix or module.startswith(prefix + "."):
