@@ -29,7 +29,8 @@ from roles.protocol.topology import ClusterConfig
 
 DECAY_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
 RESERVED_ENV = {"ZBUS_JOB", "ZBUS_RUN_DIR", "ZBUS_LOG_LEVEL", "ZBUS_VENV", "ZBUS_TORCH_SPEC",
-                "ZBUS_CACHE_DIR", "ZBUS_CLUSTER_FILE", "ZBUS_BIND_INTERFACE", "ZBUS_RESUME"}
+                "ZBUS_CACHE_DIR", "ZBUS_CLUSTER_FILE", "ZBUS_BIND_INTERFACE", "ZBUS_RESUME",
+                "ZBUS_SUPERVISED"}
 
 
 class JobError(ValueError):
