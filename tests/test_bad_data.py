@@ -76,6 +76,11 @@ CASES = {
     "semicolons in a csv file": (
         {"semi.csv": ROWS.replace(",", ";").encode()}, "semi.csv", "csv", "",
         ["separated by ';', which zbus does not read (convert it to commas or tabs)"]),
+    "a long header of semicolons": (   # the separator said, the header cut short
+        {"wide.csv": (";".join(f"column_{i}" for i in range(30)) + "\n1;2\n" * 20).encode()},
+        "wide.csv", "csv", "",
+        ["(columns: column_0;column_1;column_2;column_3;column_4;column_5;colum…); its header "
+         "reads as one column, separated by ';'"]),
     "a .gz file that is not gzip": (
         {"plain.csv.gz": ROWS.encode()}, "plain.csv.gz", "csv", "",
         ["plain.csv.gz is not gzip-compressed, though its name ends in .gz"]),

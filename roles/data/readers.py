@@ -233,8 +233,9 @@ def check_columns(schema: Schema, columns: list[str], where: str) -> None:
         + ([("timestamp", schema.timestamp)] if schema.timestamp else [])
     for kind, name in wanted:
         if name not in columns:
-            raise DataError(f"[data] {kind} column {name!r} is not in {where} "
-                            f"(columns: {_shown(', '.join(columns))}){_header_hint(columns)}")
+            hint = _header_hint(columns)   # with one: the columns matter less, shown shorter
+            raise DataError(f"[data] {kind} column {name!r} is not in {where} (columns: "
+                            f"{_shown(', '.join(columns), 60 if hint else 200)}){hint}")
 
 
 def _shown(text: str, width: int = 200) -> str:
