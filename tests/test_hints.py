@@ -15,7 +15,7 @@ from harness import BIN, REPO
 from local_cluster import clean_environ
 
 from console.format import wait_line
-from roles.control.operators import START_GRACE, start_wait, wait_record
+from roles.control.operators import START_GRACE, start_command, start_wait, wait_record
 from roles.job.cli import started_by_supervisor
 from roles.protocol.operator import Status
 from zbus.codec import decode
@@ -36,6 +36,11 @@ def test_honcho_or_zbus_supervised_tells_control_a_supervisor_starts_every_role(
     assert started_by_supervisor({"HONCHO_PROCESS_NAME": "control.1"})
     assert started_by_supervisor({"ZBUS_SUPERVISED": "1"})
     assert not started_by_supervisor({"ZBUS_SUPERVISED": "0", "PATH": "/bin"})
+
+
+def test_the_command_names_the_runs_job_as_a_shell_reads_it():
+    assert start_command("member-3", "/srv/runs/adult 1") == \
+        "zbus-member --index 3 --job '/srv/runs/adult 1/config.toml'"
 
 
 def test_a_wait_without_a_command_says_so_in_one_line():

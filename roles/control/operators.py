@@ -166,25 +166,19 @@ class StatusView:
                                            self.supervised, uptime_s,
                                            START_GRACE * c.node_timeout_s)
                 found.append(wait_record(node_id, what, uptime_s, c.start_timeout_s - uptime_s,
-                                         self.start_command(node_id) if command else ""))
+                                         start_command(node_id, self.run_dir) if command else ""))
         lost = {**self.recovery.shards_lost, **self.feeding.down}
         if self.recovery.aggregator_lost_at is not None:
             for node_id, node in self.members.nodes.items():
                 if node.role == "aggregator" and node.status != ALIVE:
                     lost[node_id] = self.recovery.aggregator_lost_at
         for node_id, since in sorted(lost.items()):
-            back = node_id in self.recovery.shards_back
+            back = node_id in self.recovery.shards_back   # started again: it runs
             found.append(wait_record(node_id, "to restore its checkpoint" if back
                                      else "to be restarted", now - since,
-                                     limit - (now - since), self.start_command(node_id)))
+                                     limit - (now - since),
+                                     "" if back else start_command(node_id, self.run_dir)))
         return found
-
-    def start_command(self, node_id: str) -> str:
-        """The command that starts ``node_id`` on control's host, as printed from any shell:
-        with the run's ``config.toml``, the job's effective settings (ZBUS_* included)."""
-        role, _, index = node_id.rpartition("-")
-        job_file = shlex.quote(str(Path(self.run_dir) / "config.toml"))
-        return f"zbus-{role} --index {index} --job {job_file}"
 
     def training(self, feeding: dict) -> TrainingView:
         """The training part of the status (``StatusBuilder.training``)."""
@@ -229,6 +223,13 @@ class StatusView:
             "waiting": [] if self.final else self.waits(now, uptime_s),
             "final": self.final,
         }
+
+
+def start_command(node_id: str, run_dir: str) -> str:
+    """The command that starts ``node_id`` on control's host, as printed from any shell: with
+    the run's ``config.toml``, the job's effective settings (ZBUS_* included)."""
+    role, _, index = node_id.rpartition("-")
+    return f"zbus-{role} --index {index} --job {shlex.quote(str(Path(run_dir) / 'config.toml'))}"
 
 
 START_GRACE = 3   # node_timeout_s a supervisor may take to start a node (importing torch...)
