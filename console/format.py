@@ -113,9 +113,10 @@ def task_line(task: TaskFigures) -> str:
 
 
 def wait_line(w: Wait) -> str:
-    """``ps-1 to be restarted: start it with zbus-ps --index 1 (within 1m35s)``."""
-    return (f"{w['node']} {w['what']}: start it with {w['restart']} "
-            f"(within {duration(w['left_s'])})")
+    """``ps-1 to be restarted: start it with zbus-ps --index 1 --job ... (within 1m35s)``,
+    ``worker-0 to start (within 2m58s)`` (no command: a supervisor is starting it)."""
+    start = f": start it with {w['restart']}" if w["restart"] else ""
+    return f"{w['node']} {w['what']}{start} (within {duration(w['left_s'])})"
 
 
 def final_line(f: Final) -> Text:

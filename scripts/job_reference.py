@@ -84,6 +84,10 @@ ENVIRONMENT = {
     "ZBUS_RESUME": "`zbus-control` goes on with this run directory (`1`: the job's newest "
                    "run), as `--resume` does: after control alone died, or every process "
                    "([resume](operations.md#resuming-a-job))",
+    "ZBUS_SUPERVISED": "`1`: a supervisor starts every role (as `honcho start` does, which "
+                       "control sees by itself): a node not yet joined is waited for \"to "
+                       "start\", and control gives the command that starts it only after 3 × "
+                       "`[cluster] node_timeout_s` ([the log](operations.md#watching-a-job))",
     "ZBUS_CACHE_DIR": "where the data's index and statistics are cached (overrides "
                       "`[data] cache_dir`)",
     "ZBUS_VENV": "the virtual environment the scripts set up and run (default `.venv`)",

@@ -170,4 +170,4 @@ def test_honcho_exits_non_zero_when_the_job_fails(cluster, tmp_path):
     c.start("honcho", [str(BIN / "honcho"), "-d", str(REPO), "-f", str(REPO / "Procfile"),
                        "start"])
     assert c.wait("honcho", timeout=120) != 0
-    assert "matches no file" in c.summary()["reason"]
+    assert "missing.csv' does not exist" in c.summary()["reason"]

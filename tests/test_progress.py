@@ -59,12 +59,13 @@ def test_the_epoch_line_says_progress_rate_and_both_etas():
 
 
 def test_a_wait_names_the_node_its_command_and_its_deadline():
-    w = wait_record("ps-1", "to be restarted", 25.04, 94.96)
-    assert w == {"node": "ps-1", "what": "to be restarted", "restart": "zbus-ps --index 1",
+    command = "zbus-ps --index 1 --job runs/r/config.toml"
+    w = wait_record("ps-1", "to be restarted", 25.04, 94.96, command)
+    assert w == {"node": "ps-1", "what": "to be restarted", "restart": command,
                  "waited_s": 25.0, "left_s": 95.0}
-    assert wait_line(w) == "ps-1 to be restarted: start it with zbus-ps --index 1 " \
-                           "(within 1m35s)"
-    assert wait_record("aggregator-0", "x", 1, -5)["left_s"] == 0.0
+    assert wait_line(w) == "ps-1 to be restarted: start it with zbus-ps --index 1 --job " \
+                           "runs/r/config.toml (within 1m35s)"
+    assert wait_record("aggregator-0", "x", 1, -5, "")["left_s"] == 0.0
 
 
 def test_the_end_in_one_line():

@@ -81,7 +81,7 @@ def test_tsv_and_gzip(tmp_path):
     assert labels.tolist() == [1.0, 0.0, 1.0]
     assert dense[:, 0].tolist() == [5.0, -2.0, 3.0]
     assert [(r.line, r.reason) for r in rejected] == [
-        (4, "column 'y': cannot parse 'x' as a number")]
+        (4, "label 'x' is not a number (text labels need [data] positive)")]
 
 
 def test_a_damaged_gzip_file_is_a_clear_error(tmp_path):
@@ -122,18 +122,21 @@ def test_parquet_columns_by_name_and_bad_rows_by_row_number(tmp_path):
 def test_several_files_by_glob_or_directory(tmp_path):
     for name in ("p1.csv", "p2.csv"):
         write(tmp_path / name, "y,n,m,c,d,ts\nyes,1,2,a,b,1\n")
-    paths = resolve_paths(str(tmp_path / "p*.csv"))
+    paths = resolve_paths(str(tmp_path / "p*.csv"), "csv")
     assert [p.rsplit("/", 1)[1] for p in paths] == ["p1.csv", "p2.csv"]
-    assert resolve_paths(str(tmp_path)) == paths
+    assert resolve_paths(str(tmp_path), "csv") == paths
     assert len(read_all(paths, "csv", SCHEMA)[0]) == 2
 
 
 def test_missing_file_directory_and_column_are_named(tmp_path):
     with pytest.raises(DataError, match="matches no file"):
-        resolve_paths(str(tmp_path / "none*.csv"))
+        resolve_paths(str(tmp_path / "none*.csv"), "csv")
+    with pytest.raises(DataError, match="none.csv' does not exist"):
+        resolve_paths(str(tmp_path / "none.csv"), "csv")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DataError, match="is a directory with no data file"):
-        resolve_paths(str(tmp_path / "empty"))
+    with pytest.raises(DataError, match=r"is a directory with no csv data file in it \(looked "
+                                        r"for \*.csv, \*.csv.gz; found nothing\)"):
+        resolve_paths(str(tmp_path / "empty"), "csv")
     path = write(tmp_path / "a.csv", "y,n,c,d,ts\nyes,1,a,b,1\nno,2,a,b,1\n")
     with pytest.raises(DataError, match="dense column 'm' is not in"):
         read_all([path], "csv", SCHEMA)

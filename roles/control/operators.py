@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shlex
 from collections.abc import Callable
+from pathlib import Path
 from typing import cast
 
 from roles.algorithms.control.membership import ALIVE, Members
@@ -115,8 +117,10 @@ class StatusView:
                  builder: StatusBuilder, course: Course, rounds: Rounds, feeding: Feeding,
                  recovery: Recovery, settings: LiveSettings, health: Health,
                  placement: PlacementKeeper, model_plan: dict | None,
-                 checkpoints: Checkpoints):
+                 checkpoints: Checkpoints, supervised: bool = False):
+        """``supervised``: a supervisor starts every role (``started_by_supervisor``)."""
         self.job = job
+        self.supervised = supervised
         self.run_id = run_id
         self.run_dir = run_dir
         self.members = members
@@ -158,19 +162,22 @@ class StatusView:
         if self.course.phase == "starting":
             for node_id in self.members.missing():
                 node = self.members.nodes.get(node_id)
-                what = "to join" if node is None else f"to be ready ({node.state})"
-                found.append(wait_record(node_id, what, uptime_s,
-                                         c.start_timeout_s - uptime_s))
+                what, command = start_wait(None if node is None else node.state,
+                                           self.supervised, uptime_s,
+                                           START_GRACE * c.node_timeout_s)
+                found.append(wait_record(node_id, what, uptime_s, c.start_timeout_s - uptime_s,
+                                         start_command(node_id, self.run_dir) if command else ""))
         lost = {**self.recovery.shards_lost, **self.feeding.down}
         if self.recovery.aggregator_lost_at is not None:
             for node_id, node in self.members.nodes.items():
                 if node.role == "aggregator" and node.status != ALIVE:
                     lost[node_id] = self.recovery.aggregator_lost_at
         for node_id, since in sorted(lost.items()):
-            back = node_id in self.recovery.shards_back
+            back = node_id in self.recovery.shards_back   # started again: it runs
             found.append(wait_record(node_id, "to restore its checkpoint" if back
                                      else "to be restarted", now - since,
-                                     limit - (now - since)))
+                                     limit - (now - since),
+                                     "" if back else start_command(node_id, self.run_dir)))
         return found
 
     def training(self, feeding: dict) -> TrainingView:
@@ -218,10 +225,32 @@ class StatusView:
         }
 
 
-def wait_record(node_id: str, what: str, waited_s: float, left_s: float) -> Wait:
-    """One thing the job waits for: the node, what for, the command that starts it on its
-    host, how long it has waited and how long it may still."""
+def start_command(node_id: str, run_dir: str) -> str:
+    """The command that starts ``node_id`` on control's host, as printed from any shell: with
+    the run's ``config.toml``, the job's effective settings (ZBUS_* included)."""
     role, _, index = node_id.rpartition("-")
-    return {"node": node_id, "what": what, "restart": f"zbus-{role} --index {index}",
+    return f"zbus-{role} --index {index} --job {shlex.quote(str(Path(run_dir) / 'config.toml'))}"
+
+
+START_GRACE = 3   # node_timeout_s a supervisor may take to start a node (importing torch...)
+
+
+def start_wait(state: str | None, supervised: bool, uptime_s: float,
+               grace_s: float) -> tuple[str, bool]:
+    """What a node the job waits for at the start is waited for, and whether to give the
+    command that starts it: not for a node that has joined (``state``: it is getting ready),
+    nor for ``grace_s`` while a supervisor that starts every role may still be starting it."""
+    if state is not None:
+        return f"to be ready ({state})", False
+    if supervised and uptime_s < grace_s:
+        return "to start", False
+    return "to join", True
+
+
+def wait_record(node_id: str, what: str, waited_s: float, left_s: float,
+                restart: str) -> Wait:
+    """One thing the job waits for: the node, what for, the command that starts it ("":
+    none to give), how long it has waited and how long it may still."""
+    return {"node": node_id, "what": what, "restart": restart,
             "waited_s": round(max(0.0, waited_s), 1), "left_s": round(max(0.0, left_s), 1)}
 

@@ -26,6 +26,7 @@ within ``start_timeout_s``, or nothing progresses for ``stall_timeout_s``.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import time
@@ -78,7 +79,7 @@ from roles.control.state import (
 )
 from roles.control.summary import run_summary
 from roles.control.sync_modes import sync_mode
-from roles.job.cli import MAX_WORKERS
+from roles.job.cli import MAX_WORKERS, started_by_supervisor
 from roles.job.rundir import MetricsLog, atomic_write, make_run_dir
 from roles.job.settings import Job, job_to_toml
 from roles.protocol.checkpoint import CheckpointDrained, CheckpointPart, Snapshotted
@@ -214,7 +215,8 @@ class Control(Loop):
         self.view = StatusView(job, self.run_id, str(self.run_dir), self.members, self.status,
                                self.course, self.rounds, self.feeding, self.recovery,
                                self.settings, self.health, self.placement, self.model_plan,
-                               self.checkpoints)
+                               self.checkpoints,
+                               started_by_supervisor(os.environ if environ is None else environ))
         self.waiting_log = Every(WAITING_LOG_S, self.started)
         self.tasks_log = Every(TASK_LOG_S, self.started)
         self.closing: Closing | None = None
@@ -491,8 +493,9 @@ class Control(Loop):
                     log.info("%s, for %s", describe(t), seconds(t["elapsed_s"]))
         if self.waiting_log.due(now):
             for w in self.view.waits(now, now - self.started):
-                log.info("waiting for %s %s (start it with %s; %.0f s left)", w["node"],
-                         w["what"], w["restart"], w["left_s"])
+                start = f"start it with {w['restart']}; " if w["restart"] else ""
+                log.info("waiting for %s %s (%s%.0f s left)", w["node"], w["what"], start,
+                         w["left_s"])
         c = self.job.cluster
         if self.course.phase == "starting" and now - self.started > c.start_timeout_s:
             self.fail(f"not ready after {c.start_timeout_s:.0f} s: "

@@ -13,14 +13,21 @@ along file order: the training rows first, then the eval rows, the last ``eval_f
 the data's rows in file order (or every row of ``eval_path``). A part is the unit a feeder reads
 and control hands out: a byte range of a text file that begins and ends at line starts, a range
 of rows of a Parquet file or a gzipped file, or a range of rows of the built-in generator.
+
+A directory's data files are those named as its format's are (``DATA_PATTERNS``: ``*.csv`` for
+csv, ...), so that a README beside them is not read as data. A file that is plainly not what
+its format says (gzip bytes in a plain text file, a text file named ``.gz``, an archive,
+Parquet read as text, UTF-16 text, text read as Parquet) is a ``DataError`` that says so.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import gzip
 import hashlib
 import os
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +43,18 @@ INDEX_VERSION = 3
 AUTO_PARTS = 64
 Advance = Callable[[int], None]   # told how many more bytes of the files were read
 CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
+# the files of a directory that are data, by format (a README in it is not)
+DATA_PATTERNS = {"csv": ("*.csv", "*.csv.gz"),
+                 "tsv": ("*.tsv", "*.tsv.gz", "*.txt", "*.txt.gz"),
+                 "criteo": ("*.tsv", "*.tsv.gz", "*.txt", "*.txt.gz", "day_[0-9]*"),
+                 "parquet": ("*.parquet",)}
+SNIFF_BYTES = 64 << 10   # a text file's first bytes, looked at for signs of another format
+GZIP_MAGIC = b"\x1f\x8b"
+PARQUET_MAGIC = b"PAR1"
+OTHER_MAGIC = {rb"PK\x03\x04": "a zip archive", rb"BZh[1-9]1AY&SY": "bzip2-compressed",
+               rb"\xfd7zXZ\x00": "xz-compressed", rb"\x28\xb5\x2f\xfd": "zstd-compressed",
+               rb"7z\xbc\xaf\x27\x1c": "a 7-Zip archive"}
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")   # (UTF-32's begin with one of these too)
 
 
 class DataError(ValueError):
@@ -78,21 +97,30 @@ class Part:
         return cls(number, file, first_row, rows, start, end, bool(is_eval))
 
 
-def resolve_paths(path: str, fmt: str = "") -> list[str]:
-    """A file, every data file of a directory (its ``*.parquet`` files for format parquet,
-    else every file not hidden), or every file a glob matches (sorted)."""
+def resolve_paths(path: str, fmt: str, what: str = "[data] path") -> list[str]:
+    """A file, the data files of a directory (those named as ``fmt``'s files are,
+    ``DATA_PATTERNS``: a README or a file of another format is not read as data), or every
+    file a glob matches (sorted); ``~`` is the home directory. ``what`` names ``path`` in the
+    errors."""
+    path = os.path.expanduser(path)
     if any(c in path for c in "*?["):
         paths = sorted(p for p in glob.glob(path) if os.path.isfile(p))
     elif os.path.isdir(path):
-        paths = sorted(str(p) for p in Path(path).iterdir()
-                       if p.is_file() and not p.name.startswith(".")
-                       and (fmt != "parquet" or p.suffix == ".parquet"))
+        found = sorted(p for p in Path(path).iterdir() if not p.name.startswith("."))
+        paths = [str(p) for p in found if p.is_file()
+                 and any(fnmatch.fnmatch(p.name, pattern) for pattern in DATA_PATTERNS[fmt])]
         if not paths:
-            raise DataError(f"[data] path {path!r} is a directory with no data file in it")
+            names = [p.name + ("/" if p.is_dir() else "") for p in found]
+            held = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5
+                                           else "") if names else "nothing"
+            raise DataError(f"{what} {path!r} is a directory with no {fmt} data file in it "
+                            f"(looked for {', '.join(DATA_PATTERNS[fmt])}; found {held})")
+    elif os.path.exists(path):
+        paths = [path]
     else:
-        paths = [path] if os.path.isfile(path) else []
+        raise DataError(f"{what} {path!r} does not exist")
     if not paths:
-        raise DataError(f"[data] path {path!r} matches no file")
+        raise DataError(f"{what} {path!r} matches no file")
     return paths
 
 
@@ -100,6 +128,25 @@ def kind_of(path: str, fmt: str) -> str:
     if fmt == "parquet":
         return "parquet"
     return "gzip" if path.endswith(".gz") else "text"
+
+
+def _sniff(path: str, head: bytes, fmt: str) -> None:
+    """DataError when the first bytes of a text file show it is not ``fmt`` text: compressed,
+    an archive, Parquet, or text in UTF-16/32 (a byte-order mark, or NULs in its first line)."""
+    if head.startswith(GZIP_MAGIC):
+        raise DataError(f"{path} is gzip-compressed: name it {os.path.basename(path)}.gz "
+                        "(a .gz file is read as gzip)")
+    if head.startswith(PARQUET_MAGIC):
+        raise DataError(f"{path} is a Parquet file, not {fmt} text: read it with format "
+                        "\"parquet\"")
+    for magic, what in OTHER_MAGIC.items():
+        if re.match(magic, head):
+            raise DataError(f"{path} is {what}: unpack it (zbus reads {fmt} text, plain or "
+                            "gzipped)")
+    first = head.split(b"\n", 1)[0]
+    if head.startswith(UTF16_BOMS) or first.count(b"\0") * 4 >= max(len(first), 1):
+        raise DataError(f"{path} is not UTF-8 text (UTF-16 or 32, or binary): convert it to "
+                        "UTF-8")
 
 
 def _split_header(line: bytes, fmt: str) -> list[str]:
@@ -116,6 +163,8 @@ def _index_text(path: str, fmt: str, stat: os.stat_result,
                 advance: Advance = _nothing) -> FileIndex:
     header: list[str] = []
     with open(path, "rb") as f:
+        _sniff(path, f.read(SNIFF_BYTES), fmt)
+        f.seek(0)
         data_start = 0
         if fmt != "criteo":
             first = f.readline()
@@ -146,11 +195,18 @@ def _index_gzip(path: str, fmt: str, stat: os.stat_result,
                 advance: Advance = _nothing) -> FileIndex:
     header: list[str] = []
     rows, last, first, consumed = 0, b"\n", True, 0
+    with open(path, "rb") as raw:
+        magic = raw.read(len(GZIP_MAGIC))
+    if magic and magic != GZIP_MAGIC:
+        raise DataError(f"{path} is not gzip-compressed, though its name ends in .gz: "
+                        "compress it (gzip) or drop .gz from its name")
     try:
         with open(path, "rb") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
             while chunk := f.read(GZIP_READ_BYTES):  # small: the rows before damage count
                 advance(raw.tell() - consumed)   # compressed bytes: the file's size is known
                 consumed = raw.tell()
+                if first:
+                    _sniff(path, chunk[:SNIFF_BYTES], fmt)
                 if first and fmt != "criteo":
                     cut = chunk.find(b"\n")
                     head = chunk if cut < 0 else chunk[:cut + 1]
@@ -174,6 +230,14 @@ def _index_parquet(path: str, stat: os.stat_result) -> FileIndex:
     try:
         meta = pq.ParquetFile(path).metadata
     except Exception as exc:  # pyarrow raises ArrowInvalid/OSError for a bad file
+        with open(path, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+        if head.startswith(GZIP_MAGIC) or (head and b"\0" not in head
+                                            and not head.startswith(PARQUET_MAGIC)):
+            line = head.split(b"\n", 1)[0][:60].decode("utf-8", errors="replace")
+            what = "gzip-compressed" if head.startswith(GZIP_MAGIC) else f"text ({line!r}...)"
+            raise DataError(f"{path} is {what}, not Parquet: name its format (csv, tsv or "
+                            "criteo)") from None
         raise DataError(f"{path} is not a readable Parquet file: {exc}") from None
     marks, row = [], 0
     for g in range(meta.num_row_groups):
@@ -276,20 +340,22 @@ def auto_part_bytes(files: list[FileIndex]) -> int:
 def plan_parts(files: list[FileIndex], eval_fraction: float, part_mb: float,
                eval_files: list[FileIndex] | None = None) -> tuple[list[Part], int]:
     """The parts of the data in file order (training parts, then eval parts), and the number of
-    training rows. The eval rows are the last ``eval_fraction`` of the rows in file order, or
-    every row of ``eval_files``."""
+    training rows. The eval rows are the last ``eval_fraction`` of the rows in file order
+    (none with 0: ``zbus-predict`` scoring every row), or every row of ``eval_files``."""
     total = sum(f.rows for f in files)
     if eval_files is None:
         n_eval = int(round(total * eval_fraction))
         n_train = total - n_eval
-        if n_train < 1 or n_eval < 1:
-            raise DataError(f"{total} rows cannot be split into training and eval "
+        if n_train < 1 or (n_eval < 1 and eval_fraction > 0):
+            raise DataError(f"{_rows_in(files)}: too few to split into training and eval "
                             f"(eval_fraction = {eval_fraction})")
         regions = [(files, 0, n_train, False), (files, n_train, total, True)]
     else:
         n_train = total
-        if not total or not sum(f.rows for f in eval_files):
-            raise DataError("[data] path or eval_path holds no row")
+        if not total:
+            raise DataError(f"{_rows_in(files)}: no row to train on")
+        if not sum(f.rows for f in eval_files):
+            raise DataError(f"{_rows_in(eval_files)}: no row to evaluate on ([data] eval_path)")
         regions = [(files, 0, total, False),
                    (eval_files, 0, sum(f.rows for f in eval_files), True)]
     parts: list[Part] = []
@@ -318,6 +384,17 @@ def plan_parts(files: list[FileIndex], eval_fraction: float, part_mb: float,
             else:
                 parts.append(Part(len(parts), number, a, b - a, eval=is_eval))
     return parts, n_train
+
+
+def _rows_in(files: list[FileIndex]) -> str:
+    """``data.csv holds 0 rows after its header``, or ``the 3 files (a.csv, ...) hold 1 row``."""
+    total = sum(f.rows for f in files)
+    rows = f"{total} row" + ("" if total == 1 else "s")
+    if len(files) == 1:
+        after = " after its header" if files[0].header and files[0].kind != "parquet" else ""
+        return f"{files[0].path} holds {rows}{after}"
+    names = ", ".join(os.path.basename(f.path) for f in files[:3])
+    return f"the {len(files)} files ({names}{', ...' if len(files) > 3 else ''}) hold {rows}"
 
 
 def synthetic_parts(rows: int, eval_fraction: float, part_rows: int) -> tuple[list[Part], int]:

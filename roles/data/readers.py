@@ -5,11 +5,12 @@ One record per line; a part is read in chunks of about ``CHUNK_BYTES`` cut at li
 parsed by pyarrow into typed columns (no per-row Python on this path).
 
 A row is rejected (counted, kept with its file and line number — its row number, counted from
-1, in a Parquet file — and the reading goes on) when it has the wrong number of fields, a
-number that does not parse, a NaN or infinite number or one beyond float32's range, an unknown
-or missing label, or a missing, unparsable or out-of-range timestamp (unix seconds within
-±2⁵³, or ISO 8601). When pyarrow cannot convert a chunk (a bad number in it), that chunk alone
-is read again as text and checked column by column to find the rows at fault. A schema without
+1, in a Parquet file — and the reading goes on) when it is not UTF-8 text, has the wrong number
+of fields, a number that does not parse, a NaN or infinite number or one beyond float32's
+range, an unknown or missing label, or a missing, unparsable or out-of-range timestamp (unix
+seconds within ±2⁵³, or ISO 8601). When pyarrow cannot convert a chunk (a bad number or byte in
+it), that chunk alone is read again as text and checked column by column to find the rows at
+fault. A schema without
 a label column (``zbus-predict`` on unlabelled rows) reads labels as NaN. Empty lines are
 skipped. Missing values: an empty field or ``?`` is missing; a missing dense value becomes the
 training mean (see ``transforms``), a missing categorical value is its field's own "missing"
@@ -121,8 +122,9 @@ def _text(col: pa.Array) -> list[str]:
     return ["" if v is None else v for v in col.cast(pa.string()).to_pylist()]
 
 
-def _numbers(name: str, col: pa.Array, reasons: _Reasons) -> np.ndarray:
-    """A column as float64 (NaN where missing); rows with a bad number get their reason."""
+def _numbers(name: str, col: pa.Array, reasons: _Reasons, label: bool = False) -> np.ndarray:
+    """A column as float64 (NaN where missing); rows with a bad number get their reason (for
+    the ``label`` column: that a text label needs ``positive``)."""
     if pa.types.is_floating(col.type) or pa.types.is_integer(col.type):
         values = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
         raw = None
@@ -135,8 +137,10 @@ def _numbers(name: str, col: pa.Array, reasons: _Reasons) -> np.ndarray:
         values = good.cast(pa.float64()).to_numpy(zero_copy_only=False)
         raw = _text(col)
         unparsable = ~ok.to_numpy(zero_copy_only=False)
-        reasons.add(unparsable, lambda i: f"column {name!r}: cannot parse "
-                                          f"{raw[i].strip()!r} as a number")
+        reasons.add(unparsable, (lambda i: f"label {raw[i].strip()!r} is not a number "
+                                           "(text labels need [data] positive)") if label
+                    else (lambda i: f"column {name!r}: cannot parse {raw[i].strip()!r} as a "
+                          "number"))
     values = np.asarray(values, dtype=np.float64)
     present = ~np.isnan(values) if raw is None else ~np.isnan(values) | np.array(
         [r.strip().lower() in ("nan", "+nan", "-nan") for r in raw], dtype=bool)
@@ -170,7 +174,7 @@ def _labels(schema: Schema, col: pa.Array, reasons: _Reasons) -> np.ndarray:
         text = _text(raw)
         reasons.add(~pos_np & ~neg_np, lambda i: f"label {text[i]!r} is not a known value")
         return pos_np.astype(np.float32)
-    values = _numbers(schema.label, col, reasons)
+    values = _numbers(schema.label, col, reasons, label=True)
     reasons.add(np.isnan(values), lambda i: "missing label")
     with np.errstate(invalid="ignore"):
         return (values > 0).astype(np.float32)
@@ -229,8 +233,32 @@ def check_columns(schema: Schema, columns: list[str], where: str) -> None:
         + ([("timestamp", schema.timestamp)] if schema.timestamp else [])
     for kind, name in wanted:
         if name not in columns:
-            raise DataError(f"[data] {kind} column {name!r} is not in {where} "
-                            f"(columns: {', '.join(columns)})")
+            hint = _header_hint(columns)   # with one: the columns matter less, shown shorter
+            raise DataError(f"[data] {kind} column {name!r} is not in {where} (columns: "
+                            f"{_shown(', '.join(columns), 60 if hint else 200)}){hint}")
+
+
+def _shown(text: str, width: int = 200) -> str:
+    """``text`` on one line, its control characters escaped, cut to ``width``."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+SEPARATORS = {"\t": "tabs (format \"tsv\")", ",": "commas (format \"csv\")",
+              ";": "';', which zbus does not read (convert it to commas or tabs)",
+              "|": "'|', which zbus does not read (convert it to commas or tabs)"}
+
+
+def _header_hint(columns: list[str]) -> str:
+    """Why a header may lack the job's columns: it was split at the wrong separator, or it is
+    not UTF-8 text."""
+    if any("\ufffd" in c for c in columns):
+        return "; its header is not UTF-8 text: convert the file to UTF-8"
+    if len(columns) == 1:
+        for sep, what in SEPARATORS.items():
+            if sep in columns[0]:
+                return f"; its header reads as one column, separated by {what}"
+    return ""
 
 
 def _block(schema: Schema, table: pa.Table, rows_read: int, lines: Callable[[], list],
@@ -403,6 +431,25 @@ class _ChunkParser:
                                 r.reason, r.text) for n, r in invalid]
 
 
+def _without_non_utf8(chunk: bytes, first: int, path: str) -> tuple[bytes, list[Rejected]]:
+    """The chunk with each line that is not UTF-8 text emptied (pyarrow skips an empty line;
+    the line numbers stay), and those lines as rejected rows."""
+    try:
+        chunk.decode("utf-8")
+        return chunk, []
+    except UnicodeDecodeError:
+        pass
+    lines, rejected = chunk.split(b"\n"), []
+    for i, line in enumerate(lines):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            rejected.append(Rejected(path, first + i, "not UTF-8 text (convert the file to "
+                                     "UTF-8)", line.rstrip(b"\r").decode("utf-8", "replace")))
+            lines[i] = b""
+    return b"\n".join(lines), rejected
+
+
 def _out_of_range(col: pa.ChunkedArray) -> bool:
     """A NaN, an infinity or a number beyond float32's range in a parsed column."""
     return bool(pc.any(pc.is_nan(col)).as_py()
@@ -421,8 +468,10 @@ def _read_text(f: FileIndex, part: Part, fmt: str, schema: Schema) -> Iterator[R
             table, invalid = parser.parse(chunk, first, parser.typed)
             if any(_out_of_range(table.column(c)) for c in _numeric(schema)):
                 raise pa.ArrowInvalid("NaN or out of range")  # the text path says which row
-        except pa.ArrowInvalid:  # a ragged row or a bad number in the chunk: find the rows
-            table, invalid = parser.parse(chunk, first, parser.texts, ragged=True)
+        except pa.ArrowInvalid:  # a ragged row, a bad number or a line that is not UTF-8 text
+            chunk, unreadable = _without_non_utf8(chunk, first, f.path)  # in the chunk: find
+            table, invalid = parser.parse(chunk, first, parser.texts, ragged=True)  # the rows
+            invalid = unreadable + invalid
         yield _block(schema, table, table.num_rows + len(invalid),
                      functools.partial(_accepted_rows, chunk, first, invalid), f.path,
                      invalid, len(chunk))

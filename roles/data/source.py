@@ -67,8 +67,8 @@ class DataSource:
             return [], parts, n_train
         files = index_files(resolve_paths(data.path, self.fmt), self.fmt, self.cache_dir,
                             **more)
-        eval_files = index_files(resolve_paths(data.eval_path, self.fmt), self.fmt,
-                                  self.cache_dir, **more) \
+        eval_files = index_files(resolve_paths(data.eval_path, self.fmt, "[data] eval_path"),
+                                 self.fmt, self.cache_dir, **more) \
             if data.eval_path else None
         parts, n_train = plan_parts(files, data.eval_fraction, data.part_mb, eval_files)
         for f in files + (eval_files or []):
@@ -97,7 +97,8 @@ class DataSource:
             return 0
         data = self.job.data
         paths = resolve_paths(data.path, self.fmt) + (
-            resolve_paths(data.eval_path, self.fmt) if data.eval_path else [])
+            resolve_paths(data.eval_path, self.fmt, "[data] eval_path") if data.eval_path
+            else [])
         return sum(os.stat(p).st_size for p in paths)
 
     @staticmethod

@@ -9,6 +9,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import psutil
@@ -77,6 +78,13 @@ def first_to_say(message: str) -> bool:
         return True
     os.close(fd)
     return True
+
+
+def started_by_supervisor(environ: Mapping[str, str]) -> bool:
+    """Whether a supervisor starts every role of the job, so that a node not yet joined is
+    most likely still starting: ``honcho start`` (it names each process in
+    ``HONCHO_PROCESS_NAME``), or any other that sets ``ZBUS_SUPERVISED=1``."""
+    return bool(environ.get("HONCHO_PROCESS_NAME")) or environ.get("ZBUS_SUPERVISED") == "1"
 
 
 def load_job_or_exit(path: str | None, who: str) -> Job:

@@ -29,7 +29,8 @@ from roles.protocol.topology import ClusterConfig
 
 DECAY_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
 RESERVED_ENV = {"ZBUS_JOB", "ZBUS_RUN_DIR", "ZBUS_LOG_LEVEL", "ZBUS_VENV", "ZBUS_TORCH_SPEC",
-                "ZBUS_CACHE_DIR", "ZBUS_CLUSTER_FILE", "ZBUS_BIND_INTERFACE", "ZBUS_RESUME"}
+                "ZBUS_CACHE_DIR", "ZBUS_CLUSTER_FILE", "ZBUS_BIND_INTERFACE", "ZBUS_RESUME",
+                "ZBUS_SUPERVISED"}
 
 
 class JobError(ValueError):
@@ -72,9 +73,10 @@ class DataConfig:
     source: str = field(default="file", metadata={"choices": ("file", "synthetic"), "doc": (
         "`file`, or `synthetic` (the built-in generator, `[data.synthetic]`)")})
     path: str = field(default="", metadata={"doc": (
-        "a file, a directory (every file in it) or a glob (several files, sorted; `.gz` is "
-        "read transparently); relative to the job file (to the working directory when set "
-        "from the environment); required when `source = \"file\"`")})
+        "a file, a directory (its files named as the format's: `*.csv`, `*.tsv`, ...; see "
+        "operations.md) or a glob (several files, sorted; `.gz` is read transparently); "
+        "relative to the job file (to the working directory when set from the environment); "
+        "required when `source = \"file\"`")})
     eval_path: str = field(default="", metadata={"doc": (
         "the eval rows in files of their own (a file, directory or glob, as `path`); empty: "
         "the last `eval_fraction` of the rows of `path`")})

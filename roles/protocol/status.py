@@ -190,7 +190,8 @@ class CheckpointView(TypedDict):
 
 
 class Wait(TypedDict):
-    """A node the job waits for (to join, to be restarted), the command that starts it, how
+    """A node the job waits for (to join, to be restarted), the command that starts it ("" when
+    it is not to be started by hand, or not yet: it runs, or a supervisor is starting it), how
     long the job has waited and may still."""
 
     node: str

@@ -40,6 +40,7 @@ import torch
 from roles.algorithms.shard.embedding_table import initial_rows
 from roles.algorithms.shared.key_map import KeyMap
 from roles.algorithms.shared.metrics import ScoreHistogram
+from roles.checkpoint.files import CHECKPOINTS, LATEST
 from roles.checkpoint.serving import checkpoint_of, load_checkpoint_model
 from roles.data.hashing import KEY_HASH
 from roles.data.index import DataError, index_files, plan_parts, resolve_paths
@@ -79,7 +80,7 @@ class ExportedModel:
             self._from_checkpoint(checkpoint)
             return
         if not (where / MANIFEST).exists():
-            raise ExportError(f"{where} has no {MANIFEST}: not an export, or an incomplete one")
+            raise ExportError(not_a_model(where))
         self.manifest = orjson.loads((where / MANIFEST).read_bytes())
         self._check_hash(where)
         self.job = self._job((where / JOB).read_text(), where / JOB)
@@ -165,6 +166,23 @@ class ExportedModel:
             return torch.sigmoid(logits).numpy()
 
 
+def not_a_model(where: Path) -> str:
+    """Why ``where`` is neither an export nor a checkpoint, in words."""
+    expected = ("an export (runs/<run>/export) or a run with a checkpoint (runs/<run>, "
+                "runs/<run>/checkpoints)")
+    if not where.exists():
+        return f"{where} does not exist: EXPORT is {expected}"
+    if not where.is_dir():
+        return f"{where} is a file: EXPORT is {expected}"
+    if where.name == CHECKPOINTS or (where / CHECKPOINTS).is_dir() \
+            or (where / "config.toml").is_file():   # a run's directory
+        export = where / "export"
+        return f"{where} holds no complete checkpoint (no {CHECKPOINTS}/{LATEST})" + (
+            f": score its export, {export}" if (export / MANIFEST).is_file() else "")
+    return (f"{where} is neither an export (it has no {MANIFEST}: another directory, or an "
+            f"export not finished) nor a run or checkpoint directory: EXPORT is {expected}")
+
+
 def schema_of(job: Job, with_label: bool) -> Schema:
     d = job.data
     label = (d.label if d.source == "file" else "label") if with_label else ""
@@ -177,8 +195,10 @@ def predict(model: ExportedModel, data: str, fmt: str, split: str,
             progress: Callable[[int, int], None] = lambda done, total: None) -> dict:
     """Score the rows; ``progress`` is told of the rows read so far and of the rows in all."""
     job = model.job
-    files = index_files(resolve_paths(data, fmt), fmt)
-    parts, _ = plan_parts(files, job.data.eval_fraction, job.data.part_mb)
+    files = index_files(resolve_paths(data, fmt, "DATA"), fmt)
+    # every row: no split is needed (a file of one row is scored)
+    parts, _ = plan_parts(files, job.data.eval_fraction if split != "all" else 0.0,
+                          job.data.part_mb)
     if split != "all":
         parts = [p for p in parts if p.eval == (split == "eval")]
     columns = set(files[0].header) if files[0].header else None
@@ -248,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     try:
-        model = ExportedModel(Path(args.export))
+        model = ExportedModel(Path(args.export).expanduser())
         with progress_bar(not args.quiet and sys.stderr.isatty()) as advance:
             result = predict(model, args.data, args.format or model.job.data.format,
                              args.split, Path(args.out) if args.out else None, advance)

@@ -9,8 +9,10 @@ input's order, so the last ``eval_fraction`` of the rows stay the eval split. Co
 label as 0/1 (or none without a label), each dense column as float64 (null where missing), each
 categorical column as text (null where missing), the timestamp as int64 unix seconds.
 ``DIR/prepared.json`` says what was written (files, rows, rejected rows, each dense column's
-count, mean and standard deviation) and the ``[data]`` keys that read it. A progress bar shows
-the rows converted, their rate and the time left.
+count, mean and standard deviation) and the ``[data]`` section that reads it, which is printed
+at the end too, whole, to paste into a job file. A progress bar shows the rows converted, their
+rate and the time left. A job without text data (the built-in one's is synthetic) is refused
+in one line that says what to pass.
 
     zbus-prepare --job jobs/adult.toml --out data/adult-parquet [--rows-per-file 2000000]
 
@@ -23,6 +25,7 @@ names it (only that section is read); with the built-in job, set it from the env
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -39,7 +42,7 @@ from roles.data.rejected import RejectedRows
 from roles.data.stats import Moments
 from roles.job.cli import integer, load_job_or_exit
 from roles.job.rundir import atomic_write
-from roles.job.settings import Job
+from roles.job.settings import DataConfig, Job
 
 
 def table_of(schema: Schema, block: RawBlock) -> pa.Table:
@@ -85,11 +88,56 @@ class ParquetFiles:
             self.writer, self.in_file = None, 0
 
 
+def data_section(job: Job, out: Path) -> dict:
+    """The ``[data]`` keys of a job that reads the Parquet files in ``out``: the columns as
+    written (labels as 0/1, every column by name), and the job's other ``[data]`` keys that
+    are not their defaults (``eval_path``, text files, is left out)."""
+    d = job.data
+    section: dict = {"source": "file", "format": "parquet", "path": str(out.absolute()),
+                     "label": d.label, "positive": [], "negative": [], "dense": job.dense_fields,
+                     "sparse": job.sparse_fields}
+    if d.timestamp:
+        section["timestamp"] = d.timestamp
+    for f in dataclasses.fields(DataConfig):
+        default = f.default if f.default_factory is dataclasses.MISSING \
+            else f.default_factory()
+        value = getattr(d, f.name)
+        if f.name not in section and f.name not in ("eval_path", "synthetic") \
+                and value != default:
+            section[f.name] = value
+    return section
+
+
+def toml_section(name: str, keys: dict) -> str:
+    """``[name]`` and its keys, one a line (strings, numbers, booleans and lists of them)."""
+    def value(v: object) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return repr(v) if isinstance(v, float) else orjson.dumps(v).decode()
+
+    return "\n".join([f"[{name}]", *(f"{k} = {value(v)}" for k, v in keys.items())])
+
+
+def refusal(job: Job) -> str:
+    """Why zbus-prepare has nothing to convert in ``job`` ("" when it has)."""
+    d = job.data
+    if d.source != "file":
+        return (f"the job ({job.origin}) has synthetic data, no file to convert: pass --job "
+                "naming the text data (or set ZBUS_DATA__SOURCE=file, ZBUS_DATA__FORMAT and "
+                "ZBUS_DATA__PATH)")
+    if d.format == "parquet":
+        return (f"the job ({job.origin}) reads Parquet already: zbus-prepare converts text "
+                "data (format csv, tsv or criteo)")
+    return ""
+
+
 def prepare(job: Job, out: Path, rows_per_file: int, row_group: int,
             show: bool = True) -> dict:
     d = job.data
-    if d.source != "file" or d.format == "parquet":
-        raise DataError("zbus-prepare converts text data ([data] format csv, tsv or criteo)")
+    if refusal(job):
+        raise DataError(refusal(job))
     schema = Schema(label=d.label, dense=job.dense_fields, sparse=job.sparse_fields,
                     positive=tuple(d.positive), negative=tuple(d.negative),
                     timestamp=d.timestamp)
@@ -122,9 +170,7 @@ def prepare(job: Job, out: Path, rows_per_file: int, row_group: int,
         "dense": {name: {"count": int(moments.count[j]), "mean": float(transform.mean[j]),
                          "std": float(transform.std[j])}
                   for j, name in enumerate(schema.dense)},
-        "job": {"format": "parquet", "path": str(out.absolute()), "label": d.label,
-                "positive": [], "negative": [], "dense": schema.dense,
-                "sparse": schema.sparse, "timestamp": d.timestamp}}
+        "job": data_section(job, out)}
     atomic_write(out / "prepared.json", orjson.dumps(report, option=orjson.OPT_INDENT_2))
     return report
 
@@ -147,9 +193,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"zbus prepare: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     print(f"zbus prepare: {report['rows']:,} rows in {len(report['files'])} Parquet file(s) "
-          f"in {args.out} ({report['rejected']:,} rejected) in {report['seconds']} s; read "
-          f"them with [data] format = \"parquet\", path = \"{report['job']['path']}\" (see "
-          f"prepared.json)")
+          f"in {args.out} ({report['rejected']:,} rejected) in {report['seconds']} s; a job "
+          f"reads them with this [data] section (also in prepared.json):\n"
+          f"{toml_section('data', report['job'])}")
 
 
 if __name__ == "__main__":
