@@ -194,12 +194,17 @@ def fit(parts: Sequence[Part], width: int | None) -> Text:
     return text
 
 
+# how a job that did not fail ended: completed, stopped by an operator, or interrupted by a
+# signal (resumable); any other end is a failure, in red
+END_STYLE = {"completed": "bold green", "stopped": "bold green",
+             "interrupted": "bold yellow"}
+
+
 def final_parts(f: Final) -> list[Part]:
-    """How the job ended, in parts: the status (green or red), its figures (AUC kept
+    """How the job ended, in parts: the status (``END_STYLE``), its figures (AUC kept
     longest), why (a job that did not complete), and where its summary is."""
-    ok = f.get("status") in ("completed", "stopped")
     parts: list[Part] = [[(KEEP, Text(str(f.get("status")),
-                                      style="bold green" if ok else "bold red"))]]
+                                      style=END_STYLE.get(str(f.get("status")), "bold red")))]]
     auc = f"auc {f['auc']:.4f}" if f.get("auc") is not None else None
     logloss = f"logloss {f['logloss']:.4f}" if f.get("logloss") is not None else None
     wall = f"in {duration(f['wall_s'])}" if f.get("wall_s") is not None else None
@@ -237,8 +242,8 @@ def top_line(s: StatusSnapshot | None, connected: bool, detail: str,
         ended = [[(KEEP, "■ ")], name, [(KEEP, f"{run}  ")], *final_parts(final)]
         if not connected:
             ended.append([(8, " (control has exited)")])
-        ok = final.get("status") in ("completed", "stopped")
-        return ("ended" if ok else "down"), fit(ended, width)
+        failed = str(final.get("status")) not in END_STYLE
+        return ("down" if failed else "ended"), fit(ended, width)
     epoch = f"epoch {s['epoch'] + 1}/{s['epochs']}" if s["epoch"] >= 0 else "epoch -"
     t = s["training"]
     share = ""

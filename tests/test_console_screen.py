@@ -110,6 +110,8 @@ def test_the_top_line_is_one_line_at_80_columns_in_every_phase():
                         else line.content
                     assert shown.cell_len <= line.content_size.width, shown.plain
                     assert (final["status"] if final else phase) in shown.plain
+                    failed = final is not None and final["status"] == "failed"
+                    assert line.has_class("down") == failed   # red: a failure only
                     if not final:
                         assert "epoch 12/20" in shown.plain
 
