@@ -163,12 +163,13 @@ class NodesPanel(Vertical):
             detail.update(Text("no node selected", style="dim"))
             return
         parts: list = [(row["id"], "bold"), f"  {row['host']}:{row['pid']}  ",
-                       fmt.state(row["state"]), f"  doing {row['doing']}"]
+                       fmt.state(row["state"])]
+        if (median := fmt.slow_nodes(self.rows).get(row["id"])) is not None:
+            parts.append((f"  ▼ slow: under half the median {fmt.count(median)}",
+                          "bold yellow"))
+        parts.append(f"  doing {row['doing']}")
         if row.get("round_samples") is not None:
             parts.append(f"  M {fmt.count(row['round_samples'])}")
-        if (median := fmt.slow_nodes(self.rows).get(row["id"])) is not None:
-            parts.append((f"  ▼ slow: {fmt.count(row['samples_per_s'])} samples/s, under half "
-                          f"its role's median {fmt.count(median)}", "bold yellow"))
         if row["state"] in fmt.GONE:
             parts.append((f"  last heard {fmt.duration(row['beat_age_s'])} ago", "dim"))
         if row["progress"]:
