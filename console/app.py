@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 
-from rich.text import Text
-from textual import work
+from textual import events, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
@@ -86,6 +86,8 @@ class ZbusConsole(App):
         self.link_detail = "not connected"
         self.stop_armed_at = 0.0
         self.updates = 0  # snapshots shown (the console benchmark counts them)
+        self.notice_until_status = False  # the notice says there is no status yet
+        self.keys_typed: deque[tuple[events.Key, Screen]] = deque(maxlen=64)  # and on what
 
     def compose(self) -> ComposeResult:
         yield Static(id="link-line")
@@ -114,11 +116,30 @@ class ZbusConsole(App):
         await link.run()
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        """The palette (ctrl+p): every console action by name, then Textual's own."""
+        """The palette (ctrl+p): every console action by name, then Textual's own but its
+        "Keys" (its keys panel: the console's help, "Help: keys", lists every key)."""
         for title, help_text, action in COMMANDS:
             yield SystemCommand(title, help_text,
                                 lambda action=action: self.run_action(action))
-        yield from super().get_system_commands(screen)
+        yield from (c for c in super().get_system_commands(screen) if c.title != "Keys")
+
+    async def on_event(self, event: events.Event) -> None:
+        """Keys typed in a burst reach the screen they were typed for. Textual hands a key to
+        the focused widget first and runs an app binding (``s``: the settings) only when the
+        key comes back unused, so the keys typed right after ``s`` have gone to the screen
+        below before the settings open. When such a key comes back from a screen no longer
+        on top, it is typed again into the screen now on top (the settings' input), rather
+        than dropped or taken for a key of the console's (``4``: a tab)."""
+        if isinstance(event, events.Key):
+            if not event.is_forwarded:
+                self.keys_typed.append((event, self.screen))
+            elif (typed_on := next((on for key, on in self.keys_typed if key is event),
+                                   None)) is not None and typed_on is not self.screen:
+                again = events.Key(event.key, event.character)
+                self.keys_typed.append((again, self.screen))
+                await super().on_event(again)
+                return
+        await super().on_event(event)
 
     # -- from the link -----------------------------------------------------------------------
     def closing(self) -> bool:
@@ -135,6 +156,8 @@ class ZbusConsole(App):
         self.show_tab()
         if isinstance(self.screen, SettingsScreen):
             self.screen.show_status(snap["settings"])
+        if self.notice_until_status:
+            self.notice("")
         self.show_link()
         self.updates += 1
 
@@ -157,40 +180,29 @@ class ZbusConsole(App):
                     "ok" if message.ok else "refused")
 
     def show_link(self) -> None:
-        """The top line: the job's phase and progress; how it ended once it has (also after
-        control has exited); or, red, that control is not heard."""
+        """The top line, one line at any width (``console.format.top_line``)."""
         line = self.query_one("#link-line", Static)
-        s = self.snapshot
-        if s and (final := s.get("final")):
-            line.set_classes("ended" if final.get("status") in ("completed", "stopped")
-                             else "down")
-            ended = fmt.final_line(final)
-            ended.append(" (control has exited)" if not self.connected else "")
-            line.update(Text(f"■ {s['job']} {s['run_id']}  ").append_text(ended))
-            return
-        if not self.connected:
-            line.set_classes("down")
-            line.update(f"✗ {self.link_detail}")
-            return
-        line.set_classes("up")
-        if s is None:
-            line.update(f"● {self.link_detail}")
-            return
-        epoch = f"epoch {s['epoch'] + 1}/{s['epochs']}" if s["epoch"] >= 0 else "epoch -"
-        t = s["training"]
-        if s["epoch"] >= 0 and t.get("samples_per_epoch"):
-            epoch += f" {min(1.0, t['epoch_samples'] / t['samples_per_epoch']):.0%}"
-        paused = "  PAUSED" if s["paused"] else ""
-        waiting = s.get("waiting") or []
-        phase = s["phase"] if not waiting or s["phase"] == "starting" \
-            else f"{s['phase']}, waiting for {', '.join(w['node'] for w in waiting)}"
-        line.update(f"● {s['job']} {s['run_id']}  {phase}  {epoch}  round {s['round']}"
-                    f"  sync {s['sync']}{paused}")
+        kind, text = fmt.top_line(self.snapshot, self.connected, self.link_detail,
+                                  max(20, self.size.width - 2))
+        line.set_classes(kind)
+        line.update(text)
 
-    def notice(self, text: str, kind: str = "") -> None:
+    def on_resize(self) -> None:
+        self.show_link()
+
+    def notice(self, text: str, kind: str = "", *, until_status: bool = False,
+               for_s: float | None = None) -> None:
+        """The line above the key bar; ``until_status``: cleared by the next status (it says
+        there is none); ``for_s``: cleared after so long (an offer that expires)."""
         widget = self.query_one("#notice", Static)
         widget.set_classes(kind)
         widget.update(text)
+        self.notice_until_status = until_status
+        if for_s is not None:
+            def expire() -> None:
+                if widget.content == text:
+                    self.notice("")
+            self.set_timer(for_s, expire)
 
     # -- actions -------------------------------------------------------------------------------
     def send_request(self, action: str, changes: dict | None = None) -> None:
@@ -211,14 +223,15 @@ class ZbusConsole(App):
         now = time.monotonic()
         if now - self.stop_armed_at > STOP_CONFIRM_S:
             self.stop_armed_at = now
-            self.notice("press x again within 3 s to stop the job", "refused")
+            self.notice("press x again within 3 s to stop the job", "refused",
+                        for_s=STOP_CONFIRM_S)
             return
         self.stop_armed_at = 0.0
         self.action_request("stop")
 
     def action_settings(self) -> None:
         if self.snapshot is None:
-            self.notice("settings: no status from control yet", "refused")
+            self.notice("settings: no status from control yet", "refused", until_status=True)
             return
         self.push_screen(SettingsScreen(self.snapshot["settings"], self.send_request))
 
@@ -247,7 +260,8 @@ class ZbusConsole(App):
 
     def action_sort(self) -> None:
         table = self.query_one(NodeTable)
-        self.notice(f"nodes sorted by {table.cycle_sort()}")
+        key = table.cycle_sort()
+        self.notice(f"nodes sorted by {key} {fmt.sort_direction(key)}")
         if self.snapshot:
             table.show(self.snapshot["nodes"])
 
@@ -257,7 +271,7 @@ class ZbusConsole(App):
         key = event.data_table.columns_shown()[event.column_index][1]
         if key in fmt.SORT_KEYS:
             event.data_table.sort_by = key
-            self.notice(f"nodes sorted by {key}")
+            self.notice(f"nodes sorted by {key} {fmt.sort_direction(key)}")
             if self.snapshot:
                 event.data_table.show(self.snapshot["nodes"])
 

@@ -1,14 +1,23 @@
 """How the console writes figures (pure): sizes, rates, durations, gauges against a threshold,
-and the order of the node table."""
+the top line fitted to the terminal's width, and the node table's order and flags (a node
+gone, a worker slower than its peers)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 
 from rich.text import Text
 
 from roles.algorithms.shared.progress import describe, seconds
-from roles.protocol.status import CheckpointView, Final, NodeRow, TaskFigures, Wait
+from roles.protocol.status import (
+    CheckpointView,
+    Final,
+    NodeRow,
+    StatusSnapshot,
+    TaskFigures,
+    Wait,
+)
 
 DASH = "-"
 STATE_STYLE = {"alive": ("● alive", "green"), "suspect": ("? suspect", "bold yellow"),
@@ -96,6 +105,41 @@ def sort_nodes(rows: list[NodeRow], key: str) -> list[NodeRow]:
                                        *by_role(r)))
 
 
+def sort_direction(key: str) -> str:
+    """The sorted column's marker: ▲ by role (then index) or state (failed first), ▼ by a
+    figure (largest first)."""
+    return "▲" if key in ("role", "state") else "▼"
+
+
+GONE = ("failed", "left")   # a node no longer heard: its last figures are not live
+SLOW_SHARE = 0.5   # a node is slow under this share of its role's median samples/s
+
+
+def slow_nodes(rows: Sequence[NodeRow]) -> dict[str, float]:
+    """The nodes slower than their peers: of the live nodes of a role with samples/s (workers,
+    feeders), at least two, those under ``SLOW_SHARE`` of the role's median; node -> that
+    median."""
+    by_role: dict[str, list[NodeRow]] = {}
+    for r in rows:
+        if r["state"] not in GONE and r.get("samples_per_s") is not None:
+            by_role.setdefault(r["role"], []).append(r)
+    slow = {}
+    for peers in by_role.values():
+        if len(peers) < 2:
+            continue
+        median = statistics.median(float(r["samples_per_s"] or 0.0) for r in peers)
+        slow.update({r["id"]: median for r in peers
+                     if float(r["samples_per_s"] or 0.0) < SLOW_SHARE * median})
+    return slow
+
+
+def recoveries(total: int, by_kind: Mapping[str, int] | None) -> str:
+    """``3 (shard 2, rollback 1)``: every recovery and, where control says, of what kind."""
+    kinds = ", ".join(f"{kind.replace('_', ' ')} {n}" for kind, n in (by_kind or {}).items()
+                      if n)
+    return f"{total} ({kinds})" if kinds else str(total)
+
+
 def figure(row: Mapping[str, object], name: str) -> float | None:
     """A row's figure by name (a node's cpu, rss, ...): None where it has none."""
     value = row.get(name)
@@ -119,23 +163,102 @@ def wait_line(w: Wait) -> str:
     return f"{w['node']} {w['what']}{start} (within {duration(w['left_s'])})"
 
 
+# A part of a line that ``fit`` may shorten: its forms, longest first, each with how much it
+# matters to keep that form rather than the next (the form of least worth goes first); a part
+# whose last form has worth KEEP is never left out, only cut at the line's end.
+Part = Sequence[tuple[float, Text | str]]
+KEEP = float("inf")
+
+
+def fit(parts: Sequence[Part], width: int | None) -> Text:
+    """``parts`` in one line of at most ``width`` cells (None: no limit): while it is too
+    long, the part whose form is worth least takes its next form or, having none, is left out
+    (of two worth the same, the later); what still does not fit is cut with …."""
+    chosen = [0] * len(parts)
+
+    def line() -> Text:
+        text = Text()
+        for part, at in zip(parts, chosen, strict=True):
+            if at < len(part):
+                text.append(part[at][1])
+        return text
+
+    text = line()
+    while width is not None and text.cell_len > width:
+        left = [(part[at][0], -i) for i, (part, at) in enumerate(zip(parts, chosen, strict=True))
+                if at < len(part) and part[at][0] != KEEP]
+        if not left:
+            text.truncate(width, overflow="ellipsis")
+            break
+        chosen[-min(left)[1]] += 1
+        text = line()
+    return text
+
+
+# how a job that did not fail ended: completed, stopped by an operator, or interrupted by a
+# signal (resumable); any other end is a failure, in red
+END_STYLE = {"completed": "bold green", "stopped": "bold green",
+             "interrupted": "bold yellow"}
+
+
+def final_parts(f: Final) -> list[Part]:
+    """How the job ended, in parts: the status (``END_STYLE``), its figures (AUC kept
+    longest), why (a job that did not complete), and where its summary is."""
+    parts: list[Part] = [[(KEEP, Text(str(f.get("status")),
+                                      style=END_STYLE.get(str(f.get("status")), "bold red")))]]
+    auc = f"auc {f['auc']:.4f}" if f.get("auc") is not None else None
+    logloss = f"logloss {f['logloss']:.4f}" if f.get("logloss") is not None else None
+    wall = f"in {duration(f['wall_s'])}" if f.get("wall_s") is not None else None
+    figures = [[auc, logloss, wall], [auc, wall], [auc]]
+    parts.append([(worth, ": " + ", ".join(shown))
+                  for worth, kept in zip((4, 6, 7), figures, strict=True)
+                  if (shown := [x for x in kept if x])])
+    if f.get("reason") and f.get("status") != "completed":
+        parts.append([(KEEP, f" ({f['reason']})")])
+    summary = str(f.get("summary"))
+    parts.append([(5, f"; summary {summary}")]
+                 + ([(6, "; summary.json")] if summary.endswith("/summary.json") else []))
+    return parts
+
+
 def final_line(f: Final) -> Text:
     """How the job ended: ``completed: auc 0.9071, logloss 0.3012 in 45s; summary runs/...``."""
-    ok = f.get("status") in ("completed", "stopped")
-    text = Text(str(f.get("status")), style="bold green" if ok else "bold red")
-    figures = []
-    if f.get("auc") is not None:
-        figures.append(f"auc {f['auc']:.4f}")
-    if f.get("logloss") is not None:
-        figures.append(f"logloss {f['logloss']:.4f}")
-    if f.get("wall_s") is not None:
-        figures.append(f"in {duration(f['wall_s'])}")
-    if figures:
-        text.append(": " + ", ".join(figures))
-    if f.get("reason") and f.get("status") != "completed":
-        text.append(f" ({f['reason']})")
-    text.append(f"; summary {f.get('summary')}")
-    return text
+    return fit(final_parts(f), None)
+
+
+def top_line(s: StatusSnapshot | None, connected: bool, detail: str,
+             width: int | None) -> tuple[str, Text]:
+    """The line above the tabs and its class (``up``, ``ended``, ``down``), in ``width``
+    cells: the job's phase and progress; how it ended once it has (also after control has
+    exited); or that control is not heard. Narrow, the least useful figures go first (the
+    sync mode, the round, the job's name where the run's id begins with it)."""
+    if s is None or not (final := s.get("final")):
+        if not connected:
+            return "down", fit([[(KEEP, f"✗ {detail}")]], width)
+        if s is None:
+            return "up", fit([[(KEEP, f"● {detail}")]], width)
+    job, run = s["job"], s["run_id"]
+    name: Part = [] if run.startswith(job) else [(1, f"{job} ")]
+    if final:
+        ended = [[(KEEP, "■ ")], name, [(KEEP, f"{run}  ")], *final_parts(final)]
+        if not connected:
+            ended.append([(8, " (control has exited)")])
+        failed = str(final.get("status")) not in END_STYLE
+        return ("down" if failed else "ended"), fit(ended, width)
+    epoch = f"epoch {s['epoch'] + 1}/{s['epochs']}" if s["epoch"] >= 0 else "epoch -"
+    t = s["training"]
+    share = ""
+    if s["epoch"] >= 0 and t.get("samples_per_epoch"):
+        share = f" {min(1.0, t['epoch_samples'] / t['samples_per_epoch']):.0%}"
+    waiting = [w["node"] for w in s.get("waiting") or []] if s["phase"] != "starting" else []
+    parts: list[Part] = [
+        [(KEEP, "● ")], name, [(KEEP, run)], [(KEEP, f"  {s['phase']}")],
+        [(7, f", waiting for {', '.join(waiting)}"), (8, ", waiting")] if waiting else [],
+        [(9, "  PAUSED")] if s["paused"] else [],
+        [(5, f"  {epoch}{share}"), (6, f"  {epoch}")],
+        [(4, f"  round {s['round']}")],
+        [(3, f"  sync {s['sync']}")]]
+    return "up", fit(parts, width)
 
 
 CUT_PHASES = {"drain": "draining", "flush": "flush round", "write": "snapshots",

@@ -29,13 +29,20 @@ LEGEND = ("queue: feeder batches in flight · worker pipeline · shard batches h
           "waiting   M: samples since the last contribution   ↑↓ select a node")
 
 
-def cells(r: NodeRow, wide: bool) -> list[Any]:
-    row = [r["id"], fmt.state(r["state"]), fmt.count(r["cpu"]), fmt.size(r["rss"]),
-           fmt.size(r["in_per_s"]), fmt.size(r["out_per_s"]), fmt.count(r["samples_per_s"]),
-           fmt.count(r["backlog"])]
+def cells(r: NodeRow, wide: bool, slow: bool = False) -> list[Any]:
+    """A node's row. A node gone (failed, left) shows dashes for its figures, which are no
+    longer live, and how long ago it was last heard; a slow one its samples/s marked ▼."""
+    figures: list[str | Text] = [fmt.count(r["cpu"]), fmt.size(r["rss"]), fmt.size(r["in_per_s"]),
+               fmt.size(r["out_per_s"]), fmt.count(r["samples_per_s"]), fmt.count(r["backlog"])]
     if wide:
-        row.append(fmt.count(r["round_samples"]))
-    row.append(fmt.age(r["beat_age_s"]))
+        figures.append(fmt.count(r["round_samples"]))
+    beat: str | Text = fmt.age(r["beat_age_s"])
+    if r["state"] in fmt.GONE:
+        figures = [Text(fmt.DASH, style="dim")] * len(figures)
+        beat = Text(f"{fmt.duration(r['beat_age_s'])} ago", style="dim")
+    elif slow:
+        figures[4] = Text(f"▼{figures[4]}", style="bold yellow")
+    row = [r["id"], fmt.state(r["state"]), *figures, beat]
     if wide:
         row += [fmt.elide(r["doing"], 24), f"{r['host']}:{r['pid']}"]
     return row
@@ -52,15 +59,18 @@ class NodeTable(DataTable):
         self.rows_shown: list[NodeRow] = []
         self.wide: bool | None = None
         self.cells_shown: list[list[Any]] | None = None   # as shown, row by row
+        self.headers_for: tuple[bool, str] | None = None   # (wide, sort_by) of the headers
 
     def columns_for(self, wide: bool) -> None:
-        if wide == self.wide:
+        """The columns for the width, the sorted one's header marked ▲ or ▼ (its order)."""
+        if (wide, self.sort_by) == self.headers_for:
             return
-        self.wide = wide
+        self.wide, self.headers_for = wide, (wide, self.sort_by)
         self.cells_shown = None
         self.clear(columns=True)
-        for label, _, _narrow in self.columns_shown():
-            self.add_column(label, key=label)
+        for label, key, _narrow in self.columns_shown():
+            marker = f" {fmt.sort_direction(self.sort_by)}" if key == self.sort_by else ""
+            self.add_column(label + marker, key=label)
 
     def columns_shown(self) -> list[tuple[str, str | None, bool]]:
         return [c for c in NODE_COLUMNS if self.wide or c[2]]
@@ -74,7 +84,8 @@ class NodeTable(DataTable):
         before = [r["id"] for r in self.rows_shown]
         self.rows_shown = fmt.sort_nodes(rows, self.sort_by)
         ids = [r["id"] for r in self.rows_shown]
-        now = [cells(r, bool(self.wide)) for r in self.rows_shown]
+        slow = fmt.slow_nodes(rows)
+        now = [cells(r, bool(self.wide), r["id"] in slow) for r in self.rows_shown]
         if ids == before and self.cells_shown is not None and self.row_count == len(ids) \
                 and self.fits(now):
             labels = [c[0] for c in self.columns_shown()]
@@ -152,9 +163,15 @@ class NodesPanel(Vertical):
             detail.update(Text("no node selected", style="dim"))
             return
         parts: list = [(row["id"], "bold"), f"  {row['host']}:{row['pid']}  ",
-                       fmt.state(row["state"]), f"  doing {row['doing']}"]
+                       fmt.state(row["state"])]
+        if (median := fmt.slow_nodes(self.rows).get(row["id"])) is not None:
+            parts.append((f"  ▼ slow: under half the median {fmt.count(median)}",
+                          "bold yellow"))
+        parts.append(f"  doing {row['doing']}")
         if row.get("round_samples") is not None:
             parts.append(f"  M {fmt.count(row['round_samples'])}")
+        if row["state"] in fmt.GONE:
+            parts.append((f"  last heard {fmt.duration(row['beat_age_s'])} ago", "dim"))
         if row["progress"]:
             parts.append((f"  {fmt.task_line(row['progress'])}", "yellow"))
         detail.update(Text.assemble(*parts))

@@ -8,6 +8,8 @@ Nodes tab is ``console.nodes``, the Training tab ``console.training``."""
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Mapping
+from typing import cast
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -23,8 +25,8 @@ CLUSTER_POINTS = 300   # the Cluster tab's charts: one point per second of contr
 class ClusterPanel(Vertical):
     """Network utilisation and failure rate against their thresholds (bars now, charts over
     the last minutes as this console saw them), the nodes' health, rounds, decisions,
-    backups, the newest checkpoint and what the job waits for (how it ended is the top
-    line's)."""
+    backups, the newest checkpoint and what the job waits for; once the job has ended, how
+    (in place of the nodes' health and the feeding, which no longer run)."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -35,8 +37,8 @@ class ClusterPanel(Vertical):
         yield Static(id="gauges")
         yield Static(id="cluster-facts")
         with Horizontal(id="cluster-charts"):
-            yield Chart("network utilisation", "s since start", id="net-plot")
-            yield Chart("failure rate", "s since start", id="failure-plot")
+            yield Chart("network utilisation", "s since start", id="net-plot", from_zero=True)
+            yield Chart("failure rate", "s since start", id="failure-plot", from_zero=True)
 
     def record(self, snap: StatusSnapshot) -> None:
         """Every status, shown or not: a point a second for the charts."""
@@ -51,11 +53,11 @@ class ClusterPanel(Vertical):
     def chart(self) -> None:
         times = [p[0] for p in self.points]
         self.query_one("#net-plot", Chart).show(
-            [series("utilisation", times, [p[1] for p in self.points]),
-             series("net_util_max", times, [p[2] for p in self.points])])
+            [series("now", times, [p[1] for p in self.points]),
+             series("max", times, [p[2] for p in self.points])])
         self.query_one("#failure-plot", Chart).show(
-            [series("failure rate", times, [p[3] for p in self.points]),
-             series("failure_rate_max", times, [p[4] for p in self.points])])
+            [series("now", times, [p[3] for p in self.points]),
+             series("max", times, [p[4] for p in self.points])])
 
     def show(self, snap: StatusSnapshot) -> None:
         c = snap["cluster"]
@@ -78,29 +80,41 @@ class ClusterPanel(Vertical):
                            style="dim")
         latest = c["latest_backup"]
         backup = f", latest round {latest['round']}" if latest else ""
-        states = Counter(r["state"] for r in snap["nodes"])
-        facts = Text("\nnodes      ")
-        for name in ("alive", "suspect", "failed", "left"):
-            facts.append(f"{states[name]} {name}", style=fmt.STATE_STYLE[name][1]
-                         if states[name] and name != "alive" else "")
-            facts.append("  ")
-        facts.append(f" {c['live_workers']} workers live\n")
+        final = snap.get("final")
+        facts = Text("nodes      ")
+        if final:
+            facts = Text("ended      ")
+            facts.append_text(fmt.final_line(final))
+            facts.append(f"\nnodes      {len(snap['nodes'])} took part\n")
+        else:
+            states = Counter(r["state"] for r in snap["nodes"])
+            for name in ("alive", "suspect", "failed", "left"):
+                facts.append(f"{states[name]} {name}", style=fmt.STATE_STYLE[name][1]
+                             if states[name] and name != "alive" else "")
+                facts.append("  ")
+            facts.append(f" {c['live_workers']} workers live\n")
         facts.append(f"rounds     round {snap['round']}{in_flight}, {c['rounds_done']} done   "
                      f"decisions {c['decisions']['aggregate']} aggregate, "
                      f"{c['decisions']['wait']} wait\n")
         facts.append("decision   ")
         facts.append_text(verdict)
         facts.append("\n")
-        facts.append(f"backups    {c['backups']}{backup}     recoveries {c['recoveries']}\n")
+        recovered = cast("Mapping[str, int] | None", dict(c).get("recovered"))  # by kind
+        facts.append(f"backups    {c['backups']}{backup}     recoveries "
+                     f"{fmt.recoveries(c['recoveries'], recovered)}\n")
         if snap.get("checkpoint"):
             facts.append("checkpoint ")
             facts.append_text(fmt.checkpoint_line(snap["checkpoint"]))
             facts.append("\n")
-        feeding = Text("paused by an operator", style="bold yellow") if snap["paused"] \
-            else Text("running")
+        if final:
+            feeding = Text(f"ended ({final['status']})", style="dim")
+        elif snap["paused"]:
+            feeding = Text("paused by an operator", style="bold yellow")
+        else:
+            feeding = Text("running")
         facts.append("feeding    ")
         facts.append_text(feeding)
-        for w in snap.get("waiting", []):
+        for w in [] if final else snap.get("waiting", []):
             facts.append("\nwaiting    ", style="bold yellow")
             facts.append(fmt.wait_line(w), style="bold yellow")
         self.query_one("#cluster-facts", Static).update(facts)

@@ -29,11 +29,14 @@ COLUMNS = (("state", "alive; suspect: silent 2.5 heartbeats or a probe late; fai
            ("cpu%", "CPU use, 100 = one core"),
            ("mem", "resident memory"),
            ("in/s out/s", "bus bytes per second through zbus sockets (not the NIC's)"),
-           ("smp/s", "samples per second: workers trained, the feeder acknowledged"),
+           ("smp/s", "samples per second: workers trained, the feeder acknowledged; ▼ slow: "
+                     "under half the median of the live nodes of its role"),
            ("queue", "feeder: batches in flight; worker: its pipeline; shard: batches held "
                      "and look-ups waiting"),
            ("M", "a worker's samples since its last contribution"),
-           ("beat", "seconds since the node's last heartbeat"))
+           ("beat", "seconds since the node's last heartbeat; a failed or left node: how "
+                    "long ago it was last heard (its figures -, not live)"),
+           ("▲ ▼", "the sorted column and its order (o or a click on a header)"))
 
 
 def help_text() -> Table:

@@ -72,7 +72,7 @@ class SettingsScreen(Screen):
         first = next(iter(self.settings["ranges"]), None)
         if first is not None:
             box = self.query_one(f"#set-{first}", Input)
-            box.focus()
+            self.set_focus(box)  # now, not later (Widget.focus): keys typed on may come next
             box.cursor_position = len(box.value)
 
     def changes(self) -> dict[str, str]:

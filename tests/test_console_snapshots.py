@@ -1,7 +1,8 @@
 """The console's layout at 80x24 and 160x48, fixed by snapshots (pytest-textual-snapshot):
 every tab with its charts, the settings screen and its confirmation, the help, the
 no-connection banner, a job that is loading its data, a checkpoint being cut, a job waiting
-for a shard to be restarted, and a job that has ended (also once control has exited). The
+for a shard to be restarted, a slow worker, the Cluster tab while evaluating and once the job
+has completed or failed, and a job that has ended (also once control has exited). The
 status is captured from a real lazy job on Adult at epoch 12 of 20
 (tests/data/console_status.json; worker-1 marked suspect and worker-2 failed by hand, the
 checkpoint figures added by hand); the Nodes tab's history is made of that status
@@ -144,6 +145,43 @@ def test_a_failed_job(snap_compare):
         await connected(pilot, s, history=1)
 
     assert snap_compare(ZbusConsole(None), terminal_size=SMALL, run_before=failed)
+
+
+def in_phase(phase: str) -> dict:
+    """The captured status in ``phase``: evaluating, or ended as completed or failed."""
+    s = copy.deepcopy(STATUS)
+    if phase == "evaluating":
+        s.update(phase="evaluating")
+    elif phase == "completed":
+        s.update(phase="done", final=FINAL)
+    else:
+        s.update(phase="done", final={**FINAL, "status": "failed", "auc": None,
+                                      "logloss": None, "reason": "ps-1 did not come back "
+                                      "within recovery_timeout_s = 120 s"})
+    return s
+
+
+@pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "160x48"])
+@pytest.mark.parametrize("phase", ["evaluating", "completed", "failed"])
+def test_the_cluster_tab_in_a_phase(snap_compare, phase, size):
+    """With the charts' history; training is test_screens[cluster-*]."""
+    async def run(pilot) -> None:
+        await connected(pilot, in_phase(phase))
+
+    assert snap_compare(ZbusConsole(None), terminal_size=size, run_before=run)
+
+
+def test_a_slow_worker_is_flagged_and_says_why(snap_compare):
+    """worker-1 at 5k samples/s beside worker-0's 18.7k (worker-2 failed: not a peer),
+    selected: its line says the median it is under half of."""
+    s = copy.deepcopy(STATUS)
+    next(n for n in s["nodes"] if n["id"] == "worker-1")["samples_per_s"] = 5_000.0
+
+    async def slow(pilot) -> None:
+        await connected(pilot, s, history=1)
+
+    assert snap_compare(ZbusConsole(None), press=("2", *["down"] * 5), terminal_size=SMALL,
+                        run_before=slow)
 
 
 def test_a_checkpoint_being_cut_after_a_resume_from_an_older_one(snap_compare):
