@@ -18,7 +18,9 @@ The verdict, after ``--warmup`` (a fraction of the run, or ``--warmup-s``):
     largest in the second half of warm-up (a feeder's RSS swings with the parts it reads, so
     the value "after warm-up" is that swing's top, not one sample);
   * descriptors and sockets: never more than ``--fd-slack`` (4: a shard's forked checkpoint
-    writer holds a pipe while it writes) above their most in the second half of warm-up;
+    writer holds a pipe while it writes) above their most in the second half of warm-up; a
+    broken bound names the descriptors that were new, each as /proc shows it (a file, a pipe,
+    an eventfd, a socket with its two ends), from the samples' ``open`` records;
   * queues: bounded, i.e. the largest length in the second half of the run after warm-up is
     at most 1.25x the largest in the first half plus 16 (a queue that grows with the job
     fails; one that swings within its window does not).
@@ -29,6 +31,7 @@ broken, 2 when the job ended or failed before the soak did.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -50,14 +53,43 @@ from zbus import sockets  # noqa: E402
 QUEUE_GROWTH, QUEUE_SLACK = 1.25, 16
 
 
-def process_sample(proc: psutil.Process) -> dict[str, int] | None:
+def process_sample(proc: psutil.Process) -> dict[str, Any] | None:
     try:
         with proc.oneshot():
+            connections = proc.net_connections(kind="all")
             return {"rss": proc.memory_info().rss, "fds": proc.num_fds(),
-                    "sockets": len(proc.net_connections(kind="all")),
-                    "threads": proc.num_threads()}
+                    "sockets": len(connections), "threads": proc.num_threads(),
+                    "open": open_descriptors(proc.pid, connections)}
     except psutil.Error:
         return None
+
+
+def open_descriptors(pid: int, connections: list[Any]) -> dict[str, str]:
+    """What each open descriptor is (Linux: /proc/<pid>/fd), a socket with its two ends, so
+    that descriptors that grew say what opened them ({} where /proc cannot tell)."""
+    ends = {c.fd: f"{c.laddr or '-'} -> {c.raddr or '-'}" for c in connections if c.fd >= 0}
+    found = {}
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:  # closed meanwhile
+                continue
+            found[fd] = f"{target} {ends[int(fd)]}" if int(fd) in ends else target
+    except OSError:
+        return {}
+    return found
+
+
+def new_descriptors(before: dict[str, Any], after: dict[str, Any], most: int = 10) -> str:
+    """The descriptors open in ``after`` that ``before`` did not have (sample records)."""
+    was, now = before.get("open") or {}, after.get("open") or {}
+    added = [f"{fd}: {what}" for fd, what in sorted(now.items(), key=lambda kv: int(kv[0]))
+             if was.get(fd) != what]
+    if not added:
+        return ""
+    more = f"; {len(added) - most} more" if len(added) > most else ""
+    return " (new: " + "; ".join(added[:most]) + more + ")"
 
 
 class StatusReader:
@@ -114,7 +146,10 @@ def verdict(samples: list[dict[str, Any]], warmup_s: float, rss_bound: float,
                           f"{row['rss_max_mb']:.0f} MB (x{row['rss_ratio']:.3f})")
         for what in ("fds", "sockets"):
             if row[f"{what}_max"] > row[f"{what}_warm"] + fd_slack:
-                broken.append(f"{name}: {what} grew {row[f'{what}_warm']} -> {row[f'{what}_max']}")
+                first = max(warm, key=lambda x: x[what])
+                most = max(series, key=lambda x: x[what])
+                broken.append(f"{name}: {what} grew {row[f'{what}_warm']} -> "
+                              f"{row[f'{what}_max']}" + new_descriptors(first, most))
     half = len(after) // 2
     for node in sorted({n for s in after for n in s["queues"]}):
         first = [s["queues"][node] for s in after[:half] if node in s["queues"]]

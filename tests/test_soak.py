@@ -55,6 +55,20 @@ def test_a_growing_queue_and_leaked_descriptors_break_the_bounds():
         soak.verdict(series(flat[:4]), warmup_s=30, rss_bound=0.1, fd_slack=4)
 
 
+def test_descriptors_that_grew_are_named_by_what_they_are():
+    """A broken descriptor bound says what the new descriptors are (#33: control's went from
+    30 to 37 and nothing said what they were), not those open all along."""
+    soak = load_soak()
+    samples = series([100.0] * 8, fds=[3, 3, 3, 3, 3, 3, 5, 5])
+    base = {"0": "/dev/null", "1": "/run/control-0.log", "2": "/run/control-0.log"}
+    for i, sample in enumerate(samples):
+        grown = {"3": "pipe:[81]", "4": "socket:[82] /tmp/zb/control -> -"} if i >= 6 else {}
+        sample["procs"]["ps-0"]["open"] = {**base, **grown}
+    _, broken = soak.verdict(samples, warmup_s=20, rss_bound=0.1, fd_slack=1)
+    assert broken == ["ps-0: fds grew 3 -> 5 (new: 3: pipe:[81]; 4: socket:[82] "
+                      "/tmp/zb/control -> -)"]
+
+
 @pytest.mark.integration
 def test_a_ci_sized_soak_of_the_built_in_job_holds_every_bound(tmp_path):
     """Before the fix, a shard parked the look-ups of stragglers' second copies for ever and
