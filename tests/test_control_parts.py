@@ -18,7 +18,8 @@ from roles.control.course import Course
 from roles.control.exports import Exports
 from roles.control.feeding import Feeding
 from roles.control.health import Health
-from roles.control.recovery import Recovery
+from roles.control.main import recovery_line
+from roles.control.recovery import Recovery, recovery_counts
 from roles.control.rounds import Rounds
 from roles.control.settings import LiveSettings
 from roles.control.state import (
@@ -306,6 +307,45 @@ def test_a_restored_aggregator_ends_its_recovery_and_late_restarts_fail_the_job(
     assert r.overdue(15.0, {}) is None
     assert r.overdue(15.5, {}) == "ps-0 did not come back within recovery_timeout_s = 10 s"
     assert r.overdue(1.0, {"feeder-0": 0.0}) is None
+
+
+def test_a_restarted_shard_says_what_it_came_back_with_and_every_recovery_is_counted(
+        metrics, caplog):
+    bus = Bus()
+    r = Recovery(job(), members("ps-0", "ps-1"), bus.commands, metrics, ProgressClock(0.0))
+    before = members("ps-0").nodes["ps-0"]
+    for node, info in (("ps-0", {"restored": False, "updates_lost": 12}),
+                       ("ps-1", {"restored": True, "checkpoint": 3, "checkpoint_age_s": 4.25,
+                                 "updates_lost": 7})):
+        r.shard_silent(node, "silent", 1.0)
+        r.shard_restarting(node, before, 2.0)
+        r.shard_back(node, info, 3.0)
+    said = [rec.getMessage() for rec in caplog.records if "is back after" in rec.getMessage()]
+    assert said == ["ps-0 is back after 2.0 s with no checkpoint to restore (none was complete)"
+                    ": its table starts empty, 12 embedding updates lost",
+                    "ps-1 is back after 2.0 s from checkpoint 3, 4.2 s old: 7 embedding "
+                    "updates lost"], said
+    r.aggregator_down(4.0)
+    r.restore(round_=4)
+    assert r.restored(Restored(generation=1, round=4), 5.0, True)
+    counts = recovery_counts(aggregator=r.recoveries, shard=r.shard_recoveries, feeder=[{}],
+                             feeder_handover=[], rollback=[{}, {}])
+    assert counts == {"aggregator": 1, "shard": 2, "feeder": 1, "feeder_handover": 0,
+                      "rollback": 2}
+
+
+def test_the_last_lines_say_what_the_job_recovered_from():
+    s = {"shard_recoveries": [{"shard": "ps-1", "restored": True, "updates_lost": 1200},
+                              {"shard": "ps-0", "restored": False, "updates_lost": None}],
+         "recovery": [{"round": 9, "backup_round": 7}],
+         "parts": {"feeder_recoveries": [{}], "feeders_lost": []},
+         "checkpoints": {"rollbacks": [{"checkpoint": 4, "retrained_samples": 5000}]}}
+    assert recovery_line(s) == (
+        "recovered from 2 shard restarts (ps-0, ps-1: 1,200 embedding updates lost); "
+        "1 aggregator restore (from its backups: 2 rounds of dense updates lost); "
+        "1 feeder restart (nothing lost); resumed from checkpoint 4 (5,000 samples trained "
+        "again)")
+    assert recovery_line({"recovery": [], "parts": {}, "checkpoints": {}}) == ""
 
 
 def test_live_settings_apply_all_or_nothing_and_are_appended_to_the_config(tmp_path,
