@@ -32,7 +32,14 @@ from roles.control.state import (
 )
 from roles.control.sync_modes import EveryMode, LazyMode, RoundMode, SyncMode, sync_mode
 from roles.job.rundir import MetricsLog
-from roles.job.settings import AggregationConfig, CheckpointConfig, DataConfig, Job, TrainConfig
+from roles.job.settings import (
+    AggregationConfig,
+    CheckpointConfig,
+    DataConfig,
+    Job,
+    TrainConfig,
+    job_to_toml,
+)
 from roles.job.sync_rules import SYNC_MODES
 from roles.protocol.checkpoint import Checkpoint, CheckpointDrained, CheckpointPart, Snapshotted
 from roles.protocol.datapath import DataIndex, DataStats, FeederProgress, PartMap, PartStats
@@ -395,7 +402,9 @@ def test_the_state_records_round_trip_and_refuse_another_job(tmp_path):
     from roles.control.rounds import RoundsState
     from roles.control.settings import SettingsState
 
-    state = ControlState(run_id="r", started_at=1.5, fingerprint="abc",
+    job = Job(data=DataConfig(source="synthetic"), train=TrainConfig(epochs=3))
+    (tmp_path / "config.toml").write_text(job_to_toml(job))  # the run's effective job
+    state = ControlState(run_id="r", started_at=1.5, fingerprint=job.fingerprint(),
                          course=CourseState("training", 2), rounds=RoundsState(7, True, 6),
                          feeding=FeedingState(1, ["feeder-0"]),
                          recovery=RecoveryState(shards_back={"ps-1": 40}),
@@ -404,15 +413,19 @@ def test_the_state_records_round_trip_and_refuse_another_job(tmp_path):
                          standing={})
     write_state(tmp_path, state)
     write_history(tmp_path, ControlHistory(epochs=[{"epoch": 0}], round_samples={"w": [1]}))
-    got, history = read_state(tmp_path, "abc")
+    got, history = read_state(tmp_path, job)
     assert got == state and history.round_samples == {"w": [1]}
-    with pytest.raises(ResumeError, match="another job"):
-        read_state(tmp_path, "xyz")
+    # another job: the refusal names the settings that differ from the run's config.toml
+    other = Job(data=DataConfig(source="synthetic"), train=TrainConfig(epochs=2, batch_size=64))
+    with pytest.raises(ResumeError, match="another job") as refused:
+        read_state(tmp_path, other)
+    assert "[train] epochs = 3 in the run, 2 now" in str(refused.value), refused.value
+    assert "[train] batch_size = 256 in the run, 64 now" in str(refused.value), refused.value
     broken = orjson.loads((tmp_path / "control-state.json").read_bytes())
     del broken["rounds"]
     (tmp_path / "control-state.json").write_bytes(orjson.dumps(broken))
     with pytest.raises(ResumeError, match="incomplete"):
-        read_state(tmp_path, "abc")
+        read_state(tmp_path, job)
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
