@@ -3,6 +3,7 @@ metrics and state records, no sockets and no Control around it."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -426,6 +427,14 @@ def test_the_state_records_round_trip_and_refuse_another_job(tmp_path):
     (tmp_path / "control-state.json").write_bytes(orjson.dumps(broken))
     with pytest.raises(ResumeError, match="incomplete"):
         read_state(tmp_path, job)
+    # a run that ended: the refusal says how, and an interrupted one why it cannot go on
+    write_state(tmp_path, dataclasses.replace(state, course=CourseState("done", 2)))
+    (tmp_path / "summary.json").write_bytes(orjson.dumps(
+        {"status": "interrupted", "reason": "control received SIGINT", "resume_from": None}))
+    with pytest.raises(ResumeError) as ended:
+        read_state(tmp_path, job)
+    assert str(ended.value) == ("run r has ended (interrupted: control received SIGINT, before "
+                                "its first complete checkpoint); there is nothing to resume")
 
 
 # -- checkpoints ---------------------------------------------------------------------------------

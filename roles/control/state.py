@@ -286,13 +286,17 @@ def show(value: Any) -> str:
 
 
 def how_it_ended(run_dir: Path) -> str:
-    """`` (failed: why)`` from the run's summary, or nothing."""
+    """`` (failed: why)`` from the run's summary, or nothing; an interrupted run ended only
+    because it had no complete checkpoint to go back to."""
     try:
         summary = orjson.loads((run_dir / "summary.json").read_bytes())
-        return f" ({summary['status']}: {summary['reason']})" if summary.get("reason") \
-            else f" ({summary['status']})"
+        said = f"{summary['status']}: {summary['reason']}" if summary.get("reason") \
+            else summary["status"]
     except (OSError, orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
         return ""
+    if summary["status"] == "interrupted":
+        said += ", before its first complete checkpoint"
+    return f" ({said})"
 
 
 def resumable_run(job_name: str, given: str, environ: dict) -> Path:
