@@ -43,6 +43,14 @@ def test_default_synthetic_job_under_honcho_comes_close_to_the_oracle(cluster):
         assert noise not in out, out
     assert len(set(zbus)) == len(zbus), [x for x in zbus if zbus.count(x) > 1]
     assert all(line.endswith("(rc=0)") for line in lines if "stopped (rc=" in line), out
+    # the summary is the last thing but honcho's word that control stopped
+    said = [line.split(" | ", 1)[1] for line in out.splitlines() if " | " in line]
+    assert said[-1] == "control.1 stopped (rc=0)" and "summary in" in said[-2], said[-12:]
+    # the log reads as one: feeder and control count epochs from 1; no file count for data
+    # that has no file
+    assert "epoch 1: training on" in out and "epoch 2 trained" in out, out
+    assert "epoch 0" not in out and "indexed 0 file(s)" not in out, out
+    assert "synthetic data: 100000 rows" in out, out
 
 
 def test_adult_two_workers_two_shards_over_tcp(cluster):
