@@ -26,6 +26,8 @@ def test_default_synthetic_job_under_honcho_comes_close_to_the_oracle(cluster):
     assert s["ok"] and s["job"] == "synthetic" and s["epochs"] == 2
     assert abs(s["auc"] - s["oracle_auc"]) <= 0.02, s
     assert s["samples_trained"] == s["samples_in_data"] * 2 == 160000
+    # a demo of seconds checkpoints too: Ctrl-C would have left it resumable
+    assert s["checkpoints"]["complete"] >= 1, s["checkpoints"]
     assert all(n > 0 for n in s["workers"].values()) and len(s["workers"]) == 2
     # push: the feeder's Deliver tells the shards where to send, no worker asks (lookups)
     assert all(s["bytes"][ch] > 0 for ch in ("samples", "keys", "deliveries", "embeddings",
