@@ -433,8 +433,9 @@ def test_the_state_records_round_trip_and_refuse_another_job(tmp_path):
         {"status": "interrupted", "reason": "control received SIGINT", "resume_from": None}))
     with pytest.raises(ResumeError) as ended:
         read_state(tmp_path, job)
-    assert str(ended.value) == ("run r has ended (interrupted: control received SIGINT, before "
-                                "its first complete checkpoint); there is nothing to resume")
+    assert str(ended.value) == ("run r has ended; there is nothing to resume (interrupted: "
+                                "control received SIGINT, before its first complete "
+                                "checkpoint)")
 
 
 # -- checkpoints ---------------------------------------------------------------------------------

@@ -168,4 +168,9 @@ def test_resume_refuses_a_run_that_ended_or_another_job(cluster):
     assert c.run_job() == 0, c.logs()
     again = c.start("control-again", [sys.executable, "-m", "roles.control", "--resume"])
     assert again.wait(timeout=60) == 2
-    assert "has ended; there is nothing to resume" in c.log("control-again")
+    assert "has ended; there is nothing to resume (completed)" in c.log("control-again")
+    c.env["ZBUS_TRAIN__EPOCHS"] = "2"  # another job: the refusal says what differs
+    other = c.start("control-other", [sys.executable, "-m", "roles.control", "--resume"])
+    assert other.wait(timeout=60) == 2
+    assert "ran another job ([train] epochs = 1 in the run, 2 now)" in c.log("control-other"), \
+        c.log("control-other")

@@ -243,8 +243,8 @@ def read_state(run_dir: Path, job: Job) -> tuple[ControlState, ControlHistory]:
         raise ResumeError(f"run {state.run_id} ran another job ({differences(run_dir, job)}): "
                           "resume it with the same job file and ZBUS_* settings")
     if state.course.phase == "done":
-        raise ResumeError(f"run {state.run_id} has ended{how_it_ended(run_dir)}; there is "
-                          "nothing to resume")
+        raise ResumeError(f"run {state.run_id} has ended; there is nothing to resume"
+                          f"{how_it_ended(run_dir)}")
     return state, history
 
 
