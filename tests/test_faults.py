@@ -75,6 +75,11 @@ def test_a_killed_shard_restarts_from_the_last_checkpoint_and_its_lost_updates_a
     assert restored == done["number"] == r["checkpoint"], (back, r)
     lost = r["updates_lost"]
     assert lost > 0, r
+    # counted with every recovery, and said at the end with what it cost
+    assert s["recovered"]["shard"] == 1 and s["recoveries"] == sum(s["recovered"].values())
+    said = f"zbus: recovered from 1 shard restart (ps-1: {lost:,} embedding updates lost)"
+    assert said in c.log("control-0"), c.log("control-0")[-2000:]
+    assert "ps-1 is back after" in c.log("control-0") and " None " not in c.log("control-0")
     shards = s["shards"]
     # gradients sent for batches whose look-ups the dead process had answered reach the new
     # one without their keys unless the feeder sent those again: lost too, and counted
