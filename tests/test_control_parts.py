@@ -351,8 +351,8 @@ def test_the_last_lines_say_what_the_job_recovered_from():
     assert recovery_line(s) == (
         "recovered from 2 shard restarts (ps-0, ps-1: 1,200 embedding updates lost); "
         "1 aggregator restore (from its backups: 2 rounds of dense updates lost); "
-        "1 feeder restart (nothing lost); resumed from checkpoint 4 (5,000 samples trained "
-        "again)")
+        "1 feeder restart (nothing lost); 1 whole-job restart (back to checkpoint 4: 5,000 "
+        "samples trained again)")
     assert recovery_line({"recovery": [], "parts": {}, "checkpoints": {}}) == ""
 
 

@@ -42,12 +42,16 @@ def interrupted_mid_epoch(c, interrupt, proc: str) -> int:
     return newest[0]
 
 
-def resumed_once_per_epoch(c, checkpoint: int) -> dict:
+def resumed_once_per_epoch(c, checkpoint: int, out: str = "control-0") -> dict:
+    """The resumed job went back to ``checkpoint`` once, trained every row once per epoch and
+    said so in its last lines (in the log of ``out``)."""
     s = c.summary()
     assert s["ok"], s["reason"]
     (back,) = s["checkpoints"]["rollbacks"]
     assert back["checkpoint"] == checkpoint and back["epoch"] == 1, back
     every_row_once(s, ADULT_TRAIN_ROWS, EPOCHS)
+    assert f"zbus: recovered from 1 whole-job restart (back to checkpoint {checkpoint}: " \
+        in c.log(out), c.log(out)[-2000:]
     assert s["duplicates_refused"]["embedding_updates"] == 0
     return s
 
@@ -103,4 +107,4 @@ def test_ctrl_c_of_honcho_start_mid_epoch_then_resume_with_zbus_resume(cluster):
     c.env["ZBUS_RESUME"] = str(c.run_dir)
     c.start("honcho-resumed", honcho)
     assert c.wait("honcho-resumed") == 0, c.log("honcho-resumed")[-5000:]
-    resumed_once_per_epoch(c, number)
+    resumed_once_per_epoch(c, number, "honcho-resumed")

@@ -71,8 +71,9 @@ def recovery_line(s: dict) -> str:
     if rollbacks:
         again = sum(r.get("retrained_samples") or 0 for r in rollbacks)
         numbers = ", ".join(str(r["checkpoint"]) for r in rollbacks)
-        said.append(f"resumed from checkpoint{'s' if len(rollbacks) > 1 else ''} {numbers} "
-                    f"({again:,} samples trained again)")
+        said.append(f"{count(len(rollbacks), 'whole-job restart')} (back to checkpoint"
+                    f"{'s' if len(rollbacks) > 1 else ''} {numbers}: {again:,} samples trained "
+                    "again)")
     return "recovered from " + "; ".join(said) if said else ""
 
 
