@@ -20,7 +20,10 @@ The job fails, with the reason in the summary and a non-zero exit, when a node r
 Failure, a ready node other than a worker, a group member, one of several feeders (its parts
 go to another), an aggregator or a shard (which may be started again within
 ``recovery_timeout_s``) misses heartbeats for ``node_timeout_s``, the nodes are not all ready
-within ``start_timeout_s``, or nothing progresses for ``stall_timeout_s``.
+within ``start_timeout_s``, or nothing progresses for ``stall_timeout_s``. A failure other
+than a node's Failure, and a SIGINT or SIGTERM (status ``interrupted``), leave the run to be
+resumed from its newest complete checkpoint (``end``); a completed, stopped or so failed job
+has ended for good.
 """
 
 from __future__ import annotations
