@@ -84,6 +84,7 @@ class LocalCluster:
         self.env["ZBUS_CLUSTER__ENDPOINTS"] = endpoint_overrides(names, transport, self.ipc_dir)
         self.job: Job = load_job(None, environ=self.env)
         self.procs: dict[str, subprocess.Popen] = {}
+        self.watched = "control-0"  # the process whose end ends a wait for an event
         # process name -> bytes: that process runs under an OS-enforced memory budget, its
         # RLIMIT_DATA (heap, anonymous mappings, thread stacks): an allocation beyond it fails,
         # and so does the process
@@ -93,38 +94,48 @@ class LocalCluster:
     def run_dir(self) -> Path:
         return Path(self.env["ZBUS_RUN_DIR"])
 
-    def start(self, name: str, argv: list[str]) -> subprocess.Popen:
+    def start(self, name: str, argv: list[str], group: int | None = None) -> subprocess.Popen:
+        """``group``: the process group to start it in (0: a new one; as a shell's job
+        control would), rather than a session of its own."""
         budget = self.budgets.get(name)
         limit = None if budget is None else functools.partial(_limit_memory, budget)
         env = self.env if budget is None else {**self.env, **BUDGET_ENV}
         with open(self.workdir / f"{name}.log", "wb") as log:
             proc = subprocess.Popen(argv, cwd=self.workdir, env=env, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    stderr=subprocess.STDOUT,
+                                    start_new_session=group is None, process_group=group,
                                     preexec_fn=limit)
         self.procs[name] = proc
         return proc
 
-    def start_role(self, role: str, index: int = 0, *args: str) -> subprocess.Popen:
+    def start_role(self, role: str, index: int = 0, *args: str,
+                   group: int | None = None) -> subprocess.Popen:
         return self.start(f"{role}-{index}", [sys.executable, "-m", f"roles.{role}",
-                                              "--index", str(index), *args])
+                                              "--index", str(index), *args], group)
 
     def start_all(self, slowdown: dict[int, float] | None = None,
-                  ps_slowdown: dict[int, float] | None = None, resume: bool = False) -> None:
+                  ps_slowdown: dict[int, float] | None = None, resume: bool = False,
+                  one_group: bool = False) -> None:
         """Every role of the job; ``slowdown`` maps worker indexes to --slowdown factors,
-        ``ps_slowdown`` shard indexes; ``resume``: control goes on with the run."""
+        ``ps_slowdown`` shard indexes; ``resume``: control goes on with the run;
+        ``one_group``: every role in control's process group (as a terminal's foreground job:
+        Ctrl-C there signals them all), not each in a session of its own."""
         c = self.job.cluster
         slowdown, ps_slowdown = slowdown or {}, ps_slowdown or {}
-        self.start_role("control", 0, *(["--resume"] if resume else []))
+        control = self.start_role("control", 0, *(["--resume"] if resume else []),
+                                  group=0 if one_group else None)  # 0: a group of its own
+        group = control.pid if one_group else None
+        start_role = functools.partial(self.start_role, group=group)
         for i in range(c.feeders):
-            self.start_role("feeder", i)
+            start_role("feeder", i)
         for i in range(c.shards):
-            self.start_role("ps", i, "--slowdown", str(ps_slowdown.get(i, 1.0)))
+            start_role("ps", i, "--slowdown", str(ps_slowdown.get(i, 1.0)))
         for i in range(c.workers):
-            self.start_role("worker", i, "--slowdown", str(slowdown.get(i, 1.0)))
+            start_role("worker", i, "--slowdown", str(slowdown.get(i, 1.0)))
         for i in range(c.workers * (c.parts - 1)):
-            self.start_role("member", i)
+            start_role("member", i)
         for i in range(c.aggregators):
-            self.start_role("aggregator", i)
+            start_role("aggregator", i)
 
     def events(self) -> list[dict]:
         path = self.run_dir / "metrics.jsonl"
@@ -133,13 +144,14 @@ class LocalCluster:
         return [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
 
     def wait_for_event(self, predicate, timeout: float = 120.0) -> dict:
-        """The first metrics event satisfying ``predicate`` (control must stay up meanwhile)."""
+        """The first metrics event satisfying ``predicate`` (control, or the process named
+        ``watched``, must stay up meanwhile)."""
         deadline = time.monotonic() + timeout
         while True:
             found = next((e for e in self.events() if predicate(e)), None)
             if found is not None:
                 return found
-            if time.monotonic() > deadline or self.procs["control-0"].poll() is not None:
+            if time.monotonic() > deadline or self.procs[self.watched].poll() is not None:
                 raise AssertionError(f"no such event within {timeout} s:\n{self.logs()}")
             time.sleep(0.1)
 

@@ -3,6 +3,7 @@ metrics and state records, no sockets and no Control around it."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,8 @@ from roles.control.course import Course
 from roles.control.exports import Exports
 from roles.control.feeding import Feeding
 from roles.control.health import Health
-from roles.control.recovery import Recovery
+from roles.control.main import recovery_line
+from roles.control.recovery import Recovery, recovery_counts
 from roles.control.rounds import Rounds
 from roles.control.settings import LiveSettings
 from roles.control.state import (
@@ -31,7 +33,14 @@ from roles.control.state import (
 )
 from roles.control.sync_modes import EveryMode, LazyMode, RoundMode, SyncMode, sync_mode
 from roles.job.rundir import MetricsLog
-from roles.job.settings import AggregationConfig, CheckpointConfig, DataConfig, Job, TrainConfig
+from roles.job.settings import (
+    AggregationConfig,
+    CheckpointConfig,
+    DataConfig,
+    Job,
+    TrainConfig,
+    job_to_toml,
+)
 from roles.job.sync_rules import SYNC_MODES
 from roles.protocol.checkpoint import Checkpoint, CheckpointDrained, CheckpointPart, Snapshotted
 from roles.protocol.datapath import DataIndex, DataStats, FeederProgress, PartMap, PartStats
@@ -308,6 +317,45 @@ def test_a_restored_aggregator_ends_its_recovery_and_late_restarts_fail_the_job(
     assert r.overdue(1.0, {"feeder-0": 0.0}) is None
 
 
+def test_a_restarted_shard_says_what_it_came_back_with_and_every_recovery_is_counted(
+        metrics, caplog):
+    bus = Bus()
+    r = Recovery(job(), members("ps-0", "ps-1"), bus.commands, metrics, ProgressClock(0.0))
+    before = members("ps-0").nodes["ps-0"]
+    for node, info in (("ps-0", {"restored": False, "updates_lost": 12}),
+                       ("ps-1", {"restored": True, "checkpoint": 3, "checkpoint_age_s": 4.25,
+                                 "updates_lost": 7})):
+        r.shard_silent(node, "silent", 1.0)
+        r.shard_restarting(node, before, 2.0)
+        r.shard_back(node, info, 3.0)
+    said = [rec.getMessage() for rec in caplog.records if "is back after" in rec.getMessage()]
+    assert said == ["ps-0 is back after 2.0 s with no checkpoint to restore (none was complete)"
+                    ": its table starts empty, 12 embedding updates lost",
+                    "ps-1 is back after 2.0 s from checkpoint 3, 4.2 s old: 7 embedding "
+                    "updates lost"], said
+    r.aggregator_down(4.0)
+    r.restore(round_=4)
+    assert r.restored(Restored(generation=1, round=4), 5.0, True)
+    counts = recovery_counts(aggregator=r.recoveries, shard=r.shard_recoveries, feeder=[{}],
+                             feeder_handover=[], rollback=[{}, {}])
+    assert counts == {"aggregator": 1, "shard": 2, "feeder": 1, "feeder_handover": 0,
+                      "rollback": 2}
+
+
+def test_the_last_lines_say_what_the_job_recovered_from():
+    s = {"shard_recoveries": [{"shard": "ps-1", "restored": True, "updates_lost": 1200},
+                              {"shard": "ps-0", "restored": False, "updates_lost": None}],
+         "recovery": [{"round": 9, "backup_round": 7}],
+         "parts": {"feeder_recoveries": [{}], "feeders_lost": []},
+         "checkpoints": {"rollbacks": [{"checkpoint": 4, "retrained_samples": 5000}]}}
+    assert recovery_line(s) == (
+        "recovered from 2 shard restarts (ps-0, ps-1: 1,200 embedding updates lost); "
+        "1 aggregator restore (from its backups: 2 rounds of dense updates lost); "
+        "1 feeder restart (nothing lost); 1 whole-job restart (back to checkpoint 4: 5,000 "
+        "samples trained again)")
+    assert recovery_line({"recovery": [], "parts": {}, "checkpoints": {}}) == ""
+
+
 def test_live_settings_apply_all_or_nothing_and_are_appended_to_the_config(tmp_path,
                                                                            metrics):
     bus = Bus()
@@ -355,7 +403,9 @@ def test_the_state_records_round_trip_and_refuse_another_job(tmp_path):
     from roles.control.rounds import RoundsState
     from roles.control.settings import SettingsState
 
-    state = ControlState(run_id="r", started_at=1.5, fingerprint="abc",
+    job = Job(data=DataConfig(source="synthetic"), train=TrainConfig(epochs=3))
+    (tmp_path / "config.toml").write_text(job_to_toml(job))  # the run's effective job
+    state = ControlState(run_id="r", started_at=1.5, fingerprint=job.fingerprint(),
                          course=CourseState("training", 2), rounds=RoundsState(7, True, 6),
                          feeding=FeedingState(1, ["feeder-0"]),
                          recovery=RecoveryState(shards_back={"ps-1": 40}),
@@ -364,15 +414,28 @@ def test_the_state_records_round_trip_and_refuse_another_job(tmp_path):
                          standing={})
     write_state(tmp_path, state)
     write_history(tmp_path, ControlHistory(epochs=[{"epoch": 0}], round_samples={"w": [1]}))
-    got, history = read_state(tmp_path, "abc")
+    got, history = read_state(tmp_path, job)
     assert got == state and history.round_samples == {"w": [1]}
-    with pytest.raises(ResumeError, match="another job"):
-        read_state(tmp_path, "xyz")
+    # another job: the refusal names the settings that differ from the run's config.toml
+    other = Job(data=DataConfig(source="synthetic"), train=TrainConfig(epochs=2, batch_size=64))
+    with pytest.raises(ResumeError, match="another job") as refused:
+        read_state(tmp_path, other)
+    assert "[train] epochs = 3 in the run, 2 now" in str(refused.value), refused.value
+    assert "[train] batch_size = 256 in the run, 64 now" in str(refused.value), refused.value
     broken = orjson.loads((tmp_path / "control-state.json").read_bytes())
     del broken["rounds"]
     (tmp_path / "control-state.json").write_bytes(orjson.dumps(broken))
     with pytest.raises(ResumeError, match="incomplete"):
-        read_state(tmp_path, "abc")
+        read_state(tmp_path, job)
+    # a run that ended: the refusal says how, and an interrupted one why it cannot go on
+    write_state(tmp_path, dataclasses.replace(state, course=CourseState("done", 2)))
+    (tmp_path / "summary.json").write_bytes(orjson.dumps(
+        {"status": "interrupted", "reason": "control received SIGINT", "resume_from": None}))
+    with pytest.raises(ResumeError) as ended:
+        read_state(tmp_path, job)
+    assert str(ended.value) == ("run r has ended; there is nothing to resume (interrupted: "
+                                "control received SIGINT, before its first complete "
+                                "checkpoint)")
 
 
 # -- checkpoints ---------------------------------------------------------------------------------

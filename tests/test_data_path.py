@@ -62,7 +62,7 @@ def test_a_feeder_lost_while_scoring_has_only_its_eval_part_scored_again(cluster
                 data__path=adult_text(tmp_path), data__part_mb=0.5, **SLOW)
     c.start_all(slowdown={0: 4.0, 1: 4.0})
     deadline = time.monotonic() + 120
-    while "epoch 0 trained" not in c.log("feeder-1"):
+    while "epoch 1 trained" not in c.log("feeder-1"):  # the log counts epochs from 1
         assert time.monotonic() < deadline and c.procs["feeder-1"].poll() is None, c.logs()
         time.sleep(0.02)
     c.procs["feeder-1"].send_signal(signal.SIGKILL)

@@ -75,6 +75,11 @@ def test_a_killed_shard_restarts_from_the_last_checkpoint_and_its_lost_updates_a
     assert restored == done["number"] == r["checkpoint"], (back, r)
     lost = r["updates_lost"]
     assert lost > 0, r
+    # counted with every recovery, and said at the end with what it cost
+    assert s["recovered"]["shard"] == 1 and s["recoveries"] == sum(s["recovered"].values())
+    said = f"zbus: recovered from 1 shard restart (ps-1: {lost:,} embedding updates lost)"
+    assert said in c.log("control-0"), c.log("control-0")[-2000:]
+    assert "ps-1 is back after" in c.log("control-0") and " None " not in c.log("control-0")
     shards = s["shards"]
     # gradients sent for batches whose look-ups the dead process had answered reach the new
     # one without their keys unless the feeder sent those again: lost too, and counted
@@ -168,4 +173,9 @@ def test_resume_refuses_a_run_that_ended_or_another_job(cluster):
     assert c.run_job() == 0, c.logs()
     again = c.start("control-again", [sys.executable, "-m", "roles.control", "--resume"])
     assert again.wait(timeout=60) == 2
-    assert "has ended; there is nothing to resume" in c.log("control-again")
+    assert "has ended; there is nothing to resume (completed)" in c.log("control-again")
+    c.env["ZBUS_TRAIN__EPOCHS"] = "2"  # another job: the refusal says what differs
+    other = c.start("control-other", [sys.executable, "-m", "roles.control", "--resume"])
+    assert other.wait(timeout=60) == 2
+    assert "ran another job ([train] epochs = 1 in the run, 2 now)" in c.log("control-other"), \
+        c.log("control-other")

@@ -221,6 +221,9 @@ def test_a_feeder_reads_its_parts_and_takes_over_a_lost_ones_from_where_it_had_g
     assert (progress.low, progress.above, progress.samples) == (1, {2}, 20)
     assert parts.resumed(1, 3) is None and parts.resumed(0, 2) is None
     assert "eval rows 60..70 of file 0" in parts.describe([2])
+    # consecutive parts of one kind and file in one phrase: a line, however many parts
+    assert parts.describe([0, 1, 2]) == ("0-1 (training rows 0..60 of file 0), "
+                                         "2 (eval rows 60..70 of file 0)")
 
 
 def test_only_the_eval_parts_of_a_feeder_lost_while_scoring_are_scored_again():

@@ -26,6 +26,8 @@ def test_default_synthetic_job_under_honcho_comes_close_to_the_oracle(cluster):
     assert s["ok"] and s["job"] == "synthetic" and s["epochs"] == 2
     assert abs(s["auc"] - s["oracle_auc"]) <= 0.02, s
     assert s["samples_trained"] == s["samples_in_data"] * 2 == 160000
+    # a demo of seconds checkpoints too: Ctrl-C would have left it resumable
+    assert s["checkpoints"]["complete"] >= 1, s["checkpoints"]
     assert all(n > 0 for n in s["workers"].values()) and len(s["workers"]) == 2
     # push: the feeder's Deliver tells the shards where to send, no worker asks (lookups)
     assert all(s["bytes"][ch] > 0 for ch in ("samples", "keys", "deliveries", "embeddings",
@@ -43,6 +45,14 @@ def test_default_synthetic_job_under_honcho_comes_close_to_the_oracle(cluster):
         assert noise not in out, out
     assert len(set(zbus)) == len(zbus), [x for x in zbus if zbus.count(x) > 1]
     assert all(line.endswith("(rc=0)") for line in lines if "stopped (rc=" in line), out
+    # the summary is the last thing but honcho's word that control stopped
+    said = [line.split(" | ", 1)[1] for line in out.splitlines() if " | " in line]
+    assert said[-1] == "control.1 stopped (rc=0)" and "summary in" in said[-2], said[-12:]
+    # the log reads as one: feeder and control count epochs from 1; no file count for data
+    # that has no file
+    assert "epoch 1: training on" in out and "epoch 2 trained" in out, out
+    assert "epoch 0" not in out and "indexed 0 file(s)" not in out, out
+    assert "synthetic data: 100000 rows" in out, out
 
 
 def test_adult_two_workers_two_shards_over_tcp(cluster):

@@ -16,6 +16,7 @@ from zbus.logs import setup_logging
 
 
 def print_headline(s: dict, path: Any) -> None:
+    """The run's last lines: how it ended, what it recovered from, how to resume it."""
     out = sys.stdout
     if s["ok"]:
         oracle = f" (oracle {s['oracle_auc']:.4f})" if s.get("oracle_auc") else ""
@@ -27,7 +28,57 @@ def print_headline(s: dict, path: Any) -> None:
               f"{s['rejected_rows'] or 0} rows rejected", file=out)
     else:
         print(f"zbus: job {s['job']} {s['status']}: {s['reason']}", file=out)
+    recovered = recovery_line(s)
+    if recovered:
+        print(f"zbus: {recovered}", file=out)
+    if s.get("resume_from") is not None:
+        run = os.path.relpath(s["run_dir"])
+        print(f"zbus: to go on from checkpoint {s['resume_from']}: ZBUS_RESUME={run} "
+              "scripts/start (the same job and ZBUS_* settings)", file=out)
+    elif s["status"] == "interrupted":
+        every = (s.get("checkpoints") or {}).get("every_s") or 0
+        when = f"the first is taken [checkpoint] every_s = {every:g} s into training" if every \
+            else "[checkpoint] every_s = 0: only when asked"
+        print(f"zbus: no checkpoint was complete, so it cannot be resumed ({when})", file=out)
     print(f"zbus: summary in {os.path.relpath(path)}", file=out, flush=True)
+
+
+def recovery_line(s: dict) -> str:
+    """What the job recovered from and what that cost, in one line ("" when nothing)."""
+    said = []
+    shards = s.get("shard_recoveries") or []
+    if shards:
+        lost = [r["updates_lost"] for r in shards if r.get("restored")]
+        known = sum(n for n in lost if isinstance(n, int))
+        names = ", ".join(sorted({r["shard"] for r in shards}))
+        cost = f"{known:,} embedding updates lost" if lost else "no checkpoint to restore"
+        said.append(f"{count(len(shards), 'shard restart')} ({names}: {cost})")
+    aggregator = s.get("recovery") or []
+    if aggregator:
+        rounds = sum(r["round"] - r["backup_round"] for r in aggregator
+                     if isinstance(r.get("backup_round"), int))
+        said.append(f"{count(len(aggregator), 'aggregator restore')} (from its backups: "
+                    f"{count(rounds, 'round')} of dense updates lost)")
+    parts = s.get("parts") or {}
+    feeders = parts.get("feeder_recoveries") or []
+    if feeders:
+        said.append(f"{count(len(feeders), 'feeder restart')} (nothing lost)")
+    handed = parts.get("feeders_lost") or []
+    if handed:
+        said.append(f"{count(len(handed), 'lost feeder')} (parts handed over: up to a "
+                    "heartbeat of batches trained twice)")
+    rollbacks = (s.get("checkpoints") or {}).get("rollbacks") or []
+    if rollbacks:
+        again = sum(r.get("retrained_samples") or 0 for r in rollbacks)
+        numbers = ", ".join(str(r["checkpoint"]) for r in rollbacks)
+        said.append(f"{count(len(rollbacks), 'whole-job restart')} (back to checkpoint"
+                    f"{'s' if len(rollbacks) > 1 else ''} {numbers}: {again:,} samples trained "
+                    "again)")
+    return "recovered from " + "; ".join(said) if said else ""
+
+
+def count(n: int, thing: str) -> str:
+    return f"{n} {thing}" + ("" if n == 1 else "s")
 
 
 def main(argv: list[str] | None = None) -> None:

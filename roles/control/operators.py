@@ -25,7 +25,7 @@ from roles.control.course import Course
 from roles.control.feeding import Feeding
 from roles.control.health import Health
 from roles.control.placement import PlacementKeeper
-from roles.control.recovery import Recovery
+from roles.control.recovery import Recovery, recovery_counts
 from roles.control.rounds import Rounds
 from roles.control.settings import LiveSettings
 from roles.job.rundir import MetricsLog
@@ -193,6 +193,10 @@ class StatusView:
         mode = self.rounds.mode
         d = mode.last
         net_util, failures = self.health.figures(now, s["probe_timeout_s"])
+        recovered = recovery_counts(
+            aggregator=self.recovery.recoveries, shard=self.recovery.shard_recoveries,
+            feeder=self.feeding.recoveries, feeder_handover=self.feeding.lost,
+            rollback=self.checkpoints.rollbacks)
         return {
             "layout": STATUS_LAYOUT, "job": self.job.name, "run_id": self.run_id,
             "run_dir": self.run_dir, "phase": course.phase, "sync": mode.name,
@@ -211,7 +215,7 @@ class StatusView:
                 "decisions": mode.decision_counts(), "rounds_done": self.rounds.done_count,
                 "backups": self.recovery.backups_written,
                 "latest_backup": self.recovery.newest_backup(),
-                "recoveries": len(self.recovery.recoveries)},
+                "recoveries": sum(recovered.values()), "recovered": recovered},
             "training": self.training(feeding),
             "settings": {"version": self.settings.version, "values": dict(s),
                          "ranges": live.describe()},

@@ -20,7 +20,10 @@ The job fails, with the reason in the summary and a non-zero exit, when a node r
 Failure, a ready node other than a worker, a group member, one of several feeders (its parts
 go to another), an aggregator or a shard (which may be started again within
 ``recovery_timeout_s``) misses heartbeats for ``node_timeout_s``, the nodes are not all ready
-within ``start_timeout_s``, or nothing progresses for ``stall_timeout_s``.
+within ``start_timeout_s``, or nothing progresses for ``stall_timeout_s``. A failure other
+than a node's Failure, and a SIGINT or SIGTERM (status ``interrupted``), leave the run to be
+resumed from its newest complete checkpoint (``end``); a completed, stopped or so failed job
+has ended for good.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 import psutil
@@ -115,16 +119,21 @@ THROUGHPUT_EVERY_S = 5.0   # throughput to metrics.jsonl, the epoch's progress t
 WAITING_LOG_S = 10.0       # what the job waits for, to the log
 TASK_LOG_S = 5.0           # an export's or a checkpoint's progress, to the log
 CLOSE_WAIT_S = 3.0         # after Stop, the nodes' time to leave before control exits
+SAID_STOPPED_S = 0.3       # after the last of them exited: honcho's time to say so
 
 
-class Closing(NamedTuple):
+@dataclass
+class Closing:
     """The job has ended: its summary and where it was written, when control exits at the
-    latest, and the Stop the nodes were sent (a node that says Hello after it gets it too)."""
+    latest, the Stop the nodes were sent (a node that says Hello after it gets it too), the
+    processes that started the nodes here, and when every one of them was seen gone."""
 
     summary: dict
     path: Path
     deadline: float
     stop: Stop
+    supervisors: list[psutil.Process]
+    gone_at: float | None = None
 
 
 class Control(Loop):
@@ -194,7 +203,8 @@ class Control(Loop):
         self.next_throughput = self.started + THROUGHPUT_EVERY_S
         self.last_acked = (self.started, 0)
         self.no_workers_since: float | None = None
-        self.termination: str | None = None
+        self.termination: str | None = None  # the signal that interrupted the job
+        self.resume_from: int | None = None  # ended: the checkpoint a resume goes back to
         self.started_at = time.time()  # the run's start, for its wall time across a resume
         self.run_before_s = 0.0        # resumed: how long the run had been going
         self.awaiting_rejoin: set[str] = set()  # resumed: nodes that have not said Hello
@@ -253,8 +263,8 @@ class Control(Loop):
                 self.handle_heartbeat(node_id, node, msg, now)
             case Ready(info=info):
                 self.handle_ready(node_id, node, info, now)
-            case Failure(reason=reason):
-                self.fail(f"{node_id}: {reason}")
+            case Failure(reason=reason):  # bad data, a job it cannot run: again if resumed
+                self.fail(f"{node_id}: {reason}", resumable=False)
             case Leaving(reason=reason):
                 log.info("%s left: %s", node_id, reason)
                 if self.members.leave(node_id, now, reason):
@@ -404,8 +414,8 @@ class Control(Loop):
         if self.course.phase != "preparing":
             return
         got = self.feeding.stats_in(m, now)
-        if isinstance(got, str):
-            self.fail(got)
+        if isinstance(got, str):  # the data's statistics cannot be used
+            self.fail(got, resumable=False)
         elif got is not None:
             self.course.start_epoch(0, now)
 
@@ -467,8 +477,9 @@ class Control(Loop):
         if self.closing is not None:
             self.close_down(now, self.closing)
             return
-        if self.termination:
-            self.end("terminated", f"control received {self.termination}")
+        if self.termination:  # Ctrl-C of honcho start (honcho SIGTERMs every role), ...
+            self.end("interrupted", f"control received {self.termination} before the job "
+                     "finished", resumable=True)
             return
         if now >= self.next_publish:
             self.next_publish = now + self.heartbeat_s
@@ -607,6 +618,8 @@ class Control(Loop):
 
     # -- state on disk ---------------------------------------------------------------------------
     def save_state(self) -> None:
+        if self.course.phase == "done" and self.resume_from is not None:
+            return  # ended resumable: the state on disk is the one to resume
         write_state(self.run_dir, capture_state(self.components, self.run_id, self.started_at,
                                                 self.job.fingerprint()))
 
@@ -618,7 +631,7 @@ class Control(Loop):
             write_history(self.run_dir, capture_history(self.components, self.model_plan))
 
     def resume_from_disk(self) -> None:
-        state, history = read_state(self.run_dir, self.job.fingerprint())
+        state, history = read_state(self.run_dir, self.job)
         now = time.monotonic()
         self.started_at = state.started_at
         self.run_before_s = max(0.0, time.time() - self.started_at)
@@ -642,13 +655,13 @@ class Control(Loop):
             self.fail(f"every node of run {self.run_id} was started again and the run has no "
                       "complete checkpoint to go back to (the first is taken "
                       f"[checkpoint] every_s = {self.job.checkpoint.every_s:g} s into "
-                      "training): start the job again")
+                      "training): start the job again", resumable=False)
             return
         number, where, manifest = found
         try:
-            state, history = read_state(where, self.job.fingerprint())
+            state, history = read_state(where, self.job)
         except ResumeError as exc:
-            self.fail(f"cannot go back to checkpoint {number}: {exc}")
+            self.fail(f"cannot go back to checkpoint {number}: {exc}", resumable=False)
             return
         restore(self.components, state, history, now)
         m = self.members
@@ -670,14 +683,30 @@ class Control(Loop):
                     state.course.epoch + 1, manifest["round"])
 
     # -- the end ---------------------------------------------------------------------------------
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, resumable: bool = True) -> None:
+        """The job cannot go on. ``resumable``: a resume may fix what failed (a process that
+        died or was not back in time, nothing progressing); not for a node's Failure (bad
+        data, a job it cannot run: the same again) or a checkpoint that cannot be used."""
         self.metrics.write("failure", reason=reason)  # the headline prints the reason
-        self.end("failed", reason)
+        self.end("failed", reason, resumable=resumable)
 
-    def end(self, status: str, reason: str) -> None:
+    def end(self, status: str, reason: str, resumable: bool = False) -> None:
+        """The job ends with ``status``. A ``resumable`` end (interrupted, or failed for a
+        reason a resume may fix) leaves the run to be resumed (``--resume``) from its newest
+        complete checkpoint, as if every process had been killed; without one, or not
+        resumable, the run has ended for good (phase ``done`` on disk)."""
         if self.course.phase == "done":
             return
+        if self.termination and status == "failed":  # whatever failed as the roles stop
+            status, reason, resumable = "interrupted", f"control received {self.termination} " \
+                "before the job finished", True
+        found = latest_complete(self.run_dir) if resumable else None
+        self.resume_from = found[0] if found else None
+        if self.resume_from is not None:
+            self.save_state()  # before phase done: a resume goes on with the run
         self.course.phase = "done"
+        for sig in (signal.SIGTERM, signal.SIGINT):  # honcho stopping the others now must
+            signal.signal(sig, signal.SIG_IGN)       # not cut control's end short
         now = time.monotonic()
         self.placement.seal()
         summary = run_summary(self.components, self.job, status, reason, model_plan=self.model_plan,
@@ -688,11 +717,13 @@ class Control(Loop):
                                                        "longest_turn_s": self.longest_turn_s,
                                                        "uptime_s": now - self.started}},
                               wall_s=now - self.started + self.run_before_s)
+        summary["resume_from"] = self.resume_from
         path = self.run_dir / "summary.json"
         atomic_write(path, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         self.record_tables()
-        self.save_state()  # phase done: the run cannot be resumed
-        self.metrics.write("end", status=status, reason=reason)
+        if self.resume_from is None:
+            self.save_state()  # phase done: the run cannot be resumed
+        self.metrics.write("end", status=status, reason=reason, resume_from=self.resume_from)
         self.metrics.close()
         ok = status in ("completed", "stopped")  # stopped: an operator ended it on purpose
         stop = Stop(ok=ok, reason=reason or status)
@@ -701,21 +732,26 @@ class Control(Loop):
         self.publish_status(time.monotonic())  # consoles see the end
         self.monitoring.close()
         self.exit_code = 0 if ok else 1
-        self.closing = Closing(summary, path, now + CLOSE_WAIT_S, stop)
+        if status == "interrupted" and self.termination:  # as a shell reports a process
+            self.exit_code = 128 + signal.Signals[self.termination]  # that a signal ended
+        self.closing = Closing(summary, path, now + CLOSE_WAIT_S, stop,
+                               supervisors(self.members.nodes.values()))
 
     def close_down(self, now: float, closing: Closing) -> None:
-        """The job has ended: the nodes leave (consoles keep seeing the final status), then
-        the headline, the run's last output."""
-        summary, path, deadline, _ = closing
+        """The job has ended: the nodes leave (consoles keep seeing the final status), and
+        the processes that started them on this host (``zbus-spawn``, honcho's own) exit, so
+        that honcho has said they stopped; then the headline, the run's last output."""
         self.wake_at = now + 0.1  # look again soon: the nodes exit within moments
         if now >= self.next_status:
             self.publish_status(now)
-        gone = all(n.status != ALIVE and exited(n) for n in self.members.nodes.values())
-        if gone or self.termination or now >= deadline:
-            self.headline(summary, path)
+        gone = all(exited(n) for n in self.members.nodes.values()) \
+            and not any(alive(p) for p in closing.supervisors)
+        if gone and closing.gone_at is None:
+            closing.gone_at = now  # honcho reports an exit a moment after it
+        if (closing.gone_at is not None and now >= closing.gone_at + SAID_STOPPED_S) \
+                or now >= closing.deadline:
+            self.headline(closing.summary, closing.path)
             self.stopping = True
-            for sig in (signal.SIGTERM, signal.SIGINT):  # honcho stopping the others now
-                signal.signal(sig, signal.SIG_IGN)       # must not cut control's exit short
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.termination = signal.Signals(signum).name
@@ -730,10 +766,36 @@ class Control(Loop):
         super().close()
 
 
+def supervisors(nodes: Iterable[NodeState]) -> list[psutil.Process]:
+    """The processes that started the nodes on this host and exit when they do: a
+    ``zbus-spawn``, or honcho's process for a Procfile line (honcho says it stopped once it
+    has exited); not a shell or a test that started control too."""
+    found: dict[int, psutil.Process] = {}
+    for node in nodes:
+        if node.host != socket.gethostname():
+            continue
+        try:
+            parent = psutil.Process(node.pid).parent()
+            if parent is not None and parent.pid != os.getppid() and any(
+                    "zbus-spawn" in part or "honcho" in part for part in parent.cmdline()):
+                found[parent.pid] = parent
+        except psutil.Error:
+            continue
+    return list(found.values())
+
+
+def alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def exited(node: NodeState) -> bool:
-    """The node's process has exited (or runs on another host, where control cannot tell)."""
+    """The node's process has exited; on another host, where control cannot tell, it has
+    said it leaves."""
     if node.host != socket.gethostname():
-        return True
+        return node.status != ALIVE
     try:
         return psutil.Process(node.pid).status() == psutil.STATUS_ZOMBIE
     except psutil.Error:

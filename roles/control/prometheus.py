@@ -128,7 +128,8 @@ def _job(f: Families, job: dict[str, str], snap: StatusSnapshot) -> None:
     latest: Mapping[str, object] = k.get("latest") or {}
     for name, doc, value, counter in (
             ("zbus_backups", "Backups of the dense weights written", c.get("backups"), True),
-            ("zbus_recoveries", "Restores of the dense weights after an aggregator died",
+            ("zbus_recoveries", "Recoveries: the aggregator restored, a shard or the last "
+             "feeder restarted, a lost feeder's parts handed over, the job resumed",
              c.get("recoveries"), True),
             ("zbus_network_utilisation", "The cluster's network utilisation (0 to 1)",
              c.get("net_util"), False),

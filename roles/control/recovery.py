@@ -46,6 +46,30 @@ def shard_recovery(lost_at: float, back_at: float, info: dict) -> dict:
             "updates_lost": lost if isinstance(lost, int) and lost >= 0 else None}
 
 
+def recovery_counts(*, aggregator: list, shard: list, feeder: list, feeder_handover: list,
+                    rollback: list) -> dict[str, int]:
+    """Every recovery of the job so far, by kind (the status's and the summary's
+    ``recovered``): the aggregators restored from a backup, a shard restarted from the
+    checkpoint, the last feeder restarted from its ack log, a lost feeder's parts handed to
+    another, the whole job resumed from a checkpoint."""
+    return {"aggregator": len(aggregator), "shard": len(shard), "feeder": len(feeder),
+            "feeder_handover": len(feeder_handover), "rollback": len(rollback)}
+
+
+def restored_from(record: dict) -> str:
+    """What a shard came back with and what it lost, for a person (from its record)."""
+    lost = record["updates_lost"]
+    if lost is None and not record["restored"]:
+        lost = 0  # counted from the start: none applied
+    said = "an unknown number of" if lost is None else f"{lost:,}"
+    if not record["restored"]:
+        return (f"with no checkpoint to restore (none was complete): its table starts empty, "
+                f"{said} embedding updates lost")
+    age = record["checkpoint_age_s"]
+    old = "" if age is None else f", {age:.1f} s old"
+    return f"from checkpoint {record['checkpoint']}{old}: {said} embedding updates lost"
+
+
 @dataclass
 class RecoveryState:
     generation: int = 0              # aggregator restores so far
@@ -122,8 +146,10 @@ class Recovery:
         if m.generation != self.generation or self.aggregator_lost_at is None:
             return False
         lost, self.aggregator_lost_at = self.aggregator_lost_at, None
+        backup = self.newest_backup()
         self.recoveries.append({"generation": m.generation, "round": m.round,
                                 "path": self.latest_backup(),
+                                "backup_round": backup["round"] if backup else None,
                                 "seconds": round(now - lost, 3) if lost else None,
                                 "round_in_flight": round_in_flight})
         self.metrics.write("restored", **self.recoveries[-1])
@@ -163,9 +189,8 @@ class Recovery:
                   **shard_recovery(lost_at, now, info)}
         self.shard_recoveries.append(record)
         self.metrics.write("shard_recovered", **record)
-        log.warning("%s is back after %.1f s from a checkpoint %s s old: %s updates lost",
-                    node_id, record["down_s"], record["checkpoint_age_s"],
-                    record["updates_lost"])
+        log.warning("%s is back after %.1f s %s", node_id, record["down_s"],
+                    restored_from(record))
         self.progress.touch(now)
         index = node_index(node_id)
         self.commands.publish(ShardBack(shard=index, generation=self.shard_generation),

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ from roles.control.recovery import Recovery, RecoveryState
 from roles.control.rounds import Rounds, RoundsState
 from roles.control.settings import LiveSettings, SettingsState
 from roles.job.rundir import atomic_write
+from roles.job.settings import Job, job_to_toml
 from zbus.codec import Message, decode
 
 STATE_FILE = "control-state.json"
@@ -216,8 +218,10 @@ def write_history(run_dir: Path, history: ControlHistory) -> None:
                  orjson.dumps(history, option=orjson.OPT_SERIALIZE_NUMPY), durable=False)
 
 
-def read_state(run_dir: Path, fingerprint: str) -> tuple[ControlState, ControlHistory]:
-    """The records of a run to resume; ResumeError when it cannot be."""
+def read_state(run_dir: Path, job: Job) -> tuple[ControlState, ControlHistory]:
+    """The records of a run (or of a checkpoint) to resume ``job`` from; ResumeError when it
+    cannot be."""
+    fingerprint = job.fingerprint()
     try:
         raw = orjson.loads((run_dir / STATE_FILE).read_bytes())
         raw_history = orjson.loads((run_dir / HISTORY_FILE).read_bytes())
@@ -236,12 +240,63 @@ def read_state(run_dir: Path, fingerprint: str) -> tuple[ControlState, ControlHi
     except (TypeError, KeyError) as exc:
         raise ResumeError(f"the control state in {run_dir} is incomplete: {exc}") from None
     if state.fingerprint != fingerprint:
-        raise ResumeError(f"run {state.run_id} ran another job (fingerprint "
-                          f"{state.fingerprint}, this job has {fingerprint}): resume it with "
-                          "the same job file and ZBUS_* settings")
+        raise ResumeError(f"run {state.run_id} ran another job ({differences(run_dir, job)}): "
+                          "resume it with the same job file and ZBUS_* settings")
     if state.course.phase == "done":
-        raise ResumeError(f"run {state.run_id} has ended; there is nothing to resume")
+        raise ResumeError(f"run {state.run_id} has ended; there is nothing to resume"
+                          f"{how_it_ended(run_dir)}")
     return state, history
+
+
+JOB_RECORDS = ("config.toml", "job.toml")  # the effective job: in a run, in a checkpoint
+DIFFERENCES_SAID = 4
+
+
+def differences(run_dir: Path, job: Job) -> str:
+    """Which settings of ``job`` differ from the job the run recorded, for a person."""
+    recorded = next((run_dir / name for name in JOB_RECORDS if (run_dir / name).exists()),
+                    run_dir / JOB_RECORDS[0])
+    try:
+        before = flat_settings(tomllib.loads(recorded.read_text()))
+    except (OSError, tomllib.TOMLDecodeError):
+        return f"its fingerprint differs from this job's {job.fingerprint()}"
+    now = flat_settings(tomllib.loads(job_to_toml(job)))
+    changed = [f"{key} = {show(before.get(key))} in the run, {show(now.get(key))} now"
+               for key in sorted(before.keys() | now.keys()) if before.get(key) != now.get(key)]
+    if not changed:
+        return (f"the same settings as {recorded.name}, but another fingerprint: a run of "
+                "another version of zbus")
+    more = len(changed) - DIFFERENCES_SAID
+    return "; ".join(changed[:DIFFERENCES_SAID]) + (f"; and {more} more" if more > 0 else "")
+
+
+def flat_settings(table: dict, section: str = "") -> dict[str, Any]:
+    """``{"[train] epochs": 3, ...}`` from a job's TOML tables."""
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            flat.update(flat_settings(value, f"{section}.{key}" if section else key))
+        else:
+            flat[f"[{section}] {key}" if section else key] = value
+    return flat
+
+
+def show(value: Any) -> str:
+    return "(unset)" if value is None else orjson.dumps(value).decode()
+
+
+def how_it_ended(run_dir: Path) -> str:
+    """`` (failed: why)`` from the run's summary, or nothing; an interrupted run ended only
+    because it had no complete checkpoint to go back to."""
+    try:
+        summary = orjson.loads((run_dir / "summary.json").read_bytes())
+        said = f"{summary['status']}: {summary['reason']}" if summary.get("reason") \
+            else summary["status"]
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return ""
+    if summary["status"] == "interrupted":
+        said += ", before its first complete checkpoint"
+    return f" ({said})"
 
 
 def resumable_run(job_name: str, given: str, environ: dict) -> Path:

@@ -4,6 +4,7 @@ assembled in ``roles.algorithms.control.summary``."""
 from __future__ import annotations
 
 from roles.algorithms.control.summary import build_summary
+from roles.control.recovery import recovery_counts
 from roles.control.state import ControlComponents
 from roles.job.settings import Job
 
@@ -20,6 +21,10 @@ def run_summary(p: ControlComponents, job: Job, status: str, reason: str, *, cou
         model={"backups": r.backups, "backups_written": r.backups_written,
                "latest_backup": r.latest_backup() or None,
                "recoveries": r.recoveries,
+               "recovered": recovery_counts(
+                   aggregator=r.recoveries, shard=r.shard_recoveries,
+                   feeder=p.feeding.recoveries, feeder_handover=p.feeding.lost,
+                   rollback=p.checkpoints.rollbacks),
                "shard_recoveries": r.shard_recoveries, "exports": p.exports.exports,
                "settings_changes": p.settings.changes, "settings": p.settings.values,
                "decisions": mode.decision_counts(), "last_decision": last.reason if last else None},

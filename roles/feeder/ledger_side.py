@@ -82,7 +82,7 @@ class LedgerSide:
         self.pause_acks(True)
         log.warning("restarted: %d acknowledged batches (%d samples) in the ack log, the last "
                     "of epoch %d; resuming from there", done["batches"], done["samples"],
-                    done["last_epoch"])
+                    done["last_epoch"] + 1)  # epochs count from 1 in the log
 
     def log(self) -> AckLog:
         assert self.ack_log is not None, "the ack log is open from the welcome on"

@@ -83,8 +83,9 @@ class Loading:
                                           DataSource.describe(files)),
                                       parts=np.array([p.as_list() for p in parts],
                                                      dtype=np.int64).reshape(-1, 7)))
-                log.info("indexed %d file(s): %d rows in %d parts (%d training rows) in "
-                         "%.1f s", len(files), sum(p.rows for p in parts), len(parts), n_train,
+                what = "synthetic data" if source.synthetic else f"indexed {len(files)} file(s)"
+                log.info("%s: %d rows in %d parts (%d training rows) in %.1f s", what,
+                         sum(p.rows for p in parts), len(parts), n_train,
                          time.monotonic() - started)
         except (DataError, OSError) as exc:
             return f"cannot read the data: {exc}"

@@ -119,8 +119,8 @@ class Passes:
         progress = logged or self.parts.resumed(number, epoch) or PartProgress(epoch)
         done = self.tally.part_planned(number, progress)
         if done is not None:
-            log.info("part %d resumes epoch %d after %d acknowledged batches", number, epoch,
-                     done)
+            log.info("part %d resumes epoch %d after %d acknowledged batches", number,
+                     epoch + 1, done)
         return self.loading.training(self.part(number), epoch, progress, self.tally.data,
                                      self.tally.batches.made)
 
@@ -144,7 +144,7 @@ class Passes:
         self.plan = pass_
         for n in parts:
             pass_.add(self.training_stream(n, pass_.epoch, (logged or {}).get(n)))
-        log.info("epoch %d: training on %d part(s)", pass_.epoch, len(pass_.streams))
+        log.info("epoch %d: training on %d part(s)", pass_.epoch + 1, len(pass_.streams))
         self.ledger.pass_rebuilt()
         self.pump()
         self.maybe_pass_done()
@@ -190,11 +190,12 @@ class Passes:
         assert plan is not None
         if plan.eval:
             self.enter("ready")
-            log.info("epoch %d eval: %d samples scored", plan.epoch, self.tally.scores.samples)
+            log.info("epoch %d eval: %d samples scored", plan.epoch + 1,
+                     self.tally.scores.samples)
             self.report(self.tally.eval_report(plan))
         else:
             seconds = time.monotonic() - self.epoch_started
-            log.info("epoch %d trained: %d samples in %.1f s", plan.epoch,
+            log.info("epoch %d trained: %d samples in %.1f s", plan.epoch + 1,
                      self.tally.epoch_samples, seconds)
             self.enter("waiting")
             self.report(self.tally.epoch_trained(plan, seconds))

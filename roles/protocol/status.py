@@ -81,7 +81,11 @@ class ClusterView(TypedDict):
     rounds_done: int
     backups: int
     latest_backup: dict[str, Any] | None   # round, path, change, generation
-    recoveries: int
+    recoveries: int                    # every recovery so far: the sum of ``recovered``
+    # by kind: aggregator (restored from a backup), shard (restarted from the checkpoint),
+    # feeder (the last one restarted from its ack log), feeder_handover (a lost feeder's parts
+    # handed to another), rollback (the whole job resumed from a checkpoint)
+    recovered: dict[str, int]
 
 
 class History(TypedDict):

@@ -165,6 +165,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
             for node, c in sorted(counters.items()) if _num(c.get("uptime_s")) > 0}
     worker_time = {node: {k: round(_num(c.get(k)), 3) for k in WORKER_TIMES}
                    for node, c in sorted(counters.items()) if node.startswith("worker-")}
+    recovered = model.get("recovered") or {"aggregator": len(model.get("recoveries", []))}
     return {
         "job": job.name,
         "run_id": run_id,
@@ -225,7 +226,9 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "settings_changes": model.get("settings_changes", []),
         "backups": model.get("backups_written", len(model.get("backups", []))),
         "latest_backup": model.get("latest_backup"),
-        "recoveries": len(model.get("recoveries", [])),
+        # every recovery (the aggregator's, a shard's, a feeder's, the whole job's), by kind
+        "recoveries": sum(recovered.values()),
+        "recovered": recovered,
         "recovery": model.get("recoveries", []),
         "shard_recoveries": model.get("shard_recoveries", []),
         "export": next((e["dir"] for e in reversed(model.get("exports", []))

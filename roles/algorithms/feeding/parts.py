@@ -50,11 +50,24 @@ class FeederParts:
                 and (eval is None or p.eval == eval)]
 
     def describe(self, parts: list[int]) -> str:
-        def one(p: Part) -> str:
-            kind = "eval" if p.eval else "training"
-            return f"{p.number} ({kind} rows {p.first_row}..{p.first_row + p.rows} of file " \
-                   f"{p.file})"
-        return ", ".join(one(self.parts[n]) for n in parts) or "none"
+        """The parts for a person, a run of consecutive parts of one kind and file in one
+        phrase: ``0-62 (training rows 0..35166 of file 0), 63 (eval rows ...)``."""
+        runs: list[list[Part]] = []
+        for p in (self.parts[n] for n in parts):
+            last = runs[-1][-1] if runs else None
+            if last is not None and (last.number + 1, last.eval, last.file) == (
+                    p.number, p.eval, p.file):
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+
+        def one(run: list[Part]) -> str:
+            first, last = run[0], run[-1]
+            numbers = f"{first.number}-{last.number}" if len(run) > 1 else f"{first.number}"
+            kind = "eval" if first.eval else "training"
+            return f"{numbers} ({kind} rows {first.first_row}..{last.first_row + last.rows} " \
+                   f"of file {first.file})"
+        return ", ".join(one(run) for run in runs) or "none"
 
     def resumed(self, part: int, epoch: int) -> PartProgress | None:
         """Where a lost feeder's part stands in the training pass of ``epoch`` (None: the part
