@@ -8,8 +8,6 @@ Nodes tab is ``console.nodes``, the Training tab ``console.training``."""
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Mapping
-from typing import cast
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -99,7 +97,7 @@ class ClusterPanel(Vertical):
         facts.append("decision   ")
         facts.append_text(verdict)
         facts.append("\n")
-        recovered = cast("Mapping[str, int] | None", dict(c).get("recovered"))  # by kind
+        recovered = c.get("recovered")  # by kind (a status from before it was counted: none)
         facts.append(f"backups    {c['backups']}{backup}     recoveries "
                      f"{fmt.recoveries(c['recoveries'], recovered)}\n")
         if snap.get("checkpoint"):
