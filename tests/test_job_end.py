@@ -1,6 +1,7 @@
 """What a job leaves when it ends: no process (a shard's forked checkpoint writer, control's
-capacity trainer), no port held (the next job on the same ports binds them at once; when a
-port is held, the bind says by whom in one line), and each role's log in the run directory."""
+capacity trainer), no half-written checkpoint file, no port held (the next job on the same
+ports binds them at once; when a port is held, the bind says by whom in one line), and each
+role's log in the run directory."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import psutil
 import pytest
 import zmq
 from harness import REPO
 
+from roles.algorithms.shard.embedding_table import EmbeddingTable
+from roles.checkpoint import shard as shard_checkpoints
 from roles.checkpoint.background import ForkedWrite
+from roles.checkpoint.files import checkpoints_dir, temp_path
 from zbus import sockets
 from zbus.endpoints import CONTROL
 from zbus.logs import log_path
@@ -210,3 +215,33 @@ def test_a_bind_on_a_port_in_use_names_the_process_that_holds_it():
         held.close(0)
     finally:
         ctx.destroy(linger=0)
+
+
+def test_a_shard_that_exits_mid_write_ends_its_writer_and_removes_the_half_written_file(
+        tmp_path, monkeypatch):
+    def half_write(path, **arrays):   # in the child: a slow disk, the file half written
+        tmp = temp_path(path, os.getpid())
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(b"PK half of it")
+        time.sleep(600)
+
+    monkeypatch.setattr(shard_checkpoints, "save_npz", half_write)
+    table = EmbeddingTable(4, 0.1, 0.05, seed=3, capacity=8)
+    table.rows_for(np.arange(10, dtype=np.int64))
+    root = checkpoints_dir(tmp_path)
+    checkpoints = shard_checkpoints.ShardCheckpoints(0, table, full_every=3)
+    checkpoints.begin(1, root, set(), {"updates": 0, "newest_epoch": 0, "version": 0})
+    assert checkpoints.writing is not None
+    writer = checkpoints.writing.writer
+    try:
+        half = temp_path(root / checkpoints.writing.name, writer.pid)
+        deadline = time.monotonic() + 30
+        while not half.exists():
+            assert time.monotonic() < deadline and writer.done() is None, writer.done()
+            time.sleep(0.01)
+        assert checkpoints.close() == 1   # the shard exits: checkpoint 1 cannot be completed
+        assert not half.exists()
+        assert not psutil.pid_exists(writer.pid)
+        assert checkpoints.close() is None   # nothing under way any more
+    finally:
+        writer.stop()
