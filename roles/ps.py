@@ -33,7 +33,8 @@ predictor's history. When control publishes a key map in phase ``move``, the sha
 training batch it holds still expects gradients, sends every other shard one Handover with
 the rows (and Adagrad state) it no longer owns, takes the rows others send it, and reports
 Moved. ``--slowdown N`` (a test aid) makes the shard N times as slow: it sleeps (N - 1) x the
-CPU time each piece of work took (and counts that as its processing time).
+CPU time each piece of work took (and counts that as its processing time); ``--write-delay S``
+(another) makes its checkpoint writer wait S seconds before writing.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class HeldBatch:
 class Shard(Node):
     role = "ps"
 
-    def __init__(self, job: Job, index: int, slowdown: float = 1.0):
+    def __init__(self, job: Job, index: int, slowdown: float = 1.0, write_delay: float = 0.0):
         super().__init__(job.cluster, index, job.fingerprint())
         self.exports = ExportAnswers(self.export_part, self.report)
         self.job = job
@@ -133,7 +134,8 @@ class Shard(Node):
                        "handovers": 0, "handovers_forced": 0, "checkpoints": 0,
                        "lookups_after_update": 0, "grads_without_keys": 0,
                        "held_dropped": 0}
-        self.checkpoints = ShardCheckpoints(index, self.table, job.checkpoint.full_every)
+        self.checkpoints = ShardCheckpoints(index, self.table, job.checkpoint.full_every,
+                                            write_delay)
         self.cut: Checkpoint | None = None   # a cut waiting for gradients on their way
         self.cut_since = 0.0
         self.applied_log: AppliedLog | None = None  # batches applied after each snapshot
@@ -455,6 +457,13 @@ class Shard(Node):
                 "table": self.table_counters(),
                 "waiting_lookups": len(self.waiting), "placement_version": self.version,
                 "slowdown": self.slowdown, **self.work.counters()}
+
+    def close(self) -> None:
+        stopped = self.checkpoints.close()
+        if stopped is not None:
+            log.info("%s: exiting while it wrote checkpoint %d: the writer is stopped (that "
+                     "checkpoint cannot be completed now)", self.node_id, stopped)
+        super().close()
 
     # -- the work per window: the capacity predictor's records -----------------------------------
     def heartbeat(self, final: bool = False) -> None:

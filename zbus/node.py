@@ -6,7 +6,8 @@ kind, never fatal), per-channel byte counts, and SIGTERM/SIGINT that end the loo
 poll interval. A turn of the loop (its handlers, then ``on_tick``) leaves the messages still
 queued to the next turn once it has worked ``TURN_BUDGET_S``; the longest turn is counted
 (``longest_turn_s``: how long the loop went without looking at its sockets). ``Node`` adds the
-link to control that every role but control has: Hello until Welcome, heartbeats with load
+link to control that every role but control has: Hello until Welcome (which names the run
+directory, where the node's log goes too from then on: ``zbus.logs``), heartbeats with load
 figures and counters, and the lifecycle commands on control's PUB.
 
 Control may be killed and started again on its run (``zbus-control --resume``). It does not
@@ -35,7 +36,7 @@ from typing import Any
 
 import zmq
 
-from zbus import security, sockets
+from zbus import logs, security, sockets
 from zbus.codec import Envelope, Message, ProtocolError
 from zbus.endpoints import CONTROL, CONTROL_PUB, BusConfig
 from zbus.load import LoadSampler
@@ -333,6 +334,8 @@ class Node(Loop):
                     self.welcomed = True
                     self.run_id, self.run_dir = w.run_id, w.run_dir
                     self.restore_dir, self.rollback = w.restore, w.rollback
+                    if w.run_dir:
+                        logs.to_run_dir(w.run_dir, self.node_id)  # its log there too
                     log.info("%s joined run %s", self.node_id, w.run_id)
                     self.on_welcome()  # may take long (loading data): count silence anew
                     self._last_heard = time.monotonic()

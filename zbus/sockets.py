@@ -1,15 +1,18 @@
 """Socket helpers: every zbus socket is made here, with linger 0, high-water marks and a cap
 on incoming message size, and every message goes through ``send``/``recv`` so that bytes are
-counted per channel."""
+counted per channel. A TCP port that cannot be bound because it is in use is said in one line
+naming the process that holds it (``port_holder``)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import socket as _socket
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
+import psutil
 import zmq
 
 from zbus.codec import Envelope, Message, ProtocolError, decode
@@ -58,9 +61,38 @@ def bind(ctx: Context, kind: int, endpoint: str, **options: Any) -> Socket:
         sock.bind(endpoint)
     except zmq.ZMQError as exc:
         sock.close(0)
-        raise OSError(f"cannot bind {endpoint}: {exc} (another job on this port? set "
-                      f"[cluster] base_port or ZBUS_CLUSTER__BASE_PORT)") from exc
+        port = endpoint.rsplit(":", 1)[-1]
+        if exc.errno != errno.EADDRINUSE or not endpoint.startswith("tcp://") \
+                or not port.isdigit():
+            raise OSError(f"cannot bind {endpoint}: {exc}") from None
+        raise OSError(f"cannot bind {endpoint}: the port is in use by {port_holder(int(port))} "
+                      f"(another job on this port? end it, or set [cluster] base_port or "
+                      f"ZBUS_CLUSTER__BASE_PORT)") from None
     return sock
+
+
+def port_holder(port: int) -> str:
+    """The process that holds TCP ``port`` on this host, in words: ``pid N (its command
+    line)``, a listener first."""
+    try:
+        held = [c for c in psutil.net_connections(kind="tcp") if c.laddr and c.laddr.port == port]
+    except (psutil.Error, OSError) as exc:
+        return f"a process this user cannot see ({type(exc).__name__})"
+    held.sort(key=lambda c: c.status != psutil.CONN_LISTEN)
+    for conn in held:
+        if conn.pid is None:
+            continue
+        if conn.pid == os.getpid():
+            return f"pid {conn.pid} (this process)"
+        try:
+            proc = psutil.Process(conn.pid)
+            command = " ".join(" ".join(proc.cmdline()).split()) or proc.name()  # one line
+        except psutil.Error:
+            continue
+        return f"pid {conn.pid} ({command[:200]})"
+    if any(c.status == psutil.CONN_LISTEN for c in held):
+        return "a process this user cannot see (another user's)"
+    return "no process listening now (it may have exited since)"
 
 
 def connect(ctx: Context, kind: int, endpoint: str, **options: Any) -> Socket:

@@ -5,9 +5,11 @@ gives a child process a copy-on-write image of the parent's memory at that insta
 writes the files from it and exits, while the parent goes on serving at once. The parent's
 pause is the fork itself (copying its page tables), whatever the size of the table; the
 memory the two share is copied page by page only where the parent writes meanwhile. The child
-closes every inherited descriptor but its error pipe (a restarted shard must be able to bind
-its port while the child still writes), takes the default signal handlers and leaves with
-``os._exit`` (it never touches the parent's ZeroMQ context). It needs ``os.fork`` (Linux,
+closes every inherited descriptor but its error pipe at once (the parent's sockets among them:
+a restarted shard, or the next job, must be able to bind the port while the child still
+writes), dies with the parent (``zbus.children``), takes the default signal handlers and leaves
+with ``os._exit`` (it never touches the parent's ZeroMQ context). A parent that exits first
+ends the write (``stop``): no process of a run outlives it. It needs ``os.fork`` (Linux,
 macOS: the systems zbus runs on).
 
 ``ThreadWrite`` writes a small snapshot the caller already copied (the dense weights, a
@@ -24,6 +26,8 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
+
+from zbus import children
 
 
 class ThreadWrite:
@@ -52,14 +56,16 @@ class ThreadWrite:
 class ForkedWrite:
     def __init__(self, write: Callable[[], object]):
         read_end, write_end = os.pipe()
+        parent = os.getpid()
+        children.prepare()
         pid = os.fork()
         if pid == 0:  # the child: write, say what went wrong if anything, leave
             code = 1
             try:
+                children.close_inherited(keep=write_end)
+                children.die_with_parent(parent)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
-                os.closerange(3, write_end)
-                os.closerange(write_end + 1, 65536)
                 write()
                 code = 0
             except BaseException:
@@ -88,6 +94,19 @@ class ForkedWrite:
             self._finish(status)
         assert self.result is not None
         return self.result
+
+    def stop(self) -> None:
+        """End a write still under way (its parent is exiting: the checkpoint cannot be
+        completed any more) and reap the child; its result says it was stopped."""
+        if self.result is not None:
+            return
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self.pid, 0)
+        os.close(self.pipe)
+        self.result = (False, "stopped: the process that forked the writer exited")
 
     def _finish(self, status: int) -> None:
         try:

@@ -52,11 +52,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def temp_path(path: Path, pid: int) -> Path:
+    """Where process ``pid`` writes ``path`` (``save_npz``) before renaming it."""
+    return path.with_name(f".{path.name}.{pid}.tmp")
+
+
 def save_npz(path: Path, **arrays: np.ndarray) -> int:
     """Write arrays as ``.npz`` straight to a temporary file (no copy of them in memory),
     fsync, rename, fsync the directory; the bytes written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_path(path, os.getpid())
     with open(tmp, "wb") as f:
         # allow_pickle given, as its default: else mypy checks the arrays against it too
         np.savez(f, allow_pickle=True, **arrays)

@@ -22,6 +22,10 @@ A full file is written every ``[checkpoint] full_every`` files, after the rows w
 file, then each delta (drop, then overwrite), so a key dropped after the full file was written
 does not come back from it. The chain's files are what the shard reports in
 ``CheckpointPart.files``, so that the manifest keeps them all.
+
+A shard that exits while its child writes ends the child (``close``) and removes the file it
+left half-written: that checkpoint can no longer be completed. ``write_delay`` (a test aid,
+``zbus-ps --write-delay S``) makes the child wait before it writes, as a slow disk would.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import numpy as np
 
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.checkpoint.background import ForkedWrite
-from roles.checkpoint.files import meta_array, read_meta, save_npz
+from roles.checkpoint.files import meta_array, read_meta, save_npz, temp_path
 from roles.protocol.checkpoint import CheckpointPart
 
 
@@ -53,6 +57,7 @@ class Restored:
 class Writing:
     number: int
     name: str
+    path: Path
     chain: list[str]
     kind: str
     writer: ForkedWrite
@@ -60,8 +65,10 @@ class Writing:
 
 
 class ShardCheckpoints:
-    def __init__(self, index: int, table: EmbeddingTable, full_every: int):
+    def __init__(self, index: int, table: EmbeddingTable, full_every: int,
+                 write_delay: float = 0.0):
         self.index, self.table, self.full_every = index, table, full_every
+        self.write_delay = write_delay
         self.chain: list[str] = []  # files a restore reads, relative to checkpoints/
         self.writing: Writing | None = None
         self.force_full = True
@@ -78,7 +85,11 @@ class ShardCheckpoints:
                 "base": None if full else self.chain[-1], "time": time.time(), "keys": len(t)}
         path = root / name
 
+        delay = self.write_delay
+
         def write() -> None:  # in the child: its copy of the table, as it was at the fork
+            if delay:
+                time.sleep(delay)
             by_row, live = t.key_of_row()
             done = np.fromiter(applied, np.int64, len(applied))
             d = t.defaults
@@ -99,7 +110,7 @@ class ShardCheckpoints:
         t.mark()   # the keys dropped from now on go in the next delta
         pause = time.perf_counter() - started
         chain = [name] if full else [*self.chain, name]
-        self.writing = Writing(number, name, chain, "full" if full else "delta", writer,
+        self.writing = Writing(number, name, path, chain, "full" if full else "delta", writer,
                                time.monotonic())
         return pause
 
@@ -124,6 +135,16 @@ class ShardCheckpoints:
                               bytes=size, write_s=round(seconds, 3),
                               info={"kind": w.kind, "keys": len(self.table),
                                     "chain": len(w.chain)})
+
+    def close(self) -> int | None:
+        """The shard exits: end a write still under way, and remove what it left; the number
+        of the checkpoint it was writing (None when none was)."""
+        w, self.writing = self.writing, None
+        if w is None or w.writer.done() is not None:
+            return None
+        w.writer.stop()
+        temp_path(w.path, w.writer.pid).unlink(missing_ok=True)
+        return w.number
 
     def restored(self, files: list[str]) -> None:
         """The chain a restore read: the next file may build on it."""

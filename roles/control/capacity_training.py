@@ -11,6 +11,9 @@ equal (or configured) capacities. The history is bounded by the caller (``[place
 history_windows``), so a training's cost does not grow with the job. (A thread was tried
 first: its Python work held control's loop for up to a few hundred milliseconds at a time on a
 busy two-core machine, sharing Python's lock; measured in ``scripts/bench_control_loop.py``.)
+The child (and multiprocessing's resource tracker, which exits once the child and control have)
+does not outlive control: control ends it when it closes, and on Linux the kernel kills it
+when control dies in any way (``zbus.children``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from roles.algorithms.control.capacity import CapacityPredictor, Record
+from zbus import children
 
 log = logging.getLogger(__name__)
 Weights = dict[str, Any]   # a predictor's state: its network's arrays, offset, counts
@@ -68,8 +72,10 @@ def _train(shards: int, start: Weights | None, records: list[Record], steps: int
 
 
 def child_process() -> Executor:
-    """Where trainings run: one child process, started now (spawned: a fresh interpreter)."""
-    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    """Where trainings run: one child process, started now (spawned: a fresh interpreter,
+    which inherits none of control's sockets), killed when control dies."""
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=children.die_with_parent, initargs=(os.getpid(),))
 
 
 class BackgroundFit:
@@ -135,4 +141,10 @@ class BackgroundFit:
             self.poll()
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        """End the child now: a training under way is of no use any more."""
+        # the pool's processes (ProcessPoolExecutor.kill_workers() from Python 3.14 on)
+        processes = list((getattr(self.pool, "_processes", None) or {}).values())
+        for process in processes:
+            process.kill()
+            process.join()
+        self.pool.shutdown(wait=True, cancel_futures=True)

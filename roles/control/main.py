@@ -3,6 +3,8 @@ whose control died (``--resume``); it prints the run's headline when the job end
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import sys
@@ -12,7 +14,7 @@ from roles.control.process import Control
 from roles.control.state import ResumeError, resumable_run
 from roles.job.cli import load_job_or_exit, parse_role_args
 from zbus.endpoints import CONTROL_ID
-from zbus.logs import setup_logging
+from zbus.logs import setup_logging, to_file, to_run_dir
 
 
 def print_headline(s: dict, path: Any) -> None:
@@ -81,6 +83,16 @@ def count(n: int, thing: str) -> str:
     return f"{n} {thing}" + ("" if n == 1 else "s")
 
 
+def headline_also_in_log(s: dict, path: Any) -> None:
+    """The headline on stdout, and at the end of control's log file (``zbus.logs``)."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_headline(s, path)
+    sys.stdout.write(printed.getvalue())
+    sys.stdout.flush()
+    to_file(printed.getvalue())
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_role_args("control", argv)
     job = load_job_or_exit(args.job, "control")
@@ -88,10 +100,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         resume = resumable_run(job.name, args.resume, dict(os.environ)) if args.resume \
             else None
-        control = Control(job, resume=resume, headline=print_headline)
+        control = Control(job, resume=resume, headline=headline_also_in_log)
     except (OSError, ResumeError) as exc:
         print(f"zbus control: cannot start: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    to_run_dir(control.run_dir, CONTROL_ID)
     code = control.run()
     # Everything is written (the summary and state atomically, metrics.jsonl closed): the
     # interpreter's last garbage collection need not hold the exit up.
