@@ -74,6 +74,11 @@ def test_training_history_eta_and_shard_shares():
     assert t["history"]["loss"] == [None, 0.5] and t["history"]["samples_per_s"][-1] == 1000
     assert t["samples_per_s"] == 1000.0
     assert t["eta_epoch_s"] == 4.0 and t["eta_job_s"] == 9.0  # 4000 + 5000 samples left
+    done = [{"epoch": e, "train_loss": 0.5, "auc": 0.7, "logloss": 0.4} for e in range(4095)]
+    t = b.training(feeding=feeder.counters, samples_per_epoch=5000, epoch=4095, epochs=4095,
+                   epochs_done=done)
+    # a status does not grow with the job: the newest 100 epochs (#33: 98 KB after 899 epochs)
+    assert [e["epoch"] for e in t["epochs"]] == list(range(3995, 4095))
     ps = {f"ps-{i}": node("ps", i, keys=10 * (i + 1)) for i in range(2)}
     for i, per_s in enumerate((300, 100)):
         b.heard(f"ps-{i}", "ps", {"keys_received": 0}, now=0.0)

@@ -113,7 +113,7 @@ class TrainingView(TypedDict):
     eta_epoch_s: float | None
     eta_job_s: float | None
     history: History
-    epochs: list[EpochFigures]
+    epochs: list[EpochFigures]     # the newest 100 (the summary has every epoch)
 
 
 class SettingsView(TypedDict):

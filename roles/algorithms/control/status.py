@@ -23,6 +23,9 @@ from roles.protocol.status import EmbeddingsView, NodeRow, ShardRow, TaskFigures
 
 SUSPECT_BEATS = 2.5
 HISTORY_POINTS = 120
+# the epochs' figures a status carries: the newest (a status goes to every console each
+# heartbeat, so it must not grow with the job; the summary keeps every epoch)
+STATUS_EPOCHS = 100
 # the counter whose rate is a role's samples per second, and those that make its backlog
 SAMPLE_COUNTER = {"worker": "samples_trained", "feeder": "samples_acked"}
 BACKLOG_COUNTERS = {"feeder": ("in_flight",), "worker": ("pipeline",),
@@ -148,7 +151,8 @@ class StatusBuilder:
     def training(self, *, feeding: dict[str, Any] | None, samples_per_epoch: int, epoch: int,
                  epochs: int, epochs_done: list[dict[str, Any]],
                  running: bool = True) -> TrainingView:
-        """Progress of the epoch, the ETAs (none unless ``running``) and the history."""
+        """Progress of the epoch, the ETAs (none unless ``running``), the history and the
+        newest ``STATUS_EPOCHS`` epochs' figures."""
         counters = feeding or {}
         epoch_samples = int(_number(counters.get("epoch_samples")) or 0)
         rate = self.feeding_rate()
@@ -166,7 +170,7 @@ class StatusBuilder:
                             "samples_per_s": [p[2] for p in points]},
                 "epochs": [{"epoch": int(e["epoch"]), "train_loss": e.get("train_loss"),
                             "auc": e.get("auc"), "logloss": e.get("logloss")}
-                           for e in epochs_done]}
+                           for e in epochs_done[-STATUS_EPOCHS:]]}
 
     def embeddings(self, nodes: dict[str, NodeState], skew: dict[str, Any] | None = None,
                    bounds: dict[str, Any] | None = None) -> EmbeddingsView:
