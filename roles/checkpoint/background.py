@@ -7,7 +7,8 @@ pause is the fork itself (copying its page tables), whatever the size of the tab
 memory the two share is copied page by page only where the parent writes meanwhile. The child
 closes every inherited descriptor but its error pipe at once (the parent's sockets among them:
 a restarted shard, or the next job, must be able to bind the port while the child still
-writes), dies with the parent (``zbus.children``), takes the default signal handlers and leaves
+writes; the parent goes on once the child says it has, a close_range call away), dies with
+the parent (``zbus.children``), takes the default signal handlers and leaves
 with ``os._exit`` (it never touches the parent's ZeroMQ context). A parent that exits first
 ends the write (``stop``): no process of a run outlives it. It needs ``os.fork`` (Linux,
 macOS: the systems zbus runs on).
@@ -28,6 +29,8 @@ import traceback
 from collections.abc import Callable
 
 from zbus import children
+
+READY = b"\0"   # the child to the parent: it has closed what it inherited
 
 
 class ThreadWrite:
@@ -64,6 +67,7 @@ class ForkedWrite:
             try:
                 children.close_inherited(keep=write_end)
                 children.die_with_parent(parent)
+                os.write(write_end, READY)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 write()
@@ -76,7 +80,8 @@ class ForkedWrite:
             finally:
                 os._exit(code)
         os.close(write_end)
-        os.set_blocking(read_end, False)
+        os.read(read_end, len(READY))  # it holds none of this process's ports from here on
+        os.set_blocking(read_end, False)  # (or it died: end of file)
         self.pid, self.pipe = pid, read_end
         self.result: tuple[bool, str] | None = None
 
