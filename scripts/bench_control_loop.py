@@ -36,7 +36,8 @@ from roles.algorithms.control.capacity import CapacityPredictor, read_records  #
 
 REPO = Path(__file__).resolve().parent.parent
 SETTINGS = {"cluster__shards": 4, "cluster__workers": 4, "cluster__heartbeat_s": 0.25,
-            "train__stall_timeout_s": 36_000}
+            "train__stall_timeout_s": 36_000,
+            "checkpoint__every_s": 0}  # none (the built-in job's every 2 s): bench_checkpoint
 
 
 def run(workdir: Path, mode: str, windows: int, rate: float, seconds: float | None) -> dict:

@@ -35,7 +35,7 @@ FAST, SLOW = 2.0, 6.0
 def run(workdir: Path, epochs: int, slowdowns: list[float], settings: dict[str, object]) -> dict:
     with LocalCluster(workdir, None, transport="tcp", cluster__workers=len(slowdowns),
                       cluster__shards=1, model__hidden=[512, 256], train__epochs=epochs,
-                      train__torch_threads=1, **settings) as c:
+                      train__torch_threads=1, checkpoint__every_s=0, **settings) as c:
         if c.run_job(timeout=900, slowdown=dict(enumerate(slowdowns))) != 0:
             raise SystemExit(f"run failed:\n{c.logs()}")
         s = c.summary()

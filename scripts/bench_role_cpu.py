@@ -78,7 +78,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, LocalCluster(
             Path(tmp) / "job", transport="tcp", cluster__workers=args.workers,
             cluster__shards=args.shards, train__epochs=1, train__batch_size=args.batch,
-            data__synthetic__rows=args.rows) as c:
+            data__synthetic__rows=args.rows, checkpoint__every_s=0) as c:
         if c.run_job(timeout=1200) != 0:
             raise SystemExit(f"the job failed:\n{c.logs()}")
         summary = c.summary()
