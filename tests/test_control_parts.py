@@ -32,7 +32,7 @@ from roles.control.state import (
     write_state,
 )
 from roles.control.sync_modes import EveryMode, LazyMode, RoundMode, SyncMode, sync_mode
-from roles.job.rundir import MetricsLog
+from roles.job.rundir import MetricsLog, shown
 from roles.job.settings import (
     AggregationConfig,
     CheckpointConfig,
@@ -560,3 +560,15 @@ def test_a_checkpoint_is_abandoned_when_a_part_fails_a_writer_dies_or_time_runs_
     assert bus.of(Checkpoint)[-1].phase == "abort" and "timeout_s" in ck.records[-1]["why"]
     assert ck.request("zbus-ctl", "the job is not training") == (
         False, "not now: the job is not training")
+
+
+def test_a_run_path_is_shown_relative_below_the_working_directory_else_absolute(
+        tmp_path, monkeypatch):
+    """'summary in runs/x/summary.json' under the repository; a run elsewhere (ZBUS_RUN_DIR in
+    /tmp) absolute, not '../../tmp/...'."""
+    (tmp_path / "here" / "runs" / "x").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    assert shown(tmp_path / "here" / "runs" / "x" / "summary.json") == "runs/x/summary.json"
+    assert shown(tmp_path / "elsewhere" / "summary.json") == \
+        str(tmp_path / "elsewhere" / "summary.json")

@@ -13,6 +13,7 @@ from typing import Any
 from roles.control.process import Control
 from roles.control.state import ResumeError, resumable_run
 from roles.job.cli import load_job_or_exit, parse_role_args
+from roles.job.rundir import shown
 from zbus.endpoints import CONTROL_ID
 from zbus.logs import setup_logging, to_file, to_run_dir
 
@@ -34,7 +35,7 @@ def print_headline(s: dict, path: Any) -> None:
     if recovered:
         print(f"zbus: {recovered}", file=out)
     if s.get("resume_from") is not None:
-        run = os.path.relpath(s["run_dir"])
+        run = shown(s["run_dir"])
         print(f"zbus: to go on from checkpoint {s['resume_from']}: ZBUS_RESUME={run} "
               "scripts/start (the same job and ZBUS_* settings)", file=out)
     elif s["status"] == "interrupted":
@@ -42,7 +43,7 @@ def print_headline(s: dict, path: Any) -> None:
         when = f"the first is taken [checkpoint] every_s = {every:g} s into training" if every \
             else "[checkpoint] every_s = 0: only when asked"
         print(f"zbus: no checkpoint was complete, so it cannot be resumed ({when})", file=out)
-    print(f"zbus: summary in {os.path.relpath(path)}", file=out, flush=True)
+    print(f"zbus: summary in {shown(path)}", file=out, flush=True)
 
 
 def recovery_line(s: dict) -> str:

@@ -15,9 +15,9 @@ consoles see is what the monitoring stack sees."""
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
+from roles.job.rundir import shown
 from roles.job.settings import Job
 from roles.protocol.status import Final, StatusSnapshot
 
@@ -32,7 +32,7 @@ def final_figures(summary: dict, path: Path) -> Final:
     """How the job ended, for the status's ``final``."""
     return {"status": summary.get("status"), "reason": summary.get("reason", ""),
             "auc": summary.get("auc"), "logloss": summary.get("logloss"),
-            "summary": os.path.relpath(path), "wall_s": summary.get("wall_s"),
+            "summary": shown(path), "wall_s": summary.get("wall_s"),
             "samples_per_s": summary.get("samples_per_s")}
 
 

@@ -27,6 +27,13 @@ def make_run_dir(name: str, environ: dict | None = None) -> Path:
     raise OSError(f"cannot make a run directory for {name} under runs/")
 
 
+def shown(path: str | Path) -> str:
+    """A run's path as a user reads it: relative to the working directory when it lies below
+    it (runs/...), else absolute (not ../../tmp/...)."""
+    relative = os.path.relpath(path)
+    return os.path.abspath(path) if relative.startswith("..") else relative
+
+
 def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
     """Write, fsync, rename: a reader sees the old file or the whole new one. The temporary
     file is the writer's own (its pid), so that processes writing the same file (feeders
