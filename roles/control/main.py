@@ -3,8 +3,6 @@ whose control died (``--resume``); it prints the run's headline when the job end
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import os
 import sys
@@ -18,32 +16,33 @@ from zbus.endpoints import CONTROL_ID
 from zbus.logs import setup_logging, to_file, to_run_dir
 
 
-def print_headline(s: dict, path: Any) -> None:
+def headline(s: dict, path: Any) -> list[str]:
     """The run's last lines: how it ended, what it recovered from, how to resume it."""
-    out = sys.stdout
+    lines = []
     if s["ok"]:
         oracle = f" (oracle {s['oracle_auc']:.4f})" if s.get("oracle_auc") else ""
-        print(f"zbus: job {s['job']} completed in {s['wall_s']:.1f} s: auc {s['auc']:.4f}"
-              f"{oracle}, logloss {s['logloss']:.4f}", file=out)
+        lines.append(f"zbus: job {s['job']} completed in {s['wall_s']:.1f} s: auc "
+                     f"{s['auc']:.4f}{oracle}, logloss {s['logloss']:.4f}")
         workers = ", ".join(f"{w} {n}" for w, n in s["workers"].items())
         rate = s["samples_per_s"] or 0
-        print(f"zbus: {s['samples_trained']} samples trained at {rate:,.0f}/s ({workers}); "
-              f"{s['rejected_rows'] or 0} rows rejected", file=out)
+        lines.append(f"zbus: {s['samples_trained']} samples trained at {rate:,.0f}/s "
+                     f"({workers}); {s['rejected_rows'] or 0} rows rejected")
     else:
-        print(f"zbus: job {s['job']} {s['status']}: {s['reason']}", file=out)
+        lines.append(f"zbus: job {s['job']} {s['status']}: {s['reason']}")
     recovered = recovery_line(s)
     if recovered:
-        print(f"zbus: {recovered}", file=out)
+        lines.append(f"zbus: {recovered}")
     if s.get("resume_from") is not None:
         run = shown(s["run_dir"])
-        print(f"zbus: to go on from checkpoint {s['resume_from']}: ZBUS_RESUME={run} "
-              "scripts/start (the same job and ZBUS_* settings)", file=out)
+        lines.append(f"zbus: to go on from checkpoint {s['resume_from']}: ZBUS_RESUME={run} "
+                     "scripts/start (the same job and ZBUS_* settings)")
     elif s["status"] == "interrupted":
         every = (s.get("checkpoints") or {}).get("every_s") or 0
         when = f"the first is taken [checkpoint] every_s = {every:g} s into training" if every \
             else "[checkpoint] every_s = 0: only when asked"
-        print(f"zbus: no checkpoint was complete, so it cannot be resumed ({when})", file=out)
-    print(f"zbus: summary in {shown(path)}", file=out, flush=True)
+        lines.append(f"zbus: no checkpoint was complete, so it cannot be resumed ({when})")
+    lines.append(f"zbus: summary in {shown(path)}")
+    return lines
 
 
 def recovery_line(s: dict) -> str:
@@ -86,12 +85,10 @@ def count(n: int, thing: str) -> str:
 
 def headline_also_in_log(s: dict, path: Any) -> None:
     """The headline on stdout, and at the end of control's log file (``zbus.logs``)."""
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        print_headline(s, path)
-    sys.stdout.write(printed.getvalue())
+    text = "".join(line + "\n" for line in headline(s, path))
+    sys.stdout.write(text)
     sys.stdout.flush()
-    to_file(printed.getvalue())
+    to_file(text)
 
 
 def main(argv: list[str] | None = None) -> None:
