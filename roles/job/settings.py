@@ -612,18 +612,20 @@ def load_job(path: str | None = None, environ: typing.Mapping[str, str] | None =
     return parse_job(text, str(file), file.absolute().parent, env)
 
 
+def toml_value(v: Any) -> str:
+    """A setting's value as TOML: a boolean, a string, a number or a list of them."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return orjson.dumps(v).decode()
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return repr(v)
+
+
 def job_to_toml(job: Job) -> str:
     """The effective job as TOML (written to the run directory as config.toml)."""
     lines = [f"# effective job, read from {job.origin}"]
-
-    def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return orjson.dumps(v).decode()
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        return repr(v)
 
     def table(obj: Any, path: list[str]) -> None:
         scalars = {k: getattr(obj, k) for k in _settable(type(obj))}
@@ -633,11 +635,11 @@ def job_to_toml(job: Job) -> str:
             lines.append(f"\n[{'.'.join(path)}]")
         for k, v in scalars.items():
             if k not in subs:
-                lines.append(f"{k} = {value(v)}")
+                lines.append(f"{k} = {toml_value(v)}")
         for k, v in subs.items():
             if isinstance(v, dict):
                 lines.append(f"\n[{'.'.join([*path, k])}]")
-                lines.extend(f"{orjson.dumps(n).decode()} = {value(x)}" for n, x in v.items())
+                lines.extend(f"{orjson.dumps(n).decode()} = {toml_value(x)}" for n, x in v.items())
             else:
                 table(v, [*path, k])
 

@@ -42,7 +42,7 @@ from roles.data.rejected import RejectedRows
 from roles.data.stats import Moments
 from roles.job.cli import integer, load_job_or_exit
 from roles.job.rundir import atomic_write
-from roles.job.settings import DataConfig, Job
+from roles.job.settings import DataConfig, Job, toml_value
 
 
 def table_of(schema: Schema, block: RawBlock) -> pa.Table:
@@ -110,14 +110,7 @@ def data_section(job: Job, out: Path) -> dict:
 
 def toml_section(name: str, keys: dict) -> str:
     """``[name]`` and its keys, one a line (strings, numbers, booleans and lists of them)."""
-    def value(v: object) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        return repr(v) if isinstance(v, float) else orjson.dumps(v).decode()
-
-    return "\n".join([f"[{name}]", *(f"{k} = {value(v)}" for k, v in keys.items())])
+    return "\n".join([f"[{name}]", *(f"{k} = {toml_value(v)}" for k, v in keys.items())])
 
 
 def refusal(job: Job) -> str:
@@ -136,8 +129,8 @@ def refusal(job: Job) -> str:
 def prepare(job: Job, out: Path, rows_per_file: int, row_group: int,
             show: bool = True) -> dict:
     d = job.data
-    if refusal(job):
-        raise DataError(refusal(job))
+    if reason := refusal(job):
+        raise DataError(reason)
     schema = Schema(label=d.label, dense=job.dense_fields, sparse=job.sparse_fields,
                     positive=tuple(d.positive), negative=tuple(d.negative),
                     timestamp=d.timestamp)
