@@ -78,10 +78,10 @@ class WindowLedger:
             if self.figures.pop(w, None) is not None:
                 self.recorded += 1
             self.done.add(w)
-        while len(self.done) > self.kept:
-            oldest = min(self.done)
-            self.done.discard(oldest)
-            self.done_below = max(self.done_below, oldest)
+        if len(self.done) > self.kept:  # forget the oldest: one sort, not a min() per window
+            ordered = sorted(self.done)
+            self.done_below = max(self.done_below, ordered[-self.kept - 1])
+            self.done = set(ordered[-self.kept:])
 
     def counters(self) -> dict[str, int]:
         return {"windows_unrecorded": len(self.figures), "windows_recorded": self.recorded,
