@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 
-from textual import events, work
+from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
@@ -63,7 +62,9 @@ class ZbusConsole(App):
     BINDINGS = [
         *(Binding(str(i + 1), f"tab('{name}')", name, group=TABS_GROUP)
           for i, name in enumerate(TABS)),
-        Binding("s", "settings", "set"),
+        # priority: s opens the settings before the keys typed after it are handed on, so a
+        # burst reaches the settings' input (none goes to the screen below: 4 is a tab)
+        Binding("s", "settings", "set", priority=True),
         Binding("a", "request('aggregate')", "round"),
         Binding("p", "pause", "pause"),
         Binding("b", "request('backup')", "backup"),
@@ -87,7 +88,6 @@ class ZbusConsole(App):
         self.stop_armed_at = 0.0
         self.updates = 0  # snapshots shown (the console benchmark counts them)
         self.notice_until_status = False  # the notice says there is no status yet
-        self.keys_typed: deque[tuple[events.Key, Screen]] = deque(maxlen=64)  # and on what
 
     def compose(self) -> ComposeResult:
         yield Static(id="link-line")
@@ -123,23 +123,6 @@ class ZbusConsole(App):
                                 lambda action=action: self.run_action(action))
         yield from (c for c in super().get_system_commands(screen) if c.title != "Keys")
 
-    async def on_event(self, event: events.Event) -> None:
-        """Keys typed in a burst reach the screen they were typed for. Textual hands a key to
-        the focused widget first and runs an app binding (``s``: the settings) only when the
-        key comes back unused, so the keys typed right after ``s`` have gone to the screen
-        below before the settings open. When such a key comes back from a screen no longer
-        on top, it is typed again into the screen now on top (the settings' input), rather
-        than dropped or taken for a key of the console's (``4``: a tab)."""
-        if isinstance(event, events.Key):
-            if not event.is_forwarded:
-                self.keys_typed.append((event, self.screen))
-            elif (typed_on := next((on for key, on in self.keys_typed if key is event),
-                                   None)) is not None and typed_on is not self.screen:
-                again = events.Key(event.key, event.character)
-                self.keys_typed.append((again, self.screen))
-                await super().on_event(again)
-                return
-        await super().on_event(event)
 
     # -- from the link -----------------------------------------------------------------------
     def closing(self) -> bool:

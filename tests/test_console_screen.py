@@ -53,6 +53,21 @@ def test_a_burst_of_keys_typed_into_the_settings_loses_none():
     assert asyncio.run(settings_typed(digits, burst=True)) == one_by_one
 
 
+def test_an_s_typed_into_the_settings_does_not_open_them_again():
+    """``s`` is a priority binding (it opens the settings before the keys after it are handed
+    on); on the settings screen, a modal one, it opens no second settings screen."""
+    async def drive() -> None:
+        app = ZbusConsole(None)
+        async with app.run_test(size=SMALL) as pilot:
+            await connected(pilot, history=1)
+            await pilot.press("s", "1", "s", "s")
+            await pilot.pause()
+            assert isinstance(app.screen, SettingsScreen)
+            assert sum(isinstance(s, SettingsScreen) for s in app.screen_stack) == 1
+
+    asyncio.run(drive())
+
+
 def test_the_palette_has_one_entry_for_the_keys():
     async def drive() -> None:
         app = ZbusConsole(None)
