@@ -57,6 +57,7 @@ class NodeTable(DataTable):
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self.sort_by = "role"
         self.rows_shown: list[NodeRow] = []
+        self.slow: dict[str, float] = {}  # slow nodes of the rows shown: their role's median
         self.wide: bool | None = None
         self.cells_shown: list[list[Any]] | None = None   # as shown, row by row
         self.headers_for: tuple[bool, str] | None = None   # (wide, sort_by) of the headers
@@ -84,8 +85,8 @@ class NodeTable(DataTable):
         before = [r["id"] for r in self.rows_shown]
         self.rows_shown = fmt.sort_nodes(rows, self.sort_by)
         ids = [r["id"] for r in self.rows_shown]
-        slow = fmt.slow_nodes(rows)
-        now = [cells(r, bool(self.wide), r["id"] in slow) for r in self.rows_shown]
+        self.slow = fmt.slow_nodes(rows)
+        now = [cells(r, bool(self.wide), r["id"] in self.slow) for r in self.rows_shown]
         if ids == before and self.cells_shown is not None and self.row_count == len(ids) \
                 and self.fits(now):
             labels = [c[0] for c in self.columns_shown()]
@@ -164,7 +165,7 @@ class NodesPanel(Vertical):
             return
         parts: list = [(row["id"], "bold"), f"  {row['host']}:{row['pid']}  ",
                        fmt.state(row["state"])]
-        if (median := fmt.slow_nodes(self.rows).get(row["id"])) is not None:
+        if (median := table.slow.get(row["id"])) is not None:
             parts.append((f"  ▼ slow: under half the median {fmt.count(median)}",
                           "bold yellow"))
         parts.append(f"  doing {row['doing']}")
