@@ -24,9 +24,13 @@ from typing import Any
 
 import orjson
 
+from roles.job.fields import SYNTHETIC_ITEM_FIELDS, FieldLayout, LayoutError
 from roles.job.sync_rules import SYNC_MODES, cluster_refusal
 from roles.protocol.topology import ClusterConfig
 
+NETWORKS = ("mlp", "dlrm", "dcn", "deepfm", "wide_deep", "din")
+POOLINGS = ("mean", "sum", "none")
+MAX_LEN = 50   # a list field's ids kept by default (the newest)
 DECAY_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
 RESERVED_ENV = {"ZBUS_JOB", "ZBUS_RUN_DIR", "ZBUS_LOG_LEVEL", "ZBUS_VENV", "ZBUS_TORCH_SPEC",
                 "ZBUS_CACHE_DIR", "ZBUS_CLUSTER_FILE", "ZBUS_BIND_INTERFACE", "ZBUS_RESUME",
@@ -62,6 +66,15 @@ class SyntheticConfig:
     days: int = field(default=30, metadata={"min": 1, "doc": (
         "timestamps rise through the rows over this many days")})
     seed: int = field(default=1, metadata={"doc": "generator seed"})
+    items: int = field(default=0, metadata={"min": 0, "doc": (
+        "with N > 0, three more fields: `item` (the candidate, N values), `genres` (a list "
+        "of 1–3 of the item's genres) and `history` (a sequence of up to `history` items "
+        "the user clicked, sharing the table `item`); the planted model scores the "
+        "candidate's affinity with the history (what `din` learns) and its genres")})
+    history: int = field(default=20, metadata={"min": 1, "max": 4096, "doc": (
+        "the longest `history` generated (with `items`)")})
+    genres: int = field(default=40, metadata={"min": 1, "doc": (
+        "distinct genres (with `items`)")})
 
     def __post_init__(self) -> None:
         if not self.vocab or min(self.vocab) < 1:
@@ -96,6 +109,14 @@ class DataConfig:
     dense: list[str] = _list(doc="numeric columns (criteo: I1–I13 when empty)")
     sparse: list[str] = _list(doc=(
         "categorical columns, at least one (criteo: C1–C26 when empty); no column twice"))
+    lists: dict[str, str] = field(default_factory=dict, metadata={"doc": (
+        "sparse fields that hold several ids, each with its separator in text formats "
+        "(`{ genres = \"|\" }`; a Parquet `list<>` column needs none, give `\"\"`); an empty "
+        "value is an empty list; an empty id inside a list rejects the row")})
+    tables: dict[str, list[str]] = field(default_factory=dict, metadata={"doc": (
+        "embedding tables shared by several sparse fields (`item = [\"movie_id\", "
+        "\"history\"]`): the same id in those fields is the same key and the same row; a "
+        "field in no table has a table of its own, named as the field")})
     eval_fraction: float = field(default=0.2, metadata={"min": 0.01, "max": 0.9, "doc": (
         "the last fraction of the rows (lines) in file order is the eval split (without "
         "`eval_path`)")})
@@ -148,18 +169,52 @@ class DataConfig:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup and self.format != "criteo":
             raise ValueError(f"[data] column(s) {', '.join(dup)} used twice")
+        if self.format == "criteo" and self.lists:
+            raise ValueError("[data] lists: the criteo format has no list fields")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
+    network: str = field(default="mlp", metadata={"choices": NETWORKS, "doc": (
+        "a built-in network: `mlp` (embeddings and dense features concatenated into an MLP), "
+        "`dlrm`, `dcn` (DCN-v2), `deepfm`, `wide_deep` or `din` (docs/models.md); "
+        "exclusive with `module`")})
+    module: str = field(default="", metadata={"doc": (
+        "your own network instead: `path/to/file.py:factory` (relative to the job file) or "
+        "`package.module:factory`, meeting the contract of docs/models.md")})
     embedding_dim: int = field(default=16, metadata={"min": 1, "max": 4096, "doc": (
-        "embedding size of every categorical field")})
+        "embedding width of every table that `dims` does not name")})
     hidden: list[int] = _list(128, 64, doc=(
-        "MLP hidden layers (ReLU) over the concatenated embeddings and dense features"))
+        "hidden layers (ReLU) of the built-in networks' deep part"))
+    dims: dict[str, int] = field(default_factory=dict, metadata={"doc": (
+        "embedding width per table (a table of `[data.tables]`, or a field's own)")})
+    pooling: dict[str, str] = field(default_factory=dict, metadata={"doc": (
+        "per list field: `mean` (the default), `sum`, or `none` (a sequence: the network gets "
+        "[batch, max_len, dim], zero padded, and its lengths)")})
+    max_len: dict[str, int] = field(default_factory=dict, metadata={"doc": (
+        f"per list field: keep the newest (last) N ids (default {MAX_LEN})")})
+    options: dict[str, Any] = field(default_factory=dict, metadata={"doc": (
+        "passed to the network's factory as they are (numbers, strings, booleans or lists; "
+        "the built-ins' options: docs/models.md)")})
 
     def __post_init__(self) -> None:
         if any(h < 1 for h in self.hidden):
             raise ValueError("[model] hidden sizes must be >= 1")
+        if self.module and self.network != "mlp":
+            raise ValueError("[model] network and module are exclusive: name one")
+        if self.module and ":" not in self.module:
+            raise ValueError(f"[model] module must be \"file.py:factory\" or "
+                             f"\"package.module:factory\", got {self.module!r}")
+        for name, dim in self.dims.items():
+            if not 1 <= dim <= 4096:
+                raise ValueError(f"[model.dims] {name} must be within 1 and 4096, got {dim}")
+        for name, how in self.pooling.items():
+            if how not in POOLINGS:
+                raise ValueError(f"[model.pooling] {name} must be one of "
+                                 f"{', '.join(map(repr, POOLINGS))}, got {how!r}")
+        for name, n in self.max_len.items():
+            if not 1 <= n <= 4096:
+                raise ValueError(f"[model.max_len] {name} must be within 1 and 4096, got {n}")
 
 
 @dataclass(frozen=True)
@@ -415,6 +470,10 @@ class Job:
         refusal = cluster_refusal(self.train.sync, self.cluster)
         if refusal:
             raise ValueError(refusal)
+        try:
+            self.layout()
+        except LayoutError as exc:
+            raise ValueError(str(exc)) from None
         caps = self.placement.capacities
         if caps and len(caps) != self.cluster.shards:
             raise ValueError(f"[placement] capacities lists {len(caps)} figure(s) for "
@@ -423,7 +482,8 @@ class Job:
     @property
     def sparse_fields(self) -> list[str]:
         if self.data.source == "synthetic":
-            return [f"c{i}" for i in range(len(self.data.synthetic.vocab))]
+            more = list(SYNTHETIC_ITEM_FIELDS) if self.data.synthetic.items else []
+            return [f"c{i}" for i in range(len(self.data.synthetic.vocab))] + more
         if self.data.format == "criteo" and not self.data.sparse:
             return [f"C{i}" for i in range(1, 27)]
         return list(self.data.sparse)
@@ -435,6 +495,27 @@ class Job:
         if self.data.format == "criteo" and not self.data.dense:
             return [f"I{i}" for i in range(1, 14)]
         return list(self.data.dense)
+
+    @property
+    def list_fields(self) -> dict[str, str]:
+        """Each list field and its separator (the synthetic items' own, then the job's)."""
+        implied = {"genres": "|", "history": "|"} if self.data.source == "synthetic" \
+            and self.data.synthetic.items else {}
+        return {**implied, **self.data.lists}
+
+    @property
+    def tables(self) -> dict[str, list[str]]:
+        """Shared tables: name -> fields (the synthetic items' ``item`` table, then the
+        job's)."""
+        implied = {"item": ["item", "history"]} if self.data.source == "synthetic" \
+            and self.data.synthetic.items and not self.data.tables else {}
+        return {**implied, **self.data.tables}
+
+    def layout(self) -> FieldLayout:
+        """The sparse fields as every role sees them (``roles.job.fields``)."""
+        return FieldLayout.of(self.sparse_fields, self.list_fields, self.tables,
+                              self.model.embedding_dim, self.model.dims, self.model.pooling,
+                              self.model.max_len)
 
     def fingerprint(self) -> str:
         """Same for every node that runs the same job; control refuses a node that differs."""
@@ -457,6 +538,12 @@ def _kind(t: Any) -> str:
 
 
 def _coerce(value: Any, t: Any, path: tuple[str, ...], meta: typing.Mapping) -> Any:
+    if t is Any:   # [model.options]: what TOML holds but tables
+        if isinstance(value, dict) or (isinstance(value, list)
+                                       and any(isinstance(v, (dict, list)) for v in value)):
+            raise JobError(f"{_where(path)} must be a number, string, boolean or a list of "
+                           f"them, got {value!r}")
+        return value
     origin = typing.get_origin(t) or t
     if isinstance(origin, type) and dataclasses.is_dataclass(origin):
         if not isinstance(value, dict):
@@ -519,7 +606,7 @@ def _env_value(raw: str, t: Any) -> Any:
     """A ``ZBUS_*`` variable's text as its key reads it: a string key takes the text as it is
     (``2024-01-01.csv``, ``123``); any other key, as a TOML value (``3``, ``[64, 32]``,
     ``true``), or the text when it is not one (the key's check then says what was wanted)."""
-    if (typing.get_origin(t) or t) is str:
+    if t is not Any and (typing.get_origin(t) or t) is str:
         return raw
     try:
         return tomllib.loads(f"v = {raw}")["v"]
