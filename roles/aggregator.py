@@ -50,7 +50,7 @@ from roles.checkpoint.files import (
 from roles.job.cli import role_main
 from roles.job.settings import Job
 from roles.model.files import DENSE, Backups, ExportAnswers, load_dense, save_named
-from roles.model.network import build_model
+from roles.model.network import build_network
 from roles.protocol.checkpoint import Checkpoint, CheckpointPart, Snapshotted
 from roles.protocol.dense_sync import (
     Aggregate,
@@ -90,7 +90,7 @@ class Aggregator(Node):
         self.pub = self.bind(zmq.PUB, c.endpoint("aggregator_pub"), sndhwm=64) \
             if self.is_root else None
         self.up = None if self.is_root else self.connect(zmq.DEALER, c.aggregator_endpoint(0))
-        model = build_model(job)
+        model = build_network(job)
         self.layout = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
         with torch.no_grad():
             self.params = torch.cat([p.reshape(-1) for p in model.parameters()]) \

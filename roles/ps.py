@@ -120,7 +120,7 @@ class Shard(Node):
                                    e.expire_batches, e.expire_s, time.monotonic())
         self.expiry = Expiry(e.expire_batches, e.expire_s, e.max_rows_per_shard,
                              time.monotonic())
-        self.table = EmbeddingTable(job.model.embedding_dim, t.embedding_init, t.embedding_lr,
+        self.table = EmbeddingTable(job.layout().row_dim, t.embedding_init, t.embedding_lr,
                                     seed=t.seed, defaults=self.admission.defaults)
         self.held: dict[int, HeldBatch] = {}
         self.waiting: OrderedDict[int, list[tuple[bytes, bool]]] = OrderedDict()
@@ -276,11 +276,10 @@ class Shard(Node):
             return
         started = time.thread_time()
         self._forget_old_epochs(split_batch_id(msg.batch_id)[0])
-        mapped = self.admission.map_batch(self.table, msg.keys, msg.positions, msg.fields)
+        mapped = self.admission.map_batch(self.table, msg.keys, msg.positions, msg.bounds)
         self.held[msg.batch_id] = HeldBatch(rows=mapped.rows,
-                                            mask=Embeddings.mask_of(msg.positions,
-                                                                    msg.samples * msg.fields),
-                                            grid=msg.samples * msg.fields,
+                                            mask=Embeddings.mask_of(msg.positions, msg.grid),
+                                            grid=msg.grid,
                                             inverse=mapped.inverse, window=msg.window,
                                             pending=mapped.pending)
         self.worked(msg.window, "lookup", len(msg.keys), started)

@@ -63,7 +63,7 @@ from roles.job.cli import MAX_WORKERS, role_main
 from roles.job.settings import Job
 from roles.model.compute import BatchCompute
 from roles.model.group_lead import GroupLead
-from roles.model.network import build_model, pick_device, use_threads
+from roles.model.network import build_network, pick_device, use_threads
 from roles.model.parallel import GroupError, GroupLeader
 from roles.protocol.datapath import (
     Ack,
@@ -101,7 +101,7 @@ class Worker(Node):
         super().__init__(job.cluster, index, job.fingerprint())
         self.job = job
         c, t = job.cluster, job.train
-        self.fields, self.dim = len(job.sparse_fields), job.model.embedding_dim
+        self.layout = job.layout()
         self.n_dense = len(job.dense_fields)
         self.slowdown = max(1.0, slowdown)
         self.threads = use_threads(job)
@@ -111,7 +111,7 @@ class Worker(Node):
         # model parallelism: this worker leads group ``index`` of ``parts`` members, and the
         # replica becomes a GroupReplica when control's ModelPlan arrives
         self.grouped = c.parts > 1
-        self.replica = Replica(build_model(job).to(
+        self.replica = Replica(build_network(job).to(
             torch.device("cpu") if self.grouped else self.device), self.device,
             self.sync.local_lr)
         self.group: GroupLead | None = None
@@ -127,8 +127,9 @@ class Worker(Node):
         # one PULL fair-queues the sample queues of every feeder; acks go to a batch's feeder
         self.samples = self.connect(zmq.PULL, c.endpoint(c.feeder_endpoint_name("samples", 0)),
                                     self.on_sample, rcvhwm=1,
-                                    kernel_buffer=sample_batch_bytes(t.batch_size,
-                                                                     self.n_dense))
+                                    kernel_buffer=sample_batch_bytes(
+                                        t.batch_size, self.n_dense,
+                                        len(self.layout.list_fields)))
         for f in range(1, c.feeders):
             self.samples.connect(c.endpoint(c.feeder_endpoint_name("samples", f)))
         self.pause(self.samples, True)  # until the first weights are here
@@ -139,7 +140,7 @@ class Worker(Node):
         self.push = t.embeddings == "push"
         self.waits = WaitSample(WAITS_KEPT, index)  # of the batches' embedding waits
         self.waiting = WaitClock()  # what the worker waits for, between batches
-        self.compute = BatchCompute(self.fields, self.dim, self.device)
+        self.compute = BatchCompute(self.layout, self.device)
         self.shards = [self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"),
                                     functools.partial(self.on_shard, i))
                        for i in range(c.shards)]
@@ -149,7 +150,7 @@ class Worker(Node):
             self.connect(zmq.DEALER, c.aggregator_endpoint(group))
         self.weights_pub = self.connect(zmq.SUB, c.endpoint("aggregator_pub"),
                                         self.on_broadcast)
-        self.pipeline = Pipeline(c.shards, self.fields, self.dim)
+        self.pipeline = Pipeline(c.shards, self.layout)
         self.grants_ahead = min(t.grants_ahead, t.prefetch + 1)  # no more than it can pull
         self.rounds = WorkerRounds(2 * self.heartbeat_s)
         self.awaiting_step: tuple[PulledBatch, float, float] | None = None
@@ -284,6 +285,9 @@ class Worker(Node):
                 if s.dense.shape[1] != self.n_dense:
                     raise ProtocolError("bad_shape", f"batch with {s.dense.shape[1]} dense "
                                                      f"features, model has {self.n_dense}")
+                wrong = self.compute.sparse.check_lengths(s.lengths)
+                if wrong is not None:
+                    raise ProtocolError("bad_shape", f"batch {s.batch_id}: {wrong}")
                 batch = self.pipeline.pulled(s)
                 if batch is None:  # a second copy of a straggler: have it
                     self.counts["copies_ignored"] += 1

@@ -41,7 +41,7 @@ def message(nbytes: int, kind: str = "SampleBatch") -> Message:
         return Weights(round=1, step=0, generation=0, params=np.ones(cols, np.float32))
     return SampleBatch(batch_id=1, epoch=0, eval=False, min_round=0, round=0,
                        dense=np.ones((1, cols), np.float32), labels=np.zeros(1, np.float32),
-                       weights=np.ones(1, np.float32))
+                       weights=np.ones(1, np.float32), lengths=np.zeros((1, 0), np.int32))
 
 
 def raw_frames(msg: Message) -> list:

@@ -60,9 +60,12 @@ def test_counters_are_halved_every_width_sightings_and_saturate():
     assert wide.estimate(key)[0] == MAX_COUNT and wide.halvings == 0
 
 
-def batch(keys: list[int], fields: int = 2) -> tuple[np.ndarray, np.ndarray]:
-    """keys on consecutive grid positions (field = position % fields)."""
-    return np.array(keys, dtype=np.int64), np.arange(len(keys), dtype=np.int32)
+def batch(keys: list[int], fields: int = 2) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """A batch's keys given sample by sample (field = index % fields), as its field-major grid
+    (``roles.job.fields``): the keys, their positions and the grid's bounds."""
+    grid = np.array(keys, dtype=np.int64).reshape(-1, fields).T.ravel()
+    samples = len(keys) // fields
+    return grid, np.arange(len(keys), dtype=np.int32), [samples * f for f in range(fields + 1)]
 
 
 def table(fields: int = 2) -> EmbeddingTable:
@@ -73,8 +76,8 @@ def test_min_count_one_admits_every_key_on_first_sight_as_before():
     adm = Admission(1, 16, 2)
     assert adm.sketch is None and adm.defaults == 0
     t = EmbeddingTable(4, 0.1, 0.5, seed=1)
-    keys, positions = batch([5, 6, 5, 7])
-    mapped = adm.map_batch(t, keys, positions, 2)
+    keys, positions, bounds = batch([5, 6, 5, 7])
+    mapped = adm.map_batch(t, keys, positions, bounds)
     assert mapped.pending is None and len(t) == 3 and adm.admitted == 3
     assert t.index.find(keys)[[0, 1, 3]].tolist() == mapped.rows[mapped.inverse][[0, 1, 3]] \
         .tolist()
@@ -82,21 +85,21 @@ def test_min_count_one_admits_every_key_on_first_sight_as_before():
 
 def test_keys_share_their_fields_default_row_until_min_count_sightings():
     adm, t = Admission(3, 1, 2), table()
-    keys, positions = batch([10, 11, 12, 13, 10, 15])  # fields 0 1 0 1 0 1
-    mapped = adm.map_batch(t, keys, positions, 2)
+    keys, positions, bounds = batch([10, 11, 12, 13, 10, 15])  # fields 0 1 0 1 0 1
+    mapped = adm.map_batch(t, keys, positions, bounds)
     # key 10 was seen twice here: still short of 3; every key maps to its field's default
     assert len(t) == 0 and adm.admitted == 0 and adm.rejected == 6
     assert mapped.rows.tolist() == [0, 1]
-    assert mapped.inverse.tolist() == [0, 1, 0, 1, 0, 1]
+    assert mapped.inverse.tolist() == [0, 0, 0, 1, 1, 1]   # field-major: 10 12 10, 11 13 15
     pending_keys, pending_counts = mapped.pending
     assert dict(zip(pending_keys.tolist(), pending_counts.tolist(), strict=True)) == {
         10: 2, 11: 1, 12: 1, 13: 1, 15: 1}
     # an eval batch (no gradients, so never trained): nothing counted
-    adm.map_batch(t, keys, positions, 2)
-    again = adm.map_batch(t, keys, positions, 2)
+    adm.map_batch(t, keys, positions, bounds)
+    again = adm.map_batch(t, keys, positions, bounds)
     assert len(t) == 0 and again.rows.tolist() == [0, 1]
     adm.trained(mapped.pending)     # the first batch's gradients applied: 10 seen twice
-    third = adm.map_batch(t, *batch([10, 11]), 2)   # 2 + 1 sightings: 10 gets its row
+    third = adm.map_batch(t, *batch([10, 11]))   # 2 + 1 sightings: 10 gets its row
     assert len(t) == 1 and adm.admitted == 1
     row = t.index.find(np.array([10]))[0]
     assert row >= 2 and third.rows[third.inverse].tolist() == [row, 1]
@@ -105,14 +108,14 @@ def test_keys_share_their_fields_default_row_until_min_count_sightings():
 
 def test_a_key_seen_min_count_times_in_one_batch_is_admitted_at_once():
     adm, t = Admission(3, 1, 2), table()
-    mapped = adm.map_batch(t, *batch([8, 9, 8, 9, 8, 9]), 2)
+    mapped = adm.map_batch(t, *batch([8, 9, 8, 9, 8, 9]))
     assert len(t) == 2 and mapped.pending is None
     assert sorted(mapped.rows.tolist()) == sorted(t.index.find(np.array([8, 9])).tolist())
 
 
 def test_default_rows_train_as_one_row_each():
     adm, t = Admission(5, 1, 2), table()
-    mapped = adm.map_batch(t, *batch([1, 2, 3, 4, 5, 6]), 2)
+    mapped = adm.map_batch(t, *batch([1, 2, 3, 4, 5, 6]))
     assert mapped.rows.tolist() == [0, 1] and np.allclose(t.weights[:2], 0)
     grads = np.array([[1.0, 0, 0, 0], [0, 2.0, 0, 0]], dtype=np.float32)
     t.adagrad(mapped.rows, grads)   # one summed gradient per row, as the worker sends it
@@ -122,7 +125,7 @@ def test_default_rows_train_as_one_row_each():
 def test_a_batch_wider_than_the_fields_is_refused():
     adm, t = Admission(2, 1, 2), table()
     with pytest.raises(ProtocolError):
-        adm.map_batch(t, *batch([1, 2, 3]), 3)
+        adm.map_batch(t, *batch([1, 2, 3], 3))
 
 
 def test_the_summary_gives_each_shards_table_figures_and_their_total():
@@ -145,9 +148,9 @@ def test_with_expiry_the_counters_are_halved_once_per_horizon():
     adm, t = Admission(3, 1, 2, age_batches=4), table()
     key = [77, 78]
     for _ in range(3):
-        adm.trained(adm.map_batch(t, *batch(key), 2).pending)
+        adm.trained(adm.map_batch(t, *batch(key)).pending)
         for _ in range(3):
-            adm.map_batch(t, *batch([1, 2]), 2)   # other batches (eval: nothing counted)
+            adm.map_batch(t, *batch([1, 2]))   # other batches (eval: nothing counted)
     assert adm.sketch.halvings == 3 and len(t) == 0
     assert adm.sketch.estimate(np.array([77]))[0] <= 1
     # by seconds (expire_s): tick halves once per age_s

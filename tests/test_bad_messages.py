@@ -109,7 +109,7 @@ def test_shard_and_aggregator_serve_after_garbage(cluster):
         for frames in GARBAGE:
             shard.send_multipart(frames)
         keys = np.array([11, -4, 11, 2**60], dtype=np.int64)
-        shard.send_multipart(BatchKeys(batch_id=7, window=0, samples=2, fields=2,
+        shard.send_multipart(BatchKeys(batch_id=7, window=0, samples=2, bounds=[0, 2, 4],
                                             positions=np.arange(4, dtype=np.int32),
                                             keys=keys).to_frames())
         shard.send_multipart(Lookup(batch_id=7, train=True).to_frames())

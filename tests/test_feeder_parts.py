@@ -14,6 +14,7 @@ from roles.algorithms.feeding.tally import FeederTally
 from roles.algorithms.shared.key_map import KeyMap
 from roles.algorithms.shared.metrics import auc
 from roles.data.stream import Samples
+from roles.job.fields import FieldLayout
 from roles.job.settings import parse_job
 from roles.protocol.datapath import FeederProgress, PartMap, make_batch_id
 from roles.protocol.placement import Drained, Placement
@@ -22,6 +23,11 @@ from zbus.codec import decode
 
 def job(text: str = ""):
     return parse_job(f"[data]\nsource = 'synthetic'\n{text}", environ={})
+
+
+def singles(fields: int) -> FieldLayout:
+    """A layout of ``fields`` single-valued fields."""
+    return FieldLayout.of([f"f{i}" for i in range(fields)], {}, {}, 4, {}, {}, {})
 
 
 def round_trip(msg):
@@ -129,12 +135,12 @@ def test_with_window_batches_zero_a_window_is_a_pass():
 
 
 def test_hash_placement_neither_counts_nor_takes_placements():
-    routing = KeyRouting(2, job().placement)
+    routing = KeyRouting(2, job().placement, singles(2))
     keys, owner, messages = routing.batch_keys(9, np.array([[0, 1], [6, 7]]), range(2))
-    assert keys.tolist() == [0, 1, 6, 7] and owner.tolist() == [0, 1, 0, 1]
-    assert [m.positions.tolist() for m in messages] == [[0, 2], [1, 3]]
+    assert keys.tolist() == [0, 6, 1, 7] and owner.tolist() == [0, 0, 1, 1]   # field-major
+    assert [m.positions.tolist() for m in messages] == [[0, 1], [2, 3]]
     assert [m.keys.tolist() for m in messages] == [[0, 6], [1, 7]]
-    assert all(m.batch_id == 9 and m.samples == 2 and m.fields == 2 for m in messages)
+    assert all(m.batch_id == 9 and m.samples == 2 and m.bounds == [0, 2, 4] for m in messages)
     assert routing.count(keys, owner, pass_end=True) is None
     assert not routing.newer(Placement(version=1, phase="drain", buckets=np.zeros(128, np.int64),
                                        keys=np.zeros(0, np.int64),
@@ -143,7 +149,7 @@ def test_hash_placement_neither_counts_nor_takes_placements():
 
 def test_a_new_key_map_pauses_until_drained_then_routes_by_it():
     p = job("[placement]\nmode = 'skew'\nbuckets_per_shard = 2\n").placement
-    routing = KeyRouting(2, p)
+    routing = KeyRouting(2, p, singles(1))
     data = np.array([[4], [5]], dtype=np.int64)
     assert routing.batch_keys(1, data, range(2))[1].tolist() == [0, 1]
     buckets = np.array([1, 0, 1, 0], dtype=np.int64)  # every bucket moves

@@ -75,7 +75,7 @@ def test_an_authenticated_job_trains_and_a_stranger_gets_nothing_in(cluster, tmp
         strangers = [monitored, intruder(ctx, cl.endpoint("ps-0"), None)]
         for s in strangers:  # a batch: its keys, then a look-up
             s.send_multipart(BatchKeys(
-                batch_id=1 << 60, window=0, samples=1, fields=1,
+                batch_id=1 << 60, window=0, samples=1, bounds=[0, 1],
                 positions=np.zeros(1, np.int32), keys=np.array([42], np.int64)).to_frames())
             s.send_multipart(Lookup(batch_id=1 << 60, train=True).to_frames())
         for key in (public["aggregator-0"], None):  # a weight update

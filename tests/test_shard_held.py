@@ -32,7 +32,7 @@ def dealer(ctx: zmq.Context, endpoint: str, identity: str) -> zmq.Socket:
 def train_once(shard: zmq.Socket, batch_id: int, dim: int) -> None:
     """Keys, a look-up and the gradients of one training batch of two samples."""
     keys = np.array([3, 5, 3, 9], dtype=np.int64) + batch_id % 1000
-    shard.send_multipart(BatchKeys(batch_id=batch_id, window=0, samples=2, fields=2,
+    shard.send_multipart(BatchKeys(batch_id=batch_id, window=0, samples=2, bounds=[0, 2, 4],
                                    positions=np.arange(4, dtype=np.int32),
                                    keys=keys).to_frames())
     shard.send_multipart(Lookup(batch_id=batch_id, train=True).to_frames())
@@ -69,7 +69,7 @@ def test_keys_of_a_copy_after_its_update_hold_up_no_checkpoint_two_epochs_on(clu
         first = make_batch_id(0, 0, 1)
         train_once(shard, first, dim)
         # the straggler's second copy: its keys come again after the first copy's update
-        shard.send_multipart(BatchKeys(batch_id=first, window=0, samples=2, fields=2,
+        shard.send_multipart(BatchKeys(batch_id=first, window=0, samples=2, bounds=[0, 2, 4],
                                        positions=np.arange(4, dtype=np.int32),
                                        keys=np.array([3, 5, 3, 9], np.int64)).to_frames())
         train_once(shard, make_batch_id(2, 0, 1), dim)   # two epochs on

@@ -165,12 +165,12 @@ def test_an_oversized_message_is_refused_and_the_shard_serves_on(cluster):
         sock.connect(c.job.cluster.endpoint("ps-0"))
         big = 20_000  # 160 KB of keys: over the 52 KB maximum
         keys = np.arange(big, dtype=np.int64)
-        sock.send_multipart(BatchKeys(batch_id=1, window=0, samples=big, fields=1,
+        sock.send_multipart(BatchKeys(batch_id=1, window=0, samples=big, bounds=[0, big],
                                            positions=np.arange(big, dtype=np.int32),
                                            keys=keys).to_frames("x", 1))
         sock.send_multipart(Lookup(batch_id=1, train=True).to_frames("x", 2))
         small = np.array([5, 9], dtype=np.int64)
-        sock.send_multipart(BatchKeys(batch_id=2, window=0, samples=2, fields=1,
+        sock.send_multipart(BatchKeys(batch_id=2, window=0, samples=2, bounds=[0, 2],
                                            positions=np.arange(2, dtype=np.int32),
                                            keys=small).to_frames("x", 3))
         sock.send_multipart(Lookup(batch_id=2, train=True).to_frames("x", 4))

@@ -11,6 +11,7 @@ from roles.algorithms.worker.feeder_links import FeederLinks
 from roles.algorithms.worker.pulled import WAIT_REASONS, Pipeline, WaitClock, WaitSample
 from roles.algorithms.worker.replica import ADOPTED, RESTORED, STALE, Replica, WorkerRounds
 from roles.model.compute import BatchCompute
+from roles.job.fields import FieldLayout
 from roles.protocol.datapath import (
     Ack,
     Embeddings,
@@ -24,12 +25,13 @@ from roles.protocol.dense_sync import Weights
 from zbus.codec import ProtocolError
 
 FIELDS, DIM = 2, 3
+LAYOUT = FieldLayout.of(["a", "b"], {}, {}, DIM, {}, {}, {})
 
 
 def sample(batch_id: int, n: int = 2, eval: bool = False, round_: int = 0) -> SampleBatch:
     return SampleBatch(batch_id=batch_id, epoch=0, eval=eval, min_round=0, round=round_,
                        dense=np.zeros((n, 1), np.float32), labels=np.ones(n, np.float32),
-                       weights=np.ones(n, np.float32))
+                       weights=np.ones(n, np.float32), lengths=np.zeros((n, 0), np.int32))
 
 
 def reply(batch_id: int, positions: list[int], grid: int, rows: np.ndarray,
@@ -50,7 +52,7 @@ def split_replies(batch_id: int, n: int = 2) -> list[Embeddings]:
 
 # -- pulled batches ------------------------------------------------------------------------------
 def test_only_the_next_batch_is_asked_for_and_a_copy_is_ignored():
-    p = Pipeline(shards=2, fields=FIELDS, dim=DIM)
+    p = Pipeline(shards=2, layout=LAYOUT)
     a, b = p.pulled(sample(1)), p.pulled(sample(2))
     assert p.pulled(sample(1)) is None and len(p) == 2
     assert p.to_ask() is a and a.asked and p.to_ask() is None
@@ -62,7 +64,7 @@ def test_only_the_next_batch_is_asked_for_and_a_copy_is_ignored():
 
 def test_up_to_grants_ahead_batches_are_asked_for_in_pull_order():
     """Two asked ahead: the third waits until one of them runs or is refused."""
-    p = Pipeline(shards=2, fields=FIELDS, dim=DIM)
+    p = Pipeline(shards=2, layout=LAYOUT)
     a, b, c = (p.pulled(sample(i)) for i in (1, 2, 3))
     assert p.to_ask(ahead=2) is a and p.to_ask(ahead=2) is b and p.to_ask(ahead=2) is None
     assert not c.asked
@@ -83,7 +85,7 @@ def test_a_copy_of_a_batch_running_unacknowledged_is_asked_for_only_after_its_ac
     part is fed again after its feeder died."""
     links = FeederLinks(feeders=1, acks_kept=4)
     links.owners = np.zeros(1, np.int64)
-    p = Pipeline(shards=2, fields=FIELDS, dim=DIM)
+    p = Pipeline(shards=2, layout=LAYOUT)
     first = p.pulled(sample(1))
     assert p.to_ask(links.unacked) is first
     p.granted(1, True)
@@ -106,7 +108,7 @@ def test_a_copy_of_a_batch_running_unacknowledged_is_asked_for_only_after_its_ac
 
 
 def test_a_batch_runs_once_granted_with_its_embeddings_when_due():
-    p = Pipeline(shards=2, fields=FIELDS, dim=DIM)
+    p = Pipeline(shards=2, layout=LAYOUT)
     batch = p.pulled(sample(5, round_=2))
     due = lambda s: s.round <= 1  # noqa: E731
     p.granted(5, True)
@@ -133,7 +135,7 @@ def test_a_batch_runs_once_granted_with_its_embeddings_when_due():
 def test_mode_push_asks_a_shard_only_when_its_rows_are_overdue():
     """The shards send the rows of a granted batch unasked; a reply that has not come
     ``after`` seconds after the batch was the next to run is asked for, once."""
-    p = Pipeline(shards=2, fields=FIELDS, dim=DIM)
+    p = Pipeline(shards=2, layout=LAYOUT)
     batch = p.pulled(sample(6))
     due = lambda s: True  # noqa: E731
     assert p.overdue(10.0, 2.0) is None                    # not the next to run yet
@@ -148,7 +150,7 @@ def test_mode_push_asks_a_shard_only_when_its_rows_are_overdue():
 
 
 def test_an_eval_batch_complete_but_for_its_weights_is_seen():
-    p = Pipeline(shards=1, fields=FIELDS, dim=DIM)
+    p = Pipeline(shards=1, layout=LAYOUT)
     p.pulled(sample(8, eval=True))
     p.granted(8, True)
     assert not p.eval_waiting()
@@ -166,7 +168,7 @@ def test_the_wait_sample_is_bounded_and_in_milliseconds():
 
 
 def test_what_the_next_batch_waits_for_is_named_and_timed():
-    p = Pipeline(shards=1, fields=FIELDS, dim=DIM)
+    p = Pipeline(shards=1, layout=LAYOUT)
     due = lambda s: s.round <= 0  # noqa: E731
     clock = WaitClock()
     clock.note(p.blocker(due), 0.0)
@@ -213,8 +215,8 @@ def part_map(version: int, owners: list[int]) -> PartMap:
 
 def test_a_restarted_feeder_is_told_its_acks_held_batches_and_unanswered_takes():
     links = FeederLinks(feeders=2, acks_kept=2)
-    assert links.moved(part_map(0, [0, 1]), Pipeline(shards=1, fields=FIELDS, dim=DIM)) == []
-    p = Pipeline(shards=1, fields=FIELDS, dim=DIM)
+    assert links.moved(part_map(0, [0, 1]), Pipeline(shards=1, layout=LAYOUT)) == []
+    p = Pipeline(shards=1, layout=LAYOUT)
     ids = [make_batch_id(0, 1, i) for i in range(6)]   # part 1: feeder 1
     for b in ids[:3]:
         links.running(b)
@@ -237,7 +239,7 @@ def test_a_part_moved_to_another_feeder_is_asked_of_it():
     grant is void (the new one may grant the batch's copy to another worker, whose update
     leaves the shards without its keys: held, this grant would wait for ever)."""
     links = FeederLinks(feeders=2, acks_kept=2)
-    p = Pipeline(shards=1, fields=FIELDS, dim=DIM)
+    p = Pipeline(shards=1, layout=LAYOUT)
     asked, granted = make_batch_id(0, 1, 0), make_batch_id(0, 1, 1)
     for b in (asked, granted):
         p.pulled(sample(b)).asked = True
@@ -298,7 +300,7 @@ def test_a_batch_trains_on_its_grid_and_each_shard_gets_the_gradients_of_its_row
             return self.inner(emb).squeeze(1)
 
     net = Net()
-    p = Pipeline(shards=2, fields=FIELDS, dim=DIM)
+    p = Pipeline(shards=2, layout=LAYOUT)
     batch = p.pulled(sample(3))
     for shard, e in enumerate(split_replies(3)):
         p.embeddings(shard, e)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from roles.control.commands import Commands
 from roles.data.hashing import KEY_HASH
+from roles.job.module_file import portable
 from roles.job.rundir import MetricsLog, atomic_write
 from roles.job.settings import Job, job_to_toml
 from roles.model.files import JOB, MANIFEST, write_json
@@ -48,14 +49,17 @@ class ExportInProgress:
 def write_manifest(e: ExportInProgress, job: Job, *, run_id: str, round_: int,
                    generation: int, epoch: int | None, auc: float | None,
                    logloss: float | None) -> None:
-    atomic_write(e.dir / JOB, job_to_toml(job).encode())
+    recorded, extra = portable(job)
+    for name, data in extra.items():
+        atomic_write(e.dir / name, data)
+    atomic_write(e.dir / JOB, job_to_toml(recorded).encode())
     write_json(e.dir / MANIFEST, {
         "format": EXPORT_FORMAT, "key_hash": KEY_HASH, "run_id": run_id, "job": job.name,
         "fingerprint": job.fingerprint(), "round": round_, "generation": generation,
         "epoch": epoch, "auc": auc, "logloss": logloss, "shards": job.cluster.shards,
-        "embedding_dim": job.model.embedding_dim, "sparse": job.sparse_fields,
+        "embedding_dim": job.layout().row_dim, "sparse": job.sparse_fields,
         "dense": job.dense_fields,
-        "files": sorted([JOB, *(f for files in e.files.values() for f in files)]),
+        "files": sorted([JOB, *extra, *(f for files in e.files.values() for f in files)]),
         "created": time.time()})
 
 

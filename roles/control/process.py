@@ -85,6 +85,7 @@ from roles.control.summary import run_summary
 from roles.control.sync_modes import sync_mode
 from roles.job.cli import MAX_WORKERS, started_by_supervisor
 from roles.job.rundir import MetricsLog, atomic_write, make_run_dir
+from roles.job.module_file import portable
 from roles.job.settings import Job, job_to_toml
 from roles.protocol.checkpoint import CheckpointDrained, CheckpointPart, Snapshotted
 from roles.protocol.datapath import DataIndex, FeederProgress, PartStats
@@ -592,7 +593,8 @@ class Control(Loop):
         state = capture_state(self.components, self.run_id, self.started_at, self.job.fingerprint())
         files = cut_files(self.components, state, capture_history(self.components, self.model_plan),
                           number)
-        return {**files, "job.toml": job_to_toml(self.job).encode()}
+        recorded, extra = portable(self.job)
+        return {**files, **extra, "job.toml": job_to_toml(recorded).encode()}
 
     def feeding_counters(self) -> dict:
         """Every feeder's counters added up."""

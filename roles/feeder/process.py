@@ -77,8 +77,9 @@ class Feeder(Node):
         c, t = job.cluster, job.train
         self.samples = self.bind(zmq.PUSH, c.endpoint(c.feeder_endpoint_name("samples", index)),
                                  sndhwm=1,
-                                 kernel_buffer=sample_batch_bytes(t.batch_size,
-                                                                  len(job.dense_fields)))
+                                 kernel_buffer=sample_batch_bytes(
+                                     t.batch_size, len(job.dense_fields),
+                                     len(job.layout().list_fields)))
         self.acks = self.bind(zmq.ROUTER, c.endpoint(c.feeder_endpoint_name("ledger", index)),
                               self.on_worker)
         self.shards = [self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"), sndhwm=0)
@@ -95,7 +96,8 @@ class Feeder(Node):
                              self.set_state, self.report, self.pump)
         self.hold = CheckpointHold(index, self.sync, self.loading, self.passes, self.ledger,
                                    self.report, self.pump)
-        self.routing = KeyRouting(c.shards, job.placement)
+        self.layout = job.layout()
+        self.routing = KeyRouting(c.shards, job.placement, self.layout)
         self.shards_back: dict[int, int] = {}  # shard -> the restart generation acted on
         self.batches_sent = 0
         self.batches_resent = 0
@@ -262,7 +264,8 @@ class Feeder(Node):
         self.send(self.samples, SampleBatch(
             batch_id=batch_id, epoch=self.passes.epoch, eval=eval,
             min_round=self.passes.eval_round if eval else 0, round=round_, dense=batch.dense,
-            labels=batch.labels, weights=batch.weights))
+            labels=batch.labels, weights=batch.weights,
+            lengths=self.layout.lengths(batch.keys)))
         return keys, owner
 
     # -- takes and acknowledgements --------------------------------------------------------

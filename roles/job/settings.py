@@ -520,6 +520,12 @@ class Job:
     def fingerprint(self) -> str:
         """Same for every node that runs the same job; control refuses a node that differs."""
         body = {k: v for k, v in dataclasses.asdict(self).items() if k != "origin"}
+        where, _, _ = self.model.module.rpartition(":")
+        if where.endswith(".py"):   # the network's code, too: every node must run the same
+            try:
+                body["module_sha256"] = hashlib.sha256(Path(where).read_bytes()).hexdigest()
+            except OSError:
+                body["module_sha256"] = "unreadable"
         return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
@@ -631,6 +637,8 @@ def _env_overrides(table: dict, environ: typing.Mapping[str, str]) -> None:
                 value = _env_value(raw, hint)
                 if key in ("path", "eval_path") and cls is DataConfig and value:
                     value = os.path.normpath(Path(value).expanduser().absolute())
+                if key == "module" and cls is ModelConfig and isinstance(value, str):
+                    value = module_at(value, Path.cwd())
                 try:  # checked here, so that a bad value names the variable it came from
                     _coerce(value, hint, tuple(keys), known[key].metadata)
                 except JobError as exc:
@@ -641,6 +649,15 @@ def _env_overrides(table: dict, environ: typing.Mapping[str, str]) -> None:
                 if not dataclasses.is_dataclass(cls):
                     raise JobError(f"environment variable {var}: {key} is not a section")
                 node = node.setdefault(key, {})
+
+
+def module_at(spec: str, base_dir: Path) -> str:
+    """``[model] module`` with its file (``file.py:factory``) made absolute from ``base_dir``
+    (a ``package.module:factory`` stays as it is)."""
+    where, sep, factory = spec.rpartition(":")
+    if not sep or not where.endswith(".py"):
+        return spec
+    return f"{os.path.normpath(base_dir / Path(where).expanduser())}:{factory}"
 
 
 def parse_job(text: str, origin: str = "<job>", base_dir: Path | None = None,
@@ -654,6 +671,10 @@ def parse_job(text: str, origin: str = "<job>", base_dir: Path | None = None,
         if isinstance(data, dict) and isinstance(data.get(key), str) and data[key] \
                 and base_dir is not None:
             data[key] = os.path.normpath(base_dir / Path(data[key]).expanduser())
+    model = table.get("model")
+    if isinstance(model, dict) and isinstance(model.get("module"), str) \
+            and base_dir is not None:
+        model["module"] = module_at(model["module"], base_dir)
     _env_overrides(table, os.environ if environ is None else environ)
     job = _build(Job, table)
     return dataclasses.replace(job, origin=origin)

@@ -1,5 +1,6 @@
 """A worker's arithmetic on one batch (torch; no sockets): the batch's embedding grid put
-together from the shards' replies, the dense network's forward and backward (on the worker's
+together from the shards' replies and read per field as the network contract has it
+(``roles.model.sparse_input``), the dense network's forward and backward (on the worker's
 own replica, or driven over its model-parallel group by the leader, ``roles.model.parallel``),
 the scores of an evaluation batch, and the gradient rows each shard gets back.
 
@@ -13,8 +14,10 @@ import numpy as np
 import torch
 
 from roles.algorithms.worker.pulled import PulledBatch
+from roles.job.fields import FieldLayout
 from roles.model.network import weighted_loss_sum
 from roles.model.parallel import GroupLeader
+from roles.model.sparse_input import SparseInputs
 from roles.protocol.datapath import Embeddings, SampleBatch
 
 
@@ -42,9 +45,22 @@ def gradient(t: torch.Tensor) -> torch.Tensor:
     return t.grad
 
 
+def placeholders(sparse: dict[str, torch.Tensor], dense: torch.Tensor,
+                 lengths: dict[str, torch.Tensor], fields: list[str],
+                 sequences: list[str]) -> dict[str, torch.Tensor]:
+    """The network's inputs by the traced graph's placeholder names (``FlatInputs``: ``s<i>``
+    per sparse field, ``dense``, ``l<j>`` per sequence field), for a model-parallel leader."""
+    return {**{f"s{i}": sparse[f] for i, f in enumerate(fields)}, "dense": dense,
+            **{f"l{j}": lengths[f] for j, f in enumerate(sequences)}}
+
+
 class BatchCompute:
-    def __init__(self, fields: int, dim: int, device: torch.device):
-        self.fields, self.dim, self.device = fields, dim, device
+    def __init__(self, layout: FieldLayout, device: torch.device):
+        self.layout, self.device = layout, device
+        self.dim = layout.row_dim
+        self.sparse = SparseInputs(layout, device)
+        self.fields = list(layout.fields)
+        self.sequences = layout.sequence_fields
 
     def train(self, model: torch.nn.Module | None, leader: GroupLeader | None,
               batch: PulledBatch) -> tuple[float, float, list[np.ndarray]]:
@@ -52,12 +68,13 @@ class BatchCompute:
         the gradient rows for each shard (the dense gradients stay in the parameters)."""
         s = batch.sample
         replies, positions = arrived(batch)
-        emb = self.embeddings(len(s.labels), replies, positions)
-        emb.requires_grad_(True)
+        flat = self.grid(s, replies, positions)
+        flat.requires_grad_(True)
         dense, labels, weights = self.tensors(s)
         weight_sum = float(weights.sum())
-        loss_sum = self.forward_backward(model, leader, emb, dense, labels, weights, weight_sum)
-        grads = self.shard_grads(gradient(emb), replies, positions)
+        loss_sum = self.forward_backward(model, leader, flat, s, dense, labels, weights,
+                                         weight_sum)
+        grads = self.shard_grads(gradient(flat), replies, positions)
         return float(loss_sum.detach()), weight_sum, grads
 
     def score(self, model: torch.nn.Module | None, leader: GroupLeader | None,
@@ -65,57 +82,62 @@ class BatchCompute:
         """The predicted probabilities of an evaluation batch."""
         s = batch.sample
         dense, _, _ = self.tensors(s)
-        emb = self.embeddings(len(s.labels), *arrived(batch))
-        return self.scores(model, leader, emb, dense).cpu().numpy()
+        flat = self.grid(s, *arrived(batch))
+        with torch.no_grad():
+            return torch.sigmoid(self.logits(model, leader, flat, s, dense, False)).cpu().numpy()
 
-    def embeddings(self, n: int, replies: list[Embeddings],
-                   positions: list[np.ndarray]) -> torch.Tensor:
-        """[n, fields, dim]: each shard's rows at their grid positions."""
-        flat = np.zeros((n * self.fields, self.dim), dtype=np.float32)
+    def grid(self, s: SampleBatch, replies: list[Embeddings],
+             positions: list[np.ndarray]) -> torch.Tensor:
+        """[grid, row_dim]: each shard's rows at their grid positions."""
+        flat = np.zeros((self.sparse.grid_size(len(s.labels), s.lengths), self.dim),
+                        dtype=np.float32)
         for e, where in zip(replies, positions, strict=True):
             flat[where] = e.rows[e.inverse]
-        return torch.from_numpy(flat).to(self.device).view(n, self.fields, self.dim)
+        return torch.from_numpy(flat).to(self.device)
 
     def tensors(self, s: SampleBatch) -> tuple[torch.Tensor, ...]:
         """The batch's dense features, labels and weights."""
         return tuple(torch.from_numpy(np.array(a)).to(self.device)
                      for a in (s.dense, s.labels, s.weights))
 
+    def logits(self, model: torch.nn.Module | None, leader: GroupLeader | None,
+               flat: torch.Tensor, s: SampleBatch, dense: torch.Tensor,
+               train: bool) -> torch.Tensor:
+        """The network's logits for the batch, on the worker's replica or over its group."""
+        sparse, lengths = self.sparse.inputs(flat, len(s.labels), s.lengths)
+        if leader is None:
+            return replica(model)(sparse, dense, lengths)
+        return leader.forward(placeholders(sparse, dense, lengths, self.fields,
+                                           self.sequences), train=train)
+
     def forward_backward(self, model: torch.nn.Module | None, leader: GroupLeader | None,
-                         emb: torch.Tensor, dense: torch.Tensor, labels: torch.Tensor,
-                         weights: torch.Tensor, weight_sum: float) -> torch.Tensor:
-        """Loss sum of the batch; the gradients land in emb.grad and the dense parameters
+                         flat: torch.Tensor, s: SampleBatch, dense: torch.Tensor,
+                         labels: torch.Tensor, weights: torch.Tensor,
+                         weight_sum: float) -> torch.Tensor:
+        """Loss sum of the batch; the gradients land in flat.grad and the dense parameters
         (of ``model``, or with a ``leader`` those of its group)."""
         if leader is None:
             net = replica(model)
-            loss_sum = weighted_loss_sum(net(emb, dense), labels, weights)
+            loss_sum = weighted_loss_sum(self.logits(net, None, flat, s, dense, True), labels,
+                                         weights)
             net.zero_grad(set_to_none=True)
             (loss_sum / max(weight_sum, 1e-12)).backward()
             return loss_sum
-        logits = leader.forward({"embeddings": emb, "dense": dense}, train=True)
+        logits = self.logits(None, leader, flat, s, dense, True)
         leaf = logits.detach().requires_grad_(True)
         loss_sum = weighted_loss_sum(leaf, labels, weights)
         (loss_sum / max(weight_sum, 1e-12)).backward()
         leader.backward(gradient(leaf))
         return loss_sum
 
-    def scores(self, model: torch.nn.Module | None, leader: GroupLeader | None,
-               emb: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            if leader is None:
-                return torch.sigmoid(replica(model)(emb, dense))
-            return torch.sigmoid(leader.forward({"embeddings": emb, "dense": dense},
-                                                train=False))
-
-    def shard_grads(self, emb_grad: torch.Tensor, replies: list[Embeddings],
+    def shard_grads(self, flat_grad: torch.Tensor, replies: list[Embeddings],
                     positions: list[np.ndarray]) -> list[np.ndarray]:
         """Per shard, the gradient of each row it sent (rows used twice add up)."""
-        grad = emb_grad.reshape(-1, self.dim)
         out = []
         for e, where in zip(replies, positions, strict=True):
             rows = torch.zeros((e.rows.shape[0], self.dim), device=self.device)
             at = torch.from_numpy(where).to(self.device)
             inverse = torch.from_numpy(e.inverse.astype(np.int64)).to(self.device)
-            rows.index_add_(0, inverse, grad[at])
+            rows.index_add_(0, inverse, flat_grad[at])
             out.append(rows.cpu().numpy())
         return out

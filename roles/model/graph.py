@@ -20,15 +20,24 @@ from torch import fx
 from torch.fx.passes.shape_prop import ShapeProp
 
 from roles.job.settings import Job
-from roles.model.network import build_model
+from roles.model.network import build_network
+from roles.model.networks import flat
 from roles.model.partitioner import PartitionSettings, partition
 from roles.model.task_graph import TaskGraph
 
 
-def example_inputs(job: Job, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = rows or job.train.batch_size
-    return (torch.zeros(rows, len(job.sparse_fields), job.model.embedding_dim),
-            torch.zeros(rows, len(job.dense_fields)))
+def traced_network(job: Job) -> torch.nn.Module:
+    """The job's network with one tensor input per placeholder (``FlatInputs``: ``s<i>`` per
+    sparse field, ``dense``, ``l<j>`` per sequence field), as the partitioner traces it; its
+    parameters are the network's, in the same order."""
+    layout = job.layout()
+    return flat.FlatInputs(build_network(job), list(layout.fields), layout.sequence_fields)
+
+
+def example_inputs(job: Job, rows: int | None = None) -> tuple[torch.Tensor, ...]:
+    """A batch of ``rows`` (default: the batch size) in ``traced_network``'s input order."""
+    return flat.example_inputs(job.layout(), len(job.dense_fields),
+                               rows or job.train.batch_size)
 
 
 def trace(model: torch.nn.Module, example: tuple[torch.Tensor, ...]) -> fx.GraphModule:
@@ -126,6 +135,6 @@ def partition_settings(job: Job, parts: int | None = None) -> PartitionSettings:
 
 def plan_job(job: Job, parts: int | None = None) -> PartitionReport:
     """The plan of the job's network over ``parts`` devices (default: the job's)."""
-    gm = trace(build_model(job), example_inputs(job))
+    gm = trace(traced_network(job), example_inputs(job))
     return plan_graph(gm, partition_settings(job, parts), job.partition.critical_bytes,
                       job.partition.critical_path)

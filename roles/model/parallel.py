@@ -31,8 +31,7 @@ from torch import fx
 
 from roles.algorithms.worker.replica import Replica
 from roles.job.settings import Job
-from roles.model.graph import differentiable, example_inputs, trace
-from roles.model.network import build_model
+from roles.model.graph import differentiable, example_inputs, trace, traced_network
 from roles.protocol.model_parallel import MemberCall, MemberReply, MemberTensors, ModelPlan
 from zbus import sockets
 from zbus.codec import Message, ProtocolError
@@ -309,7 +308,7 @@ def member_program(job: Job, plan: ModelPlan, member: int, device: torch.device
     if plan.parts != job.cluster.parts:
         raise ProtocolError("bad_field", f"a plan of {plan.parts} parts for a job of "
                                          f"{job.cluster.parts}")
-    gm = trace(build_model(job), example_inputs(job, 2))
+    gm = trace(traced_network(job), example_inputs(job, 2))
     return gm, Program(gm, plan.owner, member, device)
 
 

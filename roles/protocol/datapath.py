@@ -18,6 +18,7 @@ from zbus.codec import Message, ProtocolError, array, finite, message, require
 # a part of the data (control's PartMap) and seq the batch's number in the part's pass; a
 # pass's batch ids are the same whichever feeder makes them (roles.data.stream).
 MAX_EPOCHS = 1 << 12
+MAX_FIELDS = 1 << 12  # sparse fields of a job
 MAX_PARTS = 1 << 24
 MAX_SEQ = 1 << 27
 PART_FIELDS = 7   # a part as integers: number, file, first row, rows, start, end, eval
@@ -36,10 +37,10 @@ def split_batch_id(batch_id: int) -> tuple[int, int, int]:
 
 # Flow control, shared by the feeder (its ledger's bound, its sample queue's buffers) and the
 # worker (the acks it keeps per feeder, its sample queue's buffers).
-def sample_batch_bytes(batch_size: int, dense: int) -> int:
+def sample_batch_bytes(batch_size: int, dense: int, lists: int = 0) -> int:
     """About the size of one SampleBatch on the wire: the sample queue's kernel buffers are
     sized to it, so that a worker cannot hold more than a batch or two it has not pulled."""
-    return batch_size * (dense + 2) * 4 + 1024
+    return batch_size * (dense + 2 + lists) * 4 + 1024
 
 
 def max_in_flight(workers: int, prefetch: int) -> int:
@@ -220,26 +221,39 @@ class FeederProgress(Message):
 
 @message("keys")
 class BatchKeys(Message):
-    """The sparse keys of one batch that this shard owns. ``positions`` index the batch's
-    flattened (sample, field) grid; ``keys`` are the 64-bit ids at those positions; ``window``
-    is the feeder's allocation window the batch belongs to (the shard's load records)."""
+    """The sparse keys of one batch that this shard owns. The batch's key occurrences form a
+    field-major grid (``roles.job.fields``): field f's occurrences are grid positions
+    ``bounds[f]`` to ``bounds[f + 1]``; ``positions`` are the grid positions of this shard's
+    keys, ``keys`` the 64-bit ids there; ``window`` is the feeder's allocation window the batch
+    belongs to (the shard's load records)."""
 
     batch_id: int
     window: int
     samples: int
-    fields: int
+    bounds: list[int]
     positions: np.ndarray = array("int32", 1)
     keys: np.ndarray = array("int64", 1)
 
     def check(self) -> None:
         require(self.positions.shape == self.keys.shape, "positions and keys differ in length")
-        grid = self.samples * self.fields
-        require(self.samples >= 0 and self.fields > 0, "samples/fields out of range")
+        b = self.bounds
+        require(self.samples >= 0 and 2 <= len(b) <= MAX_FIELDS + 1 and b[0] == 0
+                and all(isinstance(x, int) and 0 <= x for x in b)
+                and all(x <= y for x, y in zip(b, b[1:])) and b[-1] < 1 << 31,
+                "bounds must rise from 0, one per field and one more")
         require(not self.positions.size
-                or (self.positions.min() >= 0 and self.positions.max() < grid),
+                or (self.positions.min() >= 0 and self.positions.max() < self.grid),
                 "position outside the batch")
         require(self.positions.size < 2 or bool((np.diff(self.positions) > 0).all()),
                 "positions not ascending")
+
+    @property
+    def grid(self) -> int:
+        return self.bounds[-1]
+
+    @property
+    def fields(self) -> int:
+        return len(self.bounds) - 1
 
 
 @message("lookups")
@@ -313,9 +327,12 @@ class EmbeddingGrads(Message):
 
 @message("samples")
 class SampleBatch(Message):
-    """Dense features, labels and sample weights of one batch. No sparse keys: the worker gets
-    the batch's embeddings from the shards by ``batch_id``. Evaluation batches (``eval``) must be
-    scored with weights of round ``min_round`` or later."""
+    """Dense features, labels and sample weights of one batch, and how many ids each sample's
+    list fields hold (``lengths``: [samples, list fields], in the job's field order; no columns
+    without list fields). No sparse keys: the worker gets the batch's embeddings from the
+    shards by ``batch_id``, and ``lengths`` tell it where each sample's ids sit in their grid
+    (``roles.job.fields``). Evaluation batches (``eval``) must be scored with weights of round
+    ``min_round`` or later."""
 
     batch_id: int
     epoch: int
@@ -325,11 +342,14 @@ class SampleBatch(Message):
     dense: np.ndarray = array("float32", 2)
     labels: np.ndarray = array("float32", 1)
     weights: np.ndarray = array("float32", 1)
+    lengths: np.ndarray = array("int32", 2)
 
     def check(self) -> None:
         n = self.dense.shape[0]
-        require(self.labels.shape == (n,) and self.weights.shape == (n,),
-                "dense, labels and weights differ in length")
+        require(self.labels.shape == (n,) and self.weights.shape == (n,)
+                and self.lengths.shape[0] == n,
+                "dense, labels, weights and lengths differ in length")
+        require(not self.lengths.size or int(self.lengths.min()) >= 0, "negative lengths")
         require(finite(self.dense) and finite(self.weights),
                 "non-finite features or weights")
 

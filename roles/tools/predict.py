@@ -58,7 +58,9 @@ from roles.model.files import (
     load_embeddings,
     load_named,
 )
-from roles.model.network import build_model
+from roles.job.fields import field_of
+from roles.model.network import build_network
+from roles.model.sparse_input import SparseInputs
 from roles.tools.output import quiet_broken_pipe
 
 CHUNK = 65_536
@@ -85,7 +87,7 @@ class ExportedModel:
         self._check_hash(where)
         self.job = self._job((where / JOB).read_text(), where / JOB)
         self._transform(orjson.loads((where / TRANSFORM).read_bytes()))
-        self.net = build_model(self.job)
+        self.net = build_network(self.job)
         tensors = {k: torch.from_numpy(v) for k, v in load_named(where / DENSE).items()}
         self.net.load_state_dict(tensors)
         self.net.eval()
@@ -102,7 +104,7 @@ class ExportedModel:
         self._check_hash(where)
         self.job = self._job(c.job_text, where / "job.toml")
         self._transform(c.transform)
-        self.net = build_model(self.job)
+        self.net = build_network(self.job)
         if c.dense.shape != (sum(p.numel() for p in self.net.parameters()),):
             raise ExportError(f"{where}: {c.dense.size} dense weights, the job's network has "
                               "another number")
@@ -131,7 +133,9 @@ class ExportedModel:
                 defaults: list[np.ndarray | None]) -> None:
         """Each shard's keys and rows, and its default rows (None without admission), in
         shard order."""
-        dim = self.job.model.embedding_dim
+        self.layout = self.job.layout()
+        self.inputs = SparseInputs(self.layout, torch.device("cpu"))
+        dim = self.layout.row_dim
         # with admission, a key with no row had its field's default row on its shard
         present = [d for d in defaults if d is not None and len(d)]
         self.defaults = np.stack(present) if defaults and len(present) == len(defaults) \
@@ -144,26 +148,28 @@ class ExportedModel:
         self.keys, self.rows = keys[order], rows[order]
 
     def embeddings(self, keys: np.ndarray) -> np.ndarray:
-        """Rows of the keys [n, fields] -> [n, fields, dim]."""
-        flat = keys.reshape(-1)
+        """The rows of a batch's keys (samples x slots) as its grid (``roles.job.fields``):
+        [grid, row_dim]."""
+        flat, bounds = self.layout.grid(keys)
         at = np.searchsorted(self.keys, flat).clip(0, max(len(self.keys) - 1, 0))
         found = self.keys[at] == flat if len(self.keys) else np.zeros(len(flat), dtype=bool)
         t = self.job.train
-        out = np.empty((len(flat), self.job.model.embedding_dim), dtype=np.float32)
+        out = np.empty((len(flat), self.layout.row_dim), dtype=np.float32)
         out[found] = self.rows[at[found]]
         if self.defaults is not None:
             missing = np.flatnonzero(~found)
-            field = missing % keys.shape[-1]
+            field = field_of(missing, bounds)
             out[missing] = self.defaults[self.owners.owner_of(flat[missing]), field]
         else:
-            out[~found] = initial_rows(flat[~found], self.job.model.embedding_dim,
-                                       t.embedding_init, t.seed)
-        return out.reshape(*keys.shape, -1)
+            out[~found] = initial_rows(flat[~found], self.layout.row_dim, t.embedding_init,
+                                       t.seed)
+        return out
 
     def score(self, keys: np.ndarray, dense: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            logits = self.net(torch.from_numpy(self.embeddings(keys)), torch.from_numpy(dense))
-            return torch.sigmoid(logits).numpy()
+            sparse, lengths = self.inputs.inputs(torch.from_numpy(self.embeddings(keys)),
+                                                 len(keys), self.layout.lengths(keys))
+            return torch.sigmoid(self.net(sparse, torch.from_numpy(dense), lengths)).numpy()
 
 
 def not_a_model(where: Path) -> str:
@@ -187,6 +193,7 @@ def schema_of(job: Job, with_label: bool) -> Schema:
     d = job.data
     label = (d.label if d.source == "file" else "label") if with_label else ""
     return Schema(label=label, dense=job.dense_fields, sparse=job.sparse_fields,
+                  lists=job.list_fields,
                   positive=tuple(d.positive), negative=tuple(d.negative))
 
 

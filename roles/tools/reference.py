@@ -27,46 +27,53 @@ from roles.data.stream import Preparer, Samples, Tally, eval_batches
 from roles.feeder.streams import PartStreams
 from roles.job.cli import integer
 from roles.job.settings import Job, load_job
-from roles.model.network import build_model, set_threads, weighted_loss_sum
+from roles.model.network import build_network, set_threads, weighted_loss_sum
+from roles.model.sparse_input import SparseInputs
 
 
 class Reference:
     def __init__(self, job: Job):
         self.job = job
         t = job.train
-        self.net = build_model(job)
-        self.table = EmbeddingTable(job.model.embedding_dim, t.embedding_init, t.embedding_lr,
+        self.layout = job.layout()
+        self.net = build_network(job)
+        self.table = EmbeddingTable(self.layout.row_dim, t.embedding_init, t.embedding_lr,
                                     t.seed)
+        self.inputs = SparseInputs(self.layout, torch.device("cpu"))
         self.opt = torch.optim.Adam(self.net.parameters(), lr=t.dense_lr)
 
-    def embeddings(self, batch: Samples) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-        flat = batch.keys.reshape(-1)
+    def grid(self, batch: Samples) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """The batch's grid of rows (``roles.job.fields``), the table rows of its distinct
+        keys and each occurrence's index into them."""
+        flat, _ = self.layout.grid(batch.keys)
         uniq, inverse = np.unique(flat, return_inverse=True)
         rows = self.table.rows_for(uniq)
-        emb = torch.from_numpy(self.table.weights[rows][inverse].reshape(
-            len(batch), batch.keys.shape[1], -1))
-        return emb, rows, inverse
+        return torch.from_numpy(self.table.weights[rows][inverse.reshape(-1)]), rows, \
+            inverse.reshape(-1)
+
+    def logits(self, batch: Samples, flat: torch.Tensor) -> torch.Tensor:
+        sparse, lengths = self.inputs.inputs(flat, len(batch), self.layout.lengths(batch.keys))
+        return self.net(sparse, torch.from_numpy(batch.dense), lengths)
 
     def train(self, batch: Samples) -> tuple[float, float]:
-        emb, rows, inverse = self.embeddings(batch)
-        emb.requires_grad_(True)
+        flat, rows, inverse = self.grid(batch)
+        flat.requires_grad_(True)
         w = torch.from_numpy(batch.weights)
-        loss = weighted_loss_sum(self.net(emb, torch.from_numpy(batch.dense)),
-                                 torch.from_numpy(batch.labels), w)
+        loss = weighted_loss_sum(self.logits(batch, flat), torch.from_numpy(batch.labels), w)
         self.opt.zero_grad()
         (loss / w.sum().clamp_min(1e-12)).backward()
         self.opt.step()
-        if emb.grad is None:
+        if flat.grad is None:
             raise RuntimeError("the backward pass left the embeddings no gradient")
         grads = np.zeros((len(rows), self.table.dim), dtype=np.float32)
-        np.add.at(grads, inverse, emb.grad.reshape(-1, self.table.dim).numpy())
+        np.add.at(grads, inverse, flat.grad.numpy())
         self.table.adagrad(rows, grads)
         return float(loss.detach()), float(w.sum())
 
     def score(self, batch: Samples) -> np.ndarray:
         with torch.no_grad():
-            emb, _, _ = self.embeddings(batch)
-            return torch.sigmoid(self.net(emb, torch.from_numpy(batch.dense))).numpy()
+            flat, _, _ = self.grid(batch)
+            return torch.sigmoid(self.logits(batch, flat)).numpy()
 
 
 def train_reference(job: Job, threads: int = 0) -> dict:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from roles.algorithms.shared.key_map import HeavyHitters, KeyMap
+from roles.job.fields import FieldLayout
 from roles.job.settings import PlacementConfig
 from roles.protocol.datapath import BatchKeys
 from roles.protocol.placement import Drained, KeyCounts, Placement
@@ -72,7 +73,8 @@ class WindowCounter:
 
 
 class KeyRouting:
-    def __init__(self, shards: int, p: PlacementConfig):
+    def __init__(self, shards: int, p: PlacementConfig, layout: FieldLayout):
+        self.layout = layout
         self.skew = p.mode == "skew"
         self.buckets_per_shard = p.buckets_per_shard
         self.keymap = KeyMap.hashed(shards, p.buckets_per_shard)
@@ -83,16 +85,16 @@ class KeyRouting:
 
     def batch_keys(self, batch_id: int, keys: np.ndarray, shards: range | list[int]
                    ) -> tuple[np.ndarray, np.ndarray, list[BatchKeys]]:
-        """The keys of a batch (samples x fields) flattened, their shards, and the BatchKeys
-        for each of ``shards``."""
-        samples, fields = keys.shape
-        keys = keys.ravel()
+        """The keys of a batch (samples x slots) as its grid (``roles.job.fields``), their
+        shards, and the BatchKeys for each of ``shards``."""
+        samples = len(keys)
+        keys, bounds = self.layout.grid(keys)
         owner = self.keymap.owner_of(keys).astype(np.uint8)
         messages = []
         for shard in shards:
             positions = np.flatnonzero(owner == shard).astype(np.int32)
             messages.append(BatchKeys(batch_id=batch_id, window=self.counter.window,
-                                      samples=samples, fields=fields, positions=positions,
+                                      samples=samples, bounds=bounds, positions=positions,
                                       keys=keys[positions]))
         return keys, owner, messages
 

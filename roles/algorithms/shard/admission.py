@@ -23,7 +23,8 @@ on its next sighting. Halving costs one pass over the counters (``depth × width
 ``Admission``: maps one batch's keys to rows (``map_batch``). A key with a row keeps it; a key
 without one gets a row when its estimate plus its occurrences in this batch reach
 ``min_count`` (so ``min_count = 1``, the default, admits every key on first sight and no sketch
-is made); any other key maps to its field's default row (field = grid position % fields).
+is made); any other key maps to its field's default row (the field of its first occurrence,
+from the grid's bounds: ``roles.job.fields``).
 Several keys on one default row make the batch's rows not distinct, so the rows are deduped
 and the look-up answer carries each row once: the worker's backward sums the gradients of
 every occurrence (``index_add_``) and Adagrad applies one summed gradient to the row, as to any
@@ -38,6 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from roles.job.fields import field_of
 
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.data.hashing import splitmix64
@@ -135,9 +138,9 @@ class Admission:
         return self.fields if self.sketch is not None else 0
 
     def map_batch(self, table: EmbeddingTable, keys: np.ndarray, positions: np.ndarray,
-                  fields: int) -> BatchRows:
-        """Rows for one batch's keys (``positions`` in its samples x ``fields`` grid); the
-        table's clock advances by one batch."""
+                  bounds: list[int]) -> BatchRows:
+        """Rows for one batch's keys (``positions`` in its grid, whose fields' runs begin at
+        ``bounds``); the table's clock advances by one batch."""
         table.clock += 1
         if self.age_batches and table.clock - self.aged_clock >= self.age_batches:
             self.aged_clock = table.clock
@@ -148,6 +151,7 @@ class Admission:
             rows = table.rows_for(uniq)
             self.admitted += table.created - before
             return BatchRows(rows, inverse.astype(np.int32).reshape(-1))
+        fields = len(bounds) - 1
         if fields > self.fields or fields > table.defaults:
             raise ProtocolError("bad_fields", f"a batch of {fields} fields for a table of "
                                               f"{min(self.fields, table.defaults)}")
@@ -165,7 +169,7 @@ class Admission:
             self.admitted += len(admit)
         pending = None
         if reject.size:
-            rows[reject] = positions[first[reject]] % fields   # the field's default row
+            rows[reject] = field_of(positions[first[reject]], bounds)   # its default row
             self.rejected += int(counts[reject].sum())
             self.rejected_keys += len(reject)
             table.touch(rows[reject])

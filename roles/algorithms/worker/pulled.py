@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from roles.job.fields import FieldLayout
 from roles.protocol.datapath import Embeddings, SampleBatch
 from zbus.codec import ProtocolError
 
@@ -50,8 +51,8 @@ class PulledBatch:
 
 
 class Pipeline:
-    def __init__(self, shards: int, fields: int, dim: int):
-        self.shards, self.fields, self.dim = shards, fields, dim
+    def __init__(self, shards: int, layout: FieldLayout):
+        self.shards, self.layout, self.dim = shards, layout, layout.row_dim
         self.batches: dict[int, PulledBatch] = {}   # in pull order
 
     def __len__(self) -> int:
@@ -100,7 +101,9 @@ class Pipeline:
         batch = self.batches.get(e.batch_id)
         if batch is None:
             return None
-        if e.rows.shape[1:] != (self.dim,) or e.grid != len(batch.sample.labels) * self.fields:
+        s = batch.sample
+        if e.rows.shape[1:] != (self.dim,) or \
+                e.grid != self.layout.bounds(len(s.labels), s.lengths)[-1]:
             raise ProtocolError("bad_shape", f"embeddings of batch {e.batch_id} do not fit "
                                              "the batch")
         batch.positions[shard] = e.positions()

@@ -1,0 +1,98 @@
+"""From a batch's grid of embedding rows to what the network receives (torch; no sockets).
+
+A worker puts each shard's rows at their grid positions (``roles.job.fields``: field-major,
+a field's run of occurrences between two bounds), giving ``flat`` [grid, row_dim]. Each field
+then reads its run at its own width: a single-valued field is its run ([B, dim]); a pooled list
+field is the mean (or sum) of each sample's ids ([B, dim]; an empty list is zeros); a sequence
+is its samples' ids in order, zero padded to ``max_len`` ([B, max_len, dim]) with its lengths
+([B], int64). Every step is differentiable, so ``flat.grad`` after the backward pass holds each
+occurrence's gradient, which the worker sums per row for the shards.
+
+The index arithmetic (which sample and which place each occurrence has) is done once per batch
+with numpy, vectorised, from the batch's lengths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from roles.job.fields import FieldLayout
+
+
+@dataclass(frozen=True)
+class FieldRun:
+    start: int
+    stop: int
+    rows: torch.Tensor | None = None     # list fields: each occurrence's sample
+    places: torch.Tensor | None = None   # sequences: each occurrence's place in its sample's
+    lengths: torch.Tensor | None = None  # list fields: ids per sample (int64 [B])
+
+
+class SparseInputs:
+    def __init__(self, layout: FieldLayout, device: torch.device):
+        self.layout, self.device = layout, device
+        self.lists = [f for f in range(len(layout.fields)) if layout.is_list(f)]
+
+    def grid_size(self, samples: int, lengths: np.ndarray) -> int:
+        return self.layout.bounds(samples, lengths)[-1]
+
+    def check_lengths(self, lengths: np.ndarray) -> str | None:
+        """What is wrong with a batch's lengths for this job (None: nothing)."""
+        if lengths.ndim != 2 or lengths.shape[1] != len(self.lists):
+            return (f"lengths for {lengths.shape[1] if lengths.ndim == 2 else '?'} list "
+                    f"field(s), the job has {len(self.lists)}")
+        for j, f in enumerate(self.lists):
+            if lengths.size and int(lengths[:, j].max()) > self.layout.widths[f]:
+                return (f"a list of {int(lengths[:, j].max())} ids in field "
+                        f"{self.layout.fields[f]!r}, whose max_len is {self.layout.widths[f]}")
+        return None
+
+    def runs(self, samples: int, lengths: np.ndarray) -> list[FieldRun]:
+        """Each field's run of the grid, and for list fields where each occurrence goes."""
+        bounds = self.layout.bounds(samples, lengths)
+        out, j = [], 0
+        for f in range(len(self.layout.fields)):
+            start, stop = bounds[f], bounds[f + 1]
+            if not self.layout.is_list(f):
+                out.append(FieldRun(start, stop))
+                continue
+            counts = lengths[:, j].astype(np.int64)
+            j += 1
+            rows = np.repeat(np.arange(samples, dtype=np.int64), counts)
+            places = np.arange(len(rows), dtype=np.int64) - np.repeat(
+                np.cumsum(counts) - counts, counts)
+            out.append(FieldRun(start, stop, self._tensor(rows), self._tensor(places),
+                                self._tensor(counts)))
+        return out
+
+    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(self.device)
+
+    def inputs(self, flat: torch.Tensor, samples: int, lengths: np.ndarray
+               ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(sparse, lengths) as the network contract has them, from ``flat`` [grid, row_dim]."""
+        layout = self.layout
+        sparse: dict[str, torch.Tensor] = {}
+        seq_lengths: dict[str, torch.Tensor] = {}
+        for f, run in enumerate(self.runs(samples, lengths)):
+            name, dim = layout.fields[f], layout.dims[f]
+            values = flat[run.start:run.stop, :dim]
+            if run.rows is None:
+                sparse[name] = values
+                continue
+            assert run.places is not None and run.lengths is not None
+            if layout.pooling[f] == "none":
+                padded = torch.zeros((samples, layout.widths[f], dim), dtype=flat.dtype,
+                                     device=flat.device)
+                sparse[name] = padded.index_put((run.rows, run.places), values)
+                seq_lengths[name] = run.lengths
+                continue
+            pooled = torch.zeros((samples, dim), dtype=flat.dtype, device=flat.device)
+            pooled = pooled.index_add(0, run.rows, values)
+            if layout.pooling[f] == "mean":
+                pooled = pooled / run.lengths.clamp(min=1).unsqueeze(1).to(flat.dtype)
+            sparse[name] = pooled
+        return sparse, seq_lengths

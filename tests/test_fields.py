@@ -1,0 +1,114 @@
+"""The sparse fields' layout (roles/job/fields.py) and the worker's reading of a grid per field
+(roles/model/sparse_input.py): unit tests, no processes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from roles.job.fields import PAD, FieldLayout, LayoutError, field_of
+from roles.job.settings import JobError, parse_job
+from roles.model.sparse_input import SparseInputs
+
+
+def layout(**kw) -> FieldLayout:
+    args = dict(fields=["user", "movie", "genres", "history"],
+                lists={"genres": "|", "history": "|"}, tables={"item": ["movie", "history"]},
+                dim=2, dims={}, pooling={"history": "none"}, max_len={"history": 3, "genres": 2})
+    args.update(kw)
+    return FieldLayout.of(args["fields"], args["lists"], args["tables"], args["dim"],
+                          args["dims"], args["pooling"], args["max_len"])
+
+
+def test_a_layout_reads_the_jobs_fields_tables_widths_and_pooling():
+    lay = layout(dims={"item": 3})
+    assert lay.tables == ("user", "item", "genres", "item")
+    assert lay.dims == (2, 3, 2, 3) and lay.row_dim == 3
+    assert lay.widths == (1, 1, 2, 3) and lay.slots == 7
+    assert lay.pooling == ("", "", "mean", "none")
+    assert lay.list_fields == ["genres", "history"] and lay.sequence_fields == ["history"]
+    assert lay.sparse_dims() == {"user": 2, "movie": 3, "genres": 2, "history": 3}
+
+
+@pytest.mark.parametrize("kw, said", [
+    (dict(lists={"nope": "|"}), "lists names 'nope'"),
+    (dict(tables={"item": ["movie", "nope"]}), "names 'nope'"),
+    (dict(tables={"a": ["movie"], "b": ["movie"]}), "in two tables"),
+    (dict(tables={"user": ["movie"]}), "named as the field 'user'"),
+    (dict(dims={"movie": 8}), "[model.dims] names 'movie'"),
+    (dict(pooling={"user": "sum"}), "not a list field"),
+    (dict(max_len={"movie": 5}), "not a list field"),
+])
+def test_fields_that_do_not_fit_together_are_refused_by_name(kw, said):
+    with pytest.raises(LayoutError, match=None) as err:
+        layout(**kw)
+    assert said in str(err.value)
+
+
+def test_a_job_file_with_a_bad_layout_is_a_job_error():
+    with pytest.raises(JobError, match="not a list field"):
+        parse_job("[data]\nsource = 'synthetic'\n[model.pooling]\nc0 = 'none'\n", environ={})
+    with pytest.raises(JobError, match="must be one of"):
+        parse_job("[data]\nsource = 'synthetic'\n[model.pooling]\nc0 = 'max'\n", environ={})
+    with pytest.raises(JobError, match="exclusive"):
+        parse_job("[data]\nsource = 'synthetic'\n[model]\nnetwork = 'dcn'\n"
+                  "module = 'x.py:build'\n", environ={})
+
+
+def slots(rows: list[list[list[int]]], lay: FieldLayout) -> np.ndarray:
+    """Samples given field by field (a list per field) as the feeder's slot rows."""
+    out = np.full((len(rows), lay.slots), PAD, dtype=np.int64)
+    for i, row in enumerate(rows):
+        for f, ids in enumerate(row):
+            r = lay.slot_range(f)
+            out[i, r.start:r.start + len(ids)] = ids
+    return out
+
+
+def test_a_batch_becomes_a_field_major_grid_with_its_bounds_and_lengths():
+    lay = layout()
+    keys = slots([[[1], [10], [5, 6], [10, 11, 12]],
+                  [[2], [20], [], [13]]], lay)
+    grid, bounds = lay.grid(keys)
+    assert grid.tolist() == [1, 2, 10, 20, 5, 6, 10, 11, 12, 13]
+    assert bounds == [0, 2, 4, 6, 10]
+    lengths = lay.lengths(keys)
+    assert lengths.tolist() == [[2, 3], [0, 1]]
+    assert lay.bounds(2, lengths) == bounds
+    assert field_of(np.arange(10), bounds).tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 3, 3]
+
+
+def test_the_worker_pools_lists_and_pads_sequences_and_the_gradients_come_back():
+    lay = layout(pooling={"history": "none", "genres": "sum"})
+    keys = slots([[[1], [10], [5, 6], [10, 11, 12]],
+                  [[2], [20], [], [13]]], lay)
+    grid, _ = lay.grid(keys)
+    flat = torch.tensor(np.stack([grid, -grid]).T.astype(np.float32), requires_grad=True)
+    sparse, lengths = SparseInputs(lay, torch.device("cpu")).inputs(flat, 2, lay.lengths(keys))
+    assert sparse["user"].tolist() == [[1, -1], [2, -2]]
+    assert sparse["genres"].tolist() == [[11, -11], [0, 0]]       # summed; empty: zeros
+    assert sparse["history"].shape == (2, 3, 2)
+    assert sparse["history"][:, :, 0].tolist() == [[10, 11, 12], [13, 0, 0]]
+    assert lengths["history"].tolist() == [3, 1] and lengths["history"].dtype == torch.int64
+    assert set(lengths) == {"history"}
+    total = sum(t.sum() for t in sparse.values())
+    total.backward()
+    assert flat.grad is not None and torch.all(flat.grad == 1)
+
+
+def test_mean_pooling_divides_by_the_lists_length_and_narrow_tables_read_their_width():
+    lay = layout(dims={"item": 3})   # rows are kept 3 wide; user and genres read 2
+    keys = slots([[[1], [10], [4, 8], [10]]], lay)
+    grid, _ = lay.grid(keys)
+    flat = torch.tensor(np.repeat(grid[:, None], 3, axis=1).astype(np.float32))
+    sparse, _ = SparseInputs(lay, torch.device("cpu")).inputs(flat, 1, lay.lengths(keys))
+    assert sparse["genres"].tolist() == [[6, 6]] and sparse["movie"].shape == (1, 3)
+    assert sparse["user"].shape == (1, 2)
+
+
+def test_lengths_beyond_max_len_or_of_another_job_are_named():
+    inputs = SparseInputs(layout(), torch.device("cpu"))
+    assert inputs.check_lengths(np.array([[2, 3]], np.int32)) is None
+    assert "max_len is 3" in inputs.check_lengths(np.array([[1, 4]], np.int32))
+    assert "the job has 2" in inputs.check_lengths(np.zeros((1, 1), np.int32))
