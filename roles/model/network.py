@@ -1,5 +1,10 @@
-"""The dense network every worker trains: per-field embeddings (looked up on the shards) and
-dense features, concatenated, through an MLP to one logit."""
+"""The dense network every worker trains, and the torch settings of a worker's process.
+
+``build_network`` makes the job's network (``roles.model.networks``: a built-in named by
+``[model] network`` or the user's ``[model] module``), the same in every process. ``CtrNet`` and
+``build_model`` are the network before list fields (embeddings ``[batch, fields, dim]``), kept
+until every caller builds with ``build_network``; the ``mlp`` built-in makes the same layers.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import torch
 from torch import nn
 
 from roles.job.settings import Job
+from roles.model.networks import call_factory, check_network, load_factory, network_label
 from roles.protocol.topology import ClusterConfig
 from zbus.endpoints import tcp_host
 
@@ -37,6 +43,22 @@ def build_model(job: Job) -> CtrNet:
     torch.manual_seed(job.train.seed)
     return CtrNet(len(job.sparse_fields), job.model.embedding_dim, len(job.dense_fields),
                   job.model.hidden)
+
+
+def build_network(job: Job) -> nn.Module:
+    """The job's network, with the same initial weights in every process that builds it (seeded
+    with ``[train] seed``, built on the CPU), checked on a sample batch of the job's shapes; a
+    network that cannot be loaded, built or run is one ``NetworkError`` line."""
+    layout = job.layout()
+    factory, source_file = load_factory(job)
+    label = network_label(job, source_file)
+    dense_count = len(job.dense_fields)
+    options = {"hidden": list(job.model.hidden), **job.model.options}
+    torch.manual_seed(job.train.seed)
+    net = call_factory(factory, layout, dense_count, options, label, source_file,
+                       builtin=not job.model.module)
+    check_network(net, layout, dense_count, label, source_file)
+    return net
 
 
 def weighted_loss_sum(logits: torch.Tensor, labels: torch.Tensor,

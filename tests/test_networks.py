@@ -1,0 +1,429 @@
+"""The network contract (roles/model/networks, docs/models.md): every built-in runs forward and
+backward on the job's shapes, honours and checks its options, traces with torch.fx through
+FlatInputs; ``mlp`` is the old CtrNet to the bit; a user's module is loaded by path or package,
+and each way it can be wrong is one NetworkError line naming the file and the problem."""
+
+from __future__ import annotations
+
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import fx
+from torch.fx.passes.shape_prop import ShapeProp
+
+from roles.job.settings import NETWORKS, load_job, parse_job
+from roles.model.network import CtrNet, build_network
+from roles.model.networks import (
+    BUILTINS,
+    FlatInputs,
+    NetworkError,
+    din,
+    example_inputs,
+    input_names,
+    sample_batch,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+ITEMS = """
+[data.synthetic]
+items = 30
+history = 6
+
+[model.pooling]
+history = "none"
+
+[model.max_len]
+history = 6
+genres = 3
+"""
+
+
+def make_job(model: str = "", more: str = "", origin: Path | None = None, items: bool = True):
+    text = f'[data]\nsource = "synthetic"\n{ITEMS if items else ""}\n{more}\n[model]\n{model}\n'
+    if origin is None:
+        return parse_job(text, environ={})
+    origin.write_text(text)
+    return parse_job(text, origin=str(origin), base_dir=origin.parent, environ={})
+
+
+def inputs_of(job, rows: int = 4, seed: int = 0, grad: bool = False):
+    sparse, dense, lengths = sample_batch(job.layout(), len(job.dense_fields), rows, seed)
+    if grad:
+        for t in sparse.values():
+            t.requires_grad_(True)
+    return sparse, dense, lengths
+
+
+# -- the built-ins -----------------------------------------------------------------------------
+
+def test_the_built_ins_are_the_networks_the_job_may_name():
+    assert set(BUILTINS) == set(NETWORKS)
+
+
+@pytest.mark.parametrize("network", sorted(BUILTINS))
+def test_a_built_in_gives_logits_and_gradients_to_every_field_and_parameter(network):
+    job = make_job(f'network = "{network}"')
+    net = build_network(job)
+    sparse, dense, lengths = inputs_of(job, rows=5, grad=True)
+    out = net(sparse, dense, lengths)
+    assert out.shape == (5,) and out.dtype == torch.float32
+    out.sum().backward()
+    assert job.layout().sequence_fields == ["history"]
+    for f, t in sparse.items():
+        assert t.grad is not None and t.grad.abs().sum() > 0, f"{network}: no gradient to {f}"
+    for name, p in net.named_parameters():
+        assert p.grad is not None, f"{network}: no gradient to {name}"
+
+
+@pytest.mark.parametrize("network", sorted(BUILTINS))
+def test_a_built_in_refuses_an_option_it_does_not_know(network):
+    job = make_job(f'network = "{network}"\n[model.options]\nbogus = 1')
+    with pytest.raises(NetworkError, match=rf"^{network}: unknown option 'bogus' .*knows .*hidden"):
+        build_network(job)
+
+
+def test_the_options_are_honoured():
+    dcn = build_network(make_job('network = "dcn"\nhidden = [7]\n[model.options]\n'
+                                 'cross_layers = 2\nstructure = "stacked"'))
+    assert len(dcn.cross) == 2 and dcn.out.in_features == 7
+    parallel = build_network(make_job('network = "dcn"\n[model.options]\ncross_layers = 0'))
+    assert len(parallel.cross) == 0
+    assert parallel.out.in_features == (11 * 16 + 4) + 64   # x0 beside the deep tower
+    mlp = build_network(make_job("hidden = [9, 5]"))
+    assert [m.out_features for m in mlp.mlp if isinstance(m, torch.nn.Linear)] == [9, 5, 1]
+    dlrm = build_network(make_job('network = "dlrm"\n[model.options]\nbottom = [8, 16]'))
+    assert [m.out_features for m in dlrm.bottom if isinstance(m, torch.nn.Linear)] == [8, 16]
+    din = build_network(make_job('network = "din"\n[model.options]\nattention_hidden = [8, 4]\n'
+                                 'candidate = "c3"'))
+    assert [m.out_features for m in din.attention if isinstance(m, torch.nn.Linear)] == [8, 4, 1]
+    assert din.candidate == "c3" and din.sequence == "history"
+
+
+@pytest.mark.parametrize("options, message", [
+    ("structure = \"sideways\"", "dcn: option structure must be one of 'parallel', 'stacked'"),
+    ("cross_layers = -1", "dcn: option cross_layers must be an integer >= 0, got -1"),
+    ("hidden = [0]", "dcn: option hidden must be a list of layer sizes >= 1, got [0]"),
+])
+def test_a_bad_option_value_is_refused_by_name(options, message):
+    with pytest.raises(NetworkError, match=re.escape(message)):
+        build_network(make_job(f'network = "dcn"\n[model.options]\n{options}'))
+
+
+@pytest.mark.parametrize("network", ["dlrm", "deepfm"])
+def test_dlrm_and_deepfm_need_one_width(network):
+    job = make_job(f'network = "{network}"\n[model.dims]\nitem = 8')
+    with pytest.raises(NetworkError, match=rf"^{network} needs one embedding width for every "
+                                           r"table, got 8: item, history; 16: c0, "):
+        build_network(job)
+
+
+def test_dlrm_interacts_every_pair_of_vectors_once():
+    job = make_job('network = "dlrm"')
+    net = build_network(job)
+    sparse, dense, lengths = inputs_of(job, rows=5)
+    bottom = net.bottom(dense)
+    vectors = [bottom] + [sparse[f] if f != "history" else
+                          sparse[f].sum(1) / lengths[f].clamp(min=1).unsqueeze(1)
+                          for f in job.sparse_fields]
+    t = torch.stack(vectors, dim=1)
+    dots = t @ t.transpose(1, 2)
+    i, j = torch.tril_indices(len(vectors), len(vectors), -1)
+    expected = net.top(torch.cat([bottom, dots[:, i, j]], dim=1)).squeeze(1)
+    assert torch.allclose(net(sparse, dense, lengths), expected, atol=1e-6)
+
+
+def test_dlrm_bottom_must_end_with_the_width():
+    with pytest.raises(NetworkError, match=r"dlrm: option bottom must end with the embedding "
+                                           r"width 16, got \[8\]"):
+        build_network(make_job('network = "dlrm"\n[model.options]\nbottom = [8]'))
+
+
+def test_din_needs_a_sequence_field_and_a_candidate_of_its_width():
+    with pytest.raises(NetworkError, match=re.escape(
+            'din needs a sequence field ([model.pooling] <field> = "none")')):
+        build_network(make_job('network = "din"', items=False))
+    with pytest.raises(NetworkError, match=r"din: the candidate c0 \(width 4\) and the "
+                                           r"sequence history \(width 16\) need one width"):
+        build_network(make_job('network = "din"\n[model.dims]\nc0 = 4'))
+    with pytest.raises(NetworkError, match=r"din: option candidate must name a single-valued "
+                                           r"or pooled field \(c0, .*\), got 'history'"):
+        build_network(make_job('network = "din"\n[model.options]\ncandidate = "history"'))
+
+
+@pytest.mark.parametrize("network", ["din", "mlp", "dcn"])
+def test_what_lies_past_a_sequence_length_changes_nothing(network):
+    job = make_job(f'network = "{network}"')
+    net = build_network(job)
+    sparse, dense, lengths = inputs_of(job, rows=8)
+    before = net(sparse, dense, lengths)
+    history, n = sparse["history"].clone(), lengths["history"]
+    past = torch.arange(history.shape[1]).unsqueeze(0) >= n.unsqueeze(1)
+    assert past.any() and (~past).any()
+    noisy = dict(sparse, history=torch.where(past.unsqueeze(2), torch.randn_like(history) * 9,
+                                             history))
+    assert torch.equal(net(noisy, dense, lengths), before)
+    inside = dict(sparse, history=history + 1.0 * (~past).unsqueeze(2))
+    assert not torch.equal(net(inside, dense, lengths), before)
+
+
+def test_an_empty_sequence_pools_to_zero():
+    job = make_job()
+    net = build_network(job)
+    sparse, dense, lengths = inputs_of(job, rows=1)   # row 0 has length 0
+    assert lengths["history"].tolist() == [0]
+    zeroed = dict(sparse, history=torch.zeros_like(sparse["history"]))
+    assert torch.equal(net(sparse, dense, lengths), net(zeroed, dense, lengths))
+
+
+def test_mlp_is_ctrnet_to_the_bit_for_a_job_without_lists():
+    job = make_job(items=False)   # the default job's layers, [128, 64]
+    layout = job.layout()
+    assert layout.sequence_fields == [] and len(set(layout.dims)) == 1
+    net = build_network(job)
+    torch.manual_seed(job.train.seed)
+    old = CtrNet(len(job.sparse_fields), job.model.embedding_dim, len(job.dense_fields),
+                 job.model.hidden)
+    new_params, old_params = list(net.named_parameters()), list(old.named_parameters())
+    assert [n for n, _ in new_params] == [n for n, _ in old_params]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(new_params, old_params, strict=True))
+    sparse, dense, lengths = inputs_of(job, rows=16, seed=3)
+    embeddings = torch.stack([sparse[f] for f in job.sparse_fields], dim=1)
+    assert torch.equal(net(sparse, dense, lengths), old(embeddings, dense))
+
+
+def test_building_is_seeded_and_leaves_the_random_state_as_seeding_does():
+    job = make_job('network = "din"')
+    a, b = build_network(job), build_network(job)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+    after_build = torch.rand(3)
+    torch.manual_seed(job.train.seed)
+    din.build(job.layout().sparse_dims(), job.layout().sequence_fields, 4,
+              {"hidden": job.model.hidden})
+    assert torch.equal(torch.rand(3), after_build)   # the sample batch drew nothing global
+
+
+# -- tracing -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("network", sorted(BUILTINS))
+def test_flat_inputs_trace_every_built_in(network):
+    job = make_job(f'network = "{network}"')
+    layout, dense_count = job.layout(), len(job.dense_fields)
+    net = build_network(job)
+    flat = FlatInputs(net, layout.fields, layout.sequence_fields)
+    assert isinstance(flat, FlatInputs)
+    assert [n for n, _ in flat.named_parameters()] == [f"net.{n}" for n, _ in
+                                                       net.named_parameters()]
+    gm = fx.symbolic_trace(flat)
+    ShapeProp(gm).propagate(*example_inputs(layout, dense_count, 2))
+    not_tensors = [n.name for n in gm.graph.nodes if n.op != "output"
+                   and not hasattr(n.meta.get("tensor_meta"), "shape")]
+    assert not not_tensors, f"values a cut between members could not carry: {not_tensors}"
+    integers = [n.name for n in gm.graph.nodes if n.op != "output"
+                and not n.meta["tensor_meta"].dtype.is_floating_point]
+    assert integers == ["l0"], f"integer values besides the lengths: {integers}"
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    assert placeholders == input_names(len(layout.fields), 1)
+    assert placeholders[-2:] == ["dense", "l0"] and placeholders[0] == "s0"
+    assert [n for n, _ in gm.named_parameters()] == [f"net.{n}" for n, _ in
+                                                     net.named_parameters()]
+    sparse, dense, lengths = inputs_of(job, rows=6, seed=5)
+    args = (*(sparse[f] for f in layout.fields), dense, lengths["history"])
+    assert torch.equal(gm(*args), net(sparse, dense, lengths))
+    example = example_inputs(layout, dense_count, 3)
+    assert len(example) == len(placeholders) and gm(*example).shape == (3,)
+    assert example[-1].tolist() == [6, 6, 6] and example[layout.fields.index("history")].shape \
+        == (3, 6, 16)
+
+
+def test_flat_inputs_without_sequence_fields_trace_too():
+    job = make_job(items=False)
+    net = build_network(job)
+    gm = fx.symbolic_trace(FlatInputs(net, job.sparse_fields, []))
+    assert [n.name for n in gm.graph.nodes if n.op == "placeholder"] == \
+        [f"s{i}" for i in range(8)] + ["dense"]
+    example = example_inputs(job.layout(), 4, 2)
+    assert torch.equal(gm(*example), FlatInputs(net, job.sparse_fields, [])(*example))
+
+
+# -- a user's module ---------------------------------------------------------------------------
+
+GOOD = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, sparse_dims, dense_count):
+        super().__init__()
+        self.fields = list(sparse_dims)
+        self.linear = nn.Linear(sum(sparse_dims.values()) + dense_count, 1)
+
+    def forward(self, sparse, dense, lengths):
+        return self.linear(torch.cat([sparse[f] for f in self.fields] + [dense], 1)).squeeze(1)
+
+
+SEEN = {}
+
+
+def build(sparse_dims, sequence_fields, dense_count, options):
+    SEEN.update(dims=sparse_dims, sequences=sequence_fields, dense=dense_count, options=options)
+    return Net(sparse_dims, dense_count)
+"""
+
+
+def user_job(tmp_path: Path, body: str, spec: str = "net.py:build", items: bool = False):
+    (tmp_path / "net.py").write_text(textwrap.dedent(body))
+    return make_job(f'module = "{spec}"', origin=tmp_path / "job.toml", items=items)
+
+
+def test_a_good_module_gets_the_fields_in_order_and_the_options(tmp_path):
+    job = make_job('module = "net.py:build"\nhidden = [5]\n[model.options]\nwidth = 3',
+                   origin=tmp_path / "job.toml", items=False)
+    (tmp_path / "net.py").write_text(GOOD)
+    net = build_network(job)
+    module = type(net).__module__
+    seen = sys.modules[module].SEEN
+    assert list(seen["dims"]) == job.sparse_fields and seen["dense"] == 4
+    assert seen["sequences"] == [] and seen["options"] == {"hidden": [5], "width": 3}
+
+
+def test_the_docs_example_module_runs_on_a_sequence_job(tmp_path):
+    text = (ROOT / "docs" / "models.md").read_text()
+    example = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets" / "tiny.py").write_text(example)
+    job = make_job('module = "nets/tiny.py:build"\n[model.options]\nwidth = 8',
+                   origin=tmp_path / "job.toml")
+    net = build_network(job)
+    sparse, dense, lengths = inputs_of(job)
+    assert net(sparse, dense, lengths).shape == (4,)
+    fx.symbolic_trace(FlatInputs(net, job.layout().fields, job.layout().sequence_fields))
+
+
+def test_a_module_outside_the_repository_by_a_path_relative_to_the_job_file(
+        tmp_path, monkeypatch):
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "nets" / "mine.py").write_text(GOOD)
+    job_file = tmp_path / "jobs" / "job.toml"
+    job_file.write_text('[data]\nsource = "synthetic"\n[model]\n'
+                        'module = "../nets/mine.py:build"\n')
+    monkeypatch.chdir(ROOT)
+    job = load_job(str(job_file), environ={})
+    assert not (ROOT / "nets" / "mine.py").exists()
+    assert build_network(job).linear.in_features == 8 * 16 + 4
+
+
+def test_a_package_module_by_its_dotted_name(tmp_path, monkeypatch):
+    package = tmp_path / "zbus_test_nets_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "mine.py").write_text(GOOD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    job = make_job('module = "zbus_test_nets_pkg.mine:build"', items=False)
+    assert build_network(job).linear.out_features == 1
+    job = make_job('module = "zbus_test_nets_pkg.mine:nothing"', items=False)
+    with pytest.raises(NetworkError, match=r"zbus_test_nets_pkg\.mine:nothing \(.*mine\.py\): "
+                                           r"no factory 'nothing' in it \(it defines Net, build"):
+        build_network(job)
+    (package / "broken.py").write_text("from . import helper\n")
+    (package / "helper.py").write_text("\nraise OSError('no weights file')\n")
+    job = make_job('module = "zbus_test_nets_pkg.broken:build"', items=False)
+    with pytest.raises(NetworkError, match=r"zbus_test_nets_pkg\.broken:build': cannot import "
+                                           r"it: OSError: no weights file \(at .*helper\.py:2\)$"):
+        build_network(job)
+    job = make_job('module = "zbus_test_nets_pkg.absent:build"', items=False)
+    with pytest.raises(NetworkError, match=r"no module named 'zbus_test_nets_pkg\.absent' on "
+                                           r"sys\.path"):
+        build_network(job)
+
+
+FORWARD = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(1))
+
+    def forward(self, sparse, dense, lengths):
+        {body}
+
+
+def build(sparse_dims, sequence_fields, dense_count, options):
+    return Net()
+"""
+
+BAD = {
+    "syntax error": ("def build(:\n    pass\n",
+                     r"cannot import it: SyntaxError: .* \(at {file}:1\)$"),
+    "import error inside": ("import os\nimport zbus_no_such_package_here\n",
+                            r"cannot import it: ModuleNotFoundError: No module named "
+                            r"'zbus_no_such_package_here' \(at {file}:2\)$"),
+    "no factory": ("def other(): pass\n", r"no factory 'build' in it \(it defines other\)$"),
+    "factory raises": ("def build(sparse_dims, sequence_fields, dense_count, options):\n"
+                       "    raise RuntimeError('no GPU today')\n",
+                       r"build\(\.\.\.\) raised RuntimeError: no GPU today \(at {file}:2\)$"),
+    "factory raises ValueError": ("def build(*args):\n    raise ValueError('bad width')\n",
+                                  r"build\(\.\.\.\) raised ValueError: bad width "
+                                  r"\(at {file}:2\)$"),
+    "returns no module": ("def build(sparse_dims, sequence_fields, dense_count, options):\n"
+                          "    return {}\n",
+                          r"build\(\.\.\.\) returned dict, not a torch\.nn\.Module$"),
+    "forward raises": (FORWARD.format(body="return dense @ torch.ones(3, 3)"),
+                       r"forward raised RuntimeError: .* \(at {file}:\d+\) on a sample batch "
+                       r"of 4 rows$"),
+    "shape [B, 1]": (FORWARD.format(body="return dense[:, :1] * self.w"),
+                     r"forward returns shape \[4, 1\] for a batch of 4; return logits of "
+                     r"shape \[batch\] \(e\.g\. \.squeeze\(1\)\)$"),
+    "shape [1]": (FORWARD.format(body="return dense.sum() * self.w"),
+                 r"forward returns shape \[1\] for a batch of 4; return logits of shape "
+                 r"\[batch\]$"),
+    "not a tensor": (FORWARD.format(body="return [1.0] * len(dense)"),
+                     r"forward returns list, not a tensor of logits of shape \[batch\]$"),
+    "non-finite": (FORWARD.format(body="return dense[:, 0] / 0.0"),
+                   r"forward returns non-finite logits \(nan or inf\)"),
+    "asks for a missing field": (FORWARD.format(body="return sparse['user_id'].sum(1)"),
+                                 r"forward asks for sparse\['user_id'\] \(at {file}:\d+\), a "
+                                 r"field this job lacks \(its sparse fields: c0, c1, c2, c3, "
+                                 r"c4, c5, c6, c7\)$"),
+    "asks for lengths of a single field": (
+        FORWARD.format(body="return lengths['c0'].float()"),
+        r"forward asks for lengths\['c0'\] \(at {file}:\d+\), but c0 is not a sequence field "
+        r"\(the job's: none; \[model\.pooling\] c0 = \"none\" makes a list field one\)$"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_bad_module_is_one_line_naming_the_file_and_the_problem(tmp_path, case):
+    body, pattern = BAD[case]
+    job = user_job(tmp_path, body)
+    file = str((tmp_path / "net.py").resolve())
+    with pytest.raises(NetworkError) as caught:
+        build_network(job)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"[model] module {file}: "), message
+    assert re.search(pattern.format(file=re.escape(file)), message), message
+
+
+def test_a_missing_file_is_named_with_where_it_was_looked_for(tmp_path):
+    job = make_job('module = "nets/absent.py:build"', origin=tmp_path / "job.toml")
+    with pytest.raises(NetworkError, match=re.escape(
+            f"[model] module 'nets/absent.py:build': no file {tmp_path.resolve()}"
+            "/nets/absent.py")):
+        build_network(job)
+
+
+def test_a_failed_import_leaves_no_half_module_behind(tmp_path):
+    before = set(sys.modules)
+    with pytest.raises(NetworkError):
+        build_network(user_job(tmp_path, "raise RuntimeError('half')\n"))
+    assert set(sys.modules) == before
