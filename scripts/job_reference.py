@@ -100,13 +100,16 @@ TYPE_NAMES = {int: ("integer", "integers"), float: ("number", "numbers"),
               str: ("string", "strings"), bool: ("boolean", "booleans")}
 
 
-def type_name(t: Any) -> str:
+def type_name(t: Any, plural: bool = False) -> str:
     origin = typing.get_origin(t)
     if origin is list:
-        return "list of " + TYPE_NAMES[typing.get_args(t)[0]][1]
+        return ("lists" if plural else "list") + " of " + type_name(typing.get_args(t)[0], True)
     if origin is dict:
-        return "table of " + TYPE_NAMES[typing.get_args(t)[1]][1]
-    return TYPE_NAMES[t][0]
+        return ("tables" if plural else "table") + " of " + \
+            type_name(typing.get_args(t)[1], True)
+    if t is Any:
+        return "values" if plural else "value"
+    return TYPE_NAMES[t][1 if plural else 0]
 
 
 def toml(value: Any) -> str:

@@ -10,8 +10,8 @@ import torch
 import zmq
 
 from roles.job.settings import parse_job
-from roles.model.graph import example_inputs, plan_graph, plan_job, task_graph, trace
-from roles.model.network import build_model, weighted_loss_sum
+from roles.model.graph import example_inputs, plan_graph, plan_job, task_graph, trace, traced_network
+from roles.model.network import weighted_loss_sum
 from roles.model.parallel import GroupLeader, GroupReplica, MemberServer, Program
 from roles.model.partitioner import PartitionSettings
 from roles.protocol.model_parallel import MemberReply, MemberTensors
@@ -38,7 +38,7 @@ parts = 2
 
 
 def split(owner_of_member_1: set[str]) -> dict[str, int]:
-    gm = trace(build_model(JOB), example_inputs(JOB, 4))
+    gm = trace(traced_network(JOB), example_inputs(JOB, 4))
     return {n.name: int(n.name in owner_of_member_1) for n in gm.graph.nodes}
 
 
@@ -46,7 +46,7 @@ class Member:
     """Member 1 of the group in a thread: its ROUTER inbox, its DEALER to the leader."""
 
     def __init__(self, ctx: zmq.Context, owner: dict[str, int], inbox: str, leader: str):
-        gm = trace(build_model(JOB), example_inputs(JOB, 4))
+        gm = trace(traced_network(JOB), example_inputs(JOB, 4))
         self.server = MemberServer(Program(gm, owner, 1, torch.device("cpu")), lr=1e-3)
         self.inbox = sockets.bind(ctx, zmq.ROUTER, inbox)
         self.to_leader = sockets.connect(ctx, zmq.DEALER, leader, identity="member-0")
@@ -77,13 +77,13 @@ def group(tmp_path):
     """(leader program, leader, member, full model) with the network cut in the middle."""
     ctx = zmq.Context()
     inbox, outbox = f"ipc://{tmp_path}/leader", f"ipc://{tmp_path}/member"
-    owner = split({"mlp_2", "mlp_3", "mlp_4"})  # a cut out and a cut back
+    owner = split({"net_mlp_2", "net_mlp_3", "net_mlp_4"})  # a cut out and a cut back
     member = Member(ctx, owner, outbox, inbox)
     leader_in = sockets.bind(ctx, zmq.ROUTER, inbox)
     to_member = sockets.connect(ctx, zmq.DEALER, outbox, identity="worker-0")
     traffic = sockets.Traffic()
     rejected: list[ProtocolError] = []
-    gm = trace(build_model(JOB), example_inputs(JOB, 4))
+    gm = trace(traced_network(JOB), example_inputs(JOB, 4))
     program = Program(gm, owner, 0, torch.device("cpu"))
     leader = GroupLeader(program, leader_in, {1: to_member},
                          lambda sock, msg: sockets.send(sock, msg, sender="worker-0", seq=0,
@@ -98,15 +98,21 @@ def group(tmp_path):
         assert not member.errors
 
 
-def batch(seed: int) -> tuple[torch.Tensor, ...]:
+def batch(seed: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Four fields' embeddings [32, 8], the dense features, labels and weights."""
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(32, 4, 8, generator=g), torch.randn(32, 5, generator=g),
+    return ([torch.randn(32, 8, generator=g) for _ in range(4)], torch.randn(32, 5, generator=g),
             torch.randint(0, 2, (32,), generator=g).float(), torch.rand(32, generator=g))
+
+
+def named(emb: list[torch.Tensor], dense: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The inputs by the traced network's placeholder names."""
+    return {**{f"s{i}": e for i, e in enumerate(emb)}, "dense": dense}
 
 
 def test_a_two_part_step_equals_the_unpartitioned_step(group):
     gm, program, leader, member, rejected = group
-    reference = build_model(JOB)
+    reference = traced_network(JOB)
     replica = GroupReplica(gm, program, leader, torch.device("cpu"), 1e-3)
     replica.load(np.concatenate([p.detach().reshape(-1).numpy()
                                  for p in reference.parameters()]))
@@ -114,20 +120,21 @@ def test_a_two_part_step_equals_the_unpartitioned_step(group):
     for step in range(3):  # each side takes its Adam steps: the weights stay equal
         emb, dense, labels, weights = batch(step)
         # unpartitioned
-        ref_emb = emb.clone().requires_grad_(True)
-        ref_loss = weighted_loss_sum(reference(ref_emb, dense), labels, weights)
+        ref_emb = [e.clone().requires_grad_(True) for e in emb]
+        ref_loss = weighted_loss_sum(reference(*ref_emb, dense), labels, weights)
         reference.zero_grad()
         (ref_loss / weights.sum()).backward()
         ref_grads = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
         # the group
-        mp_emb = emb.clone().requires_grad_(True)
-        logits = leader.forward({"embeddings": mp_emb, "dense": dense}, train=True)
+        mp_emb = [e.clone().requires_grad_(True) for e in emb]
+        logits = leader.forward(named(mp_emb, dense), train=True)
         leaf = logits.detach().requires_grad_(True)
         loss = weighted_loss_sum(leaf, labels, weights)
         (loss / weights.sum()).backward()
         leader.backward(leaf.grad)
         assert float(loss.detach()) == pytest.approx(float(ref_loss.detach()), abs=1e-5)
-        assert torch.allclose(mp_emb.grad, ref_emb.grad, atol=1e-5)
+        assert all(torch.allclose(m.grad, r.grad, atol=1e-5)
+                   for m, r in zip(mp_emb, ref_emb, strict=True))
         own = {n: p.grad for n, p in program.params.items()}
         grads = []
         for name, _ in reference.named_parameters():
@@ -149,22 +156,22 @@ def test_weights_gather_and_scatter_over_the_group(group):
     assert np.array_equal(replica.flat(), values)
     assert member.server.program.params  # the member holds some of them
     assert len(program.params) + len(member.server.program.params) == \
-        len(list(build_model(JOB).parameters()))
+        len(list(traced_network(JOB).parameters()))
 
 
 def test_scoring_runs_forward_only(group):
     _, program, leader, member, _ = group
     emb, dense, _, _ = batch(9)
-    reference = build_model(JOB)
+    reference = traced_network(JOB)
     with torch.no_grad():
-        out = leader.forward({"embeddings": emb, "dense": dense}, train=False)
-        assert torch.allclose(out, reference(emb, dense), atol=1e-5)
+        out = leader.forward(named(emb, dense), train=False)
+        assert torch.allclose(out, reference(*emb, dense), atol=1e-5)
     assert member.server.steps == 0
 
 
 def test_a_message_for_a_value_not_in_the_network_is_refused():
-    gm = trace(build_model(JOB), example_inputs(JOB, 4))
-    server = MemberServer(Program(gm, split({"mlp_2"}), 1, torch.device("cpu")), lr=1e-3)
+    gm = trace(traced_network(JOB), example_inputs(JOB, 4))
+    server = MemberServer(Program(gm, split({"net_mlp_2"}), 1, torch.device("cpu")), lr=1e-3)
     bad = MemberTensors(step=1, phase="forward", train=True, names=["nope"], shapes=[[1]],
                         values=np.zeros(1, dtype=np.float32))
     with pytest.raises(ProtocolError):
@@ -174,9 +181,9 @@ def test_a_message_for_a_value_not_in_the_network_is_refused():
 
 
 def test_a_plan_that_does_not_match_the_network_is_refused():
-    gm = trace(build_model(JOB), example_inputs(JOB, 4))
-    owner = split({"mlp_2"})
-    owner.pop("mlp_2")
+    gm = trace(traced_network(JOB), example_inputs(JOB, 4))
+    owner = split({"net_mlp_2"})
+    owner.pop("net_mlp_2")
     with pytest.raises(ValueError, match="does not match"):
         Program(gm, owner, 1, torch.device("cpu"))
 
@@ -184,7 +191,7 @@ def test_a_plan_that_does_not_match_the_network_is_refused():
 def test_the_job_plan_pins_inputs_and_output_to_the_leader():
     plan = plan_job(JOB)
     assert plan.parts == 2
-    assert plan.owner["embeddings"] == 0 and plan.owner["dense"] == 0
+    assert all(plan.owner[f"s{i}"] == 0 for i in range(4)) and plan.owner["dense"] == 0
     assert plan.owner["output"] == 0
     assert set(plan.nodes[1])  # the other part has work
     assert plan.cut_critical >= 2  # out to part 1 and back: every chain edge is critical
@@ -193,16 +200,16 @@ def test_the_job_plan_pins_inputs_and_output_to_the_leader():
 
 
 def test_flops_of_the_traced_network():
-    gm = trace(build_model(JOB), example_inputs(JOB, 32))
+    gm = trace(traced_network(JOB), example_inputs(JOB, 32))
     g = task_graph(gm)
     linear = dict(zip(g.names, g.cost, strict=True))
-    assert linear["mlp_0"] == 2 * 32 * (4 * 8 + 5) * 64
-    assert linear["mlp_2"] == 2 * 32 * 64 * 64
-    assert linear["embeddings"] == 0
+    assert linear["net_mlp_0"] == 2 * 32 * (4 * 8 + 5) * 64
+    assert linear["net_mlp_2"] == 2 * 32 * 64 * 64
+    assert linear["s0"] == 0
 
 
 def test_plan_of_four_parts_balances_better_than_the_bound_or_says_so():
-    gm = trace(build_model(JOB), example_inputs(JOB, 32))
+    gm = trace(traced_network(JOB), example_inputs(JOB, 32))
     plan = plan_graph(gm, PartitionSettings(parts=4), critical_bytes=1 << 20,
                       critical_path=True)
     assert plan.balanced == (plan.balance <= 1.2 + 1e-9)
@@ -211,13 +218,13 @@ def test_plan_of_four_parts_balances_better_than_the_bound_or_says_so():
 
 @pytest.mark.parametrize("names, shapes, phase, kind", [
     (["cat"], [[3, 37]], "forward", "bad_field"),        # made here, not sent here
-    (["mlp_1"], [[3, 99]], "forward", "bad_shape"),      # wrong width
-    (["mlp_1"], [[3]], "forward", "bad_shape"),          # wrong rank
-    (["mlp_4"], [[3, 32]], "backward", "bad_field"),     # a gradient of the leader's value
+    (["net_mlp_1"], [[3, 99]], "forward", "bad_shape"),      # wrong width
+    (["net_mlp_1"], [[3]], "forward", "bad_shape"),          # wrong rank
+    (["net_mlp_4"], [[3, 32]], "backward", "bad_field"),     # a gradient of the leader's value
 ])
 def test_tensors_that_do_not_fit_the_plan_are_refused(names, shapes, phase, kind):
-    gm = trace(build_model(JOB), example_inputs(JOB, 4))
-    server = MemberServer(Program(gm, split({"mlp_2", "mlp_3"}), 1, torch.device("cpu")),
+    gm = trace(traced_network(JOB), example_inputs(JOB, 4))
+    server = MemberServer(Program(gm, split({"net_mlp_2", "net_mlp_3"}), 1, torch.device("cpu")),
                           lr=1e-3)
     size = sum(int(np.prod(s)) for s in shapes)
     msg = MemberTensors(step=1, phase=phase, train=True, names=names, shapes=shapes,

@@ -8,7 +8,7 @@ import torch
 
 from roles.data.weighting import decay_weights, weigh
 from roles.job.settings import load_job
-from roles.model.network import build_model, weighted_loss_sum
+from roles.model.network import build_network, weighted_loss_sum
 
 DAY = 86400
 
@@ -49,7 +49,7 @@ def test_without_timestamps_nothing_decays_and_merging_is_over_all_rows():
 def test_a_merged_batch_trains_exactly_like_the_unmerged_one():
     rng = np.random.default_rng(3)
     job = load_job(None, environ={})  # the built-in job's model
-    model = build_model(job)
+    model = build_network(job)
     fields, dim, n_dense = len(job.sparse_fields), job.model.embedding_dim, len(job.dense_fields)
     unique_emb = rng.normal(size=(4, fields, dim)).astype(np.float32)
     unique_dense = rng.normal(size=(4, n_dense)).astype(np.float32)
@@ -62,8 +62,9 @@ def test_a_merged_batch_trains_exactly_like_the_unmerged_one():
         model.zero_grad()
         emb_t = torch.from_numpy(emb).requires_grad_(True)
         w_t = torch.from_numpy(w)
-        loss = weighted_loss_sum(model(emb_t, torch.from_numpy(dense)), torch.from_numpy(y),
-                                 w_t) / w_t.sum()
+        sparse = {f: emb_t[:, i] for i, f in enumerate(job.sparse_fields)}
+        loss = weighted_loss_sum(model(sparse, torch.from_numpy(dense), {}),
+                                 torch.from_numpy(y), w_t) / w_t.sum()
         loss.backward()
         grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).numpy().copy()
         return float(loss.detach()), grads, emb_t.grad.numpy()

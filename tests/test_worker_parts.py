@@ -10,8 +10,8 @@ import torch
 from roles.algorithms.worker.feeder_links import FeederLinks
 from roles.algorithms.worker.pulled import WAIT_REASONS, Pipeline, WaitClock, WaitSample
 from roles.algorithms.worker.replica import ADOPTED, RESTORED, STALE, Replica, WorkerRounds
-from roles.model.compute import BatchCompute
 from roles.job.fields import FieldLayout
+from roles.model.compute import BatchCompute
 from roles.protocol.datapath import (
     Ack,
     Embeddings,
@@ -42,9 +42,10 @@ def reply(batch_id: int, positions: list[int], grid: int, rows: np.ndarray,
 
 
 def split_replies(batch_id: int, n: int = 2) -> list[Embeddings]:
-    """Shard 0 holds the even grid positions (one row used twice), shard 1 the odd ones."""
+    """Shard 0 holds field 0's run of the (field-major) grid, one row used by every sample;
+    shard 1 holds field 1's, a row per sample."""
     grid = n * FIELDS
-    even, odd = list(range(0, grid, 2)), list(range(1, grid, 2))
+    even, odd = list(range(0, n)), list(range(n, grid))
     return [reply(batch_id, even, grid, np.ones((1, DIM)), [0] * len(even)),
             reply(batch_id, odd, grid, np.arange(len(odd) * DIM).reshape(-1, DIM),
                   list(range(len(odd))))]
@@ -296,23 +297,24 @@ def test_a_batch_trains_on_its_grid_and_each_shard_gets_the_gradients_of_its_row
             super().__init__()
             self.inner = model
 
-        def forward(self, emb, dense):
-            return self.inner(emb).squeeze(1)
+        def forward(self, sparse, dense, lengths):
+            return self.inner(torch.stack([sparse["a"], sparse["b"]], 1)).squeeze(1)
 
     net = Net()
     p = Pipeline(shards=2, layout=LAYOUT)
     batch = p.pulled(sample(3))
     for shard, e in enumerate(split_replies(3)):
         p.embeddings(shard, e)
-    compute = BatchCompute(FIELDS, DIM, torch.device("cpu"))
-    grid = compute.embeddings(2, batch.replies, batch.positions)
-    assert grid.shape == (2, FIELDS, DIM)
+    compute = BatchCompute(LAYOUT, torch.device("cpu"))
+    flat = compute.grid(batch.sample, batch.replies, batch.positions)
+    assert flat.shape == (2 * FIELDS, DIM)
+    grid = flat.reshape(FIELDS, 2, DIM).transpose(0, 1)   # [samples, fields, dim]
     assert grid[:, 0].eq(1).all() and grid[1, 1].tolist() == [3.0, 4.0, 5.0]
     loss, weight_sum, grads = compute.train(net, None, batch)
     assert weight_sum == 2.0 and loss > 0
     w = model[1].weight.detach().reshape(FIELDS, DIM)
     with torch.no_grad():
-        d = torch.sigmoid(net(grid, None)) - 1        # d loss / d logit, label 1
+        d = torch.sigmoid(model(grid).squeeze(1)) - 1        # d loss / d logit, label 1
     # shard 0's one row is used by field 0 of both samples: its gradient adds up
     assert np.allclose(grads[0], (w[0] * d.sum() / 2).numpy()[None], atol=1e-6)
     assert np.allclose(grads[1], (w[1][None] * d[:, None] / 2).numpy(), atol=1e-6)

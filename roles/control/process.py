@@ -84,8 +84,8 @@ from roles.control.state import (
 from roles.control.summary import run_summary
 from roles.control.sync_modes import sync_mode
 from roles.job.cli import MAX_WORKERS, started_by_supervisor
-from roles.job.rundir import MetricsLog, atomic_write, make_run_dir
 from roles.job.module_file import portable
+from roles.job.rundir import MetricsLog, atomic_write, make_run_dir
 from roles.job.settings import Job, job_to_toml
 from roles.protocol.checkpoint import CheckpointDrained, CheckpointPart, Snapshotted
 from roles.protocol.datapath import DataIndex, FeederProgress, PartStats

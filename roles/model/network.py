@@ -1,9 +1,7 @@
 """The dense network every worker trains, and the torch settings of a worker's process.
 
 ``build_network`` makes the job's network (``roles.model.networks``: a built-in named by
-``[model] network`` or the user's ``[model] module``), the same in every process. ``CtrNet`` and
-``build_model`` are the network before list fields (embeddings ``[batch, fields, dim]``), kept
-until every caller builds with ``build_network``; the ``mlp`` built-in makes the same layers.
+``[model] network`` or the user's ``[model] module``), the same in every process.
 """
 
 from __future__ import annotations
@@ -20,29 +18,6 @@ from roles.job.settings import Job
 from roles.model.networks import call_factory, check_network, load_factory, network_label
 from roles.protocol.topology import ClusterConfig
 from zbus.endpoints import tcp_host
-
-
-class CtrNet(nn.Module):
-    def __init__(self, fields: int, embedding_dim: int, dense: int, hidden: list[int]):
-        super().__init__()
-        layers: list[nn.Module] = []
-        width = fields * embedding_dim + dense
-        for size in hidden:
-            layers += [nn.Linear(width, size), nn.ReLU()]
-            width = size
-        layers.append(nn.Linear(width, 1))
-        self.mlp = nn.Sequential(*layers)
-
-    def forward(self, embeddings: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        """embeddings [batch, fields, dim], dense [batch, dense] -> logits [batch]."""
-        return self.mlp(torch.cat([embeddings.flatten(1), dense], dim=1)).squeeze(1)
-
-
-def build_model(job: Job) -> CtrNet:
-    """The same initial weights in every process that builds it (seeded, built on the CPU)."""
-    torch.manual_seed(job.train.seed)
-    return CtrNet(len(job.sparse_fields), job.model.embedding_dim, len(job.dense_fields),
-                  job.model.hidden)
 
 
 def build_network(job: Job) -> nn.Module:

@@ -239,7 +239,7 @@ class BatchKeys(Message):
         b = self.bounds
         require(self.samples >= 0 and 2 <= len(b) <= MAX_FIELDS + 1 and b[0] == 0
                 and all(isinstance(x, int) and 0 <= x for x in b)
-                and all(x <= y for x, y in zip(b, b[1:])) and b[-1] < 1 << 31,
+                and all(x <= y for x, y in zip(b, b[1:], strict=False)) and b[-1] < 1 << 31,
                 "bounds must rise from 0, one per field and one more")
         require(not self.positions.size
                 or (self.positions.min() >= 0 and self.positions.max() < self.grid),

@@ -47,6 +47,7 @@ from roles.data.index import DataError, index_files, plan_parts, resolve_paths
 from roles.data.readers import Rejected, Schema, read_part
 from roles.data.stream import Preparer, Tally, eval_batches
 from roles.data.transforms import DenseTransform
+from roles.job.fields import field_of
 from roles.job.settings import Job, JobError, parse_job
 from roles.model.files import (
     DENSE,
@@ -58,7 +59,6 @@ from roles.model.files import (
     load_embeddings,
     load_named,
 )
-from roles.job.fields import field_of
 from roles.model.network import build_network
 from roles.model.sparse_input import SparseInputs
 from roles.tools.output import quiet_broken_pipe

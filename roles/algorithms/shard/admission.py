@@ -40,10 +40,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from roles.job.fields import field_of
-
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.data.hashing import splitmix64
+from roles.job.fields import field_of
 from zbus.codec import ProtocolError
 
 DEPTH = 4

@@ -53,7 +53,8 @@ def network_label(job: Job, source_file: Path | None) -> str:
 
 def _import_file(spec: str, path: Path) -> ModuleType:
     if not path.exists():
-        raise NetworkError(f"[model] module {spec!r}: no file {path}")
+        raise NetworkError(f"[model] module {spec!r}: no file {path}" if not spec.startswith(
+            str(path)) else f"[model] module: no file {path}")
     if not path.is_file():
         raise NetworkError(f"[model] module {spec!r}: {path} is not a file")
     name = f"zbus_network_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
