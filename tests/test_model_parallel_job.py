@@ -55,7 +55,7 @@ def test_a_two_part_group_trains_adult(cluster):
     assert worker == s["samples_trained"]
     assert member["steps"] > 0 and member["scored"] > 0
     plan = orjson.loads((c.run_dir / "partition" / "plan.json").read_bytes())
-    assert plan["owner"]["embeddings"] == 0 and plan["owner"]["output"] == 0
+    assert plan["owner"]["s0"] == 0 and plan["owner"]["output"] == 0
     assert sorted(plan["owner"]) == sorted(n for nodes in plan["nodes"] for n in nodes)
     assert any(e.get("event") == "model_plan" for e in c.events())
 
