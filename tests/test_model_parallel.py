@@ -10,7 +10,14 @@ import torch
 import zmq
 
 from roles.job.settings import parse_job
-from roles.model.graph import example_inputs, plan_graph, plan_job, task_graph, trace, traced_network
+from roles.model.graph import (
+    example_inputs,
+    plan_graph,
+    plan_job,
+    task_graph,
+    trace,
+    traced_network,
+)
 from roles.model.network import weighted_loss_sum
 from roles.model.parallel import GroupLeader, GroupReplica, MemberServer, Program
 from roles.model.partitioner import PartitionSettings

@@ -34,7 +34,7 @@ import numpy as np
 import zmq
 
 from roles.algorithms.feeding.key_routing import KeyRouting
-from roles.algorithms.feeding.tally import FeederTally
+from roles.algorithms.feeding.tally import FeederTally, ListTally
 from roles.algorithms.sync import feeder as sync_modes
 from roles.data.index import DataError
 from roles.data.stream import Samples
@@ -100,6 +100,7 @@ class Feeder(Node):
         self.routing = KeyRouting(c.shards, job.placement, self.layout)
         self.shards_back: dict[int, int] = {}  # shard -> the restart generation acted on
         self.batches_sent = 0
+        self.lists = ListTally(self.layout)   # ids per list field, in the batches sent
         self.batches_resent = 0
         self.paused = False          # an operator paused feeding: no new batch goes out
 
@@ -261,11 +262,12 @@ class Feeder(Node):
                    round_: int) -> tuple[np.ndarray, np.ndarray]:
         """Send one batch: its keys to their shards, its samples to the queue."""
         keys, owner = self.send_keys(batch_id, batch, range(len(self.shards)))
+        lengths = self.layout.lengths(batch.keys)
+        self.lists.add(lengths)
         self.send(self.samples, SampleBatch(
             batch_id=batch_id, epoch=self.passes.epoch, eval=eval,
             min_round=self.passes.eval_round if eval else 0, round=round_, dense=batch.dense,
-            labels=batch.labels, weights=batch.weights,
-            lengths=self.layout.lengths(batch.keys)))
+            labels=batch.labels, weights=batch.weights, lengths=lengths))
         return keys, owner
 
     # -- takes and acknowledgements --------------------------------------------------------
@@ -318,7 +320,7 @@ class Feeder(Node):
                 "placement_window": self.routing.counter.window,
                 "placing": self.routing.placing is not None,
                 **self.ledger.restart_counters(),
-                "bytes_read": self.loading.bytes_read(),
+                "bytes_read": self.loading.bytes_read(), **self.lists.counters(),
                 "progress": self.loading.figures(time.monotonic())}
 
     def on_crash(self, exc: Exception) -> None:

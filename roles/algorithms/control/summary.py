@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from roles.job.fields import FieldLayout
 from roles.job.settings import Job
 from zbus.endpoints import node_index
 
@@ -132,6 +133,27 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     return round(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))], 3)
 
 
+def field_figures(layout: FieldLayout, feeder: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per sparse field: its kind, table and width, and for a list field the ids a sample held
+    on average and the fraction of samples whose list was full (at ``max_len``: older ids may
+    have been dropped), over the batches the feeders sent."""
+    samples = _num(feeder.get("list_samples"))
+    out = []
+    for f, name in enumerate(layout.fields):
+        kind = "sequence" if layout.pooling[f] == "none" else \
+            f"list ({layout.pooling[f]})" if layout.is_list(f) else "single"
+        row: dict[str, Any] = {"field": name, "kind": kind, "table": layout.tables[f],
+                               "dim": layout.dims[f]}
+        if layout.is_list(f):
+            row["max_len"] = layout.widths[f]
+            row["ids_per_sample"] = round(_num(feeder.get(f"ids:{name}")) / samples, 2) \
+                if samples else None
+            row["at_max_len"] = round(_num(feeder.get(f"full:{name}")) / samples, 4) \
+                if samples else None
+        out.append(row)
+    return out
+
+
 def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: str,
                   data: dict[str, Any], epochs: list[dict[str, Any]],
                   counters: dict[str, dict[str, Any]], wall_s: float, rounds: int,
@@ -199,6 +221,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
                            "bytes_read": int(_num(c.get("bytes_read")))}
                     for node, c in sorted(counters.items()) if node.startswith("feeder-")},
         "parts": parts,
+        "fields": field_figures(job.layout(), feeder),
         "embeddings": {"mode": job.train.embeddings, **embedding_waits(counters)},
         "worker_input_bytes_per_sample": worker_input(counters),
         "batch_by_label": job.train.batch_by_label,

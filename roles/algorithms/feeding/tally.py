@@ -22,6 +22,7 @@ from roles.algorithms.feeding.ledger import PartProgress
 from roles.algorithms.feeding.passes import FeedingPass
 from roles.algorithms.shared.metrics import ScoreHistogram
 from roles.data.stream import Tally
+from roles.job.fields import FieldLayout
 from roles.protocol.datapath import FeederProgress, split_batch_id
 from roles.protocol.lifecycle import EpochTrained, EvalReport
 
@@ -169,3 +170,32 @@ class FeederTally:
                 "epoch_samples": self.epoch_samples, "train_loss_sum": self.train_loss_sum,
                 "train_weight_sum": self.train_weight_sum, "acked_by": dict(self.acked_by),
                 "rows_read": self.data.rows_read}
+
+
+class ListTally:
+    """The ids the list fields of the batches a feeder sent held: per field, ids in all and
+    samples whose list was full (``max_len`` ids: older ones may have been dropped), for the
+    summary's per-field figures. Counters are flat numbers (``ids:<field>``, ``full:<field>``,
+    ``list_samples``), so control adds every feeder's up."""
+
+    def __init__(self, layout: FieldLayout):
+        self.fields = [(name, layout.widths[f]) for f, name in enumerate(layout.fields)
+                       if layout.is_list(f)]
+        self.ids = np.zeros(len(self.fields), dtype=np.int64)
+        self.full = np.zeros(len(self.fields), dtype=np.int64)
+        self.samples = 0
+
+    def add(self, lengths: np.ndarray) -> None:
+        if not self.fields:
+            return
+        self.ids += lengths.sum(axis=0, dtype=np.int64)
+        self.full += (lengths == np.array([w for _, w in self.fields])).sum(axis=0)
+        self.samples += len(lengths)
+
+    def counters(self) -> dict[str, int]:
+        if not self.fields:
+            return {}
+        out = {"list_samples": self.samples}
+        for (name, _), ids, full in zip(self.fields, self.ids, self.full, strict=True):
+            out[f"ids:{name}"], out[f"full:{name}"] = int(ids), int(full)
+        return out
