@@ -47,9 +47,10 @@ def zipped(text: str) -> bytes:
     return out.getvalue()
 
 
-def parquet_bytes() -> bytes:
+def parquet_bytes(c: pa.Array | list | None = None) -> bytes:
     out = io.BytesIO()
-    pq.write_table(pa.table({"y": [0, 1], "n": [1.0, 2.0], "c": ["a", "b"]}), out)
+    pq.write_table(pa.table({"y": [0, 1] * 10, "n": [1.0, 2.0] * 10,
+                             "c": ["a", "b"] * 10 if c is None else c}), out)
     return out.getvalue()
 
 
@@ -105,6 +106,19 @@ CASES = {
     "a Latin-1 header": (
         {"l1.csv": ROWS.replace("c\n", "c\xe9\n", 1).encode("latin-1")}, "l1.csv", "csv", "",
         ["its header is not UTF-8 text: convert the file to UTF-8"]),
+    "a Parquet list of structs as a list field": (
+        {"s.parquet": parquet_bytes(pa.array([[{"a": 1}]] * 20))}, "s.parquet", "parquet",
+        'lists = {{ c = "" }}',
+        ["[data] lists: column 'c' of", "is list<element: struct<a: int64>>: the items of a "
+         "list column must be strings or integers"]),
+    "a Parquet list column not named a list": (
+        {"l.parquet": parquet_bytes([["a", "b"]] * 20)}, "l.parquet", "parquet", "",
+        ["[data] sparse column 'c' of", "holds lists (list<element: string>): name it in "
+         '[data] lists (c = "")']),
+    "a text list field with no separator": (
+        {"t.csv": ROWS.encode()}, "t.csv", "csv", 'lists = {{ c = "" }}',
+        ["[data] lists: column 'c' of", "t.csv is text: give the separator its ids are "
+         'joined with (c = "|")']),
     "an eval_path that does not exist": (
         {"t.csv": ROWS.encode()}, "t.csv", "csv", 'eval_path = "{dir}/eval.csv"',
         ["[data] eval_path", "eval.csv' does not exist"]),
@@ -160,6 +174,17 @@ def test_lines_that_are_not_utf8_are_rejected_rows_and_the_rest_is_read(tmp_path
         (4, "not UTF-8 text (convert the file to UTF-8)"),
         (8, "not UTF-8 text (convert the file to UTF-8)")]
     assert rejected[0].text == "1,3,caf\ufffd"
+
+
+def test_an_empty_id_in_a_list_rejects_its_row_and_says_which_column(tmp_path):
+    text = ROWS.replace("\n1,1,a1\n", "\n1,1,a1||b\n").replace("\n0,4,a1\n", "\n0,4,a|\n")
+    (tmp_path / "l.csv").write_text(text.replace(",a", ",a|x"))
+    rows, rejected = read_everything(job_text(tmp_path / "l.csv", more='lists = { c = "|" }'),
+                                     tmp_path / "cache")
+    assert rows == 38
+    assert [(r.line, r.reason, r.text) for r in rejected] == [
+        (3, "column 'c': empty id in a list", "1,1,a|x1||b"),
+        (6, "column 'c': empty id in a list", "0,4,a|x|")]
 
 
 def test_a_text_label_without_positive_says_what_to_set(tmp_path):

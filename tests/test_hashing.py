@@ -3,7 +3,16 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from roles.data.hashing import KEY_HASH, hash_array, hash_value, hash_values, shard_of, splitmix64
+from roles.data.hashing import (
+    KEY_HASH,
+    hash_array,
+    hash_lists,
+    hash_value,
+    hash_values,
+    shard_of,
+    splitmix64,
+)
+from roles.job.fields import PAD
 
 
 def test_keys_are_pinned_and_depend_on_the_field():
@@ -71,3 +80,13 @@ def test_the_keys_are_the_documented_function():
     values = ["", "?", "a", "Private", "68fd1e64", "x" * 17, " padded ", "日本"]
     assert hash_values("workclass", values).tolist() == [reference_key("workclass", v)
                                                         for v in values]
+
+
+def test_list_ids_are_keyed_as_single_values_of_their_table():
+    """A list's ids hash as the same values of a single-valued field of that table (trimmed),
+    the newest ``max_len`` kept, left-aligned, ``PAD`` after them."""
+    got = hash_lists("item", pa.array([["3", " 7 ", "9"], [], None, ["日本"]]), 2)
+    assert got.tolist() == [[hash_value("item", "7"), hash_value("item", "9")], [PAD, PAD],
+                            [PAD, PAD], [reference_key("item", "日本"), PAD]]
+    assert hash_lists("item", pa.array([[3, 7]]), 4).tolist() == [
+        hash_values("item", [3, 7]).tolist() + [PAD, PAD]]

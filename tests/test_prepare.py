@@ -32,7 +32,7 @@ def rows_of(job_text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     source = DataSource(job)
     files, parts, _ = source.index()
     source.files = files
-    prepare = Preparer(job.sparse_fields, DenseTransform(False, np.zeros(2), np.ones(2)), None)
+    prepare = Preparer(job.layout(), DenseTransform(False, np.zeros(2), np.ones(2)), None)
     tally = Tally()
     batches = [b for p in parts for b in eval_batches(source.blocks(p), prepare, tally, 1000)]
     return (np.concatenate([b.labels for b in batches]),

@@ -14,6 +14,14 @@ It is vectorised: a block's column is dictionary-encoded (pyarrow), the distinct
 hashed word by word with numpy over all of them at once, and every row takes its value's key
 by index. (blake2b of each distinct value, as zbus did before, costs a Python call per value;
 ``scripts/bench_ingest.py`` measures both.)
+
+Tables: the name a key is hashed with is its field's *table* (``roles.job.fields``): a field in
+no ``[data.tables]`` entry is its own table, named as the field, so its keys are the ones above;
+the fields of a shared table hash with the table's name, so that one id is one key in each.
+
+List fields: ``hash_lists`` hashes each id of a list as a single value of its table (trimmed,
+the same key), and lays a column of lists out as ``max_len`` slots a row, the newest (last)
+``max_len`` ids in their order, left-aligned, the rest ``PAD``.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from hashlib import blake2b
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from roles.job.fields import PAD
 
 KEY_HASH = "zbus-key-v2"
 MISSING = ("", "?")
@@ -124,8 +134,9 @@ def clean(values: pa.Array) -> pa.Array:
 
 
 def hash_array(field: str, values: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Keys (int64) of a column of values of one field: the column is dictionary-encoded as it
-    is, and only its distinct values are cleaned and hashed."""
+    """Keys (int64) of a column of values of one field, hashed with ``field`` (the name of the
+    field's table: its own name unless ``[data.tables]`` shares one): the column is
+    dictionary-encoded as it is, and only its distinct values are cleaned and hashed."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks() if values.num_chunks else pa.array([], pa.string())
     if not pa.types.is_dictionary(values.type):
@@ -137,6 +148,39 @@ def hash_array(field: str, values: pa.Array | pa.ChunkedArray) -> np.ndarray:
                      _hash_buffers(field_seed(field), data[:0], np.zeros(2, np.int64)))
     index = values.indices.fill_null(len(keys) - 1)  # a null: the missing value's key
     return keys.view(np.int64)[index.to_numpy(zero_copy_only=False)]
+
+
+def hash_lists(table: str, values: pa.ListArray | pa.LargeListArray | pa.ChunkedArray,
+               max_len: int) -> np.ndarray:
+    """Slots (int64 [rows, max_len]) of a column of lists of ids of one table: each row's newest
+    (last) ``max_len`` ids, in their order, left-aligned, padded with ``PAD``; a null or an
+    empty list is all ``PAD``.
+
+    The ids are hashed as ``hash_array`` hashes single values (the flattened ids are
+    dictionary-encoded, each distinct id cleaned and hashed once), so an id has the same key in
+    a list as alone in a field of the same table. The reader rejects a row with an empty, ``?``
+    or null id inside a list, so none is expected here (one would take the table's "missing"
+    key). A key that happens to equal ``PAD`` (one in 2**64) becomes ``PAD + 1``, so that a
+    slot holding an id is never taken for padding.
+    """
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks else pa.array(
+            [], pa.list_(pa.string()))
+    n = len(values)
+    lengths = pc.fill_null(pc.list_value_length(values), 0).to_numpy(
+        zero_copy_only=False).astype(np.int64)
+    flat = values.flatten()   # the ids of the non-null lists, in order
+    keys = hash_array(table, flat) if len(flat) else np.zeros(0, np.int64)
+    keys[keys == PAD] = PAD + 1
+    ends = np.cumsum(lengths)
+    kept = np.minimum(lengths, max_len)
+    first = ends - kept                  # each row's first kept id in ``flat``
+    at = np.arange(max_len)
+    filled = at < kept[:, None]
+    out = np.full((n, max_len), PAD, dtype=np.int64)
+    if len(keys):
+        out[filled] = keys[(first[:, None] + at)[filled]]
+    return out
 
 
 def hash_values(field: str, values: list[str] | np.ndarray) -> np.ndarray:

@@ -40,6 +40,9 @@ MIN_MARK_BYTES = 64 << 10  # and 256 times in a smaller one, at least 64 KiB apa
 READ_BYTES = 16 << 20
 GZIP_READ_BYTES = 1 << 20
 INDEX_VERSION = 3
+# a Parquet file's header is its top-level columns (a list column by its name, not its leaf's,
+# "element"); version 4 of its cached index, so that no leaf names are read from a cache
+PARQUET_INDEX_VERSION = 4
 AUTO_PARTS = 64
 Advance = Callable[[int], None]   # told how many more bytes of the files were read
 CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
@@ -244,7 +247,7 @@ def _index_parquet(path: str, stat: os.stat_result) -> FileIndex:
         marks.append([g, row])
         row += meta.row_group(g).num_rows
     return FileIndex(path, stat.st_size, stat.st_mtime_ns, "parquet", row,
-                     list(meta.schema.names), 0, marks)
+                     list(meta.schema.to_arrow_schema().names), 0, marks)
 
 
 def index_file(path: str, fmt: str, advance: Advance = _nothing) -> FileIndex:
@@ -264,7 +267,8 @@ def index_files(paths: list[str], fmt: str, cache_dir: Path | None = None,
     """The index of every file (from the cache when every file is as it was); ``advance`` is
     told of the bytes read as it goes (the files' sizes add up to the whole)."""
     stats = [os.stat(p) for p in paths]
-    key = hashlib.sha256(orjson.dumps([INDEX_VERSION, fmt, [
+    version = PARQUET_INDEX_VERSION if fmt == "parquet" else INDEX_VERSION
+    key = hashlib.sha256(orjson.dumps([version, fmt, [
         [os.path.abspath(p), s.st_size, s.st_mtime_ns] for p, s in zip(paths, stats,
                                                                         strict=True)]])
     ).hexdigest()[:24]

@@ -15,6 +15,20 @@ a label column (``zbus-predict`` on unlabelled rows) reads labels as NaN. Empty 
 skipped. Missing values: an empty field or ``?`` is missing; a missing dense value becomes the
 training mean (see ``transforms``), a missing categorical value is its field's own "missing"
 key (``hashing``).
+
+List columns (``Schema.lists``: the sparse fields that hold several ids, each with its
+separator): a text column is parsed dictionary-encoded, as the other categorical columns, and
+each distinct value is split at its separator once (``pc.split_pattern``: the separator is
+plain text, ``|``, ``;`` or ``::`` alike), its ids trimmed; a Parquet ``list<>`` or
+``large_list<>`` column of strings or integers is taken as it is (an integer id is its decimal
+text), and a Parquet text column given a separator is split as text is. Either way the block
+holds a ``list<string>`` column, ids in their order (the newest last, as ``hashing`` keeps
+them). An empty value or ``?`` (or a null list) is an empty list; a row with an empty, ``?`` or
+null id *inside* a list (``a||b``, ``a|b|``) is rejected (``empty id in a list``), found on the
+distinct values (text) or with vector operations (Parquet), so that rows without one cost no
+Python. A Parquet list column whose items are neither strings nor integers, a list column that
+is not named in ``[data] lists``, and a text column named there without a separator are
+refused before any row is read (``check_types``, ``DataError``).
 """
 
 from __future__ import annotations
@@ -49,8 +63,9 @@ NUMBER = (r"^[+-]?((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[Nn][Aa][Nn]|[Ii][Nn][Ff]"
 NULLS = ["", "?"]
 CATEGORICAL = pa.dictionary(pa.int32(), pa.string())  # encoded while parsed: keys hash each
 #                                                       distinct value of a chunk once
+LIST_TEXT = pa.list_(pa.string())   # a list column as a block holds it
 __all__ = ["CRITEO_COLUMNS", "DataError", "RawBlock", "Rejected", "Schema", "check_columns",
-           "read_part"]
+           "check_types", "read_part"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +76,7 @@ class Schema:
     positive: tuple[str, ...] = ()
     negative: tuple[str, ...] = ()
     timestamp: str = ""
+    lists: dict[str, str] = field(default_factory=dict)  # list field -> its separator in text
 
     def columns(self) -> list[str]:
         return [*([self.label] if self.label else []), *self.dense, *self.sparse,
@@ -88,8 +104,8 @@ def write_rejected(path: Path, rejected: list[Rejected]) -> None:
 @dataclass
 class RawBlock:
     """Accepted rows of a chunk, in file order: label 0/1 (NaN without a label column), dense
-    values (NaN = missing), one string column per categorical field, timestamps (or None); and
-    the rejected rows."""
+    values (NaN = missing), one column per categorical field (a string or dictionary column; a
+    ``list<string>`` column for a list field), timestamps (or None); and the rejected rows."""
 
     labels: np.ndarray
     dense: np.ndarray
@@ -104,18 +120,24 @@ class RawBlock:
 
 
 class _Reasons:
-    """The first reason each row is rejected for (checks run in column order)."""
+    """The first reason each row is rejected for (checks run in column order); only the rows
+    rejected cost Python."""
 
     def __init__(self, n: int):
-        self.why: list[str | None] = [None] * n
+        self.why: dict[int, str] = {}
+        self.flags = np.zeros(n, dtype=bool)
 
     def add(self, bad: np.ndarray, reason: Callable[[int], str]) -> None:
-        for i in np.flatnonzero(bad):
-            if self.why[i] is None:
-                self.why[i] = reason(int(i))
+        for i in np.flatnonzero(bad & ~self.flags):
+            self.set(int(i), reason(int(i)))
+
+    def set(self, i: int, reason: str) -> None:
+        if not self.flags[i]:
+            self.why[i] = reason
+            self.flags[i] = True
 
     def bad(self) -> np.ndarray:
-        return np.array([w is not None for w in self.why], dtype=bool)
+        return self.flags.copy()
 
 
 def _text(col: pa.Array) -> list[str]:
@@ -217,11 +239,11 @@ def _timestamps(col: pa.Array, reasons: _Reasons) -> np.ndarray:
         try:
             value = _parse_timestamp(text)
         except OverflowError:
-            reasons.why[i] = reasons.why[i] or f"timestamp {text!r} is out of range"
+            reasons.set(i, f"timestamp {text!r} is out of range")
             continue
         if value is None:
-            reasons.why[i] = reasons.why[i] or (f"timestamp {text!r} is neither unix seconds "
-                                                "nor an ISO 8601 date/time")
+            reasons.set(i, f"timestamp {text!r} is neither unix seconds nor an ISO 8601 "
+                           "date/time")
         else:
             out[i] = value
     return out
@@ -236,6 +258,46 @@ def check_columns(schema: Schema, columns: list[str], where: str) -> None:
             hint = _header_hint(columns)   # with one: the columns matter less, shown shorter
             raise DataError(f"[data] {kind} column {name!r} is not in {where} (columns: "
                             f"{_shown(', '.join(columns), 60 if hint else 200)}){hint}")
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or (
+        pa.types.is_dictionary(t) and _is_text(t.value_type))
+
+
+def _is_id(t: pa.DataType) -> bool:
+    """A list item type whose values are ids: text or integers (dictionary-encoded or not)."""
+    if pa.types.is_dictionary(t):
+        return _is_id(t.value_type)
+    return _is_text(t) or pa.types.is_integer(t)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def check_types(schema: Schema, types: pa.Schema, where: str) -> None:
+    """A Parquet file's sparse columns fit the schema: a list field's column is a list of
+    strings or integers, or text given a separator (split as text is); a single-valued field's
+    column is no list."""
+    for name in schema.sparse:
+        if name not in types.names:
+            continue   # check_columns says so
+        t = types.field(name).type
+        if name in schema.lists:
+            if _is_list(t) and not _is_id(t.value_type):
+                raise DataError(f"[data] lists: column {name!r} of {where} is {t}: the items "
+                                "of a list column must be strings or integers")
+            if not _is_list(t) and not _is_text(t):
+                raise DataError(f"[data] lists: column {name!r} of {where} is {t}, neither a "
+                                "list of ids nor text")
+            if _is_text(t) and not schema.lists[name]:
+                raise DataError(f"[data] lists: column {name!r} of {where} is text, not a "
+                                "list: give the separator its ids are joined with ([data] "
+                                f"lists {name} = \"|\")")
+        elif _is_list(t):
+            raise DataError(f"[data] sparse column {name!r} of {where} holds lists ({t}): name "
+                            f"it in [data] lists ({name} = \"\")")
 
 
 def _shown(text: str, width: int = 200) -> str:
@@ -261,6 +323,60 @@ def _header_hint(columns: list[str]) -> str:
     return ""
 
 
+def _empty_ids(items: pa.Array) -> np.ndarray:
+    """Which ids of a list are empty: null, or empty or ``?`` once trimmed."""
+    trimmed = pc.utf8_trim_whitespace(items)
+    bad = pc.or_kleene(pc.is_null(items), pc.is_in(trimmed, pa.array(NULLS)))
+    return np.asarray(pc.fill_null(bad, True).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _split(name: str, col: pa.Array, sep: str, reasons: _Reasons) -> pa.Array:
+    """A text column of lists as ``list<string>``: each distinct value split at ``sep`` once,
+    its ids trimmed; an empty value or ``?`` is an empty list, and a row whose list holds an
+    empty id gets its reason."""
+    if not pa.types.is_dictionary(col.type):
+        col = pc.dictionary_encode(col.cast(pa.string()))
+    values = pc.utf8_trim_whitespace(col.dictionary.cast(pa.string()))
+    d = len(values)
+    empty = np.asarray(pc.fill_null(pc.is_in(values, pa.array(NULLS)), True).to_numpy(
+        zero_copy_only=False), dtype=bool)
+    split = pc.split_pattern(values, sep)
+    counts = pc.fill_null(pc.list_value_length(split), 0).to_numpy(
+        zero_copy_only=False).astype(np.int64)
+    items = pc.utf8_trim_whitespace(split.flatten().filter(pa.array(np.repeat(~empty,
+                                                                              counts))))
+    counts[empty] = 0
+    entry = np.repeat(np.arange(d), counts)
+    bad_entry = np.zeros(d + 1, dtype=bool)
+    bad_entry[entry[_empty_ids(items)]] = True
+    offsets = np.zeros(d + 2, dtype=np.int64)   # one entry more: the empty list of a null
+    np.cumsum(counts, out=offsets[1:d + 1])
+    offsets[d + 1] = offsets[d]
+    lists = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), items)
+    index = col.indices.fill_null(d).to_numpy(zero_copy_only=False)
+    reasons.add(bad_entry[index], lambda i: f"column {name!r}: empty id in a list")
+    return lists.take(pa.array(index))
+
+
+def _listed(name: str, col: pa.Array, reasons: _Reasons) -> pa.Array:
+    """A Parquet list column as ``list<string>`` (integer ids as their decimal text; a null
+    list an empty one); a row whose list holds an empty or null id gets its reason."""
+    col = col.cast(LIST_TEXT)
+    counts = pc.fill_null(pc.list_value_length(col), 0).to_numpy(
+        zero_copy_only=False).astype(np.int64)
+    empty = _empty_ids(col.flatten())
+    if empty.any():
+        rows = np.repeat(np.arange(len(col)), counts)[empty]
+        reasons.add(np.bincount(rows, minlength=len(col)) > 0,
+                    lambda i: f"column {name!r}: empty id in a list")
+    return pc.fill_null(col, pa.scalar([], LIST_TEXT)) if col.null_count else col
+
+
+def _list_column(name: str, col: pa.Array, sep: str, reasons: _Reasons) -> pa.Array:
+    return _listed(name, col, reasons) if _is_list(col.type) else _split(name, col, sep,
+                                                                          reasons)
+
+
 def _block(schema: Schema, table: pa.Table, rows_read: int, lines: Callable[[], list],
            path: str, rejected: list[Rejected], nbytes: int) -> RawBlock:
     """Checked, typed columns of a parsed chunk; ``lines()`` gives (line number, text) of
@@ -274,17 +390,21 @@ def _block(schema: Schema, table: pa.Table, rows_read: int, lines: Callable[[], 
         dense[:, j] = _numbers(name, table.column(name).combine_chunks(), reasons)
     stamps = _timestamps(table.column(schema.timestamp).combine_chunks(), reasons) \
         if schema.timestamp else None
+    lists = {name: _list_column(name, table.column(name).combine_chunks(), schema.lists[name],
+                                reasons) for name in schema.sparse if name in schema.lists}
     bad = reasons.bad()
     if bad.any():
         where = lines()
-        rejected = sorted(rejected + [Rejected(path, where[i][0], str(reasons.why[i]),
+        rejected = sorted(rejected + [Rejected(path, where[i][0], reasons.why[int(i)],
                                                where[i][1]) for i in np.flatnonzero(bad)],
                           key=lambda r: r.line)
         keep = np.flatnonzero(~bad)
         table = table.take(pa.array(keep))
+        lists = {name: col.take(pa.array(keep)) for name, col in lists.items()}
         labels, dense = labels[keep], dense[keep]
         stamps = None if stamps is None else stamps[keep]
-    sparse = [table.column(name).combine_chunks() for name in schema.sparse]
+    sparse = [lists[name] if name in lists else table.column(name).combine_chunks()
+              for name in schema.sparse]
     return RawBlock(labels, dense, sparse, stamps, rows_read, rejected, nbytes)
 
 
@@ -391,6 +511,10 @@ class _ChunkParser:
         self.path = f.path
         self.columns = f.header or CRITEO_COLUMNS
         check_columns(schema, self.columns, f.path)
+        for name in schema.sparse:
+            if name in schema.lists and not schema.lists[name]:
+                raise DataError(f"[data] lists: column {name!r} of {f.path} is text: give the "
+                                f"separator its ids are joined with ({name} = \"|\")")
         self.wanted = schema.columns()
         self.parse_options = dict(delimiter="," if fmt == "csv" else "\t",
                                   quote_char='"' if fmt == "csv" else False)
@@ -480,6 +604,7 @@ def _read_text(f: FileIndex, part: Part, fmt: str, schema: Schema) -> Iterator[R
 def _read_parquet(f: FileIndex, part: Part, schema: Schema) -> Iterator[RawBlock]:
     check_columns(schema, f.header, f.path)
     source = pq.ParquetFile(f.path)
+    check_types(schema, source.schema_arrow, f.path)
     groups = [g for g, first in f.marks
               if first < part.first_row + part.rows
               and first + source.metadata.row_group(g).num_rows > part.first_row]

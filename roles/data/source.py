@@ -1,5 +1,10 @@
 """A job's data as parts: where the rows are (the files' index, or the built-in generator),
-how a row reads (the schema), and the rows of any part, chunk by chunk (``readers``)."""
+how a row reads (the schema), and the rows of any part, chunk by chunk (``readers``).
+
+A block holds one column per sparse field, in the job's order: text for a single-valued field,
+``list<string>`` for a list field (``[data] lists``; the generator's ``genres`` and
+``history`` with ``[data.synthetic] items``), which the ``Preparer`` (``stream``) hashes into
+the job's slots (``Job.layout()``)."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from roles.data.index import (
     Advance,
@@ -21,7 +27,15 @@ from roles.data.index import (
     resolve_paths,
     synthetic_parts,
 )
-from roles.data.readers import RawBlock, Rejected, Schema, check_columns, read_part
+from roles.data.readers import (
+    LIST_TEXT,
+    RawBlock,
+    Rejected,
+    Schema,
+    check_columns,
+    check_types,
+    read_part,
+)
 from roles.data.stats import (
     PartSummary,
     cached_summary,
@@ -45,7 +59,7 @@ class DataSource:
         self.schema = Schema(label=data.label if with_label and not self.synthetic else "",
                              dense=job.dense_fields, sparse=job.sparse_fields,
                              positive=tuple(data.positive), negative=tuple(data.negative),
-                             timestamp=data.timestamp)
+                             timestamp=data.timestamp, lists=job.list_fields)
         self.cache_dir = Path(os.environ.get("ZBUS_CACHE_DIR") or data.cache_dir).expanduser()
         self.generator: Generator | None = None
         self.files: list[FileIndex] = []
@@ -53,7 +67,8 @@ class DataSource:
         if self.synthetic:
             s = data.synthetic
             self.generator = Generator(s.rows, s.vocab, s.dense, s.zipf, s.signal, s.days,
-                                       s.seed)
+                                       s.seed, items=s.items, history=s.history,
+                                       genres=s.genres)
 
     # -- the index (made by one feeder, told to the others through control) -------------------
     def index(self, advance: Advance | None = None) -> tuple[list[FileIndex], list[Part], int]:
@@ -74,6 +89,8 @@ class DataSource:
         for f in files + (eval_files or []):
             if f.header:  # csv, tsv, parquet: every column the job names is there
                 check_columns(self.schema, f.header, f.path)
+            if f.kind == "parquet":   # and holds lists where the job wants them
+                check_types(self.schema, pq.read_schema(f.path), f.path)
         return files + (eval_files or []), parts, n_train
 
     def adopt(self, files: list[dict]) -> None:
@@ -119,6 +136,10 @@ class DataSource:
             for f in range(rows.values.shape[1]):
                 ids = rows.values[:, f]
                 sparse.append(pa.array(ids, mask=ids < 0).cast(pa.string()))
+            if self.generator.items:
+                genres = rows.genres[rows.genres >= 0]   # row by row, in order
+                sparse.append(_lists((rows.genres >= 0).sum(axis=1), genres))
+                sparse.append(_lists(rows.history_lengths, rows.history))
             yield RawBlock(labels=rows.labels, dense=rows.dense, sparse=sparse,
                            timestamps=rows.timestamps if self.schema.timestamp or
                            self.job.data.decay_base > 1 else None, rows_read=len(rows.labels))
@@ -148,7 +169,7 @@ class DataSource:
         summaries = [self.summary(p, d.log1p, sample, d.decay_base > 1.0) for p in training]
         transform, newest = merge_summaries(summaries, d.log1p, len(self.schema.dense))
         unit = DECAY_UNITS[d.decay_unit]
-        return Preparer(self.job.sparse_fields, transform,
+        return Preparer(self.job.layout(), transform,
                         Weighting(d.decay_base, unit, d.drop_below, d.merge,
                                   None if newest is None else newest // unit))
 
@@ -166,3 +187,11 @@ class DataSource:
                 probs.append(rows.probs)
                 left -= len(rows.labels)
         return (np.concatenate(labels), np.concatenate(probs)) if labels else None
+
+
+def _lists(lengths: np.ndarray, ids: np.ndarray) -> pa.Array:
+    """``list<string>``: row i the next ``lengths[i]`` of ``ids``, as decimal text."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids).cast(pa.string()),
+                                    type=LIST_TEXT)

@@ -1,6 +1,9 @@
 """From a part's rows to batches, in bounded memory and in an order that can be replayed.
 
-Each chunk of rows is made into samples: keys hashed (``hashing``), dense values transformed
+Each chunk of rows is made into samples: keys hashed (``hashing``) into the job's slots
+(``roles.job.fields``: one slot per single-valued field, ``max_len`` per list field, its newest
+ids left-aligned and ``PAD`` after them; each field's ids hashed with its table's name, so a
+table shared by several fields gives one id one key), dense values transformed
 with the training statistics (``transforms``), and, for training, weighted (time decay,
 merging within the chunk, dropping: ``weighting``). A training pass over a part then goes
 through a shuffle buffer of ``[data] shuffle_buffer`` samples: once it is full, each batch is
@@ -19,15 +22,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from roles.data.hashing import hash_array
+from roles.data.hashing import hash_array, hash_lists
 from roles.data.readers import RawBlock
 from roles.data.transforms import DenseTransform
 from roles.data.weighting import weigh
+from roles.job.fields import FieldLayout
 
 
 @dataclass(frozen=True)
 class Samples:
-    keys: np.ndarray      # int64 [n, fields]
+    keys: np.ndarray      # int64 [n, slots] (roles.job.fields)
     dense: np.ndarray     # float32 [n, dense]
     labels: np.ndarray    # float32 [n]
     weights: np.ndarray   # float32 [n]
@@ -39,8 +43,8 @@ class Samples:
         return Samples(self.keys[rows], self.dense[rows], self.labels[rows], self.weights[rows])
 
     @classmethod
-    def empty(cls, fields: int, dense: int) -> Samples:
-        return cls(np.zeros((0, fields), np.int64), np.zeros((0, dense), np.float32),
+    def empty(cls, slots: int, dense: int) -> Samples:
+        return cls(np.zeros((0, slots), np.int64), np.zeros((0, dense), np.float32),
                    np.zeros(0, np.float32), np.zeros(0, np.float32))
 
     @classmethod
@@ -74,16 +78,24 @@ class Tally:
 
 
 class Preparer:
-    """Chunks of rows to samples."""
+    """Chunks of rows to samples, their keys laid out as ``layout`` says."""
 
-    def __init__(self, fields: list[str], transform: DenseTransform,
+    def __init__(self, layout: FieldLayout, transform: DenseTransform,
                  weighting: Weighting | None):
-        self.fields, self.transform, self.weighting = fields, transform, weighting
+        self.layout, self.transform, self.weighting = layout, transform, weighting
 
     def keys(self, block: RawBlock) -> np.ndarray:
-        keys = np.empty((len(block), len(self.fields)), dtype=np.int64)
-        for f, name in enumerate(self.fields):
-            keys[:, f] = hash_array(name, block.sparse[f])
+        """int64 [rows, slots]: a single-valued field's key in its slot, a list field's newest
+        ``max_len`` keys in its slots (``PAD`` after them), each hashed with its table's
+        name (block.sparse holds the fields in the layout's order)."""
+        layout = self.layout
+        keys = np.empty((len(block), layout.slots), dtype=np.int64)
+        for f, table in enumerate(layout.tables):
+            if layout.is_list(f):
+                keys[:, layout.slot_range(f)] = hash_lists(table, block.sparse[f],
+                                                           layout.widths[f])
+            else:
+                keys[:, layout.slot_range(f).start] = hash_array(table, block.sparse[f])
         return keys
 
     def __call__(self, block: RawBlock, train: bool, tally: Tally) -> Samples:

@@ -10,6 +10,26 @@ Bernoulli(sigmoid(bias + sum of weights)), with the bias set for about 25 % posi
 probabilities give ``oracle_auc``: the best AUC any model can reach. Timestamps (unix seconds)
 rise through the rows over ``days`` days ending 2026-01-01.
 
+Items (``items`` = N > 0; without, the rows are those above, bit for bit): three fields more,
+``item`` (the candidate shown), ``genres`` (a list: the candidate's genres) and ``history`` (a
+list: the items the user clicked before, newest last), drawn from a random stream of their own,
+(seed, b, ``ITEM_STREAM``), so the fields above stay as they are. Items are Zipf-popular over N;
+the item of popularity rank r has 1 to 3 distinct genres out of ``genres`` (G), a pure function
+of r (so of the item id): its first genre is (r - 1) mod P (P = min(G, N)), so that the items of
+genre g are the ranks g + 1, g + 1 + P, ..., drawn Zipf within it; the others hashed. Each row
+has a latent interest, a genre g_u uniform over P; its history holds 0..``history`` items
+(uniform), each drawn from g_u with probability ``HISTORY_IN_INTEREST`` and from every item
+otherwise, and the candidate from g_u half the time (``CANDIDATE_IN_INTEREST``), else from every
+item. The planted model adds to the logit
+
+    signal * w_item(candidate)                                  the candidate's own weight
+    + signal * mean over g in genres(candidate) of w_genre(g)    its genres
+    + affinity * (history items sharing a genre with the candidate) / max(1, len(history))
+
+(``w`` ~ N(0, 1), pure functions of (seed, id)): the interest term is a product of the
+candidate with each history item, what an attention of the candidate over the history (DIN)
+finds and a pooled history barely shows. The probabilities stay exact, so ``oracle_auc`` holds.
+
 Rows come in blocks of ``BLOCK_ROWS``; block b is drawn from its own random stream (seed, b),
 so rows [a, b) are the same whichever process generates them and however the rows are cut.
 """
@@ -26,6 +46,11 @@ END_TIME = 1_767_225_600  # 2026-01-01T00:00:00Z
 POSITIVE_RATE = 0.25
 BLOCK_ROWS = 1 << 16
 CALIBRATION_ROWS = 1 << 17   # rows whose logits set the bias (and the dense standardisation)
+ITEM_STREAM = 0x17E45        # the items' random stream of block b: (seed, b, ITEM_STREAM)
+HISTORY_IN_INTEREST = 0.8    # a history item is of the user's genre of interest this often
+CANDIDATE_IN_INTEREST = 0.5  # and the candidate this often
+MAX_GENRES = 3               # genres of one item, at most
+AFFINITY = 1.5               # the interest term's weight (logit units) by default
 # Criteo's categorical cardinalities (the Kaggle set), for files of the Criteo layout
 CRITEO_VOCAB = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
                 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
@@ -35,11 +60,43 @@ _TWO53 = float(2 ** 53)
 
 @dataclass(frozen=True)
 class SyntheticBlock:
-    values: np.ndarray      # int64 [rows, fields]: value ids (0 .. vocab-1)
+    values: np.ndarray      # int64 [rows, fields]: value ids (0 .. vocab-1; -1: missing), then
+    #                         the candidate item's id with items
     dense: np.ndarray       # float64 [rows, dense]: raw counts (NaN: missing)
     labels: np.ndarray      # float32 [rows]
     probs: np.ndarray       # float64 [rows]: the true click probability
     timestamps: np.ndarray  # int64 [rows]
+    genres: np.ndarray      # int64 [rows, 3]: the candidate's genres, -1 after them ([rows, 0]
+    #                         without items)
+    history_lengths: np.ndarray  # int64 [rows]: items in each row's history (0 without items)
+    history: np.ndarray     # int64 [sum of history_lengths]: the histories' item ids, row
+    #                         after row, each oldest first
+
+    def slice(self, lo: int, hi: int) -> SyntheticBlock:
+        """Rows [lo, hi)."""
+        ends = np.cumsum(self.history_lengths)
+        first = int(ends[lo - 1]) if lo > 0 else 0
+        last = int(ends[hi - 1]) if hi > lo else first
+        return SyntheticBlock(self.values[lo:hi], self.dense[lo:hi], self.labels[lo:hi],
+                              self.probs[lo:hi], self.timestamps[lo:hi], self.genres[lo:hi],
+                              self.history_lengths[lo:hi], self.history[first:last])
+
+    @classmethod
+    def join(cls, parts: list[SyntheticBlock]) -> SyntheticBlock:
+        return cls(*(np.concatenate([getattr(p, k) for p in parts])
+                     for k in ("values", "dense", "labels", "probs", "timestamps", "genres",
+                               "history_lengths", "history")))
+
+
+@dataclass(frozen=True)
+class _Items:
+    """The item fields of a block's rows (``SyntheticBlock``'s) and their logit terms."""
+
+    item: np.ndarray             # int64 [n]: the candidate's id
+    genres: np.ndarray           # int64 [n, 3]
+    history_lengths: np.ndarray  # int64 [n]
+    history: np.ndarray          # int64 [total]
+    logit: np.ndarray            # float64 [n]
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -107,11 +164,21 @@ class Generator:
     categorical values and missing counts), as real logs have."""
 
     def __init__(self, rows: int, vocab: list[int], dense: int, zipf: float, signal: float,
-                 days: int, seed: int, missing: float = 0.0):
+                 days: int, seed: int, missing: float = 0.0, items: int = 0, history: int = 20,
+                 genres: int = 40, affinity: float = AFFINITY):
         self.rows, self.vocab, self.n_dense = rows, list(vocab), dense
         self.zipf, self.signal, self.days, self.seed = zipf, signal, days, seed
         self.missing = missing
+        self.items, self.max_history, self.n_genres = items, history, genres
+        self.affinity = affinity
         base = splitmix64(np.array([seed], dtype=np.uint64))[0]
+        if items:
+            self.item_stride = self._stride(items, len(vocab))
+            self.item_law = ZipfLaw(items, zipf)
+            self.primary = min(genres, items)   # genres that are some item's first
+            self.genre_law = ZipfLaw(-(-items // self.primary), zipf)
+            self.item_seed, self.genre_seed, self.genre_pick = splitmix64(
+                base ^ np.array([0x17E4_0001, 0x17E4_0002, 0x17E4_0003], dtype=np.uint64))
         self.field_seeds = splitmix64(base ^ np.arange(1, len(vocab) + 1, dtype=np.uint64))
         # a value's id is a fixed bijection of its popularity rank (rank and id unrelated)
         self.strides = [self._stride(size, f) for f, size in enumerate(vocab)]
@@ -141,7 +208,65 @@ class Generator:
     def _blocks(self, rows: int) -> int:
         return -(-rows // BLOCK_ROWS)
 
-    def _logits(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.random.Generator]:
+    # -- items -------------------------------------------------------------------------------
+    def item_ids(self, ranks: np.ndarray) -> np.ndarray:
+        """The id of the item of each popularity rank (a bijection, as the fields' values)."""
+        return ((ranks - 1) * self.item_stride + len(self.vocab)) % self.items
+
+    def item_genres(self, ranks: np.ndarray) -> np.ndarray:
+        """int64 [n, 3]: the genres of the item of each rank, distinct, -1 after them: the
+        first is (rank - 1) mod P, then 0 to 2 more (as many as G allows) hashed from the
+        rank."""
+        g, first = self.n_genres, (ranks - 1) % self.primary
+        h0 = splitmix64(ranks.astype(np.uint64) ^ self.genre_pick)
+        h1 = splitmix64(h0)
+        h2 = splitmix64(h1)
+        count = np.minimum(1 + (h0 % np.uint64(MAX_GENRES)).astype(np.int64), g)
+        step1 = 1 + (h1 % np.uint64(max(g - 1, 1))).astype(np.int64)   # 1 .. G-1
+        step2 = 1 + (h2 % np.uint64(max(g - 2, 1))).astype(np.int64)   # 1 .. G-2, then
+        step2 += step2 >= step1                                          # skipping step1
+        out = np.full((len(ranks), MAX_GENRES), -1, dtype=np.int64)
+        out[:, 0] = first
+        out[:, 1] = np.where(count >= 2, (first + step1) % g, -1)
+        out[:, 2] = np.where(count >= 3, (first + step2) % g, -1)
+        return out
+
+    def _in_genre(self, genre: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Ranks of items whose first genre is ``genre``, Zipf within it."""
+        k = self.genre_law.ranks(u)
+        ranks = (k - 1) * self.primary + genre + 1
+        return np.where(ranks > self.items, ranks - self.primary, ranks)
+
+    def _items(self, b: int) -> _Items:
+        """Block ``b``'s item fields and their terms of the logit (module docstring)."""
+        n = BLOCK_ROWS
+        rng = np.random.default_rng([self.seed, b, ITEM_STREAM])
+        interest = rng.integers(0, self.primary, n)
+        lengths = rng.integers(0, self.max_history + 1, n)
+        owner = np.repeat(np.arange(n), lengths)
+        u = rng.random((3, len(owner)))
+        history = np.where(u[0] < HISTORY_IN_INTEREST, self._in_genre(interest[owner], u[1]),
+                           self.item_law.ranks(u[2]))
+        v = rng.random((3, n))
+        candidate = np.where(v[0] < CANDIDATE_IN_INTEREST, self._in_genre(interest, v[1]),
+                             self.item_law.ranks(v[2]))
+        genres = self.item_genres(candidate)
+        theirs, mine = self.item_genres(history), genres[owner]
+        shared = np.zeros(len(owner), dtype=bool)
+        for a in range(MAX_GENRES):   # a history item's genre a is one of the candidate's
+            shared |= (theirs[:, a] >= 0) & (mine == theirs[:, a:a + 1]).any(axis=1)
+        sharing = np.bincount(owner, weights=shared, minlength=n) / np.maximum(lengths, 1)
+        present = genres >= 0
+        genre_w = np.where(present, hashed_normal(self.genre_seed, np.maximum(genres, 0)), 0.0)
+        ids = self.item_ids(candidate)
+        logit = self.signal * (hashed_normal(self.item_seed, ids)
+                               + genre_w.sum(axis=1) / present.sum(axis=1)) \
+            + self.affinity * sharing
+        return _Items(ids, genres, lengths, self.item_ids(history), logit)
+
+    # -- rows --------------------------------------------------------------------------------
+    def _logits(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.random.Generator,
+                                       _Items | None]:
         n = BLOCK_ROWS
         rng = np.random.default_rng([self.seed, b])
         values = np.empty((n, len(self.vocab)), dtype=np.int64)
@@ -154,11 +279,14 @@ class Generator:
         counts = np.floor(np.exp(rng.normal(1.5, 1.0, size=(n, self.n_dense))))
         if self.n_dense:
             logit += ((np.log1p(counts) - self.z_mean) / self.z_std) @ self.dense_weights
-        return logit, values, counts, rng
+        items = self._items(b) if self.items else None
+        if items is not None:
+            logit += items.logit
+        return logit, values, counts, rng, items
 
     def block(self, b: int) -> SyntheticBlock:
         """Block ``b``: rows [b * BLOCK_ROWS, ...) of the data (the last one is short)."""
-        logit, values, counts, rng = self._logits(b)
+        logit, values, counts, rng, items = self._logits(b)
         probs = _sigmoid(logit + self.bias)
         labels = (rng.random(len(probs)) < probs).astype(np.float32)
         start = b * BLOCK_ROWS
@@ -169,8 +297,15 @@ class Generator:
             gone = rng.random(counts.shape) < self.missing
             counts = np.where(gone, np.nan, counts)
             values = np.where(rng.random(values.shape) < self.missing, -1, values)
-        return SyntheticBlock(values=values[:n], dense=counts[:n], labels=labels[:n],
-                              probs=probs[:n], timestamps=stamps[:n])
+        if items is None:
+            genres = np.zeros((BLOCK_ROWS, 0), np.int64)
+            lengths, history = np.zeros(BLOCK_ROWS, np.int64), np.zeros(0, np.int64)
+        else:
+            values = np.concatenate([values, items.item[:, None]], axis=1)
+            genres, lengths, history = items.genres, items.history_lengths, items.history
+        return SyntheticBlock(values=values, dense=counts, labels=labels, probs=probs,
+                              timestamps=stamps, genres=genres, history_lengths=lengths,
+                              history=history).slice(0, n)
 
     def rows_between(self, start: int, stop: int) -> SyntheticBlock:
         """Rows [start, stop), from the blocks that hold them."""
@@ -180,12 +315,11 @@ class Generator:
             block = self.block(b)
             lo = max(start - b * BLOCK_ROWS, 0)
             hi = min(stop - b * BLOCK_ROWS, len(block.labels))
-            parts.append(SyntheticBlock(*(a[lo:hi] for a in (block.values, block.dense,
-                                                             block.labels, block.probs,
-                                                             block.timestamps))))
+            parts.append(block.slice(lo, hi))
         if not parts:
-            return SyntheticBlock(np.zeros((0, len(self.vocab)), np.int64),
-                                  np.zeros((0, self.n_dense)), np.zeros(0, np.float32),
-                                  np.zeros(0), np.zeros(0, np.int64))
-        return SyntheticBlock(*(np.concatenate([getattr(p, k) for p in parts])
-                                for k in ("values", "dense", "labels", "probs", "timestamps")))
+            fields = len(self.vocab) + (1 if self.items else 0)
+            return SyntheticBlock(np.zeros((0, fields), np.int64), np.zeros((0, self.n_dense)),
+                                  np.zeros(0, np.float32), np.zeros(0), np.zeros(0, np.int64),
+                                  np.zeros((0, MAX_GENRES if self.items else 0), np.int64),
+                                  np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return SyntheticBlock.join(parts) if len(parts) > 1 else parts[0]

@@ -6,11 +6,14 @@ bucket is ``floor(timestamp / unit)`` and its age is the newest bucket minus its
 newest day has age 0 and decay 1. Decay = ``decay_base ** -age``.
 
 Merging: samples with the same sparse keys, dense values, label and time bucket are one sample
-with a ``count`` (a feeder merges within each chunk of rows it reads); its weight is
-decay x count. A sample whose final weight (after merging) falls below ``drop_below`` is
-dropped, with every row merged into it (and counted). The worker's loss is the weighted mean of the
-per-sample losses (sum of weight x loss over sum of weight), so a batch holding one merged
-sample trains exactly as a batch holding its ``count`` copies.
+with a ``count`` (a feeder merges within each chunk of rows it reads). The keys are a sample's
+slots (``roles.job.fields``), a list field's included: two samples with the same ids in the same
+order in a list field (its newest ``max_len``, as kept) are alike there, and with other ids,
+another order or another length they differ. A merged sample's weight is decay x count. A
+sample whose final weight (after merging) falls below ``drop_below`` is dropped, with every row
+merged into it (and counted). The worker's loss is the weighted mean of the per-sample losses
+(sum of weight x loss over sum of weight), so a batch holding one merged sample trains exactly
+as a batch holding its ``count`` copies.
 """
 
 from __future__ import annotations

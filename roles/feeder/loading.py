@@ -162,7 +162,7 @@ class Loading:
         unit = DECAY_UNITS[data.decay_unit]
         weighting = Weighting(data.decay_base, unit, data.drop_below, data.merge,
                               None if m.newest < 0 else m.newest // unit)
-        self.preparer = Preparer(self.job.sparse_fields, self.transform, weighting)
+        self.preparer = Preparer(self.job.layout(), self.transform, weighting)
         self.progress = None
         if self.statistics is not None:
             self.statistics.clear()

@@ -211,7 +211,7 @@ def predict(model: ExportedModel, data: str, fmt: str, split: str,
     columns = set(files[0].header) if files[0].header else None
     with_label = columns is None or schema_of(job, True).label in columns
     schema = schema_of(job, with_label)
-    prepare = Preparer(job.sparse_fields, model.transform, None)
+    prepare = Preparer(job.layout(), model.transform, None)
     tally, scores = Tally(), ScoreHistogram()
     shown: list[Rejected] = []
     total = sum(p.rows for p in parts)

@@ -7,7 +7,8 @@ not grow with the data); rejected rows go to ``DIR/rejected.tsv`` and are not wr
 output file holds about ``--rows-per-file`` rows in row groups of ``--row-group`` rows, in the
 input's order, so the last ``eval_fraction`` of the rows stay the eval split. Columns: the
 label as 0/1 (or none without a label), each dense column as float64 (null where missing), each
-categorical column as text (null where missing), the timestamp as int64 unix seconds.
+categorical column as text (null where missing), a list field (``[data] lists``) as a Parquet
+``list<string>`` column (read back with no separator), the timestamp as int64 unix seconds.
 ``DIR/prepared.json`` says what was written (files, rows, rejected rows, each dense column's
 count, mean and standard deviation) and the ``[data]`` section that reads it, which is printed
 at the end too, whole, to paste into a job file. A progress bar shows the rows converted, their
@@ -37,7 +38,7 @@ import pyarrow.parquet as pq
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from roles.data.index import DataError, index_files, plan_parts, resolve_paths
-from roles.data.readers import RawBlock, Schema, read_part
+from roles.data.readers import LIST_TEXT, RawBlock, Schema, read_part
 from roles.data.rejected import RejectedRows
 from roles.data.stats import Moments
 from roles.job.cli import integer, load_job_or_exit
@@ -53,7 +54,7 @@ def table_of(schema: Schema, block: RawBlock) -> pa.Table:
         values = block.dense[:, j]
         columns[name] = pa.array(values, mask=np.isnan(values))
     for name, values in zip(schema.sparse, block.sparse, strict=True):
-        columns[name] = values.cast(pa.string())
+        columns[name] = values.cast(LIST_TEXT if name in schema.lists else pa.string())
     if schema.timestamp and block.timestamps is not None:
         columns[schema.timestamp] = pa.array(block.timestamps)
     return pa.table(columns)
@@ -96,6 +97,8 @@ def data_section(job: Job, out: Path) -> dict:
     section: dict = {"source": "file", "format": "parquet", "path": str(out.absolute()),
                      "label": d.label, "positive": [], "negative": [], "dense": job.dense_fields,
                      "sparse": job.sparse_fields}
+    if d.lists:   # written as Parquet lists: no separator
+        section["lists"] = dict.fromkeys(d.lists, "")
     if d.timestamp:
         section["timestamp"] = d.timestamp
     for f in dataclasses.fields(DataConfig):
@@ -109,8 +112,15 @@ def data_section(job: Job, out: Path) -> dict:
 
 
 def toml_section(name: str, keys: dict) -> str:
-    """``[name]`` and its keys, one a line (strings, numbers, booleans and lists of them)."""
-    return "\n".join([f"[{name}]", *(f"{k} = {toml_value(v)}" for k, v in keys.items())])
+    """``[name]`` and its keys, one a line (strings, numbers, booleans, lists of them, and
+    tables of those, inline: ``lists``, ``tables``)."""
+    def value(v: object) -> str:
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{toml_value(k)} = {toml_value(x)}"
+                                   for k, x in v.items()) + "}"
+        return toml_value(v)
+
+    return "\n".join([f"[{name}]", *(f"{k} = {value(v)}" for k, v in keys.items())])
 
 
 def refusal(job: Job) -> str:
@@ -133,7 +143,7 @@ def prepare(job: Job, out: Path, rows_per_file: int, row_group: int,
         raise DataError(reason)
     schema = Schema(label=d.label, dense=job.dense_fields, sparse=job.sparse_fields,
                     positive=tuple(d.positive), negative=tuple(d.negative),
-                    timestamp=d.timestamp)
+                    timestamp=d.timestamp, lists=job.list_fields)
     files = index_files(resolve_paths(d.path, d.format), d.format)
     parts, _ = plan_parts(files, d.eval_fraction, d.part_mb)
     out.mkdir(parents=True, exist_ok=True)
