@@ -513,9 +513,12 @@ class Job:
 
     def layout(self) -> FieldLayout:
         """The sparse fields as every role sees them (``roles.job.fields``)."""
+        s = self.data.synthetic
+        implied = {"genres": 3, "history": s.history} if self.data.source == "synthetic" \
+            and s.items else {}   # the synthetic lists' longest: no slot always empty
         return FieldLayout.of(self.sparse_fields, self.list_fields, self.tables,
                               self.model.embedding_dim, self.model.dims, self.model.pooling,
-                              self.model.max_len)
+                              {**implied, **self.model.max_len})
 
     def fingerprint(self) -> str:
         """Same for every node that runs the same job; control refuses a node that differs."""
