@@ -128,7 +128,7 @@ class Shard(Node):
         self.applied: set[int] = set()
         self.answered_eval: OrderedDict[int, None] = OrderedDict()
         self.newest_epoch = 0
-        self.counts = {"key_messages": 0, "lookups": 0, "updates": 0, "duplicates_refused": 0,
+        self.counts = {"key_messages": 0, "lookups": 0, "rows_sent": 0, "updates": 0, "duplicates_refused": 0,
                        "keys_received": 0, "keys_repeated": 0, "lookup_s": 0.0,
                        "update_s": 0.0, "keys_moved_out": 0, "keys_moved_in": 0,
                        "handovers": 0, "handovers_forced": 0, "checkpoints": 0,
@@ -319,6 +319,7 @@ class Shard(Node):
         self.send(self.sock, Embeddings(batch_id=batch_id, grid=held.grid, mask=held.mask,
                                         inverse=held.inverse, rows=rows), identity=identity)
         self.counts["lookups"] += 1
+        self.counts["rows_sent"] += len(held.rows)
 
     def handle_grads(self, msg: EmbeddingGrads) -> None:
         if msg.batch_id in self.applied:

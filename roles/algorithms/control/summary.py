@@ -179,6 +179,7 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
                          if isinstance(c.get("rejected_messages"), dict)
                          and c["rejected_messages"]}
     shards = {node: {k: c.get(k) for k in ("keys", "updates", "duplicates_refused",
+                                           "keys_received", "rows_sent",
                                            "grads_without_keys", "held_dropped",
                                            "keys_moved_out", "keys_moved_in", "lookup_s",
                                            "update_s")}

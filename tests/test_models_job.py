@@ -1,0 +1,239 @@
+"""Jobs with list and sequence fields and networks other than the MLP (real processes,
+loopback): a user's module kept outside the repository trains on a TSV file whose list fields
+share a table with the candidate, and ``zbus-predict`` scores its export with nothing else; a
+worker SIGKILLed in a list-field job loses no batch; a ``din`` job SIGKILLed whole resumes
+from its checkpoint; a shard sends each distinct key of a batch once, however often the
+batch's lists repeat it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pytest
+import zmq
+from harness import REPO, FakeControl, recv_within
+from resumes import every_row_once, killed_and_resumed, trained_past_a_checkpoint
+from test_workers import assert_every_batch_trained_once
+
+from roles.data.index import synthetic_parts
+from roles.data.source import DataSource
+from roles.job.settings import parse_job
+from roles.protocol.datapath import BatchKeys, Embeddings, Lookup
+from zbus.codec import decode
+from zbus.messages import Probe
+
+pytestmark = pytest.mark.integration
+
+ROWS = 12_000
+TRAIN_ROWS = ROWS - ROWS // 5   # eval_fraction 0.2
+ITEMS = """[data.synthetic]
+rows = {rows}
+items = 500
+history = 12
+"""
+
+
+@pytest.fixture(scope="module")
+def items_tsv(tmp_path_factory) -> Path:
+    """The synthetic generator's rows with items (candidate, genres, history) as a TSV file
+    with a header, the lists joined with ``|``."""
+    path = tmp_path_factory.mktemp("items") / "items.tsv"
+    job = parse_job("[data]\nsource = 'synthetic'\n" + ITEMS.format(rows=ROWS), environ={})
+    source = DataSource(job)
+    parts, _ = synthetic_parts(ROWS, 0.2, ROWS)   # every row, in order
+    names = ["label", *job.dense_fields, *job.sparse_fields]
+    with open(path, "wb") as out:
+        out.write(("\t".join(names) + "\n").encode())
+        for block in (b for part in parts for b in source.blocks(part)):
+            columns = [pa.array(block.labels.astype(np.int64))]
+            columns += [pa.array(block.dense[:, j]) for j in range(block.dense.shape[1])]
+            for col in block.sparse:
+                if pa.types.is_list(col.type):
+                    col = pc.binary_join(col, "|")
+                columns.append(pc.fill_null(col.cast(pa.string()), ""))
+            table = pa.table(columns, names=names)
+            sink = pa.BufferOutputStream()
+            pacsv.write_csv(table, sink, pacsv.WriteOptions(include_header=False,
+                                                            delimiter="\t", quoting_style="none"))
+            out.write(sink.getvalue().to_pybytes())
+    return path
+
+
+def items_job(path: Path, network: str = "mlp", more: str = "") -> str:
+    return textwrap.dedent(f"""\
+        name = "items"
+        [data]
+        path = "{path}"
+        format = "tsv"
+        dense = ["d0", "d1", "d2", "d3"]
+        sparse = ["c0", "c1", "c2", "c3", "c4", "c5", "c6", "c7", "item", "genres", "history"]
+        lists = {{ genres = "|", history = "|" }}
+        eval_fraction = 0.2
+        [data.tables]
+        item = ["item", "history"]
+        [model]
+        network = "{network}"
+        embedding_dim = 8
+        hidden = [64, 32]
+        [model.pooling]
+        history = "none"
+        [model.max_len]
+        genres = 3
+        history = 12
+        [train]
+        epochs = 2
+        batch_size = 256
+        [cluster]
+        workers = 2
+        shards = 2
+        """) + more
+
+
+USER_NET = '''
+"""A user's network: the candidate attends over the history by a dot product; the other
+fields and the dense features go through an MLP beside it."""
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, dims, sequences, dense_count, hidden):
+        super().__init__()
+        self.sequence = sequences[0]
+        self.others = [f for f in dims if f != self.sequence]
+        width = sum(dims[f] for f in self.others) + dims[self.sequence] + dense_count
+        self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def forward(self, sparse, dense, lengths):
+        seq, n = sparse[self.sequence], lengths[self.sequence]
+        query = sparse["item"]
+        mask = torch.arange(seq.shape[1]).unsqueeze(0) < n.unsqueeze(1)
+        score = (seq * query.unsqueeze(1)).sum(-1).masked_fill(~mask, -1e9)
+        weight = torch.softmax(score, dim=1) * mask.float()
+        interest = (weight.unsqueeze(-1) * seq).sum(1)
+        parts = [sparse[f] for f in self.others] + [interest, dense]
+        return self.mlp(torch.cat(parts, dim=1)).squeeze(1)
+
+
+def build(sparse_dims, sequence_fields, dense_count, options):
+    return Net(sparse_dims, sequence_fields, dense_count, options.get("width", 32))
+'''
+
+
+def test_a_user_module_outside_the_repository_trains_list_fields_and_predict_scores_it(
+        cluster, items_tsv, tmp_path):
+    home = tmp_path / "elsewhere"        # the job, its network and nothing of zbus
+    (home / "nets").mkdir(parents=True)
+    (home / "nets" / "attend.py").write_text(USER_NET)
+    job = home / "job.toml"
+    job.write_text(items_job(items_tsv, more='[model.options]\nwidth = 24\n')
+                   .replace('network = "mlp"', 'module = "nets/attend.py:build"'))
+    c = cluster(job, checkpoint__every_s=0)
+    assert c.run_job(timeout=300) == 0, c.logs()
+    s = c.summary()
+    assert_every_batch_trained_once(s, epochs=2)
+    assert s["auc"] > 0.75, s["auc"]
+    history = next(f for f in s["fields"] if f["field"] == "history")
+    assert history["kind"] == "sequence" and history["table"] == "item"
+    assert 0 < history["ids_per_sample"] <= 12
+    for shard in s["shards"].values():   # lists repeat keys: fewer rows sent than keys
+        assert 0 < shard["rows_sent"] < shard["keys_received"], shard
+    export = c.run_dir / "export"
+    assert (export / "network.py").read_text() == USER_NET
+    assert 'module = "network.py:build"' in (export / "job.toml").read_text()
+    moved = tmp_path / "moved-export"   # the export alone, away from the job's directory
+    export.rename(moved)
+    (home / "nets" / "attend.py").unlink()
+    scored = subprocess.run([sys.executable, "-m", "roles.tools.predict", str(moved),
+                             str(items_tsv), "--split", "eval", "--json"],
+                            capture_output=True, text=True, cwd=REPO)
+    assert scored.returncode == 0, scored.stderr
+    figures = json.loads(scored.stdout)
+    assert figures["scored"] == ROWS // 5 and figures["rejected_rows"] == 0
+    assert abs(figures["auc"] - s["auc"]) <= 1e-4, (figures["auc"], s["auc"])
+
+
+def test_a_killed_worker_in_a_list_field_job_loses_no_batch(cluster, items_tsv, tmp_path):
+    job = tmp_path / "din.toml"
+    job.write_text(items_job(items_tsv, "din"))
+    c = cluster(job, cluster__node_timeout_s=1.5, checkpoint__every_s=0,
+                model__hidden=[512, 256])
+    c.start_all(slowdown={0: 4.0, 1: 4.0})
+    # the first aggregation round (8 steps a worker): in the first of two epochs of 38 batches
+    c.wait_for_event(lambda e: e["event"] == "round_done" and e["round"] >= 1)
+    c.procs["worker-1"].send_signal(signal.SIGKILL)
+    assert c.wait() == 0, c.logs()
+    s = c.summary()
+    assert_every_batch_trained_once(s, epochs=2)
+    assert s["requeued_batches"] > 0
+    assert [(m["node"], m["event"]) for m in s["membership"] if m["event"] != "joined"] == [
+        ("worker-1", "failed")]
+
+
+def test_a_din_job_killed_whole_resumes_from_its_checkpoint(cluster, items_tsv, tmp_path):
+    job = tmp_path / "din.toml"
+    job.write_text(items_job(items_tsv, "din").replace("epochs = 2", "epochs = 3"))
+    c = cluster(job, checkpoint__every_s=1.0, model__hidden=[512, 256])
+    c.start_all(slowdown={0: 4.0, 1: 4.0})
+    second = c.wait_for_event(lambda e: e["event"] == "epoch_start" and e["epoch"] == 1)
+    trained_past_a_checkpoint(c, second["t"])
+    s = killed_and_resumed(c, 4.0)
+    every_row_once(s, TRAIN_ROWS, 3)
+    assert s["checkpoints"]["rollbacks"][0]["retrained_samples"] > 0
+    assert s["duplicates_refused"]["embedding_updates"] == 0
+    assert s["auc"] > 0.75, s["auc"]
+
+
+def test_a_shard_sends_each_distinct_key_of_a_batch_once_to_each_worker(cluster):
+    c = cluster(cluster__shards=1, cluster__workers=2)
+    fake = FakeControl(c)
+    ctx = zmq.Context()
+    try:
+        c.start_role("ps", 0)
+        fake.admit({"ps-0"})
+        # two samples: a candidate field, then a list field repeating the candidates' keys
+        keys = np.array([7, 8, 7, 9, 7, 8, 8, 7], dtype=np.int64)
+        feeder = dealer(ctx, c.job.cluster.endpoint("ps-0"), "feeder-0")
+        workers = [dealer(ctx, c.job.cluster.endpoint("ps-0"), f"worker-{i}")
+                   for i in range(2)]
+        feeder.send_multipart(BatchKeys(batch_id=3, window=0, samples=2, bounds=[0, 2, 8],
+                                        positions=np.arange(8, dtype=np.int32),
+                                        keys=keys).to_frames())
+        for w in workers:   # an eval batch: a copy may go to a second worker
+            w.send_multipart(Lookup(batch_id=3, train=False).to_frames())
+            got = reply(w)
+            assert isinstance(got, Embeddings)
+            assert len(got.rows) == 3          # 7, 8 and 9: once each
+            assert got.positions().tolist() == list(range(8))
+            assert np.unique(got.inverse).tolist() == [0, 1, 2]
+            assert np.array_equal(got.rows[got.inverse][[0, 2, 4, 7]],
+                                  np.repeat(got.rows[got.inverse][:1], 4, axis=0))
+        beat = fake.heartbeat("ps-0", lambda k: k.get("lookups") == 2)
+        assert beat.counters["rows_sent"] == 6 and beat.counters["keys_received"] == 8
+    finally:
+        ctx.destroy(linger=0)
+
+
+def dealer(ctx: zmq.Context, endpoint: str, identity: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IDENTITY, identity.encode())
+    sock.connect(endpoint)
+    return sock
+
+
+def reply(sock: zmq.Socket):
+    """The next message other than control's health probes."""
+    while True:
+        msg = decode(recv_within(sock)).msg
+        if not isinstance(msg, Probe):
+            return msg
