@@ -188,7 +188,8 @@ class PartitionPanel(Vertical):
             table.add_row(str(s["shard"]), fmt.count(s["keys"]), fmt.count(s["keys_per_s"]),
                           share, fmt.count(s.get("assigned")), fmt.count(s.get("capacity")),
                           fmt.count(s.get("overflow")), fmt.count(s.get("moved")))
-        self.query_one("#tables-head", Static).update(bounds_text(e.get("bounds")))
+        self.query_one("#tables-head", Static).update(
+            bounds_text(e.get("bounds")) + lists_text(e.get("fields") or []))
         tables = self.query_one("#tables", DataTable)
         tables.clear()
         for s in e["shards"]:
@@ -196,6 +197,22 @@ class PartitionPanel(Vertical):
                            fmt.count(s["expired"]), fmt.count(s["evicted"]))
         self.query_one("#model-partition", Static).update(
             model_partition_text(snap["partition"].get("model")))
+
+
+def lists_text(fields: list[dict]) -> Text:
+    """The list fields' ids per sample and how often a list was full (older ids dropped), on
+    a line of their own; nothing for a job without list fields."""
+    lists = [f for f in fields if "max_len" in f]
+    if not lists:
+        return Text("")
+    text = Text("\nlist fields: ", style="bold")
+    text.append("   ".join(
+        f"{f['field']} ({'sequence' if f['kind'] == 'sequence' else f['kind'][6:-1]}"
+        f"{'' if f['table'] == f['field'] else ', table ' + f['table']}) "
+        + (fmt.DASH if f.get("ids_per_sample") is None else
+           f"{f['ids_per_sample']:.1f} ids, {f['at_max_len']:.0%} at {f['max_len']}")
+        for f in lists))
+    return text
 
 
 def bounds_text(bounds: dict | None) -> Text:

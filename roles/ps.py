@@ -128,7 +128,8 @@ class Shard(Node):
         self.applied: set[int] = set()
         self.answered_eval: OrderedDict[int, None] = OrderedDict()
         self.newest_epoch = 0
-        self.counts = {"key_messages": 0, "lookups": 0, "rows_sent": 0, "updates": 0, "duplicates_refused": 0,
+        self.counts = {"key_messages": 0, "lookups": 0, "rows_sent": 0, "updates": 0,
+                       "duplicates_refused": 0,
                        "keys_received": 0, "keys_repeated": 0, "lookup_s": 0.0,
                        "update_s": 0.0, "keys_moved_out": 0, "keys_moved_in": 0,
                        "handovers": 0, "handovers_forced": 0, "checkpoints": 0,

@@ -140,3 +140,22 @@ def test_each_shards_table_figures_and_the_bounds_reach_the_status():
                                          "expire 2.0k batches, cap 1.0M keys")
     assert "unbounded" in bounds_text({**bounds, "min_count": 1, "expire_batches": 0,
                                        "max_rows_per_shard": 0}).plain
+
+
+def test_the_list_fields_ids_per_sample_show_under_the_tables_only_when_a_job_has_lists():
+    from console.panels import lists_text
+    from roles.algorithms.control.summary import field_figures
+    from roles.job.fields import FieldLayout
+    layout = FieldLayout.of(["c0", "genres", "item", "history"],
+                            {"genres": "|", "history": "|"}, {"item": ["item", "history"]}, 8,
+                            {}, {"history": "none"}, {"genres": 3, "history": 20})
+    feeder = {"list_samples": 4, "ids:genres": 8, "full:genres": 1, "ids:history": 42,
+              "full:history": 2}
+    figures = field_figures(layout, feeder)
+    assert [f["kind"] for f in figures] == ["single", "list (mean)", "single", "sequence"]
+    assert figures[3] == {"field": "history", "kind": "sequence", "table": "item", "dim": 8,
+                          "max_len": 20, "ids_per_sample": 10.5, "at_max_len": 0.5}
+    assert lists_text(figures).plain == ("\nlist fields: genres (mean) 2.0 ids, 25% at 3   "
+                                         "history (sequence, table item) 10.5 ids, 50% at 20")
+    singles = FieldLayout.of(["c0", "c1"], {}, {}, 8, {}, {}, {})
+    assert lists_text(field_figures(singles, {})).plain == ""

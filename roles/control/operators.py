@@ -18,6 +18,7 @@ from typing import cast
 
 from roles.algorithms.control.membership import ALIVE, Members
 from roles.algorithms.control.status import StatusBuilder
+from roles.algorithms.control.summary import field_figures
 from roles.algorithms.shared import live
 from roles.control.checkpoints import Checkpoints
 from roles.control.commands import Commands, ProgressClock
@@ -120,6 +121,7 @@ class StatusView:
                  checkpoints: Checkpoints, supervised: bool = False):
         """``supervised``: a supervisor starts every role (``started_by_supervisor``)."""
         self.job = job
+        self.layout = job.layout()
         self.supervised = supervised
         self.run_id = run_id
         self.run_dir = run_dir
@@ -219,9 +221,9 @@ class StatusView:
             "training": self.training(feeding),
             "settings": {"version": self.settings.version, "values": dict(s),
                          "ranges": live.describe()},
-            "partition": {"embeddings": self.builder.embeddings(
+            "partition": {"embeddings": {**self.builder.embeddings(
                 nodes, self.placement.status(), dataclasses.asdict(self.job.embeddings)),
-                          "model": self.model_plan},
+                "fields": field_figures(self.layout, feeding)}, "model": self.model_plan},
             "tasks": self.tasks(now),
             "checkpoint": self.checkpoints.status(now, course.phase == "training"),
             "waiting": [] if self.final else self.waits(now, uptime_s),

@@ -151,6 +151,7 @@ class EmbeddingsView(TypedDict):
     imbalance: float | None                 # busiest shard's keys per second over the mean
     skew_aware: dict[str, Any] | None       # roles.control.placement: PlacementKeeper.status
     bounds: dict[str, Any] | None           # the job's [embeddings]
+    fields: NotRequired[list[dict[str, Any]]]   # per sparse field (summary's field_figures)
 
 
 class PartitionView(TypedDict):
