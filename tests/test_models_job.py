@@ -237,3 +237,22 @@ def reply(sock: zmq.Socket):
         msg = decode(recv_within(sock)).msg
         if not isinstance(msg, Probe):
             return msg
+
+
+@pytest.mark.parametrize("network, settings", [
+    ("mlp", {"train__sync": "lazy"}),
+    ("dlrm", {"train__embeddings": "pull", "train__sync": "step"}),
+    ("dcn", {"cluster__feeders": 2}),
+    ("deepfm", {"train__sync": "round"}),
+    ("wide_deep", {"embeddings__min_count": 2, "embeddings__expire_batches": 20}),
+    ("din", {"train__embeddings": "pull", "cluster__feeders": 2, "train__sync": "lazy"}),
+])
+def test_each_network_trains_list_fields_in_another_mode(cluster, items_tsv, tmp_path,
+                                                         network, settings):
+    job = tmp_path / f"{network}.toml"
+    job.write_text(items_job(items_tsv, network))
+    c = cluster(job, checkpoint__every_s=0, **settings)
+    assert c.run_job(timeout=300) == 0, c.logs()
+    s = c.summary()
+    assert_every_batch_trained_once(s, epochs=2)
+    assert s["auc"] > 0.7, (network, s["auc"])
