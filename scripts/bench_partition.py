@@ -1,12 +1,17 @@
 """Benchmark: zbus's graph partitioner (roles.model.partitioner) against METIS (pymetis) and a
-random balanced partition, in one run, on the traced networks of the example jobs and on random
-layered DAGs of 1k and 10k nodes, k = 2, 4, 8. zbus runs twice: the default choice of which
+random balanced partition, in one run, on the traced networks of the example jobs, of the
+built-in ``dlrm`` and ``dcn`` on a Criteo-like layout (26 categorical fields, 13 dense) and of
+``din`` on synthetic items with a history sequence, and on random layered DAGs of 1k and 10k
+nodes, k = 2, 4, 8. zbus runs twice: the default choice of which
 boundary sub-task moves first (the largest gain, ``pick = "gain"``) and the method's (flow
 order, ``pick = "flow"``); both with the default target ``every``.
 
 Each figure is over ``--seeds`` graphs: cut critical edges summed, balance (max part load /
 mean) the worst, run time the median. METIS gets the same balance bound (ufactor) and edge
 weights that make a critical edge cost 1000 and any other 1, so it minimises the same thing.
+A traced network's edges whose value is not a float tensor must stay uncut: every method gets
+the sub-tasks they join as one unit (zbus contracts them itself; METIS and the random partition
+are given the units as vertices).
 Targets: cut critical edges within 1.1x of METIS at the balance bound; a 10k-node graph in
 under 5 s.
 
@@ -28,24 +33,30 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from roles.job.settings import load_job  # noqa: E402
-from roles.model.graph import example_inputs, task_graph, trace  # noqa: E402
-from roles.model.network import build_model  # noqa: E402
-from roles.model.partitioner import PartitionSettings, balance_of, cut_counts, partition  # noqa: E402
+from roles.job.settings import Job, load_job, parse_job  # noqa: E402
+from roles.model.graph import task_graph, trace_job  # noqa: E402
+from roles.model.partitioner import (  # noqa: E402
+    PartitionSettings,
+    balance_of,
+    cut_counts,
+    partition,
+    units,
+)
 from roles.model.task_graph import TaskGraph, layered_dag  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def metis(g: TaskGraph, k: int, balance: float) -> tuple[np.ndarray, float]:
-    """METIS cannot pin: sub-tasks pinned to one part (a traced network's inputs and output)
-    are merged into one vertex, whose part is then called 0."""
+    """METIS cannot pin nor keep an edge uncut: sub-tasks pinned to one part (a traced
+    network's inputs and output) are merged into one vertex, whose part is then called 0, and
+    so are the sub-tasks joined by uncut edges (``units``)."""
     import pymetis
 
-    vertex = np.arange(g.n)
+    vertex = units(g)
     for part in set(g.pinned.values()):
         pinned = [node for node, p in g.pinned.items() if p == part]
-        vertex[pinned] = pinned[0]
+        vertex[np.isin(vertex, vertex[pinned])] = vertex[pinned[0]]
     _, vertex = np.unique(vertex, return_inverse=True)
     n = int(vertex.max()) + 1
     keep = vertex[g.src] != vertex[g.dst]
@@ -88,23 +99,42 @@ def quiet_stdout():
 
 
 def random_balanced(g: TaskGraph, k: int, seed: int) -> tuple[np.ndarray, float]:
-    """Sub-tasks in random order, each to the part with the least load so far."""
+    """Units (sub-tasks, or those joined by uncut edges) in random order, each to the part
+    with the least load so far."""
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
-    assign = np.zeros(g.n, dtype=np.int64)
+    unit = units(g)
+    cost = np.bincount(unit, weights=g.cost)
+    assign = np.zeros(len(cost), dtype=np.int64)
     loads = np.zeros(k)
-    for i in rng.permutation(g.n):
+    for i in rng.permutation(len(cost)):
         p = int(np.argmin(loads))
         assign[i] = p
-        loads[p] += g.cost[i]
-    return assign, time.perf_counter() - started
+        loads[p] += cost[i]
+    return assign[unit], time.perf_counter() - started
 
 
-def traced(job_file: str) -> TaskGraph:
-    job = load_job(str(REPO / job_file))
-    g = task_graph(trace(build_model(job), example_inputs(job)))
+def traced(job: Job) -> TaskGraph:
+    g = task_graph(trace_job(job))
     g.mark_critical(job.partition.critical_bytes, job.partition.critical_path)
     return g
+
+
+CRITEO_LIKE = ('[data]\nsource = "synthetic"\n[data.synthetic]\nvocab = [{vocab}]\ndense = 13\n'
+               '[model]\nnetwork = "{network}"\n[train]\nsync = "every"\n')
+DIN = ('[data]\nsource = "synthetic"\n[data.synthetic]\nitems = 1000\nhistory = 20\n'
+       '[model]\nnetwork = "din"\n[model.pooling]\nhistory = "none"\n[model.max_len]\n'
+       'history = 20\n[train]\nsync = "every"\n')
+
+
+def builtin_jobs() -> list[tuple[str, Job]]:
+    """dlrm and dcn on a Criteo-like layout (26 categorical fields of 1,000 to 1M values, 13
+    dense), din on synthetic items with a history sequence of 20; the jobs' other settings
+    (embedding width, hidden layers, batch size, [partition]) are the defaults."""
+    vocab = ", ".join(str(int(v)) for v in np.geomspace(1_000, 1_000_000, 26))
+    return [(f"traced {net}", parse_job(CRITEO_LIKE.format(vocab=vocab, network=net),
+                                        environ={})) for net in ("dlrm", "dcn")] \
+        + [("traced din", parse_job(DIN, environ={}))]
 
 
 def measure(graphs: list[TaskGraph], k: int, balance: float) -> dict[str, tuple]:
@@ -134,7 +164,9 @@ def main() -> None:
     except ImportError:
         sys.exit("pymetis is a benchmark-only dependency: .venv/bin/pip install pymetis")
     cases: list[tuple[str, list[TaskGraph]]] = [
-        (f"traced {name}", [traced(name)]) for name in ("jobs/adult.toml", "jobs/adult_mp.toml")]
+        (f"traced {Path(name).stem}", [traced(load_job(str(REPO / name)))])
+        for name in ("jobs/adult.toml", "jobs/adult_mp.toml")]
+    cases += [(name, [traced(job)]) for name, job in builtin_jobs()]
     cases += [(f"layered {n // 1000}k", [layered_dag(n, seed=s) for s in range(args.seeds)])
               for n in (1000, 10_000)]
     print(f"balance bound {args.balance}; cut = cut critical edges summed over the graphs; "

@@ -1,25 +1,34 @@
 """A network split over two members of a model-parallel group, over real ZeroMQ sockets on
-loopback: a step gives the loss and gradients of the unpartitioned network (to 1e-5), and the
-plans of the job's network."""
+loopback: a step gives the loss and gradients of the unpartitioned network (to 1e-5), for the
+mlp, din (a sequence and its lengths), dlrm, dcn and a user's module; the plans of every
+built-in (inputs and output on the leader, no value that is not a float tensor cut); the flat
+weights in the network's own parameter order; a network torch.fx cannot trace is one line."""
 
+import contextlib
+import re
+import textwrap
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import zmq
 
-from roles.job.settings import parse_job
+from roles.job.settings import Job, parse_job
 from roles.model.graph import (
+    differentiable,
     example_inputs,
     plan_graph,
     plan_job,
     task_graph,
     trace,
+    trace_job,
     traced_network,
 )
-from roles.model.network import weighted_loss_sum
-from roles.model.parallel import GroupLeader, GroupReplica, MemberServer, Program
+from roles.model.network import build_network, weighted_loss_sum
+from roles.model.networks import NetworkError, input_names, sample_batch
+from roles.model.parallel import GroupLeader, GroupReplica, MemberServer, Program, flat_layout
 from roles.model.partitioner import PartitionSettings
 from roles.protocol.model_parallel import MemberReply, MemberTensors
 from zbus import sockets
@@ -52,8 +61,9 @@ def split(owner_of_member_1: set[str]) -> dict[str, int]:
 class Member:
     """Member 1 of the group in a thread: its ROUTER inbox, its DEALER to the leader."""
 
-    def __init__(self, ctx: zmq.Context, owner: dict[str, int], inbox: str, leader: str):
-        gm = trace(traced_network(JOB), example_inputs(JOB, 4))
+    def __init__(self, ctx: zmq.Context, owner: dict[str, int], inbox: str, leader: str,
+                 job: Job = JOB):
+        gm = trace(traced_network(job), example_inputs(job, 4))
         self.server = MemberServer(Program(gm, owner, 1, torch.device("cpu")), lr=1e-3)
         self.inbox = sockets.bind(ctx, zmq.ROUTER, inbox)
         self.to_leader = sockets.connect(ctx, zmq.DEALER, leader, identity="member-0")
@@ -79,18 +89,18 @@ class Member:
             self.to_leader.close(0)
 
 
-@pytest.fixture
-def group(tmp_path):
-    """(leader program, leader, member, full model) with the network cut in the middle."""
+@contextlib.contextmanager
+def two_members(where: Path, job: Job, owner: dict[str, int]):
+    """(traced network, leader program, leader, member, rejected) of a group of two whose
+    network is cut as ``owner`` says, over ipc sockets in ``where``."""
     ctx = zmq.Context()
-    inbox, outbox = f"ipc://{tmp_path}/leader", f"ipc://{tmp_path}/member"
-    owner = split({"net_mlp_2", "net_mlp_3", "net_mlp_4"})  # a cut out and a cut back
-    member = Member(ctx, owner, outbox, inbox)
+    inbox, outbox = f"ipc://{where}/leader", f"ipc://{where}/member"
+    member = Member(ctx, owner, outbox, inbox, job)
     leader_in = sockets.bind(ctx, zmq.ROUTER, inbox)
     to_member = sockets.connect(ctx, zmq.DEALER, outbox, identity="worker-0")
     traffic = sockets.Traffic()
     rejected: list[ProtocolError] = []
-    gm = trace(traced_network(JOB), example_inputs(JOB, 4))
+    gm = trace(traced_network(job), example_inputs(job, 4))
     program = Program(gm, owner, 0, torch.device("cpu"))
     leader = GroupLeader(program, leader_in, {1: to_member},
                          lambda sock, msg: sockets.send(sock, msg, sender="worker-0", seq=0,
@@ -103,6 +113,14 @@ def group(tmp_path):
         member.thread.join(5)
         ctx.destroy(linger=0)
         assert not member.errors
+
+
+@pytest.fixture
+def group(tmp_path):
+    """(leader program, leader, member, full model) with the network cut in the middle."""
+    owner = split({"net_mlp_2", "net_mlp_3", "net_mlp_4"})  # a cut out and a cut back
+    with two_members(tmp_path, JOB, owner) as made:
+        yield made
 
 
 def batch(seed: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -155,6 +173,164 @@ def test_a_two_part_step_equals_the_unpartitioned_step(group):
     assert not rejected
 
 
+ITEMS = """
+[data.synthetic]
+items = 200
+history = 6
+genres = 10
+vocab = [10, 20, 30]
+dense = 3
+[model.pooling]
+history = "none"
+[model.max_len]
+history = 6
+genres = 3
+"""
+
+# a user's module: its parameters registered in another order than its forward uses them
+# (head first, used last; spare used by no node), and values that are not float tensors
+# (a bool mask made from the lengths, the batch size read from a shape at the very end)
+REORDERED = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, sparse_dims, sequence_fields, dense_count):
+        super().__init__()
+        self.fields = list(sparse_dims)
+        self.head = nn.Linear(16, 1)
+        width = sum(sparse_dims.values()) - sparse_dims["history"] + 8 + dense_count
+        self.body = nn.Linear(width, 16)
+        self.seq = nn.Linear(sparse_dims["history"], 8)
+        self.spare = nn.Parameter(torch.zeros(3))
+
+    def forward(self, sparse, dense, lengths):
+        seq = sparse["history"]
+        mask = torch.arange(seq.shape[1], device=seq.device)[None, :] \\
+            < lengths["history"][:, None]
+        pooled = (self.seq(seq) * mask.unsqueeze(2)).sum(1)
+        rest = [sparse[f] if f != "history" else pooled for f in self.fields]
+        hidden = torch.relu(self.body(torch.cat([*rest, dense], dim=1)))
+        return self.head(hidden).view(seq.shape[0])
+
+
+def build(sparse_dims, sequence_fields, dense_count, options):
+    return Net(sparse_dims, sequence_fields, dense_count)
+"""
+
+
+def items_job(model: str, where: Path | None = None, module: str = "") -> Job:
+    text = (f'name = "mp"\n[data]\nsource = "synthetic"\n{ITEMS}\n[model]\n{model}\n'
+            '[train]\nbatch_size = 32\nsync = "every"\n[cluster]\nparts = 2\n')
+    if where is None:
+        return parse_job(text, environ={})
+    (where / "net.py").write_text(textwrap.dedent(module))
+    (where / "job.toml").write_text(text)
+    return parse_job(text, origin=str(where / "job.toml"), base_dir=where, environ={})
+
+
+def criteo_job(network: str) -> Job:
+    """A Criteo-like layout on synthetic data: 26 categorical fields, 13 dense features."""
+    vocab = ", ".join(str(10 + 3 * i) for i in range(26))
+    return parse_job(f'name = "mp"\n[data]\nsource = "synthetic"\n[data.synthetic]\n'
+                     f'vocab = [{vocab}]\ndense = 13\n[model]\nnetwork = "{network}"\n'
+                     'embedding_dim = 8\nhidden = [64, 32]\n[train]\nbatch_size = 32\n'
+                     'sync = "every"\n[cluster]\nparts = 2\n', environ={})
+
+
+def job_inputs(job: Job, seed: int, rows: int = 32) -> tuple[list[torch.Tensor], ...]:
+    """A batch in the traced network's input order (s<i>, dense, l<j>; random embeddings,
+    sequences zero past their lengths), with labels and weights."""
+    sparse, dense, lengths = sample_batch(job.layout(), len(job.dense_fields), rows, seed)
+    g = torch.Generator().manual_seed(seed)
+    return ([*sparse.values(), dense, *lengths.values()],
+            torch.randint(0, 2, (rows,), generator=g).float(), torch.rand(rows, generator=g))
+
+
+def steps_equal_unpartitioned(job, gm, program, leader, member, rejected, steps=3) -> None:
+    """``steps`` training steps of the group and of the unpartitioned network from the same
+    weights (the group's flat weights loaded in the network's own parameter order): the same
+    loss, input gradients and parameter gradients, to 1e-5."""
+    reference = traced_network(job)
+    names = input_names(len(job.layout().fields), len(job.layout().sequence_fields))
+    replica = GroupReplica(gm, program, leader, torch.device("cpu"), 1e-3)
+    replica.load(np.concatenate([p.detach().reshape(-1).numpy()
+                                 for p in reference.parameters()]))
+    ref_adam = torch.optim.Adam(reference.parameters(), lr=1e-3)
+    for step in range(steps):
+        inputs, labels, weights = job_inputs(job, step)
+        float_in = [i for i, t in enumerate(inputs) if t.is_floating_point()]
+        ref_in = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
+        ref_loss = weighted_loss_sum(reference(*ref_in), labels, weights)
+        reference.zero_grad()
+        (ref_loss / weights.sum()).backward()
+        ref_grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
+                               .reshape(-1) for p in reference.parameters()])
+        mp_in = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
+        logits = leader.forward(dict(zip(names, mp_in, strict=True)), train=True)
+        leaf = logits.detach().requires_grad_(True)
+        loss = weighted_loss_sum(leaf, labels, weights)
+        (loss / weights.sum()).backward()
+        leader.backward(leaf.grad)
+        assert float(loss.detach()) == pytest.approx(float(ref_loss.detach()), abs=1e-5)
+        for i in float_in:
+            assert torch.allclose(mp_in[i].grad, ref_in[i].grad, atol=1e-5), names[i]
+        held = {**program.params, **member.server.program.params}
+        grads = [(held[n].grad if held[n].grad is not None else torch.zeros_like(held[n]))
+                 .reshape(-1) for n, _, _ in flat_layout(gm, program.owner)]
+        assert torch.allclose(torch.cat(grads), ref_grads, atol=1e-5)
+        ref_adam.step()
+        replica.optimizer.step()
+    assert np.allclose(replica.flat(), np.concatenate(
+        [p.detach().reshape(-1).numpy() for p in reference.parameters()]), atol=1e-5)
+    assert member.server.steps == steps
+    assert not rejected
+
+
+@pytest.mark.parametrize("network", ["din", "dcn", "dlrm", "reordered"])
+def test_a_two_part_step_of_a_planned_network_equals_the_unpartitioned_step(network, tmp_path):
+    """Control's plan (plan_job, 2 parts) of din (a sequence and its int64 lengths), dcn and
+    dlrm (26 fields, 13 dense) and of a user's module with bool masks and shapes."""
+    job = {"din": lambda: items_job('network = "din"\nembedding_dim = 8\nhidden = [32, 16]'),
+           "dcn": lambda: criteo_job("dcn"), "dlrm": lambda: criteo_job("dlrm"),
+           "reordered": lambda: items_job('module = "net.py:build"\nembedding_dim = 8',
+                                          tmp_path, REORDERED)}[network]()
+    plan = plan_job(job)
+    assert plan.nodes[1], "the plan leaves member 1 nothing to do"
+    with two_members(tmp_path, job, plan.owner) as (gm, program, leader, member, rejected):
+        steps_equal_unpartitioned(job, gm, program, leader, member, rejected)
+
+
+def test_the_flat_weights_follow_the_networks_own_parameter_order(tmp_path):
+    """A GraphModule orders parameters by first use and drops those no node uses; the group's
+    flat weights are the network's ``parameters()`` (what the aggregator and data-parallel
+    replicas use), whichever member holds each."""
+    job = items_job('module = "net.py:build"\nembedding_dim = 8', tmp_path, REORDERED)
+    gm = trace_job(job, 4)
+    network = [f"net.{n}" for n, _ in build_network(job).named_parameters()]
+    assert network[:3] == ["net.spare", "net.head.weight", "net.head.bias"]
+    traced = [n for n, _ in gm.named_parameters()]
+    assert traced != network and "net.spare" not in traced   # what the point is about
+    owner = {n.name: int(n.name in {"net_body", "relu"}) for n in gm.graph.nodes}
+    assert [n for n, _, _ in flat_layout(gm, owner)] == network
+    with two_members(tmp_path, job, owner) as (gm, program, leader, member, _):
+        assert list(member.server.program.params) == ["net.body.weight", "net.body.bias"]
+        assert list(program.params) == [n for n in network if "body" not in n]
+        replica = GroupReplica(gm, program, leader, torch.device("cpu"), 1e-3)
+        reference = np.concatenate([p.detach().reshape(-1).numpy()
+                                    for p in build_network(job).parameters()])
+        assert replica.size == reference.size
+        assert np.array_equal(replica.flat(), reference)   # the same seeded weights
+        values = np.arange(replica.size, dtype=np.float32)
+        replica.load(values)
+        assert np.array_equal(replica.flat(), values)
+        body = build_network(job)
+        torch.nn.utils.vector_to_parameters(torch.from_numpy(values), body.parameters())
+        assert torch.equal(member.server.program.params["net.body.weight"], body.body.weight)
+        assert torch.equal(program.params["net.spare"], body.spare)
+
+
 def test_weights_gather_and_scatter_over_the_group(group):
     gm, program, leader, member, _ = group
     replica = GroupReplica(gm, program, leader, torch.device("cpu"), 1e-3)
@@ -204,6 +380,126 @@ def test_the_job_plan_pins_inputs_and_output_to_the_leader():
     assert plan.cut_critical >= 2  # out to part 1 and back: every chain edge is critical
     assert plan.bytes_per_step > 0
     assert sum(len(n) for n in plan.nodes) == len(plan.owner)
+
+
+VARIANTS = {
+    "no lists": '[data.synthetic]\nvocab = [10, 20, 30, 40]\ndense = 5\n',
+    "pooled lists": '[data.synthetic]\nitems = 200\nhistory = 6\n',          # mean pooled
+    "a sequence": ITEMS,                                                       # l0 lengths
+}
+PLANS = [(net, variant, parts) for net in ("mlp", "dlrm", "dcn", "deepfm", "wide_deep", "din")
+         for variant in VARIANTS if net != "din" or variant == "a sequence"
+         for parts in (2, 4)]
+
+
+@pytest.mark.parametrize("network, variant, parts", PLANS)
+def test_every_builtin_plans_with_inputs_and_output_on_the_leader_and_no_non_float_value_cut(
+        network, variant, parts):
+    job = parse_job(f'[data]\nsource = "synthetic"\n{VARIANTS[variant]}\n[model]\n'
+                    f'network = "{network}"\nembedding_dim = 8\n[train]\nbatch_size = 64\n'
+                    f'sync = "every"\n[cluster]\nparts = {parts}\n', environ={})
+    plan = plan_job(job)
+    gm = trace_job(job, 4)
+    nodes = list(gm.graph.nodes)
+    assert plan.parts == parts and set(plan.owner) == {n.name for n in nodes}
+    assert set(plan.owner.values()) <= set(range(parts))
+    assert sorted(n for part in plan.nodes for n in part) == sorted(plan.owner)
+    ends = [n.name for n in nodes if n.op in ("placeholder", "output")]
+    assert len(ends) == len(job.layout().fields) + 2 + len(job.layout().sequence_fields)
+    assert all(plan.owner[n] == 0 for n in ends)
+    if variant == "a sequence":
+        assert not differentiable(gm.graph.find_nodes(op="placeholder", target="l0")[0])
+    for node in nodes:
+        if not differentiable(node):
+            assert {plan.owner[u.name] for u in node.users} <= {plan.owner[node.name]}, node
+    for member in range(parts):   # and every member's Program takes it
+        Program(gm, plan.owner, member, torch.device("cpu"))
+
+
+UNTRACEABLE = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.out = nn.Linear(width, 1)
+
+    def forward(self, sparse, dense, lengths):
+        x = torch.cat([*sparse.values(), dense], dim=1)
+        if x.sum() > 0:
+            x = x * 2
+        return self.out(x).squeeze(1)
+
+
+def build(sparse_dims, sequence_fields, dense_count, options):
+    return Net(sum(sparse_dims.values()) + dense_count)
+"""
+
+
+def untraceable_job(where: Path) -> Job:
+    (where / "net.py").write_text(UNTRACEABLE)
+    text = ('name = "untraceable"\n[data]\nsource = "synthetic"\n[data.synthetic]\n'
+            'rows = 1000\n[model]\nmodule = "net.py:build"\n[train]\nbatch_size = 32\n'
+            'sync = "every"\n[cluster]\nparts = 2\n')
+    (where / "job.toml").write_text(text)
+    return parse_job(text, origin=str(where / "job.toml"), base_dir=where, environ={})
+
+
+def untraceable_line(where: Path, parts: int) -> str:
+    net = re.escape(str(where / "net.py"))
+    return (rf"^\[model\] module {net} cannot be traced for \[cluster\] parts = {parts}: "
+            r"TraceError: symbolically traced variables cannot be used as inputs to control "
+            rf"flow \(at {net}:13\); run it with parts = 1$")
+
+
+def test_a_network_fx_cannot_trace_is_one_line_saying_run_it_with_parts_1(tmp_path):
+    from roles.model.parallel import member_program
+    from roles.protocol.model_parallel import ModelPlan
+
+    job = untraceable_job(tmp_path)
+    build_network(job)   # it runs (parts = 1 trains it); only tracing fails
+    with pytest.raises(NetworkError, match=untraceable_line(tmp_path, 2)):
+        plan_job(job)
+    with pytest.raises(NetworkError, match=untraceable_line(tmp_path, 4)):
+        plan_job(job, 4)   # zbus-partition --parts 4
+    with pytest.raises(NetworkError, match=untraceable_line(tmp_path, 2)):   # a member's
+        member_program(job, ModelPlan(parts=2, owner={"s0": 0}, summary={}), 1,
+                       torch.device("cpu"))
+
+
+def test_a_failure_of_shape_propagation_is_the_same_line(monkeypatch):
+    def fails(*_args):
+        raise RuntimeError("ShapeProp error for: node=...") from ValueError("bad\nshape")
+
+    monkeypatch.setattr("roles.model.graph.ShapeProp.propagate", fails)
+    with pytest.raises(NetworkError, match=r"^\[model\] network din cannot be traced for "
+                                           r"\[cluster\] parts = 2: ValueError: bad shape; run "
+                                           r"it with parts = 1$"):
+        trace_job(items_job('network = "din"'), 4)
+
+
+def test_control_fails_the_job_at_start_with_that_line(tmp_path):
+    from roles.control.model_plan import PlanError, plan_model
+    from roles.job.rundir import MetricsLog
+
+    job = untraceable_job(tmp_path)
+    with pytest.raises(PlanError, match=r"cannot be traced for \[cluster\] parts = 2: "
+                                        r"TraceError: .*; run it with parts = 1$"):
+        plan_model(job, tmp_path, MetricsLog(tmp_path / "metrics.jsonl"))
+
+
+@pytest.mark.integration
+def test_control_fails_an_untraceable_job_at_start_with_that_line(cluster, tmp_path):
+    untraceable_job(tmp_path)   # writes job.toml and net.py
+    c = cluster(job=tmp_path / "job.toml")
+    c.start_role("control")
+    assert c.wait(timeout=60) == 1
+    summary = c.summary()
+    assert summary["status"] == "failed"
+    assert re.match(untraceable_line(tmp_path, 2), summary["reason"]), summary["reason"]
+    assert f"failed: {summary['reason']}" in c.log("control-0")   # the headline
 
 
 def test_flops_of_the_traced_network():

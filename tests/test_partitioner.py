@@ -1,6 +1,8 @@
 """The graph partitioner (roles.model.partitioner, roles.model.task_graph): pure code, no
 sockets."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ from roles.model.partitioner import (
     gains,
     partition,
     refine,
+    units,
     visiting_order,
 )
 from roles.model.task_graph import TaskGraph, layered_dag
@@ -139,6 +142,44 @@ def test_partition_keeps_pinned_sub_tasks_and_is_reproducible():
     two = partition(g, PartitionSettings(parts=3, seed=11))
     assert one.assign[0] == 0 and one.assign[399] == 0 and one.assign[200] == 1
     assert np.array_equal(one.assign, two.assign)
+
+
+def uncut_dag(seed: int) -> TaskGraph:
+    """A layered DAG of 600 nodes, a quarter of its edges uncut (the values of a traced network
+    that are not float tensors), its first and last node pinned to part 0."""
+    g = layered_dag(600, seed=seed)
+    g.uncut = np.random.default_rng(seed).random(g.m) < 0.25
+    g.pinned = {0: 0, g.n - 1: 0}
+    return g
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_no_partition_cuts_an_uncut_edge(k):
+    for seed in range(3):
+        g = uncut_dag(seed)
+        result = partition(g, PartitionSettings(parts=k, seed=seed))
+        a = result.assign
+        assert not np.any(a[g.src[g.uncut]] != a[g.dst[g.uncut]])
+        assert a[0] == 0 and a[g.n - 1] == 0
+        assert len(np.unique(a)) == k
+        assert (result.cut_critical, result.cut_edges) == cut_counts(g, a)
+        # without the flags, the same graph's partition cuts some of those edges
+        free = partition(dataclasses.replace(g, uncut=np.zeros(g.m, dtype=bool)),
+                         PartitionSettings(parts=k, seed=seed))
+        assert np.any(free.assign[g.src[g.uncut]] != free.assign[g.dst[g.uncut]])
+
+
+def test_uncut_edges_make_units_and_a_unit_pinned_to_two_parts_is_refused():
+    g = TaskGraph.build(list("abcdef"), np.ones(6), [(0, 1), (1, 2), (2, 3), (0, 4), (4, 5)],
+                        uncut=[True, False, True, False, True], pinned={0: 0})
+    assert units(g).tolist() == [0, 0, 1, 1, 2, 2]
+    result = partition(g, PartitionSettings(parts=2, balance=2.0))
+    assert result.assign[1] == 0 and result.assign[2] == result.assign[3]
+    assert result.assign[4] == result.assign[5]
+    with pytest.raises(ValueError, match="pinned to different parts"):
+        partition(dataclasses.replace(g, pinned={0: 0, 1: 1}), PartitionSettings(parts=2))
+    with pytest.raises(ValueError, match="one flag per edge"):
+        TaskGraph.build(["a", "b"], [1, 1], [(0, 1)], uncut=[True, False])
 
 
 def test_an_unreachable_bound_is_reported():

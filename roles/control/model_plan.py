@@ -1,6 +1,7 @@
 """Control's plan of the dense network over the members of every model-parallel group
 (``[cluster] parts`` > 1): the traced network partitioned (``roles.model.graph``), written to
-the run directory, and published as a standing ModelPlan."""
+the run directory, and published as a standing ModelPlan. A network that cannot be built or
+traced (torch.fx) is a ``PlanError``, its one line the job's failure reason."""
 
 from __future__ import annotations
 
@@ -16,11 +17,20 @@ from roles.protocol.model_parallel import ModelPlan
 log = logging.getLogger(__name__)
 
 
+class PlanError(ValueError):
+    """The job's network cannot be planned: one line (the network's ``NetworkError``)."""
+
+
 def plan_model(job: Job, run_dir: Path, metrics: MetricsLog) -> tuple[dict, ModelPlan]:
     """The plan's figures (for the status and the summary) and its message."""
     from roles.model.graph import plan_job  # torch: only for model-parallel jobs
+    from roles.model.networks import NetworkError
 
-    plan = plan_job(job)
+    try:
+        plan = plan_job(job)
+    except NetworkError as exc:
+        log.error("no model plan: %s", exc)
+        raise PlanError(str(exc)) from exc
     summary = plan.summary()
     (run_dir / "partition").mkdir(exist_ok=True)
     atomic_write(run_dir / "partition" / "plan.json",

@@ -53,7 +53,7 @@ from roles.control.course import Course
 from roles.control.exports import Exports
 from roles.control.feeding import Feeding
 from roles.control.health import Health
-from roles.control.model_plan import plan_model
+from roles.control.model_plan import PlanError, plan_model
 from roles.control.monitoring import Monitoring, final_figures
 from roles.control.node_roles import (
     AggregatorRole,
@@ -211,12 +211,16 @@ class Control(Loop):
         self.awaiting_rejoin: set[str] = set()  # resumed: nodes that have not said Hello
         self.resuming = Resuming(self.members.expected, resumed=resume is not None)
         self.model_plan: dict | None = None
+        cannot_plan = ""  # the network cannot be built or traced: the job fails at once
         if resume is not None:
             self.resume_from_disk()
         else:
             if c.parts > 1:  # model parallelism: the network's partition
-                self.model_plan, plan = plan_model(job, self.run_dir, self.metrics)
-                self.commands.publish(plan, "model_plan")
+                try:
+                    self.model_plan, plan = plan_model(job, self.run_dir, self.metrics)
+                    self.commands.publish(plan, "model_plan")
+                except PlanError as exc:
+                    cannot_plan = str(exc)
             expected = self.members.expected
             self.metrics.write("start", job=job.name, run_id=self.run_id, nodes=expected,
                                fingerprint=job.fingerprint())
@@ -232,6 +236,8 @@ class Control(Loop):
         self.tasks_log = Every(TASK_LOG_S, self.started)
         self.closing: Closing | None = None
         self.monitoring = Monitoring(job, self.run_dir)  # Prometheus, TensorBoard
+        if cannot_plan:
+            self.fail(cannot_plan, resumable=False)
 
     # -- messages from nodes -----------------------------------------------------------------
     def on_node(self, identity: bytes | None, env: Envelope) -> None:

@@ -31,7 +31,7 @@ from torch import fx
 
 from roles.algorithms.worker.replica import Replica
 from roles.job.settings import Job
-from roles.model.graph import differentiable, example_inputs, trace, traced_network
+from roles.model.graph import differentiable, network_parameters, trace_job
 from roles.protocol.model_parallel import MemberCall, MemberReply, MemberTensors, ModelPlan
 from zbus import sockets
 from zbus.codec import Message, ProtocolError
@@ -100,9 +100,9 @@ class Program:
         self.begin(-1, False, {})
 
     def owned_parameters(self) -> dict[str, torch.nn.Parameter]:
-        """The parameters this member's nodes use, by qualified name, in model order."""
-        owners = parameter_owners(self.gm, self.owner)
-        return {n: p for n, p in self.gm.named_parameters() if owners.get(n) == self.member}
+        """The parameters this member holds (``flat_layout``), by qualified name, in the
+        network's order."""
+        return {n: p for n, p, m in flat_layout(self.gm, self.owner) if m == self.member}
 
     @property
     def members_with_stages(self) -> set[int]:
@@ -274,6 +274,22 @@ class Program:
                 at += p.numel()
 
 
+def flat_layout(gm: fx.GraphModule, owner: dict[str, int]
+                ) -> list[tuple[str, torch.nn.Parameter, int]]:
+    """Every parameter of the network, in the network's own ``named_parameters()`` order (the
+    order of the flat weights the aggregator and every data-parallel replica use, which a
+    GraphModule's first-use order need not be), with the member that holds it: that of the
+    first node that uses it, the leader for one that no node uses. Named as in ``gm`` (the
+    network's name, ``net.<name>``, unless the graph reaches a shared parameter by another)."""
+    owners = parameter_owners(gm, owner)
+    traced = {id(p): n for n, p in gm.named_parameters()}
+    layout = []
+    for name, p in network_parameters(gm):
+        there = traced.get(id(p))
+        layout.append((there or name, p, owners.get(there, 0) if there else 0))
+    return layout
+
+
 def parameter_owners(gm: fx.GraphModule, owner: dict[str, int]) -> dict[str, int]:
     """The member of each parameter a node uses: that of the first node (in graph order) that
     uses it. A parameter no node uses is absent."""
@@ -308,7 +324,7 @@ def member_program(job: Job, plan: ModelPlan, member: int, device: torch.device
     if plan.parts != job.cluster.parts:
         raise ProtocolError("bad_field", f"a plan of {plan.parts} parts for a job of "
                                          f"{job.cluster.parts}")
-    gm = trace(traced_network(job), example_inputs(job, 2))
+    gm = trace_job(job, 2)
     return gm, Program(gm, plan.owner, member, device)
 
 
@@ -449,10 +465,8 @@ class GroupReplica(Replica):
                  device: torch.device, local_lr: float | None):
         self.program, self.leader = program, leader
         indexes: dict[int, list[int]] = defaultdict(list)
-        owners = parameter_owners(gm, program.owner)
-        at = 0
-        for name, p in gm.named_parameters():
-            member = owners.get(name, 0)  # a parameter no node uses: the leader keeps it
+        at = 0   # each member's slice is its parameters' weights, in the network's order
+        for _, p, member in flat_layout(gm, program.owner):
             indexes[member].extend(range(at, at + p.numel()))
             at += p.numel()
         self.slices = {m: np.asarray(ix, dtype=np.int64)   # member -> flat indexes

@@ -32,6 +32,12 @@
 The initial partition keeps the fewest cut critical edges of ``tries`` random starts, each
 refined on the coarsest level.
 
+Uncut edges (``TaskGraph.uncut``: a traced network's values that are not float tensors) are
+honoured before step 1: the sub-tasks they join, transitively, are contracted into one *unit*
+(``units``), a unit holding a pinned sub-task is pinned, and every step above works on the
+units, so no partition can cut such an edge (a weight would only make cutting it unlikely).
+The last refinement is then on the units rather than the sub-tasks.
+
 Load is a sub-task's cost; the balance bound is max part load <= ``balance`` x total / k. When
 one sub-task is heavier than that, no partition meets the bound: the parts may then hold up to
 that sub-task's load, and ``Partition.balanced`` says the bound was not met.
@@ -114,6 +120,24 @@ class Level:
         return cls(g.n, g.cost.astype(np.float64), g.src, g.dst,
                    g.critical.astype(np.float64), np.ones(g.m), pin,
                    np.arange(g.n, dtype=np.int64))
+
+    def merged(self, of: np.ndarray) -> Level:
+        """The level whose nodes are the sets ``of`` gives each node (numbered 0..m-1): loads
+        and relations summed, relations inside a set dropped, a set pinned where a node of it
+        is, its flow position its first node's."""
+        m = int(of.max()) + 1 if len(of) else 0
+        load = np.bincount(of, weights=self.load, minlength=m)
+        pin = np.full(m, -1, dtype=np.int64)
+        np.maximum.at(pin, of, self.pin)
+        flow = np.full(m, self.n, dtype=np.int64)
+        np.minimum.at(flow, of, self.flow)
+        ca, cb = of[self.a], of[self.b]
+        keep = ca != cb
+        lo, hi = np.minimum(ca, cb)[keep], np.maximum(ca, cb)[keep]
+        pair, inv = np.unique(lo * m + hi, return_inverse=True)
+        crit = np.bincount(inv, weights=self.crit[keep], minlength=len(pair))
+        count = np.bincount(inv, weights=self.count[keep], minlength=len(pair))
+        return Level(m, load, pair // m, pair % m, crit, count, pin, flow)
 
     def cut(self, assign: np.ndarray) -> tuple[int, int]:
         across = assign[self.a] != assign[self.b]
@@ -278,19 +302,35 @@ def coarsen(level: Level, cap: float, rng: np.random.Generator) -> tuple[Level, 
             mate[best] = u
     keys = np.minimum(np.arange(level.n), mate)
     _, of = np.unique(keys, return_inverse=True)
-    m = int(of.max()) + 1
-    load = np.bincount(of, weights=level.load, minlength=m)
-    pin = np.full(m, -1, dtype=np.int64)
-    np.maximum.at(pin, of, level.pin)
-    flow = np.full(m, level.n, dtype=np.int64)
-    np.minimum.at(flow, of, level.flow)
-    ca, cb = of[level.a], of[level.b]
-    keep = ca != cb
-    lo, hi = np.minimum(ca, cb)[keep], np.maximum(ca, cb)[keep]
-    pair, inv = np.unique(lo * m + hi, return_inverse=True)
-    crit = np.bincount(inv, weights=level.crit[keep], minlength=len(pair))
-    count = np.bincount(inv, weights=level.count[keep], minlength=len(pair))
-    return Level(m, load, pair // m, pair % m, crit, count, pin, flow), of
+    return level.merged(of), of
+
+
+def units(g: TaskGraph) -> np.ndarray:
+    """The unit of every sub-task: sub-tasks joined by uncut edges, transitively, make one
+    unit; units are numbered in the order of their first sub-task. A unit cannot hold
+    sub-tasks pinned to different parts (a ValueError)."""
+    parent = np.arange(g.n)
+
+    def root(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = int(parent[x])
+        return x
+
+    for e in np.flatnonzero(g.uncut).tolist():
+        a, b = root(int(g.src[e])), root(int(g.dst[e]))
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    _, of = np.unique([root(i) for i in range(g.n)], return_inverse=True)
+    pins: dict[int, set[int]] = {}
+    for node, part in g.pinned.items():
+        pins.setdefault(int(of[node]), set()).add(part)
+    clash = [u for u, parts in pins.items() if len(parts) > 1]
+    if clash:
+        names = [g.names[i] for i in np.flatnonzero(of == clash[0])[:5]]
+        raise ValueError(f"sub-tasks pinned to different parts are joined by uncut edges "
+                         f"({', '.join(names)})")
+    return of.astype(np.int64)
 
 
 def initial_partition(level: Level, k: int, cap: float, moves: int,
@@ -335,14 +375,16 @@ def partition(g: TaskGraph, s: PartitionSettings) -> Partition:
     k = s.parts
     rng = np.random.default_rng(s.seed)
     finest = Level.of(g)
-    total = float(finest.load.sum())
+    unit_of = units(g) if g.uncut.any() else None
+    base = finest if unit_of is None else finest.merged(unit_of)   # what may move alone
+    total = float(base.load.sum())
     bound = s.balance * total / k
-    cap = max(bound, float(finest.load.max(initial=0.0)))  # no part can hold less than that
+    cap = max(bound, float(base.load.max(initial=0.0)))  # no part can hold less than that
     if k == 1:
         assign = np.zeros(g.n, dtype=np.int64)
         return _result(finest, assign, k, bound, [finest.cut(assign)[0]], 0, started)
     target_sets = coarse_target(k, s.coarsen_to)
-    levels, maps = [finest], []
+    levels, maps = [base], []
     while levels[-1].n > target_sets or len(levels) == 1:
         set_cap = max(1.5 * total / target_sets, 1e-12)
         coarse, of = coarsen(levels[-1], set_cap, rng)
@@ -370,6 +412,8 @@ def partition(g: TaskGraph, s: PartitionSettings) -> Partition:
                                        s.max_iterations, s.pick)
         if depth:
             assign = assign[maps[depth - 1]]
+    if unit_of is not None:
+        assign = assign[unit_of]   # every sub-task goes with its unit
     result = _result(finest, assign, k, bound, history, len(levels), started)
     result.coarsest_sets = coarsest.n
     return result
@@ -381,7 +425,8 @@ def coarse_target(k: int, coarsen_to: int = 0) -> int:
 
 
 def refine(g: TaskGraph, assign: np.ndarray, s: PartitionSettings) -> Partition:
-    """The refinement alone, on the sub-tasks, from a given partition."""
+    """The refinement alone, on the sub-tasks, from a given partition (uncut edges are not
+    looked at: ``partition`` honours them)."""
     started = time.perf_counter()
     level = Level.of(g)
     cap = s.balance * float(level.load.sum()) / s.parts

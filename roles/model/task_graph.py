@@ -3,7 +3,9 @@ relations (edges) carrying tensor bytes, and which of them are critical.
 
 An edge is critical when its bytes exceed ``critical_bytes`` or it lies on the longest path
 (the chain of sub-tasks whose costs add up most, ``critical_path``). Cutting a critical edge
-between devices costs most: a large transfer, or one that the whole step waits for.
+between devices costs most: a large transfer, or one that the whole step waits for. An edge
+may also be *uncut*: it must never be cut (a traced network's value that is not a float tensor
+cannot cross between devices); the partitioner keeps the sub-tasks it joins on one part.
 
 ``from_model`` traces a module with torch.fx and estimates each node's cost in FLOPs from the
 shapes of one example batch; ``layered_dag`` makes random graphs for tests and benchmarks.
@@ -27,6 +29,13 @@ class TaskGraph:
     nbytes: np.ndarray                    # float64 [m]
     critical: np.ndarray                  # bool [m]
     pinned: dict[int, int] = field(default_factory=dict)  # node -> part it must stay on
+    uncut: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # bool [m]
+
+    def __post_init__(self) -> None:
+        if len(self.uncut) == 0:   # none given: every edge may be cut
+            self.uncut = np.zeros(len(self.src), dtype=bool)
+        if len(self.uncut) != len(self.src):
+            raise ValueError("uncut needs one flag per edge")
 
     @property
     def n(self) -> int:
@@ -40,7 +49,8 @@ class TaskGraph:
     def build(cls, names: list[str], cost: list[float] | np.ndarray,
               edges: list[tuple[int, int]], nbytes: list[float] | np.ndarray | None = None,
               critical: list[bool] | np.ndarray | None = None,
-              pinned: dict[int, int] | None = None) -> TaskGraph:
+              pinned: dict[int, int] | None = None,
+              uncut: list[bool] | np.ndarray | None = None) -> TaskGraph:
         arr = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
         n = len(names)
         if arr.size and (arr.min() < 0 or arr.max() >= n):
@@ -52,7 +62,8 @@ class TaskGraph:
                    arr[:, 1].copy(),
                    np.zeros(m) if nbytes is None else np.asarray(nbytes, dtype=np.float64),
                    np.zeros(m, dtype=bool) if critical is None
-                   else np.asarray(critical, dtype=bool), dict(pinned or {}))
+                   else np.asarray(critical, dtype=bool), dict(pinned or {}),
+                   np.zeros(m, dtype=bool) if uncut is None else np.asarray(uncut, dtype=bool))
 
     def longest_path_edges(self) -> np.ndarray:
         """Bool [m]: the edges of the heaviest path (sum of node costs), start to end."""
