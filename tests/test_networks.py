@@ -168,7 +168,10 @@ def test_din_needs_a_sequence_field_and_a_candidate_of_its_width():
         build_network(make_job('network = "din"', items=False))
     with pytest.raises(NetworkError, match=r"din: the candidate c0 \(width 4\) and the "
                                            r"sequence history \(width 16\) need one width"):
-        build_network(make_job('network = "din"\n[model.dims]\nc0 = 4'))
+        build_network(make_job('network = "din"\n[model.dims]\nc0 = 4\n'
+                               '[model.options]\ncandidate = "c0"'))
+    # by default the candidate is the single-valued field sharing the sequence's table
+    assert build_network(make_job('network = "din"\n[model.dims]\nc0 = 4')).candidate == "item"
     with pytest.raises(NetworkError, match=r"din: option candidate must name a single-valued "
                                            r"or pooled field \(c0, .*\), got 'history'"):
         build_network(make_job('network = "din"\n[model.options]\ncandidate = "history"'))
