@@ -242,7 +242,8 @@ def reply(sock: zmq.Socket):
 @pytest.mark.parametrize("network, settings", [
     ("mlp", {"train__sync": "lazy"}),
     ("dlrm", {"train__embeddings": "pull", "train__sync": "step"}),
-    ("dcn", {"cluster__feeders": 2}),
+    ("dcn", {"cluster__feeders": 2, "placement__mode": "skew",
+             "placement__window_batches": 5}),
     ("deepfm", {"train__sync": "round"}),
     ("wide_deep", {"embeddings__min_count": 2, "embeddings__expire_batches": 20}),
     ("din", {"train__embeddings": "pull", "cluster__feeders": 2, "train__sync": "lazy"}),
