@@ -10,13 +10,13 @@ from pathlib import Path
 import zmq
 from local_cluster import BIN, LocalCluster
 
-from zbus.codec import decode
-from zbus.messages import Heartbeat, Hello, Welcome
+from zbus.codec import Message, decode
+from zbus.messages import Heartbeat, Hello, Probe, Welcome
 
 REPO = Path(__file__).resolve().parent.parent
 ADULT_JOB = REPO / "jobs" / "adult.toml"
 __all__ = ["ADULT_JOB", "BIN", "REPO", "Cluster", "FakeControl", "adult_text", "criteo_data",
-           "job_text", "recv_within"]
+           "dealer", "job_text", "recv_within", "reply"]
 
 
 def criteo_data(path: Path | str) -> str:
@@ -100,3 +100,20 @@ class FakeControl:
 
     def close(self) -> None:
         self.ctx.destroy(linger=0)
+
+
+def dealer(ctx: zmq.Context, endpoint: str, identity: str) -> zmq.Socket:
+    """A DEALER connected to ``endpoint`` as ``identity`` (a role's socket, as a test plays it)."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IDENTITY, identity.encode())
+    sock.connect(endpoint)
+    return sock
+
+
+def reply(sock: zmq.Socket) -> Message:
+    """The next message other than control's health probes."""
+    while True:
+        msg = decode(recv_within(sock)).msg
+        if not isinstance(msg, Probe):
+            return msg

@@ -10,7 +10,7 @@ import socket
 import numpy as np
 import pytest
 import zmq
-from harness import FakeControl, recv_within
+from harness import FakeControl, dealer, recv_within, reply
 
 from roles.algorithms.shard.embedding_table import initial_rows
 from roles.protocol.datapath import (
@@ -28,8 +28,8 @@ from roles.protocol.datapath import (
 from roles.protocol.dense_sync import Contribution, WeightsRequest
 from roles.protocol.lifecycle import EpochStart
 from roles.tools.ctl import request
-from zbus.codec import PROTOCOL_VERSION, Message, decode
-from zbus.messages import Failure, Heartbeat, Hello, Probe, Ready, Rejoin, Stop
+from zbus.codec import PROTOCOL_VERSION, decode
+from zbus.messages import Failure, Heartbeat, Hello, Ready, Rejoin, Stop
 
 pytestmark = pytest.mark.integration
 
@@ -43,22 +43,6 @@ GARBAGE = [
                    b'"a":[["int32",[1]],["int64",[5]]]}' % PROTOCOL_VERSION,
      b"\0" * 4, b"\0" * 8],                                          # 5 keys in 8 bytes
 ]
-
-
-def dealer(ctx: zmq.Context, endpoint: str, identity: str) -> zmq.Socket:
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IDENTITY, identity.encode())
-    sock.connect(endpoint)
-    return sock
-
-
-def reply(sock: zmq.Socket) -> Message:
-    """The next message other than control's health probes."""
-    while True:
-        msg = decode(recv_within(sock)).msg
-        if not isinstance(msg, Probe):
-            return msg
 
 
 def test_control_rejects_garbage_and_strangers_then_admits_a_node(cluster):

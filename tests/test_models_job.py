@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pytest
 import zmq
-from harness import REPO, FakeControl, recv_within
+from harness import REPO, FakeControl, dealer, reply
 from resumes import every_row_once, killed_and_resumed, trained_past_a_checkpoint
 from test_workers import assert_every_batch_trained_once
 
@@ -28,8 +28,6 @@ from roles.data.index import synthetic_parts
 from roles.data.source import DataSource
 from roles.job.settings import parse_job
 from roles.protocol.datapath import BatchKeys, Embeddings, Lookup
-from zbus.codec import decode
-from zbus.messages import Probe
 
 pytestmark = pytest.mark.integration
 
@@ -221,22 +219,6 @@ def test_a_shard_sends_each_distinct_key_of_a_batch_once_to_each_worker(cluster)
         assert beat.counters["rows_sent"] == 6 and beat.counters["keys_received"] == 8
     finally:
         ctx.destroy(linger=0)
-
-
-def dealer(ctx: zmq.Context, endpoint: str, identity: str) -> zmq.Socket:
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IDENTITY, identity.encode())
-    sock.connect(endpoint)
-    return sock
-
-
-def reply(sock: zmq.Socket):
-    """The next message other than control's health probes."""
-    while True:
-        msg = decode(recv_within(sock)).msg
-        if not isinstance(msg, Probe):
-            return msg
 
 
 @pytest.mark.parametrize("network, settings", [

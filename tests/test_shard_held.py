@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 import zmq
-from harness import FakeControl, recv_within
+from harness import FakeControl, dealer, recv_within
 
 from roles.checkpoint.files import checkpoint_dir
 from roles.protocol.checkpoint import Checkpoint, Snapshotted
@@ -19,14 +19,6 @@ from zbus.codec import Message, decode
 from zbus.messages import Heartbeat
 
 pytestmark = pytest.mark.integration
-
-
-def dealer(ctx: zmq.Context, endpoint: str, identity: str) -> zmq.Socket:
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, identity.encode())
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
-    return sock
 
 
 def train_once(shard: zmq.Socket, batch_id: int, dim: int) -> None:

@@ -15,29 +15,29 @@ from typing import Any
 import torch
 from torch import nn
 
-from roles.model.networks.layers import field_vectors, logit_mlp, one_width, read_options, sizes
+from roles.model.networks.layers import field_vectors, one_width, read_options, sizes
+from roles.model.networks.wide_deep import WideDeep
 
 DEFAULTS: dict[str, Any] = {"hidden": [128, 64]}
 
 
 class DeepFm(nn.Module):
+    """``wide_deep`` (its wide part is the first order, its deep part the same) plus the
+    factorisation machine's second-order term."""
+
     def __init__(self, sparse_dims: dict[str, int], sequence_fields: list[str],
                  dense_count: int, hidden: list[int]):
         super().__init__()
         self.fields = list(sparse_dims)
         self.sequences = list(sequence_fields)
-        width = sum(sparse_dims.values()) + dense_count
-        self.linear = nn.Linear(width, 1)
-        self.deep = logit_mlp(width, hidden)
+        self.first_and_deep = WideDeep(sparse_dims, sequence_fields, dense_count, hidden)
 
     def forward(self, sparse: dict[str, torch.Tensor], dense: torch.Tensor,
                 lengths: dict[str, torch.Tensor]) -> torch.Tensor:
-        vectors = field_vectors(sparse, lengths, self.fields, self.sequences)
-        x = torch.cat([*vectors, dense], dim=1)
-        first = self.linear(x).squeeze(1)
-        stacked = torch.stack(vectors, dim=1)                       # [B, fields, dim]
+        stacked = torch.stack(field_vectors(sparse, lengths, self.fields, self.sequences),
+                              dim=1)                                  # [B, fields, dim]
         second = 0.5 * (stacked.sum(1).pow(2) - stacked.pow(2).sum(1)).sum(1)
-        return first + second + self.deep(x).squeeze(1)
+        return self.first_and_deep(sparse, dense, lengths) + second
 
 
 def build(sparse_dims: dict[str, int], sequence_fields: list[str], dense_count: int,
