@@ -227,6 +227,8 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "worker_input_bytes_per_sample": worker_input(counters),
         "batch_by_label": job.train.batch_by_label,
         "worker_time_s": worker_time,
+        "worker_devices": {node: c.get("device") for node, c in sorted(counters.items())
+                           if node.startswith("worker-")},
         "worker_waits": worker_waits(counters),
         "busy": busy,
         # the longest one turn of each node's event loop kept it from its sockets
