@@ -22,3 +22,21 @@ def test_bench_pull_takes_the_ideal_split_from_the_measured_speeds():
     10 s make an ideal of 1 / (1/4 + 1/10) s, with the samples split 2.5 : 1."""
     ideal, split = script("bench_pull").ideal_of(4.0, 10.0)
     assert ideal == pytest.approx(20 / 7) and split == pytest.approx(2.5)
+
+
+def test_bench_models_jobs_are_what_it_says(tmp_path):
+    """bench_models' jobs (no run): with lists, history is a sequence sharing the table item, and
+    din attends from the candidate item (its default would be c0); without, neither list."""
+    from roles.job.settings import parse_job
+
+    bench = script("bench_models")
+    tsv, cache = tmp_path / "items.tsv", tmp_path / "cache"
+    din = parse_job(bench.items_job("din", tsv, True, 2, cache), environ={})
+    layout = din.layout()
+    assert layout.sequence_fields == ["history"] and layout.list_fields == ["genres", "history"]
+    assert din.tables == {"item": ["item", "history"]} and din.model.options["candidate"] == "item"
+    assert dict(zip(layout.fields, layout.widths, strict=True))["history"] == 20
+    plain = parse_job(bench.items_job("mlp", tsv, False, 2, cache), environ={})
+    assert plain.layout().list_fields == [] and "history" not in plain.sparse_fields
+    criteo = parse_job(bench.criteo_job("dcn", tmp_path / "c.tsv", cache), environ={})
+    assert criteo.model.network == "dcn" and len(criteo.sparse_fields) == 26
