@@ -448,3 +448,9 @@ def test_a_failed_import_leaves_no_half_module_behind(tmp_path):
     with pytest.raises(NetworkError):
         build_network(user_job(tmp_path, "raise RuntimeError('half')\n"))
     assert set(sys.modules) == before
+
+
+def test_the_example_din_job_builds_its_network_on_the_item_candidate():
+    job = load_job(str(ROOT / "jobs" / "items_din.toml"), environ={})
+    net = build_network(job)
+    assert job.layout().sequence_fields == ["history"] and net.candidate == "item"

@@ -19,6 +19,7 @@ width (``row_dim``); a field reads the first ``dims[f]`` columns of its rows.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -93,9 +94,16 @@ class FieldLayout:
     def slots(self) -> int:
         return sum(self.widths)
 
+    @functools.cached_property
+    def _starts(self) -> list[int]:
+        return [sum(self.widths[:f]) for f in range(len(self.widths) + 1)]
+
+    @functools.cached_property
+    def has_lists(self) -> bool:
+        return any(self.pooling)
+
     def slot_range(self, f: int) -> slice:
-        start = sum(self.widths[:f])
-        return slice(start, start + self.widths[f])
+        return slice(self._starts[f], self._starts[f + 1])
 
     def is_list(self, f: int) -> bool:
         return bool(self.pooling[f])
@@ -119,6 +127,8 @@ class FieldLayout:
     # -- a batch -------------------------------------------------------------------------------
     def lengths(self, keys: np.ndarray) -> np.ndarray:
         """int32 [samples, list fields]: how many ids each sample's list fields hold."""
+        if not self.has_lists:
+            return np.zeros((len(keys), 0), dtype=np.int32)
         cols = [(keys[:, self.slot_range(f)] != PAD).sum(axis=1)
                 for f in range(len(self.fields)) if self.is_list(f)]
         if not cols:
@@ -128,6 +138,10 @@ class FieldLayout:
     def grid(self, keys: np.ndarray) -> tuple[np.ndarray, list[int]]:
         """A batch's slots (int64 [samples, slots]) as its grid of key occurrences, field-major,
         and the bounds of each field's run."""
+        if not self.has_lists:   # one slot per field: the grid is the transpose
+            n = len(keys)
+            return np.ascontiguousarray(keys.T, dtype=np.int64).reshape(-1), \
+                [n * f for f in range(len(self.fields) + 1)]
         runs, bounds = [], [0]
         for f in range(len(self.fields)):
             block = keys[:, self.slot_range(f)]
