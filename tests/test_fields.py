@@ -86,6 +86,7 @@ def test_the_worker_pools_lists_and_pads_sequences_and_the_gradients_come_back()
     grid, _ = lay.grid(keys)
     flat = torch.tensor(np.stack([grid, -grid]).T.astype(np.float32), requires_grad=True)
     sparse, lengths = SparseInputs(lay, torch.device("cpu")).inputs(flat, 2, lay.lengths(keys))
+    assert list(sparse) == ["user", "movie", "genres", "history"]   # the job's field order
     assert sparse["user"].tolist() == [[1, -1], [2, -2]]
     assert sparse["genres"].tolist() == [[11, -11], [0, 0]]       # summed; empty: zeros
     assert sparse["history"].shape == (2, 3, 2)

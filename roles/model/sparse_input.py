@@ -35,6 +35,14 @@ class SparseInputs:
     def __init__(self, layout: FieldLayout, device: torch.device):
         self.layout, self.device = layout, device
         self.lists = [f for f in range(len(layout.fields)) if layout.is_list(f)]
+        self.single_spans: list[tuple[int, int]] = []   # [first, last) of single fields
+        for f in range(len(layout.fields)):
+            if layout.is_list(f):
+                continue
+            if self.single_spans and self.single_spans[-1][1] == f:
+                self.single_spans[-1] = (self.single_spans[-1][0], f + 1)
+            else:
+                self.single_spans.append((f, f + 1))
 
     def grid_size(self, samples: int, lengths: np.ndarray) -> int:
         return self.layout.bounds(samples, lengths)[-1]
@@ -75,24 +83,30 @@ class SparseInputs:
                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """(sparse, lengths) as the network contract has them, from ``flat`` [grid, row_dim]."""
         layout = self.layout
-        sparse: dict[str, torch.Tensor] = {}
+        tensors: dict[int, torch.Tensor] = {}
         seq_lengths: dict[str, torch.Tensor] = {}
-        for f, run in enumerate(self.runs(samples, lengths)):
+        runs = self.runs(samples, lengths)
+        for first, last in self.single_spans:   # consecutive single-valued fields: one view,
+            block = flat[runs[first].start:runs[last - 1].stop]   # unbound (one backward op,
+            for f, values in zip(range(first, last), block.view(last - first, samples, -1)
+                                 .unbind(0), strict=True):        # not one per field)
+                dim = layout.dims[f]
+                tensors[f] = values if dim == self.layout.row_dim else values[:, :dim]
+        for f, run in enumerate(runs):
             name, dim = layout.fields[f], layout.dims[f]
             values = flat[run.start:run.stop, :dim]
             if run.rows is None:
-                sparse[name] = values
                 continue
             assert run.places is not None and run.lengths is not None
             if layout.pooling[f] == "none":
                 padded = torch.zeros((samples, layout.widths[f], dim), dtype=flat.dtype,
                                      device=flat.device)
-                sparse[name] = padded.index_put((run.rows, run.places), values)
+                tensors[f] = padded.index_put((run.rows, run.places), values)
                 seq_lengths[name] = run.lengths
                 continue
             pooled = torch.zeros((samples, dim), dtype=flat.dtype, device=flat.device)
             pooled = pooled.index_add(0, run.rows, values)
             if layout.pooling[f] == "mean":
                 pooled = pooled / run.lengths.clamp(min=1).unsqueeze(1).to(flat.dtype)
-            sparse[name] = pooled
-        return sparse, seq_lengths
+            tensors[f] = pooled
+        return {name: tensors[f] for f, name in enumerate(layout.fields)}, seq_lengths
