@@ -35,14 +35,6 @@ class SparseInputs:
     def __init__(self, layout: FieldLayout, device: torch.device):
         self.layout, self.device = layout, device
         self.lists = [f for f in range(len(layout.fields)) if layout.is_list(f)]
-        self.single_spans: list[tuple[int, int]] = []   # [first, last) of single fields
-        for f in range(len(layout.fields)):
-            if layout.is_list(f):
-                continue
-            if self.single_spans and self.single_spans[-1][1] == f:
-                self.single_spans[-1] = (self.single_spans[-1][0], f + 1)
-            else:
-                self.single_spans.append((f, f + 1))
 
     def grid_size(self, samples: int, lengths: np.ndarray) -> int:
         return self.layout.bounds(samples, lengths)[-1]
@@ -86,16 +78,14 @@ class SparseInputs:
         tensors: dict[int, torch.Tensor] = {}
         seq_lengths: dict[str, torch.Tensor] = {}
         runs = self.runs(samples, lengths)
-        for first, last in self.single_spans:   # consecutive single-valued fields: one view,
-            block = flat[runs[first].start:runs[last - 1].stop]   # unbound (one backward op,
-            for f, values in zip(range(first, last), block.view(last - first, samples, -1)
-                                 .unbind(0), strict=True):        # not one per field)
-                dim = layout.dims[f]
-                tensors[f] = values if dim == self.layout.row_dim else values[:, :dim]
-        for f, run in enumerate(runs):
+        # one split into the fields' runs: its backward is one concatenation (a slice per
+        # field would write a zero gradient the size of the whole grid for each field)
+        pieces = flat.split([run.stop - run.start for run in runs])
+        for f, (run, piece) in enumerate(zip(runs, pieces, strict=True)):
             name, dim = layout.fields[f], layout.dims[f]
-            values = flat[run.start:run.stop, :dim]
+            values = piece if dim == layout.row_dim else piece[:, :dim]
             if run.rows is None:
+                tensors[f] = values
                 continue
             assert run.places is not None and run.lengths is not None
             if layout.pooling[f] == "none":
