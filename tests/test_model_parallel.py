@@ -500,6 +500,7 @@ def test_control_fails_an_untraceable_job_at_start_with_that_line(cluster, tmp_p
     assert summary["status"] == "failed"
     assert re.match(untraceable_line(tmp_path, 2), summary["reason"]), summary["reason"]
     assert f"failed: {summary['reason']}" in c.log("control-0")   # the headline
+    assert "waiting for" not in c.log("control-0")   # for nodes it will never take
 
 
 def test_flops_of_the_traced_network():

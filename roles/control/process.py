@@ -225,8 +225,9 @@ class Control(Loop):
             self.metrics.write("start", job=job.name, run_id=self.run_id, nodes=expected,
                                fingerprint=job.fingerprint())
             self.settings.publish()
-            log.info("run %s: waiting for %d nodes (%s); %s", self.run_id, len(expected),
-                     ", ".join(expected), security.describe(self.curve))
+            if not cannot_plan:   # else the job fails below, waiting for nobody
+                log.info("run %s: waiting for %d nodes (%s); %s", self.run_id, len(expected),
+                         ", ".join(expected), security.describe(self.curve))
         self.view = StatusView(job, self.run_id, str(self.run_dir), self.members, self.status,
                                self.course, self.rounds, self.feeding, self.recovery,
                                self.settings, self.health, self.placement, self.model_plan,
