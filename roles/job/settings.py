@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from roles.job.fields import SYNTHETIC_ITEM_FIELDS, FieldLayout, LayoutError
+from roles.job.module_file import module_at, module_path
 from roles.job.sync_rules import SYNC_MODES, cluster_refusal
 from roles.protocol.topology import ClusterConfig
 
@@ -523,10 +524,10 @@ class Job:
     def fingerprint(self) -> str:
         """Same for every node that runs the same job; control refuses a node that differs."""
         body = {k: v for k, v in dataclasses.asdict(self).items() if k != "origin"}
-        where, _, _ = self.model.module.rpartition(":")
-        if where.endswith(".py"):   # the network's code, too: every node must run the same
+        where = module_path(self)
+        if where is not None:   # the network's code, too: every node must run the same
             try:
-                body["module_sha256"] = hashlib.sha256(Path(where).read_bytes()).hexdigest()
+                body["module_sha256"] = hashlib.sha256(where.read_bytes()).hexdigest()
             except OSError:
                 body["module_sha256"] = "unreadable"
         return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
@@ -652,15 +653,6 @@ def _env_overrides(table: dict, environ: typing.Mapping[str, str]) -> None:
                 if not dataclasses.is_dataclass(cls):
                     raise JobError(f"environment variable {var}: {key} is not a section")
                 node = node.setdefault(key, {})
-
-
-def module_at(spec: str, base_dir: Path) -> str:
-    """``[model] module`` with its file (``file.py:factory``) made absolute from ``base_dir``
-    (a ``package.module:factory`` stays as it is)."""
-    where, sep, factory = spec.rpartition(":")
-    if not sep or not where.endswith(".py"):
-        return spec
-    return f"{os.path.normpath(base_dir / Path(where).expanduser())}:{factory}"
 
 
 def parse_job(text: str, origin: str = "<job>", base_dir: Path | None = None,

@@ -22,23 +22,10 @@ from typing import Any
 from torch import nn
 
 from roles.job.fields import FieldLayout
+from roles.job.module_file import is_file_spec, module_path
 from roles.job.settings import Job
 from roles.model.networks.errors import NetworkError, describe, one_line
 from roles.model.networks.registry import BUILTINS, Factory
-
-
-def is_file_spec(target: str) -> bool:
-    """``file.py`` or a path (rather than ``package.module``)."""
-    return target.endswith(".py") or "/" in target or "\\" in target
-
-
-def job_dir(job: Job) -> Path:
-    """Where a relative module path starts: the job file's directory, or the working directory
-    for a job read from no file (the built-in job, a text)."""
-    origin = Path(job.origin).expanduser() if job.origin else None
-    if origin is not None and origin.is_file():
-        return origin.absolute().parent
-    return Path.cwd()
 
 
 def network_label(job: Job, source_file: Path | None) -> str:
@@ -94,9 +81,9 @@ def load_factory(job: Job) -> tuple[Factory, Path | None]:
         return BUILTINS[job.model.network], None
     target, _, name = spec.rpartition(":")
     source: Path | None
-    if is_file_spec(target):
-        path = Path(target).expanduser()
-        source = (path if path.is_absolute() else job_dir(job) / path).resolve()
+    path = module_path(job)
+    if path is not None:
+        source = path.resolve()
         module = _import_file(spec, source)
     else:
         module = _import_package(spec, target)
