@@ -338,8 +338,7 @@ def _split(name: str, col: pa.Array, sep: str, reasons: _Reasons) -> pa.Array:
         col = pc.dictionary_encode(col.cast(pa.string()))
     values = pc.utf8_trim_whitespace(col.dictionary.cast(pa.string()))
     d = len(values)
-    empty = np.asarray(pc.fill_null(pc.is_in(values, pa.array(NULLS)), True).to_numpy(
-        zero_copy_only=False), dtype=bool)
+    empty = _empty_ids(values)   # a value empty as an id would be: an empty list
     split = pc.split_pattern(values, sep)
     counts = pc.fill_null(pc.list_value_length(split), 0).to_numpy(
         zero_copy_only=False).astype(np.int64)
