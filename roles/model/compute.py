@@ -16,6 +16,7 @@ import torch
 from roles.algorithms.worker.pulled import PulledBatch
 from roles.job.fields import FieldLayout
 from roles.model.network import weighted_loss_sum
+from roles.model.networks import input_names
 from roles.model.parallel import GroupLeader
 from roles.model.sparse_input import SparseInputs
 from roles.protocol.datapath import Embeddings, SampleBatch
@@ -50,8 +51,8 @@ def placeholders(sparse: dict[str, torch.Tensor], dense: torch.Tensor,
                  sequences: list[str]) -> dict[str, torch.Tensor]:
     """The network's inputs by the traced graph's placeholder names (``FlatInputs``: ``s<i>``
     per sparse field, ``dense``, ``l<j>`` per sequence field), for a model-parallel leader."""
-    return {**{f"s{i}": sparse[f] for i, f in enumerate(fields)}, "dense": dense,
-            **{f"l{j}": lengths[f] for j, f in enumerate(sequences)}}
+    values = [*(sparse[f] for f in fields), dense, *(lengths[f] for f in sequences)]
+    return dict(zip(input_names(len(fields), len(sequences)), values, strict=True))
 
 
 class BatchCompute:
