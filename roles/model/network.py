@@ -14,9 +14,9 @@ import psutil
 import torch
 from torch import nn
 
-from roles.job.fields import FieldLayout
 from roles.job.settings import Job
 from roles.model.networks import call_factory, check_network, load_factory, network_label
+from roles.model.networks.registry import LAYOUT_DEFAULTS
 from roles.protocol.topology import ClusterConfig
 from zbus.endpoints import tcp_host
 
@@ -30,28 +30,13 @@ def build_network(job: Job) -> nn.Module:
     label = network_label(job, source_file)
     dense_count = len(job.dense_fields)
     options = {"hidden": list(job.model.hidden), **job.model.options}
-    if job.model.network == "din" and not job.model.module and "candidate" not in options:
-        candidate = din_candidate(layout, options.get("sequence"))
-        if candidate is not None:
-            options["candidate"] = candidate
+    if not job.model.module and job.model.network in LAYOUT_DEFAULTS:
+        options = {**LAYOUT_DEFAULTS[job.model.network](layout, options), **options}
     torch.manual_seed(job.train.seed)
     net = call_factory(factory, layout, dense_count, options, label, source_file,
                        builtin=not job.model.module)
     check_network(net, layout, dense_count, label, source_file)
     return net
-
-
-def din_candidate(layout: FieldLayout, sequence: str | None) -> str | None:
-    """DIN's default candidate: the single-valued field that looks up the same table as the
-    sequence it attends over (the item beside the items clicked before); None when none
-    does (the network then takes its own default)."""
-    sequences = layout.sequence_fields
-    seq = sequence if sequence in sequences else (sequences[0] if sequences else None)
-    if seq is None:
-        return None
-    table = layout.tables[layout.fields.index(seq)]
-    return next((f for i, f in enumerate(layout.fields)
-                 if not layout.is_list(i) and layout.tables[i] == table), None)
 
 
 def weighted_loss_sum(logits: torch.Tensor, labels: torch.Tensor,

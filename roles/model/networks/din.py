@@ -7,9 +7,10 @@ vectors (other sequence fields mean-pooled), and they and the dense features go 
 layers of ``hidden`` to one logit.
 
 Options: ``hidden`` (default ``[model] hidden``), ``attention_hidden`` (default ``[36]``),
-``candidate`` (a single-valued or pooled field; default the first such field), ``sequence`` (a
-sequence field; default the first). The candidate and the sequence must have the same width
-(typically they share a table: ``[data.tables] item = ["item", "history"]``).
+``candidate`` (a single-valued or pooled field; default the first such field, and in a job the
+single-valued field of the sequence's table: ``layout_defaults``), ``sequence`` (a sequence
+field; default the first). The candidate and the sequence must have the same width (typically
+they share a table: ``[data.tables] item = ["item", "history"]``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from roles.job.fields import FieldLayout
 from roles.model.networks.layers import lengths_mask, logit_mlp, masked_mean, read_options, sizes
 
 DEFAULTS: dict[str, Any] = {"hidden": [128, 64], "attention_hidden": [36], "candidate": None,
@@ -56,6 +58,21 @@ class Din(nn.Module):
             else:
                 vectors.append(sparse[f])
         return self.mlp(torch.cat([*vectors, dense], dim=1)).squeeze(1)
+
+
+def layout_defaults(layout: FieldLayout, options: dict[str, Any]) -> dict[str, Any]:
+    """The defaults a job's layout gives beyond what ``build`` sees: the candidate is the
+    single-valued field that looks up the sequence's table (the item beside the items clicked
+    before), when one does."""
+    sequences = layout.sequence_fields
+    seq = options.get("sequence")
+    seq = seq if seq in sequences else (sequences[0] if sequences else None)
+    if seq is None:
+        return {}
+    table = layout.tables[layout.fields.index(seq)]
+    candidate = next((f for i, f in enumerate(layout.fields)
+                      if not layout.is_list(i) and layout.tables[i] == table), None)
+    return {} if candidate is None else {"candidate": candidate}
 
 
 def _field(value: Any, name: str, allowed: list[str], what: str) -> str:

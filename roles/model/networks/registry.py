@@ -1,4 +1,6 @@
-"""The built-in networks by name (``[model] network``), and the type every factory has."""
+"""The built-in networks by name (``[model] network``), the type every factory has, and the
+defaults a built-in takes from the job's layout (what the contract's factory does not see: the
+tables), under the options the job gives."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from typing import Any
 
 from torch import nn
 
+from roles.job.fields import FieldLayout
 from roles.model.networks import dcn, deepfm, din, dlrm, mlp, wide_deep
 
 # factory(sparse_dims, sequence_fields, dense_count, options) -> the network
@@ -20,3 +23,6 @@ BUILTINS: dict[str, Factory] = {
     "wide_deep": wide_deep.build,
     "din": din.build,
 }
+
+LayoutDefaults = Callable[[FieldLayout, dict[str, Any]], dict[str, Any]]
+LAYOUT_DEFAULTS: dict[str, LayoutDefaults] = {"din": din.layout_defaults}
