@@ -49,3 +49,15 @@ def cluster(request, tmp_path):
     yield make
     for c in made:
         c.close()
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A local S3 server (moto) on a loopback port, with the bucket ``zbus-test``; one per
+    test module, killed (its process group) when the module's tests are done."""
+    from s3 import S3Server
+    server = S3Server()
+    try:
+        yield server
+    finally:
+        server.close()

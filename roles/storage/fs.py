@@ -1,0 +1,92 @@
+"""Local paths and object-store URIs behind one interface: pyarrow's filesystems.
+
+A location is a local path (``/data/day1.tsv``, ``runs/x``) or a URI that pyarrow knows
+(``s3://bucket/prefix``; ``file://`` too). S3 follows the AWS conventions, as pyarrow's
+``S3FileSystem`` reads them: credentials from ``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY`` (or a profile, ``AWS_PROFILE``), the region from
+``AWS_DEFAULT_REGION`` / ``AWS_REGION``, and an S3-compatible store's endpoint from
+``AWS_ENDPOINT_URL``.
+
+Objects in a store are written whole or not at all (an object exists once its upload
+completes), but nothing renames atomically: code that needs "complete" writes a marker object
+last (``roles.checkpoint.files``: a checkpoint's manifest).
+"""
+
+from __future__ import annotations
+
+import functools
+import posixpath
+from typing import Any
+
+import pyarrow.fs as pafs
+
+URI_SCHEMES = ("s3://",)
+
+
+class StorageError(Exception):
+    """A location that cannot be reached or read: one line naming it."""
+
+
+def is_uri(location: str) -> bool:
+    """An object-store URI (``s3://...``), not a local path."""
+    return location.startswith(URI_SCHEMES)
+
+
+def join(location: str, *names: str) -> str:
+    """``location`` / ``names``: a URI joined with ``/``, a local path with the OS's rules."""
+    if is_uri(location):
+        return posixpath.join(location.rstrip("/"), *names)
+    import os.path
+    return os.path.join(location, *names)
+
+
+@functools.lru_cache(maxsize=16)
+def _filesystem_for(scheme_and_bucket: str) -> pafs.FileSystem:
+    fs, _ = pafs.FileSystem.from_uri(scheme_and_bucket)
+    return fs
+
+
+def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path within it) of a location. One filesystem per bucket and process
+    (pyarrow's S3 client is thread-safe; not fork-safe: a forked child must not use its
+    parent's, which is why checkpoints are staged on the local disk and uploaded by the
+    parent)."""
+    if not is_uri(location):
+        return pafs.LocalFileSystem(), location
+    scheme, _, rest = location.partition("://")
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise StorageError(f"{location}: no bucket in the URI")
+    try:
+        fs = _filesystem_for(f"{scheme}://{bucket}")
+    except (OSError, ValueError) as exc:
+        raise StorageError(f"{location}: {exc}") from None
+    return fs, posixpath.join(bucket, key) if key else bucket
+
+
+def describe(exc: BaseException) -> str:
+    """pyarrow's error text, first line only."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def size(location: str) -> int | None:
+    """The size of a file or object, None when there is none."""
+    fs, path = filesystem(location)
+    try:
+        info = fs.get_file_info(path)
+    except OSError as exc:
+        raise StorageError(f"{location}: {describe(exc)}") from None
+    return info.size if info.type == pafs.FileType.File else None
+
+
+def open_input(location: str) -> Any:
+    """A seekable binary file over a local file or an object (ranged GETs on S3)."""
+    fs, path = filesystem(location)
+    try:
+        return fs.open_input_file(path)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if "not found" in str(exc).lower() or "NoSuchKey" in str(exc):
+            raise FileNotFoundError(location) from None
+        raise StorageError(f"{location}: {describe(exc)}") from None
