@@ -41,9 +41,9 @@ from roles.algorithms.shared.aggregation import combine_partials, partial_sum
 from roles.algorithms.sync import aggregator as sync_modes
 from roles.checkpoint.background import ThreadWrite
 from roles.checkpoint.files import (
-    checkpoint_dir,
-    checkpoints_dir,
+    checkpoint_store,
     meta_array,
+    number_name,
     read_meta,
     save_npz,
 )
@@ -68,6 +68,8 @@ from roles.protocol.dense_sync import (
 from roles.protocol.lifecycle import Export, Membership
 from roles.protocol.operator import Settings
 from roles.protocol.topology import ClusterConfig
+from roles.storage.fs import StorageError
+from roles.storage.store import Store
 from zbus.codec import ProtocolError
 from zbus.endpoints import node_index
 from zbus.messages import Ready
@@ -114,6 +116,7 @@ class Aggregator(Node):
         self.cut: Checkpoint | None = None           # a cut of a round not combined yet
         self.writing: tuple[int, ThreadWrite, float] | None = None
         self.checkpointed = 0
+        self.written_size: list[int] = []            # the checkpoint file's bytes, once written
 
     def on_welcome(self) -> None:
         info: dict = {}
@@ -121,8 +124,8 @@ class Aggregator(Node):
             backups = self.backups = Backups(Path(self.run_dir) / "backups")
             if self.rollback and self.restore_dir:
                 try:
-                    info = self.restore_checkpoint(Path(self.restore_dir))
-                except (OSError, ValueError, KeyError) as exc:
+                    info = self.restore_checkpoint(self.restore_dir)
+                except (OSError, ValueError, KeyError, StorageError) as exc:
                     self.fail(f"cannot restore the checkpoint {self.restore_dir}: {exc}")
                     return
             if not backups.existing():  # a first start: the initial weights are backup 0
@@ -142,8 +145,16 @@ class Aggregator(Node):
                   "meta": meta_array({"number": m.number, "round": self.round,
                                       "generation": self.generation, "steps": self.steps,
                                       "time": time.time()})}
-        path = checkpoint_dir(self.run_dir, m.number) / "dense.npz"
-        self.writing = (m.number, ThreadWrite(lambda: save_npz(path, **arrays)), time.monotonic())
+        store = checkpoint_store(self.job, self.run_dir)
+        name = f"{number_name(m.number)}/dense.npz"
+        size: list[int] = []
+
+        def write() -> None:   # on a thread: the file, then (a remote store) its upload
+            size.append(save_npz(store.local(name), **arrays))
+            store.publish([name])
+
+        self.written_size = size
+        self.writing = (m.number, ThreadWrite(write), time.monotonic())
         self.checkpointed = m.number
         self.counts["checkpoints"] += 1
         self.report(Snapshotted(number=m.number, pause_s=round(time.perf_counter() - started,
@@ -155,22 +166,23 @@ class Aggregator(Node):
         number, _, began = self.writing
         self.writing = None
         ok, error = result
-        name = f"{number:06d}/dense.npz"
-        size = (checkpoints_dir(self.run_dir) / name).stat().st_size if ok else 0
+        name = f"{number_name(number)}/dense.npz"
+        size = self.written_size[0] if ok and self.written_size else 0
         self.report(CheckpointPart(number=number, ok=ok, error=error,
                                    files=[name] if ok else [], bytes=size,
                                    write_s=round(time.monotonic() - began, 3),
                                    info={"round": self.round}))
 
-    def restore_checkpoint(self, where: Path) -> dict:
-        """The whole job goes back to a checkpoint: its weights, round, generation, steps and
-        optimiser state; the backups of later rounds (the run that died) go."""
-        with np.load(where / "dense.npz") as f:
+    def restore_checkpoint(self, where: str) -> dict:
+        """The whole job goes back to a checkpoint (its directory or URI): its weights, round,
+        generation, steps and optimiser state; the backups of later rounds (the run that died)
+        go."""
+        with Store(where).open("dense.npz") as file, np.load(file) as f:
             meta = read_meta(f)
             params = f["params"].astype(np.float32)
             state = {k: f[k] for k in f.files if k not in ("params", "meta")}
         if params.shape != (self.size,):
-            raise ValueError(f"{where / 'dense.npz'} has {params.shape} weights, the model "
+            raise ValueError(f"{where}/dense.npz has {params.shape} weights, the model "
                              f"{self.size}")
         self.params, self.round = params, meta["round"]
         self.generation, self.steps = meta["generation"], meta["steps"]

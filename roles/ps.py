@@ -54,7 +54,7 @@ from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.algorithms.shard.expiry import Expiry
 from roles.algorithms.shard.window_work import WindowLedger
 from roles.algorithms.shared.key_map import KeyMap
-from roles.checkpoint.files import checkpoints_dir, latest_complete, read_manifest
+from roles.checkpoint.files import checkpoint_store, latest_complete, read_manifest
 from roles.checkpoint.shard import ShardCheckpoints, read_chain
 from roles.job.cli import role_main
 from roles.job.settings import Job
@@ -70,6 +70,8 @@ from roles.protocol.datapath import (
 )
 from roles.protocol.lifecycle import Export
 from roles.protocol.placement import Handover, Moved, Placement, WorkRecorded
+from roles.storage.fs import StorageError
+from roles.storage.store import Store, parent
 from zbus.codec import ProtocolError
 from zbus.messages import Ready
 from zbus.node import Node
@@ -144,7 +146,7 @@ class Shard(Node):
     def on_welcome(self) -> None:
         try:
             restored = self.restore_checkpoint()
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, KeyError, StorageError) as exc:
             self.fail(f"cannot restore the checkpoint {self.restore_dir}: {exc}")
             return
         self.applied_log = AppliedLog(Path(self.run_dir) / "applied" / self.node_id)
@@ -178,25 +180,28 @@ class Shard(Node):
         waited = time.monotonic() - self.cut_since
         meta = {"updates": self.counts["updates"], "newest_epoch": self.newest_epoch,
                 "version": self.version, "table": self.table_totals()}
-        pause = self.checkpoints.begin(m.number, checkpoints_dir(self.run_dir), self.applied,
-                                       meta)
+        pause = self.checkpoints.begin(m.number, self.store(), self.applied, meta)
         self.counts["checkpoints"] += 1
         self.counts["checkpoint_pause_s"] = round(pause + waited, 6)
         self.report(Snapshotted(number=m.number, pause_s=round(pause + waited, 6),
                                 waited_s=round(waited, 6)))
         if self.applied_log is not None:
             self.applied_log.start(m.number)
-            complete = latest_complete(Path(self.run_dir))
+            complete = latest_complete(self.store())
             self.applied_log.prune(complete[0] if complete else 0)
+
+    def store(self) -> Store:
+        """Where this job's checkpoints go (``[checkpoint] dir``, else the run directory's)."""
+        return checkpoint_store(self.job, self.run_dir)
 
     def restore_checkpoint(self) -> dict:
         """A restarted shard, or the whole job going back to a checkpoint: the table, the
         applied ids and where it stood, from the checkpoint control named ({} when none)."""
-        manifest = read_manifest(Path(self.restore_dir)) if self.restore_dir else None
+        manifest = read_manifest(self.restore_dir) if self.restore_dir else None
         files = (manifest or {}).get("parts", {}).get(self.node_id)
         if not files:
             return {}
-        got = read_chain(checkpoints_dir(self.run_dir), files)
+        got = read_chain(Store(parent(self.restore_dir)), files)
         self.table.accept(got.keys, got.weights, got.accum)
         if got.default_weights is not None and got.default_accum is not None:
             self.table.restore_defaults(got.default_weights, got.default_accum)
@@ -360,7 +365,7 @@ class Shard(Node):
             self.try_handover()
         if self.cut is not None:
             self.handle_cut(self.cut)
-        part = self.checkpoints.poll(checkpoints_dir(self.run_dir)) if self.welcomed else None
+        part = self.checkpoints.poll(self.store()) if self.welcomed else None
         if part is not None:
             if not part.ok:
                 log.error("checkpoint %d not written: %s", part.number, part.error)

@@ -24,6 +24,7 @@ from roles.checkpoint.shard import ShardCheckpoints, read_chain
 from roles.control.resuming import Resuming
 from roles.job.settings import JobError, parse_job
 from roles.protocol.datapath import make_batch_id
+from roles.storage.store import Store
 
 
 def make_checkpoint(run_dir, number, parts):
@@ -174,7 +175,8 @@ def test_a_feeders_log_goes_back_to_the_cut_and_says_what_is_trained_again(tmp_p
     log = AckLog(logs, "feeder-0")
     for seq in range(3):
         log.append(make_batch_id(1, 0, seq), 100, 1.0, 100.0, 0)
-    part = FeederCheckpoints(str(run), "feeder-0")
+    store = Store(str(checkpoints_dir(run)))
+    part = FeederCheckpoints(store, "feeder-0")
     part.begin(7, log, {"epoch": 1}, None)
     written = part.writing.writer.wait()
     assert written == (True, "")
@@ -182,11 +184,25 @@ def test_a_feeders_log_goes_back_to_the_cut_and_says_what_is_trained_again(tmp_p
     for seq in range(3, 5):  # acknowledged after the cut: lost with the rollback
         log.append(make_batch_id(1, 0, seq), 100, 1.0, 100.0, 1)
     log.close()
-    position, retrained = FeederCheckpoints(str(run), "feeder-0").roll_back(files, logs)
+    position, retrained = FeederCheckpoints(store, "feeder-0").roll_back(store, files, logs)
     assert position == {"epoch": 1} and retrained == 200
     back = AckLog(logs, "feeder-0")
     assert back.restart()["samples"] == 300
     assert back.progress(1)[0].low == 3  # the pass resumes after the third batch
+
+
+def test_a_control_with_records_from_a_checkpoint_refuses_rejoins_and_rolls_back():
+    """Its run directory gone, control took its records from checkpoint 4: they are older than
+    what a live node holds, so a rejoining node is refused (it is started again), and once
+    every stateful node is new the job goes back to the checkpoint."""
+    expected = ["feeder-0", "ps-0", "aggregator-0", "worker-0"]
+    r = Resuming(expected, resumed=True)
+    r.records_from(4)
+    assert r.hello("ps-0", "ps", rejoin=True) == "refuse"
+    assert r.hello("worker-0", "worker", rejoin=True) == "refuse"
+    assert [r.hello(n, n.split("-")[0], rejoin=False) for n in
+            ("ps-0", "feeder-0", "aggregator-0")] == ["wait", "wait", "roll back"]
+    assert r.rolled_back and r.hello("worker-0", "worker", rejoin=False) == "go"
 
 
 def test_a_resumed_control_goes_on_with_live_nodes_or_rolls_back_when_all_are_new():

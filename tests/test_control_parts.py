@@ -12,7 +12,7 @@ import pytest
 
 from roles.algorithms.control.membership import Members
 from roles.algorithms.shared.metrics import ScoreHistogram
-from roles.checkpoint.files import checkpoint_dir, read_manifest
+from roles.checkpoint.files import checkpoint_dir, read_manifest, store_of
 from roles.control.checkpoints import Checkpoints
 from roles.control.commands import Commands, ProgressClock
 from roles.control.course import Course
@@ -445,7 +445,7 @@ def checkpoints_of(tmp_path: Path, bus: Bus, metrics: MetricsLog, mode: SyncMode
     rounds = Rounds(mode, m, bus.commands, metrics, ProgressClock(0.0))
     j = Job(data=DataConfig(source="synthetic"), cluster=ClusterConfig(workers=2, feeders=2),
             checkpoint=CheckpointConfig(**{"every_s": 10.0, "timeout_s": 30.0, **config}))
-    return Checkpoints(j, tmp_path, m, bus.commands, rounds, metrics, ProgressClock(0.0),
+    return Checkpoints(j, store_of(tmp_path), m, bus.commands, rounds, metrics, ProgressClock(0.0),
                        lambda n: {"control-state.json": b"{}"}), rounds
 
 
@@ -533,7 +533,7 @@ def test_a_new_cut_takes_no_number_whose_directory_is_on_disk(tmp_path, metrics)
     ck.request("zbus-ctl", None)
     ck.tick(1.0, None)
     assert ck.cut is not None and ck.cut.number == 6
-    assert bus.of(Checkpoint)[-1].number == 6 and not any(ck.cut.dir.iterdir())
+    assert bus.of(Checkpoint)[-1].number == 6 and not any(Path(ck.cut.dir).iterdir())
 
 
 def test_a_checkpoint_is_abandoned_when_a_part_fails_a_writer_dies_or_time_runs_out(

@@ -23,8 +23,9 @@ import orjson
 
 from roles.algorithms.feeding.ack_log import AckLog, replace_files
 from roles.checkpoint.background import ThreadWrite
-from roles.checkpoint.files import checkpoint_dir, checkpoints_dir, save_file
+from roles.checkpoint.files import number_name, save_file
 from roles.protocol.checkpoint import CheckpointPart
+from roles.storage.store import Store
 
 POSITION = "position.json"
 
@@ -39,8 +40,8 @@ class Writing:
 
 
 class FeederCheckpoints:
-    def __init__(self, run_dir: str, node_id: str):
-        self.run_dir, self.node_id = run_dir, node_id
+    def __init__(self, store: Store, node_id: str):
+        self.store, self.node_id = store, node_id
         self.writing: Writing | None = None
         self.written = 0   # the newest checkpoint this feeder took its part of
 
@@ -48,17 +49,18 @@ class FeederCheckpoints:
               transform: dict[str, Any] | None) -> float:
         """Copy the log now, write it on a thread; the seconds the copy took."""
         started = time.perf_counter()
-        where = checkpoint_dir(self.run_dir, number)
-        files = {f"{self.node_id}/{name}": data for name, data in log.snapshot().items()}
-        files[f"{self.node_id}/{POSITION}"] = orjson.dumps(position)
+        where, store = number_name(number), self.store
+        files = {f"{where}/{self.node_id}/{name}": data for name, data in log.snapshot().items()}
+        files[f"{where}/{self.node_id}/{POSITION}"] = orjson.dumps(position)
         if transform is not None:
-            files["transform.json"] = orjson.dumps(transform)
+            files[f"{where}/transform.json"] = orjson.dumps(transform)
 
-        def write() -> None:
+        def write() -> None:   # on a thread: the files, then (a remote store) their upload
             for name, data in files.items():
-                save_file(where / name, data)
+                save_file(store.local(name), data)
+            store.publish(list(files))
 
-        self.writing = Writing(number, [f"{where.name}/{n}" for n in files],
+        self.writing = Writing(number, list(files),
                                sum(len(d) for d in files.values()), ThreadWrite(write),
                                time.monotonic())
         self.written = number
@@ -74,18 +76,19 @@ class FeederCheckpoints:
                               bytes=w.size if ok else 0,
                               write_s=round(time.monotonic() - w.started, 3), info={})
 
-    def roll_back(self, files: list[str], log_dir: Path) -> tuple[dict[str, Any], int]:
+    def roll_back(self, root: Store, files: list[str],
+                  log_dir: Path) -> tuple[dict[str, Any], int]:
         """Put this feeder's ack log back as the checkpoint had it (``files``: its part in the
-        manifest); (its position, the samples acknowledged after the cut, to train again)."""
+        manifest of a checkpoint in ``root``); (its position, the samples acknowledged after
+        the cut, to train again)."""
         before = AckLog(log_dir, self.node_id).restart() or {"samples": 0}
-        root = checkpoints_dir(self.run_dir)
         prefix = f"{self.node_id}/"
         logged, position = {}, {}
         for name in files:
             inner = name.split("/", 1)[1]
             if not inner.startswith(prefix):
                 continue   # feeder 0's transform
-            data = (root / name).read_bytes()
+            data = root.read_bytes(name)
             if inner == prefix + POSITION:
                 position = orjson.loads(data)
             else:

@@ -1,4 +1,5 @@
-"""The files of whole-job checkpoints (no sockets): ``runs/<run>/checkpoints/``.
+"""The files of whole-job checkpoints (no sockets): ``[checkpoint] dir``, a local directory or
+an ``s3://`` prefix (``roles.storage.store``), by default ``runs/<run>/checkpoints/``.
 
 - ``<number>/`` (six digits) holds the parts of checkpoint ``number``: ``dense.npz`` (the
   aggregator's weights, round, generation, step count and, in sync mode step, its Adam state),
@@ -14,21 +15,28 @@
   serving system that follows the job (``zbus-predict RUN_DIR/checkpoints`` reads it).
 
 Every file is written to a temporary name, fsynced, renamed and its directory fsynced: a file
-under its final name is whole, also after the machine loses power.
+under its final name is whole, also after the machine loses power. In an object store, which
+has no rename, each part is staged in the run directory and uploaded (an object exists only
+once whole); the manifest, then ``LATEST``, are written after every file they list is there,
+so a checkpoint interrupted between its data and its manifest is never used either.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 
 from roles.job.rundir import atomic_write
+from roles.storage.fs import StorageError
+from roles.storage.store import Store, basename, parent
+
+if TYPE_CHECKING:
+    from roles.job.settings import Job
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
@@ -88,62 +96,94 @@ def read_meta(f: Any) -> dict[str, Any]:
     return dict(orjson.loads(f["meta"].tobytes()))
 
 
+# -- the store ---------------------------------------------------------------------------------
+def checkpoint_store(job: Job, run_dir: Path | str) -> Store:
+    """Where the job's checkpoints go: ``[checkpoint] dir`` (a local directory or an
+    ``s3://`` prefix), else the run directory's ``checkpoints/``; parts are staged in the run
+    directory's ``checkpoints/`` before they are uploaded to a remote one."""
+    return Store(job.checkpoint.dir or str(checkpoints_dir(run_dir)), checkpoints_dir(run_dir))
+
+
+def store_of(at: Store | Path) -> Store:
+    """``at`` itself, or the store of a run directory's own ``checkpoints/``."""
+    return at if isinstance(at, Store) else Store(str(checkpoints_dir(at)))
+
+
+def number_name(number: int) -> str:
+    return f"{number:06d}"
+
+
+def location_of(store: Store, number: int) -> Path | str:
+    """Where checkpoint ``number`` is: a local directory, or a URI."""
+    return Path(store.root) / number_name(number) if not store.remote \
+        else store.location(number_name(number))
+
+
 # -- manifests -----------------------------------------------------------------------------------
-def write_manifest(run_dir: Path, number: int, manifest: dict[str, Any]) -> None:
+def write_manifest(at: Store | Path, number: int, manifest: dict[str, Any]) -> None:
     """The checkpoint is complete from here on; LATEST names it."""
-    where = checkpoint_dir(run_dir, number)
+    store = store_of(at)
     sizes = {}
     for files in manifest["parts"].values():
         for name in files:
-            sizes[name] = (checkpoints_dir(run_dir) / name).stat().st_size
+            size = store.size(name)
+            if size is None:
+                raise FileNotFoundError(f"{store.location(name)}, listed in checkpoint "
+                                        f"{number}'s manifest, is not there")
+            sizes[name] = size
     body = {"format": CHECKPOINT_FORMAT, "number": number, "created": time.time(),
             **manifest, "sizes": sizes}
-    save_file(where / MANIFEST, orjson.dumps(body, option=orjson.OPT_INDENT_2))
-    save_file(checkpoints_dir(run_dir) / LATEST, where.name.encode())
+    store.put_bytes(f"{number_name(number)}/{MANIFEST}",
+                    orjson.dumps(body, option=orjson.OPT_INDENT_2))
+    store.put_bytes(LATEST, number_name(number).encode())
 
 
-def read_manifest(where: Path) -> dict[str, Any] | None:
-    """The manifest of a complete checkpoint directory, else None (none, unreadable, or a
-    file it lists missing or of another size)."""
+def read_manifest(where: Path | str) -> dict[str, Any] | None:
+    """The manifest of a complete checkpoint (its directory, or URI), else None (none,
+    unreadable, or a file it lists missing or of another size)."""
+    store = Store(parent(str(where)))
     try:
-        manifest = orjson.loads((where / MANIFEST).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
+        manifest = orjson.loads(store.read_bytes(f"{basename(str(where))}/{MANIFEST}"))
+    except (OSError, StorageError, orjson.JSONDecodeError):
         return None
     if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
         return None
-    root = where.parent
-    for name, size in manifest.get("sizes", {}).items():
-        try:
-            if (root / name).stat().st_size != size:
+    try:
+        for name, size in manifest.get("sizes", {}).items():
+            if store.size(name) != size:
                 return None
-        except OSError:
-            return None
+    except StorageError:
+        return None
     return manifest
 
 
-def numbers_on_disk(run_dir: Path) -> list[int]:
-    root = checkpoints_dir(run_dir)
-    if not root.is_dir():
+def numbers_on_disk(at: Store | Path) -> list[int]:
+    """The numbers of the checkpoint directories in the store, complete or not."""
+    store = store_of(at)
+    if not store.is_dir():
         return []
-    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+    return sorted(int(name) for name in store.entries() if name.isdigit())
 
 
-def latest_complete(run_dir: Path) -> tuple[int, Path, dict[str, Any]] | None:
-    """(number, directory, manifest) of the newest complete checkpoint, or None."""
-    for number in reversed(numbers_on_disk(run_dir)):
-        where = checkpoint_dir(run_dir, number)
+def latest_complete(at: Store | Path) -> tuple[int, Path | str, dict[str, Any]] | None:
+    """(number, directory or URI, manifest) of the newest complete checkpoint, or None."""
+    store = store_of(at)
+    for number in reversed(numbers_on_disk(store)):
+        where = location_of(store, number)
         manifest = read_manifest(where)
         if manifest is not None:
             return number, where, manifest
     return None
 
 
-def prune(run_dir: Path, keep: int) -> list[int]:
+def prune(at: Store | Path, keep: int) -> list[int]:
     """Remove the checkpoints older than the newest complete one that neither are among the
     ``keep`` newest complete ones nor hold a file those read (a shard's earlier full or
     incremental file); the numbers removed."""
-    complete = [(n, m) for n in numbers_on_disk(run_dir)
-                if (m := read_manifest(checkpoint_dir(run_dir, n))) is not None]
+    store = store_of(at)
+    on_disk = numbers_on_disk(store)
+    complete = [(n, m) for n in on_disk
+                if (m := read_manifest(location_of(store, n))) is not None]
     if not complete:
         return []
     kept = complete[-max(1, keep):]
@@ -153,8 +193,8 @@ def prune(run_dir: Path, keep: int) -> list[int]:
         for files in manifest["parts"].values():
             needed.update(int(name.split("/")[0]) for name in files)
     removed = []
-    for n in numbers_on_disk(run_dir):
+    for n in on_disk:
         if n < newest and n not in needed:
-            shutil.rmtree(checkpoint_dir(run_dir, n), ignore_errors=True)
+            store.remove(number_name(n))
             removed.append(n)
     return removed

@@ -37,9 +37,10 @@ from pathlib import Path
 import numpy as np
 
 from roles.algorithms.shard.embedding_table import EmbeddingTable
-from roles.checkpoint.background import ForkedWrite
+from roles.checkpoint.background import ForkedWrite, ThreadWrite
 from roles.checkpoint.files import meta_array, read_meta, save_npz, temp_path
 from roles.protocol.checkpoint import CheckpointPart
+from roles.storage.store import Store
 
 
 @dataclass
@@ -62,6 +63,8 @@ class Writing:
     kind: str
     writer: ForkedWrite
     started: float
+    upload: ThreadWrite | None = None   # a remote store: the file's upload, once written
+    size: int = 0
 
 
 class ShardCheckpoints:
@@ -74,16 +77,17 @@ class ShardCheckpoints:
         self.force_full = True
         self.written = 0            # the newest checkpoint number this shard wrote
 
-    def begin(self, number: int, root: Path, applied: set[int], meta: dict) -> float:
-        """Fork the writer of checkpoint ``number`` (under ``root``, the checkpoints
-        directory); the seconds the fork took (this shard's pause)."""
+    def begin(self, number: int, store: Store | Path, applied: set[int], meta: dict) -> float:
+        """Fork the writer of checkpoint ``number`` (into ``store``; a remote one's file is
+        written in its local staging directory, and uploaded by this process: the child must
+        not use the parent's S3 client); the seconds the fork took (this shard's pause)."""
         t = self.table
         full = self.force_full or t.renumbered or not self.chain \
             or len(self.chain) >= self.full_every
         name = f"{number:06d}/ps-{self.index}{'' if full else '.delta'}.npz"
         meta = {**meta, "number": number, "kind": "full" if full else "delta",
                 "base": None if full else self.chain[-1], "time": time.time(), "keys": len(t)}
-        path = root / name
+        path = as_store(store).local(name)
 
         delay = self.write_delay
 
@@ -114,14 +118,26 @@ class ShardCheckpoints:
                                time.monotonic())
         return pause
 
-    def poll(self, root: Path) -> CheckpointPart | None:
-        """The report of the write under way once it is over (None while it goes on)."""
+    def poll(self, root: Store | Path) -> CheckpointPart | None:
+        """The report of the write under way once it is over (None while it goes on): the
+        file written, and in a remote store uploaded (on a thread)."""
+        store = as_store(root)
         w = self.writing
         if w is None:
             return None
-        result = w.writer.done()
-        if result is None:
-            return None
+        if w.upload is None:
+            result = w.writer.done()
+            if result is None:
+                return None
+            if result[0]:
+                w.size = w.path.stat().st_size
+            if result[0] and store.remote:
+                w.upload = ThreadWrite(lambda: store.publish([w.name]))
+                return None
+        else:
+            result = w.upload.done()
+            if result is None:
+                return None
         self.writing = None
         ok, error = result
         seconds = time.monotonic() - w.started
@@ -130,9 +146,8 @@ class ShardCheckpoints:
             return CheckpointPart(number=w.number, ok=False, error=error, files=[], bytes=0,
                                   write_s=seconds, info={})
         self.chain, self.force_full, self.written = w.chain, False, w.number
-        size = (root / w.name).stat().st_size
         return CheckpointPart(number=w.number, ok=True, error="", files=list(w.chain),
-                              bytes=size, write_s=round(seconds, 3),
+                              bytes=w.size, write_s=round(seconds, 3),
                               info={"kind": w.kind, "keys": len(self.table),
                                     "chain": len(w.chain)})
 
@@ -140,6 +155,9 @@ class ShardCheckpoints:
         """The shard exits: end a write still under way, and remove what it left; the number
         of the checkpoint it was writing (None when none was)."""
         w, self.writing = self.writing, None
+        if w is not None and w.upload is not None:
+            w.upload.wait()   # an upload under way: finished (its file is whole already)
+            return None
         if w is None or w.writer.done() is not None:
             return None
         w.writer.stop()
@@ -152,15 +170,22 @@ class ShardCheckpoints:
         self.table.mark()   # the next delta builds on these files: record what is dropped
 
 
-def read_chain(root: Path, files: list[str]) -> Restored:
-    """A shard's rows as its chain of files leaves them (``ValueError`` for a broken chain)."""
+def as_store(root: Store | Path) -> Store:
+    """A checkpoints directory as a store (a store as it is)."""
+    return root if isinstance(root, Store) else Store(str(root))
+
+
+def read_chain(root: Path | Store, files: list[str]) -> Restored:
+    """A shard's rows as its chain of files leaves them (``ValueError`` for a broken chain);
+    ``root``: the checkpoints directory, or store, the names are relative to."""
+    store = as_store(root)
     keys = np.zeros(0, np.int64)
     weights = accum = np.zeros((0, 0), np.float32)
     applied = np.zeros(0, np.int64)
     meta: dict = {}
     default_weights = default_accum = None
     for i, name in enumerate(files):
-        with np.load(root / name) as f:
+        with store.open(name) as file, np.load(file) as f:
             m = read_meta(f)
             if (m["kind"] == "full") != (i == 0) or (i and m["base"] != files[i - 1]):
                 raise ValueError(f"{name} does not follow {files[i - 1] if i else 'nothing'} "

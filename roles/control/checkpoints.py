@@ -35,12 +35,11 @@ from pathlib import Path
 
 from roles.algorithms.control.membership import ALIVE, Members
 from roles.checkpoint.files import (
-    MANIFEST,
-    checkpoint_dir,
+    location_of,
+    number_name,
     numbers_on_disk,
     prune,
     read_manifest,
-    save_file,
     write_manifest,
 )
 from roles.control.commands import Commands, ProgressClock
@@ -50,6 +49,8 @@ from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
 from roles.protocol.checkpoint import Checkpoint, CheckpointDrained, CheckpointPart, Snapshotted
 from roles.protocol.status import CheckpointView, LatestCheckpoint, TaskFigures
+from roles.storage.fs import StorageError
+from roles.storage.store import Store
 
 log = logging.getLogger(__name__)
 RECORDS_KEPT = 50  # the newest checkpoints' records in the history (the totals cover all)
@@ -70,7 +71,7 @@ class Cut:
     number: int
     reason: str
     began: float
-    dir: Path
+    dir: str          # where its files go: a directory, or an object store's URI
     feeders: set[str]
     writers: set[str]
     phase: str = "drain"
@@ -84,13 +85,14 @@ class Cut:
 
 
 class Checkpoints:
-    def __init__(self, job: Job, run_dir: Path, members: Members, commands: Commands,
+    def __init__(self, job: Job, store: Store, members: Members, commands: Commands,
                  rounds: Rounds, metrics: MetricsLog, progress: ProgressClock,
                  capture: Callable[[int], dict[str, bytes]]):
-        """``capture(n)``: control's own files for checkpoint n (its records at the cut)."""
+        """``store``: where the checkpoints go (``roles.checkpoint.files.checkpoint_store``);
+        ``capture(n)``: control's own files for checkpoint n (its records at the cut)."""
         self.config = job.checkpoint
         self.job = job
-        self.run_dir = run_dir
+        self.store = store
         self.members = members
         self.commands = commands
         self.rounds = rounds
@@ -113,7 +115,7 @@ class Checkpoints:
     @property
     def latest_dir(self) -> str:
         """The newest complete checkpoint's directory ("" before the first)."""
-        return str(checkpoint_dir(self.run_dir, self.complete)) if self.complete else ""
+        return str(location_of(self.store, self.complete)) if self.complete else ""
 
     # -- when ---------------------------------------------------------------------------------
     def training_started(self, now: float) -> None:
@@ -154,12 +156,13 @@ class Checkpoints:
         # a number of its own: a run gone back to an earlier checkpoint (or a control resumed
         # from older records) has the directories of cuts it abandoned on disk, whose files
         # must not mix with a new cut's (they are pruned with the other older checkpoints)
-        self.number = max([self.number, *numbers_on_disk(self.run_dir)]) + 1
+        self.number = max([self.number, *numbers_on_disk(self.store)]) + 1
         feeders = {n for n, s in m.nodes.items() if s.role == "feeder" and s.status == ALIVE}
         writers = feeders | {n for n, s in m.nodes.items() if s.status == ALIVE and (
             s.role == "ps" or (s.role == "aggregator" and s.index == 0))}
-        where = checkpoint_dir(self.run_dir, self.number)
-        where.mkdir(parents=True, exist_ok=True)
+        where = str(location_of(self.store, self.number))
+        if not self.store.remote:
+            Path(where).mkdir(parents=True, exist_ok=True)
         self.cut = Cut(self.number, reason, now, where, feeders, writers)
         log.info("checkpoint %d begins (%s): draining the feeders", self.number, reason)
         self.metrics.write("checkpoint_begin", number=self.number, reason=reason)
@@ -234,16 +237,24 @@ class Checkpoints:
         if c.phase != "resume" or set(c.parts) < c.writers:
             return
         control = []
-        for name, data in c.control_files.items():
-            save_file(c.dir / name, data)
-            control.append(f"{c.dir.name}/{name}")
-        parts = {n: p.files for n, p in c.parts.items()}
-        write_manifest(self.run_dir, c.number, {"parts": {**parts, "control": control},
-                                                "round": c.round, "job": self.job.name,
-                                                "key_hash": KEY_HASH,
-                                                "shards": self.job.cluster.shards})
+        try:
+            for name, data in c.control_files.items():
+                control.append(f"{number_name(c.number)}/{name}")
+                self.store.put_bytes(control[-1], data)
+            parts = {n: p.files for n, p in c.parts.items()}
+            write_manifest(self.store, c.number, {"parts": {**parts, "control": control},
+                                                  "round": c.round, "job": self.job.name,
+                                                  "key_hash": KEY_HASH,
+                                                  "shards": self.job.cluster.shards})
+        except (OSError, StorageError) as exc:
+            self.abort(now, f"control could not write its files or the manifest: {exc}")
+            return
         self.complete = c.number
-        removed = prune(self.run_dir, self.config.keep)
+        try:
+            removed = prune(self.store, self.config.keep)
+        except (OSError, StorageError) as exc:
+            log.warning("older checkpoints not pruned: %s", exc)
+            removed = []
         self.record(now, "complete", "", removed)
         rec = self.records[-1]
         self.newest = {"number": c.number, "at": time.time(), "bytes": rec["bytes"],
@@ -314,12 +325,9 @@ class Checkpoints:
         if not self.complete:
             return None
         if self.newest is None or self.newest["number"] != self.complete:
-            where = checkpoint_dir(self.run_dir, self.complete)
+            where = location_of(self.store, self.complete)
             manifest = read_manifest(where)
-            try:
-                at = (where / MANIFEST).stat().st_mtime
-            except OSError:
-                at = None
+            at = manifest.get("created") if manifest else None
             sizes = manifest.get("sizes", {}) if manifest else {}
             self.newest = {"number": self.complete, "at": at,
                            "bytes": sum(v for v in sizes.values() if isinstance(v, int)),

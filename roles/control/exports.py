@@ -14,10 +14,12 @@ from pathlib import Path
 from roles.control.commands import Commands
 from roles.data.hashing import KEY_HASH
 from roles.job.module_file import portable
-from roles.job.rundir import MetricsLog, atomic_write
+from roles.job.rundir import MetricsLog
 from roles.job.settings import Job, job_to_toml
-from roles.model.files import JOB, MANIFEST, write_json
+from roles.model.files import JOB, MANIFEST, json_bytes
 from roles.protocol.lifecycle import Export, Exported
+from roles.storage.fs import join
+from roles.storage.store import Store
 
 log = logging.getLogger(__name__)
 EXPORT_FORMAT = 2   # 2: keys hashed by KEY_HASH (roles.data.hashing), recorded
@@ -30,7 +32,7 @@ def export_parts(job: Job) -> set[str]:
 @dataclass
 class ExportInProgress:
     request: int
-    dir: Path
+    dir: str          # a directory, or an object store's URI
     final: bool
     wanted: set[str]
     started: float
@@ -50,17 +52,18 @@ def write_manifest(e: ExportInProgress, job: Job, *, run_id: str, round_: int,
                    generation: int, epoch: int | None, auc: float | None,
                    logloss: float | None) -> None:
     recorded, extra = portable(job)
+    store = Store(e.dir)
     for name, data in extra.items():
-        atomic_write(e.dir / name, data)
-    atomic_write(e.dir / JOB, job_to_toml(recorded).encode())
-    write_json(e.dir / MANIFEST, {
+        store.put_bytes(name, data)
+    store.put_bytes(JOB, job_to_toml(recorded).encode())
+    store.put_bytes(MANIFEST, json_bytes({
         "format": EXPORT_FORMAT, "key_hash": KEY_HASH, "run_id": run_id, "job": job.name,
         "fingerprint": job.fingerprint(), "round": round_, "generation": generation,
         "epoch": epoch, "auc": auc, "logloss": logloss, "shards": job.cluster.shards,
         "embedding_dim": job.layout().row_dim, "sparse": job.sparse_fields,
         "dense": job.dense_fields,
         "files": sorted([JOB, *extra, *(f for files in e.files.values() for f in files)]),
-        "created": time.time()})
+        "created": time.time()}))
 
 
 class Exports:
@@ -77,7 +80,8 @@ class Exports:
 
     def start(self, final: bool, now: float) -> str:
         self.request += 1
-        where = self.run_dir / ("export" if final else f"export-{self.request}")
+        where = join(self.job.checkpoint.export_dir or str(self.run_dir),
+                     "export" if final else f"export-{self.request}")
         self.current = ExportInProgress(self.request, where, final, export_parts(self.job), now)
         self.metrics.write("export_start", request=self.request, dir=str(where))
         self.commands.publish(Export(request=self.request, dir=str(where)), "export")

@@ -46,7 +46,7 @@ from roles.algorithms.control.membership import ALIVE, Members, NodeState
 from roles.algorithms.control.status import StatusBuilder
 from roles.algorithms.control.summary import feeder_totals, table_figures
 from roles.algorithms.shared.progress import Every, describe, epoch_line, seconds
-from roles.checkpoint.files import latest_complete
+from roles.checkpoint.files import checkpoint_store, latest_complete
 from roles.control.checkpoints import Checkpoints
 from roles.control.commands import Commands, ProgressClock
 from roles.control.course import Course
@@ -156,7 +156,8 @@ class Control(Loop):
             raise ResumeError(f"{self.run_dir} holds run {self.run_id} already: go on with it "
                               "(zbus-control --resume), or start the job in another "
                               "directory (ZBUS_RUN_DIR unset gives a new one under runs/)")
-        if resume is None:
+        if resume is None or not (self.run_dir / "config.toml").exists():
+            self.run_dir.mkdir(parents=True, exist_ok=True)   # resumed: a new pod's, maybe
             atomic_write(self.run_dir / "config.toml", job_to_toml(job).encode())
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
         self.members = Members(c.expected_nodes(), MAX_WORKERS, self.started)
@@ -188,7 +189,8 @@ class Control(Loop):
         self.placement = PlacementKeeper(job, self.members, self.commands, self.metrics,
                                          self.run_dir, self.progress,
                                          training_feeders=self.feeding.training_feeders)
-        self.checkpoints = Checkpoints(job, self.run_dir, self.members, self.commands,
+        self.checkpoints = Checkpoints(job, checkpoint_store(job, self.run_dir), self.members,
+                                       self.commands,
                                        self.rounds, self.metrics, self.progress,
                                        self.capture_cut)
         self.operators = Operators(self.course, self.rounds, self.recovery, self.settings,
@@ -343,6 +345,14 @@ class Control(Loop):
         choice = self.resuming.hello(node_id, hello.role, rejoin=hello.run_id == self.run_id)
         if choice == "wait":
             return   # a resumed control, not yet sure whether the nodes live on
+        if choice == "refuse":
+            reason = (f"control lost its records and goes back to checkpoint "
+                      f"{self.resuming.checkpoint}: start {node_id} again (a new process), as "
+                      "every node of the job, to go back to it")
+            log.warning("refused a node: %s", reason)
+            self.send(self.router, Welcome(accepted=False, reason=reason, run_id=self.run_id,
+                                           run_dir=""), identity=identity)
+            return
         if choice == "roll back":
             self.roll_back(now)
             if self.course.phase == "done":
@@ -640,7 +650,18 @@ class Control(Loop):
             write_history(self.run_dir, capture_history(self.components, self.model_plan))
 
     def resume_from_disk(self) -> None:
-        state, history = read_state(self.run_dir, self.job)
+        """Control's records from its run directory; a run directory without them (a new
+        machine or pod: its disk is gone) takes them from the newest complete checkpoint in
+        the job's checkpoint store, and the whole job goes back to that checkpoint."""
+        source: Path | str = self.run_dir
+        if not (self.run_dir / STATE_FILE).exists() and \
+                (found := latest_complete(self.checkpoints.store)) is not None:
+            source = found[1]
+            self.resuming.records_from(found[0])
+            log.warning("%s holds no control state: control takes its records from checkpoint "
+                        "%d (%s), and the whole job goes back to it", self.run_dir, found[0],
+                        found[1])
+        state, history = read_state(source, self.job)
         now = time.monotonic()
         self.started_at = state.started_at
         self.run_before_s = max(0.0, time.time() - self.started_at)
@@ -659,7 +680,7 @@ class Control(Loop):
     def roll_back(self, now: float) -> None:
         """Every node of the run is a new process: the whole job goes back to its newest
         complete checkpoint (``roles.control.resuming``)."""
-        found = latest_complete(self.run_dir)
+        found = latest_complete(self.checkpoints.store)
         if found is None:
             self.fail(f"every node of run {self.run_id} was started again and the run has no "
                       "complete checkpoint to go back to (the first is taken "
@@ -709,7 +730,7 @@ class Control(Loop):
         if self.termination and status == "failed":  # whatever failed as the roles stop
             status, reason, resumable = "interrupted", f"control received {self.termination} " \
                 "before the job finished", True
-        found = latest_complete(self.run_dir) if resumable else None
+        found = latest_complete(self.checkpoints.store) if resumable else None
         self.resume_from = found[0] if found else None
         if self.resume_from is not None:
             self.save_state()  # before phase done: a resume goes on with the run

@@ -8,6 +8,12 @@ is a restarted node, recovered as usual). If instead every node that holds state
 feeder, shard and aggregator of the job) says Hello anew and none rejoins, the whole job was
 killed: control goes back to the checkpoint, and so does every node (Welcome ``rollback``).
 Until it has decided, control leaves the new nodes' Hellos unanswered (they say it again).
+
+A control whose run directory is gone (a new machine, a rescheduled pod) takes its records from
+the newest complete checkpoint in the checkpoint store (``records_from``): they are older than
+what live nodes hold, so it cannot go on with them. It refuses a node that rejoins (the node
+exits; started again, it says Hello anew) and goes back to the checkpoint once every stateful
+node has.
 """
 
 from __future__ import annotations
@@ -21,12 +27,19 @@ class Resuming:
         self.pending = resumed       # a resumed control that has not decided yet
         self.rolled_back = False     # decided: the whole job went back to a checkpoint
         self.fresh: set[str] = set()
+        self.checkpoint = 0          # the records came from this checkpoint: no rejoin
+
+    def records_from(self, checkpoint: int) -> None:
+        self.checkpoint = checkpoint
 
     def hello(self, node_id: str, role: str, rejoin: bool) -> str:
         """``go``: handle the Hello as usual; ``wait``: leave it unanswered for now;
-        ``roll back``: every stateful node is new, go back to the checkpoint (then ``go``)."""
+        ``roll back``: every stateful node is new, go back to the checkpoint (then ``go``);
+        ``refuse``: a node of the run rejoins a control whose records came from a checkpoint."""
         if not self.pending:
             return "go"
+        if rejoin and self.checkpoint:
+            return "refuse"
         if rejoin:
             self.pending = False
             return "go"

@@ -48,6 +48,8 @@ from roles.control.rounds import Rounds, RoundsState
 from roles.control.settings import LiveSettings, SettingsState
 from roles.job.rundir import atomic_write
 from roles.job.settings import Job, job_to_toml
+from roles.storage.fs import StorageError
+from roles.storage.store import Store, basename
 from zbus.codec import Message, decode
 
 STATE_FILE = "control-state.json"
@@ -218,16 +220,19 @@ def write_history(run_dir: Path, history: ControlHistory) -> None:
                  orjson.dumps(history, option=orjson.OPT_SERIALIZE_NUMPY), durable=False)
 
 
-def read_state(run_dir: Path, job: Job) -> tuple[ControlState, ControlHistory]:
-    """The records of a run (or of a checkpoint) to resume ``job`` from; ResumeError when it
-    cannot be."""
+def read_state(run_dir: Path | str, job: Job) -> tuple[ControlState, ControlHistory]:
+    """The records of a run (or of a checkpoint: a directory, or an object store's URI) to
+    resume ``job`` from; ResumeError when it cannot be."""
     fingerprint = job.fingerprint()
+    store = Store(str(run_dir))
     try:
-        raw = orjson.loads((run_dir / STATE_FILE).read_bytes())
-        raw_history = orjson.loads((run_dir / HISTORY_FILE).read_bytes())
+        raw = orjson.loads(store.read_bytes(STATE_FILE))
+        raw_history = orjson.loads(store.read_bytes(HISTORY_FILE))
     except FileNotFoundError as exc:
         raise ResumeError(f"{run_dir} has no control state to resume "
-                          f"({Path(exc.filename).name} missing)") from None
+                          f"({basename(str(exc.filename or exc))} missing)") from None
+    except StorageError as exc:
+        raise ResumeError(f"the control state in {run_dir} cannot be read: {exc}") from None
     except orjson.JSONDecodeError as exc:
         raise ResumeError(f"the control state in {run_dir} is unreadable: {exc}") from None
     if not isinstance(raw, dict) or raw.get("version") != STATE_VERSION:
@@ -252,19 +257,21 @@ JOB_RECORDS = ("config.toml", "job.toml")  # the effective job: in a run, in a c
 DIFFERENCES_SAID = 4
 
 
-def differences(run_dir: Path, job: Job) -> str:
-    """Which settings of ``job`` differ from the job the run recorded, for a person."""
-    recorded = next((run_dir / name for name in JOB_RECORDS if (run_dir / name).exists()),
-                    run_dir / JOB_RECORDS[0])
+def differences(run_dir: Path | str, job: Job) -> str:
+    """Which settings of ``job`` differ from the job the run (or checkpoint) recorded, for a
+    person."""
+    store = Store(str(run_dir))
+    recorded = next((name for name in JOB_RECORDS if store.size(name) is not None),
+                    JOB_RECORDS[0])
     try:
-        before = flat_settings(tomllib.loads(recorded.read_text()))
-    except (OSError, tomllib.TOMLDecodeError):
+        before = flat_settings(tomllib.loads(store.read_bytes(recorded).decode()))
+    except (OSError, StorageError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return f"its fingerprint differs from this job's {job.fingerprint()}"
     now = flat_settings(tomllib.loads(job_to_toml(job)))
     changed = [f"{key} = {show(before.get(key))} in the run, {show(now.get(key))} now"
                for key in sorted(before.keys() | now.keys()) if before.get(key) != now.get(key)]
     if not changed:
-        return (f"the same settings as {recorded.name}, but another fingerprint: a run of "
+        return (f"the same settings as {recorded}, but another fingerprint: a run of "
                 "another version of zbus")
     more = len(changed) - DIFFERENCES_SAID
     return "; ".join(changed[:DIFFERENCES_SAID]) + (f"; and {more} more" if more > 0 else "")
@@ -285,14 +292,15 @@ def show(value: Any) -> str:
     return "(unset)" if value is None else orjson.dumps(value).decode()
 
 
-def how_it_ended(run_dir: Path) -> str:
+def how_it_ended(run_dir: Path | str) -> str:
     """`` (failed: why)`` from the run's summary, or nothing; an interrupted run ended only
     because it had no complete checkpoint to go back to."""
     try:
-        summary = orjson.loads((run_dir / "summary.json").read_bytes())
+        summary = orjson.loads(Store(str(run_dir)).read_bytes("summary.json"))
         said = f"{summary['status']}: {summary['reason']}" if summary.get("reason") \
             else summary["status"]
-    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+    except (OSError, StorageError, orjson.JSONDecodeError, KeyError, TypeError,
+            AttributeError):
         return ""
     if summary["status"] == "interrupted":
         said += ", before its first complete checkpoint"

@@ -24,6 +24,7 @@ from roles.feeder.ledger_side import LedgerSide
 from roles.feeder.loading import Loading
 from roles.feeder.passes import Passes
 from roles.protocol.checkpoint import Checkpoint, CheckpointDrained, CheckpointPart, Snapshotted
+from roles.storage.store import Store, parent
 from zbus.codec import Message
 
 log = logging.getLogger(__name__)
@@ -42,20 +43,21 @@ class CheckpointHold:
         self.hold = 0      # a checkpoint being cut: no new batch goes out
         self.drained = 0   # the newest cut reported drained
 
-    def open(self, run_dir: str, node_id: str) -> None:
-        self.checkpoints = FeederCheckpoints(run_dir, node_id)
+    def open(self, store: Store, node_id: str) -> None:
+        self.checkpoints = FeederCheckpoints(store, node_id)
 
     def files(self) -> FeederCheckpoints:
         assert self.checkpoints is not None, "open from the welcome on"
         return self.checkpoints
 
-    def roll_back(self, where: Path, node_id: str, feeders: Path) -> dict[str, Any]:
-        """The whole job goes back to a checkpoint: this feeder's ack log as it was there."""
+    def roll_back(self, where: str, node_id: str, feeders: Path) -> dict[str, Any]:
+        """The whole job goes back to a checkpoint (its directory or URI): this feeder's ack
+        log as it was there."""
         manifest = read_manifest(where)
         if manifest is None:
             raise ValueError("not a complete checkpoint")
         files = manifest["parts"].get(node_id, [])
-        position, retrained = self.files().roll_back(files, feeders)
+        position, retrained = self.files().roll_back(Store(parent(where)), files, feeders)
         self.sync.restore(position)
         log.warning("back to checkpoint %d: the %d samples acknowledged after it are trained "
                     "again", manifest["number"], retrained)

@@ -36,6 +36,7 @@ import zmq
 from roles.algorithms.feeding.key_routing import KeyRouting
 from roles.algorithms.feeding.tally import FeederTally, ListTally
 from roles.algorithms.sync import feeder as sync_modes
+from roles.checkpoint.files import checkpoint_store
 from roles.data.index import DataError
 from roles.data.stream import Samples
 from roles.feeder.hold import CheckpointHold
@@ -59,6 +60,7 @@ from roles.protocol.datapath import (
 from roles.protocol.lifecycle import EpochStart, Evaluate, Export, Membership, ShardBack
 from roles.protocol.operator import FeedingPaused
 from roles.protocol.placement import Placement
+from roles.storage.fs import StorageError
 from zbus import sockets
 from zbus.codec import Envelope, Message
 from zbus.messages import Failure, Ready
@@ -115,13 +117,13 @@ class Feeder(Node):
         if failed is not None:
             self.fail(failed)
             return
-        self.hold.open(self.run_dir, self.node_id)
+        self.hold.open(checkpoint_store(self.job, self.run_dir), self.node_id)
         info: dict[str, Any] = {"indexed": self.index == 0}
         rolled_back = False
         if self.rollback and self.restore_dir:
             try:
-                info.update(self.hold.roll_back(Path(self.restore_dir), self.node_id, feeders))
-            except (OSError, ValueError, KeyError) as exc:
+                info.update(self.hold.roll_back(self.restore_dir, self.node_id, feeders))
+            except (OSError, ValueError, KeyError, StorageError) as exc:
                 self.fail(f"cannot restore the checkpoint {self.restore_dir}: {exc}")
                 return
             rolled_back = True

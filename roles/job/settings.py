@@ -28,6 +28,7 @@ from roles.job.fields import SYNTHETIC_ITEM_FIELDS, FieldLayout, LayoutError
 from roles.job.module_file import module_at, module_path
 from roles.job.sync_rules import SYNC_MODES, cluster_refusal
 from roles.protocol.topology import ClusterConfig
+from roles.storage.fs import is_uri
 
 NETWORKS = ("mlp", "dlrm", "dcn", "deepfm", "wide_deep", "din")
 POOLINGS = ("mean", "sum", "none")
@@ -290,6 +291,16 @@ class CheckpointConfig:
     timeout_s: float = field(default=120.0, metadata={"min": 1.0, "doc": (
         "a checkpoint not complete this long after it began is abandoned (training goes "
         "on; the next one is tried after `every_s`)")})
+    dir: str = field(default="", metadata={"doc": (
+        "where the checkpoints go: a directory (relative to the job file), or an object "
+        "store's `s3://bucket/prefix` (credentials and endpoint from the AWS variables: "
+        "docs/operations.md, on object storage); empty: the run directory's `checkpoints/`. "
+        "Give each run a directory of its own: a resumed run reads the newest checkpoint "
+        "there")})
+    export_dir: str = field(default="", metadata={"doc": (
+        "where the model is exported (`export/`, and `export-<n>/` for `zbus-ctl export`): a "
+        "directory (relative to the job file) or an `s3://bucket/prefix`; empty: the run "
+        "directory")})
 
 
 @dataclass(frozen=True)
@@ -460,7 +471,7 @@ class Job:
     partition: PartitionConfig = field(default_factory=PartitionConfig, metadata={"doc": (
         "how the network is split over a model-parallel group (`roles/model/partitioner.py`)")})
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"doc": (
-        "whole-job checkpoints: how often, how many kept")})
+        "whole-job checkpoints and exports: where, how often, how many kept")})
     monitoring: MonitoringConfig = field(default_factory=MonitoringConfig, metadata={"doc": (
         "Prometheus metrics and TensorBoard events")})
     origin: str = field(default="", metadata={"internal": True})  # where the job was read
@@ -624,6 +635,21 @@ def _env_value(raw: str, t: Any) -> Any:
         return raw
 
 
+# the settings that name a file or a directory: relative to the job file (from the
+# environment: to the working directory); an object store's URI is kept as it is
+LOCATIONS = ((DataConfig, "path"), (DataConfig, "eval_path"), (CheckpointConfig, "dir"),
+             (CheckpointConfig, "export_dir"))
+_section_of = {DataConfig: "data", CheckpointConfig: "checkpoint"}
+
+
+def located(value: str, base: Path) -> str:
+    """A setting's file or directory: a URI (``s3://...``) as it is, a local path made
+    absolute against ``base``."""
+    if is_uri(value):
+        return value
+    return os.path.normpath(base / Path(value).expanduser())
+
+
 def _env_overrides(table: dict, environ: typing.Mapping[str, str]) -> None:
     for var, raw in sorted(environ.items()):
         if not var.startswith("ZBUS_") or var in RESERVED_ENV or "__" not in var:
@@ -639,8 +665,8 @@ def _env_overrides(table: dict, environ: typing.Mapping[str, str]) -> None:
             hint = typing.get_type_hints(cls)[key]
             if depth == len(keys) - 1:
                 value = _env_value(raw, hint)
-                if key in ("path", "eval_path") and cls is DataConfig and value:
-                    value = os.path.normpath(Path(value).expanduser().absolute())
+                if (cls, key) in LOCATIONS and isinstance(value, str) and value:
+                    value = located(value, Path.cwd())
                 if key == "module" and cls is ModelConfig and isinstance(value, str):
                     value = module_at(value, Path.cwd())
                 try:  # checked here, so that a bad value names the variable it came from
@@ -661,11 +687,11 @@ def parse_job(text: str, origin: str = "<job>", base_dir: Path | None = None,
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise JobError(f"not valid TOML: {exc}") from None
-    data = table.get("data")
-    for key in ("path", "eval_path"):
-        if isinstance(data, dict) and isinstance(data.get(key), str) and data[key] \
+    for cls, key in LOCATIONS:
+        section = table.get(_section_of[cls])
+        if isinstance(section, dict) and isinstance(section.get(key), str) and section[key] \
                 and base_dir is not None:
-            data[key] = os.path.normpath(base_dir / Path(data[key]).expanduser())
+            section[key] = located(section[key], base_dir)
     model = table.get("model")
     if isinstance(model, dict) and isinstance(model.get("module"), str) \
             and base_dir is not None:

@@ -25,6 +25,7 @@ The export (``runs/<run>/export/``), the hand-off to a serving system:
 from __future__ import annotations
 
 import io
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,8 @@ import orjson
 
 from roles.job.rundir import atomic_write
 from roles.protocol.lifecycle import Export, Exported
+from roles.storage.fs import is_uri
+from roles.storage.store import Store
 
 MANIFEST = "manifest.json"
 DENSE = "dense.npz"
@@ -144,8 +147,12 @@ def load_default_rows(path: Path) -> np.ndarray | None:
         return f["defaults"] if "defaults" in f.files else None
 
 
+def json_bytes(obj: dict) -> bytes:
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+
+
 def write_json(path: Path, obj: dict) -> None:
-    atomic_write(path, orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    atomic_write(path, json_bytes(obj))
 
 
 class ExportAnswers:
@@ -160,9 +167,17 @@ class ExportAnswers:
         self.answered = 0  # the newest request answered
 
     def handle(self, m: Export) -> None:
+        """Write this node's part; into an object store (``m.dir`` a URI), written in a local
+        temporary directory first and uploaded."""
         if m.request <= self.answered:
             return
-        written = self.write(Path(m.dir))
+        if not is_uri(m.dir):
+            written = self.write(Path(m.dir))
+        else:
+            with tempfile.TemporaryDirectory(prefix="zbus-export-") as staging:
+                written = self.write(Path(staging))
+                if written is not None:
+                    Store(m.dir, Path(staging)).publish(written[1])
         if written is not None:
             self.answered = m.request
             part, files = written

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +41,7 @@ import torch
 from roles.algorithms.shard.embedding_table import initial_rows
 from roles.algorithms.shared.key_map import KeyMap
 from roles.algorithms.shared.metrics import ScoreHistogram
-from roles.checkpoint.files import CHECKPOINTS, LATEST
+from roles.checkpoint.files import CHECKPOINTS, LATEST, read_manifest
 from roles.checkpoint.serving import checkpoint_of, load_checkpoint_model
 from roles.data.hashing import KEY_HASH
 from roles.data.index import DataError, index_files, plan_parts, resolve_paths
@@ -61,6 +62,8 @@ from roles.model.files import (
 )
 from roles.model.network import build_network
 from roles.model.sparse_input import SparseInputs
+from roles.storage.fs import StorageError, is_uri
+from roles.storage.store import Store, basename, parent
 from roles.tools.output import quiet_broken_pipe
 
 CHUNK = 65_536
@@ -189,6 +192,36 @@ def not_a_model(where: Path) -> str:
             f"export not finished) nor a run or checkpoint directory: EXPORT is {expected}")
 
 
+def fetched(where: str, into: Path) -> Path:
+    """A local copy of a model in an object store (``s3://...``), read as the local one would
+    be: an export (every object under it), a checkpoint (the files its manifest lists, which
+    may lie in older checkpoints' prefixes), or a checkpoints prefix (its newest complete
+    checkpoint, by ``LATEST``)."""
+    store = Store(where)
+    if store.size(LATEST) is not None:   # a checkpoints prefix: its newest checkpoint
+        number = store.read_bytes(LATEST).decode().strip()
+        return _fetch_checkpoint(Store(where), number, into / CHECKPOINTS)
+    if store.size(MANIFEST) is None:
+        raise ExportError(f"{where} holds neither an export nor a checkpoint (no {MANIFEST} "
+                          f"and no {LATEST}): EXPORT is an export's or a checkpoint's URI, or "
+                          "a checkpoints prefix")
+    if "parts" in orjson.loads(store.read_bytes(MANIFEST)):   # one checkpoint
+        return _fetch_checkpoint(Store(parent(where)), basename(where), into / CHECKPOINTS)
+    store.download(store.files(), into / "export")
+    return into / "export"
+
+
+def _fetch_checkpoint(root: Store, number: str, into: Path) -> Path:
+    """Checkpoint ``number`` of a checkpoints store, copied into ``into`` (its manifest
+    checked there as on the store)."""
+    manifest = read_manifest(root.location(number))
+    if manifest is None:
+        raise ExportError(f"{root.location(number)} is not a complete checkpoint (no "
+                          "manifest, or a file it lists is missing or of another size)")
+    root.download([*manifest["sizes"], f"{number}/{MANIFEST}"], into)
+    return into / number
+
+
 def schema_of(job: Job, with_label: bool) -> Schema:
     d = job.data
     label = (d.label if d.source == "file" else "label") if with_label else ""
@@ -261,7 +294,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("export", metavar="EXPORT",
                         help="an export directory (runs/<run>/export, or export-<n>), or a "
                              "checkpoint: its directory, or the run's checkpoints directory "
-                             "or run directory (the newest complete one)")
+                             "or run directory (the newest complete one); any of them as an "
+                             "s3:// URI too (copied to a temporary directory first)")
     parser.add_argument("data", metavar="DATA", help="a file, a glob or a directory to score, "
                                                      "with the job's columns")
     parser.add_argument("--format", choices=("csv", "tsv", "criteo", "parquet"),
@@ -275,11 +309,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     try:
-        model = ExportedModel(Path(args.export).expanduser())
+        with tempfile.TemporaryDirectory(prefix="zbus-model-") as copy:
+            where = fetched(args.export, Path(copy)) if is_uri(args.export) \
+                else Path(args.export).expanduser()
+            model = ExportedModel(where)
         with progress_bar(not args.quiet and sys.stderr.isatty()) as advance:
             result = predict(model, args.data, args.format or model.job.data.format,
                              args.split, Path(args.out) if args.out else None, advance)
-    except (ExportError, DataError, OSError, KeyError) as exc:
+    except (ExportError, DataError, OSError, KeyError, StorageError) as exc:
         print(f"zbus predict: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     for r in result["rejected"]:
