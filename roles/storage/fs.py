@@ -15,6 +15,7 @@ last (``roles.checkpoint.files``: a checkpoint's manifest).
 from __future__ import annotations
 
 import functools
+import os
 import posixpath
 from typing import Any
 
@@ -41,7 +42,7 @@ def join(location: str, *names: str) -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def _filesystem_for(scheme_and_bucket: str) -> pafs.FileSystem:
+def _filesystem_for(scheme_and_bucket: str, _endpoint: str | None) -> pafs.FileSystem:
     fs, _ = pafs.FileSystem.from_uri(scheme_and_bucket)
     return fs
 
@@ -58,7 +59,7 @@ def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
     if not bucket:
         raise StorageError(f"{location}: no bucket in the URI")
     try:
-        fs = _filesystem_for(f"{scheme}://{bucket}")
+        fs = _filesystem_for(f"{scheme}://{bucket}", os.environ.get("AWS_ENDPOINT_URL"))
     except (OSError, ValueError) as exc:
         raise StorageError(f"{location}: {exc}") from None
     return fs, posixpath.join(bucket, key) if key else bucket
