@@ -94,6 +94,10 @@ ENVIRONMENT = {
     "PYTHON": "the Python (≥ 3.11) the set-up makes `.venv` with (default `python3`)",
     "ZBUS_TORCH_SPEC": "the torch requirement the set-up installs when torch is missing "
                        "(e.g. a CUDA build)",
+    "ZBUS_TORCH_INDEX": "the package index the set-up installs torch from when torch is "
+                        "missing (e.g. `https://download.pytorch.org/whl/cu124`)",
+    "ZBUS_SETUP_EXTRAS": "the extras of zbus the set-up installs (default `test`; empty: zbus "
+                         "alone, as the container image does)",
 }
 
 TYPE_NAMES = {int: ("integer", "integers"), float: ("number", "numbers"),

@@ -2,7 +2,10 @@
 # Make .venv (once) and install zbus with its test tools into it; quick when nothing changed.
 # PyTorch: the CPU build is installed first when torch is missing, because a bare `torch`
 # requirement pulls several GB of CUDA packages. To use a CUDA build, install it into .venv
-# yourself first (or set ZBUS_TORCH_SPEC, e.g. ZBUS_TORCH_SPEC="torch==2.5.1").
+# yourself first (or set ZBUS_TORCH_SPEC, e.g. ZBUS_TORCH_SPEC="torch==2.5.1", and/or
+# ZBUS_TORCH_INDEX, the package index torch comes from, e.g.
+# https://download.pytorch.org/whl/cu124). ZBUS_SETUP_EXTRAS: the extras of zbus installed
+# (default "test"; empty: zbus alone, as the container image does).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${ZBUS_VENV:-$root/.venv}
@@ -17,21 +20,30 @@ fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 
 if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
-  echo "zbus setup: installing PyTorch (CPU build)" >&2
-  if [ -n "${ZBUS_TORCH_SPEC:-}" ]; then
+  if [ -n "${ZBUS_TORCH_INDEX:-}" ]; then
+    echo "zbus setup: installing PyTorch from $ZBUS_TORCH_INDEX" >&2
+    "${pip[@]}" install -q "${ZBUS_TORCH_SPEC:-torch}" --index-url "$ZBUS_TORCH_INDEX"
+  elif [ -n "${ZBUS_TORCH_SPEC:-}" ]; then
+    echo "zbus setup: installing PyTorch ($ZBUS_TORCH_SPEC)" >&2
     "${pip[@]}" install -q "$ZBUS_TORCH_SPEC"
-  elif ! "${pip[@]}" install -q "torch==2.13.0+cpu" 2>/dev/null; then
-    # No local CPU wheel of that version: take the current CPU build from PyTorch's index.
-    "${pip[@]}" install -q torch --index-url https://download.pytorch.org/whl/cpu
+  else
+    echo "zbus setup: installing PyTorch (CPU build)" >&2
+    if ! "${pip[@]}" install -q "torch==2.13.0+cpu" 2>/dev/null; then
+      # No local CPU wheel of that version: take the current CPU build from PyTorch's index.
+      "${pip[@]}" install -q torch --index-url https://download.pytorch.org/whl/cpu
+    fi
   fi
 fi
 
+extras=${ZBUS_SETUP_EXTRAS-test}
+target=$root${extras:+[$extras]}
 stamp="$venv/.zbus-installed"
-want=$(cat "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)
+want=$({ cat "$root/pyproject.toml"; [ "$extras" = test ] || echo "extras=$extras"; } \
+       | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "zbus setup: installing zbus and its test tools" >&2
+  echo "zbus setup: installing zbus${extras:+ with [$extras]}" >&2
   # pip's own status decides (pipefail): only the filter of one harmless warning may find nothing
-  if ! "${pip[@]}" install -q -e "$root[test]" 2>&1 \
+  if ! "${pip[@]}" install -q -e "$target" 2>&1 \
       | { grep -v "is ignored: it is neither" >&2 || true; }; then
     echo "zbus setup: installing zbus into $venv failed (pip's message above)" >&2
     exit 1

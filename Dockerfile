@@ -1,0 +1,54 @@
+# syntax=docker/dockerfile:1
+# The zbus image: every role, started by `zbus-pod ROLE` (deploy/kubernetes).
+#
+#   docker build -t registry.example.com/zbus:0.1.0-cpu .
+#   docker build -t registry.example.com/zbus:0.1.0-cuda \
+#       --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu124 .
+#
+# PyTorch comes from TORCH_INDEX (CPU build by default; a bare `torch` from PyPI would pull
+# several GB of CUDA packages); TORCH_SPEC pins it (e.g. torch==2.6.0). zbus is installed by
+# scripts/setup.sh, as on a host, into the virtual environment /opt/zbus, without the test tools.
+
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS build
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG TORCH_SPEC=torch
+ENV PIP_NO_CACHE_DIR=1 \
+    PYTHONDONTWRITEBYTECODE=1
+WORKDIR /opt/zbus-src
+# What setup.sh installs from (pyproject.toml names README.md as the readme), and nothing else
+COPY pyproject.toml README.md ./
+COPY scripts/setup.sh scripts/setup.sh
+COPY zbus zbus
+COPY roles roles
+COPY console console
+RUN ZBUS_VENV=/opt/zbus ZBUS_TORCH_INDEX="${TORCH_INDEX}" ZBUS_TORCH_SPEC="${TORCH_SPEC}" \
+        ZBUS_SETUP_EXTRAS= scripts/setup.sh \
+    && /opt/zbus/bin/python -m compileall -q /opt/zbus-src/zbus /opt/zbus-src/roles \
+        /opt/zbus-src/console
+
+FROM ${PYTHON_IMAGE} AS runtime
+LABEL org.opencontainers.image.title="zbus" \
+      org.opencontainers.image.description="Distributed CTR training on a ZeroMQ bus"
+# The virtual environment holds an editable install of the source: both at the same paths
+COPY --from=build /opt/zbus /opt/zbus
+COPY --from=build /opt/zbus-src /opt/zbus-src
+COPY scripts /opt/zbus-src/scripts
+COPY jobs /opt/zbus-src/jobs
+# uid 10001 (the manifests' runAsUser); /var/lib/zbus (run directory, data cache, $HOME) is an
+# emptyDir in a pod, /etc/zbus holds the job file and the keys mounted there
+RUN groupadd --gid 10001 zbus \
+    && useradd --uid 10001 --gid 10001 --home-dir /var/lib/zbus --no-create-home \
+        --shell /usr/sbin/nologin zbus \
+    && mkdir -p /var/lib/zbus/run /etc/zbus/keys \
+    && chown -R 10001:10001 /var/lib/zbus
+ENV PATH=/opt/zbus/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/var/lib/zbus \
+    ZBUS_RUN_DIR=/var/lib/zbus/run \
+    ZBUS_CACHE_DIR=/var/lib/zbus/cache
+WORKDIR /var/lib/zbus
+USER 10001:10001
+ENTRYPOINT ["zbus-pod"]
