@@ -90,7 +90,9 @@ class DataConfig:
         "a file, a directory (its files named as the format's: `*.csv`, `*.tsv`, ...; see "
         "operations.md) or a glob (several files, sorted; `.gz` is read transparently); "
         "relative to the job file (to the working directory when set from the environment); "
-        "required when `source = \"file\"`")})
+        "or an `s3://bucket/key` URI (an object, a prefix's objects, or a glob in its last "
+        "name; AWS credentials and `AWS_ENDPOINT_URL` from the environment); required when "
+        "`source = \"file\"`")})
     eval_path: str = field(default="", metadata={"doc": (
         "the eval rows in files of their own (a file, directory or glob, as `path`); empty: "
         "the last `eval_fraction` of the rows of `path`")})
@@ -624,6 +626,12 @@ def _env_value(raw: str, t: Any) -> Any:
         return raw
 
 
+def _is_uri(location: object) -> bool:
+    """An object-store URI (``s3://...``): kept as written, never a path on this host."""
+    from roles.storage.fs import is_uri  # here: it imports pyarrow's filesystems
+    return isinstance(location, str) and is_uri(location)
+
+
 def _env_overrides(table: dict, environ: typing.Mapping[str, str]) -> None:
     for var, raw in sorted(environ.items()):
         if not var.startswith("ZBUS_") or var in RESERVED_ENV or "__" not in var:
@@ -639,7 +647,8 @@ def _env_overrides(table: dict, environ: typing.Mapping[str, str]) -> None:
             hint = typing.get_type_hints(cls)[key]
             if depth == len(keys) - 1:
                 value = _env_value(raw, hint)
-                if key in ("path", "eval_path") and cls is DataConfig and value:
+                if key in ("path", "eval_path") and cls is DataConfig and value \
+                        and not _is_uri(value):
                     value = os.path.normpath(Path(value).expanduser().absolute())
                 if key == "module" and cls is ModelConfig and isinstance(value, str):
                     value = module_at(value, Path.cwd())
@@ -662,9 +671,9 @@ def parse_job(text: str, origin: str = "<job>", base_dir: Path | None = None,
     except tomllib.TOMLDecodeError as exc:
         raise JobError(f"not valid TOML: {exc}") from None
     data = table.get("data")
-    for key in ("path", "eval_path"):
+    for key in ("path", "eval_path"):   # a local path, relative to the job file's directory
         if isinstance(data, dict) and isinstance(data.get(key), str) and data[key] \
-                and base_dir is not None:
+                and base_dir is not None and not _is_uri(data[key]):
             data[key] = os.path.normpath(base_dir / Path(data[key]).expanduser())
     model = table.get("model")
     if isinstance(model, dict) and isinstance(model.get("module"), str) \
