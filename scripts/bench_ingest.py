@@ -145,6 +145,15 @@ print(json.dumps({"rows": rows, "rows_per_s": rows / (time.monotonic() - t)}))
 
 SYNC = 'sync = "every"\nsync_every = 16'
 
+# streamed, in a process of its own: the bench's own memory stays small, since each measured
+# process is forked from it (and a fork's peak RSS counts its parent's pages until exec)
+UPLOAD = r"""
+import sys, pyarrow.fs as pafs
+from roles.storage.fs import filesystem
+fs, key = filesystem(sys.argv[2])
+pafs.copy_files(sys.argv[1], key, destination_filesystem=fs)
+"""
+
 
 def run(code: str, *args: str, env: dict | None = None) -> dict:
     out = subprocess.run([PY, "-c", code, *args], capture_output=True, text=True, check=True,
@@ -207,8 +216,9 @@ def s3_ingest(path: Path, work: Path, repeat: int) -> dict:
     from s3 import S3Server
 
     with S3Server() as server:
-        uri = server.put(f"bench/{path.name}", path)
+        uri = server.uri(f"bench/{path.name}")
         env = {**os.environ, **server.env, "ZBUS_CACHE_DIR": str(work / "cache-s3")}
+        subprocess.run([PY, "-c", UPLOAD, str(path), uri], check=True, cwd=REPO, env=env)
         jobs = {}
         for where, data in (("local", str(path)), ("s3", uri)):
             jobs[where] = work / f"job-{where}-{path.stem}.toml"
