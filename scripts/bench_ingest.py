@@ -19,8 +19,14 @@ are each made ``--repeat`` times, interleaved, and their medians quoted.
    samples/s, AUC; and ``zbus-reference`` on the same file. Up to 2M rows, the same job again
    with the whole training split in one shuffle buffer (one part): the AUC the streaming order
    costs.
+5. **From S3** (``--s3``, in place of 1 to 4): the file uploaded to a local S3 server (moto's
+   server mode, ``tests/s3.py``), and one feeder's ingest (2) of the object against the same
+   file on the local disk, interleaved, ``--repeat`` times each: rows/s of both and their
+   ratio, and the time to index the object with no cache (once). moto serves from the same
+   machine's CPUs, so the figure is a floor for a store elsewhere on a fast network.
 
     .venv/bin/python scripts/bench_ingest.py --rows 1000000 10000000 [--job-rows 1000000]
+    .venv/bin/python scripts/bench_ingest.py --rows 1000000 --s3
 """
 
 from __future__ import annotations
@@ -139,6 +145,15 @@ print(json.dumps({"rows": rows, "rows_per_s": rows / (time.monotonic() - t)}))
 
 SYNC = 'sync = "every"\nsync_every = 16'
 
+# streamed, in a process of its own: the bench's own memory stays small, since each measured
+# process is forked from it (and a fork's peak RSS counts its parent's pages until exec)
+UPLOAD = r"""
+import sys, pyarrow.fs as pafs
+from roles.storage.fs import filesystem
+fs, key = filesystem(sys.argv[2])
+pafs.copy_files(sys.argv[1], key, destination_filesystem=fs)
+"""
+
 
 def run(code: str, *args: str, env: dict | None = None) -> dict:
     out = subprocess.run([PY, "-c", code, *args], capture_output=True, text=True, check=True,
@@ -196,6 +211,39 @@ def ingest(path: Path, work: Path, repeat: int) -> dict:
             "hash_rows_per_s": {k: round(v) for k, v in hashes.items()}}
 
 
+def s3_ingest(path: Path, work: Path, repeat: int) -> dict:
+    """One feeder's ingest of ``path`` from a local S3 server against the local disk."""
+    from s3 import S3Server
+
+    with S3Server() as server:
+        uri = server.uri(f"bench/{path.name}")
+        env = {**os.environ, **server.env, "ZBUS_CACHE_DIR": str(work / "cache-s3")}
+        subprocess.run([PY, "-c", UPLOAD, str(path), uri], check=True, cwd=REPO, env=env)
+        jobs = {}
+        for where, data in (("local", str(path)), ("s3", uri)):
+            jobs[where] = work / f"job-{where}-{path.stem}.toml"
+            jobs[where].write_text(job_text("criteo-bench", criteo_data(data), train=SYNC))
+        shutil.rmtree(work / "cache-s3", ignore_errors=True)
+        cold = run(PIPELINE, str(jobs["s3"]), "0", "1", env=env)   # indexes the object
+        run(PIPELINE, str(jobs["local"]), "0", "1", env=env)
+        runs: dict[str, list[dict]] = {"local": [], "s3": []}
+        for _ in range(repeat):
+            for where in ("local", "s3"):
+                runs[where].append(run(PIPELINE, str(jobs[where]), "0", "1", env=env))
+    local, s3 = median_of(runs["local"]), median_of(runs["s3"])
+    return {"rows": local["rows"], "file_mb": round(path.stat().st_size / 2**20),
+            "repeat": repeat,
+            "local_rows_per_s": round(local["rows_per_s"]),
+            "s3_rows_per_s": round(s3["rows_per_s"]),
+            "s3_to_local": round(s3["rows_per_s"] / local["rows_per_s"], 2),
+            "local_rows_per_s_each": sorted(round(r["rows_per_s"]) for r in runs["local"]),
+            "s3_rows_per_s_each": sorted(round(r["rows_per_s"]) for r in runs["s3"]),
+            "s3_bytes_read": s3["bytes_read"], "s3_peak_rss_mb": round(s3["peak_rss_mb"]),
+            "local_peak_rss_mb": round(local["peak_rss_mb"]),
+            "s3_index_s_no_cache": round(cold["index_s"], 2),
+            "s3_first_batch_s_no_cache": round(cold["first_batch_s"], 2)}
+
+
 def job_run(path: Path, work: Path, **settings: object) -> dict:
     import psutil
     from local_cluster import LocalCluster
@@ -241,11 +289,19 @@ def main() -> None:
                         help="runs of each ingest measurement; the median is quoted")
     parser.add_argument("--dir", help="where the generated files are kept (default: a "
                                       "temporary directory)")
+    parser.add_argument("--s3", action="store_true",
+                        help="only one feeder's ingest from a local S3 server (moto) against "
+                             "the local disk, on each --rows file")
     args = parser.parse_args()
     keep = Path(args.dir) if args.dir else None
     with tempfile.TemporaryDirectory() as tmp:
         work = keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
+        if args.s3:
+            for rows in args.rows:
+                measured = s3_ingest(make_file(rows, work), work, args.repeat)
+                print(json.dumps({"s3_ingest": measured}), flush=True)
+            return
         for rows in args.rows:
             measured = ingest(make_file(rows, work), work, args.repeat)
             print(json.dumps({"ingest": measured}), flush=True)

@@ -92,7 +92,8 @@ class S3Server:
     def put(self, key: str, source: Path | bytes) -> str:
         """Upload a local file (or bytes) as ``key``; its URI."""
         data = source if isinstance(source, bytes) else Path(source).read_bytes()
-        with self._fs().open_output_stream(f"{self.bucket}/{key}") as f:
+        # compression=None: pyarrow would gzip a key named .gz again (its default, "detect")
+        with self._fs().open_output_stream(f"{self.bucket}/{key}", compression=None) as f:
             f.write(data)
         return self.uri(key)
 
@@ -107,7 +108,7 @@ class S3Server:
 
     def get(self, key: str) -> bytes:
         key = key.removeprefix(self.uri() + "/")
-        with self._fs().open_input_stream(f"{self.bucket}/{key}") as f:
+        with self._fs().open_input_stream(f"{self.bucket}/{key}", compression=None) as f:
             return bytes(f.read())
 
     def delete(self, key: str) -> None:

@@ -15,25 +15,39 @@ and control hands out: a byte range of a text file that begins and ends at line 
 of rows of a Parquet file or a gzipped file, or a range of rows of the built-in generator.
 
 A directory's data files are those named as its format's are (``DATA_PATTERNS``: ``*.csv`` for
-csv, ...), so that a README beside them is not read as data. A file that is plainly not what
+csv, ...), so that a README beside them is not read as data.
+
+A location is a local path or an object-store URI (``s3://bucket/key``, a file; ``s3://bucket/
+prefix``, its "directory"; a glob in its last name), read through ``roles.storage.fs``: a
+text file through a buffered reader whose large reads are ranged GETs (a part is a byte range
+of the object, as of a file), a Parquet file's row groups a few coalesced GETs each. An object's
+index is cached (locally, under ``cache_dir``) keyed by its URI, size and modification time. A
+location that cannot be reached (no such bucket or object, credentials refused) is a
+``DataError`` naming it and pyarrow's reason. A file that is plainly not what
 its format says (gzip bytes in a plain text file, a text file named ``.gz``, an archive,
 Parquet read as text, UTF-16 text, text read as Parquet) is a ``DataError`` that says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import glob
 import gzip
 import hashlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import IO, NamedTuple
 
 import orjson
+import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
+from roles.storage import fs as storage
 
 MARK_BYTES = 16 << 20      # a line start is marked about every 16 MiB of a large text file,
 MIN_MARK_BYTES = 64 << 10  # and 256 times in a smaller one, at least 64 KiB apart
@@ -62,6 +76,71 @@ UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")   # (UTF-32's begin with one of these to
 
 class DataError(ValueError):
     """The data cannot be read as the job describes it (missing file or column, ...)."""
+
+
+class Stat(NamedTuple):
+    """What the index keeps of a file's or object's stat."""
+
+    st_size: int
+    st_mtime_ns: int
+
+
+@contextlib.contextmanager
+def storage_errors(location: str) -> Iterator[None]:
+    """An object store's errors (no bucket, no object, credentials refused, the network) as a
+    DataError naming the location and pyarrow's reason; a local path's errors as they are."""
+    try:
+        yield
+    except storage.StorageError as exc:
+        raise DataError(str(exc)) from None
+    except OSError as exc:
+        if not storage.is_uri(location):
+            raise
+        raise DataError(f"{location}: {storage.describe(exc)}") from None
+
+
+def stat(path: str) -> Stat:
+    """The size and modification time of a file or object (OSError or DataError when there is
+    none)."""
+    if not storage.is_uri(path):
+        st = os.stat(path)
+        return Stat(st.st_size, st.st_mtime_ns)
+    with storage_errors(path):
+        info = storage.file_info(path)
+    if info.type != pafs.FileType.File:
+        raise DataError(f"{path} does not exist")
+    return Stat(info.size or 0, info.mtime_ns or 0)
+
+
+def open_data(path: str) -> IO[bytes]:
+    """A binary file over a local file (``open``) or an object (``roles.storage.fs``)."""
+    with storage_errors(path):
+        return storage.open_reader(path)  # type: ignore[no-any-return]
+
+
+def parquet_file(path: str) -> pq.ParquetFile:
+    """A Parquet file's reader: by its path on a local disk; an object through its bucket's
+    filesystem, the columns of the row groups read fetched in a few coalesced, concurrent
+    ranged GETs (``pre_buffer``; ``readers`` reads an object's row groups one at a time, so
+    that no more than one is held)."""
+    if not storage.is_uri(path):
+        return pq.ParquetFile(path)
+    with storage_errors(path):
+        fs, where = storage.filesystem(path)
+        return pq.ParquetFile(where, filesystem=fs, pre_buffer=True)
+
+
+def parquet_schema(path: str) -> pa.Schema:
+    if not storage.is_uri(path):
+        return pq.read_schema(path)
+    with storage_errors(path):
+        fs, where = storage.filesystem(path)
+        return pq.read_schema(where, filesystem=fs)
+
+
+def cache_name(path: str) -> str:
+    """A file's name in cache keys: its absolute path, or an object's URI."""
+    return path if storage.is_uri(path) else os.path.abspath(path)
 
 
 @dataclass(frozen=True)
@@ -104,7 +183,13 @@ def resolve_paths(path: str, fmt: str, what: str = "[data] path") -> list[str]:
     """A file, the data files of a directory (those named as ``fmt``'s files are,
     ``DATA_PATTERNS``: a README or a file of another format is not read as data), or every
     file a glob matches (sorted); ``~`` is the home directory. ``what`` names ``path`` in the
-    errors."""
+    errors. The same of an ``s3://`` URI: an object, a prefix's objects, or a glob in its last
+    name."""
+    if storage.is_uri(path):
+        try:
+            return _resolve_uri(path, fmt, what)
+        except storage.StorageError as exc:
+            raise DataError(f"{what} {exc}") from None
     path = os.path.expanduser(path)
     if any(c in path for c in "*?["):
         paths = sorted(p for p in glob.glob(path) if os.path.isfile(p))
@@ -113,17 +198,52 @@ def resolve_paths(path: str, fmt: str, what: str = "[data] path") -> list[str]:
         paths = [str(p) for p in found if p.is_file()
                  and any(fnmatch.fnmatch(p.name, pattern) for pattern in DATA_PATTERNS[fmt])]
         if not paths:
-            names = [p.name + ("/" if p.is_dir() else "") for p in found]
-            held = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5
-                                           else "") if names else "nothing"
-            raise DataError(f"{what} {path!r} is a directory with no {fmt} data file in it "
-                            f"(looked for {', '.join(DATA_PATTERNS[fmt])}; found {held})")
+            raise _no_data_file(what, path, fmt, [p.name + ("/" if p.is_dir() else "")
+                                                  for p in found])
     elif os.path.exists(path):
         paths = [path]
     else:
         raise DataError(f"{what} {path!r} does not exist")
     if not paths:
         raise DataError(f"{what} {path!r} matches no file")
+    return paths
+
+
+def _no_data_file(what: str, path: str, fmt: str, names: list[str]) -> DataError:
+    held = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5
+                                   else "") if names else "nothing"
+    return DataError(f"{what} {path!r} is a directory with no {fmt} data file in it "
+                     f"(looked for {', '.join(DATA_PATTERNS[fmt])}; found {held})")
+
+
+def _resolve_uri(uri: str, fmt: str, what: str) -> list[str]:
+    """``resolve_paths`` of an object-store URI."""
+    scheme, _, rest = uri.partition("://")
+    uri = f"{scheme}://{rest.rstrip('/')}"
+    if any(c in uri for c in "*?["):
+        parent, _, pattern = uri.rpartition("/")
+        if "://" not in parent or any(c in parent for c in "*?["):
+            raise DataError(f"{what} {uri!r}: a URI's glob may only be in its last name")
+        paths = [loc for loc, info in storage.listing(parent)
+                 if info.type == pafs.FileType.File and fnmatch.fnmatch(info.base_name, pattern)]
+        if not paths:
+            raise DataError(f"{what} {uri!r} matches no object")
+        return paths
+    info = storage.file_info(uri)
+    if info.type == pafs.FileType.File:
+        return [uri]
+    if info.type != pafs.FileType.Directory:
+        bucket = rest.split("/", 1)[0]
+        missing = storage.file_info(f"{scheme}://{bucket}").type == pafs.FileType.NotFound
+        raise DataError(f"{what} {uri!r} does not exist" + (
+            f" (there is no bucket {bucket!r})" if missing and "/" in rest.strip("/") else ""))
+    found = [(loc, i) for loc, i in storage.listing(uri) if not i.base_name.startswith(".")]
+    paths = [loc for loc, i in found if i.type == pafs.FileType.File
+             and any(fnmatch.fnmatch(i.base_name, pattern) for pattern in DATA_PATTERNS[fmt])]
+    if not paths:
+        raise _no_data_file(what, uri, fmt, [i.base_name + ("/" if i.type ==
+                                                             pafs.FileType.Directory else "")
+                                             for _, i in found])
     return paths
 
 
@@ -162,10 +282,10 @@ def _nothing(_bytes: int) -> None:
     pass
 
 
-def _index_text(path: str, fmt: str, stat: os.stat_result,
+def _index_text(path: str, fmt: str, stat: Stat,
                 advance: Advance = _nothing) -> FileIndex:
     header: list[str] = []
-    with open(path, "rb") as f:
+    with open_data(path) as f:
         _sniff(path, f.read(SNIFF_BYTES), fmt)
         f.seek(0)
         data_start = 0
@@ -194,17 +314,17 @@ def _index_text(path: str, fmt: str, stat: os.stat_result,
                      marks)
 
 
-def _index_gzip(path: str, fmt: str, stat: os.stat_result,
+def _index_gzip(path: str, fmt: str, stat: Stat,
                 advance: Advance = _nothing) -> FileIndex:
     header: list[str] = []
     rows, last, first, consumed = 0, b"\n", True, 0
-    with open(path, "rb") as raw:
+    with open_data(path) as raw:
         magic = raw.read(len(GZIP_MAGIC))
     if magic and magic != GZIP_MAGIC:
         raise DataError(f"{path} is not gzip-compressed, though its name ends in .gz: "
                         "compress it (gzip) or drop .gz from its name")
     try:
-        with open(path, "rb") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
+        with open_data(path) as raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
             while chunk := f.read(GZIP_READ_BYTES):  # small: the rows before damage count
                 advance(raw.tell() - consumed)   # compressed bytes: the file's size is known
                 consumed = raw.tell()
@@ -229,11 +349,13 @@ def _index_gzip(path: str, fmt: str, stat: os.stat_result,
     return FileIndex(path, stat.st_size, stat.st_mtime_ns, "gzip", rows, header)
 
 
-def _index_parquet(path: str, stat: os.stat_result) -> FileIndex:
+def _index_parquet(path: str, stat: Stat) -> FileIndex:
     try:
-        meta = pq.ParquetFile(path).metadata
+        meta = parquet_file(path).metadata
+    except DataError:
+        raise
     except Exception as exc:  # pyarrow raises ArrowInvalid/OSError for a bad file
-        with open(path, "rb") as f:
+        with open_data(path) as f:
             head = f.read(SNIFF_BYTES)
         if head.startswith(GZIP_MAGIC) or (head and b"\0" not in head
                                             and not head.startswith(PARQUET_MAGIC)):
@@ -251,26 +373,27 @@ def _index_parquet(path: str, stat: os.stat_result) -> FileIndex:
 
 
 def index_file(path: str, fmt: str, advance: Advance = _nothing) -> FileIndex:
-    stat = os.stat(path)
+    st = stat(path)
     kind = kind_of(path, fmt)
-    if kind == "parquet":
-        index = _index_parquet(path, stat)
-        advance(stat.st_size)
-        return index
-    if kind == "gzip":
-        return _index_gzip(path, fmt, stat, advance)
-    return _index_text(path, fmt, stat, advance)
+    with storage_errors(path):
+        if kind == "parquet":
+            index = _index_parquet(path, st)
+            advance(st.st_size)
+            return index
+        if kind == "gzip":
+            return _index_gzip(path, fmt, st, advance)
+        return _index_text(path, fmt, st, advance)
 
 
 def index_files(paths: list[str], fmt: str, cache_dir: Path | None = None,
                 advance: Advance = _nothing) -> list[FileIndex]:
     """The index of every file (from the cache when every file is as it was); ``advance`` is
     told of the bytes read as it goes (the files' sizes add up to the whole)."""
-    stats = [os.stat(p) for p in paths]
+    stats = [stat(p) for p in paths]
     version = PARQUET_INDEX_VERSION if fmt == "parquet" else INDEX_VERSION
     key = hashlib.sha256(orjson.dumps([version, fmt, [
-        [os.path.abspath(p), s.st_size, s.st_mtime_ns] for p, s in zip(paths, stats,
-                                                                        strict=True)]])
+        [cache_name(p), s.st_size, s.st_mtime_ns] for p, s in zip(paths, stats,
+                                                                   strict=True)]])
     ).hexdigest()[:24]
     cached = cache_dir / f"index-{key}.json" if cache_dir is not None else None
     if cached is not None and cached.exists():
@@ -290,7 +413,7 @@ def index_files(paths: list[str], fmt: str, cache_dir: Path | None = None,
 def _line_start(path: str, offset: int, row: int, target: int) -> int:
     """The byte offset of data row ``target``, counting lines on from a line start at
     ``offset`` that holds row ``row``."""
-    with open(path, "rb") as f:
+    with storage_errors(path), open_data(path) as f:
         f.seek(offset)
         while row < target:
             chunk = f.read(READ_BYTES)

@@ -48,11 +48,21 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from roles.data.index import CRITEO_COLUMNS, DataError, FileIndex, Part
+from roles.data.index import (
+    CRITEO_COLUMNS,
+    DataError,
+    FileIndex,
+    Part,
+    open_data,
+    parquet_file,
+    storage_errors,
+)
 from roles.data.transforms import FLOAT32_MAX
 from roles.job.rundir import atomic_write
+from roles.storage.fs import is_uri
 
 CHUNK_BYTES = 8 << 20
+PARQUET_BATCH_ROWS = 1 << 16
 # the fast path parses a chunk in blocks of this size on pyarrow's CPU pool (a thread per core;
 # OMP_NUM_THREADS caps it): 1.9x one thread's parse rate on 2 cores, and a feeder's ingest 1.3x
 # (Criteo layout, 8 MB chunks; one whole-chunk block on the pool: 1.2x)
@@ -419,7 +429,7 @@ class _TextChunks:
         header_lines = 1 if f.header else 0
         line = part.first_row + header_lines + 1
         if f.kind == "text":
-            with open(f.path, "rb") as src:
+            with open_data(f.path) as src:
                 src.seek(part.start)
                 left = part.end - part.start
                 rest = b""
@@ -444,7 +454,7 @@ class _TextChunks:
         done = 0
         rest = b""
         try:
-            with gzip.open(f.path, "rb") as src:
+            with open_data(f.path) as raw, gzip.GzipFile(fileobj=raw, mode="rb") as src:
                 while wanted > 0:
                     data = src.read(CHUNK_BYTES)
                     buf = rest + data
@@ -602,14 +612,13 @@ def _read_text(f: FileIndex, part: Part, fmt: str, schema: Schema) -> Iterator[R
 
 def _read_parquet(f: FileIndex, part: Part, schema: Schema) -> Iterator[RawBlock]:
     check_columns(schema, f.header, f.path)
-    source = pq.ParquetFile(f.path)
+    source = parquet_file(f.path)
     check_types(schema, source.schema_arrow, f.path)
     groups = [g for g, first in f.marks
               if first < part.first_row + part.rows
               and first + source.metadata.row_group(g).num_rows > part.first_row]
     row = f.marks[groups[0]][1] if groups else 0
-    for batch in source.iter_batches(row_groups=groups, columns=schema.columns(),
-                                     batch_size=1 << 16):
+    for batch in _parquet_batches(source, groups, schema.columns(), is_uri(f.path)):
         lo = max(part.first_row - row, 0)
         hi = min(part.first_row + part.rows - row, batch.num_rows)
         at = row
@@ -627,11 +636,39 @@ def _read_parquet(f: FileIndex, part: Part, schema: Schema) -> Iterator[RawBlock
         yield _block(schema, table, table.num_rows, lines, f.path, [], table.nbytes)
 
 
+def _parquet_batches(source: pq.ParquetFile, groups: list[int], columns: list[str],
+                     by_group: bool) -> Iterator[pa.RecordBatch]:
+    """The row groups' rows in batches of ``PARQUET_BATCH_ROWS`` (the last one shorter), as
+    pyarrow's ``iter_batches`` cuts them across row groups; ``by_group`` (an object, read with
+    ``pre_buffer``, which fetches every row group asked for at once) asks pyarrow for one row
+    group at a time and cuts the same batches from them, so that one row group is held."""
+    if not by_group:
+        yield from source.iter_batches(row_groups=groups, columns=columns,
+                                       batch_size=PARQUET_BATCH_ROWS)
+        return
+    held: list[pa.RecordBatch] = []
+    count = 0
+    for g in groups:
+        for batch in source.iter_batches(row_groups=[g], columns=columns,
+                                         batch_size=PARQUET_BATCH_ROWS):
+            held.append(batch)
+            count += batch.num_rows
+            while count >= PARQUET_BATCH_ROWS:
+                table = pa.Table.from_batches(held)
+                yield table.slice(0, PARQUET_BATCH_ROWS).combine_chunks().to_batches()[0]
+                rest = table.slice(PARQUET_BATCH_ROWS)
+                held, count = rest.to_batches(), rest.num_rows
+    if count:
+        yield pa.Table.from_batches(held).combine_chunks().to_batches()[0]
+
+
 def read_part(files: list[FileIndex], part: Part, fmt: str, schema: Schema
               ) -> Iterator[RawBlock]:
-    """The part's rows, chunk by chunk."""
+    """The part's rows, chunk by chunk (an object's: a DataError naming it when the store
+    fails)."""
     f = files[part.file]
-    if f.kind == "parquet":
-        yield from _read_parquet(f, part, schema)
-    else:
-        yield from _read_text(f, part, fmt, schema)
+    with storage_errors(f.path):
+        if f.kind == "parquet":
+            yield from _read_parquet(f, part, schema)
+        else:
+            yield from _read_text(f, part, fmt, schema)

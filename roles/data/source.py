@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from roles.data.index import (
     Advance,
@@ -23,8 +22,10 @@ from roles.data.index import (
     FileIndex,
     Part,
     index_files,
+    parquet_schema,
     plan_parts,
     resolve_paths,
+    stat,
     synthetic_parts,
 )
 from roles.data.readers import (
@@ -90,7 +91,7 @@ class DataSource:
             if f.header:  # csv, tsv, parquet: every column the job names is there
                 check_columns(self.schema, f.header, f.path)
             if f.kind == "parquet":   # and holds lists where the job wants them
-                check_types(self.schema, pq.read_schema(f.path), f.path)
+                check_types(self.schema, parquet_schema(f.path), f.path)
         return files + (eval_files or []), parts, n_train
 
     def adopt(self, files: list[dict]) -> None:
@@ -98,7 +99,7 @@ class DataSource:
         mine = []
         for f in files:
             try:
-                size = os.stat(f["path"]).st_size
+                size = stat(f["path"]).st_size   # an object's: DataError naming it
             except OSError as exc:
                 raise DataError(f"{f['path']}: {exc.strerror} on this host") from None
             if size != f["size"]:
@@ -116,7 +117,7 @@ class DataSource:
         paths = resolve_paths(data.path, self.fmt) + (
             resolve_paths(data.eval_path, self.fmt, "[data] eval_path") if data.eval_path
             else [])
-        return sum(os.stat(p).st_size for p in paths)
+        return sum(stat(p).st_size for p in paths)
 
     @staticmethod
     def describe(files: list[FileIndex]) -> list[dict]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from roles.data.index import FileIndex, Part
+from roles.data.index import FileIndex, Part, cache_name
 from roles.data.readers import RawBlock, Rejected, Schema
 from roles.data.transforms import DenseTransform, signed_log1p
 
@@ -115,7 +115,7 @@ def summarize(blocks: Iterator[RawBlock], part: int, columns: int, log1p: bool,
 def summary_key(f: FileIndex, part: Part, fmt: str, schema: Schema, log1p: bool,
                 sample_rows: int, whole: bool) -> str:
     """The cache key of a part's summary: the file as indexed, the part, and what is read."""
-    return hashlib.sha256(orjson.dumps([STATS_VERSION, os.path.abspath(f.path), f.size,
+    return hashlib.sha256(orjson.dumps([STATS_VERSION, cache_name(f.path), f.size,
                                         f.mtime_ns, part.as_list(), fmt, asdict(schema),
                                         log1p, sample_rows, whole])).hexdigest()[:24]
 

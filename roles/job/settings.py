@@ -28,7 +28,6 @@ from roles.job.fields import SYNTHETIC_ITEM_FIELDS, FieldLayout, LayoutError
 from roles.job.module_file import module_at, module_path
 from roles.job.sync_rules import SYNC_MODES, cluster_refusal
 from roles.protocol.topology import ClusterConfig
-from roles.storage.fs import is_uri
 
 NETWORKS = ("mlp", "dlrm", "dcn", "deepfm", "wide_deep", "din")
 POOLINGS = ("mean", "sum", "none")
@@ -91,7 +90,9 @@ class DataConfig:
         "a file, a directory (its files named as the format's: `*.csv`, `*.tsv`, ...; see "
         "operations.md) or a glob (several files, sorted; `.gz` is read transparently); "
         "relative to the job file (to the working directory when set from the environment); "
-        "required when `source = \"file\"`")})
+        "or an `s3://bucket/key` URI (an object, a prefix's objects, or a glob in its last "
+        "name; AWS credentials and `AWS_ENDPOINT_URL` from the environment); required when "
+        "`source = \"file\"`")})
     eval_path: str = field(default="", metadata={"doc": (
         "the eval rows in files of their own (a file, directory or glob, as `path`); empty: "
         "the last `eval_fraction` of the rows of `path`")})
@@ -645,6 +646,7 @@ _section_of = {DataConfig: "data", CheckpointConfig: "checkpoint"}
 def located(value: str, base: Path) -> str:
     """A setting's file or directory: a URI (``s3://...``) as it is, a local path made
     absolute against ``base``."""
+    from roles.storage.fs import is_uri  # here: it imports pyarrow's filesystems
     if is_uri(value):
         return value
     return os.path.normpath(base / Path(value).expanduser())

@@ -91,3 +91,39 @@ def open_input(location: str) -> Any:
         if "not found" in str(exc).lower() or "NoSuchKey" in str(exc):
             raise FileNotFoundError(location) from None
         raise StorageError(f"{location}: {describe(exc)}") from None
+
+
+# -- reading data: what a directory or prefix holds, and a Python file over an object ----------
+
+READ_BUFFER = 8 << 20   # an object read through open_reader: one ranged GET per 8 MiB at least
+
+
+def file_info(location: str) -> pafs.FileInfo:
+    """pyarrow's FileInfo of a location (``type`` NotFound when there is none; ``size`` and
+    ``mtime_ns`` of a file or object)."""
+    fs, path = filesystem(location)
+    try:
+        return fs.get_file_info(path)
+    except OSError as exc:
+        raise StorageError(f"{location}: {describe(exc)}") from None
+
+
+def listing(location: str) -> list[tuple[str, pafs.FileInfo]]:
+    """What a directory (a prefix in a bucket) holds directly: each entry's location (a URI
+    under a URI) and its FileInfo, sorted by name."""
+    fs, path = filesystem(location)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=False))
+    except OSError as exc:
+        raise StorageError(f"{location}: {describe(exc)}") from None
+    return sorted(((join(location, i.base_name), i) for i in infos), key=lambda e: e[0])
+
+
+def open_reader(location: str, buffer_size: int = READ_BUFFER) -> Any:
+    """A Python binary file (read, readline, seek, tell) over a local file (``open``) or an
+    object: buffered by ``buffer_size``, and a read larger than that is one ranged GET, so a
+    stream of large reads costs a request per read and small ones (gzip's) one per buffer."""
+    if not is_uri(location):
+        return open(location, "rb")
+    import io
+    return io.BufferedReader(open_input(location), buffer_size=buffer_size)

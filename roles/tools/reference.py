@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import numpy as np
@@ -21,12 +22,12 @@ import torch
 from roles.algorithms.feeding.passes import FeedingPass
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.algorithms.shared.metrics import ScoreHistogram, auc
-from roles.data.index import Part
+from roles.data.index import DataError, Part
 from roles.data.source import DataSource
 from roles.data.stream import Preparer, Samples, Tally, eval_batches
 from roles.feeder.streams import PartStreams
-from roles.job.cli import integer
-from roles.job.settings import Job, load_job
+from roles.job.cli import integer, load_job_or_exit
+from roles.job.settings import Job
 from roles.model.network import build_network, set_threads, weighted_loss_sum
 from roles.model.sparse_input import SparseInputs
 
@@ -129,8 +130,13 @@ def main() -> None:
     parser.add_argument("--job", help="job file (default: ZBUS_JOB or the built-in job)")
     parser.add_argument("--threads", type=integer, default=0, help="torch threads (default: all)")
     args = parser.parse_args()
-    job = load_job(args.job)
-    print(orjson.dumps(train_reference(job, args.threads), option=orjson.OPT_INDENT_2).decode())
+    job = load_job_or_exit(args.job, "reference")
+    try:
+        result = train_reference(job, args.threads)
+    except DataError as exc:   # a missing file or object, a bad row count: one line
+        print(f"zbus reference: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
 
 
 if __name__ == "__main__":
