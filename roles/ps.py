@@ -151,7 +151,11 @@ class Shard(Node):
             return
         self.applied_log = AppliedLog(Path(self.run_dir) / "applied" / self.node_id)
         number = restored.get("checkpoint", 0)
-        if not self.rollback:  # applied by a dead process after the checkpoint: lost
+        if not self.rollback and restored and not self.applied_log.segments():
+            # restored on a disk without the dead process's log (a new machine or pod): what
+            # it applied after the checkpoint is lost, and cannot be counted
+            restored["updates_lost"] = None
+        elif not self.rollback:  # applied by a dead process after the checkpoint: lost
             lost = self.applied_log.lost(number, self.applied)
             if restored or lost:
                 restored["updates_lost"] = len(lost)

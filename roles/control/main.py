@@ -54,6 +54,8 @@ def recovery_line(s: dict) -> str:
         known = sum(n for n in lost if isinstance(n, int))
         names = ", ".join(sorted({r["shard"] for r in shards}))
         cost = f"{known:,} embedding updates lost" if lost else "no checkpoint to restore"
+        if None in lost:
+            cost += " and more not counted (a shard came back without its log of applied batches)"
         said.append(f"{count(len(shards), 'shard restart')} ({names}: {cost})")
     aggregator = s.get("recovery") or []
     if aggregator:
