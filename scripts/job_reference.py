@@ -62,6 +62,7 @@ SEE = {
     "cluster.feeders": "architecture.md#several-feeders",
     "cluster.base_port": "operations.md#one-host",
     "cluster.endpoints": "operations.md#many-hosts",
+    "cluster.node_host": "operations.md#names-and-binding",
     "cluster.node_timeout_s": "architecture.md#recovery",
     "cluster.orphan_timeout_s": "architecture.md#control-that-dies",
     "cluster.curve": "operations.md#security-model",
@@ -88,6 +89,10 @@ ENVIRONMENT = {
                        "control sees by itself): a node not yet joined is waited for \"to "
                        "start\", and control gives the command that starts it only after 3 × "
                        "`[cluster] node_timeout_s` ([the log](operations.md#watching-a-job))",
+    "ZBUS_HEALTH_FILE": "a role writes its health there for `zbus-probe live|ready` "
+                        "(only when set; `zbus-pod` sets `/tmp/zbus-health.json`) "
+                        "([pods](operations.md#names-and-binding))",
+    "ZBUS_POD_NAME": "`zbus-pod`: the pod's name, whose trailing `-<n>` is the role's index",
     "ZBUS_CACHE_DIR": "where the data's index and statistics are cached (overrides "
                       "`[data] cache_dir`)",
     "ZBUS_VENV": "the virtual environment the scripts set up and run (default `.venv`)",

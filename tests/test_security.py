@@ -152,3 +152,52 @@ def test_the_console_authenticates_like_any_node(cluster, tmp_path):
     stranger = dataclasses.replace(cl, keys_dir=str(tmp_path / "none"))
     asyncio.run(drive(Endpoints(cl.endpoint("status"), cl.endpoint("control_req"), stranger),
                       lambda app: "cannot authenticate" in app.link_detail))
+
+
+def test_a_flat_keys_directory_allows_its_public_keys_and_nothing_else(tmp_path):
+    """A Kubernetes Secret mounted as a volume is flat (no allowed/): every ``*.key`` in it is
+    allowed; a ``.key_secret`` alone is not a public key to allow."""
+    import shutil
+
+    from roles.tools.keys import make_keys
+    from zbus.security import Curve
+    from zbus.sockets import free_tcp_ports
+
+    made, flat = tmp_path / "made", tmp_path / "flat"
+    make_keys(made, ["ps-0", "worker-0", "stranger"])
+    flat.mkdir()
+    for f in made.iterdir():
+        if f.is_file() and f.name != "stranger.key":  # the stranger's secret file only
+            shutil.copy(f, flat / f.name)
+    (port,) = free_tcp_ports(1)
+    cluster = ClusterConfig(curve="on", keys_dir=str(flat), shards=1,
+                            endpoints={"ps-0": f"tcp://127.0.0.1:{port}"})
+    ctx = zmq.Context()
+    curves = []
+    try:
+        server = Curve(ctx, cluster, "ps-0")
+        curves.append(server)
+        router = ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        server.server(router)
+        router.bind(cluster.endpoint("ps-0"))
+
+        def dealer(name: str) -> zmq.Socket:
+            curve = Curve(ctx, cluster, name, authenticate=False)
+            curves.append(curve)
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            curve.client(sock, address=cluster.endpoint("ps-0"))
+            sock.connect(cluster.endpoint("ps-0"))
+            return sock
+
+        stranger, worker = dealer("stranger"), dealer("worker-0")
+        stranger.send(b"from the stranger")
+        worker.send(b"from worker-0")
+        assert router.poll(10_000)
+        assert router.recv_multipart()[1] == b"from worker-0"
+        assert not router.poll(1000)   # the stranger never got through
+    finally:
+        for curve in curves:
+            curve.stop()
+        ctx.destroy(linger=0)

@@ -8,6 +8,7 @@ Node ids are ``<role>-<index>`` (``worker-3``); control is ``control-0``.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Protocol
 
 CONTROL = "control"          # control's ROUTER endpoint
@@ -62,3 +63,23 @@ def is_local(address: str) -> bool:
     """The address is on this host (loopback TCP, ipc or inproc)."""
     host = tcp_host(address)
     return host is None or host in ("localhost", "::1") or host.startswith("127.")
+
+
+def bind_address(address: str, interface: str = "") -> str:
+    """Where a role binds the endpoint ``address``: on ``interface`` when one is given
+    (``ZBUS_BIND_INTERFACE``: ``eth0``, ``*``), else as listed, but for a ``tcp://`` address by
+    host name (``[cluster] node_host``: ``zbus-ps-3.zbus``), which ZeroMQ cannot bind in
+    general: that binds every interface (``*``) on its port."""
+    host = tcp_host(address)
+    if host is None:
+        return address
+    port = address.rsplit(":", 1)[1]
+    if interface:
+        return f"tcp://{interface}:{port}"
+    if host in ("*", "localhost"):
+        return address
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return f"tcp://*:{port}"
+    return address

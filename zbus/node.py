@@ -36,9 +36,9 @@ from typing import Any
 
 import zmq
 
-from zbus import logs, security, sockets
+from zbus import health, logs, security, sockets
 from zbus.codec import Envelope, Message, ProtocolError
-from zbus.endpoints import CONTROL, CONTROL_PUB, BusConfig
+from zbus.endpoints import CONTROL, CONTROL_PUB, BusConfig, bind_address
 from zbus.load import LoadSampler
 from zbus.messages import (
     Failure,
@@ -76,8 +76,9 @@ class Loop:
         self.max_message_bytes = max_message_bytes
         self.ctx = zmq.Context()
         self.curve: security.Curve | None = None  # set by the role before its first socket
-        # bind TCP endpoints on this network interface (e.g. eth0) instead of the address the
-        # job lists: a setting of the host, not of the job (ZBUS_BIND_INTERFACE)
+        # bind TCP endpoints on this network interface (e.g. eth0, or *) instead of the address
+        # the job lists: a setting of the host, not of the job (ZBUS_BIND_INTERFACE); one
+        # listed by host name is bound on * (zbus.endpoints.bind_address)
         self.bind_interface = os.environ.get("ZBUS_BIND_INTERFACE", "")
         self.poller = zmq.Poller()
         self.traffic = sockets.Traffic()
@@ -92,6 +93,10 @@ class Loop:
         self._events: dict[sockets.Socket, int] = {}
         self._seq = 0
         self._turn_began = 0.0
+        # ZBUS_HEALTH_FILE, when set: this process's health for a supervisor's probes
+        self.health_file = health.HealthFile.from_env(node_id)
+        if self.health_file is not None:
+            self.health_file.write("starting")
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
 
@@ -101,9 +106,8 @@ class Loop:
         options.setdefault("max_bytes", self.max_message_bytes)
         if self.curve is not None:
             options["secure"] = self.curve.server
-        if self.bind_interface and endpoint.startswith("tcp://"):
-            endpoint = f"tcp://{self.bind_interface}:{endpoint.rsplit(':', 1)[1]}"
-        sock = sockets.bind(self.ctx, kind, endpoint, **options)
+        sock = sockets.bind(self.ctx, kind, bind_address(endpoint, self.bind_interface),
+                            **options)
         if handler is not None:
             self.watch(sock, handler, router=kind == zmq.ROUTER)
         return sock
@@ -175,6 +179,8 @@ class Loop:
                     if events & zmq.POLLOUT:
                         self.on_writable(sock)
                 self.on_tick(time.monotonic())
+                if self.health_file is not None:
+                    self.health_file.beat(self.health_state(), self.heartbeat_s)
                 self.longest_turn_s = max(self.longest_turn_s, time.monotonic() - woke)
         except self.fatal_errors as exc:  # the role cannot go on, and says why in one line
             log.error("%s: %s", self.node_id, exc)
@@ -186,6 +192,8 @@ class Loop:
             self.exit_code = 1
         finally:
             self.close()
+            if self.health_file is not None and self.exit_code == 0:
+                self.health_file.write("ended")
         return self.exit_code
 
     def _drain(self, sock: sockets.Socket) -> None:
@@ -209,6 +217,11 @@ class Loop:
 
     def on_tick(self, now: float) -> None:
         """Called after every poll (at least once per heartbeat interval)."""
+
+    def health_state(self) -> str:
+        """``starting`` or ``ready``, for the health file (``zbus.health``): a role says
+        when it is ready."""
+        return "starting"
 
     def on_writable(self, sock: sockets.Socket) -> None:
         """Called when a socket registered with want_writable can take a message."""
@@ -389,6 +402,9 @@ class Node(Loop):
     def on_welcome(self) -> None:
         """Called once control admitted this node."""
 
+    def health_state(self) -> str:
+        return "ready" if self.welcomed else "starting"
+
     def quiet_stop(self) -> bool:
         return getattr(self, "job_over", False)  # a signal may come before __init__ is done
 
@@ -398,6 +414,8 @@ class Node(Loop):
         if self.welcomed and now >= self._next_beat:
             self._next_beat = now + self.heartbeat_s
             self.heartbeat()
+            if self.health_file is not None:
+                self.health_file.beat(self.health_state(), self.heartbeat_s)
 
     def on_tick(self, now: float) -> None:
         if now >= self._next_beat:

@@ -2,7 +2,9 @@
 
 Every node has a key pair, made by ``zbus-keys`` into the keys directory (``[cluster]
 keys_dir``): ``<node>.key`` (its public key) and ``<node>.key_secret`` (both keys; keep it on
-the node's host only). ``allowed/`` holds the public keys that may connect: the allow-list.
+the node's host only). ``allowed/`` holds the public keys that may connect: the allow-list;
+a keys directory without ``allowed/`` (a Kubernetes Secret mounted as a volume is flat) allows
+every ``<name>.key`` in it (``zmq.auth`` reads ``*.key`` files, never ``*.key_secret``).
 Operators (``zbus-console``, ``zbus-ctl``) use the key pair named ``console``.
 
 When CURVE is on (``[cluster] curve``: ``on``, or ``auto`` and some endpoint is not on this
@@ -68,8 +70,8 @@ class Curve:
         self.auth: ThreadAuthenticator | None = None
         if authenticate:
             allowed = self.keys_dir / ALLOWED
-            if not allowed.is_dir():
-                raise KeyFileError(f"no allow-list at {allowed}; make it with zbus-keys")
+            if not allowed.is_dir():  # a flat directory: its public keys are the allow-list
+                allowed = self.keys_dir
             self.auth = ThreadAuthenticator(ctx, log=logging.getLogger("zbus.auth"))
             self.auth.start()
             self.auth.configure_curve(domain="*", location=str(allowed))

@@ -786,6 +786,11 @@ class Control(Loop):
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.termination = signal.Signals(signum).name
 
+    def health_state(self) -> str:
+        """Ready once it runs the job: asked from its loop, which starts once the run is made
+        or resumed and its endpoints are bound (the nodes can join)."""
+        return "ready"
+
     def close(self) -> None:
         self.monitoring.stop()
         self.placement.close()

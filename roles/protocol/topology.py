@@ -1,8 +1,11 @@
 """The cluster's topology: where every role listens, the ``[cluster]`` section of a job
 resolved to ZeroMQ endpoints (it is the transport's ``zbus.endpoints.BusConfig``).
 
-By default every endpoint is ``tcp://<host>:<base_port + offset>``; ``endpoints`` overrides any
-of them one by one (a ``tcp://`` address on another host, or an ``ipc://`` path).
+By default every endpoint is ``tcp://<host>:<base_port + offset>``, or, with ``node_host`` set (a
+pattern such as ``zbus-{node}.zbus``: each node at a DNS name of its own, as a Kubernetes
+StatefulSet's pods behind a headless Service are), ``tcp://<node_host with {node} = the node
+that binds it>:<base_port + offset>``; ``endpoints`` overrides any of them one by one (a
+``tcp://`` address on another host, or an ``ipc://`` path).
 """
 
 from __future__ import annotations
@@ -51,6 +54,12 @@ class ClusterConfig:
     feeders: int = field(default=1, metadata={"min": 1, "max": MAX_FEEDERS, "doc": (
         "feeder processes, each reading its parts of the data (not with sync `round`)")})
     host: str = field(default="127.0.0.1", metadata={"doc": "address of the default endpoints"})
+    node_host: str = field(default="", metadata={"doc": (
+        "each node's own host for the default endpoints instead of `host`: a pattern with "
+        "`{node}`, the id of the node that binds the endpoint (`zbus-{node}.zbus`: "
+        "`zbus-ps-3.zbus` for shard 3's; `control-0`, `feeder-<i>`, `aggregator-<i>`, "
+        "`ps-<i>`, `worker-<i>`, `member-<i>`), e.g. a Kubernetes StatefulSet's pod names; "
+        "a role then binds every interface (`*`) unless `ZBUS_BIND_INTERFACE` says which")})
     base_port: int = field(default=47100, metadata={"min": 1024, "max": 65000, "doc": (
         "first port of the default endpoints (each endpoint at a fixed offset from it)")})
     endpoints: dict[str, str] = field(default_factory=dict, metadata={"doc": (
@@ -88,6 +97,18 @@ class ClusterConfig:
         "the key pairs and `allowed/` made by `zbus-keys` (relative to where a role starts)")})
 
     def __post_init__(self) -> None:
+        if self.node_host:
+            bare = self.node_host.replace("{node}", "")
+            if "{node}" not in self.node_host or "{" in bare or "}" in bare:
+                raise ValueError(f"[cluster] node_host = {self.node_host!r} must hold {{node}} "
+                                 "(the node's id: zbus-{node}.zbus), and no other {...}")
+            if "://" in bare or "/" in bare:
+                raise ValueError(f"[cluster] node_host = {self.node_host!r} is a host name, "
+                                 "without a scheme (no tcp://) or a path")
+            if ":" in bare:
+                raise ValueError(f"[cluster] node_host = {self.node_host!r} is a host name "
+                                 "without a port (each endpoint's port is base_port + its "
+                                 "offset)")
         names = self.endpoint_names()
         for name, address in self.endpoints.items():
             if name not in names:
@@ -145,7 +166,9 @@ class ClusterConfig:
             offset = GROUP_OFFSET + group * self.parts + member
         else:
             raise KeyError(f"no endpoint {name!r}")
-        return f"tcp://{self.host}:{self.base_port + offset}"
+        host = self.node_host.replace("{node}", self.endpoint_owner(name)) if self.node_host \
+            else self.host
+        return f"tcp://{host}:{self.base_port + offset}"
 
     def aggregator_endpoint(self, index: int) -> str:
         """Where aggregator ``index`` listens: the root (0) at ``aggregator``."""
@@ -156,7 +179,8 @@ class ClusterConfig:
         return worker_index % self.aggregators
 
     def single_host(self) -> bool:
-        """Every endpoint is on this host (loopback TCP, ipc or inproc)."""
+        """Every endpoint is on this host (loopback TCP, ipc or inproc); a host name other
+        than ``localhost`` (``node_host``) is not."""
         return all(is_local(self.endpoint(name)) for name in self.endpoint_names())
 
     def curve_enabled(self) -> bool:

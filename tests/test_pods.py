@@ -1,0 +1,389 @@
+"""zbus run the way Kubernetes runs it: every role a "pod" (``zbus-pod ROLE``) in a network
+namespace of its own host, found by name (``[cluster] node_host``, each namespace's
+``/etc/hosts`` standing in for the cluster's DNS), CURVE keys from a flat directory (a Secret),
+a health file per pod for ``zbus-probe``; a shard's pod killed and started again in another
+namespace, at another address under the same name. And the parts: the pod's index and
+control's resume decision, the health record and the probes' rule, the node names as hosts,
+binding a name, a flat keys directory. The namespaces are skipped, with the reason, where the
+machine does not allow them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from harness import ADULT_JOB, REPO
+from local_cluster import clean_environ
+from netns import Hosts, namespaces_allowed
+
+from roles.protocol.topology import ClusterConfig
+from roles.tools import pod, probe
+from roles.tools.keys import make_keys
+from zbus import health
+from zbus.endpoints import bind_address
+from zbus.security import OPERATOR
+
+ADULT_TRAIN_ROWS = 39074
+NODE_HOST = "zbus-{node}.zbus"
+
+
+# -- the parts ---------------------------------------------------------------------------------
+
+def test_node_host_names_each_endpoint_by_the_node_that_binds_it():
+    c = ClusterConfig(node_host=NODE_HOST, workers=3, shards=4, parts=2, feeders=2,
+                      aggregators=2, endpoints={"ps-0": "tcp://10.0.0.9:5000"})
+    assert c.endpoint("control") == "tcp://zbus-control-0.zbus:47100"
+    assert c.endpoint("status") == "tcp://zbus-control-0.zbus:47107"
+    assert c.endpoint("ps-3") == "tcp://zbus-ps-3.zbus:47113"
+    assert c.endpoint("samples-1") == "tcp://zbus-feeder-1.zbus:49502"
+    assert c.endpoint("aggregator_pub") == "tcp://zbus-aggregator-0.zbus:47105"
+    assert c.endpoint("aggregator-1") == "tcp://zbus-aggregator-1.zbus:47381"
+    assert c.endpoint("group-2-0") == "tcp://zbus-worker-2.zbus:47404"
+    assert c.endpoint("group-2-1") == "tcp://zbus-member-2.zbus:47405"
+    assert c.endpoint("ps-0") == "tcp://10.0.0.9:5000"   # an override still wins
+    assert not c.single_host() and c.curve_enabled()      # a name is not this host
+    assert ClusterConfig().endpoint("ps-1") == "tcp://127.0.0.1:47111"  # unset: as before
+
+
+@pytest.mark.parametrize("bad", ["zbus", "tcp://zbus-{node}", "zbus-{node}:80",
+                                 "zbus-{node}/x", "zbus-{node}-{index}"])
+def test_node_host_must_be_a_bare_host_name_pattern(bad):
+    with pytest.raises(ValueError, match="node_host"):
+        ClusterConfig(node_host=bad)
+
+
+def test_an_endpoint_by_name_is_bound_on_every_interface_unless_one_is_named():
+    assert bind_address("tcp://zbus-ps-3.zbus:47113") == "tcp://*:47113"
+    assert bind_address("tcp://zbus-ps-3.zbus:47113", "eth0") == "tcp://eth0:47113"
+    assert bind_address("tcp://10.0.0.2:47113") == "tcp://10.0.0.2:47113"
+    assert bind_address("tcp://[::1]:47113") == "tcp://[::1]:47113"
+    assert bind_address("tcp://localhost:47113") == "tcp://localhost:47113"
+    assert bind_address("tcp://10.0.0.2:47113", "*") == "tcp://*:47113"
+    assert bind_address("ipc:///tmp/x/ps-0", "*") == "ipc:///tmp/x/ps-0"
+
+
+def test_a_pods_index_is_the_trailing_number_of_its_name():
+    assert pod.pod_index("zbus-ps-3") == 3
+    assert pod.pod_index("zbus-worker-12") == 12
+    for bad in ("", "zbus-ps", "zbus-ps-x", "zbus-ps-3a", "-"):
+        with pytest.raises(pod.PodError, match="ZBUS_POD_NAME"):
+            pod.pod_index(bad)
+    env = {"ZBUS_POD_NAME": "zbus-ps-3"}
+    assert pod.role_argv("ps", env, ["--slowdown", "2"]) == \
+        [sys.executable, "-m", "roles.ps", "--index", "3", "--slowdown", "2"]
+    assert pod.role_argv("control", {"ZBUS_POD_NAME": "anything"})[1:] == ["-m", "roles.control"]
+    with pytest.raises(pod.PodError, match="no role"):
+        pod.role_argv("console", env)
+    environ = pod.pod_environ({})
+    assert environ["ZBUS_HEALTH_FILE"] == "/tmp/zbus-health.json"
+    assert pod.pod_environ({"ZBUS_HEALTH_FILE": "/h"})["ZBUS_HEALTH_FILE"] == "/h"
+
+
+def test_control_resumes_the_run_its_run_directory_holds_else_starts_one(tmp_path):
+    run = tmp_path / "run"
+    assert pod.control_args({}) == []
+    assert pod.control_args({"ZBUS_RUN_DIR": str(run)}) == []   # not there yet
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")                     # a run's files, no state
+    assert pod.control_args({"ZBUS_RUN_DIR": str(run)}) == []
+    (run / "control-state.json").write_text("{}")               # the container restarted
+    assert pod.control_args({"ZBUS_RUN_DIR": str(run)}) == ["--resume", str(run)]
+
+
+def test_the_health_record_is_written_whole_and_only_when_asked_for(tmp_path):
+    assert health.HealthFile.from_env("ps-0", {}) is None   # no file unless set
+    path = tmp_path / "health.json"
+    h = health.HealthFile.from_env("ps-0", {"ZBUS_HEALTH_FILE": str(path)})
+    assert h is not None
+    h.write("starting")
+    record = health.read(path)
+    assert record is not None and record["node"] == "ps-0" and record["pid"] == os.getpid()
+    assert record["state"] == "starting" and abs(record["time"] - time.time()) < 5
+    h.beat("starting", every_s=60)         # nothing new, not due: not written again
+    assert health.read(path) == record
+    h.beat("ready", every_s=60)            # a new state: at once
+    assert health.read(path)["state"] == "ready"
+    assert [p.name for p in tmp_path.iterdir()] == ["health.json"]  # no temporary left
+    assert health.read(tmp_path / "none") is None
+
+
+def test_the_probes_rule():
+    now = 1000.0
+    rec = {"node": "ps-1", "pid": 42, "time": now - 5, "state": "ready"}
+
+    def alive(_pid):
+        return True
+
+    def dead(_pid):
+        return False
+
+    assert health.verdict(rec, "live", now, alive=alive) is None
+    assert health.verdict(rec, "ready", now, alive=alive) is None
+    assert "not running" in health.verdict(rec, "live", now, alive=dead)
+    assert "ago" in health.verdict({**rec, "time": now - 61}, "live", now, alive=alive)
+    assert health.verdict({**rec, "time": now - 61}, "live", now, 120, alive=alive) is None
+    starting = {**rec, "state": "starting"}
+    assert health.verdict(starting, "live", now, alive=alive) is None
+    assert "not ready" in health.verdict(starting, "ready", now, alive=alive)
+    ended = {**rec, "state": "ended"}   # its process gone: the job is over for it
+    assert health.verdict(ended, "live", now, alive=dead) is None
+    assert "ended, not ready" in health.verdict(ended, "ready", now, alive=dead)
+    assert "no health record" in health.verdict(None, "live", now)
+    assert "malformed" in health.verdict({"state": "fine"}, "live", now)
+
+
+def test_zbus_probe_exits_0_or_1_with_the_reason(tmp_path, capsys):
+    path = tmp_path / "health.json"
+    with pytest.raises(SystemExit) as out:
+        probe.main(["live", "--file", str(path)])
+    assert out.value.code == 1
+    assert "no health record" in capsys.readouterr().err
+    health.HealthFile(path, "worker-1").write("starting")
+    probe.main(["live", "--file", str(path)])
+    with pytest.raises(SystemExit) as out:
+        probe.main(["ready", "--file", str(path)])
+    assert out.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "worker-1 is starting, not ready" in err
+    health.HealthFile(path, "worker-1").write("ready")
+    probe.main(["ready", "--file", str(path), "--max-age", "5"])
+    assert "worker-1 is ready" in capsys.readouterr().out
+
+
+# -- namespaces --------------------------------------------------------------------------------
+
+@pytest.fixture
+def hosts():
+    why = namespaces_allowed()
+    if why:
+        pytest.skip(why)
+    h = Hosts()
+    try:
+        try:
+            h.build()
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            pytest.skip(f"cannot build the namespaces here ({' '.join(exc.cmd)}): "
+                        f"{(exc.stderr or b'').decode(errors='replace').strip()}")
+        yield h
+    finally:
+        h.close()
+        for ns in h.names.values():
+            shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+
+
+def write_hosts(h: Hosts, names: dict[str, str]) -> None:
+    """Each namespace's /etc/hosts (``ip netns exec`` bind-mounts /etc/netns/<ns>/hosts over
+    it): ``names`` (name -> host a, b or c). Rewritten in place, the same inode: a bind mount
+    keeps the old file when a new one is renamed over it."""
+    text = "127.0.0.1 localhost\n" + "".join(f"{h.address[host]} {name}\n"
+                                             for name, host in names.items())
+    for host in ("a", "b", "c"):
+        path = Path(f"/etc/netns/{h.names[host]}/hosts")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "r+" if path.exists() else "w") as f:
+            f.seek(0)
+            f.truncate()
+            f.write(text)
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+PEER = """
+import sys, zmq
+from zbus import sockets
+ctx = zmq.Context()
+if sys.argv[1] == "server":
+    s = sockets.bind(ctx, zmq.ROUTER, "tcp://*:5555")
+    print("up", flush=True)
+    while True:
+        who, _ = s.recv_multipart()
+        s.send_multipart([who, sys.argv[2].encode()])
+s = sockets.connect(ctx, zmq.DEALER, "tcp://peer.zbus:5555")
+last = None
+while True:
+    if s.poll(0, zmq.POLLOUT):
+        s.send(b"ping", zmq.NOBLOCK)
+    if s.poll(200):
+        who = s.recv().decode()
+        if who != last:
+            print(who, flush=True)
+            last = who
+"""
+
+
+@pytest.mark.integration
+def test_a_socket_connected_by_name_finds_its_peer_again_at_a_new_address(hosts, tmp_path):
+    """libzmq resolves the name again at each reconnect; zbus's TCP_USER_TIMEOUT finds the old
+    connection dead although the peer's host vanished without a FIN (its link cut)."""
+    env = {**clean_environ(), "PYTHONPATH": str(REPO)}
+    script = tmp_path / "peer.py"
+    script.write_text(PEER)
+    write_hosts(hosts, {"peer.zbus": "a"})
+    procs = []
+    try:
+        def start(host: str, *args: str) -> subprocess.Popen:
+            procs.append(hosts.popen(host, [sys.executable, str(script), *args], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+            return procs[-1]
+
+        assert start("a", "server", "A").stdout.readline() == b"up\n"
+        client = start("c", "client")
+        assert client.stdout.readline() == b"A\n"
+        subprocess.run(["ip", "-n", hosts.names["hub"], "link", "set", hosts.hub_port("a"),
+                        "down"], check=True, timeout=30)   # A's host is gone: no FIN
+        write_hosts(hosts, {"peer.zbus": "b"})
+        assert start("b", "server", "B").stdout.readline() == b"up\n"
+        began = time.monotonic()
+        assert client.stdout.readline() == b"B\n"   # blocks until B answers
+        took = time.monotonic() - began
+        assert took < 16, took   # TCP_USER_TIMEOUT (10 s), then a reconnect
+    finally:
+        for p in procs:
+            kill_group(p)
+            p.wait(timeout=30)
+
+
+def pod_job(tmp_path: Path, keys: Path) -> Path:
+    """The ConfigMap: Adult, slow enough to kill a shard mid-epoch, found by name, CURVE on."""
+    text = ADULT_JOB.read_text()
+    text = text.replace('path = "../data/adult.csv.gz"', f'path = "{REPO}/data/adult.csv.gz"')
+    text = text.replace("[model]\nembedding_dim = 16\nhidden = [128, 64]",
+                        "[model]\nembedding_dim = 16\nhidden = [512, 256]")
+    text = text.replace("[train]\nepochs = 3", "[train]\nepochs = 3\nrecovery_timeout_s = 90")
+    text = text.replace("[cluster]\n", f'[cluster]\nnode_host = "{NODE_HOST}"\ncurve = "on"\n'
+                                       f'keys_dir = "{keys}"\nheartbeat_s = 0.25\n'
+                                       "node_timeout_s = 3.0\n")
+    text += "\n[checkpoint]\nevery_s = 1.5\n"
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.integration
+def test_a_job_of_pods_found_by_name_survives_a_shard_pod_moving_to_another_host(hosts,
+                                                                                 tmp_path):
+    """Pods as the manifests run them; ps-1's pod SIGKILLed mid-epoch after a checkpoint and
+    started again on another host under the same name (every hosts file says so, as the DNS
+    would): the job completes, every row trained once per epoch. The pods' health files
+    answer zbus-probe; after the job every pod says ended and idles until SIGTERM.
+
+    The namespaces share one file system: control's run directory (named in its Welcome),
+    where the shards' checkpoints are, is the same path for every pod here, which a real
+    pod's emptyDir is not (the checkpoint store will be, [checkpoint] dir)."""
+    full, flat = tmp_path / "keys-made", tmp_path / "keys"   # a Secret is flat: no allowed/
+    nodes = ["control-0", "aggregator-0", "feeder-0", "ps-0", "ps-1", "worker-0", "worker-1"]
+    make_keys(full, [*nodes, OPERATOR])
+    flat.mkdir()
+    for f in full.iterdir():
+        if f.is_file():
+            shutil.copy(f, flat / f.name)
+    job = pod_job(tmp_path, flat)
+    place = {"control-0": "a", "aggregator-0": "a", "feeder-0": "a", "ps-0": "b",
+             "ps-1": "b", "worker-0": "b", "worker-1": "c"}
+    write_hosts(hosts, {NODE_HOST.format(node=n): h for n, h in place.items()})
+    pods: dict[str, subprocess.Popen] = {}
+    dirs: dict[str, Path] = {}
+
+    def start(pod_name: str, node: str, host: str, *args: str) -> None:
+        role = node.rsplit("-", 1)[0]
+        where = dirs[pod_name] = tmp_path / "pods" / pod_name   # the pod's own emptyDir
+        (where / "run").mkdir(parents=True)
+        env = {**clean_environ(), "PYTHONPATH": str(REPO), "ZBUS_JOB": str(job),
+               "ZBUS_POD_NAME": f"zbus-{node}", "ZBUS_BIND_INTERFACE": "*",
+               "ZBUS_RUN_DIR": str(where / "run"),
+               "ZBUS_HEALTH_FILE": str(where / "health.json")}
+        with open(tmp_path / f"{pod_name}.log", "wb") as out:
+            pods[pod_name] = hosts.popen(host, [sys.executable, "-m", "roles.tools.pod", role,
+                                                *args], env=env, cwd=tmp_path, stdout=out,
+                                         stderr=subprocess.STDOUT)
+
+    def logs() -> str:
+        return "\n".join(f"--- {n}\n{(tmp_path / f'{n}.log').read_text()[-2500:]}"
+                         for n in pods)
+
+    def probe_of(pod_name: str, kind: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "roles.tools.probe", kind, "--file",
+                               str(dirs[pod_name] / "health.json")], capture_output=True,
+                              text=True, env={**clean_environ(), "PYTHONPATH": str(REPO)},
+                              timeout=60)
+
+    run_dir = tmp_path / "pods" / "control-0" / "run"
+
+    def wait_for(predicate, what: str, timeout: float = 120.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            path = run_dir / "metrics.jsonl"
+            events = [orjson.loads(x) for x in path.read_bytes().splitlines() if x] \
+                if path.exists() else []
+            found = next((e for e in events if predicate(e)), None)
+            if found is not None:
+                return found
+            assert pods["control-0"].poll() is None, logs()
+            time.sleep(0.1)
+        raise AssertionError(f"no {what} within {timeout} s\n{logs()}")
+
+    try:
+        for node, host in place.items():
+            args = ("--slowdown", "4") if node.startswith("worker") else ()
+            start(node, node, host, *args)
+        wait_for(lambda e: e["event"] == "round_done" and e["round"] >= 3, "round 3")
+        for name in ("control-0", "ps-1", "worker-1"):   # probes of running pods
+            for kind in ("live", "ready"):
+                result = probe_of(name, kind)
+                assert result.returncode == 0, (name, kind, result.stderr)
+        wait_for(lambda e: e["event"] == "checkpoint" and e["status"] == "complete",
+                 "a complete checkpoint")
+        kill_group(pods["ps-1"])                          # the pod is gone ...
+        pods["ps-1"].wait(timeout=30)
+        assert probe_of("ps-1", "live").returncode == 1   # (its process is)
+        place["ps-1"] = "c"                               # ... and scheduled elsewhere
+        write_hosts(hosts, {NODE_HOST.format(node=n): h for n, h in place.items()})
+        wait_for(lambda e: e["event"] == "shard_lost" and e["node"] == "ps-1", "ps-1 lost",
+                 timeout=30)
+        start("ps-1-again", "ps-1", "c")
+        deadline = time.monotonic() + 240
+        while (health.read(dirs["control-0"] / "health.json") or {}).get("state") != "ended":
+            assert time.monotonic() < deadline and pods["control-0"].poll() is None, logs()
+            time.sleep(0.2)
+        s = orjson.loads((run_dir / "summary.json").read_bytes())
+        assert s["ok"], logs()
+        # every pod says ended, and idles
+        for name in ("control-0", "aggregator-0", "feeder-0", "ps-0", "ps-1-again",
+                     "worker-0", "worker-1"):
+            deadline = time.monotonic() + 30
+            while (health.read(dirs[name] / "health.json") or {}).get("state") != "ended":
+                assert time.monotonic() < deadline, (name, logs())
+                time.sleep(0.2)
+            assert pods[name].poll() is None, (name, logs())
+            assert probe_of(name, "live").returncode == 0
+            not_ready = probe_of(name, "ready")
+            assert not_ready.returncode == 1 and "ended" in not_ready.stderr
+        for name, p in pods.items():   # the StatefulSet is deleted: SIGTERM, exit 0
+            if name != "ps-1":
+                p.send_signal(signal.SIGTERM)
+        for name, p in pods.items():
+            if name != "ps-1":
+                assert p.wait(timeout=30) == 0, (name, logs())
+    finally:
+        for p in pods.values():
+            kill_group(p)
+            p.wait(timeout=30)
+    assert s["auc"] >= 0.88, s["auc"]
+    (r,) = s["shard_recoveries"]
+    assert r["shard"] == "ps-1" and r["restored"], r
+    for rows in s["parts"]["rows_per_epoch"]:
+        assert rows["rows"] == rows["rows_once"] == ADULT_TRAIN_ROWS, rows
+    assert s["samples_trained"] == 3 * ADULT_TRAIN_ROWS
+    assert s["rejected_messages"] == {}
