@@ -338,7 +338,8 @@ class Worker(Node):
 
     def ask_overdue(self, now: float) -> None:
         """Mode push: the next batch's rows from a shard have not come ``PUSH_ASK_AFTER_S``
-        after it was the next to train: ask that shard (once)."""
+        after it was the next to train: ask that shard (again every ``PUSH_ASK_AFTER_S``
+        while they do not come)."""
         batch = self.pipeline.overdue(now, PUSH_ASK_AFTER_S)
         if batch is not None:
             for i, reply in enumerate(batch.replies):

@@ -133,9 +133,11 @@ def test_a_batch_runs_once_granted_with_its_embeddings_when_due():
     assert p.embeddings(0, r0) is None            # gone meanwhile
 
 
-def test_mode_push_asks_a_shard_only_when_its_rows_are_overdue():
+def test_mode_push_asks_a_shard_only_when_its_rows_are_overdue_and_again_while_they_are():
     """The shards send the rows of a granted batch unasked; a reply that has not come
-    ``after`` seconds after the batch was the next to run is asked for, once."""
+    ``after`` seconds after the batch was the next to run is asked for, and asked for again
+    every ``after`` seconds while it does not come (a shard restarted at a new address pushes
+    rows to a worker whose connection to it is not made yet: ZeroMQ drops them)."""
     p = Pipeline(shards=2, layout=LAYOUT)
     batch = p.pulled(sample(6))
     due = lambda s: True  # noqa: E731
@@ -147,7 +149,10 @@ def test_mode_push_asks_a_shard_only_when_its_rows_are_overdue():
     p.embeddings(0, r0)
     assert p.overdue(3.9, 2.0) is None                     # not late yet
     assert p.overdue(4.0, 2.0) is batch and batch.replies[1] is None  # ask shard 1
-    assert p.overdue(9.0, 2.0) is None                     # once
+    assert p.overdue(5.9, 2.0) is None                     # asked: not again at once
+    assert p.overdue(6.0, 2.0) is batch                    # still not in: ask again
+    p.embeddings(1, split_replies(6)[1])
+    assert p.overdue(9.0, 2.0) is None                     # in: never again
 
 
 def test_an_eval_batch_complete_but_for_its_weights_is_seen():

@@ -12,7 +12,9 @@ an ``s3://`` prefix (``roles.storage.store``), by default ``runs/<run>/checkpoin
   their sizes. A checkpoint without a manifest, or whose files are not all there with those
   sizes, is incomplete and never used;
 - ``LATEST``: the name of the newest complete checkpoint (written after its manifest), for a
-  serving system that follows the job (``zbus-predict RUN_DIR/checkpoints`` reads it).
+  serving system that follows the job (``zbus-predict RUN_DIR/checkpoints`` reads it);
+- ``summary.json`` with ``[checkpoint] dir`` set: the run's summary once it ended (its
+  ``resume_from`` says whether it can be resumed), for a control whose run directory is gone.
 
 Every file is written to a temporary name, fsynced, renamed and its directory fsynced: a file
 under its final name is whole, also after the machine loses power. In an object store, which
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
+SUMMARY = "summary.json"   # with [checkpoint] dir: the run's summary when it ended, beside them
 CHECKPOINT_FORMAT = 1
 
 

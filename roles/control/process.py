@@ -46,7 +46,7 @@ from roles.algorithms.control.membership import ALIVE, Members, NodeState
 from roles.algorithms.control.status import StatusBuilder
 from roles.algorithms.control.summary import feeder_totals, table_figures
 from roles.algorithms.shared.progress import Every, describe, epoch_line, seconds
-from roles.checkpoint.files import checkpoint_store, latest_complete
+from roles.checkpoint.files import SUMMARY, checkpoint_store, latest_complete
 from roles.control.checkpoints import Checkpoints
 from roles.control.commands import Commands, ProgressClock
 from roles.control.course import Course
@@ -99,6 +99,7 @@ from roles.protocol.dense_sync import (
 from roles.protocol.lifecycle import EpochTrained, EvalReport, Exported, Membership
 from roles.protocol.operator import ControlReply, ControlRequest, Status
 from roles.protocol.placement import Drained, KeyCounts, Moved, WindowWork
+from roles.storage.fs import StorageError
 from zbus import security
 from zbus.codec import Envelope, ProtocolError
 from zbus.endpoints import CONTROL_ID
@@ -750,6 +751,12 @@ class Control(Loop):
         summary["resume_from"] = self.resume_from
         path = self.run_dir / "summary.json"
         atomic_write(path, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+        if self.job.checkpoint.dir:   # beside the checkpoints too: a pod whose disk is gone
+            try:                      # learns there that the run ended (zbus-pod)
+                self.checkpoints.store.put_bytes(SUMMARY, orjson.dumps(
+                    summary, option=orjson.OPT_INDENT_2))
+            except (OSError, StorageError) as exc:
+                log.warning("the summary is not in %s: %s", self.job.checkpoint.dir, exc)
         self.record_tables()
         if self.resume_from is None:
             self.save_state()  # phase done: the run cannot be resumed

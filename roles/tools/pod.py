@@ -20,6 +20,7 @@ entrypoint; ``deploy/``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -51,16 +52,40 @@ def pod_index(name: str) -> int:
     return int(found.group(1))
 
 
-def control_args(env: Mapping[str, str]) -> list[str]:
-    """Where control starts from: the run in ``ZBUS_RUN_DIR`` (``--resume``) when that holds
-    control's state, else a new run there (or under runs/ without it).
+class JobEnded(Exception):
+    """The run this pod's control would start has ended (its summary says why)."""
 
-    This is the one place the choice is made: resuming from the checkpoint store when the run
-    directory is empty (a pod rescheduled elsewhere) belongs here."""
-    from roles.control.state import STATE_FILE  # here: the idle pod need not hold its imports
+
+def control_args(env: Mapping[str, str]) -> list[str]:
+    """Where control starts from (the one place this is decided):
+
+    - the run in ``ZBUS_RUN_DIR`` (``--resume``) when that holds control's state: its
+      container restarted in the same pod, whose emptyDir survived;
+    - else, with ``[checkpoint] dir`` set (a bucket that outlives every pod), the run its
+      newest complete checkpoint belongs to (``--resume``: control takes its records from
+      there, and the whole job goes back to it), unless the summary there says that run
+      ended for good (``JobEnded``: the pod idles);
+    - else a new run there (or under runs/ without ``ZBUS_RUN_DIR``)."""
+    # imported here: the idle pod need not hold them
+    from roles.checkpoint.files import SUMMARY, latest_complete
+    from roles.control.state import STATE_FILE
+    from roles.job.settings import load_job
+    from roles.storage.store import Store
 
     run_dir = env.get("ZBUS_RUN_DIR", "")
     if run_dir and (Path(run_dir) / STATE_FILE).is_file():
+        return ["--resume", run_dir]
+    where = load_job(None, environ=env).checkpoint.dir
+    if not run_dir or not where:
+        return []
+    store = Store(where)
+    if store.size(SUMMARY) is not None:
+        summary = json.loads(store.read_bytes(SUMMARY))
+        if summary.get("resume_from") is None:
+            raise JobEnded(f"the run of {where} has ended ({summary.get('status')}"
+                           f"{': ' + summary['reason'] if summary.get('reason') else ''}); "
+                           "give a new job a [checkpoint] dir of its own")
+    if latest_complete(store) is not None:
         return ["--resume", run_dir]
     return []
 
@@ -109,9 +134,16 @@ class Pod:
         if code != 0:
             say(f"{self.node} exited with status {code}")
             return code
-        self.health.write("ended")
         if self.signalled:   # stopped on purpose (the pod is going away)
+            self.health.write("ended")
             return 0
+        return self.idle()
+
+    def idle(self) -> int:
+        """The job is over for this pod: say so, and wait for SIGTERM."""
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
+        self.health.write("ended")
         say(f"{self.node} ended; the pod idles until it is stopped (SIGTERM)")
         while not self.signalled:
             time.sleep(0.2)
@@ -137,6 +169,12 @@ def main(argv: list[str] | None = None) -> None:
             f"{args.role}-{pod_index(env.get('ZBUS_POD_NAME', ''))}"
     except PodError as exc:
         say(str(exc))
+        raise SystemExit(2) from None
+    except JobEnded as exc:   # nothing to run: as a pod whose role has ended
+        say(str(exc))
+        raise SystemExit(Pod("control-0", [], env).idle()) from None
+    except Exception as exc:  # the job file, the store: said in one line, then restarted
+        say(f"cannot start control: {exc}")
         raise SystemExit(2) from None
     raise SystemExit(Pod(node, command, env).run())
 

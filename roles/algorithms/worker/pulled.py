@@ -37,7 +37,8 @@ class PulledBatch:
     granted: bool = False
     looked_up_at: float | None = None   # when its Lookups went to the shards
     needed_at: float | None = None      # when it was the next to train, but for embeddings
-    overdue: bool = False     # mode push: the shards whose rows were late were asked
+    overdue_at: float | None = None     # mode push: when the shards whose rows were late
+                                        # were last asked
 
     @property
     def batch_id(self) -> int:
@@ -136,12 +137,16 @@ class Pipeline:
 
     def overdue(self, now: float, after: float) -> PulledBatch | None:
         """Mode push: the next batch, when it has waited ``after`` seconds for embeddings that
-        the shards were to send unasked (marked: returned once)."""
+        the shards were to send unasked, and again every ``after`` seconds while they do not
+        come (rows pushed to a worker not connected to the shard are dropped by ZeroMQ: a
+        shard restarted at a new address can push before the worker has reconnected)."""
         batch = next(iter(self.batches.values()), None)
-        if batch is None or batch.overdue or batch.needed_at is None \
-                or batch.has_embeddings() or now - batch.needed_at < after:
+        if batch is None or batch.needed_at is None or batch.has_embeddings():
             return None
-        batch.overdue = True
+        if now - (batch.overdue_at if batch.overdue_at is not None else batch.needed_at) \
+                < after:
+            return None
+        batch.overdue_at = now
         return batch
 
     def blocker(self, due: Due) -> str:
