@@ -23,7 +23,9 @@ from harness import ADULT_JOB, REPO
 from local_cluster import clean_environ
 from netns import Hosts, namespaces_allowed
 
+from roles.checkpoint.files import SUMMARY, write_manifest
 from roles.protocol.topology import ClusterConfig
+from roles.storage.store import Store
 from roles.tools import pod, probe
 from roles.tools.keys import make_keys
 from zbus import health
@@ -95,6 +97,27 @@ def test_control_resumes_the_run_its_run_directory_holds_else_starts_one(tmp_pat
     assert pod.control_args({"ZBUS_RUN_DIR": str(run)}) == []
     (run / "control-state.json").write_text("{}")               # the container restarted
     assert pod.control_args({"ZBUS_RUN_DIR": str(run)}) == ["--resume", str(run)]
+
+
+def test_control_in_an_empty_run_directory_resumes_from_the_checkpoint_store(tmp_path):
+    """A pod rescheduled elsewhere has an empty run directory: with [checkpoint] dir set (a
+    bucket, here a directory), control resumes the run its newest complete checkpoint belongs
+    to; when the summary there says that run ended for good, the pod has nothing to start."""
+    store = tmp_path / "bucket"
+    job = tmp_path / "job.toml"
+    job.write_text(f'[data]\nsource = "synthetic"\n[checkpoint]\ndir = "{store}"\n')
+    env = {"ZBUS_JOB": str(job), "ZBUS_RUN_DIR": str(tmp_path / "run")}
+    assert pod.control_args(env) == []                         # a new job: nothing there
+    (store / "000001").mkdir(parents=True)
+    (store / "000001" / "dense.npz").write_bytes(b"x" * 10)
+    assert pod.control_args(env) == []                         # no manifest: not complete
+    write_manifest(Store(str(store)), 1, {"parts": {"aggregator-0": ["000001/dense.npz"]}})
+    assert pod.control_args(env) == ["--resume", str(tmp_path / "run")]
+    (store / SUMMARY).write_bytes(orjson.dumps({"status": "interrupted", "resume_from": 1}))
+    assert pod.control_args(env) == ["--resume", str(tmp_path / "run")]   # resumable
+    (store / SUMMARY).write_bytes(orjson.dumps({"status": "completed", "resume_from": None}))
+    with pytest.raises(pod.JobEnded, match="completed"):
+        pod.control_args(env)
 
 
 def test_the_health_record_is_written_whole_and_only_when_asked_for(tmp_path):
