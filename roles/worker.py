@@ -249,6 +249,8 @@ class Worker(Node):
             case ShardBack(shard=i, generation=g) if g > self.shards_back.get(i, 0) \
                     and 0 <= i < len(self.shards):
                 self.shards_back[i] = g
+                if self.moved(self.shards[i]):   # made again elsewhere (a pod rescheduled)
+                    self.shards[i] = self.renew(self.shards[i])
                 for b in self.pipeline.lacking(i):  # ask the restarted shard again
                     self.send(self.shards[i], Lookup(batch_id=b.batch_id,
                                                      train=not b.sample.eval))
@@ -460,7 +462,9 @@ class Worker(Node):
         self.deliver(outbox, then)
 
     def deliver(self, outbox: list[tuple[zmq.Socket, Message]], then: Callable[[], None]) -> None:
-        for sock, msg in outbox:
+        for i, (sock, msg) in enumerate(outbox):
+            if sock.closed:   # shard i's socket renewed while the batch was held back (the
+                sock = self.shards[i]  # outbox lists the shards' gradients first, in order)
             self.send(sock, msg)
         then()
 

@@ -43,6 +43,7 @@ class S3Server:
         self.endpoint = f"http://{host}:{self.port}"
         self.env = s3_env(self.endpoint)
         self.bucket = BUCKET
+        self.netns = netns
         argv = [sys.executable, "-m", "moto.server", "-H", host, "-p", str(self.port)]
         if netns is not None:
             argv = ["ip", "netns", "exec", netns, *argv]
@@ -57,11 +58,27 @@ class S3Server:
             raise
 
     def _run(self, netns: str | None, code: str) -> None:
+        """Python ``code`` with the server's AWS variables (in ``netns``: where the server
+        is reachable), tried again for 30 s while the server starts."""
         argv = [sys.executable, "-c", code]
         if netns is not None:
             argv = ["ip", "netns", "exec", netns, *argv]
-        subprocess.run(argv, env={**os.environ, **self.env}, check=True, timeout=60,
-                       capture_output=True)
+        deadline = time.monotonic() + 30
+        while True:
+            done = subprocess.run(argv, env={**os.environ, **self.env}, timeout=60,
+                                  capture_output=True)
+            if done.returncode == 0:
+                return
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"against the S3 server: {done.stderr.decode()[-500:]}")
+            time.sleep(0.3)
+
+    def upload(self, key: str, path: Path) -> str:
+        """Upload a local file as ``key`` from where the server is reachable (its network
+        namespace, if it runs in one); its URI."""
+        self._run(self.netns, "import boto3, sys; boto3.client('s3').upload_file("
+                  f"{str(path)!r}, {self.bucket!r}, {key!r})")
+        return self.uri(key)
 
     def _wait_up(self, netns: str | None) -> None:
         deadline = time.monotonic() + 30

@@ -9,6 +9,7 @@ Node ids are ``<role>-<index>`` (``worker-3``); control is ``control-0``.
 from __future__ import annotations
 
 import ipaddress
+import socket
 from typing import Protocol
 
 CONTROL = "control"          # control's ROUTER endpoint
@@ -83,3 +84,25 @@ def bind_address(address: str, interface: str = "") -> str:
     except ValueError:
         return f"tcp://*:{port}"
     return address
+
+
+def resolved(address: str) -> str:
+    """``address`` with its host name looked up (the first address the resolver gives, as
+    libzmq takes it); as it is for an IP address, ``*``, ipc or inproc, or a name that does
+    not resolve now."""
+    host = tcp_host(address)
+    if host is None or host == "*":
+        return address
+    try:
+        ipaddress.ip_address(host)
+        return address
+    except ValueError:
+        pass
+    port = address.rsplit(":", 1)[1]
+    try:
+        found = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (OSError, ValueError):
+        return address
+    ip = str(found[0][4][0]) if found else ""
+    return f"tcp://[{ip}]:{port}" if ":" in ip else f"tcp://{ip}:{port}" if ip else address
+

@@ -38,7 +38,7 @@ import zmq
 
 from zbus import health, logs, security, sockets
 from zbus.codec import Envelope, Message, ProtocolError
-from zbus.endpoints import CONTROL, CONTROL_PUB, BusConfig, bind_address
+from zbus.endpoints import CONTROL, CONTROL_PUB, BusConfig, bind_address, resolved
 from zbus.load import LoadSampler
 from zbus.messages import (
     Failure,
@@ -90,6 +90,9 @@ class Loop:
         self.longest_turn_s = 0.0  # the longest a turn of the loop kept it from polling
         self.wake_at: float | None = None  # a role that needs on_tick sooner than a heartbeat
         self._handlers: dict[sockets.Socket, tuple[Handler, bool]] = {}
+        # what each connected socket was made with, and where its endpoint's name pointed then
+        self._connected: dict[sockets.Socket, tuple[int, str, Handler | None, dict[str, Any],
+                                                    str]] = {}
         self._events: dict[sockets.Socket, int] = {}
         self._seq = 0
         self._turn_began = 0.0
@@ -121,7 +124,27 @@ class Loop:
         sock = sockets.connect(self.ctx, kind, endpoint, **options)
         if handler is not None:
             self.watch(sock, handler, router=kind == zmq.ROUTER)
+        self._connected[sock] = (kind, endpoint, handler, options, resolved(endpoint))
         return sock
+
+    def moved(self, sock: sockets.Socket) -> bool:
+        """The host name ``sock`` connected to now resolves to another address (a peer made
+        again elsewhere: a rescheduled pod)."""
+        _, endpoint, _, _, at = self._connected[sock]
+        return resolved(endpoint) != at
+
+    def renew(self, sock: sockets.Socket) -> sockets.Socket:
+        """``sock`` closed and connected again, as it was (its endpoint looked up anew): a
+        connection to a peer whose host vanished can look open for minutes, and ZeroMQ only
+        resolves the name again once it drops. What was queued on it is dropped."""
+        kind, endpoint, handler, options, _ = self._connected.pop(sock)
+        if sock in self._handlers:
+            self._handlers.pop(sock)
+            self._set_events(sock, 0)
+        sock.close(0)
+        log.info("%s: connecting anew to %s (now %s)", self.node_id, endpoint,
+                 resolved(endpoint))
+        return self.connect(kind, endpoint, handler, **options)
 
     def watch(self, sock: sockets.Socket, handler: Handler, *, router: bool = False) -> None:
         self._handlers[sock] = (handler, router)

@@ -24,19 +24,21 @@ DEFAULT_HWM = 1000
 COPY_BELOW = 64 * 1024  # messages smaller than this are copied into ZeroMQ when sent
 # Reconnection, for peers that come back elsewhere (a pod rescheduled: the same DNS name, a new
 # address). libzmq resolves a connect endpoint's host name again at every reconnect attempt
-# (tested: docs/operations.md, "Names and binding"); these make it find the peer gone and try
-# again in seconds. A peer whose host vanished sends no FIN: its TCP connection would look open
-# for about 15 minutes while data waits for an ACK (tcp_retries2), for ever while idle. One
-# whose old address silently drops a SYN would hold a connect attempt for about two minutes.
-# The kernel's TCP keepalive and TCP_USER_TIMEOUT find a dead peer, not ZMTP heartbeats
-# (ZMQ_HEARTBEAT_*): a socket whose input is stopped by its high-water mark (a worker's short
-# sample queue) reads no PONG, so heartbeats drop the healthy connection, and libzmq 4.3.5
-# then aborts the process (Assertion failed: _input_stopped, libzmq issue 3937), seen here.
-# A peer that merely reads slowly answers both (its kernel ACKs, a zero window included).
+# (tested: docs/operations.md, "Names and binding"), so a peer whose process died (its kernel
+# closed the connection) is found again at its new address within a reconnect interval. A
+# peer whose host vanished sends no FIN: an idle connection to it is dropped by the kernel's
+# TCP keepalive (about 10 s); one with data waiting for an ACK would look open for about 15
+# minutes (tcp_retries2), so a role that learns that such a peer is back (a shard restarted:
+# ShardBack) renews its socket when the name now resolves elsewhere (``Loop.renew``). Not
+# TCP_USER_TIMEOUT: it also aborts a healthy connection whose reader has not read for that
+# long (a zero window: a slow worker's full sample queue, by design), and the binding side
+# drops every message queued on it (measured: batches lost, a checkpoint's drain stuck). Not
+# ZMTP heartbeats (ZMQ_HEARTBEAT_*): a socket whose input is stopped by its high-water mark
+# reads no PONG, so heartbeats drop the healthy connection, and libzmq 4.3.5 then aborts the
+# process (Assertion failed: _input_stopped, libzmq issue 3937), seen here.
 KEEPALIVE_IDLE_S = 5          # an idle connection is probed after this ...
 KEEPALIVE_INTVL_S = 1         # ... every second ...
 KEEPALIVE_CNT = 5             # ... and dropped after this many unanswered probes (~10 s)
-TCP_MAXRT_MS = 10_000         # data unacknowledged this long: the peer is gone (TCP_USER_TIMEOUT)
 CONNECT_TIMEOUT_MS = 3000     # a TCP connect attempt gives up after this, and is tried again
 RECONNECT_IVL_MS = 100        # the first retry (libzmq's default) ...
 RECONNECT_IVL_MAX_MS = 1000   # ... doubling up to this: a name that does not resolve yet is
@@ -59,7 +61,6 @@ def make_socket(ctx: Context, kind: int, *, identity: str | None = None,
     sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, KEEPALIVE_IDLE_S)
     sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, KEEPALIVE_INTVL_S)
     sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, KEEPALIVE_CNT)
-    sock.setsockopt(zmq.TCP_MAXRT, TCP_MAXRT_MS)
     sock.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
     sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)

@@ -151,6 +151,8 @@ class Feeder(Node):
             case ShardBack(shard=i, generation=g) if g > self.shards_back.get(i, 0) \
                     and 0 <= i < len(self.shards):
                 self.shards_back[i] = g
+                if self.moved(self.shards[i]):   # made again elsewhere (a pod rescheduled)
+                    self.shards[i] = self.renew(self.shards[i])
                 count = self.resend_keys(i)
                 log.warning("ps-%d restarted: the keys of %d batch(es) in flight sent again",
                             i, count)
@@ -300,8 +302,10 @@ class Feeder(Node):
 
     # -- the clock -------------------------------------------------------------------------------
     def on_tick(self, now: float) -> None:
-        if self.loading.summarising():
-            self.wake_at = time.monotonic() if self.loading.summarise(now) else None
+        # sooner than a heartbeat only while the statistics are being summarised: a wake-up
+        # left set once they are (restored with a checkpoint, say) would make the loop spin
+        self.wake_at = time.monotonic() \
+            if self.loading.summarising() and self.loading.summarise(now) else None
         part = self.hold.poll()
         if part is not None:
             self.report(part)
