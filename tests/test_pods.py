@@ -322,10 +322,10 @@ def test_pods_on_s3_survive_a_shard_moving_host_and_resume_whole_with_no_shared_
     data and the checkpoints in S3 (moto, in host a's namespace). ps-1's pod is SIGKILLed
     mid-epoch and made again on another host under the same name (every hosts file says so,
     as the DNS would), with an empty disk: it restores from S3, and the job goes on. Then
-    every pod is SIGKILLed and made again, empty: control resumes from S3 and the whole job
-    goes back to the newest checkpoint. The job completes, every row trained once per epoch
-    counted from the cut. The pods' health files answer zbus-probe; after the job every pod
-    says ended and idles until SIGTERM."""
+    every pod is SIGKILLed and made again, empty (the workers' pods later than node_timeout_s):
+    control resumes from S3 and the whole job goes back to the newest checkpoint. The job
+    completes, every row trained once per epoch counted from the cut. The pods' health files
+    answer zbus-probe; after the job every pod says ended and idles until SIGTERM."""
     full, flat = tmp_path / "keys-made", tmp_path / "keys"   # a Secret is flat: no allowed/
     nodes = ["control-0", "aggregator-0", "feeder-0", "ps-0", "ps-1", "worker-0", "worker-1"]
     make_keys(full, [*nodes, OPERATOR])
@@ -425,8 +425,15 @@ def run_pods(hosts: Hosts, tmp_path: Path, job: Path, aws: dict[str, str],
             pods[name].wait(timeout=30)
         last_cut = max(e["number"] for e in events() if complete(e))
         assert last_cut >= cut["number"]
-        for node in nodes:
+        for node in nodes:   # the workers' pods later than node_timeout_s (3 s): pods are
+            if node.startswith("worker"):   # scheduled and started when the cluster can
+                continue
             start(node, f"{node}-new")
+        wait_for(lambda e: e["event"] == "rollback", "the rollback")
+        time.sleep(5)
+        for node in nodes:
+            if node.startswith("worker"):
+                start(node, f"{node}-new")
         deadline = time.monotonic() + 240
         control = current["control-0"]
         while (health.read(dirs[control] / "health.json") or {}).get("state") != "ended":

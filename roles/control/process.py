@@ -212,6 +212,7 @@ class Control(Loop):
         self.started_at = time.time()  # the run's start, for its wall time across a resume
         self.run_before_s = 0.0        # resumed: how long the run had been going
         self.awaiting_rejoin: set[str] = set()  # resumed: nodes that have not said Hello
+        self.workers_restarting = False  # back at a checkpoint: no worker has joined since
         self.resuming = Resuming(self.members.expected, resumed=resume is not None)
         self.model_plan: dict | None = None
         cannot_plan = ""  # the network cannot be built or traced: the job fails at once
@@ -575,13 +576,20 @@ class Control(Loop):
     def check_moving(self, now: float) -> bool:
         """Workers live and the job moves on; False when it has failed."""
         c = self.job.cluster
+        # back at a checkpoint, every worker starts anew (images pulled, pods scheduled, torch
+        # imported): they have start_timeout_s to join, as at the job's start
+        limit = c.start_timeout_s if self.workers_restarting else c.node_timeout_s
         if self.course.active and not self.members.live_workers():
             self.no_workers_since = self.no_workers_since or now
-            if now - self.no_workers_since > c.node_timeout_s:
-                self.fail(f"no live worker for {c.node_timeout_s:.0f} s")
+            if now - self.no_workers_since > limit:
+                self.fail(f"no live worker for {limit:.0f} s" + (
+                    " after the job went back to its checkpoint (start_timeout_s)"
+                    if self.workers_restarting else ""))
                 return False
         else:
             self.no_workers_since = None
+            if self.members.live_workers():
+                self.workers_restarting = False
         stall = self.job.train.stall_timeout_s
         if (self.course.active or self.course.phase == "preparing") \
                 and self.progress.stalled_for(now) > stall:
@@ -699,6 +707,7 @@ class Control(Loop):
         m.nodes.clear()   # every node joins anew, from the checkpoint
         m.version += 1
         self.awaiting_rejoin = set()
+        self.workers_restarting = True
         self.commands.withdraw("checkpoint")
         self.commands.publish(Membership(version=m.version, workers=[]), "members")
         self.checkpoints.rollbacks.append({"checkpoint": number, "round": manifest["round"],
