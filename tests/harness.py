@@ -15,6 +15,8 @@ from zbus.messages import Heartbeat, Hello, Probe, Welcome
 
 REPO = Path(__file__).resolve().parent.parent
 ADULT_JOB = REPO / "jobs" / "adult.toml"
+ADULT_TRAIN_ROWS = 39074   # the Adult job's training split (the last 20 % of rows: eval)
+SLOW = {"model__hidden": [512, 256]}  # Adult's epochs of seconds: long enough to kill mid-epoch
 __all__ = ["ADULT_JOB", "BIN", "REPO", "Cluster", "FakeControl", "adult_text", "criteo_data",
            "dealer", "job_text", "recv_within", "reply"]
 

@@ -177,3 +177,21 @@ class Hosts:
         for h in HOSTS:  # and a pair left behind by a failed move, if any
             subprocess.run(["ip", "link", "del", self.hub_port(h)], capture_output=True,
                            timeout=30)
+
+
+def hosts_or_skip(**kwargs: object) -> Hosts:
+    """The namespaces built (``Hosts(**kwargs)``), or the test skipped, saying why, where the
+    machine does not allow them; the caller closes them (``with``, or ``close()``)."""
+    import pytest
+    why = namespaces_allowed()
+    if why:
+        pytest.skip(why)
+    hosts = Hosts(**kwargs)  # type: ignore[arg-type]
+    try:
+        hosts.build()
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        hosts.close()
+        pytest.skip(f"cannot build the namespaces here ({' '.join(exc.cmd)}): "
+                    f"{(exc.stderr or b'').decode(errors='replace').strip()}")
+    return hosts
+

@@ -9,23 +9,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from netns import Hosts, namespaces_allowed
+from netns import hosts_or_skip
 
 pytestmark = pytest.mark.integration
-
-
-def hosts_or_skip(**kwargs) -> Hosts:
-    why = namespaces_allowed()
-    if why:
-        pytest.skip(why)
-    hosts = Hosts(**kwargs)
-    try:
-        hosts.build()
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        hosts.close()
-        pytest.skip(f"cannot build the namespaces here ({' '.join(exc.cmd)}): "
-                    f"{(exc.stderr or b'').decode(errors='replace').strip()}")
-    return hosts
 
 
 @pytest.mark.parametrize("mtu", [None, 65535])

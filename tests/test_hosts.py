@@ -13,7 +13,7 @@ import time
 import orjson
 import pytest
 from harness import ADULT_JOB, REPO
-from netns import HOSTS, Hosts, namespaces_allowed
+from netns import HOSTS, hosts_or_skip
 
 from roles.job.settings import load_job
 from roles.tools.keys import make_keys
@@ -24,19 +24,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def three_hosts():
-    why = namespaces_allowed()
-    if why:
-        pytest.skip(why)
-    hosts = Hosts()
-    try:
-        try:
-            hosts.build()
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            pytest.skip(f"cannot build the namespaces here ({' '.join(exc.cmd)}): "
-                        f"{(exc.stderr or b'').decode(errors='replace').strip()}")
+    with hosts_or_skip() as hosts:
         yield hosts.names
-    finally:
-        hosts.close()
 
 
 def test_adult_trains_across_three_hosts_over_tcp_with_curve(three_hosts, tmp_path):

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import orjson
 import pytest
-from harness import ADULT_JOB, REPO
+from harness import ADULT_JOB, ADULT_TRAIN_ROWS, REPO
 from local_cluster import clean_environ
-from netns import Hosts, namespaces_allowed
+from netns import Hosts, hosts_or_skip
 from s3 import S3Server
 
 from roles.checkpoint.files import SUMMARY, write_manifest
@@ -33,7 +33,6 @@ from zbus import health
 from zbus.endpoints import bind_address
 from zbus.security import OPERATOR
 
-ADULT_TRAIN_ROWS = 39074
 NODE_HOST = "zbus-{node}.zbus"
 
 
@@ -185,16 +184,8 @@ def test_zbus_probe_exits_0_or_1_with_the_reason(tmp_path, capsys):
 
 @pytest.fixture
 def hosts():
-    why = namespaces_allowed()
-    if why:
-        pytest.skip(why)
-    h = Hosts()
+    h = hosts_or_skip()
     try:
-        try:
-            h.build()
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            pytest.skip(f"cannot build the namespaces here ({' '.join(exc.cmd)}): "
-                        f"{(exc.stderr or b'').decode(errors='replace').strip()}")
         yield h
     finally:
         h.close()

@@ -13,7 +13,7 @@ import time
 
 import psutil
 import pytest
-from harness import ADULT_JOB, REPO
+from harness import ADULT_JOB, ADULT_TRAIN_ROWS, REPO, SLOW
 from resumes import (
     checkpoint_auc,
     every_row_once,
@@ -26,8 +26,6 @@ from roles.checkpoint.files import MANIFEST, checkpoint_dir, latest_complete
 
 pytestmark = pytest.mark.integration
 
-ADULT_TRAIN_ROWS = 39074
-SLOW = {"model__hidden": [512, 256]}  # epochs of seconds: long enough to kill mid-epoch
 
 
 @pytest.mark.parametrize("sync", ["every", "step", "round"])

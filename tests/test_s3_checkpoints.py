@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from harness import ADULT_JOB, REPO
+from harness import ADULT_JOB, ADULT_TRAIN_ROWS, REPO, SLOW
 from resumes import every_row_once, trained_past_a_checkpoint
 
 from roles.algorithms.shard.embedding_table import EmbeddingTable
@@ -30,8 +30,6 @@ from roles.storage.store import Store
 
 pytestmark = pytest.mark.integration
 
-ADULT_TRAIN_ROWS = 39074
-SLOW = {"model__hidden": [512, 256]}  # epochs of seconds: long enough to kill mid-epoch
 
 
 @pytest.fixture
