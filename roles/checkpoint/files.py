@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from roles.job.rundir import atomic_write
 from roles.storage.fs import StorageError
+from roles.storage.local import atomic_write
 from roles.storage.store import Store, basename, parent
 
 if TYPE_CHECKING:

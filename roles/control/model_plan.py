@@ -10,9 +10,10 @@ from pathlib import Path
 
 import orjson
 
-from roles.job.rundir import MetricsLog, atomic_write
+from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
 from roles.protocol.model_parallel import ModelPlan
+from roles.storage.local import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -85,7 +85,7 @@ from roles.control.summary import run_summary
 from roles.control.sync_modes import sync_mode
 from roles.job.cli import MAX_WORKERS, started_by_supervisor
 from roles.job.module_file import portable
-from roles.job.rundir import MetricsLog, atomic_write, make_run_dir
+from roles.job.rundir import MetricsLog, make_run_dir
 from roles.job.settings import Job, job_to_toml
 from roles.protocol.checkpoint import CheckpointDrained, CheckpointPart, Snapshotted
 from roles.protocol.datapath import DataIndex, FeederProgress, PartStats
@@ -100,6 +100,7 @@ from roles.protocol.lifecycle import EpochTrained, EvalReport, Exported, Members
 from roles.protocol.operator import ControlReply, ControlRequest, Status
 from roles.protocol.placement import Drained, KeyCounts, Moved, WindowWork
 from roles.storage.fs import StorageError
+from roles.storage.local import atomic_write
 from zbus import security
 from zbus.codec import Envelope, ProtocolError
 from zbus.endpoints import CONTROL_ID

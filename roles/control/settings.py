@@ -13,9 +13,10 @@ from typing import Any
 
 from roles.algorithms.shared import live
 from roles.control.commands import Commands
-from roles.job.rundir import MetricsLog, atomic_write
+from roles.job.rundir import MetricsLog
 from roles.job.settings import AggregationConfig
 from roles.protocol.operator import Settings
+from roles.storage.local import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -46,9 +46,9 @@ from roles.control.placement import PlacementKeeper
 from roles.control.recovery import Recovery, RecoveryState
 from roles.control.rounds import Rounds, RoundsState
 from roles.control.settings import LiveSettings, SettingsState
-from roles.job.rundir import atomic_write
 from roles.job.settings import Job, job_to_toml
 from roles.storage.fs import StorageError
+from roles.storage.local import atomic_write
 from roles.storage.store import Store, basename
 from zbus.codec import Message, decode
 

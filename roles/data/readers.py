@@ -58,8 +58,8 @@ from roles.data.index import (
     storage_errors,
 )
 from roles.data.transforms import FLOAT32_MAX
-from roles.job.rundir import atomic_write
 from roles.storage.fs import is_uri
+from roles.storage.local import atomic_write
 
 CHUNK_BYTES = 8 << 20
 PARQUET_BATCH_ROWS = 1 << 16

@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from roles.job.rundir import atomic_write
 from roles.protocol.lifecycle import Export, Exported
 from roles.storage.fs import is_uri
+from roles.storage.local import atomic_write
 from roles.storage.store import Store
 
 MANIFEST = "manifest.json"

@@ -21,8 +21,8 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from roles.job.rundir import atomic_write
 from roles.storage.fs import StorageError, describe, filesystem, is_uri, join
+from roles.storage.local import atomic_write
 
 
 def parent(location: str) -> str:

@@ -42,8 +42,8 @@ from roles.data.readers import LIST_TEXT, RawBlock, Schema, read_part
 from roles.data.rejected import RejectedRows
 from roles.data.stats import Moments
 from roles.job.cli import integer, load_job_or_exit
-from roles.job.rundir import atomic_write
 from roles.job.settings import DataConfig, Job, toml_value
+from roles.storage.local import atomic_write
 
 
 def table_of(schema: Schema, block: RawBlock) -> pa.Table:
