@@ -116,7 +116,6 @@ class Aggregator(Node):
         self.cut: Checkpoint | None = None           # a cut of a round not combined yet
         self.writing: tuple[int, ThreadWrite, float] | None = None
         self.checkpointed = 0
-        self.written_size: list[int] = []            # the checkpoint file's bytes, once written
 
     def on_welcome(self) -> None:
         info: dict = {}
@@ -147,13 +146,12 @@ class Aggregator(Node):
                                       "time": time.time()})}
         store = checkpoint_store(self.job, self.run_dir)
         name = f"{number_name(m.number)}/dense.npz"
-        size: list[int] = []
 
-        def write() -> None:   # on a thread: the file, then (a remote store) its upload
-            size.append(save_npz(store.local(name), **arrays))
+        def write() -> int:   # on a thread: the file, then (a remote store) its upload
+            size = save_npz(store.local(name), **arrays)
             store.publish([name])
+            return size
 
-        self.written_size = size
         self.writing = (m.number, ThreadWrite(write), time.monotonic())
         self.checkpointed = m.number
         self.counts["checkpoints"] += 1
@@ -163,11 +161,11 @@ class Aggregator(Node):
     def poll_checkpoint(self) -> None:
         if self.writing is None or (result := self.writing[1].done()) is None:
             return
-        number, _, began = self.writing
+        number, writer, began = self.writing
         self.writing = None
         ok, error = result
         name = f"{number_name(number)}/dense.npz"
-        size = self.written_size[0] if ok and self.written_size else 0
+        size = int(writer.value) if ok else 0
         self.report(CheckpointPart(number=number, ok=ok, error=error,
                                    files=[name] if ok else [], bytes=size,
                                    write_s=round(time.monotonic() - began, 3),

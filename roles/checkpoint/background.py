@@ -27,6 +27,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 from zbus import children
 
@@ -36,13 +37,14 @@ READY = b"\0"   # the child to the parent: it has closed what it inherited
 class ThreadWrite:
     def __init__(self, write: Callable[[], object]):
         self.result: tuple[bool, str] | None = None
+        self.value: Any = None   # what ``write`` returned, once it has
         self.thread = threading.Thread(target=self._run, args=(write,), daemon=True,
                                        name="zbus-checkpoint")
         self.thread.start()
 
     def _run(self, write: Callable[[], object]) -> None:
         try:
-            write()
+            self.value = write()
             self.result = (True, "")
         except Exception as exc:  # reported to control, which aborts the checkpoint
             self.result = (False, f"{type(exc).__name__}: {exc}")

@@ -37,7 +37,6 @@ def join(location: str, *names: str) -> str:
     """``location`` / ``names``: a URI joined with ``/``, a local path with the OS's rules."""
     if is_uri(location):
         return posixpath.join(location.rstrip("/"), *names)
-    import os.path
     return os.path.join(location, *names)
 
 
@@ -70,25 +69,16 @@ def describe(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def size(location: str) -> int | None:
-    """The size of a file or object, None when there is none."""
-    fs, path = filesystem(location)
-    try:
-        info = fs.get_file_info(path)
-    except OSError as exc:
-        raise StorageError(f"{location}: {describe(exc)}") from None
-    return info.size if info.type == pafs.FileType.File else None
-
-
 def open_input(location: str) -> Any:
-    """A seekable binary file over a local file or an object (ranged GETs on S3)."""
+    """A seekable binary file over a local file or an object (ranged GETs on S3);
+    FileNotFoundError when there is none."""
     fs, path = filesystem(location)
     try:
         return fs.open_input_file(path)
     except FileNotFoundError:
         raise
     except OSError as exc:
-        if "not found" in str(exc).lower() or "NoSuchKey" in str(exc):
+        if file_info(location).type == pafs.FileType.NotFound:
             raise FileNotFoundError(location) from None
         raise StorageError(f"{location}: {describe(exc)}") from None
 
@@ -108,15 +98,19 @@ def file_info(location: str) -> pafs.FileInfo:
         raise StorageError(f"{location}: {describe(exc)}") from None
 
 
-def listing(location: str) -> list[tuple[str, pafs.FileInfo]]:
-    """What a directory (a prefix in a bucket) holds directly: each entry's location (a URI
-    under a URI) and its FileInfo, sorted by name."""
+def listing(location: str, recursive: bool = False,
+            missing_ok: bool = False) -> list[tuple[str, pafs.FileInfo]]:
+    """What a directory (a prefix in a bucket) holds (directly, or ``recursive``ly): each
+    entry's location (a URI under a URI) and its FileInfo, sorted by name; with
+    ``missing_ok``, nothing for a directory that is not there."""
     fs, path = filesystem(location)
     try:
-        infos = fs.get_file_info(pafs.FileSelector(path, recursive=False))
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=recursive,
+                                                   allow_not_found=missing_ok))
     except OSError as exc:
         raise StorageError(f"{location}: {describe(exc)}") from None
-    return sorted(((join(location, i.base_name), i) for i in infos), key=lambda e: e[0])
+    return sorted(((join(location, posixpath.relpath(i.path, path)), i) for i in infos),
+                  key=lambda e: e[0])
 
 
 def open_reader(location: str, buffer_size: int = READ_BUFFER) -> Any:

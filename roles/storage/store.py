@@ -21,7 +21,16 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from roles.storage.fs import StorageError, describe, filesystem, is_uri, join
+from roles.storage.fs import (
+    StorageError,
+    describe,
+    file_info,
+    filesystem,
+    is_uri,
+    join,
+    listing,
+    open_input,
+)
 from roles.storage.local import atomic_write
 
 
@@ -117,11 +126,7 @@ class Store:
                 return (Path(self.root) / name).stat().st_size
             except OSError:
                 return None
-        fs, base = filesystem(self.root)
-        try:
-            info = fs.get_file_info(posixpath.join(base, name))
-        except OSError as exc:
-            raise StorageError(f"{self.location(name)}: {describe(exc)}") from None
+        info = file_info(self.location(name))
         return info.size if info.type == pafs.FileType.File else None
 
     def read_bytes(self, name: str) -> bytes:
@@ -135,42 +140,23 @@ class Store:
         """A seekable binary file (on S3, ranged reads of the object)."""
         if not self.remote:
             return open(Path(self.root) / name, "rb")
-        fs, base = filesystem(self.root)
-        path = posixpath.join(base, name)
-        try:
-            return fs.open_input_file(path)
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            if fs.get_file_info(path).type == pafs.FileType.NotFound:
-                raise FileNotFoundError(self.location(name)) from None
-            raise StorageError(f"{self.location(name)}: {describe(exc)}") from None
+        return open_input(self.location(name))
 
     def entries(self) -> list[str]:
         """The names directly under the root (files and directories)."""
         if not self.remote:
             root = Path(self.root)
             return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-        fs, base = filesystem(self.root)
-        try:
-            infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
-        except OSError as exc:
-            raise StorageError(f"cannot list {self.root}: {describe(exc)}") from None
-        return sorted(posixpath.basename(i.path) for i in infos)
+        return [info.base_name for _, info in listing(self.root, missing_ok=True)]
 
     def files(self) -> list[str]:
         """Every file under the root, as names relative to it."""
         if not self.remote:
             root = Path(self.root)
             return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-        fs, base = filesystem(self.root)
-        try:
-            infos = fs.get_file_info(pafs.FileSelector(base, recursive=True,
-                                                       allow_not_found=True))
-        except OSError as exc:
-            raise StorageError(f"cannot list {self.root}: {describe(exc)}") from None
-        return sorted(posixpath.relpath(i.path, base) for i in infos
-                      if i.type == pafs.FileType.File)
+        return [posixpath.relpath(where, self.root)
+                for where, info in listing(self.root, recursive=True, missing_ok=True)
+                if info.type == pafs.FileType.File]
 
     def download(self, names: list[str], into: Path) -> None:
         """Copy files of the store to the local directory ``into`` (the same names)."""
@@ -183,7 +169,5 @@ class Store:
     def is_dir(self, name: str = "") -> bool:
         if not self.remote:
             return (Path(self.root) / name).is_dir()
-        fs, base = filesystem(self.root)
-        return fs.get_file_info(posixpath.join(base, name) if name else base).type \
-            == pafs.FileType.Directory
+        return file_info(self.location(name)).type == pafs.FileType.Directory
 
