@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,13 +18,9 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from zbus.sockets import free_tcp_ports
+
 BUCKET = "zbus-test"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def s3_env(endpoint: str) -> dict[str, str]:
@@ -39,7 +34,7 @@ class S3Server:
     def __init__(self, host: str = "127.0.0.1", port: int | None = None,
                  netns: str | None = None, log: Path | None = None):
         self.host = host
-        self.port = port or free_port(host if netns is None else "127.0.0.1")
+        self.port = port or free_tcp_ports(1, host if netns is None else "127.0.0.1")[0]
         self.endpoint = f"http://{host}:{self.port}"
         self.env = s3_env(self.endpoint)
         self.bucket = BUCKET
