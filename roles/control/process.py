@@ -577,10 +577,13 @@ class Control(Loop):
     def check_moving(self, now: float) -> bool:
         """Workers live and the job moves on; False when it has failed."""
         c = self.job.cluster
+        live = self.members.live_workers()
+        if live:
+            self.workers_restarting = False
         # back at a checkpoint, every worker starts anew (images pulled, pods scheduled, torch
         # imported): they have start_timeout_s to join, as at the job's start
         limit = c.start_timeout_s if self.workers_restarting else c.node_timeout_s
-        if self.course.active and not self.members.live_workers():
+        if self.course.active and not live:
             self.no_workers_since = self.no_workers_since or now
             if now - self.no_workers_since > limit:
                 self.fail(f"no live worker for {limit:.0f} s" + (
@@ -589,8 +592,6 @@ class Control(Loop):
                 return False
         else:
             self.no_workers_since = None
-            if self.members.live_workers():
-                self.workers_restarting = False
         stall = self.job.train.stall_timeout_s
         if (self.course.active or self.course.phase == "preparing") \
                 and self.progress.stalled_for(now) > stall:
