@@ -9,7 +9,7 @@ the job's slots (``Job.layout()``)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -160,14 +160,19 @@ class DataSource:
                           sample_rows, whole)
         return cached_summary(self.cache_dir / f"part-{key}.json", make)
 
-    def preparer(self, parts: list[Part]) -> Preparer:
+    def preparer(self, parts: list[Part],
+                 held: Callable[[Part], Iterable[RawBlock]] | None = None) -> Preparer:
         """The preparation of rows every feeder gets from control (``roles.data.stats``: each
         training part's summary, merged in part order), made here in one process (the
-        reference trainer, benchmarks)."""
+        reference trainer, benchmarks). ``held``: a part's blocks as already read (the
+        preloaded reference), summarised from memory instead of read again (nor cached)."""
         d = self.job.data
         training = [p for p in parts if not p.eval]
         sample = -(-d.stats_rows // max(1, len(training)))
-        summaries = [self.summary(p, d.log1p, sample, d.decay_base > 1.0) for p in training]
+        whole = d.decay_base > 1.0
+        summaries = [self.summary(p, d.log1p, sample, whole) if held is None else
+                     summarize(iter(held(p)), p.number, len(self.schema.dense), d.log1p, sample,
+                               whole) for p in training]
         transform, newest = merge_summaries(summaries, d.log1p, len(self.schema.dense))
         unit = DECAY_UNITS[d.decay_unit]
         return Preparer(self.job.layout(), transform,

@@ -77,6 +77,20 @@ class Tally:
             setattr(self, k, getattr(self, k) + getattr(other, k))
 
 
+def slot_keys(layout: FieldLayout, block: RawBlock) -> np.ndarray:
+    """int64 [rows, slots]: a single-valued field's key in its slot, a list field's newest
+    ``max_len`` keys in its slots (``PAD`` after them), each hashed with its table's
+    name (block.sparse holds the fields in the layout's order)."""
+    keys = np.empty((len(block), layout.slots), dtype=np.int64)
+    for f, table in enumerate(layout.tables):
+        if layout.is_list(f):
+            keys[:, layout.slot_range(f)] = hash_lists(table, block.sparse[f],
+                                                       layout.widths[f])
+        else:
+            keys[:, layout.slot_range(f).start] = hash_array(table, block.sparse[f])
+    return keys
+
+
 class Preparer:
     """Chunks of rows to samples, their keys laid out as ``layout`` says."""
 
@@ -85,23 +99,16 @@ class Preparer:
         self.layout, self.transform, self.weighting = layout, transform, weighting
 
     def keys(self, block: RawBlock) -> np.ndarray:
-        """int64 [rows, slots]: a single-valued field's key in its slot, a list field's newest
-        ``max_len`` keys in its slots (``PAD`` after them), each hashed with its table's
-        name (block.sparse holds the fields in the layout's order)."""
-        layout = self.layout
-        keys = np.empty((len(block), layout.slots), dtype=np.int64)
-        for f, table in enumerate(layout.tables):
-            if layout.is_list(f):
-                keys[:, layout.slot_range(f)] = hash_lists(table, block.sparse[f],
-                                                           layout.widths[f])
-            else:
-                keys[:, layout.slot_range(f).start] = hash_array(table, block.sparse[f])
-        return keys
+        """The block's keys in the layout's slots (``slot_keys``)."""
+        return slot_keys(self.layout, block)
 
-    def __call__(self, block: RawBlock, train: bool, tally: Tally) -> Samples:
+    def __call__(self, block: RawBlock, train: bool, tally: Tally,
+                 keys: np.ndarray | None = None) -> Samples:
+        """The block's samples; ``keys``: its keys as ``slot_keys`` made them already (the
+        preloaded reference hashes a block while the statistics are not known yet)."""
         tally.rows_read += block.rows_read
         tally.rejected += len(block.rejected)
-        keys = self.keys(block)
+        keys = self.keys(block) if keys is None else keys
         dense = self.transform.apply(block.dense)
         labels = block.labels.astype(np.float32)
         w = self.weighting

@@ -5,7 +5,12 @@ first sight, sparse Adagrad), the dense network trains with Adam, batches come f
 streams as one feeder's (``roles.data``: the same statistics, parts, part order, shuffle
 buffer and batches). Used by the throughput benchmark and as the quality reference.
 
-    zbus-reference [--job FILE] [--threads N]
+``--preload`` trains the strong single process instead (``roles.tools.preload``): the data
+loaded once into memory, embeddings as a sparse ``nn.Embedding`` with sparse Adagrad, batches
+sliced from a permutation, all cores by default; its figures add the time to load, train and
+evaluate, end to end from the command's start, and the peak RSS.
+
+    zbus-reference [--job FILE] [--threads N] [--preload]
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 
 import numpy as np
 import orjson
+import psutil
 import torch
 
 from roles.algorithms.feeding.passes import FeedingPass
@@ -30,6 +36,7 @@ from roles.job.cli import integer, load_job_or_exit
 from roles.job.settings import Job
 from roles.model.network import build_network, set_threads, weighted_loss_sum
 from roles.model.sparse_input import SparseInputs
+from roles.tools.preload import train_preloaded
 
 
 class Reference:
@@ -129,10 +136,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="zbus-reference", description=__doc__.splitlines()[0])
     parser.add_argument("--job", help="job file (default: ZBUS_JOB or the built-in job)")
     parser.add_argument("--threads", type=integer, default=0, help="torch threads (default: all)")
+    parser.add_argument("--preload", action="store_true",
+                        help="load the data into memory once and train from it (the strong "
+                        "single process; --threads also caps its loading threads)")
     args = parser.parse_args()
     job = load_job_or_exit(args.job, "reference")
     try:
-        result = train_reference(job, args.threads)
+        result = train_preloaded(job, args.threads, psutil.Process().create_time()) \
+            if args.preload else train_reference(job, args.threads)
     except DataError as exc:   # a missing file or object, a bad row count: one line
         print(f"zbus reference: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -1,0 +1,254 @@
+"""The strong single process: the job's data loaded once into memory, then trained as a PyTorch
+user would train it (``zbus-reference --preload``), the yardstick the cluster is measured against.
+
+Load: every part of the data's index (``roles.data.source``: the same parts, so the same eval
+split as the cluster's, whatever decides it) is read with the feeder's readers (pyarrow's
+multi-threaded CSV parser over large chunks, Parquet row groups; the same rejected rows), the
+parts on a pool of threads; each block's keys are hashed at once (``slot_keys``:
+zbus-key-v2, the job's slots), its raw dense values kept until the training parts' statistics
+are known (summarised from memory, ``DataSource.preparer``), then the same dense transform and
+weights as a feeder's (``Preparer``). The keys of each embedding table are then numbered
+(``np.unique`` over all of them, training and eval rows alike) into rows of one embedding
+matrix [rows, row_dim], each starting from its key's initial row (``initial_rows``, as a
+shard's does); a slot holds its row (int32; ``-1`` for a list field's padding).
+
+Train: the job's network (``build_network``) with Adam at ``dense_lr``; the embeddings an
+``nn.Embedding(sparse=True)`` trained with ``torch.optim.Adagrad`` at ``embedding_lr``
+(its step is the shards' sparse Adagrad: the sum of squared gradients, eps 1e-10, no initial
+accumulator); each epoch a permutation of the training rows seeded by (seed, epoch) (file
+order with ``[train] shuffle = false``), batches of ``batch_size`` rows sliced from it; the
+loss the weighted mean of the batch's (``weighted_loss_sum``). The network gets its inputs as a
+worker's does (``SparseInputs`` over the batch's grid of rows), so list fields, pooled or
+sequences, work.
+Eval: the eval rows in file order, scored into a ``ScoreHistogram`` (the cluster's AUC and log
+loss). ``batch_by_label`` is refused (a permutation cannot keep one label per batch).
+
+Memory holds the whole data set (about 4 bytes a slot, 4 a dense value and 8 a row, plus the
+embedding matrix and its Adagrad state at 8 x row_dim bytes a key, and the raw columns while
+loading): it is the single process's limit, not the cluster's.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from roles.algorithms.shard.embedding_table import initial_rows
+from roles.algorithms.shared.metrics import ScoreHistogram
+from roles.data.index import DataError, Part
+from roles.data.readers import RawBlock
+from roles.data.source import DataSource
+from roles.data.stream import Samples, Tally, slot_keys
+from roles.job.fields import PAD, FieldLayout
+from roles.job.settings import Job
+from roles.model.network import build_network, set_threads, weighted_loss_sum
+from roles.model.sparse_input import SparseInputs
+
+INIT_ROWS = 1 << 20   # keys whose initial rows are made at once (bounded scratch)
+
+
+@dataclass(frozen=True)
+class Held:
+    """A block as loaded: its rows without their text columns, and its keys."""
+
+    raw: RawBlock
+    keys: np.ndarray   # int64 [rows, slots]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The data set in memory: rows [0, train) train, the rest are the eval rows."""
+
+    rows: np.ndarray      # int32 [n, slots]: each slot's embedding row (-1: a list's padding)
+    dense: np.ndarray     # float32 [n, dense]
+    labels: np.ndarray    # float32 [n]
+    weights: np.ndarray   # float32 [n]
+    train: int
+    init: np.ndarray      # float32 [embedding rows, row_dim]: every key's initial row
+    keys: int
+    tally: Tally          # training rows read, rejected, dropped, merged
+
+
+def load(job: Job, workers: int) -> Loaded:
+    """Every part of the job's data read, hashed, transformed and weighted once."""
+    source = DataSource(job)
+    files, parts, _ = source.index()
+    source.files = files
+    layout = job.layout()
+
+    def read(part: Part) -> list[Held]:
+        return [Held(replace(b, sparse=[]), slot_keys(layout, b)) for b in source.blocks(part)]
+
+    with ThreadPoolExecutor(workers) as pool:
+        held = dict(zip((p.number for p in parts), pool.map(read, parts), strict=True))
+        prepare = source.preparer(parts, lambda p: (h.raw for h in held[p.number]))
+        training, evaluating = [p for p in parts if not p.eval], [p for p in parts if p.eval]
+        tally = Tally()
+
+        def samples(part: Part) -> tuple[list[Samples], Tally]:
+            mine = Tally()
+            out = [prepare(h.raw, not part.eval, mine, h.keys) for h in held.pop(part.number)]
+            return out, mine
+
+        train: list[Samples] = []
+        eval_: list[Samples] = []
+        for part, (got, mine) in zip(training + evaluating,
+                                     pool.map(samples, training + evaluating), strict=True):
+            (eval_ if part.eval else train).extend(got)
+            if not part.eval:
+                tally.add(mine)
+        data = Samples.join(train + eval_)
+        n_train = sum(len(s) for s in train)
+        del train, eval_
+        rows, init = number_keys(layout, data.keys, job, pool)
+    return Loaded(rows, data.dense, data.labels, data.weights, n_train, init, len(init), tally)
+
+
+def number_keys(layout: FieldLayout, keys: np.ndarray, job: Job,
+                pool: ThreadPoolExecutor) -> tuple[np.ndarray, np.ndarray]:
+    """Each slot's row of one embedding matrix (tables one after another, a table's keys in
+    sorted order; -1 for ``PAD``), and the matrix's initial rows."""
+    t = job.train
+    tables = list(dict.fromkeys(layout.tables))
+    columns = {table: np.concatenate([np.arange(layout.slot_range(f).start,
+                                                layout.slot_range(f).stop)
+                                      for f, name in enumerate(layout.tables) if name == table])
+               for table in tables}
+    rows = np.full(keys.shape, -1, dtype=np.int32)
+
+    def number(table: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        block = keys[:, columns[table]]
+        present = block != PAD
+        uniq, inverse = np.unique(block[present], return_inverse=True)
+        return uniq, present, inverse.reshape(-1)
+
+    numbered = list(pool.map(number, tables))
+    total = sum(len(u) for u, _, _ in numbered)
+    if total >= np.iinfo(np.int32).max:
+        raise DataError(f"{total:,} distinct keys: more than the preloaded reference numbers")
+    init = np.empty((total, layout.row_dim), dtype=np.float32)
+    offset, chunks = 0, []
+    for table, (uniq, present, inverse) in zip(tables, numbered, strict=True):
+        block = np.full(present.shape, -1, dtype=np.int32)
+        block[present] = inverse + offset
+        rows[:, columns[table]] = block
+        chunks += [(offset + lo, uniq[lo:lo + INIT_ROWS]) for lo in range(0, len(uniq),
+                                                                           INIT_ROWS)]
+        offset += len(uniq)
+
+    def initial(chunk: tuple[int, np.ndarray]) -> None:
+        at, ks = chunk
+        init[at:at + len(ks)] = initial_rows(ks, layout.row_dim, t.embedding_init, t.seed)
+
+    list(pool.map(initial, chunks))
+    return rows, init
+
+
+class Trainer:
+    """The job's network over one embedding matrix, trained batch by batch from memory."""
+
+    def __init__(self, job: Job, init: np.ndarray):
+        t = job.train
+        self.job, self.layout = job, job.layout()
+        self.net = build_network(job)
+        self.embedding = torch.nn.Embedding(len(init), self.layout.row_dim, sparse=True,
+                                            _weight=torch.from_numpy(init))
+        self.inputs = SparseInputs(self.layout, torch.device("cpu"))
+        self.dense_opt = torch.optim.Adam(self.net.parameters(), lr=t.dense_lr)
+        self.sparse_opt = torch.optim.Adagrad(self.embedding.parameters(), lr=t.embedding_lr,
+                                              eps=1e-10)
+        # Adagrad's sparse step builds its tensors from a coalesced gradient: torch's warning
+        # that it does not check them is about nothing here
+        warnings.filterwarnings("ignore", message="Sparse invariant checks")
+
+    def logits(self, rows: np.ndarray, dense: np.ndarray) -> torch.Tensor:
+        layout, n = self.layout, len(rows)
+        if layout.has_lists:
+            slots = rows.astype(np.int64)
+            slots[slots < 0] = PAD
+            grid, _ = layout.grid(slots)
+            lengths = layout.lengths(slots)
+        else:   # one slot per field: the grid is the transpose
+            grid = np.ascontiguousarray(rows.T, dtype=np.int64).reshape(-1)
+            lengths = np.zeros((n, 0), dtype=np.int32)
+        flat = self.embedding(torch.from_numpy(grid))
+        sparse, seq_lengths = self.inputs.inputs(flat, n, lengths)
+        return self.net(sparse, torch.from_numpy(dense), seq_lengths)
+
+    def train(self, rows: np.ndarray, dense: np.ndarray, labels: np.ndarray,
+              weights: np.ndarray) -> tuple[float, float]:
+        w = torch.from_numpy(weights)
+        loss = weighted_loss_sum(self.logits(rows, dense), torch.from_numpy(labels), w)
+        self.dense_opt.zero_grad()
+        self.sparse_opt.zero_grad()
+        (loss / w.sum().clamp_min(1e-12)).backward()
+        self.dense_opt.step()
+        self.sparse_opt.step()
+        return float(loss.detach()), float(w.sum())
+
+    def score(self, rows: np.ndarray, dense: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return torch.sigmoid(self.logits(rows, dense)).numpy()
+
+
+def batches(order: np.ndarray, size: int) -> Iterator[np.ndarray]:
+    for lo in range(0, len(order), size):
+        yield order[lo:lo + size]
+
+
+def train_preloaded(job: Job, threads: int = 0, started: float | None = None) -> dict:
+    """Load, train every epoch, evaluate after each: the figures as ``zbus-reference`` gives
+    them, with the time of each stage; ``started`` (``time.time()``): when the command began
+    (end_to_end_s counts from it; from this call without it)."""
+    began = time.time() if started is None else started
+    t = job.train
+    if t.batch_by_label:
+        raise DataError("zbus-reference --preload shuffles with a permutation, which cannot "
+                        "keep one label per batch: run it without [train] batch_by_label")
+    threads = threads or os.cpu_count() or 1
+    set_threads(threads)
+    pa.set_cpu_count(threads)
+    start = time.perf_counter()
+    data = load(job, threads)
+    load_s = time.perf_counter() - start
+    trainer = Trainer(job, data.init)
+    epochs, train_s, eval_s = [], 0.0, 0.0
+    for epoch in range(t.epochs):
+        start = time.perf_counter()
+        order = np.random.default_rng([t.seed, epoch]).permutation(data.train) \
+            if t.shuffle else np.arange(data.train)
+        loss_sum = weight_sum = 0.0
+        for b in batches(order, t.batch_size):
+            loss, weight = trainer.train(data.rows[b], data.dense[b], data.labels[b],
+                                         data.weights[b])
+            loss_sum += loss
+            weight_sum += weight
+        train_s += time.perf_counter() - start
+        start = time.perf_counter()
+        scores = ScoreHistogram()
+        for lo in range(data.train, len(data.labels), t.batch_size):
+            hi = min(len(data.labels), lo + t.batch_size)
+            scores.add(data.labels[lo:hi], trainer.score(data.rows[lo:hi], data.dense[lo:hi]))
+        eval_s += time.perf_counter() - start
+        epochs.append({"epoch": epoch, "train_loss": loss_sum / weight_sum if weight_sum
+                       else None, "auc": scores.auc(), "logloss": scores.logloss(),
+                       "train_samples": data.train})
+    trained = data.train * t.epochs
+    return {"auc": epochs[-1]["auc"] if epochs else None,
+            "logloss": epochs[-1]["logloss"] if epochs else None,
+            "samples_trained": trained, "eval_samples": len(data.labels) - data.train,
+            "rows_rejected": data.tally.rejected, "keys": data.keys, "threads": threads,
+            "load_s": load_s, "train_s": train_s, "eval_s": eval_s,
+            "end_to_end_s": time.time() - began,
+            "samples_per_s": trained / train_s if train_s else None,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "per_epoch": epochs}

@@ -1,0 +1,135 @@
+"""``zbus-reference --preload`` (``roles.tools.preload``): the data loaded once holds exactly the
+samples a feeder makes (the same split, rejected rows, dense transform and weights), its keys
+numbered one row per key, and it trains the job's model as well as the streaming reference."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from local_cluster import clean_environ
+
+from roles.data.index import DataError
+from roles.data.source import DataSource
+from roles.data.stream import Samples, Tally, eval_batches
+from roles.job.fields import PAD
+from roles.job.settings import load_job
+from roles.tools.preload import load, train_preloaded
+from roles.tools.reference import train_reference
+
+pytestmark = pytest.mark.integration   # each trains a model or starts the command
+REPO = Path(__file__).resolve().parent.parent
+BAD_ROWS = {100: "oops,Private,1,HS-grad,9,x,y,z,White,Male,0,0,40,US,<=50K",   # training
+            45_000: "30,Private,1,HS-grad,9,x,y,z,White,Male,0,0,40,US,maybe"}   # eval
+
+
+@pytest.fixture
+def adult_job(tmp_path: Path) -> Path:
+    """Adult as plain csv cut into parts of 0.5 MB (the eval split falls inside one), with a
+    rejected row in the training rows and one in the eval rows; one epoch."""
+    lines = gzip.decompress((REPO / "data" / "adult.csv.gz").read_bytes()).split(b"\n")
+    for at, row in sorted(BAD_ROWS.items(), reverse=True):
+        lines.insert(at, row.encode())
+    (tmp_path / "adult.csv").write_bytes(b"\n".join(lines))
+    text = (REPO / "jobs" / "adult.toml").read_text()
+    text = text.replace('path = "../data/adult.csv.gz"', f'path = "{tmp_path / "adult.csv"}"\n'
+                        f'cache_dir = "{tmp_path / "cache"}"\npart_mb = 0.5')
+    job = tmp_path / "adult.toml"
+    job.write_text(text.replace("epochs = 3", "epochs = 1"))
+    return job
+
+
+def feeder_samples(job_path: Path) -> tuple[Samples, Samples, Tally, int, int]:
+    """What a feeder's code makes of the job's data, part by part in part order: the training
+    samples (before the shuffle), the eval samples, the training tally, and the index's
+    training and eval rows."""
+    job = load_job(job_path)
+    source = DataSource(job)
+    files, parts, _ = source.index()
+    source.files = files
+    prepare = source.preparer(parts)
+    tally = Tally()
+    train = Samples.join([prepare(b, True, tally) for p in parts if not p.eval
+                          for b in source.blocks(p)])
+    evaluated = Samples.join([batch for p in parts if p.eval for batch in
+                              eval_batches(source.blocks(p), prepare, Tally(), 1000)])
+    return train, evaluated, tally, sum(p.rows for p in parts if not p.eval), \
+        sum(p.rows for p in parts if p.eval)
+
+
+def test_the_preloaded_rows_are_the_feeders_split_transform_and_weights(adult_job):
+    train, evaluated, tally, train_rows, eval_rows = feeder_samples(adult_job)
+    data = load(load_job(adult_job), 2)
+    assert (train_rows, eval_rows) == (39_075, 9_769)   # 48,842 + 2 rows, the last 20 % eval
+    assert data.train == len(train) == train_rows - 1
+    assert tally.rejected == 1 == data.tally.rejected
+    assert len(data.labels) - data.train == len(evaluated) == eval_rows - 1
+    for name in ("dense", "labels", "weights"):
+        got = getattr(data, name)
+        np.testing.assert_array_equal(got[:data.train], getattr(train, name))
+        np.testing.assert_array_equal(got[data.train:], getattr(evaluated, name))
+    # one row per key: equal keys have equal rows and distinct keys distinct rows
+    keys = np.concatenate([train.keys, evaluated.keys])
+    pairs = np.unique(np.stack([keys.ravel(), data.rows.ravel()], axis=1), axis=0)
+    assert len(pairs) == len(np.unique(keys)) == len(np.unique(data.rows)) == data.keys
+    assert data.rows.min() == 0 and data.rows.max() == data.keys - 1
+    assert data.init.shape == (data.keys, 16) and np.abs(data.init).max() <= 0.05
+
+
+def test_it_trains_as_well_as_the_streaming_reference(adult_job):
+    job = load_job(adult_job)
+    preloaded, streamed = train_preloaded(job, 1), train_reference(job, 1)
+    assert preloaded["auc"] > 0.89 and streamed["auc"] > 0.89
+    assert abs(preloaded["auc"] - streamed["auc"]) < 0.01
+    assert abs(preloaded["logloss"] - streamed["logloss"]) < 0.02
+    assert preloaded["samples_trained"] == streamed["samples_trained"] == 39_074
+    assert preloaded["keys"] == streamed["keys"]
+
+
+def test_list_fields_pooled_and_as_sequences_train(tmp_path):
+    """The generator's items: genres pooled, history (sharing item's table) a sequence. With
+    one training part the permutation of epoch 0 is the shuffle buffer's: the same AUC."""
+    env = {**clean_environ(), "ZBUS_DATA__SYNTHETIC__ROWS": "20000",
+           "ZBUS_DATA__SYNTHETIC__ITEMS": "200", "ZBUS_DATA__SYNTHETIC__HISTORY": "10",
+           "ZBUS_MODEL__POOLING": '{history = "none"}', "ZBUS_TRAIN__EPOCHS": "1",
+           "ZBUS_CACHE_DIR": str(tmp_path)}
+    job = load_job(None, environ=env)
+    assert job.layout().sequence_fields == ["history"]
+    data = load(job, 2)
+    history = job.layout().slot_range(job.layout().fields.index("history"))
+    assert (data.rows[:, history] == -1).any() and (data.rows[:, history] >= 0).any()
+    preloaded, streamed = train_preloaded(job, 1), train_reference(job, 1)
+    assert preloaded["auc"] > 0.75
+    assert abs(preloaded["auc"] - streamed["auc"]) < 0.005
+    assert PAD not in data.rows
+
+
+def test_batch_by_label_is_refused_in_one_line():
+    job = load_job(None, environ={**clean_environ(), "ZBUS_TRAIN__BATCH_BY_LABEL": "true"})
+    with pytest.raises(DataError, match="batch_by_label"):
+        train_preloaded(job)
+
+
+def test_the_command_prints_each_stage_and_the_end_to_end_time(adult_job):
+    env = {**clean_environ(), "PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO))}
+    out = subprocess.run([sys.executable, "-m", "roles.tools.reference", "--preload",
+                          "--threads", "1", "--job", str(adult_job)], capture_output=True,
+                         text=True, cwd=REPO, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "Warning" not in out.stderr, out.stderr
+    got = orjson.loads(out.stdout)
+    assert got["threads"] == 1 and got["auc"] > 0.89 and got["peak_rss_mb"] > 0
+    assert got["end_to_end_s"] > got["load_s"] + got["train_s"] + got["eval_s"]
+    assert got["samples_per_s"] == pytest.approx(got["samples_trained"] / got["train_s"])
+    assert [e["epoch"] for e in got["per_epoch"]] == [0]
+    missing = subprocess.run([sys.executable, "-m", "roles.tools.reference", "--preload",
+                              "--job", str(adult_job)], capture_output=True, text=True,
+                             cwd=REPO, timeout=300,
+                             env={**env, "ZBUS_DATA__PATH": str(adult_job.parent / "no.csv")})
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr
