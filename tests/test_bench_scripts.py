@@ -40,3 +40,30 @@ def test_bench_models_jobs_are_what_it_says(tmp_path):
     assert plain.layout().list_fields == [] and "history" not in plain.sparse_fields
     criteo = parse_job(bench.criteo_job("dcn", tmp_path / "c.tsv", cache), environ={})
     assert criteo.model.network == "dcn" and len(criteo.sparse_fields) == 26
+
+
+def test_bench_e2e_criteo_job_and_its_paired_ratios(tmp_path):
+    """The Criteo case's job (no run): the layout, 2 workers / 2 shards, 1 epoch, batch 1024;
+    a ratio above 1 means the cluster is the faster, in samples/s and in end-to-end time."""
+    from types import SimpleNamespace
+
+    from roles.job.settings import load_job
+
+    bench = script("bench_e2e")
+    data = tmp_path / "c.tsv"
+    data.write_text("")
+    job_file, settings = bench.criteo_case(SimpleNamespace(file=str(data), hidden="256,128"),
+                                           tmp_path)
+    job = load_job(str(job_file), environ={})
+    assert len(job.sparse_fields) == 26 and len(job.dense_fields) == 13 and settings == {}
+    assert (job.cluster.workers, job.cluster.shards, job.train.epochs) == (2, 2, 1)
+    assert (job.train.batch_size, list(job.model.hidden)) == (1024, [256, 128])
+    runs = [{"cluster": {"samples_per_s": 90.0, "end_to_end_s": 100.0},
+             "one": {"samples_per_s": 100.0, "end_to_end_s": 150.0}},
+            {"cluster": {"samples_per_s": 80.0, "end_to_end_s": 100.0},
+             "one": {"samples_per_s": 100.0, "end_to_end_s": 200.0}},
+            {"cluster": {"samples_per_s": 120.0, "end_to_end_s": 100.0},
+             "one": {"samples_per_s": 100.0, "end_to_end_s": 120.0}}]
+    assert bench.paired_ratio(runs, "one", "samples_per_s") == pytest.approx(0.9)
+    assert bench.paired_ratio(runs, "one", "end_to_end_s") == pytest.approx(1.5)
+    assert bench.median_of(runs, "one", "end_to_end_s") == 150.0

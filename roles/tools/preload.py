@@ -106,41 +106,52 @@ def load(job: Job, workers: int) -> Loaded:
             (eval_ if part.eval else train).extend(got)
             if not part.eval:
                 tally.add(mine)
-        data = Samples.join(train + eval_)
         n_train = sum(len(s) for s in train)
+        blocks = train + eval_
         del train, eval_
-        rows, init = number_keys(layout, data.keys, job, pool)
-    return Loaded(rows, data.dense, data.labels, data.weights, n_train, init, len(init), tally)
+        dense, labels, weights = (np.concatenate([getattr(s, k) for s in blocks])
+                                  for k in ("dense", "labels", "weights"))
+        keys = [s.keys for s in blocks]   # numbered block by block: never joined whole
+        del blocks
+        rows, init = number_keys(layout, keys, job, pool)
+    return Loaded(rows, dense, labels, weights, n_train, init, len(init), tally)
 
 
-def number_keys(layout: FieldLayout, keys: np.ndarray, job: Job,
+def number_keys(layout: FieldLayout, keys: list[np.ndarray], job: Job,
                 pool: ThreadPoolExecutor) -> tuple[np.ndarray, np.ndarray]:
     """Each slot's row of one embedding matrix (tables one after another, a table's keys in
-    sorted order; -1 for ``PAD``), and the matrix's initial rows."""
+    sorted order; -1 for ``PAD``) for the rows of ``keys``' blocks one after another, and the
+    matrix's initial rows."""
     t = job.train
     tables = list(dict.fromkeys(layout.tables))
     columns = {table: np.concatenate([np.arange(layout.slot_range(f).start,
                                                 layout.slot_range(f).stop)
                                       for f, name in enumerate(layout.tables) if name == table])
                for table in tables}
-    rows = np.full(keys.shape, -1, dtype=np.int32)
+    rows = np.full((sum(len(k) for k in keys), layout.slots), -1, dtype=np.int32)
 
-    def number(table: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        block = keys[:, columns[table]]
+    def number(table: str) -> np.ndarray:
+        """The table's distinct keys; its slots get their index among them."""
+        block = np.concatenate([k[:, columns[table]] for k in keys])
         present = block != PAD
         uniq, inverse = np.unique(block[present], return_inverse=True)
-        return uniq, present, inverse.reshape(-1)
+        del block
+        mine = np.full(present.shape, -1, dtype=np.int32)
+        mine[present] = inverse.reshape(-1)
+        rows[:, columns[table]] = mine   # each table's own columns: no two threads share one
+        return uniq
 
-    numbered = list(pool.map(number, tables))
-    total = sum(len(u) for u, _, _ in numbered)
+    distinct = list(pool.map(number, tables))
+    total = sum(len(u) for u in distinct)
     if total >= np.iinfo(np.int32).max:
         raise DataError(f"{total:,} distinct keys: more than the preloaded reference numbers")
     init = np.empty((total, layout.row_dim), dtype=np.float32)
     offset, chunks = 0, []
-    for table, (uniq, present, inverse) in zip(tables, numbered, strict=True):
-        block = np.full(present.shape, -1, dtype=np.int32)
-        block[present] = inverse + offset
-        rows[:, columns[table]] = block
+    for table, uniq in zip(tables, distinct, strict=True):
+        if offset:
+            mine = rows[:, columns[table]]
+            mine[mine >= 0] += offset
+            rows[:, columns[table]] = mine
         chunks += [(offset + lo, uniq[lo:lo + INIT_ROWS]) for lo in range(0, len(uniq),
                                                                            INIT_ROWS)]
         offset += len(uniq)
