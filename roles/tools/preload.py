@@ -9,8 +9,10 @@ zbus-key-v2, the job's slots), its raw dense values kept until the training part
 are known (summarised from memory, ``DataSource.preparer``), then the same dense transform and
 weights as a feeder's (``Preparer``). The keys of each embedding table are then numbered
 (``np.unique`` over all of them, training and eval rows alike) into rows of one embedding
-matrix [rows, row_dim], each starting from its key's initial row (``initial_rows``, as a
-shard's does); a slot holds its row (int32; ``-1`` for a list field's padding).
+matrix [rows, row_dim], uniform in [-embedding_init, embedding_init] as a shard's initial rows
+are (drawn by torch, seeded with ``[train] seed``: a shard's are a hash of each key, which
+costs seconds a million keys); a slot holds its row (int32; ``-1`` for a list field's
+padding).
 
 Train: the job's network (``build_network``) with Adam at ``dense_lr``; the embeddings an
 ``nn.Embedding(sparse=True)`` trained with ``torch.optim.Adagrad`` at ``embedding_lr``
@@ -42,7 +44,6 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from roles.algorithms.shard.embedding_table import initial_rows
 from roles.algorithms.shared.metrics import ScoreHistogram
 from roles.data.index import DataError, Part
 from roles.data.readers import RawBlock
@@ -52,8 +53,6 @@ from roles.job.fields import PAD, FieldLayout
 from roles.job.settings import Job
 from roles.model.network import build_network, set_threads, weighted_loss_sum
 from roles.model.sparse_input import SparseInputs
-
-INIT_ROWS = 1 << 20   # keys whose initial rows are made at once (bounded scratch)
 
 
 @dataclass(frozen=True)
@@ -73,15 +72,23 @@ class Loaded:
     labels: np.ndarray    # float32 [n]
     weights: np.ndarray   # float32 [n]
     train: int
-    init: np.ndarray      # float32 [embedding rows, row_dim]: every key's initial row
-    keys: int
+    keys: int             # distinct keys: rows of the embedding matrix
     tally: Tally          # training rows read, rejected, dropped, merged
+    stages: dict[str, float]   # seconds: index, read (parse, hash), prepare, number
 
 
 def load(job: Job, workers: int) -> Loaded:
     """Every part of the job's data read, hashed, transformed and weighted once."""
+    stages, start = {}, time.perf_counter()
+
+    def stage(name: str) -> None:
+        nonlocal start
+        now = time.perf_counter()
+        stages[name], start = now - start, now
+
     source = DataSource(job)
     files, parts, _ = source.index()
+    stage("index")
     source.files = files
     layout = job.layout()
 
@@ -90,6 +97,7 @@ def load(job: Job, workers: int) -> Loaded:
 
     with ThreadPoolExecutor(workers) as pool:
         held = dict(zip((p.number for p in parts), pool.map(read, parts), strict=True))
+        stage("read")
         prepare = source.preparer(parts, lambda p: (h.raw for h in held[p.number]))
         training, evaluating = [p for p in parts if not p.eval], [p for p in parts if p.eval]
         tally = Tally()
@@ -113,66 +121,68 @@ def load(job: Job, workers: int) -> Loaded:
                                   for k in ("dense", "labels", "weights"))
         keys = [s.keys for s in blocks]   # numbered block by block: never joined whole
         del blocks
-        rows, init = number_keys(layout, keys, job, pool)
-    return Loaded(rows, dense, labels, weights, n_train, init, len(init), tally)
+        stage("prepare")
+        rows, count = number_keys(layout, keys, pool)
+        stage("number")
+    return Loaded(rows, dense, labels, weights, n_train, count, tally, stages)
 
 
-def number_keys(layout: FieldLayout, keys: list[np.ndarray], job: Job,
-                pool: ThreadPoolExecutor) -> tuple[np.ndarray, np.ndarray]:
+def number_keys(layout: FieldLayout, keys: list[np.ndarray],
+                pool: ThreadPoolExecutor) -> tuple[np.ndarray, int]:
     """Each slot's row of one embedding matrix (tables one after another, a table's keys in
     sorted order; -1 for ``PAD``) for the rows of ``keys``' blocks one after another, and the
-    matrix's initial rows."""
-    t = job.train
+    number of rows (distinct keys)."""
     tables = list(dict.fromkeys(layout.tables))
     columns = {table: np.concatenate([np.arange(layout.slot_range(f).start,
                                                 layout.slot_range(f).stop)
                                       for f, name in enumerate(layout.tables) if name == table])
                for table in tables}
-    rows = np.full((sum(len(k) for k in keys), layout.slots), -1, dtype=np.int32)
+    padded = {table: any(layout.is_list(f) for f, name in enumerate(layout.tables)
+                         if name == table) for table in tables}
+    rows = np.empty((sum(len(k) for k in keys), layout.slots), dtype=np.int32)
 
-    def number(table: str) -> np.ndarray:
-        """The table's distinct keys; its slots get their index among them."""
+    def number(table: str) -> int:
+        """Its slots get their key's index among the table's distinct keys; how many."""
         block = np.concatenate([k[:, columns[table]] for k in keys])
-        present = block != PAD
-        uniq, inverse = np.unique(block[present], return_inverse=True)
-        del block
-        mine = np.full(present.shape, -1, dtype=np.int32)
-        mine[present] = inverse.reshape(-1)
+        if padded[table]:
+            present = block != PAD
+            uniq, inverse = np.unique(block[present], return_inverse=True)
+            mine = np.full(present.shape, -1, dtype=np.int32)
+            mine[present] = inverse.reshape(-1)
+        else:
+            uniq, inverse = np.unique(block.reshape(-1), return_inverse=True)
+            mine = inverse.reshape(block.shape).astype(np.int32)
         rows[:, columns[table]] = mine   # each table's own columns: no two threads share one
-        return uniq
+        return len(uniq)
 
     distinct = list(pool.map(number, tables))
-    total = sum(len(u) for u in distinct)
+    total = sum(distinct)
     if total >= np.iinfo(np.int32).max:
         raise DataError(f"{total:,} distinct keys: more than the preloaded reference numbers")
-    init = np.empty((total, layout.row_dim), dtype=np.float32)
-    offset, chunks = 0, []
-    for table, uniq in zip(tables, distinct, strict=True):
+    offset = 0
+    for table, count in zip(tables, distinct, strict=True):
         if offset:
             mine = rows[:, columns[table]]
-            mine[mine >= 0] += offset
+            if padded[table]:
+                mine[mine >= 0] += offset
+            else:
+                mine += offset
             rows[:, columns[table]] = mine
-        chunks += [(offset + lo, uniq[lo:lo + INIT_ROWS]) for lo in range(0, len(uniq),
-                                                                           INIT_ROWS)]
-        offset += len(uniq)
-
-    def initial(chunk: tuple[int, np.ndarray]) -> None:
-        at, ks = chunk
-        init[at:at + len(ks)] = initial_rows(ks, layout.row_dim, t.embedding_init, t.seed)
-
-    list(pool.map(initial, chunks))
-    return rows, init
+        offset += count
+    return rows, total
 
 
 class Trainer:
     """The job's network over one embedding matrix, trained batch by batch from memory."""
 
-    def __init__(self, job: Job, init: np.ndarray):
+    def __init__(self, job: Job, keys: int):
         t = job.train
         self.job, self.layout = job, job.layout()
         self.net = build_network(job)
-        self.embedding = torch.nn.Embedding(len(init), self.layout.row_dim, sparse=True,
-                                            _weight=torch.from_numpy(init))
+        self.embedding = torch.nn.Embedding(keys, self.layout.row_dim, sparse=True)
+        with torch.no_grad():   # the shards' initial rows' law, seeded with [train] seed
+            self.embedding.weight.uniform_(-t.embedding_init, t.embedding_init,
+                                           generator=torch.Generator().manual_seed(t.seed))
         self.inputs = SparseInputs(self.layout, torch.device("cpu"))
         self.dense_opt = torch.optim.Adam(self.net.parameters(), lr=t.dense_lr)
         self.sparse_opt = torch.optim.Adagrad(self.embedding.parameters(), lr=t.embedding_lr,
@@ -231,7 +241,7 @@ def train_preloaded(job: Job, threads: int = 0, started: float | None = None) ->
     start = time.perf_counter()
     data = load(job, threads)
     load_s = time.perf_counter() - start
-    trainer = Trainer(job, data.init)
+    trainer = Trainer(job, data.keys)
     epochs, train_s, eval_s = [], 0.0, 0.0
     for epoch in range(t.epochs):
         start = time.perf_counter()
@@ -258,7 +268,7 @@ def train_preloaded(job: Job, threads: int = 0, started: float | None = None) ->
             "logloss": epochs[-1]["logloss"] if epochs else None,
             "samples_trained": trained, "eval_samples": len(data.labels) - data.train,
             "rows_rejected": data.tally.rejected, "keys": data.keys, "threads": threads,
-            "load_s": load_s, "train_s": train_s, "eval_s": eval_s,
+            "load_s": load_s, "load_stages_s": data.stages, "train_s": train_s, "eval_s": eval_s,
             "end_to_end_s": time.time() - began,
             "samples_per_s": trained / train_s if train_s else None,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
