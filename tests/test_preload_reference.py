@@ -68,7 +68,7 @@ def test_the_preloaded_rows_are_the_feeders_split_transform_and_weights(adult_jo
     data = load(load_job(adult_job), 2)
     assert (train_rows, eval_rows) == (39_075, 9_769)   # 48,842 + 2 rows, the last 20 % eval
     assert data.train == len(train) == train_rows - 1
-    assert tally.rejected == 1 == data.tally.rejected
+    assert tally.rejected == 1 and data.tally.rejected == 2   # one training row, one eval row
     assert len(data.labels) - data.train == len(evaluated) == eval_rows - 1
     for name in ("dense", "labels", "weights"):
         got = getattr(data, name)

@@ -14,14 +14,14 @@ are (drawn by torch, seeded with ``[train] seed``: a shard's are a hash of each 
 costs seconds a million keys); a slot holds its row (int32; ``-1`` for a list field's
 padding).
 
-Train: the job's network (``build_network``) with Adam at ``dense_lr``; the embeddings an
-``nn.Embedding(sparse=True)`` trained with ``torch.optim.Adagrad`` at ``embedding_lr``
-(its step is the shards' sparse Adagrad: the sum of squared gradients, eps 1e-10, no initial
-accumulator); each epoch a permutation of the training rows seeded by (seed, epoch) (file
-order with ``[train] shuffle = false``), batches of ``batch_size`` rows sliced from it; the
-loss the weighted mean of the batch's (``weighted_loss_sum``). The network gets its inputs as a
-worker's does (``SparseInputs`` over the batch's grid of rows), so list fields, pooled or
-sequences, work.
+Train, on the CPU (``[train] device`` is not read): the job's network (``build_network``) with
+Adam at ``dense_lr``; the embeddings an ``nn.Embedding(sparse=True)`` trained with
+``torch.optim.Adagrad`` at ``embedding_lr`` (its step is the shards' sparse Adagrad: the sum of
+squared gradients, eps 1e-10, no initial accumulator); each epoch a permutation of the
+training rows seeded by (seed, epoch) (file order with ``[train] shuffle = false``), batches
+of ``batch_size`` rows sliced from it; the loss the weighted mean of the batch's
+(``weighted_loss_sum``). The network gets its inputs as a worker's does (``SparseInputs`` over
+the batch's grid of rows), so list fields, pooled or sequences, work.
 Eval: the eval rows in file order, scored into a ``ScoreHistogram`` (the cluster's AUC and log
 loss). ``batch_by_label`` is refused (a permutation cannot keep one label per batch).
 
@@ -73,7 +73,7 @@ class Loaded:
     weights: np.ndarray   # float32 [n]
     train: int
     keys: int             # distinct keys: rows of the embedding matrix
-    tally: Tally          # training rows read, rejected, dropped, merged
+    tally: Tally          # rows read and rejected (all), dropped and merged (training)
     stages: dict[str, float]   # seconds: index, read (parse, hash), prepare, number
 
 
@@ -112,8 +112,7 @@ def load(job: Job, workers: int) -> Loaded:
         for part, (got, mine) in zip(training + evaluating,
                                      pool.map(samples, training + evaluating), strict=True):
             (eval_ if part.eval else train).extend(got)
-            if not part.eval:
-                tally.add(mine)
+            tally.add(mine)
         n_train = sum(len(s) for s in train)
         blocks = train + eval_
         del train, eval_
