@@ -151,3 +151,17 @@ def test_a_feeder_names_parts_of_an_uncounted_file_by_their_bytes(tmp_path):
     last = parts[-1]
     assert feeder.describe([last.number]) == (f"{last.number} (eval bytes {last.start}.."
                                               f"{last.end} of file 0)")
+
+
+def test_the_plain_adult_csvs_split_by_bytes(tmp_path):
+    """``adult_text``'s split (the integration tests count on it): every row once, and the
+    eval rows those from the line start at or after the last 20 % of the bytes."""
+    from harness import ADULT_TEXT_EVAL_ROWS, ADULT_TEXT_TRAIN_ROWS, adult_text
+
+    path = adult_text(tmp_path)
+    files = index_files([path], "csv")
+    parts, _ = plan_parts(files, 0.2, 0.5)
+    data = open(path, "rb").read()
+    rows = {is_eval: sum(data[p.start:p.end].count(b"\n") for p in parts if p.eval == is_eval)
+            for is_eval in (False, True)}
+    assert (rows[False], rows[True]) == (ADULT_TEXT_TRAIN_ROWS, ADULT_TEXT_EVAL_ROWS)

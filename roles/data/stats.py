@@ -27,7 +27,7 @@ from roles.data.readers import RawBlock, Rejected, Schema
 from roles.data.transforms import DenseTransform, signed_log1p
 
 STATS_VERSION = 2          # 2: the label, dense and timestamp columns alone are read
-SAMPLE_CHUNK_BYTES = 1 << 20   # a sample is read in chunks of about this many bytes
+SAMPLE_CHUNK_BYTES = 256 << 10   # a sample is read in chunks of about this many bytes
 
 
 @dataclass
