@@ -16,8 +16,12 @@ from zbus.messages import Heartbeat, Hello, Probe, Welcome
 REPO = Path(__file__).resolve().parent.parent
 ADULT_JOB = REPO / "jobs" / "adult.toml"
 ADULT_TRAIN_ROWS = 39074   # the Adult job's training split (the last 20 % of rows: eval)
+# the same rows as a plain CSV (``adult_text``): the eval split begins at the first line start at
+# or after the last 20 % of its bytes (``roles.data.index``), one row later than by rows
+ADULT_TEXT_TRAIN_ROWS, ADULT_TEXT_EVAL_ROWS = 39075, 9767
 SLOW = {"model__hidden": [512, 256]}  # Adult's epochs of seconds: long enough to kill mid-epoch
-__all__ = ["ADULT_JOB", "BIN", "REPO", "Cluster", "FakeControl", "adult_text", "criteo_data",
+__all__ = ["ADULT_JOB", "ADULT_TEXT_EVAL_ROWS", "ADULT_TEXT_TRAIN_ROWS", "BIN", "REPO", "Cluster",
+           "FakeControl", "adult_text", "criteo_data",
            "dealer", "job_text", "recv_within", "reply"]
 
 

@@ -8,11 +8,11 @@ import signal
 import time
 
 import pytest
-from harness import ADULT_JOB, adult_text
+from harness import ADULT_JOB, ADULT_TEXT_EVAL_ROWS, ADULT_TEXT_TRAIN_ROWS, adult_text
 
 pytestmark = pytest.mark.integration
 
-ADULT_TRAIN_ROWS = 39074
+ADULT_TRAIN_ROWS = ADULT_TEXT_TRAIN_ROWS   # adult_text: plain text, split by bytes
 ADULT_ROWS = 48842
 SLOW = {"model__hidden": [512, 256]}  # epochs of seconds: long enough to kill a feeder in
 
@@ -35,7 +35,7 @@ def test_two_feeders_train_every_row_exactly_once_per_epoch(cluster, tmp_path):
     for e in s["per_epoch"]:  # counted per batch from the acks, by the feeders
         assert (e["rows"], e["rows_once"], e["rows_repeated"], e["rows_missed"]) == (
             ADULT_TRAIN_ROWS, ADULT_TRAIN_ROWS, 0, 0), e
-        assert e["eval_samples"] == s["eval_samples"] == 9768
+        assert e["eval_samples"] == s["eval_samples"] == ADULT_TEXT_EVAL_ROWS
     assert s["samples_trained"] == 3 * ADULT_TRAIN_ROWS
     fed = {f: v["samples_acked"] for f, v in s["feeders"].items()}
     assert sorted(fed) == ["feeder-0", "feeder-1"] and sum(fed.values()) == s["samples_trained"]

@@ -170,8 +170,10 @@ def test_an_objects_index_is_cached_locally_by_its_uri_size_and_time(s3, files, 
                                                                      monkeypatch):
     for var, value in s3.env.items():
         monkeypatch.setenv(var, value)
-    _, uri, fmt = files["tsv"]
+    _, uri, fmt = files["gzip"]   # counted (a plain text object is not: nothing to cache)
     cache = tmp_path / "cache"
+    index_files([files["tsv"][1]], fmt, cache)
+    assert not cache.exists()
     first = index_files([uri], fmt, cache)
     assert len(list(cache.glob("index-*.json"))) == 1
 
@@ -181,10 +183,10 @@ def test_an_objects_index_is_cached_locally_by_its_uri_size_and_time(s3, files, 
     monkeypatch.setattr(index_mod, "index_file", refuse)
     assert index_files([uri], fmt, cache) == first   # from the cache: nothing read again
     key = uri.removeprefix(s3.uri() + "/")
-    s3.put(key, tsv_bytes(table(), bad=()))            # the object changes: indexed again
+    s3.put(key, gzip.compress(tsv_bytes(table(), bad=())))  # it changes: indexed again
     with pytest.raises(AssertionError, match="indexed again"):
         index_files([uri], fmt, cache)
-    s3.put(key, tsv_bytes(table()))
+    s3.put(key, gzip.compress(tsv_bytes(table())))
 
 
 def test_a_uri_in_the_job_is_kept_as_written(tmp_path):

@@ -1,12 +1,12 @@
 """Control's part in feeding the data (``[cluster] feeders``).
 
 The data is cut into parts (``roles.data.index``). Feeder 0 indexes it and tells control
-(DataIndex); once every node is ready, control assigns the parts to the feeders, consecutive
-parts of about as many rows to each, training and eval parts alike, and publishes the PartMap
-(standing). Each feeder summarises its training parts (PartStats); when every training part's
-summary is in, control merges them into the dense transform and the newest time (DataStats,
-standing: ``roles.data.stats``) and the first epoch can start. Batch ids carry the part, so
-they stay unique.
+(DataIndex); once every feeder is ready (the others may still be starting), control assigns the
+parts to the feeders, consecutive parts of about as many rows to each, training and eval parts
+alike, and publishes the PartMap (standing). Each feeder summarises its training parts
+(PartStats); when every training part's summary is in, control merges them into the dense
+transform and the newest time (DataStats, standing: ``roles.data.stats``) and the first epoch
+can start (once every node is ready). Batch ids carry the part, so they stay unique.
 
 A pass is done when the reports of every part are in: EpochTrained (samples, loss and how many
 samples were trained once, more than once, not at all; what the pass made of the rows) and
@@ -42,11 +42,13 @@ from roles.algorithms.control.membership import ALIVE, Members
 from roles.algorithms.feeding.parts import assign_parts
 from roles.algorithms.shared.metrics import ScoreHistogram
 from roles.control.commands import Commands, ProgressClock
+from roles.data.index import FileIndex, exact_rows
 from roles.data.stats import Moments
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
 from roles.protocol.datapath import DataIndex, DataStats, FeederProgress, PartMap, PartStats
 from roles.protocol.lifecycle import EpochTrained, EvalReport, FeederBack
+from zbus.codec import ProtocolError
 from zbus.endpoints import node_index
 
 log = logging.getLogger(__name__)
@@ -100,6 +102,7 @@ class Feeding:
         train = m.parts[m.parts[:, 6] == 0]
         evaluation = m.parts[m.parts[:, 6] == 1]
         self.data = {"samples_in_data": m.n_train, "training_rows": m.n_train,
+                     "rows_estimated": _rows_estimated(m),
                      "eval_samples": int(evaluation[:, 3].sum()), "rows_read": None,
                      "rejected_rows": None, "dropped_rows": None, "merged_rows": None,
                      "parts": len(m.parts), "training_parts": len(train),
@@ -199,6 +202,8 @@ class Feeding:
                                 ("dropped_rows", "dropped"), ("merged_rows", "merged")):
                 self.data[key] = sum(getattr(r, figure) for r in reports)
             self.data["samples_in_data"] = rows["rows"]  # the samples an epoch trains
+            self.data["training_rows"] = self.data["rows_read"]   # counted now, if estimated
+            self.data["rows_estimated"] = False
         return EpochFigures(samples=sum(r.samples for r in reports),
                             loss=sum(r.loss_sum for r in reports) / weight_sum
                             if weight_sum else None,
@@ -308,3 +313,13 @@ class Feeding:
         self.down = dict.fromkeys(s.down, now)
         parts = self.commands.get("parts")
         self.part_map = parts if isinstance(parts, PartMap) else None
+
+
+def _rows_estimated(m: DataIndex) -> bool:
+    """Whether the index's rows are estimates (plain text files not counted: ``n_train``, the
+    parts' rows); exact from the first training pass's report on. A body that does not read
+    as files says nothing (the feeders refuse it when they adopt the files)."""
+    try:
+        return not all(exact_rows(FileIndex(**f)) for f in m.files())
+    except (ProtocolError, TypeError, ValueError):
+        return False

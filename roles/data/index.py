@@ -51,6 +51,9 @@ from roles.storage import fs as storage
 
 MARK_BYTES = 16 << 20      # a line start is marked about every 16 MiB of a large text file,
 MIN_MARK_BYTES = 64 << 10  # and 256 times in a smaller one, at least 64 KiB apart
+SAMPLES = 8                # blocks an uncounted text file's rows are estimated from,
+SAMPLE_BYTES = 256 << 10   # of this many bytes each, at spread offsets
+LINE_SEEK_BYTES = 64 << 10  # read at a time looking for a line start
 READ_BYTES = 16 << 20
 GZIP_READ_BYTES = 1 << 20
 INDEX_VERSION = 3
@@ -154,6 +157,8 @@ class FileIndex:
     data_start: int = 0        # text: the byte offset of the first data line
     marks: list[list[int]] = field(default_factory=list)  # text: [byte offset, row] pairs;
     #                            parquet: [row group, first row] pairs
+    counted: bool = True       # False: a plain text file not counted (``rows`` is an
+    #                            estimate from a sample; parts are cut by bytes, no marks)
 
 
 @dataclass(frozen=True)
@@ -314,6 +319,41 @@ def _index_text(path: str, fmt: str, stat: Stat,
                      marks)
 
 
+def _index_text_sampled(path: str, fmt: str, stat: Stat) -> FileIndex:
+    """A plain text file's index without a pass: its header, where its data starts, and its
+    rows estimated from ``SAMPLES`` blocks of ``SAMPLE_BYTES`` at spread offsets (their
+    bytes per line; counted, when the file holds no more than those blocks); nothing else is
+    read."""
+    header: list[str] = []
+    with open_data(path) as f:
+        _sniff(path, f.read(SNIFF_BYTES), fmt)
+        f.seek(0)
+        data_start = 0
+        if fmt != "criteo":
+            first = f.readline()
+            if not first:
+                raise DataError(f"{path} is empty (a header row is expected)")
+            header, data_start = _split_header(first, fmt), len(first)
+        data = stat.st_size - data_start
+        if data <= SAMPLES * SAMPLE_BYTES:   # a small file is read whole: its rows are exact
+            whole = f.read()
+            rows = whole.count(b"\n") + (1 if whole and not whole.endswith(b"\n") else 0)
+        else:
+            lines = sampled = 0
+            for k in range(SAMPLES):
+                f.seek(data_start + k * (data // SAMPLES))
+                block = f.read(SAMPLE_BYTES)
+                if k:  # from the first line start in the block
+                    block = block[block.find(b"\n") + 1:]
+                block = block[:block.rfind(b"\n") + 1]   # to its last whole line
+                lines += block.count(b"\n")
+                sampled += len(block)
+            rows = max(1, round(data * lines / sampled)) if lines else max(
+                1, data // max(1, SAMPLE_BYTES))
+    return FileIndex(path, stat.st_size, stat.st_mtime_ns, "text", rows, header, data_start,
+                     [], counted=False)
+
+
 def _index_gzip(path: str, fmt: str, stat: Stat,
                 advance: Advance = _nothing) -> FileIndex:
     header: list[str] = []
@@ -372,7 +412,9 @@ def _index_parquet(path: str, stat: Stat) -> FileIndex:
                      list(meta.schema.to_arrow_schema().names), 0, marks)
 
 
-def index_file(path: str, fmt: str, advance: Advance = _nothing) -> FileIndex:
+def index_file(path: str, fmt: str, advance: Advance = _nothing,
+               count_text: bool = True) -> FileIndex:
+    """A file's index; a plain text file's lines counted only with ``count_text``."""
     st = stat(path)
     kind = kind_of(path, fmt)
     with storage_errors(path):
@@ -382,13 +424,27 @@ def index_file(path: str, fmt: str, advance: Advance = _nothing) -> FileIndex:
             return index
         if kind == "gzip":
             return _index_gzip(path, fmt, st, advance)
+        if not count_text:
+            index = _index_text_sampled(path, fmt, st)
+            advance(st.st_size)
+            return index
         return _index_text(path, fmt, st, advance)
+
+
+def by_bytes(paths: list[str], fmt: str) -> bool:
+    """Whether data of these files is split and cut by bytes: every file plain text (a
+    gzipped file cannot be cut, and Parquet's rows are known from its metadata)."""
+    return bool(paths) and all(kind_of(p, fmt) == "text" for p in paths)
 
 
 def index_files(paths: list[str], fmt: str, cache_dir: Path | None = None,
                 advance: Advance = _nothing) -> list[FileIndex]:
     """The index of every file (from the cache when every file is as it was); ``advance`` is
-    told of the bytes read as it goes (the files' sizes add up to the whole)."""
+    told of the bytes read as it goes (the files' sizes add up to the whole). Files that are
+    all plain text (``by_bytes``) are not counted, nor cached (each index reads a few
+    blocks): their data is split and cut by bytes."""
+    if by_bytes(paths, fmt):
+        return [index_file(p, fmt, advance, count_text=False) for p in paths]
     stats = [stat(p) for p in paths]
     version = PARQUET_INDEX_VERSION if fmt == "parquet" else INDEX_VERSION
     key = hashlib.sha256(orjson.dumps([version, fmt, [
@@ -464,11 +520,90 @@ def auto_part_bytes(files: list[FileIndex]) -> int:
     return int(min(64 << 20, max(4 << 20, total // AUTO_PARTS)))
 
 
+def _line_start_at(f: IO[bytes], offset: int, size: int) -> int:
+    """The first line start at or after ``offset`` (> 0) of an open file of ``size`` bytes
+    (``size`` when none is left): found by reading forward from the byte before it."""
+    at = offset - 1
+    f.seek(at)
+    while chunk := f.read(LINE_SEEK_BYTES):
+        cut = chunk.find(b"\n")
+        if cut >= 0:
+            return min(size, at + cut + 1)
+        at += len(chunk)
+    return size
+
+
+def _byte_cuts(src: IO[bytes], f: FileIndex, a: int, b: int, part_bytes: int) -> list[int]:
+    """Byte offsets that cut bytes [a, b) of a text file (both line starts) into parts of
+    about ``part_bytes``, each at a line start found by seeking; the last no shorter than a
+    quarter of ``part_bytes`` (folded into the one before)."""
+    cuts = [a]
+    while cuts[-1] + part_bytes < b:
+        cut = _line_start_at(src, cuts[-1] + part_bytes, f.size)
+        if cut >= b:
+            break
+        cuts.append(cut)
+    if len(cuts) > 1 and b - cuts[-1] < part_bytes // 4:
+        cuts.pop()  # no short last part: fold it into the one before
+    return [*cuts, b]
+
+
+def _about_rows(f: FileIndex, start: int, end: int) -> int:
+    """The estimated rows of bytes [start, end) of an uncounted text file (at least one when
+    it holds a byte)."""
+    data = f.size - f.data_start
+    if end <= start or data <= 0:
+        return 0
+    return max(1, round((end - start) * f.rows / data))
+
+
+def _byte_split(files: list[FileIndex], eval_fraction: float
+                ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The training and eval byte ranges ([start, end) of each file, by file) of uncounted
+    text files: the eval split is the last ``eval_fraction`` of the data's bytes (the files'
+    bytes after their headers, in file order), from the first line start at or after that
+    point."""
+    total = sum(f.size - f.data_start for f in files)
+    point = round(total * (1.0 - eval_fraction))
+    train, evaluation, before = [], [], 0
+    for f in files:
+        data = f.size - f.data_start
+        if point >= before + data:
+            cut = f.size
+        elif point <= before:
+            cut = f.data_start
+        else:
+            with storage_errors(f.path), open_data(f.path) as src:
+                cut = _line_start_at(src, f.data_start + point - before, f.size)
+        train.append((f.data_start, cut))
+        evaluation.append((cut, f.size))
+        before += data
+    return train, evaluation
+
+
 def plan_parts(files: list[FileIndex], eval_fraction: float, part_mb: float,
                eval_files: list[FileIndex] | None = None) -> tuple[list[Part], int]:
     """The parts of the data in file order (training parts, then eval parts), and the number of
-    training rows. The eval rows are the last ``eval_fraction`` of the rows in file order
-    (none with 0: ``zbus-predict`` scoring every row), or every row of ``eval_files``."""
+    training rows. Counted files (gzipped text, Parquet, or text among them): the eval rows are
+    the last ``eval_fraction`` of the data's rows in file order. Uncounted files (plain text
+    only, ``by_bytes``): the eval rows are those from the first line start at or after the
+    last ``eval_fraction`` of the data's bytes (after the headers), and the parts' rows, their
+    first rows and the training rows are estimates (``FileIndex.counted``). None with 0
+    (``zbus-predict`` scoring every row); every row of ``eval_files`` when given."""
+    part_bytes = max(1, int(part_mb * (1 << 20))) if part_mb > 0 else auto_part_bytes(
+        files + (eval_files or []))
+    parts: list[Part] = []
+    if eval_files is None and files and not any(f.counted for f in files):
+        train, evaluation = _byte_split(files, eval_fraction)
+        n_train = sum(_about_rows(f, a, b) for f, (a, b) in zip(files, train, strict=True))
+        n_eval = sum(_about_rows(f, a, b) for f, (a, b) in zip(files, evaluation,
+                                                              strict=True))
+        if n_train < 1 or (n_eval < 1 and eval_fraction > 0):
+            raise DataError(f"{_rows_in(files)}: too few to split into training and eval "
+                            f"(eval_fraction = {eval_fraction})")
+        for ranges, is_eval in ((train, False), (evaluation, True)):
+            _byte_parts(parts, files, ranges, 0, part_bytes, is_eval)
+        return parts, n_train
     total = sum(f.rows for f in files)
     if eval_files is None:
         n_eval = int(round(total * eval_fraction))
@@ -485,9 +620,6 @@ def plan_parts(files: list[FileIndex], eval_fraction: float, part_mb: float,
             raise DataError(f"{_rows_in(eval_files)}: no row to evaluate on ([data] eval_path)")
         regions = [(files, 0, total, False),
                    (eval_files, 0, sum(f.rows for f in eval_files), True)]
-    parts: list[Part] = []
-    part_bytes = max(1, int(part_mb * (1 << 20))) if part_mb > 0 else auto_part_bytes(
-        files + (eval_files or []))
     offset_files = 0
     for group, lo, hi, is_eval in regions:
         if is_eval and eval_files is not None:
@@ -499,7 +631,9 @@ def plan_parts(files: list[FileIndex], eval_fraction: float, part_mb: float,
             if a >= b:
                 continue
             number = offset_files + i
-            if f.kind == "text":
+            if not f.counted:   # a whole uncounted text file (of files or eval_files)
+                _byte_parts(parts, [f], [(f.data_start, f.size)], number, part_bytes, is_eval)
+            elif f.kind == "text":
                 text_cuts = _text_cuts(f, a, b, part_bytes)
                 for (s, r0), (e, r1) in zip(text_cuts, text_cuts[1:], strict=False):
                     parts.append(Part(len(parts), number, r0, r1 - r0, s, e, is_eval))
@@ -513,10 +647,30 @@ def plan_parts(files: list[FileIndex], eval_fraction: float, part_mb: float,
     return parts, n_train
 
 
+def _byte_parts(parts: list[Part], files: list[FileIndex], ranges: list[tuple[int, int]],
+                first_number: int, part_bytes: int, is_eval: bool) -> None:
+    """Parts of byte ranges ([start, end) of each of ``files``, file ``first_number`` on) of
+    uncounted text files, appended to ``parts``; their rows and first rows estimated."""
+    for i, (f, (a, b)) in enumerate(zip(files, ranges, strict=True)):
+        if a >= b:
+            continue
+        with storage_errors(f.path), open_data(f.path) as src:
+            cuts = _byte_cuts(src, f, a, b, part_bytes)
+        for s, e in zip(cuts, cuts[1:], strict=False):
+            parts.append(Part(len(parts), first_number + i, _about_rows(f, f.data_start, s),
+                              _about_rows(f, s, e), s, e, is_eval))
+
+
+def exact_rows(f: FileIndex) -> bool:
+    """Whether ``f.rows`` is exact: a counted file, or a small uncounted one (read whole)."""
+    return f.counted or f.size - f.data_start <= SAMPLES * SAMPLE_BYTES
+
+
 def _rows_in(files: list[FileIndex]) -> str:
     """``data.csv holds 0 rows after its header``, or ``the 3 files (a.csv, ...) hold 1 row``."""
     total = sum(f.rows for f in files)
-    rows = f"{total} row" + ("" if total == 1 else "s")
+    rows = ("" if all(exact_rows(f) for f in files) else "about ") + f"{total} row" + (
+        "" if total == 1 else "s")
     if len(files) == 1:
         after = " after its header" if files[0].header and files[0].kind != "parquet" else ""
         return f"{files[0].path} holds {rows}{after}"

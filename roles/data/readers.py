@@ -10,7 +10,9 @@ of fields, a number that does not parse, a NaN or infinite number or one beyond 
 range, an unknown or missing label, or a missing, unparsable or out-of-range timestamp (unix
 seconds within ±2⁵³, or ISO 8601). When pyarrow cannot convert a chunk (a bad number or byte in
 it), that chunk alone is read again as text and checked column by column to find the rows at
-fault. A schema without
+fault. The line number of a rejected row of a plain text file whose lines were not counted
+(``FileIndex.counted``: parts cut by bytes) is found when a row of its part is first rejected, by
+counting the newlines before the part (once per part and process). A schema without
 a label column (``zbus-predict`` on unlabelled rows) reads labels as NaN. Empty lines are
 skipped. Missing values: an empty field or ``?`` is missing; a missing dense value becomes the
 training mean (see ``transforms``), a missing categorical value is its field's own "missing"
@@ -417,24 +419,50 @@ def _block(schema: Schema, table: pa.Table, rows_read: int, lines: Callable[[], 
     return RawBlock(labels, dense, sparse, stamps, rows_read, rejected, nbytes)
 
 
+@functools.lru_cache(maxsize=1024)
+def _lines_before(path: str, size: int, mtime_ns: int, data_start: int, offset: int) -> int:
+    """The newlines in bytes [data_start, offset) of a text file (of this size and modification
+    time: a changed file is counted again)."""
+    del size, mtime_ns   # (the cache's key)
+    count = 0
+    with storage_errors(path), open_data(path) as src:
+        src.seek(data_start)
+        left = offset - data_start
+        while left > 0 and (data := src.read(min(CHUNK_BYTES, left))):
+            count += data.count(b"\n")
+            left -= len(data)
+    return count
+
+
 class _TextChunks:
-    """Line-aligned chunks of rows [first_row, first_row + rows) of a text file."""
+    """Line-aligned chunks of rows [first_row, first_row + rows) of a text file, of about
+    ``chunk_bytes``."""
 
-    def __init__(self, f: FileIndex, part: Part):
-        self.f, self.part = f, part
+    def __init__(self, f: FileIndex, part: Part, chunk_bytes: int = CHUNK_BYTES):
+        self.f, self.part, self.chunk_bytes = f, part, chunk_bytes
 
-    def __iter__(self) -> Iterator[tuple[bytes, int]]:
-        """(chunk, file line number of its first line)."""
+    def first_line(self) -> int:
+        """The file line number of the part's first line: from its first row, or (a file not
+        counted) by counting the lines before it, asked only when a row is rejected."""
         f, part = self.f, self.part
         header_lines = 1 if f.header else 0
-        line = part.first_row + header_lines + 1
+        if f.counted:
+            return part.first_row + header_lines + 1
+        return _lines_before(f.path, f.size, f.mtime_ns, f.data_start,
+                             part.start) + header_lines + 1
+
+    def __iter__(self) -> Iterator[tuple[bytes, int]]:
+        """(chunk, the part's lines before it: its first line is ``first_line()`` + that)."""
+        f, part = self.f, self.part
+        header_lines = 1 if f.header else 0
+        line = 0
         if f.kind == "text":
             with open_data(f.path) as src:
                 src.seek(part.start)
                 left = part.end - part.start
                 rest = b""
                 while left > 0 or rest:
-                    data = src.read(min(CHUNK_BYTES, left)) if left > 0 else b""
+                    data = src.read(min(self.chunk_bytes, left)) if left > 0 else b""
                     left -= len(data)
                     buf = rest + data
                     cut = len(buf) if left <= 0 else buf.rfind(b"\n") + 1
@@ -445,10 +473,11 @@ class _TextChunks:
                     yield chunk, line
                     line += chunk.count(b"\n")
             return
-        yield from self._gzip(line, header_lines)
+        yield from self._gzip(header_lines)
 
-    def _gzip(self, line: int, header_lines: int) -> Iterator[tuple[bytes, int]]:
+    def _gzip(self, header_lines: int) -> Iterator[tuple[bytes, int]]:
         f, part = self.f, self.part
+        line = 0
         skip = part.first_row + header_lines
         wanted = part.rows
         done = 0
@@ -484,7 +513,8 @@ class _TextChunks:
                     if not data:
                         break
         except (EOFError, OSError, zlib.error) as exc:
-            raise DataError(f"{f.path} is damaged after line {line - 1}: {exc}") from None
+            raise DataError(f"{f.path} is damaged after line {self.first_line() + line - 1}: "
+                            f"{exc}") from None
 
 
 def _physical_rows(chunk: bytes, first: int) -> list[tuple[int, str]]:
@@ -594,19 +624,29 @@ def _numeric(schema: Schema) -> list[str]:
     return [*([] if schema.positive or not schema.label else [schema.label]), *schema.dense]
 
 
-def _read_text(f: FileIndex, part: Part, fmt: str, schema: Schema) -> Iterator[RawBlock]:
+def _rows_of(chunks: _TextChunks, before: int, chunk: bytes) -> list[tuple[int, str]]:
+    """(line number, text) of each row of a chunk read on the fast path (nothing set aside),
+    the part's ``before`` lines after its first."""
+    return _accepted_rows(chunk, chunks.first_line() + before, [])
+
+
+def _read_text(f: FileIndex, part: Part, fmt: str, schema: Schema,
+               chunk_bytes: int = CHUNK_BYTES) -> Iterator[RawBlock]:
     parser = _ChunkParser(f, fmt, schema)
-    for chunk, first in _TextChunks(f, part):
-        try:
-            table, invalid = parser.parse(chunk, first, parser.typed)
+    chunks = _TextChunks(f, part, chunk_bytes)
+    for chunk, before in chunks:
+        lines: Callable[[], list] = functools.partial(_rows_of, chunks, before, chunk)
+        try:   # (no row is set aside on this path: no line number is asked for)
+            table, invalid = parser.parse(chunk, 0, parser.typed)
             if any(_out_of_range(table.column(c)) for c in _numeric(schema)):
                 raise pa.ArrowInvalid("NaN or out of range")  # the text path says which row
         except pa.ArrowInvalid:  # a ragged row, a bad number or a line that is not UTF-8 text
-            chunk, unreadable = _without_non_utf8(chunk, first, f.path)  # in the chunk: find
-            table, invalid = parser.parse(chunk, first, parser.texts, ragged=True)  # the rows
+            first = chunks.first_line() + before   # in the chunk: find the rows
+            chunk, unreadable = _without_non_utf8(chunk, first, f.path)
+            table, invalid = parser.parse(chunk, first, parser.texts, ragged=True)
             invalid = unreadable + invalid
-        yield _block(schema, table, table.num_rows + len(invalid),
-                     functools.partial(_accepted_rows, chunk, first, invalid), f.path,
+            lines = functools.partial(_accepted_rows, chunk, first, invalid)
+        yield _block(schema, table, table.num_rows + len(invalid), lines, f.path,
                      invalid, len(chunk))
 
 
@@ -662,13 +702,13 @@ def _parquet_batches(source: pq.ParquetFile, groups: list[int], columns: list[st
         yield pa.Table.from_batches(held).combine_chunks().to_batches()[0]
 
 
-def read_part(files: list[FileIndex], part: Part, fmt: str, schema: Schema
-              ) -> Iterator[RawBlock]:
-    """The part's rows, chunk by chunk (an object's: a DataError naming it when the store
-    fails)."""
+def read_part(files: list[FileIndex], part: Part, fmt: str, schema: Schema,
+              chunk_bytes: int = CHUNK_BYTES) -> Iterator[RawBlock]:
+    """The part's rows, chunk by chunk (a text file's of about ``chunk_bytes``; an object's: a
+    DataError naming it when the store fails)."""
     f = files[part.file]
     with storage_errors(f.path):
         if f.kind == "parquet":
             yield from _read_parquet(f, part, schema)
         else:
-            yield from _read_text(f, part, fmt, schema)
+            yield from _read_text(f, part, fmt, schema, chunk_bytes)

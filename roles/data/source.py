@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,7 @@ from roles.data.index import (
     synthetic_parts,
 )
 from roles.data.readers import (
+    CHUNK_BYTES,
     LIST_TEXT,
     RawBlock,
     Rejected,
@@ -38,6 +39,7 @@ from roles.data.readers import (
     read_part,
 )
 from roles.data.stats import (
+    SAMPLE_CHUNK_BYTES,
     PartSummary,
     cached_summary,
     merge_summaries,
@@ -124,9 +126,13 @@ class DataSource:
         return [asdict(f) for f in files]
 
     # -- rows -------------------------------------------------------------------------------
-    def blocks(self, part: Part) -> Iterator[RawBlock]:
+    def blocks(self, part: Part, schema: Schema | None = None,
+               chunk_bytes: int = CHUNK_BYTES) -> Iterator[RawBlock]:
+        """The part's rows, block by block: of ``schema``'s columns (the job's by default; a
+        file's), a text file's read in chunks of about ``chunk_bytes``."""
         if self.generator is None:
-            for block in read_part(self.files, part, self.fmt, self.schema):
+            for block in read_part(self.files, part, self.fmt, schema or self.schema,
+                                   chunk_bytes):
                 self.bytes_read += block.bytes_read
                 yield block
             return
@@ -148,15 +154,21 @@ class DataSource:
     def summary(self, part: Part, log1p: bool, sample_rows: int, whole: bool,
                 rejected: list[Rejected] | None = None) -> PartSummary:
         """A training part's statistics (``roles.data.stats``): cached for files (under
-        ``cache_dir``, keyed by the file as indexed), made again for the generator. The
+        ``cache_dir``, keyed by the file as indexed), made again for the generator. Only the
+        columns they need are parsed (the label, the dense fields, the timestamp: a row is
+        rejected here for those alone), a sample in chunks of ``SAMPLE_CHUNK_BYTES``. The
         rejected rows it reads go to ``rejected`` (only when they are read, not cached)."""
+        schema = replace(self.schema, sparse=[], lists={})
+
         def make() -> PartSummary:
-            return summarize(self.blocks(part), part.number, len(self.schema.dense), log1p,
-                             sample_rows, whole, rejected)
+            return summarize(self.blocks(part, schema, CHUNK_BYTES if whole
+                                         else SAMPLE_CHUNK_BYTES),
+                             part.number, len(self.schema.dense), log1p, sample_rows, whole,
+                             rejected)
 
         if self.generator is not None:
             return make()
-        key = summary_key(self.files[part.file], part, self.fmt, self.schema, log1p,
+        key = summary_key(self.files[part.file], part, self.fmt, schema, log1p,
                           sample_rows, whole)
         return cached_summary(self.cache_dir / f"part-{key}.json", make)
 

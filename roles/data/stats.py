@@ -1,6 +1,8 @@
 """The statistics a job needs before its first batch, from a bounded read of the training parts.
 
-Per training part, its first ``sample_rows`` accepted rows (all of them when decay needs the
+Per training part, its first ``sample_rows`` accepted rows (of their label, dense and timestamp
+columns alone, read in chunks of ``SAMPLE_CHUNK_BYTES``: no more of a part is parsed than the
+sample needs, give or take a chunk) (all of them when decay needs the
 data's newest time: then every row's timestamp is read): each dense column's count, mean and
 sum of squared deviations after the log1p (merged over parts with Chan's formula, so any
 number of feeders gives the same figures in part order), the newest timestamp, and the rows
@@ -24,7 +26,8 @@ from roles.data.index import FileIndex, Part, cache_name
 from roles.data.readers import RawBlock, Rejected, Schema
 from roles.data.transforms import DenseTransform, signed_log1p
 
-STATS_VERSION = 1
+STATS_VERSION = 2          # 2: the label, dense and timestamp columns alone are read
+SAMPLE_CHUNK_BYTES = 256 << 10   # a sample is read in chunks of about this many bytes
 
 
 @dataclass

@@ -2,10 +2,12 @@
 (feeder 0), the statistics pass, the dense transform; then it makes the streams of the parts.
 
 The data is streamed (``roles.data``): feeder 0 indexes the files once (``roles.data.index``:
-cached) and tells control (DataIndex); control gives every feeder its parts (PartMap). Each
-feeder then summarises its training parts' dense columns from a bounded read
-(``roles.data.stats``; PartStats), control merges them (DataStats), and every pass reads the
-feeder's parts chunk by chunk through a shuffle buffer (``roles.data.stream``): its memory does
+plain text files are not counted, only a few blocks of each read, their parts cut by bytes; the
+lines of gzipped files are counted, cached) and tells control (DataIndex); control gives every
+feeder its parts (PartMap). Each feeder then summarises its training parts' dense columns from
+a bounded read (``roles.data.stats``: a sample of each part's first rows, only the columns it
+needs parsed; PartStats), control merges them (DataStats), and every pass reads the feeder's
+parts chunk by chunk through a shuffle buffer (``roles.data.stream``): its memory does
 not grow with the data. How far indexing, then the statistics pass, has got goes to the log and
 to the heartbeat's ``progress``.
 """
@@ -24,7 +26,7 @@ from roles.algorithms.feeding.ledger import PartProgress
 from roles.algorithms.feeding.passes import Made, PartStream
 from roles.algorithms.shared.metrics import auc
 from roles.algorithms.shared.progress import Every, Progress
-from roles.data.index import DataError, Part
+from roles.data.index import DataError, Part, exact_rows
 from roles.data.rejected import RejectedRows
 from roles.data.source import DataSource
 from roles.data.statistics_pass import StatisticsPass
@@ -84,8 +86,9 @@ class Loading:
                                       parts=np.array([p.as_list() for p in parts],
                                                      dtype=np.int64).reshape(-1, 7)))
                 what = "synthetic data" if source.synthetic else f"indexed {len(files)} file(s)"
-                log.info("%s: %d rows in %d parts (%d training rows) in %.1f s", what,
-                         sum(p.rows for p in parts), len(parts), n_train,
+                about = "" if all(exact_rows(f) for f in files) else "about "
+                log.info("%s: %s%d rows in %d parts (%s%d training rows) in %.1f s", what,
+                         about, sum(p.rows for p in parts), len(parts), about, n_train,
                          time.monotonic() - started)
         except (DataError, OSError) as exc:
             return f"cannot read the data: {exc}"

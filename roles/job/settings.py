@@ -95,7 +95,7 @@ class DataConfig:
         "`source = \"file\"`")})
     eval_path: str = field(default="", metadata={"doc": (
         "the eval rows in files of their own (a file, directory or glob, as `path`); empty: "
-        "the last `eval_fraction` of the rows of `path`")})
+        "the last `eval_fraction` of `path`'s data")})
     format: str = field(default="csv", metadata={
         "choices": ("csv", "tsv", "criteo", "parquet"), "doc": (
             "`csv` (header row, `\"`-quoting), `tsv` (header row), `criteo` (no header: label, "
@@ -121,8 +121,10 @@ class DataConfig:
         "\"history\"]`): the same id in those fields is the same key and the same row; a "
         "field in no table has a table of its own, named as the field")})
     eval_fraction: float = field(default=0.2, metadata={"min": 0.01, "max": 0.9, "doc": (
-        "the last fraction of the rows (lines) in file order is the eval split (without "
-        "`eval_path`)")})
+        "the eval split (without `eval_path`): plain text files, the rows from the first line "
+        "start at or after the last fraction of the data's bytes (after the headers, in file "
+        "order: no count of the rows before the first batch); with a gzipped or Parquet file, "
+        "the last fraction of the rows in file order")})
     shuffle_buffer: int = field(default=262_144, metadata={"min": 1, "doc": (
         "training samples a feeder shuffles in, shared by the parts it reads at a time: each "
         "batch is drawn at random from its part's share; a part no larger is shuffled whole")})

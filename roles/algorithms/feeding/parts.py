@@ -4,8 +4,9 @@ over from a lost feeder resumes (pure; no sockets)."""
 from __future__ import annotations
 
 from roles.algorithms.feeding.ledger import PartProgress
-from roles.data.index import Part
+from roles.data.index import FileIndex, Part, exact_rows
 from roles.protocol.datapath import PartMap
+from zbus.codec import ProtocolError
 
 
 def assign_parts(rows: list[int], feeders: int) -> list[int]:
@@ -25,11 +26,22 @@ def assign_parts(rows: list[int], feeders: int) -> list[int]:
     return owners
 
 
+def _estimated(m: PartMap) -> set[int]:
+    """The files of the map whose rows are estimates (plain text not counted); none when its
+    body does not read as files (the feeder refuses that map when it adopts its files)."""
+    try:
+        return {i for i, f in enumerate(m.files())
+                if not exact_rows(FileIndex(**{"marks": [], **f}))}
+    except (ProtocolError, TypeError, ValueError):
+        return set()
+
+
 class FeederParts:
     def __init__(self, index: int):
         self.index = index
         self.map: PartMap | None = None
         self.parts: list[Part] = []
+        self.estimated: set[int] = set()   # files whose parts' rows are estimates
 
     @property
     def current(self) -> PartMap:
@@ -41,6 +53,7 @@ class FeederParts:
         before = None if self.map is None else set(self.mine())
         self.map = m
         self.parts = [Part.of(row) for row in m.parts.tolist()]
+        self.estimated = _estimated(m)
         return [] if before is None else [i for i in self.mine() if i not in before]
 
     def mine(self, eval: bool | None = None) -> list[int]:
@@ -51,7 +64,9 @@ class FeederParts:
 
     def describe(self, parts: list[int]) -> str:
         """The parts for a person, a run of consecutive parts of one kind and file in one
-        phrase: ``0-62 (training rows 0..35166 of file 0), 63 (eval rows ...)``."""
+        phrase: ``0-62 (training rows 0..35166 of file 0), 63 (eval rows ...)``; the parts of a
+        file whose rows are estimates by their bytes: ``0-1 (training bytes 0..4096 of file
+        0)``."""
         runs: list[list[Part]] = []
         for p in (self.parts[n] for n in parts):
             last = runs[-1][-1] if runs else None
@@ -65,6 +80,8 @@ class FeederParts:
             first, last = run[0], run[-1]
             numbers = f"{first.number}-{last.number}" if len(run) > 1 else f"{first.number}"
             kind = "eval" if first.eval else "training"
+            if first.file in self.estimated:
+                return f"{numbers} ({kind} bytes {first.start}..{last.end} of file {first.file})"
             return f"{numbers} ({kind} rows {first.first_row}..{last.first_row + last.rows} " \
                    f"of file {first.file})"
         return ", ".join(one(run) for run in runs) or "none"
