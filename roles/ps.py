@@ -65,6 +65,7 @@ from roles.protocol.datapath import (
     Deliver,
     EmbeddingGrads,
     Embeddings,
+    GradsLookup,
     Lookup,
     split_batch_id,
 )
@@ -249,6 +250,12 @@ class Shard(Node):
                                    Lookup(batch_id=msg.batch_id, train=msg.train))
             case EmbeddingGrads() as msg:
                 self.handle_grads(msg)
+            case GradsLookup() as msg:  # mode pull: the update first, then the next look-up
+                grads, lookup = msg.parts()
+                try:
+                    self.handle_grads(grads)
+                finally:  # answered even when the gradients are refused (ProtocolError)
+                    self.handle_lookup(identity, lookup)
             case Handover() as msg if self.skew:
                 self.handle_handover(msg)
             case _:

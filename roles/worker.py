@@ -59,6 +59,7 @@ from roles.algorithms.sync import worker as sync_modes
 from roles.algorithms.worker.feeder_links import FeederLinks
 from roles.algorithms.worker.pulled import Pipeline, PulledBatch, WaitClock, WaitSample
 from roles.algorithms.worker.replica import RESTORED, STALE, Replica, WorkerRounds
+from roles.algorithms.worker.window import TakeWindow
 from roles.job.cli import MAX_WORKERS, role_main
 from roles.job.settings import Job
 from roles.model.compute import BatchCompute
@@ -67,15 +68,19 @@ from roles.model.network import build_network, pick_device, use_threads
 from roles.model.parallel import GroupError, GroupLeader
 from roles.protocol.datapath import (
     Ack,
+    AckTaking,
     EmbeddingGrads,
     Embeddings,
+    GradsLookup,
     Grant,
+    Grants,
     Holding,
     Idle,
     Lookup,
     PartMap,
     SampleBatch,
     Taken,
+    Taking,
     max_in_flight,
     sample_batch_bytes,
 )
@@ -152,6 +157,9 @@ class Worker(Node):
                                         self.on_broadcast)
         self.pipeline = Pipeline(c.shards, self.layout)
         self.grants_ahead = min(t.grants_ahead, t.prefetch + 1)  # no more than it can pull
+        self.window = TakeWindow(t.prefetch + 1)  # from grants_ahead up, sized for the link
+        self.run_started = 0.0  # when the batch running began (its time: TakeWindow)
+        self.acks_due: deque[Ack] = deque()  # sent at the next turn's start (flush_acks)
         self.rounds = WorkerRounds(2 * self.heartbeat_s)
         self.awaiting_step: tuple[PulledBatch, float, float] | None = None
         self.parked: tuple[list[tuple[zmq.Socket, Message]], Callable[[], None]] | None = None
@@ -164,6 +172,7 @@ class Worker(Node):
         self.counts = {"samples_trained": 0, "batches_trained": 0, "eval_samples": 0,
                        "contributions": 0, "rounds_adopted": 0, "refused_batches": 0,
                        "copies_ignored": 0, "restores": 0, "lookups_overdue": 0,
+                       "lookups_with_grads": 0,
                        "batches_scored": 0,
                        "lookup_wait_s": 0.0, "compute_s": 0.0, "step_wait_s": 0.0,
                        "late_group_messages": 0,
@@ -304,13 +313,27 @@ class Worker(Node):
 
     def on_feeder(self, _identity: bytes | None, env) -> None:
         match env.msg:
-            case Grant(batch_id=b, granted=granted) if self.pipeline.granted(b, granted):
-                if not granted:  # another worker holds this batch (a copy sent again)
-                    self.counts["refused_batches"] += 1
-                    self.ask_next()
-                self.advance()
+            case Grant(batch_id=b, granted=granted):
+                if self.answered(b, granted):
+                    self.advance()
+            case Grants() as m:
+                if sum(self.answered(b, granted) for b, granted in m.answers()):
+                    self.advance()
             case _:
                 self.unexpected(env, "feeder link")
+
+    def answered(self, batch_id: int, granted: bool) -> bool:
+        """The feeder's answer to a take; False when the batch is not here."""
+        batch = self.pipeline.batches.get(batch_id)
+        if batch is None or not self.pipeline.granted(batch_id, granted):
+            return False
+        if batch.asked_at is not None:  # the first answer to its take: a round trip
+            self.window.answered(time.monotonic() - batch.asked_at)
+            batch.asked_at = None
+        if not granted:  # another worker holds this batch (a copy sent again)
+            self.counts["refused_batches"] += 1
+            self.ask_next()
+        return True
 
     def on_shard(self, shard: int, _identity: bytes | None, env) -> None:
         match env.msg:
@@ -351,8 +374,20 @@ class Worker(Node):
                     self.counts["lookups_overdue"] += 1
 
     def send_ack(self, ack: Ack) -> None:
-        self.send(self.feeders[self.links.acked(ack)], ack)
-        self.ask_next()  # a copy of this batch, pulled while it ran, may be asked for now
+        """The ack goes at the start of the loop's next turn (``flush_acks``; that turn's poll
+        does not wait), once the sockets were read: a batch trains with the loop's sockets
+        unread, so the sample pulled meanwhile is only read then, and its take can go with
+        the ack."""
+        self.acks_due.append(ack)
+        if self.parked is None:  # (a batch held back keeps its wake-up; the ack goes then)
+            self.wake_at = time.monotonic()
+
+    def flush_acks(self) -> None:
+        """The acks due, each with the takes that follow it to the same feeder (AckTaking): a
+        copy of the batch, pulled while it ran, may be asked for now, and the batch that runs
+        next leaves its place among those asked ahead to another."""
+        while self.acks_due:
+            self.ask_next(self.acks_due.popleft())
 
     def feeder_restarted(self, feeder: int) -> None:
         """Tell a restarted feeder what its dead process may have lost (FeederLinks)."""
@@ -363,14 +398,31 @@ class Worker(Node):
         log.warning("feeder-%d restarted: sent it %d acks again and %d batches held",
                     feeder, len(self.links.acks_kept[feeder]), len(held.held))
 
-    def ask_next(self) -> None:
-        """Keep ``[train] grants_ahead`` batches asked for ahead of the one training, in pull
-        order (``Pipeline.to_ask``)."""
-        while (batch := self.pipeline.to_ask(self.links.unacked, self.grants_ahead)) is not None:
-            self.send(self.feeders[self.links.feeder_of(batch.batch_id)],
-                      Taken(batch_id=batch.batch_id))
+    def ask_next(self, ack: Ack | None = None) -> None:
+        """Keep the window's batches asked for ahead of the one training, in pull order
+        (``Pipeline.to_ask``; ``TakeWindow``), the takes of each feeder in one message. With
+        an ``ack`` (sent here, first), the batch that runs next is counted out of the window
+        already, so that the take which replaces it goes with the ack (AckTaking) rather than
+        alone when that batch starts."""
+        now = time.monotonic()
+        feeder = None if ack is None else self.links.acked(ack)
+        if ack is not None:
+            self.window.ran(now - self.run_started)
+        ahead = self.window.ahead(self.grants_ahead)
+        if ack is not None and self.pipeline.next_granted():
+            ahead += 1
+        takes: dict[int, list[int]] = {}
+        while (batch := self.pipeline.to_ask(self.links.unacked, ahead)) is not None:
+            takes.setdefault(self.links.feeder_of(batch.batch_id), []).append(batch.batch_id)
+            batch.asked_at = now
             if self.push:  # its grant sends the shards' rows here
-                batch.looked_up_at = time.monotonic()
+                batch.looked_up_at = now
+        if ack is not None and feeder is not None:
+            mine = takes.pop(feeder, [])
+            self.send(self.feeders[feeder], AckTaking.of(ack, mine) if mine else ack)
+        for f, ids in takes.items():
+            self.send(self.feeders[f], Taken(batch_id=ids[0]) if len(ids) == 1
+                      else Taking(takes=np.array(ids, dtype=np.int64)))
 
     def due(self, s: SampleBatch) -> bool:
         """The batch's turn has come (its weights, or what its sync mode waits for)."""
@@ -391,7 +443,8 @@ class Worker(Node):
         if batch is None:
             return
         self.links.running(batch.batch_id)
-        self.waiting.note(None, time.monotonic())  # running, not waiting
+        self.run_started = time.monotonic()
+        self.waiting.note(None, self.run_started)  # running, not waiting
         self.ask_next()  # its grant comes back while this one trains
         if batch.sample.eval:
             self.score(batch)
@@ -462,9 +515,19 @@ class Worker(Node):
         self.deliver(outbox, then)
 
     def deliver(self, outbox: list[tuple[zmq.Socket, Message]], then: Callable[[], None]) -> None:
+        """Send a finished batch's messages; in mode pull, each shard's gradients carry the
+        look-up of the next batch when it is already granted and due (GradsLookup)."""
+        after = None if self.push or not any(isinstance(m, EmbeddingGrads) for _, m in outbox) \
+            else self.pipeline.wanting_embeddings(self.due, time.monotonic())
+        if after is not None:
+            after.looked_up_at = time.monotonic()
+            self.counts["lookups_with_grads"] += len(self.shards)
         for i, (sock, msg) in enumerate(outbox):
             if sock.closed:   # shard i's socket renewed while the batch was held back (the
                 sock = self.shards[i]  # outbox lists the shards' gradients first, in order)
+            if after is not None and isinstance(msg, EmbeddingGrads):
+                msg = GradsLookup(batch_id=msg.batch_id, lookup=after.batch_id,
+                                  train=not after.sample.eval, grads=msg.grads)
             self.send(sock, msg)
         then()
 
@@ -512,6 +575,7 @@ class Worker(Node):
 
     # -- the clock and leaving -----------------------------------------------------------------
     def on_tick(self, now: float) -> None:
+        self.flush_acks()
         if self.parked is not None and now >= (self.wake_at or 0.0):
             (outbox, then), self.parked, self.wake_at = self.parked, None, None
             self.deliver(outbox, then)
@@ -519,8 +583,8 @@ class Worker(Node):
         else:
             self.run_next()
         if self.parked is None:  # another batch ready: the next poll only looks, then runs it
-            self.wake_at = now if self.awaiting_step is None and \
-                self.pipeline.ready(self.due) else None
+            self.wake_at = now if self.acks_due or (self.awaiting_step is None
+                                                    and self.pipeline.ready(self.due)) else None
         if self.group is not None and self.group.waiting():
             self.group.ping(now)
         if self.leaving:
@@ -546,6 +610,7 @@ class Worker(Node):
 
     def leave_when_done(self, now: float) -> None:
         self.pause(self.samples, True)
+        self.flush_acks()  # not left for a turn that will not come
         busy = self.awaiting_step is not None or self.parked is not None \
             or self.pipeline.holds_granted() or self.replica.in_flight
         if busy and now < self.leave_by:
@@ -572,7 +637,8 @@ class Worker(Node):
                 "round_sent": self.replica.sent_round if self.replica.in_flight else None,
                 "round_deferred": self.rounds.deferred,
                 "round_samples": self.replica.samples_since,
-                "pipeline": len(self.pipeline), "device": str(self.device)}
+                "pipeline": len(self.pipeline), "device": str(self.device),
+                **self.window.counters(self.grants_ahead)}
 
 
 def main() -> None:

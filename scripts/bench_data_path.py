@@ -8,6 +8,9 @@
   worker (look-ups sent and replies received, per batch), with samples/s and AUC;
 - ``batch_by_label`` (push): the AUC of label-grouped batches against mixed ones;
 - one feeder against two (push): samples/s and AUC;
+- the data path's messages per batch, sent and received, by node (worker, feeder, each shard;
+  the summary's ``data_path_messages``: a worker's per batch it ran, the others' per batch of
+  the job);
 - the workers' input: bytes received per sample by channel (from the run's summary), against a
   worker that receives whole samples, sparse keys included, and looks the embeddings up itself.
   That design's input is computed from the same batches: the SampleBatch frames plus an int64
@@ -48,7 +51,8 @@ def run(workdir: Path, settings: dict) -> dict:
             "messages": s["embeddings"]["messages_per_batch"],
             "samples_per_s": s["samples_per_s"], "auc": s["auc"],
             "input": s["worker_input_bytes_per_sample"], "fields": fields, "dim": dim,
-            "bytes_received": s["bytes_received"], "samples": s["samples_trained"]}
+            "bytes_received": s["bytes_received"], "samples": s["samples_trained"],
+            "per_node": s["data_path_messages"]}
 
 
 def whole_sample_input(got: dict) -> dict[str, float]:
@@ -109,6 +113,20 @@ def main() -> None:
     if "push, 2 feeders" in results and "push" in results:
         print(f"2 feeders / 1 feeder samples/s: "
               f"{med('push, 2 feeders', 'samples_per_s') / med('push', 'samples_per_s'):.2f}")
+    print("\ndata-path messages per batch, sent / received (median of the runs):")
+    print("| case | node | sent | received | sent, by channel | received, by channel |")
+    print("|---|---|---|---|---|---|")
+    for name in cases:
+        for node in results[name][0]["per_node"]:
+            rows = [g["per_node"].get(node, {}) for g in results[name]]
+            figures = {k: statistics.median(r.get(k, 0.0) for r in rows)
+                       for k in set().union(*rows)}
+            by = {way: ", ".join(f"{k.split('_', 1)[1]} {v:.2f}"
+                                 for k, v in sorted(figures.items())
+                                 if k.startswith(f"{way}_"))
+                  for way in ("sent", "received")}
+            print(f"| {name} | {node} | {figures.get('sent', 0.0):.2f} | "
+                  f"{figures.get('received', 0.0):.2f} | {by['sent']} | {by['received']} |")
     if "push" not in results:
         return
     got = results["push"][0]

@@ -5,8 +5,9 @@ split, against the ideal, measured in one run.
 - ideal: total work / sum of speeds, with each worker's speed measured alone (1 worker), and
   the split of the samples between them that this needs (in proportion to the measured speeds,
   not to the slowdowns asked for);
-- pull: both workers on zbus's sample queue (small prefetch, sized buffers, one batch taken
-  ahead, straggler copies at the end of a pass);
+- pull: both workers on zbus's sample queue (small prefetch, sized buffers, the batches taken
+  ahead sized for the link from ``grants_ahead`` up (printed per run: each worker's take
+  window at its last heartbeat), straggler copies at the end of a pass);
 - static equal split: each worker gets half of every epoch, so an epoch cannot end before the
   slow worker has done its half: at best (slow alone) / 2, computed from the same measurement.
 
@@ -40,7 +41,8 @@ def run(workdir: Path, epochs: int, slowdowns: list[float], settings: dict[str, 
             raise SystemExit(f"run failed:\n{c.logs()}")
         s = c.summary()
     return {"epoch_s": statistics.median(e["train_s"] for e in s["per_epoch"]),
-            "workers": s["workers"], "auc": s["auc"]}
+            "workers": s["workers"], "auc": s["auc"],
+            "windows": {w: t.get("take_window") for w, t in s.get("take_windows", {}).items()}}
 
 
 def ideal_of(fast_s: float, slow_s: float) -> tuple[float, float]:
@@ -67,7 +69,8 @@ def main() -> None:
                           settings)
                 results[name].append(got)
                 print(f"  run {r + 1} {name}: epoch {got['epoch_s']:.2f} s, "
-                      f"{got['workers']}, auc {got['auc']:.4f}", flush=True)
+                      f"{got['workers']}, auc {got['auc']:.4f}, batches asked ahead "
+                      f"{got['windows']}", flush=True)
     epoch = {name: statistics.median(g["epoch_s"] for g in runs)
              for name, runs in results.items()}
     ideal, ideal_split = ideal_of(epoch["fast alone"], epoch["slow alone"])

@@ -77,3 +77,38 @@ def test_keys_of_a_copy_after_its_update_hold_up_no_checkpoint_two_epochs_on(clu
     finally:
         ctx.destroy(linger=0)
         fake.close()
+
+
+def test_a_look_up_with_the_gradients_is_answered_after_the_update(cluster):
+    """Mode pull: GradsLookup applies the batch's gradients, then answers the next batch's
+    look-up with rows read after that update (the rows both batches share have moved)."""
+    from roles.protocol.datapath import Embeddings, GradsLookup
+    c = cluster(cluster__shards=1, cluster__workers=1)
+    fake = FakeControl(c)
+    ctx = zmq.Context()
+    try:
+        c.start_role("ps", 0)
+        fake.admit({"ps-0"})
+        shard = dealer(ctx, c.job.cluster.endpoint("ps-0"), "worker-0")
+        dim = c.job.model.embedding_dim
+        one, two = make_batch_id(0, 0, 1), make_batch_id(0, 0, 2)
+        keys = np.array([3, 5, 3, 9], dtype=np.int64)
+        for b in (one, two):   # the same keys in both batches
+            shard.send_multipart(BatchKeys(batch_id=b, window=0, samples=2, bounds=[0, 2, 4],
+                                           positions=np.arange(4, dtype=np.int32),
+                                           keys=keys).to_frames())
+        shard.send_multipart(Lookup(batch_id=one, train=True).to_frames())
+        before = decode(recv_within(shard)).msg
+        assert isinstance(before, Embeddings) and before.batch_id == one
+        grads = np.full((len(before.rows), dim), 0.5, dtype=np.float32)
+        shard.send_multipart(GradsLookup(batch_id=one, lookup=two, train=True,
+                                         grads=grads).to_frames())
+        after = decode(recv_within(shard)).msg
+        assert isinstance(after, Embeddings) and after.batch_id == two
+        assert np.array_equal(after.inverse, before.inverse)
+        assert (after.rows < before.rows).all()       # Adagrad moved every row down
+        beat = fake.heartbeat("ps-0", lambda k: k.get("updates") == 1)
+        assert beat.counters["lookups"] == 2
+    finally:
+        ctx.destroy(linger=0)
+        fake.close()

@@ -11,16 +11,19 @@ from hypothesis import strategies as st
 
 from roles.protocol.checkpoint import Checkpoint, CheckpointPart
 from roles.protocol.datapath import (
+    AckTaking,
     BatchKeys,
     DataIndex,
     DataStats,
     Deliver,
     Embeddings,
     FeederProgress,
+    GradsLookup,
     Lookup,
     PartMap,
     PartStats,
     SampleBatch,
+    Taking,
 )
 from roles.protocol.dense_sync import Aggregate, Contribution, RoundDone, StepGrad, Weights
 from roles.protocol.lifecycle import EpochTrained, EvalReport
@@ -79,6 +82,10 @@ def sample(cls: type) -> Message:
         values.update(above=[[9]])  # batch numbers at or above low
     if cls is Checkpoint:
         values.update(phase="write")
+    if cls in (AckTaking, Taking):
+        values.update(takes=np.array([4, 5], np.int64))  # distinct batch ids
+    if cls is GradsLookup:
+        values.update(lookup=4)  # the next batch, not this one
     if cls is CheckpointPart:
         values.update(files=["000003/ps-0.npz"])
     return cls(**values)

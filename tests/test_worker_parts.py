@@ -325,3 +325,82 @@ def test_a_batch_trains_on_its_grid_and_each_shard_gets_the_gradients_of_its_row
     assert np.allclose(grads[1], (w[1][None] * d[:, None] / 2).numpy(), atol=1e-6)
     probs = compute.score(net, None, batch)
     assert probs.shape == (2,) and ((0 < probs) & (probs < 1)).all()
+
+
+# -- coalesced takes and the take window ----------------------------------------------------------
+def test_an_ack_travels_with_its_takes_and_the_answers_together():
+    from roles.protocol.datapath import MAX_TAKES, AckTaking, Grants, Taking
+    from zbus.codec import decode
+    a = ack(7)
+    both = AckTaking.of(a, [8, 9])
+    got = decode(both.to_frames("worker-0")).msg
+    assert isinstance(got, AckTaking) and got.takes.tolist() == [8, 9]
+    assert got.ack().batch_id == 7 and got.ack().samples == 2 and got.ack().loss_sum == 0.1
+    taking = decode(Taking(takes=np.array([3, 4], np.int64)).to_frames()).msg
+    assert isinstance(taking, Taking) and taking.takes.tolist() == [3, 4]
+    grants = decode(Grants(batch_ids=np.array([3, 4], np.int64),
+                           granted=np.array([1, 0], np.uint8)).to_frames()).msg
+    assert isinstance(grants, Grants) and grants.answers() == [(3, True), (4, False)]
+    bad = [AckTaking.of(a, []),                                  # no take: an Ack
+           AckTaking.of(a, [8, 8]),                              # a batch twice
+           Taking(takes=np.array([-1], np.int64)),               # not a batch id
+           Taking(takes=np.arange(MAX_TAKES + 1, dtype=np.int64)),
+           Grants(batch_ids=np.array([3, 4], np.int64), granted=np.array([1], np.uint8)),
+           Grants(batch_ids=np.array([3], np.int64), granted=np.array([2], np.uint8))]
+    for msg in bad:
+        with pytest.raises(ProtocolError):
+            decode(msg.to_frames())
+
+
+def test_the_take_window_covers_the_round_trip_from_grants_ahead_to_what_can_be_pulled():
+    from roles.algorithms.worker.window import KEPT, TakeWindow
+    w = TakeWindow(most=8)
+    assert w.ahead(2) == 2                       # nothing measured: grants_ahead
+    w.answered(0.030)
+    assert w.ahead(2) == 2                       # no batch time yet
+    w.ran(0.010)
+    assert w.ahead(2) == 4                       # ceil(30 / 10) + 1
+    w.answered(0.001)                            # the least round trip is the link's
+    assert w.ahead(2) == 2 and w.ahead(1) == 2   # ceil(1 / 10) + 1
+    for _ in range(KEPT):                        # the short one ages out
+        w.answered(0.200)
+    assert w.ahead(2) == 8                       # at most what the worker can pull
+    slow = TakeWindow(most=8)                    # a slow worker asks for the least
+    slow.answered(0.030)
+    slow.ran(1.0)
+    assert slow.ahead(2) == 2 and slow.ahead(9) == 8
+    assert slow.counters(2) == {"take_rtt_ms": 30.0, "batch_ms": 1000.0, "take_window": 2}
+
+
+def test_the_summary_gives_data_path_messages_per_batch_by_node():
+    from roles.algorithms.control.summary import data_path_messages
+    got = data_path_messages({
+        "worker-0": {"batches_trained": 8, "batches_scored": 2,
+                     "msgs_out": {"acks": 10, "lookups": 20, "control": 99},
+                     "msgs_in": {"acks": 10, "samples": 10, "embeddings": 20}},
+        "worker-1": {"batches_trained": 10, "msgs_out": {"acks": 20}, "msgs_in": {}},
+        "feeder-0": {"msgs_out": {"samples": 20, "keys": 40, "acks": 20},
+                     "msgs_in": {"acks": 30, "control": 5}},
+        "control-0": {"msgs_out": {"control": 10}}})
+    assert got["worker-0"] == {"sent": 3.0, "sent_acks": 1.0, "sent_lookups": 2.0,
+                               "received": 4.0, "received_acks": 1.0,
+                               "received_embeddings": 2.0, "received_samples": 1.0}
+    assert got["worker-1"]["sent"] == 2.0 and got["worker-1"]["received"] == 0.0
+    assert got["feeder-0"]["sent"] == 4.0 and got["feeder-0"]["received"] == 1.5
+    assert "control-0" not in got
+
+
+def test_mode_pull_sends_the_next_look_up_with_the_gradients():
+    from roles.protocol.datapath import EmbeddingGrads, GradsLookup, Lookup
+    from zbus.codec import decode
+    grads = np.ones((2, DIM), np.float32)
+    msg = decode(GradsLookup(batch_id=4, lookup=5, train=False, grads=grads).to_frames()).msg
+    assert isinstance(msg, GradsLookup)
+    first, then = msg.parts()
+    assert isinstance(first, EmbeddingGrads) and first.batch_id == 4
+    assert np.array_equal(first.grads, grads)
+    assert then == Lookup(batch_id=5, train=False)
+    for bad in (GradsLookup(batch_id=4, lookup=4, train=True, grads=grads),
+                GradsLookup(batch_id=-1, lookup=5, train=True, grads=grads)):
+        with pytest.raises(ProtocolError):
+            decode(bad.to_frames())

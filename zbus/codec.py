@@ -40,7 +40,7 @@ from typing import Any, ClassVar, TypeVar, dataclass_transform
 import numpy as np
 import orjson
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 MAX_HEADER_BYTES = 64 * 1024
 MAX_TAG_BYTES = 64
 

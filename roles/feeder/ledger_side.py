@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from roles.algorithms.feeding.ack_log import AckLog
 from roles.algorithms.feeding.ledger import InFlight, Ledger, PartProgress
 from roles.algorithms.feeding.passes import FeedingPass
@@ -27,7 +29,7 @@ from roles.algorithms.feeding.tally import FeederTally
 from roles.algorithms.sync.feeder import FeederSync
 from roles.data.stream import Samples
 from roles.job.settings import Job
-from roles.protocol.datapath import Ack, Deliver, Grant, max_in_flight
+from roles.protocol.datapath import Ack, Deliver, Grant, Grants, max_in_flight
 from zbus.codec import Message, ProtocolError
 from zbus.endpoints import node_index
 
@@ -131,22 +133,42 @@ class LedgerSide:
         else:
             self.grant(identity, batch_id)
 
+    def taking(self, identity: bytes, batch_ids: list[int]) -> None:
+        """Several takes in one message (Taking, AckTaking), in order: answered together
+        (Grants), or, while restarted and recovering, deferred one by one like Taken."""
+        if self.reclaim.recovering:
+            self.reclaim.deferred_takes.extend((identity, b) for b in batch_ids)
+            return
+        answers = [(b, granted) for b in batch_ids
+                   if (granted := self.decide(identity, b)) is not None]
+        if answers:
+            self.to_worker(identity, Grants(
+                batch_ids=np.array([b for b, _ in answers], dtype=np.int64),
+                granted=np.array([g for _, g in answers], dtype=np.uint8)))
+
     def grant(self, identity: bytes, batch_id: int) -> None:
+        granted = self.decide(identity, batch_id)
+        if granted is not None:
+            self.to_worker(identity, Grant(batch_id=batch_id, granted=granted))
+
+    def decide(self, identity: bytes, batch_id: int) -> bool | None:
+        """Grant the batch to the worker or refuse it (None: not to answer). The caller sends
+        the answer; in mode push, a granted batch's shards are told here (Deliver)."""
         worker = identity.decode(errors="replace")
         if self.ledger.holder(batch_id) == worker:
             # its Taken again: after a restart one can come queued for the dead process and
             # once more after FeederBack; the first was answered, and a second grant could
             # run a later copy of the batch twice, a refusal drop the batch the ledger counts
             self.repeated_takes += 1
-            return
+            return None
         self.reclaim.taking(self.plan(), batch_id)  # restarted: sent by its dead process?
         granted = self.ledger.take(batch_id, worker)
-        self.to_worker(identity, Grant(batch_id=batch_id, granted=granted))
         entry = self.ledger.peek(batch_id)
         if granted and self.push and entry is not None and node_index(worker) >= 0:
             # the shards send its rows to the worker, unasked
             self.to_shards(Deliver(batch_id=batch_id, worker=node_index(worker),
                                    train=not entry.eval))
+        return granted
 
     def holding(self, worker: str, held: list[int]) -> None:
         """A worker's batches granted by the dead process: they stay that worker's."""

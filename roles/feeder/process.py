@@ -49,12 +49,14 @@ from roles.model.files import ExportAnswers
 from roles.protocol.checkpoint import Checkpoint
 from roles.protocol.datapath import (
     Ack,
+    AckTaking,
     DataStats,
     Holding,
     Idle,
     PartMap,
     SampleBatch,
     Taken,
+    Taking,
     sample_batch_bytes,
 )
 from roles.protocol.lifecycle import EpochStart, Evaluate, Export, Membership, ShardBack
@@ -287,18 +289,28 @@ class Feeder(Node):
         match env.msg:
             case Taken(batch_id=b):
                 self.ledger.taken(identity, b)
+            case Taking(takes=takes):
+                self.ledger.taking(identity, takes.tolist())
             case Ack() as ack:
-                if self.ledger.ack(worker, ack):
-                    self.passes.maybe_drained()
-                    self.maybe_placement_drained()
-                    self.hold.maybe_drained()
-                    self.pump()
+                self.acked(worker, ack)
+            case AckTaking() as m:
+                try:  # the ack first: a copy of its batch may be among the takes
+                    self.acked(worker, m.ack())
+                finally:  # answered even when the ack is refused (ProtocolError)
+                    self.ledger.taking(identity, m.takes.tolist())
             case Holding(held=held):
                 self.ledger.holding(worker, held.tolist())
             case Idle():
                 self.ledger.idle()
             case _:
                 self.unexpected(env, "ledger")
+
+    def acked(self, worker: str, ack: Ack) -> None:
+        if self.ledger.ack(worker, ack):
+            self.passes.maybe_drained()
+            self.maybe_placement_drained()
+            self.hold.maybe_drained()
+            self.pump()
 
     # -- the clock -------------------------------------------------------------------------------
     def on_tick(self, now: float) -> None:

@@ -245,10 +245,12 @@ class TrainConfig:
     prefetch: int = field(default=2, metadata={"min": 1, "max": 64, "doc": (
         "batches a worker pulls ahead of the one it trains (small keeps the queue fair)")})
     grants_ahead: int = field(default=2, metadata={"min": 1, "max": 64, "doc": (
-        "batches a worker asks its feeder for (Taken -> Grant) ahead of the one it trains, at "
-        "most `prefetch` + 1: more hides a longer round trip to the feeder, and in mode `push` "
-        "the shards send those batches' rows early; each batch a slow worker holds granted is "
-        "one the feeder cannot give an idle worker at the end of a pass")})
+        "the least batches a worker asks its feeder for (Taken -> Grant) ahead of the one it "
+        "trains; it asks for more when the measured round trip to the feeder is longer than "
+        "its batches (ceil(rtt / batch time) + 1), never more than `prefetch` + 1: more hides "
+        "a longer round trip, and in mode `push` the shards send those batches' rows early; "
+        "each batch a slow worker holds granted is one the feeder cannot give an idle worker "
+        "at the end of a pass")})
     embeddings: str = field(default="push", metadata={"choices": ("push", "pull"), "doc": (
         "`push`: the feeder's grant of a batch tells the shards which worker trains it, and "
         "they send it the rows unasked; `pull`: the worker asks every shard when it is about "

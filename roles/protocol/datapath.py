@@ -325,6 +325,28 @@ class EmbeddingGrads(Message):
     grads: np.ndarray = array("float32", 2)
 
 
+@message("embedding_grads")
+class GradsLookup(Message):
+    """Mode pull: a batch's gradients and the look-up of the next batch, to one shard in one
+    message. The shard applies the gradients first, then answers the look-up as a Lookup of
+    ``lookup`` (``train`` as Lookup's), so the rows it sends are read after this update, as
+    they would be after two messages. Frames: the tag, the header (``batch_id``, ``lookup``,
+    ``train``), ``grads`` (float32, as EmbeddingGrads)."""
+
+    batch_id: int
+    lookup: int
+    train: bool
+    grads: np.ndarray = array("float32", 2)
+
+    def check(self) -> None:
+        require(self.batch_id >= 0 and self.lookup >= 0 and self.lookup != self.batch_id,
+                "batch ids must be two, not negative")
+
+    def parts(self) -> tuple[EmbeddingGrads, Lookup]:
+        return (EmbeddingGrads(batch_id=self.batch_id, grads=self.grads),
+                Lookup(batch_id=self.lookup, train=self.train))
+
+
 @message("samples")
 class SampleBatch(Message):
     """Dense features, labels and sample weights of one batch, and how many ids each sample's
@@ -361,6 +383,27 @@ class Taken(Message):
     batch_id: int
 
 
+MAX_TAKES = 128  # batches one message may take: above [train] prefetch + 2 (its bound)
+
+
+def _check_takes(takes: np.ndarray) -> None:
+    require(len(takes) <= MAX_TAKES, f"more than {MAX_TAKES} batches taken at once")
+    require(not takes.size or int(takes.min()) >= 0, "negative batch id")
+    require(len(np.unique(takes)) == len(takes), "a batch taken twice in one message")
+
+
+@message("acks")
+class Taking(Message):
+    """A worker asks to take several batches, in the order it will run them: the feeder reads
+    it as one Taken per batch, in that order, and answers them together (Grants). Frames: the
+    tag, the header (no scalar), ``takes`` (int64 batch ids, at most MAX_TAKES, distinct)."""
+
+    takes: np.ndarray = array("int64", 1)
+
+    def check(self) -> None:
+        _check_takes(self.takes)
+
+
 @message("acks")
 class Idle(Message):
     """A worker has nothing to train and nothing pulled: at the end of a pass the feeder sends
@@ -394,3 +437,52 @@ class Ack(Message):
     loss_sum: float
     weight_sum: float
     preds: np.ndarray = array("float32", 1)
+
+
+@message("acks")
+class Grants(Message):
+    """The feeder's answers to a Taking or an AckTaking, together: ``batch_ids[i]`` granted
+    (1) or refused (0) by ``granted[i]``, each as a Grant. A take the feeder does not answer
+    (its Taken again from the worker holding the batch) is not listed. Frames: the tag, the
+    header (no scalar), ``batch_ids`` (int64), ``granted`` (uint8 0/1, as long)."""
+
+    batch_ids: np.ndarray = array("int64", 1)
+    granted: np.ndarray = array("uint8", 1)
+
+    def check(self) -> None:
+        require(self.granted.shape == self.batch_ids.shape, "one answer per batch")
+        require(len(self.batch_ids) <= MAX_TAKES, f"more than {MAX_TAKES} answers at once")
+        require(not self.granted.size or int(self.granted.max()) <= 1, "granted must be 0 or 1")
+
+    def answers(self) -> list[tuple[int, bool]]:
+        return [(int(b), bool(g)) for b, g in zip(self.batch_ids, self.granted, strict=True)]
+
+
+@message("acks")
+class AckTaking(Message):
+    """An Ack and the Takens that follow it, in one message: the feeder places the ack first
+    (so that a copy of the acknowledged batch may be asked for in ``takes``), then reads
+    ``takes`` as a Taking. Frames: the tag, the header (``batch_id``, ``samples``,
+    ``loss_sum``, ``weight_sum``, as Ack), ``preds`` (float32, as Ack), ``takes`` (int64 batch
+    ids, 1 to MAX_TAKES, distinct)."""
+
+    batch_id: int
+    samples: int
+    loss_sum: float
+    weight_sum: float
+    preds: np.ndarray = array("float32", 1)
+    takes: np.ndarray = array("int64", 1)
+
+    def check(self) -> None:
+        require(len(self.takes) >= 1, "an AckTaking takes a batch (else: Ack)")
+        _check_takes(self.takes)
+
+    @staticmethod
+    def of(ack: Ack, takes: list[int]) -> AckTaking:
+        return AckTaking(batch_id=ack.batch_id, samples=ack.samples, loss_sum=ack.loss_sum,
+                         weight_sum=ack.weight_sum, preds=ack.preds,
+                         takes=np.array(takes, dtype=np.int64))
+
+    def ack(self) -> Ack:
+        return Ack(batch_id=self.batch_id, samples=self.samples, loss_sum=self.loss_sum,
+                   weight_sum=self.weight_sum, preds=self.preds)

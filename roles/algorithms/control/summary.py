@@ -62,6 +62,36 @@ def worker_input(counters: dict[str, dict[str, Any]]) -> dict[str, dict[str, flo
     return out
 
 
+DATA_PATH = ("samples", "keys", "lookups", "deliveries", "embeddings", "embedding_grads",
+             "acks")  # the channels a batch's messages travel on (not dense_sync, control)
+
+
+def data_path_messages(counters: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Data-path messages (``DATA_PATH`` channels) each feeder, shard and worker sent and
+    received per batch: a worker's per batch it trained or scored, the others' per batch of
+    the job (every worker's added up)."""
+    mine = {node: int(_num(c.get("batches_trained")) + _num(c.get("batches_scored")))
+            for node, c in counters.items() if node.startswith("worker-")}
+    batches = sum(mine.values())
+    out = {}
+    for node, c in sorted(counters.items(), key=lambda kv: (kv[0].split("-")[0],
+                                                             node_index(kv[0]))):
+        if not node.startswith(("worker-", "feeder-", "ps-")):
+            continue
+        n = mine.get(node, batches)
+        if not n:
+            continue
+        row: dict[str, float] = {}
+        for way, key in (("sent", "msgs_out"), ("received", "msgs_in")):
+            got = c.get(key)
+            by = {ch: _num(v) for ch, v in (got if isinstance(got, dict) else {}).items()
+                  if ch in DATA_PATH}
+            row[way] = round(sum(by.values()) / n, 3)
+            row.update({f"{way}_{ch}": round(v / n, 3) for ch, v in sorted(by.items()) if v})
+        out[node] = row
+    return out
+
+
 def embedding_waits(counters: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Per-batch waits for embeddings (ms): each worker's sample of them, and all together."""
     every: list[float] = []
@@ -74,8 +104,10 @@ def embedding_waits(counters: dict[str, dict[str, Any]]) -> dict[str, Any]:
         waits = sorted(float(_num(w)) for w in waits)
         every += waits
         sent, got = c.get("msgs_out"), c.get("msgs_in")
-        # the messages a worker's embeddings took: its look-ups out, the replies in
+        # the messages a worker's embeddings took: its look-ups out (those that rode with
+        # gradients, GradsLookup, counted as look-ups), the replies in
         moved = int(_num((sent if isinstance(sent, dict) else {}).get("lookups"))
+                    + _num(c.get("lookups_with_grads"))
                     + _num((got if isinstance(got, dict) else {}).get("embeddings")))
         done = int(_num(c.get("embedding_waits")))
         batches, messages = batches + done, messages + moved
@@ -225,6 +257,12 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "fields": field_figures(job.layout(), feeder),
         "embeddings": {"mode": job.train.embeddings, **embedding_waits(counters)},
         "worker_input_bytes_per_sample": worker_input(counters),
+        "data_path_messages": data_path_messages(counters),
+        # each worker's take window (TakeWindow): its least round trip to a grant, its batch
+        # time and the batches it asked ahead, at its last heartbeat
+        "take_windows": {node: {k: c.get(k) for k in ("take_rtt_ms", "batch_ms", "take_window")}
+                         for node, c in sorted(counters.items(), key=lambda kv: node_index(kv[0]))
+                         if node.startswith("worker-")},
         "batch_by_label": job.train.batch_by_label,
         "worker_time_s": worker_time,
         "worker_devices": {node: c.get("device") for node, c in sorted(counters.items())

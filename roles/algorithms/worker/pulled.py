@@ -34,6 +34,7 @@ class PulledBatch:
     replies: list[Embeddings | None]
     positions: list[np.ndarray | None]  # grid positions of each shard's reply
     asked: bool = False       # Taken sent to the feeder
+    asked_at: float | None = None       # when (the round trip to the grant: TakeWindow)
     granted: bool = False
     looked_up_at: float | None = None   # when its Lookups went to the shards
     needed_at: float | None = None      # when it was the next to train, but for embeddings
@@ -85,6 +86,11 @@ class Pipeline:
         if batch is not None:
             batch.asked = True
         return batch
+
+    def next_granted(self) -> bool:
+        """The first batch in pull order is granted: it runs next."""
+        batch = next(iter(self.batches.values()), None)
+        return batch is not None and batch.granted
 
     def granted(self, batch_id: int, granted: bool) -> bool:
         """The feeder's answer to Taken; a batch refused (another worker holds it) goes.
