@@ -17,11 +17,11 @@ identity frame in front, which the socket helpers in ``zbus.sockets`` strip and 
 The header is decoded and validated in one call of a compiled decoder (msgspec) made for each
 message type when it is registered: the envelope (version, ``from``, ``seq``), every scalar
 field present with its exact type (a bool is not an int; a float is finite; a list's items and
-a dict's keys and values are of their declared types; ``Any`` is a JSON value: null, bool,
-int, finite float, str, list or str-keyed map, at most ``MAX_NESTING`` deep), nothing extra,
-and per array its dtype exactly as declared, its number of dimensions and each dimension in
-[0, 2**40). Python then checks the frame count and each frame's size against dtype x shape,
-and the message's own consistency rules (``check``). Whatever fails raises ``ProtocolError``
+a dict's keys and values are of their declared types), nothing extra, and per array its dtype
+exactly as declared, its number of dimensions and each dimension in [0, 2**40). Python then
+checks that an ``Any`` is a JSON value (null, bool, int, finite float, str, list or str-keyed
+map, at most ``MAX_NESTING`` deep: control messages only), the frame count, each frame's size
+against dtype x shape, and the message's own consistency rules (``check``). Whatever fails raises ``ProtocolError``
 with a short ``kind`` for counting (``truncated``, ``unknown_type``, ``header_too_large``,
 ``bad_header``, ``bad_version``, ``bad_field``, ``bad_arrays``, ``bad_array``,
 ``frame_count``, ``bad_size``, ``bad_frame``, ``inconsistent``); a role that receives a bad
