@@ -21,10 +21,11 @@ a dict's keys and values are of their declared types), nothing extra, and per ar
 exactly as declared, its number of dimensions and each dimension in [0, 2**40). Python then
 checks that an ``Any`` is a JSON value (null, bool, int, finite float, str, list or str-keyed
 map, at most ``MAX_NESTING`` deep: control messages only), the frame count, each frame's size
-against dtype x shape, and the message's own consistency rules (``check``). Whatever fails raises ``ProtocolError``
-with a short ``kind`` for counting (``truncated``, ``unknown_type``, ``header_too_large``,
-``bad_header``, ``bad_version``, ``bad_field``, ``bad_arrays``, ``bad_array``,
-``frame_count``, ``bad_size``, ``bad_frame``, ``inconsistent``); a role that receives a bad
+against dtype x shape, and the message's own consistency rules (``check``). Whatever fails
+raises ``ProtocolError`` with a short ``kind`` for counting (``truncated``,
+``unknown_type``, ``header_too_large``, ``bad_header``, ``bad_version``, ``bad_field``,
+``bad_arrays``, ``bad_array``, ``frame_count``, ``bad_size``, ``bad_frame``,
+``inconsistent``); a role that receives a bad
 message counts it by kind, logs the first of each kind and carries on. A header of an older
 protocol (JSON, version 7 and before) is refused as ``bad_version``.
 
