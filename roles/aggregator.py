@@ -209,12 +209,14 @@ class Aggregator(Node):
                     return
                 self.send(self.router, self.weights(), identity=identity)
             case StepGrad() as g if self.is_root:
+                g.require_finite()  # refused before it changes anything (zbus.codec)
                 self.params = self.sync.apply_step(self.params, g.grads)
                 self.steps += 1
                 self.send(self.router, self.weights(), identity=identity)
             case Contribution() as c:
                 self.handle_contribution(peer, c)
             case Partial() as p if self.is_root and peer in self.leaves:
+                p.require_finite()
                 if p.round <= self.round:
                     self.counts["stale_contributions"] += 1
                     return
@@ -227,6 +229,7 @@ class Aggregator(Node):
                 self.unexpected(env, "aggregator socket")
 
     def handle_contribution(self, worker: str, c: Contribution) -> None:
+        c.require_finite()  # refused before it changes anything (zbus.codec)
         if c.round <= self.round:
             self.counts["stale_contributions"] += 1
             return

@@ -237,6 +237,7 @@ class Worker(Node):
     def on_reply(self, _identity: bytes | None, env) -> None:
         match env.msg:
             case Weights() as w if self.replies_due:
+                w.require_finite()  # refused before it changes anything (zbus.codec)
                 if self.replies_due.popleft() == "step":
                     self.finish_step(w)
                 else:
@@ -247,6 +248,7 @@ class Worker(Node):
     def on_broadcast(self, _identity: bytes | None, env) -> None:
         match env.msg:
             case Weights() as w:
+                w.require_finite()
                 self.take_weights(w)
             case _:
                 self.unexpected(env, "weights subscription")
@@ -293,6 +295,7 @@ class Worker(Node):
     def on_sample(self, _identity: bytes | None, env) -> None:
         match env.msg:
             case SampleBatch() as s:
+                s.require_finite()  # refused as the codec refused it before (zbus.codec)
                 if s.dense.shape[1] != self.n_dense:
                     raise ProtocolError("bad_shape", f"batch with {s.dense.shape[1]} dense "
                                                      f"features, model has {self.n_dense}")

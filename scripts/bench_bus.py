@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The bus's own cost: zbus messages (orjson header + raw array frame, encoded with
+"""The bus's own cost: zbus messages (msgpack header + raw array frames, encoded with
 ``to_frames``, sent with ``zbus.sockets.send``, received and validated with
 ``zbus.sockets.recv``) against raw pyzmq ``send_multipart`` / ``recv_multipart`` of the same
 bytes, in one run: PUSH/PULL and DEALER/ROUTER (request and reply), over tcp and ipc, at 1 KB,
@@ -115,7 +115,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        port = 47900
+        port = 0  # ipc endpoints' numbers; tcp ports are free ones (another bench may run)
         for msg_type in ("SampleBatch", "Weights"):
             for transport in ("tcp", "ipc"):
                 for pattern in ("push/pull", "dealer/router"):
@@ -125,7 +125,8 @@ def main() -> None:
                             pair = {}
                             for kind in (("raw", "zbus") if r % 2 else ("zbus", "raw")):
                                 port += 1
-                                endpoint = (f"tcp://127.0.0.1:{port}" if transport == "tcp"
+                                endpoint = (f"tcp://127.0.0.1:{sockets.free_tcp_ports(1)[0]}"
+                                            if transport == "tcp"
                                             else f"ipc://{Path(tmp) / f'b{port}'}")
                                 pair[kind] = receive(kind, pattern, endpoint, nbytes,
                                                      args.seconds, msg_type)

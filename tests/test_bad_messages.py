@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 
+import msgspec
 import numpy as np
 import pytest
 import zmq
@@ -37,11 +38,18 @@ GARBAGE = [
     [b"\x00\xff garbage"],
     [b"Lookup", b"{not json"],
     [b"Nope", b"{}"],
-    [b"Lookup", b'{"v":%d,"from":"x","seq":1,"f":{"batch_id":1,"train":true},"a":[]}'
-     % (PROTOCOL_VERSION + 1)],                                  # a future version
-    [b"BatchKeys", b'{"v":%d,"from":"x","seq":1,"f":{"batch_id":1,"samples":1,"fields":1},'
-                   b'"a":[["int32",[1]],["int64",[5]]]}' % PROTOCOL_VERSION,
-     b"\0" * 4, b"\0" * 8],                                          # 5 keys in 8 bytes
+    [b"Lookup", msgspec.msgpack.encode({"v": PROTOCOL_VERSION + 1, "from": "x", "seq": 1,
+                                        "f": {"batch_id": 1, "train": True}, "a": []})],
+    [b"Lookup", b'{"v":7,"from":"x","seq":1,"f":{"batch_id":1,"train":true},"a":[]}'],
+                                                                 # a peer of protocol 7 (JSON)
+    [b"BatchKeys", msgspec.msgpack.encode(
+        {"v": PROTOCOL_VERSION, "from": "x", "seq": 1,
+         "f": {"batch_id": 1, "window": 0, "samples": 1, "bounds": [0, 5]},
+         "a": [["int32", [5]], ["int64", [5]]]}),
+     b"\0" * 20, b"\0" * 8],                                         # 5 keys in 8 bytes
+    [b"Lookup", msgspec.msgpack.encode({"v": PROTOCOL_VERSION, "from": "x", "seq": 1,
+                                        "f": {"batch_id": True, "train": True}, "a": []})],
+                                                                 # a bool for an int
 ]
 
 

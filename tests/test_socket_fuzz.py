@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 import typing
 
+import msgspec
 import numpy as np
-import orjson
 import pytest
 import zmq
 from harness import FakeControl, recv_within
@@ -45,17 +45,18 @@ def valid(cls: type) -> list[bytes]:
 
 def header_of(frames: list[bytes]) -> dict:
     try:
-        return orjson.loads(frames[1])
-    except (orjson.JSONDecodeError, IndexError):
+        header = msgspec.msgpack.decode(frames[1])
+    except (msgspec.MsgspecError, ValueError, IndexError):
         return {}
+    return header if isinstance(header, dict) else {}
 
 
 @st.composite
 def malformed(draw) -> list[bytes]:
     """A message that breaks the wire format one way or another."""
     frames = valid(draw(st.sampled_from(TYPES)))
-    how = draw(st.sampled_from(["random", "frame", "count", "version", "field", "array",
-                                "huge_header", "tag"]))
+    how = draw(st.sampled_from(["random", "frame", "count", "version", "field", "retype",
+                                "array", "huge_header", "truncate", "tag"]))
     if how == "random":
         return draw(st.lists(st.binary(max_size=300), min_size=1, max_size=8))
     if how == "frame":
@@ -66,19 +67,26 @@ def malformed(draw) -> list[bytes]:
             frames.append(draw(st.binary(max_size=16)))
         else:
             frames.pop()
-    elif how in ("version", "field", "array"):
+    elif how == "truncate" and len(frames) > 1:  # a msgpack header cut short
+        frames[1] = frames[1][:draw(st.integers(0, max(0, len(frames[1]) - 1)))]
+    elif how in ("version", "field", "retype", "array"):
         h = header_of(frames) or {"v": PROTOCOL_VERSION, "from": "", "seq": 0, "f": {},
                                   "a": []}
-        junk = draw(st.one_of(st.integers(), st.text(max_size=8), st.none(),
-                              st.lists(st.integers(), max_size=3), st.floats()))
+        junk = draw(st.one_of(st.integers(-2**63, 2**64 - 1), st.text(max_size=8), st.none(),
+                              st.lists(st.integers(-2**63, 2**64 - 1), max_size=3),
+                              st.floats(), st.booleans(), st.binary(max_size=8),
+                              st.dictionaries(st.integers(), st.floats(), max_size=2)))
         if how == "version":
             h["v"] = junk if junk != PROTOCOL_VERSION else -1
         elif how == "field":
             h["f"] = {**h.get("f", {}), draw(st.text(max_size=6)): junk}
+        elif how == "retype" and isinstance(h.get("f"), dict) and h["f"]:
+            # a field of the message with a value of another type (a bool for an int, ...)
+            h["f"][draw(st.sampled_from(sorted(h["f"])))] = junk
         else:
             h["a"] = [[draw(st.sampled_from(["float32", "int64", "float16", "x"])),
                        draw(st.lists(st.integers(-2, 2**41), max_size=3))]]
-        frames[1:2] = [orjson.dumps(h, option=orjson.OPT_NON_STR_KEYS)]
+        frames[1:2] = [msgspec.msgpack.encode(h)]
     elif how == "huge_header":
         frames[1:2] = [b'{"v":' + b" " * (MAX_HEADER_BYTES + 1) + b"1}"]
     else:

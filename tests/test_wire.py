@@ -3,9 +3,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 import pytest
+import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,12 +27,26 @@ from roles.protocol.datapath import (
     SampleBatch,
     Taking,
 )
-from roles.protocol.dense_sync import Aggregate, Contribution, RoundDone, StepGrad, Weights
+from roles.protocol.dense_sync import (
+    Aggregate,
+    Contribution,
+    Partial,
+    RoundDone,
+    StepGrad,
+    Weights,
+)
 from roles.protocol.lifecycle import EpochTrained, EvalReport
 from roles.protocol.model_parallel import MemberCall, MemberReply, MemberTensors
 from roles.protocol.placement import Handover, KeyCounts, Placement, WindowWork
-from zbus.codec import MAX_HEADER_BYTES, Message, ProtocolError, decode, message_types
-from zbus.messages import Finish, Hello
+from zbus.codec import (
+    MAX_HEADER_BYTES,
+    PROTOCOL_VERSION,
+    Message,
+    ProtocolError,
+    decode,
+    message_types,
+)
+from zbus.messages import Failure, Finish, Hello, Ready
 
 
 def sample(cls: type) -> Message:
@@ -126,15 +142,22 @@ def test_from_frames_rejects_another_type():
     assert err.value.kind == "unexpected_type"
 
 
+def deep(levels):
+    value = [1]
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
 def frames_with_header(cls=Lookup, **changes):
     frames = sample(cls).to_frames("w", 1)
-    header = orjson.loads(frames[1])
+    header = msgspec.msgpack.decode(frames[1])
     for key, value in changes.items():
         if key in ("v", "from", "seq", "f", "a"):
             header[key] = value
         else:
             header["f"][key] = value
-    frames[1] = orjson.dumps(header)
+    frames[1] = msgspec.msgpack.encode(header)
     return frames
 
 
@@ -146,9 +169,40 @@ MALFORMED = {
     "huge tag": ([b"A" * 1000, b"{}"], "unknown_type"),
     "header not json": ([b"Lookup", b"{not json"], "bad_header"),
     "header a list": ([b"Lookup", b"[1, 2]"], "bad_header"),
+    "header a msgpack list": ([b"Lookup", msgspec.msgpack.encode([1, 2])], "bad_header"),
     "header huge": ([b"Lookup", b" " * (MAX_HEADER_BYTES + 1)], "header_too_large"),
-    "missing envelope key": ([b"Lookup", b'{"v": 1, "from": "x", "seq": 1, "f": {}}'],
-                             "bad_header"),
+    "missing envelope key": ([b"Lookup", msgspec.msgpack.encode(
+        {"v": 1, "from": "x", "seq": 1, "f": {}})], "bad_header"),
+    "extra envelope key": ([b"Lookup", msgspec.msgpack.encode(
+        {"v": PROTOCOL_VERSION, "from": "x", "seq": 1, "f": {"batch_id": 1, "train": True},
+         "a": [], "x": 1})], "bad_header"),
+    "an older peer's JSON header": ([b"Lookup", orjson.dumps(
+        {"v": 7, "from": "x", "seq": 1, "f": {"batch_id": 1, "train": True}, "a": []})],
+        "bad_version"),
+    "this version in JSON": ([b"Lookup", orjson.dumps(
+        {"v": PROTOCOL_VERSION, "from": "x", "seq": 1, "f": {"batch_id": 1, "train": True},
+         "a": []})], "bad_header"),
+    "truncated msgpack": ([b"Lookup", frames_with_header()[1][:-3]], "bad_header"),
+    "trailing bytes": ([b"Lookup", frames_with_header()[1] + b"\x00"], "bad_header"),
+    "huge declared length": ([b"Lookup", b"\xdf\xff\xff\xff\xff"], "bad_header"),
+    "huge string length": ([b"Lookup", b"\x81\xdb\xff\xff\xff\xff"], "bad_header"),
+    "seq as float": (frames_with_header(seq=1.0), "bad_header"),
+    "version as bool": (frames_with_header(v=True), "bad_version"),
+    "from as bytes": (frames_with_header(**{"from": b"w"}), "bad_header"),
+    "field as bytes": (frames_with_header(Failure, reason=b"x"), "bad_field"),
+    "float field NaN": (frames_with_header(EpochTrained, loss_sum=float("nan")), "bad_field"),
+    "float field inf": (frames_with_header(EpochTrained, loss_sum=float("-inf")), "bad_field"),
+    "float field as bool": (frames_with_header(EpochTrained, loss_sum=True), "bad_field"),
+    "list item as bool": (frames_with_header(Aggregate, participants=[True]), "bad_field"),
+    "any value bytes": (frames_with_header(Ready, info={"x": b"raw"}), "bad_field"),
+    "any value NaN": (frames_with_header(Ready, info={"x": [1.0, float("nan")]}), "bad_field"),
+    "any value non-text key": (frames_with_header(Ready, info={"x": {1: 2}}), "bad_field"),
+    "any value ext": (frames_with_header(Ready, info={"x": msgspec.msgpack.Ext(1, b"")}),
+                      "bad_field"),
+    "any value too deep": (frames_with_header(Ready, info={"x": deep(20)}), "bad_field"),
+    "dict key not text": (frames_with_header(Ready, info={3: 1}), "bad_field"),
+    "fields not a map": (frames_with_header(f=[1, True]), "bad_field"),
+    "arrays not a list": (frames_with_header(a=5), "bad_arrays"),
     "wrong version": (frames_with_header(v=99), "bad_version"),
     "version as text": (frames_with_header(v="1"), "bad_version"),
     "sender not text": (frames_with_header(**{"from": 5}), "bad_header"),
@@ -177,10 +231,10 @@ def batch_frames():
 
 
 def edit_arrays(frames, index, entry=None, frame=None):
-    header = orjson.loads(frames[1])
+    header = msgspec.msgpack.decode(frames[1])
     if entry is not None:
         header["a"][index] = entry
-    frames[1] = orjson.dumps(header)
+    frames[1] = msgspec.msgpack.encode(header)
     if frame is not None:
         frames[2 + index] = frame
     return frames
@@ -195,6 +249,11 @@ ARRAY_CASES = {
     "absurd dim": (edit_arrays(batch_frames(), 1, ["float32", [2**50]]), "bad_array"),
     "short frame": (edit_arrays(batch_frames(), 0, frame=b"\0" * 8), "bad_size"),
     "shape/size mismatch": (edit_arrays(batch_frames(), 0, ["float32", [3, 4]]), "bad_size"),
+    "dtype as bytes": (edit_arrays(batch_frames(), 0, [b"float32", [3, 3]]), "bad_array"),
+    "dim as bool": (edit_arrays(batch_frames(), 1, ["float32", [True]]), "bad_array"),
+    "dim as float": (edit_arrays(batch_frames(), 1, ["float32", [3.0]]), "bad_array"),
+    "entry too long": (edit_arrays(batch_frames(), 1, ["float32", [3], 1]), "bad_array"),
+    "huge dims": (edit_arrays(batch_frames(), 0, ["float32", [2**39, 2**39]]), "bad_size"),
 }
 
 
@@ -221,9 +280,6 @@ def test_consistency_rules():
                   positions=np.array([0], i32), keys=np.array([1], i64)),
         BatchKeys(batch_id=1, window=0, samples=2, bounds=[1, 2], positions=np.array([1], i32),
                        keys=np.array([1], i64)),
-        SampleBatch(batch_id=1, epoch=0, eval=False, min_round=0, round=0,
-                         dense=np.full((1, 1), np.inf, f32), labels=np.zeros(1, f32),
-                         weights=np.zeros(1, f32), lengths=np.zeros((1, 0), i32)),
         RoundDone(round=1, contributors=["worker-0"], samples_by=[], coefficient=1.0,
                        samples=1),
         BatchKeys(batch_id=1, window=0, samples=2, bounds=[0, 2, 4],
@@ -279,10 +335,6 @@ def test_consistency_rules():
         EvalReport(epoch=0, parts=[0], loss_sum=0.0, rows_read=1, rejected=0,
                    counts=np.full((2, 4), -1, np.int64)),
         Contribution(round=1, coefficient=-1.0, samples=1, done=False, delta=np.zeros(2, f32)),
-        Contribution(round=1, coefficient=1.0, samples=1, done=False,
-                          delta=np.array([np.nan], f32)),
-        Weights(round=1, step=0, generation=0, params=np.array([1.0, np.inf], f32)),
-        StepGrad(coefficient=1.0, grads=np.array([np.nan], f32)),
         Deliver(batch_id=1, worker=-1, train=True),
         Deliver(batch_id=-1, worker=0, train=True),
     ]
@@ -292,11 +344,40 @@ def test_consistency_rules():
         assert err.value.kind == "inconsistent", msg
 
 
+NON_FINITE_PAYLOADS = [
+    SampleBatch(batch_id=1, epoch=0, eval=False, min_round=0, round=0,
+                dense=np.full((1, 1), np.inf, np.float32), labels=np.zeros(1, np.float32),
+                weights=np.zeros(1, np.float32), lengths=np.zeros((1, 0), np.int32)),
+    SampleBatch(batch_id=1, epoch=0, eval=False, min_round=0, round=0,
+                dense=np.zeros((1, 1), np.float32), labels=np.zeros(1, np.float32),
+                weights=np.full(1, np.nan, np.float32), lengths=np.zeros((1, 0), np.int32)),
+    Contribution(round=1, coefficient=1.0, samples=1, done=False,
+                 delta=np.array([np.nan], np.float32)),
+    Weights(round=1, step=0, generation=0, params=np.array([1.0, np.inf], np.float32)),
+    StepGrad(coefficient=1.0, grads=np.array([np.nan], np.float32)),
+    Partial(round=1, contributors=["worker-0"], samples_by=[1], done=[], coefficient=1.0,
+            samples=1, total=np.array([0.0, -np.inf])),
+]
+
+
+@pytest.mark.parametrize("msg", NON_FINITE_PAYLOADS, ids=lambda m: type(m).__name__)
+def test_a_large_payload_is_checked_by_its_consumer_not_the_codec(msg):
+    """The codec reads no large payload: the message decodes, and its consumer's check (the
+    worker's, the aggregator's) refuses it with the kind the codec used to give."""
+    got = decode(msg.to_frames()).msg
+    with pytest.raises(ProtocolError) as err:
+        got.require_finite()
+    assert err.value.kind == "inconsistent"
+    fine = dataclasses.replace(msg, **{f.name: np.zeros_like(getattr(msg, f.name))
+                                       for f in dataclasses.fields(msg)
+                                       if "dtype" in f.metadata})
+    decode(fine.to_frames()).msg.require_finite()
+
+
 def test_non_finite_scalar_is_rejected():
-    frames = frames_with_header(EpochTrained)
-    frames[1] = frames[1].replace(b'"loss_sum":0.5', b'"loss_sum":1e999')
-    with pytest.raises(ProtocolError):
-        decode(frames)
+    for value in (float("inf"), float("nan"), -float("inf")):
+        with pytest.raises(ProtocolError):
+            decode(frames_with_header(EpochTrained, loss_sum=value))
 
 
 @settings(max_examples=300, deadline=None)
@@ -338,3 +419,70 @@ def test_the_summary_counts_the_bytes_of_every_channel_but_status():
 
     channels = {cls.CHANNEL for cls in message_types().values()}
     assert channels - set(CHANNELS) == {"status"}
+
+
+MSGPACK_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats()
+    | st.text(max_size=8) | st.binary(max_size=8),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=6) | st.integers(-9, 9), inner, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(ALL), st.data(), MSGPACK_VALUES)
+def test_any_value_anywhere_in_the_header_only_ever_raises_protocol_error(cls, data, value):
+    """Wrong types, extra keys, NaN floats, bytes, non-text keys: in the envelope, in a field
+    or in an array's entry, a ProtocolError or a valid message, never anything else."""
+    frames = sample(cls).to_frames("w", 1)
+    header = msgspec.msgpack.decode(frames[1])
+    where = data.draw(st.sampled_from(["v", "from", "seq", "f", "a", "extra", "field",
+                                       "new field", "array entry"]))
+    if where == "field" and header["f"]:
+        header["f"][data.draw(st.sampled_from(sorted(header["f"])))] = value
+    elif where == "new field":
+        header["f"][data.draw(st.text(max_size=6))] = value
+    elif where == "array entry" and header["a"]:
+        entry = header["a"][data.draw(st.integers(0, len(header["a"]) - 1))]
+        entry[data.draw(st.integers(0, 1))] = value
+    else:
+        header[where] = value
+    frames[1] = msgspec.msgpack.encode(header)
+    try:
+        env = decode(frames)
+    except ProtocolError:
+        return
+    assert type(env.msg) is cls
+
+
+@pytest.mark.parametrize("raw", [
+    b"\x91" * 100_000 + b"\x00",                # arrays nested 100,000 deep
+    b"\x81\xa1f" * 30_000 + b"\xc0",            # maps nested 30,000 deep
+    b"\xdd\xff\xff\xff\xff",                    # an array of 4 billion items, none there
+    b"\xc6\xff\xff\xff\xff",                    # 4 GB of binary, none there
+    b"\xa5v\xed\xa0\x80",                       # invalid UTF-8 (a surrogate)
+], ids=["deep arrays", "deep maps", "huge array", "huge binary", "bad utf-8"])
+def test_hostile_msgpack_headers_are_bad_headers(raw):
+    for tag in (b"Lookup", b"Ready", b"SampleBatch"):
+        with pytest.raises(ProtocolError) as err:
+            decode([tag, raw[:MAX_HEADER_BYTES]])
+        assert err.value.kind == "bad_header"
+
+
+@pytest.mark.parametrize("frames,kind", [*MALFORMED.values(), *ARRAY_CASES.values()],
+                         ids=[*MALFORMED.keys(), *ARRAY_CASES.keys()])
+def test_malformed_messages_in_zmq_frames_are_rejected_alike(frames, kind):
+    """As ``zbus.sockets.recv`` hands them over (zero-copy zmq.Frame objects)."""
+    with pytest.raises(ProtocolError) as err:
+        decode([zmq.Frame(bytes(f)) for f in frames])
+    assert err.value.kind == kind
+
+
+def test_zmq_frames_decode_as_bytes_do():
+    for cls in ALL:
+        frames = sample(cls).to_frames("w", 3)
+        env = decode([zmq.Frame(bytes(f)) for f in frames])
+        assert type(env.msg) is cls and env.nbytes == decode(frames).nbytes
+        for f in dataclasses.fields(cls):
+            if "dtype" in f.metadata:
+                assert not getattr(env.msg, f.name).flags.writeable

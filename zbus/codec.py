@@ -5,7 +5,7 @@ identity frame in front, which the socket helpers in ``zbus.sockets`` strip and 
 
     frame 0    type tag: the message class name in ASCII, e.g. ``b"Heartbeat"``; it is also the
                topic a SUB socket sees first
-    frame 1    header, one orjson object::
+    frame 1    header, one msgpack map::
 
                    {"v": PROTOCOL_VERSION, "from": "<sender node id>", "seq": <sender sequence>,
                     "f": {<the message's scalar fields>},
@@ -14,12 +14,28 @@ identity frame in front, which the socket helpers in ``zbus.sockets`` strip and 
     frame 2..  one raw frame per array field: the C-contiguous little-endian bytes of the array,
                sent without copying when large and rebuilt with ``np.frombuffer`` (read-only)
 
-Decoding checks, and raises ``ProtocolError`` (with a short ``kind`` for counting) when any fails:
-the frame count, the type tag (known, ASCII), the header size and JSON, the protocol version,
-``from``/``seq``, every scalar field (present, right JSON type, nothing extra), every array
-(dtype exactly as declared, number of dimensions, frame size equal to dtype x shape) and the
-message's own consistency rules (``check``). A role that receives a bad message counts it by kind,
-logs the first of each kind and carries on.
+The header is decoded and validated in one call of a compiled decoder (msgspec) made for each
+message type when it is registered: the envelope (version, ``from``, ``seq``), every scalar
+field present with its exact type (a bool is not an int; a float is finite; a list's items and
+a dict's keys and values are of their declared types), nothing extra, and per array its dtype
+exactly as declared, its number of dimensions and each dimension in [0, 2**40). Python then
+checks that an ``Any`` is a JSON value (null, bool, int, finite float, str, list or str-keyed
+map, at most ``MAX_NESTING`` deep: control messages only), the frame count, each frame's size
+against dtype x shape, and the message's own consistency rules (``check``). Whatever fails
+raises ``ProtocolError`` with a short ``kind`` for counting (``truncated``,
+``unknown_type``, ``header_too_large``, ``bad_header``, ``bad_version``, ``bad_field``,
+``bad_arrays``, ``bad_array``, ``frame_count``, ``bad_size``, ``bad_frame``,
+``inconsistent``); a role that receives a bad
+message counts it by kind, logs the first of each kind and carries on. A header of an older
+protocol (JSON, version 7 and before) is refused as ``bad_version``.
+
+What the codec does not do: read a large payload. Decoding costs the same whether an array
+holds a kilobyte or a gigabyte (a view of the frame, no pass over it), so a message's ``check``
+tests shapes, sizes and small arrays (indices, counts, statistics) but not that a large float
+payload (a batch's features, embedding rows and gradients, dense weights, gradients and
+deltas) is finite: its consumer finds that where it uses the values, with the same
+``ProtocolError`` kind (``inconsistent``), before the values change any state, so that the
+message is refused and counted as the codec would have refused it (``finite`` is the check).
 
 Channels: every message type belongs to one channel, the unit in which nodes count bytes.
 
@@ -32,17 +48,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
+import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar, dataclass_transform
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, dataclass_transform
 
+import msgspec
 import numpy as np
 import orjson
+import zmq
 
 PROTOCOL_VERSION = 8
 MAX_HEADER_BYTES = 64 * 1024
 MAX_TAG_BYTES = 64
+MAX_DIM = 2**40       # a dimension of an array, exclusive
+MAX_NESTING = 16      # lists and maps inside an ``Any`` field's value
 
 _DTYPES: dict[str, np.dtype[Any]] = {
     "float32": np.dtype("<f4"),
@@ -79,34 +101,74 @@ class Envelope:
     nbytes: int
 
 
+# -- the header's types, as msgspec validates them ------------------------------------------------
+# A finite float: NaN fails both bounds, an infinity one of them.
+_FINITE = Annotated[float, msgspec.Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
+_DIM = Annotated[int, msgspec.Meta(ge=0, lt=MAX_DIM)]
+
+
+def _json_value(value: Any, depth: int = 0) -> bool:
+    """What an ``Any`` field may carry: a JSON value (null, bool, int, finite float, str, list,
+    str-keyed map) nested at most MAX_NESTING deep, so that no bytes, msgpack extension,
+    non-text key or non-finite float reaches a role through one. Checked in Python after the
+    compiled decoder (msgspec on Python 3.11 takes no recursive type, and a nested union as
+    deep costs seconds to compile per message type): only the control messages that have such
+    a field (Heartbeat, Ready, settings, ...) pay for it."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    if depth >= MAX_NESTING:
+        return False
+    if kind is list:
+        return all(_json_value(v, depth + 1) for v in value)
+    if kind is dict:
+        return all(type(k) is str and _json_value(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _has_any(hint: Any) -> bool:
+    return hint is Any or any(_has_any(a) for a in typing.get_args(hint))
+
+
+def _wire_type(hint: Any) -> Any:
+    """The type msgspec checks for a field annotation: ``float`` finite, also inside lists,
+    dicts and unions (``Any`` is checked by ``_json_value``)."""
+    if hint is float:
+        return _FINITE
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is list:
+        return list[_wire_type(args[0])]  # type: ignore[misc]
+    if origin is dict:
+        return dict[_wire_type(args[0]), _wire_type(args[1])]  # type: ignore[misc]
+    if origin is Union or type(hint).__name__ == "UnionType":
+        return Union[tuple(_wire_type(a) for a in args)]  # noqa: UP007
+    return hint
+
+
+def _header_type(name: str, scalars: tuple[tuple[str, Any], ...],
+                 arrays: tuple[tuple[str, str, int], ...]) -> Any:
+    """A msgspec Struct of one message type's whole header (no defaults: every key present;
+    no unknown key)."""
+    fields = msgspec.defstruct(f"{name}Fields", [(n, _wire_type(h)) for n, h in scalars],
+                               forbid_unknown_fields=True)
+    tup, lit = typing.cast(Any, tuple), typing.cast(Any, Literal)  # built at run time
+    # one entry per array: its dtype's name, then a tuple of exactly ndim dimensions
+    descr = tup[tuple(tup[lit[dtype], tup[(_DIM,) * ndim]] for _, dtype, ndim in arrays)
+                or ()]
+    return msgspec.defstruct(
+        f"{name}Header",
+        [("v", int), ("sender", str, msgspec.field(name="from")), ("seq", int),
+         ("f", fields), ("a", descr)],
+        forbid_unknown_fields=True)
+
+
 _REGISTRY: dict[str, type[Message]] = {}
 _BY_TAG: dict[bytes, type[Message]] = {}  # the same, by the type tag frame's bytes
 _HEADER_KEYS = frozenset(("v", "from", "seq", "f", "a"))
-_SCALARS = {int: "integer", float: "number", str: "string", bool: "boolean",
-            list: "list", dict: "object"}
-
-
-def _check_scalar(name: str, value: Any, origin: Any, item: Any) -> Any:
-    """``origin``: the field's type (list for list[item])."""
-    kind = type(value)
-    if kind is origin and kind is not list and kind is not float:
-        return value  # int, str, bool, dict: exactly their type (bool is not an int here)
-    if origin is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif origin is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok:
-            value = float(value)
-            ok = math.isfinite(value)
-    elif origin is list:
-        ok = isinstance(value, list) and all(
-            isinstance(v, item) and not isinstance(v, bool) for v in value)
-    else:
-        ok = isinstance(value, origin)
-    if not ok:
-        raise ProtocolError("bad_field", f"field {name!r} must be a finite {_SCALARS[origin]}, "
-                                         f"got {type(value).__name__}")
-    return value
+_ENCODER = msgspec.msgpack.Encoder()
+_GENERIC = msgspec.msgpack.Decoder()
 
 
 class Message:
@@ -116,8 +178,15 @@ class Message:
     CHANNEL: ClassVar[str] = "control"
     _scalars: ClassVar[tuple[tuple[str, Any], ...]] = ()
     _arrays: ClassVar[tuple[tuple[str, str, int], ...]] = ()
+    _scalar_names: ClassVar[tuple[str, ...]] = ()
     _names: ClassVar[frozenset[str]] = frozenset()
-    _checks: ClassVar[tuple[tuple[str, Any, Any], ...]] = ()  # (name, origin, item type)
+    _decoder: ClassVar[msgspec.msgpack.Decoder[Any]]
+    # per array field: (name, its dtype's name, dtype, ndim, itemsize)
+    _frames: ClassVar[tuple[tuple[str, str, np.dtype[Any], int, int], ...]] = ()
+    # the slots' setters (member descriptors), scalar fields then array fields: ``decode``
+    # fills a new message through them (a frozen dataclass's __init__ costs 3 us)
+    _setters: ClassVar[tuple[Callable[[Any, Any], None], ...]] = ()
+    _json_fields: ClassVar[tuple[int, ...]] = ()  # the scalar fields with an ``Any`` inside
     if typing.TYPE_CHECKING:  # set on every message type by ``message`` (a dataclass)
         __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
@@ -126,16 +195,18 @@ class Message:
 
     def to_frames(self, sender: str = "", seq: int = 0) -> list[Any]:
         arrays: list[Any] = []
-        descr: list[list[Any]] = []
-        for name, dtype, ndim in self._arrays:
-            arr = np.ascontiguousarray(getattr(self, name), dtype=_DTYPES[dtype])
+        descr: list[tuple[str, tuple[int, ...]]] = []
+        for name, dtype, dt, ndim, _ in self._frames:
+            arr = getattr(self, name)
+            if type(arr) is not np.ndarray or arr.dtype != dt or not arr.flags.c_contiguous:
+                arr = np.ascontiguousarray(arr, dtype=dt)
             if arr.ndim != ndim:
                 raise ValueError(f"{type(self).__name__}.{name} must have {ndim} dimensions")
             arrays.append(arr.data if arr.nbytes else b"")
-            descr.append([dtype, list(arr.shape)])
+            descr.append((dtype, arr.shape))
         header = {"v": PROTOCOL_VERSION, "from": sender, "seq": seq,
-                  "f": {name: getattr(self, name) for name, _ in self._scalars}, "a": descr}
-        return [type(self).__name__.encode(), orjson.dumps(header), *arrays]
+                  "f": {name: getattr(self, name) for name in self._scalar_names}, "a": descr}
+        return [type(self).__name__.encode(), _ENCODER.encode(header), *arrays]
 
     @classmethod
     def from_frames(cls, frames: typing.Sequence[Any]) -> Message:
@@ -149,25 +220,16 @@ class Message:
 _M = TypeVar("_M", bound=Message)
 
 
-def _runtime_type(hint: Any) -> Any:
-    """What ``isinstance`` can check of a type hint: ``list`` for ``list[int]``."""
-    return typing.get_origin(hint) or hint
-
-
-def _item_type(hint: Any) -> Any:
-    """The runtime type of a list's items (``int`` of ``list[int]``); None for any other."""
-    args = typing.get_args(hint)
-    return _runtime_type(args[0]) if args and _runtime_type(hint) is list else None
-
-
 @dataclass_transform(frozen_default=True, field_specifiers=(field, array))
 def message(channel: str = "control") -> Callable[[type[_M]], type[_M]]:
-    """Register a frozen, slotted dataclass as a message type of the given channel. Decoding
-    checks a scalar field's JSON value against its annotation's runtime type (``list`` for
-    ``list[int]``) and a list's items against theirs (``list`` for ``list[list[int]]``)."""
+    """Register a frozen, slotted dataclass as a message type of the given channel, with the
+    compiled decoder of its header: each scalar field is checked against its annotation
+    (``int``, ``float``, ``str``, ``bool``, lists and dicts of them, ``Any``)."""
 
     def wrap(cls: type[_M]) -> type[_M]:
         cls = dataclass(frozen=True, slots=True)(cls)
+        if hasattr(cls, "__post_init__"):  # decode does not call __init__
+            raise TypeError(f"message {cls.__name__}: no __post_init__; rules go in check()")
         hints = typing.get_type_hints(cls)
         scalars: list[tuple[str, Any]] = []
         arrays: list[tuple[str, str, int]] = []
@@ -179,8 +241,14 @@ def message(channel: str = "control") -> Callable[[type[_M]], type[_M]]:
         cls.CHANNEL = channel
         cls._scalars = tuple(scalars)
         cls._arrays = tuple(arrays)
-        cls._names = frozenset(n for n, _ in scalars)
-        cls._checks = tuple((n, _runtime_type(k), _item_type(k)) for n, k in scalars)
+        cls._scalar_names = tuple(n for n, _ in scalars)
+        cls._names = frozenset(cls._scalar_names)
+        cls._frames = tuple((n, d, _DTYPES[d], k, _DTYPES[d].itemsize) for n, d, k in arrays)
+        cls._json_fields = tuple(i for i, (_, h) in enumerate(scalars) if _has_any(h))
+        cls._setters = tuple(cls.__dict__[n].__set__ for n in (*cls._scalar_names,
+                                                                 *(a[0] for a in arrays)))
+        cls._decoder = msgspec.msgpack.Decoder(_header_type(cls.__name__, cls._scalars,
+                                                            cls._arrays))
         _REGISTRY[cls.__name__] = cls
         _BY_TAG[cls.__name__.encode()] = cls
         return cls
@@ -188,10 +256,14 @@ def message(channel: str = "control") -> Callable[[type[_M]], type[_M]]:
     return wrap
 
 
-def _buffer(frame: Any) -> memoryview:
-    if type(frame) is bytes:
-        return memoryview(frame)
-    buf = getattr(frame, "buffer", frame)  # zmq.Frame or any bytes-like object
+def _buffer(frame: Any) -> Any:
+    """The bytes of a frame: bytes and a zmq.Frame as they are (both give their bytes through
+    the buffer protocol, and their size as ``len``), any other bytes-like object as a flat
+    memoryview."""
+    kind = type(frame)
+    if kind is bytes or kind is zmq.Frame:
+        return frame
+    buf = getattr(frame, "buffer", frame)  # a zmq.Frame's subclass or any bytes-like object
     try:
         view = memoryview(buf)
         return view if view.ndim == 1 and view.format == "B" else view.cast("B")
@@ -206,61 +278,108 @@ def decode(frames: typing.Sequence[Any]) -> Envelope:
     tag = _buffer(frames[0])
     if len(tag) > MAX_TAG_BYTES:
         raise ProtocolError("unknown_type", f"type tag of {len(tag)} bytes")
-    cls = _BY_TAG.get(bytes(tag))
+    cls = _BY_TAG.get(tag if type(tag) is bytes else bytes(memoryview(tag)))
     if cls is None:
         raise ProtocolError("unknown_type", f"type tag {bytes(tag)[:32]!r}")
     raw = _buffer(frames[1])
     if len(raw) > MAX_HEADER_BYTES:
         raise ProtocolError("header_too_large", f"{len(raw)} bytes > {MAX_HEADER_BYTES}")
     try:
+        header = cls._decoder.decode(raw)
+    except _DECODE_ERRORS as exc:
+        raise _header_error(cls, raw, exc) from None
+    if header.v != PROTOCOL_VERSION:
+        raise ProtocolError("bad_version", f"protocol version {header.v!r}, "
+                                           f"this node speaks {PROTOCOL_VERSION}")
+    shapes = header.a
+    if len(frames) != 2 + len(shapes):
+        raise ProtocolError("frame_count", f"{len(frames)} frames for {cls.__name__}, "
+                                           f"expected {2 + len(shapes)}")
+    msg = _new(cls)  # filled through its slots: no __init__, no __post_init__
+    setters = cls._setters  # the scalar fields' first, then the arrays'
+    scalars = msgspec.structs.astuple(header.f)
+    for i in cls._json_fields:
+        if not _json_value(scalars[i]):
+            raise ProtocolError("bad_field", f"{cls.__name__} field {cls._scalar_names[i]!r} "
+                                             f"is not a JSON value at most {MAX_NESTING} deep")
+    for setter, value in zip(setters, scalars, strict=False):
+        setter(msg, value)
+    nbytes = len(tag) + len(raw)
+    i = len(cls._scalar_names)
+    for (name, _, dt, ndim, itemsize), (_, shape), frame in zip(
+            cls._frames, shapes, frames[2:], strict=True):
+        buf = _buffer(frame)
+        size = math.prod(shape) * itemsize
+        if size != len(buf):
+            raise ProtocolError("bad_size", f"array {name!r} of shape {shape} needs "
+                                            f"{size} bytes, got {len(buf)}")
+        arr = np.frombuffer(buf, dtype=dt)
+        if ndim != 1:
+            arr = arr.reshape(shape)
+        if arr.flags.writeable:  # a view of the message buffer: copy before changing it
+            arr.flags.writeable = False
+        setters[i](msg, arr)
+        i += 1
+        nbytes += size
+    msg.check()
+    env = _new(Envelope)
+    _ENV_SENDER(env, header.sender)
+    _ENV_SEQ(env, header.seq)
+    _ENV_MSG(env, msg)
+    _ENV_NBYTES(env, nbytes)
+    return env
+
+
+_new = object.__new__
+# Envelope's slots, filled as a message's are (its frozen __init__ costs a microsecond)
+_ENV_SENDER, _ENV_SEQ, _ENV_MSG, _ENV_NBYTES = (
+    Envelope.__dict__[n].__set__ for n in ("sender", "seq", "msg", "nbytes"))
+
+
+_PATH = re.compile(r"`(\$[^`]*)`$")
+
+
+# what msgspec raises on a malformed header: its own errors, and a string's bad UTF-8
+_DECODE_ERRORS = (msgspec.MsgspecError, ValueError, RecursionError)
+
+
+def _header_error(cls: type[Message], raw: Any, exc: Exception) -> ProtocolError:
+    """The ProtocolError of a header the compiled decoder refused, by what is wrong with it
+    (the error path only: the header is read again, without its type)."""
+    raw = bytes(memoryview(raw))  # a zmq.Frame neither slices nor goes to orjson
+    try:
+        header = _GENERIC.decode(raw)
+    except _DECODE_ERRORS:
+        header = _legacy_header(raw)
+        if header is None:
+            return ProtocolError("bad_header", "header is not one msgpack map")
+    if type(header) is not dict or header.keys() != _HEADER_KEYS:
+        return ProtocolError("bad_header", "header must be a map of v, from, seq, f, a")
+    if type(header["v"]) is not int or header["v"] != PROTOCOL_VERSION:
+        return ProtocolError("bad_version", f"protocol version {str(header['v'])[:20]}, "
+                                            f"this node speaks {PROTOCOL_VERSION}")
+    found = _PATH.search(str(exc))
+    path = found.group(1) if found else "$"
+    detail = f"{cls.__name__}: {exc}"[:300]
+    if path == "$.f" or path.startswith(("$.f.", "$.f[")):
+        return ProtocolError("bad_field", detail)
+    if path == "$.a":
+        return ProtocolError("bad_arrays", detail)
+    if path.startswith("$.a["):
+        return ProtocolError("bad_array", detail)
+    return ProtocolError("bad_header", detail)
+
+
+def _legacy_header(raw: Any) -> dict[str, Any] | None:
+    """A header of protocol 7 or before (JSON), to be refused by its version; None if the
+    header is not that either."""
+    if not bytes(raw[:1]) == b"{":
+        return None
+    try:
         header = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        raise ProtocolError("bad_header", "header is not JSON") from None
-    if type(header) is not dict or header.keys() != _HEADER_KEYS:
-        raise ProtocolError("bad_header", "header must be an object with v, from, seq, f, a")
-    if header["v"] != PROTOCOL_VERSION:
-        raise ProtocolError("bad_version", f"protocol version {header['v']!r}, "
-                                           f"this node speaks {PROTOCOL_VERSION}")
-    sender, seq, fields, descr = header["from"], header["seq"], header["f"], header["a"]
-    if not isinstance(sender, str) or not isinstance(seq, int) or isinstance(seq, bool):
-        raise ProtocolError("bad_header", "from must be a string and seq an integer")
-    if not isinstance(fields, dict) or fields.keys() != cls._names:
-        raise ProtocolError("bad_field", f"{cls.__name__} fields must be exactly "
-                                         f"{sorted(cls._names)}")
-    values = {name: _check_scalar(name, fields[name], origin, item)
-              for name, origin, item in cls._checks}
-    if not isinstance(descr, list) or len(descr) != len(cls._arrays):
-        raise ProtocolError("bad_arrays", f"{cls.__name__} has {len(cls._arrays)} array(s)")
-    if len(frames) != 2 + len(cls._arrays):
-        raise ProtocolError("frame_count", f"{len(frames)} frames for {cls.__name__}, "
-                                           f"expected {2 + len(cls._arrays)}")
-    nbytes = len(tag) + len(raw)
-    for (name, dtype, ndim), entry, frame in zip(cls._arrays, descr, frames[2:], strict=True):
-        values[name] = _decode_array(name, dtype, ndim, entry, frame)
-        nbytes += values[name].nbytes
-    msg = cls(**values)
-    msg.check()
-    return Envelope(sender=sender, seq=seq, msg=msg, nbytes=nbytes)
-
-
-def _decode_array(name: str, dtype: str, ndim: int, entry: Any, frame: Any) -> np.ndarray:
-    if (type(entry) is not list or len(entry) != 2 or entry[0] != dtype
-            or type(entry[1]) is not list or len(entry[1]) != ndim
-            or not all(type(d) is int and 0 <= d < 2**40 for d in entry[1])):
-        raise ProtocolError("bad_array", f"array {name!r} must be {dtype} with {ndim} dims, "
-                                         f"declared {str(entry)[:80]}")
-    dt = _DTYPES[dtype]
-    buf = _buffer(frame)
-    shape = tuple(entry[1])
-    if math.prod(shape) * dt.itemsize != len(buf):
-        raise ProtocolError("bad_size", f"array {name!r} of shape {shape} needs "
-                                        f"{math.prod(shape) * dt.itemsize} bytes, got {len(buf)}")
-    arr = np.frombuffer(buf, dtype=dt)
-    if ndim != 1:
-        arr = arr.reshape(shape)
-    if arr.flags.writeable:  # a view of the message buffer: copy before changing it
-        arr.flags.writeable = False
-    return arr
+        return None
+    return header if type(header) is dict else None
 
 
 def message_types() -> dict[str, type[Message]]:
@@ -280,4 +399,11 @@ def finite(a: np.ndarray) -> bool:
 
 def require(cond: bool, detail: str) -> None:
     if not cond:
+        raise ProtocolError("inconsistent", detail)
+
+
+def require_finite(a: np.ndarray, detail: str) -> None:
+    """A consumer's check of a large float payload before it uses it (see the module's
+    docstring): the ProtocolError the codec would have raised."""
+    if not finite(a):
         raise ProtocolError("inconsistent", detail)

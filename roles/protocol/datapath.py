@@ -372,8 +372,13 @@ class SampleBatch(Message):
                 and self.lengths.shape[0] == n,
                 "dense, labels, weights and lengths differ in length")
         require(not self.lengths.size or int(self.lengths.min()) >= 0, "negative lengths")
-        require(finite(self.dense) and finite(self.weights),
-                "non-finite features or weights")
+        # dense and weights finite: the worker's check before it takes the batch (not here:
+        # the codec reads no large payload, see zbus.codec)
+
+    def require_finite(self) -> None:
+        """The consumer's check: ProtocolError (inconsistent) if a feature or weight is NaN
+        or infinite."""
+        require(finite(self.dense) and finite(self.weights), "non-finite features or weights")
 
 
 @message("acks")

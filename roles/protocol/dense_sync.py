@@ -82,7 +82,9 @@ class Weights(Message):
     generation: int
     params: np.ndarray = array("float32", 1)
 
-    def check(self) -> None:
+    def require_finite(self) -> None:
+        """The consumer's check (the worker, before it adopts them; not on decoding: the codec
+        reads no large payload, see zbus.codec)."""
         require(finite(self.params), "non-finite weights")
 
 
@@ -93,7 +95,8 @@ class StepGrad(Message):
     coefficient: float
     grads: np.ndarray = array("float32", 1)
 
-    def check(self) -> None:
+    def require_finite(self) -> None:
+        """The consumer's check (the root aggregator, before it applies the step)."""
         require(finite(self.grads), "non-finite gradient")
 
 
@@ -111,6 +114,9 @@ class Contribution(Message):
 
     def check(self) -> None:
         require(self.coefficient >= 0 and self.samples >= 0, "negative coefficient or samples")
+
+    def require_finite(self) -> None:
+        """The consumer's check (the aggregator, before it keeps the contribution)."""
         require(finite(self.delta), "non-finite delta")
 
 
@@ -132,6 +138,9 @@ class Partial(Message):
         require(len(self.samples_by) == len(self.contributors),
                 "samples_by and contributors differ in length")
         require(self.coefficient >= 0 and self.samples >= 0, "negative coefficient or samples")
+
+    def require_finite(self) -> None:
+        """The consumer's check (the root aggregator, before it keeps the partial sum)."""
         require(finite(self.total), "non-finite partial sum")
 
 
