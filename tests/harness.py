@@ -10,6 +10,7 @@ from pathlib import Path
 import zmq
 from local_cluster import BIN, LocalCluster
 
+from roles.data.index import index_files, plan_parts
 from zbus.codec import Message, decode
 from zbus.messages import Heartbeat, Hello, Probe, Welcome
 
@@ -22,7 +23,18 @@ ADULT_TEXT_TRAIN_ROWS, ADULT_TEXT_EVAL_ROWS = 39075, 9767
 SLOW = {"model__hidden": [512, 256]}  # Adult's epochs of seconds: long enough to kill mid-epoch
 __all__ = ["ADULT_JOB", "ADULT_TEXT_EVAL_ROWS", "ADULT_TEXT_TRAIN_ROWS", "BIN", "REPO", "Cluster",
            "FakeControl", "adult_text", "criteo_data",
-           "dealer", "job_text", "recv_within", "reply"]
+           "dealer", "job_text", "recv_within", "reply", "text_split_rows"]
+
+
+def text_split_rows(path: Path, fmt: str, eval_fraction: float = 0.2) -> tuple[int, int]:
+    """The training and eval rows of a small plain text file as a job splits it (by bytes, at a
+    line start: ``roles.data.index``), counted line by line."""
+    parts, _ = plan_parts(index_files([str(path)], fmt), eval_fraction, 64)
+    data = path.read_bytes()
+    rows = [0, 0]
+    for p in parts:
+        rows[p.eval] += sum(1 for line in data[p.start:p.end].split(b"\n") if line.strip())
+    return rows[0], rows[1]
 
 
 def criteo_data(path: Path | str) -> str:

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pytest
 import zmq
-from harness import REPO, FakeControl, dealer, reply
+from harness import REPO, FakeControl, dealer, reply, text_split_rows
 from resumes import every_row_once, killed_and_resumed, trained_past_a_checkpoint
 from test_workers import assert_every_batch_trained_once
 
@@ -32,7 +32,6 @@ from roles.protocol.datapath import BatchKeys, Embeddings, Lookup
 pytestmark = pytest.mark.integration
 
 ROWS = 12_000
-TRAIN_ROWS = ROWS - ROWS // 5   # eval_fraction 0.2
 ITEMS = """[data.synthetic]
 rows = {rows}
 items = 500
@@ -156,7 +155,8 @@ def test_a_user_module_outside_the_repository_trains_list_fields_and_predict_sco
                             capture_output=True, text=True, cwd=REPO)
     assert scored.returncode == 0, scored.stderr
     figures = json.loads(scored.stdout)
-    assert figures["scored"] == ROWS // 5 and figures["rejected_rows"] == 0
+    assert figures["scored"] == text_split_rows(items_tsv, "tsv")[1]
+    assert figures["rejected_rows"] == 0
     assert abs(figures["auc"] - s["auc"]) <= 1e-4, (figures["auc"], s["auc"])
 
 
@@ -185,7 +185,7 @@ def test_a_din_job_killed_whole_resumes_from_its_checkpoint(cluster, items_tsv, 
     second = c.wait_for_event(lambda e: e["event"] == "epoch_start" and e["epoch"] == 1)
     trained_past_a_checkpoint(c, second["t"])
     s = killed_and_resumed(c, 4.0)
-    every_row_once(s, TRAIN_ROWS, 3)
+    every_row_once(s, text_split_rows(items_tsv, "tsv")[0], 3)
     assert s["checkpoints"]["rollbacks"][0]["retrained_samples"] > 0
     assert s["duplicates_refused"]["embedding_updates"] == 0
     assert s["auc"] > 0.75, s["auc"]
