@@ -1,8 +1,7 @@
 """The job's course, as control runs it: every expected node says Hello (same job fingerprint)
 and Ready, feeder 0 indexes the data -> the feeders get their parts and summarise them
-(``roles.control.feeding``; as soon as every feeder is ready, while the other nodes start) ->
-every node ready and the statistics in -> EpochStart(e) -> every part's EpochTrained(e) -> the
-rounds bring every worker to the same weights (``roles.control.rounds``) -> Evaluate(e, round) ->
+(``roles.control.feeding``) -> EpochStart(e) -> every part's EpochTrained(e) -> the rounds
+bring every worker to the same weights (``roles.control.rounds``) -> Evaluate(e, round) ->
 every part's EvalReport(e) -> the next epoch, or Export (the model into runs/<run>/export/) ->
 Finish (every node sends its final counters) -> the summary -> Stop.
 

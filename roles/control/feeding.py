@@ -1,12 +1,12 @@
 """Control's part in feeding the data (``[cluster] feeders``).
 
 The data is cut into parts (``roles.data.index``). Feeder 0 indexes it and tells control
-(DataIndex); once every feeder is ready (the others may still be starting), control assigns the
-parts to the feeders, consecutive parts of about as many rows to each, training and eval parts
-alike, and publishes the PartMap (standing). Each feeder summarises its training parts
-(PartStats); when every training part's summary is in, control merges them into the dense
-transform and the newest time (DataStats, standing: ``roles.data.stats``) and the first epoch
-can start (once every node is ready). Batch ids carry the part, so they stay unique.
+(DataIndex); once every node is ready, control assigns the parts to the feeders, consecutive
+parts of about as many rows to each, training and eval parts alike, and publishes the PartMap
+(standing). Each feeder summarises its training parts (PartStats); when every training part's
+summary is in, control merges them into the dense transform and the newest time (DataStats,
+standing: ``roles.data.stats``) and the first epoch can start. Batch ids carry the part, so
+they stay unique.
 
 A pass is done when the reports of every part are in: EpochTrained (samples, loss and how many
 samples were trained once, more than once, not at all; what the pass made of the rows) and

@@ -422,30 +422,22 @@ class Control(Loop):
         self.maybe_start()
 
     def maybe_start(self) -> None:
-        """The data is indexed and every feeder is ready: the feeders get their parts and
-        gather the data's statistics while the other nodes start (their imports take seconds:
-        the statistics need not wait for them). Every expected node is ready as well: the job
-        prepares, and the first epoch starts once the statistics are in."""
-        if self.course.phase != "starting" or self.feeding.index is None:
-            return
-        if self.feeding.part_map is None and self.members.all_expected_ready("feeder"):
+        """Every expected node is ready and the data is indexed: the feeders get their parts
+        and gather the data's statistics."""
+        if self.course.phase == "starting" and self.members.all_expected_ready() \
+                and self.feeding.index is not None:
             self.feeding.assign_parts()
-        if self.feeding.part_map is not None and self.members.all_expected_ready():
             self.course.phase = "preparing"
-            now = time.monotonic()
-            self.progress.touch(now)
-            if self.feeding.commands.get("stats") is not None:   # in before the others
-                self.course.start_epoch(0, now)
+            self.progress.touch(time.monotonic())
 
     def stats_in(self, m: PartStats, now: float) -> None:
-        """A feeder's statistics of its training parts: once every part's are in (and every
-        node is ready), go."""
-        if self.course.phase not in ("starting", "preparing"):
+        """A feeder's statistics of its training parts: once every part's are in, go."""
+        if self.course.phase != "preparing":
             return
         got = self.feeding.stats_in(m, now)
         if isinstance(got, str):  # the data's statistics cannot be used
             self.fail(got, resumable=False)
-        elif got is not None and self.course.phase == "preparing":
+        elif got is not None:
             self.course.start_epoch(0, now)
 
     def membership_changed(self) -> None:

@@ -99,10 +99,9 @@ class Members:
                        if s.role == "worker" and s.ready and s.status == ALIVE),
                       key=lambda n: self.nodes[n].index)
 
-    def all_expected_ready(self, role: str = "") -> bool:
-        """Every expected node (of ``role`` alone, when given: ``feeder``) is ready and live."""
+    def all_expected_ready(self) -> bool:
         return all(n in self.nodes and self.nodes[n].ready and self.nodes[n].status == ALIVE
-                   for n in self.expected if not role or n.startswith(f"{role}-"))
+                   for n in self.expected)
 
     def missing(self) -> list[str]:
         return [n for n in self.expected if n not in self.nodes or not self.nodes[n].ready]
