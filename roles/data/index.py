@@ -287,18 +287,23 @@ def _nothing(_bytes: int) -> None:
     pass
 
 
+def _text_header(path: str, f: IO[bytes], fmt: str) -> tuple[list[str], int]:
+    """A text file's header (none for criteo) and the byte its data starts at, the file
+    checked for signs of another format first; ``f`` is left at the data's start."""
+    _sniff(path, f.read(SNIFF_BYTES), fmt)
+    f.seek(0)
+    if fmt == "criteo":
+        return [], 0
+    first = f.readline()
+    if not first:
+        raise DataError(f"{path} is empty (a header row is expected)")
+    return _split_header(first, fmt), len(first)
+
+
 def _index_text(path: str, fmt: str, stat: Stat,
                 advance: Advance = _nothing) -> FileIndex:
-    header: list[str] = []
     with open_data(path) as f:
-        _sniff(path, f.read(SNIFF_BYTES), fmt)
-        f.seek(0)
-        data_start = 0
-        if fmt != "criteo":
-            first = f.readline()
-            if not first:
-                raise DataError(f"{path} is empty (a header row is expected)")
-            header, data_start = _split_header(first, fmt), len(first)
+        header, data_start = _text_header(path, f, fmt)
         marks = [[data_start, 0]]
         every = min(MARK_BYTES, max(MIN_MARK_BYTES, stat.st_size // 256))
         rows, at, next_mark, last = 0, data_start, data_start + every, b"\n"
@@ -324,16 +329,8 @@ def _index_text_sampled(path: str, fmt: str, stat: Stat) -> FileIndex:
     rows estimated from ``SAMPLES`` blocks of ``SAMPLE_BYTES`` at spread offsets (their
     bytes per line; counted, when the file holds no more than those blocks); nothing else is
     read."""
-    header: list[str] = []
     with open_data(path) as f:
-        _sniff(path, f.read(SNIFF_BYTES), fmt)
-        f.seek(0)
-        data_start = 0
-        if fmt != "criteo":
-            first = f.readline()
-            if not first:
-                raise DataError(f"{path} is empty (a header row is expected)")
-            header, data_start = _split_header(first, fmt), len(first)
+        header, data_start = _text_header(path, f, fmt)
         data = stat.st_size - data_start
         if data <= SAMPLES * SAMPLE_BYTES:   # a small file is read whole: its rows are exact
             whole = f.read()
