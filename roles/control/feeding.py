@@ -39,16 +39,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from roles.algorithms.control.membership import ALIVE, Members
-from roles.algorithms.feeding.parts import assign_parts
+from roles.algorithms.feeding.parts import assign_parts, estimated_files
 from roles.algorithms.shared.metrics import ScoreHistogram
 from roles.control.commands import Commands, ProgressClock
-from roles.data.index import FileIndex, exact_rows
 from roles.data.stats import Moments
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
 from roles.protocol.datapath import DataIndex, DataStats, FeederProgress, PartMap, PartStats
 from roles.protocol.lifecycle import EpochTrained, EvalReport, FeederBack
-from zbus.codec import ProtocolError
 from zbus.endpoints import node_index
 
 log = logging.getLogger(__name__)
@@ -102,7 +100,7 @@ class Feeding:
         train = m.parts[m.parts[:, 6] == 0]
         evaluation = m.parts[m.parts[:, 6] == 1]
         self.data = {"samples_in_data": m.n_train, "training_rows": m.n_train,
-                     "rows_estimated": _rows_estimated(m),
+                     "rows_estimated": bool(estimated_files(m)),
                      "eval_samples": int(evaluation[:, 3].sum()), "rows_read": None,
                      "rejected_rows": None, "dropped_rows": None, "merged_rows": None,
                      "parts": len(m.parts), "training_parts": len(train),
@@ -314,12 +312,3 @@ class Feeding:
         parts = self.commands.get("parts")
         self.part_map = parts if isinstance(parts, PartMap) else None
 
-
-def _rows_estimated(m: DataIndex) -> bool:
-    """Whether the index's rows are estimates (plain text files not counted: ``n_train``, the
-    parts' rows); exact from the first training pass's report on. A body that does not read
-    as files says nothing (the feeders refuse it when they adopt the files)."""
-    try:
-        return not all(exact_rows(FileIndex(**f)) for f in m.files())
-    except (ProtocolError, TypeError, ValueError):
-        return False

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from roles.algorithms.feeding.ledger import PartProgress
 from roles.data.index import FileIndex, Part, exact_rows
-from roles.protocol.datapath import PartMap
+from roles.protocol.datapath import DataIndex, PartMap
 from zbus.codec import ProtocolError
 
 
@@ -26,9 +26,10 @@ def assign_parts(rows: list[int], feeders: int) -> list[int]:
     return owners
 
 
-def _estimated(m: PartMap) -> set[int]:
-    """The files of the map whose rows are estimates (plain text not counted); none when its
-    body does not read as files (the feeder refuses that map when it adopts its files)."""
+def estimated_files(m: PartMap | DataIndex) -> set[int]:
+    """The files of the map (or of the index) whose rows are estimates (plain text not
+    counted: ``n_train``, the parts' rows; exact from a part's first pass on); none when its
+    body does not read as files (the feeders refuse such a body when they adopt its files)."""
     try:
         return {i for i, f in enumerate(m.files())
                 if not exact_rows(FileIndex(**{"marks": [], **f}))}
@@ -53,7 +54,7 @@ class FeederParts:
         before = None if self.map is None else set(self.mine())
         self.map = m
         self.parts = [Part.of(row) for row in m.parts.tolist()]
-        self.estimated = _estimated(m)
+        self.estimated = estimated_files(m)
         return [] if before is None else [i for i in self.mine() if i not in before]
 
     def mine(self, eval: bool | None = None) -> list[int]:
