@@ -93,6 +93,12 @@ class HeldBatch:
     train: bool = True     # gradients will follow (false once a look-up said eval)
     pending: tuple[np.ndarray, np.ndarray] | None = None  # keys without a row, and their
                            # occurrences: sightings counted when the gradients are applied
+    fresh: tuple[np.ndarray, np.ndarray] | None = None  # an eval batch's keys without a row:
+                           # (indices into rows, their initial rows); rows there are stand-ins
+
+    def table_rows(self) -> np.ndarray:
+        """The table rows the batch uses (stand-ins left out)."""
+        return self.rows if self.fresh is None else np.delete(self.rows, self.fresh[0])
 
 
 class Shard(Node):
@@ -293,12 +299,14 @@ class Shard(Node):
             return
         started = time.thread_time()
         self._forget_old_epochs(split_batch_id(msg.batch_id)[0])
-        mapped = self.admission.map_batch(self.table, msg.keys, msg.positions, msg.bounds)
+        mapping = self.admission.map_batch if msg.train else self.admission.map_eval
+        mapped = mapping(self.table, msg.keys, msg.positions, msg.bounds)
         self.held[msg.batch_id] = HeldBatch(rows=mapped.rows,
                                             mask=Embeddings.mask_of(msg.positions, msg.grid),
                                             grid=msg.grid,
                                             inverse=mapped.inverse, window=msg.window,
-                                            pending=mapped.pending)
+                                            train=msg.train, pending=mapped.pending,
+                                            fresh=mapped.fresh)
         self.worked(msg.window, "lookup", len(msg.keys), started)
         self.counts["key_messages"] += 1
         self.counts["keys_received"] += len(msg.keys)
@@ -332,6 +340,8 @@ class Shard(Node):
             while len(self.answered_eval) > MAX_EVAL_KEPT:
                 self.held.pop(self.answered_eval.popitem(last=False)[0], None)
         rows = self.table.weights[held.rows]
+        if held.fresh is not None:
+            rows[held.fresh[0]] = held.fresh[1]
         self.worked(held.window, "lookup", 0, started)
         self.send(self.sock, Embeddings(batch_id=batch_id, grid=held.grid, mask=held.mask,
                                         inverse=held.inverse, rows=rows), identity=identity)
@@ -352,6 +362,8 @@ class Shard(Node):
                 self.reject(ProtocolError("unknown_batch", f"gradients for batch {dropped}, "
                                                            "whose keys never came"))
             return
+        if not held.train:  # its keys came as an evaluation batch's: rows may be stand-ins
+            raise ProtocolError("eval_batch", f"gradients for evaluation batch {msg.batch_id}")
         if msg.grads.shape != (len(held.rows), self.table.dim):
             raise ProtocolError("bad_shape", f"gradients of shape {msg.grads.shape} for "
                                              f"{len(held.rows)} rows of {self.table.dim}")
@@ -386,7 +398,7 @@ class Shard(Node):
 
     def held_rows(self) -> list[np.ndarray]:
         """The rows of every batch held (expiry and eviction must not drop them)."""
-        return [h.rows for h in self.held.values()]
+        return [h.table_rows() for h in self.held.values()]
 
     def try_handover(self) -> None:
         """Hand over the rows this shard no longer owns, once no held training batch still

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from roles.algorithms.shard.admission import MAX_COUNT, Admission, CountMinSketch, sketch_width
-from roles.algorithms.shard.embedding_table import EmbeddingTable
+from roles.algorithms.shard.embedding_table import EmbeddingTable, initial_rows
 from zbus.codec import ProtocolError
 
 
@@ -120,6 +120,29 @@ def test_default_rows_train_as_one_row_each():
     grads = np.array([[1.0, 0, 0, 0], [0, 2.0, 0, 0]], dtype=np.float32)
     t.adagrad(mapped.rows, grads)   # one summed gradient per row, as the worker sends it
     assert np.allclose(t.weights[0], [-0.5, 0, 0, 0]) and np.allclose(t.accum[1], [0, 4, 0, 0])
+
+
+def test_an_eval_batch_makes_no_row_and_scores_as_the_export_would():
+    keys, positions, bounds = batch([5, 6, 5, 7])
+    plain, t = Admission(1, 16, 2), EmbeddingTable(4, 0.1, 0.5, seed=1)
+    plain.map_batch(t, *batch([6, 6]))
+    mapped = plain.map_eval(t, keys, positions, bounds)
+    assert len(t) == 1 and plain.admitted == 1 and t.clock == 2   # no row for 5 and 7
+    where, values = mapped.fresh
+    assert mapped.rows[where].tolist() == [0, 0]   # stand-ins, replaced by the values
+    got = t.weights[mapped.rows]
+    got[where] = values
+    expect = np.stack([initial_rows(np.array([k]), 4, 0.1, 1)[0] if k != 6
+                       else t.weights[t.index.find(np.array([6]))[0]] for k in [5, 5, 6, 7]])
+    assert np.array_equal(got[mapped.inverse], expect)   # field-major grid: 5 5, 6 7
+    # with admission: a key without a row scores with its field's default row, even when
+    # its sightings would admit it in a training batch; nothing is counted
+    adm, t2 = Admission(2, 1, 2), table()
+    seen = adm.map_eval(t2, *batch([8, 9, 8, 9, 8, 9]))
+    assert len(t2) == 0 and adm.admitted == 0 and adm.rejected == 0 and seen.fresh is None
+    assert seen.rows[seen.inverse].tolist() == [0, 0, 0, 1, 1, 1]
+    with pytest.raises(ProtocolError):
+        adm.map_eval(t2, *batch([1, 2, 3], 3))
 
 
 def test_a_batch_wider_than_the_fields_is_refused():

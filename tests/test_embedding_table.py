@@ -89,3 +89,19 @@ def test_release_and_accept_move_rows_with_their_state():
     assert (a.index.find(moved) == -1).all()
     again = a.rows_for(moved[:2])   # a key that comes back starts from its initial row
     assert np.array_equal(a.weights[again], initial_rows(moved[:2], 4, 0.1, 3))
+
+
+def test_peek_gives_an_unknown_key_the_row_create_would_and_makes_none():
+    t = EmbeddingTable(8, 0.05, 0.1, seed=3)
+    known = t.rows_for(np.array([4, 6], dtype=np.int64))
+    t.weights[known] += 1.0   # trained: peek must give these as they are now
+    keys = np.array([4, 5, 6, 7], dtype=np.int64)
+    rows, fresh = t.peek(keys)
+    assert len(t) == 2 and t.created == 2   # no row made
+    assert rows[[0, 2]].tolist() == known.tolist()
+    where, values = fresh
+    assert where.tolist() == [1, 3] and rows[where].tolist() == [0, 0]   # stand-ins
+    assert np.array_equal(values, initial_rows(np.array([5, 7]), 8, 0.05, 3))
+    made = t.rows_for(np.array([5, 7], dtype=np.int64))   # what a training batch makes later
+    assert np.array_equal(t.weights[made], values)
+    assert t.peek(keys)[1] is None   # every key has its row now

@@ -12,6 +12,7 @@ import pytest
 import zmq
 from harness import FakeControl, dealer, recv_within
 
+from roles.algorithms.shard.embedding_table import initial_rows
 from roles.checkpoint.files import checkpoint_dir
 from roles.protocol.checkpoint import Checkpoint, Snapshotted
 from roles.protocol.datapath import BatchKeys, EmbeddingGrads, Lookup, make_batch_id
@@ -109,6 +110,41 @@ def test_a_look_up_with_the_gradients_is_answered_after_the_update(cluster):
         assert (after.rows < before.rows).all()       # Adagrad moved every row down
         beat = fake.heartbeat("ps-0", lambda k: k.get("updates") == 1)
         assert beat.counters["lookups"] == 2
+    finally:
+        ctx.destroy(linger=0)
+        fake.close()
+
+
+def test_an_eval_batch_makes_no_row_and_its_gradients_are_refused(cluster):
+    c = cluster(cluster__shards=1, cluster__workers=1)
+    fake = FakeControl(c)
+    ctx = zmq.Context()
+    try:
+        c.start_role("ps", 0)
+        fake.admit({"ps-0"})
+        shard = dealer(ctx, c.job.cluster.endpoint("ps-0"), "worker-0")
+        dim = c.job.model.embedding_dim
+        train_once(shard, make_batch_id(0, 0, 1), dim)   # keys 4, 6, 10 get rows
+        trained = fake.heartbeat("ps-0", lambda k: k.get("updates") == 1).counters["keys"]
+        assert trained == 3
+        batch = make_batch_id(0, 1, 1)
+        keys = np.array([4, 7, 7, 8], dtype=np.int64)   # 4 has a row; 7 and 8 none
+        shard.send_multipart(BatchKeys(batch_id=batch, window=0, samples=2, bounds=[0, 2, 4],
+                                       positions=np.arange(4, dtype=np.int32), keys=keys,
+                                       train=False).to_frames())
+        shard.send_multipart(Lookup(batch_id=batch, train=False).to_frames())
+        emb = decode(recv_within(shard)).msg
+        got = emb.rows[emb.inverse]
+        t = c.job.train
+        fresh = initial_rows(np.array([7, 8]), dim, t.embedding_init, t.seed)
+        assert np.array_equal(got[[1, 2]], fresh[[0, 0]]) and np.array_equal(got[3], fresh[1])
+        assert not np.array_equal(got[0], initial_rows(np.array([4]), dim, t.embedding_init,
+                                                       t.seed)[0])   # trained
+        grads = np.full((len(emb.rows), dim), 0.1, dtype=np.float32)
+        shard.send_multipart(EmbeddingGrads(batch_id=batch, grads=grads).to_frames())
+        beat = fake.heartbeat("ps-0", lambda k: k["rejected_messages"].get("eval_batch"))
+        assert beat.counters["keys"] == 3 and beat.counters["updates"] == 1, beat.counters
+        assert c.procs["ps-0"].poll() is None, c.log("ps-0")
     finally:
         ctx.destroy(linger=0)
         fake.close()

@@ -60,7 +60,7 @@ import numpy as np
 import orjson
 import zmq
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9  # 9: BatchKeys.train
 MAX_HEADER_BYTES = 64 * 1024
 MAX_TAG_BYTES = 64
 MAX_DIM = 2**40       # a dimension of an array, exclusive

@@ -224,8 +224,10 @@ class LedgerSide:
     def in_flight(self) -> int:
         return len(self.ledger.in_flight)
 
-    def batches_in_flight(self) -> list[tuple[int, Samples]]:
-        return [(batch_id, entry.batch) for batch_id, entry in self.ledger.in_flight.items()]
+    def batches_in_flight(self) -> list[tuple[int, Samples, bool]]:
+        """Each batch in flight: its id, its samples and whether it is for evaluation."""
+        return [(batch_id, entry.batch, entry.eval)
+                for batch_id, entry in self.ledger.in_flight.items()]
 
     def no_copies(self) -> None:
         """Copies are for the end of a pass, when nothing is new."""

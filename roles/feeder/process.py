@@ -250,9 +250,10 @@ class Feeder(Node):
         for sock in self.shards:
             self.send(sock, msg)
 
-    def send_keys(self, batch_id: int, batch: Samples,
-                  shards: range | list[int]) -> tuple[np.ndarray, np.ndarray]:
-        keys, owner, messages = self.routing.batch_keys(batch_id, batch.keys, shards)
+    def send_keys(self, batch_id: int, batch: Samples, shards: range | list[int],
+                  eval: bool) -> tuple[np.ndarray, np.ndarray]:
+        keys, owner, messages = self.routing.batch_keys(batch_id, batch.keys, shards,
+                                                        train=not eval)
         for shard, msg in zip(shards, messages, strict=True):
             self.send(self.shards[shard], msg)
         return keys, owner
@@ -260,14 +261,14 @@ class Feeder(Node):
     def resend_keys(self, shard: int) -> int:
         """A restarted shard lost the keys of the batches in flight: send them again."""
         in_flight = self.ledger.batches_in_flight()
-        for batch_id, batch in in_flight:
-            self.send_keys(batch_id, batch, [shard])
+        for batch_id, batch, eval in in_flight:
+            self.send_keys(batch_id, batch, [shard], eval)
         return len(in_flight)
 
     def send_batch(self, batch_id: int, batch: Samples, eval: bool,
                    round_: int) -> tuple[np.ndarray, np.ndarray]:
         """Send one batch: its keys to their shards, its samples to the queue."""
-        keys, owner = self.send_keys(batch_id, batch, range(len(self.shards)))
+        keys, owner = self.send_keys(batch_id, batch, range(len(self.shards)), eval)
         lengths = self.layout.lengths(batch.keys)
         self.lists.add(lengths)
         self.send(self.samples, SampleBatch(

@@ -225,7 +225,9 @@ class BatchKeys(Message):
     field-major grid (``roles.job.fields``): field f's occurrences are grid positions
     ``bounds[f]`` to ``bounds[f + 1]``; ``positions`` are the grid positions of this shard's
     keys, ``keys`` the 64-bit ids there; ``window`` is the feeder's allocation window the batch
-    belongs to (the shard's load records)."""
+    belongs to (the shard's load records); ``train`` false for an evaluation batch (the shard
+    makes no row for it: a key without one gets the row the exported model would score it
+    with, so evaluating does not grow the tables)."""
 
     batch_id: int
     window: int
@@ -233,6 +235,7 @@ class BatchKeys(Message):
     bounds: list[int]
     positions: np.ndarray = array("int32", 1)
     keys: np.ndarray = array("int64", 1)
+    train: bool = True
 
     def check(self) -> None:
         require(self.positions.shape == self.keys.shape, "positions and keys differ in length")

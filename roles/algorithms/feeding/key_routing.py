@@ -83,10 +83,11 @@ class KeyRouting:
         self.placing: int | None = None  # a key map version waiting for the feeder to drain
         self.drained_for = -1
 
-    def batch_keys(self, batch_id: int, keys: np.ndarray, shards: range | list[int]
-                   ) -> tuple[np.ndarray, np.ndarray, list[BatchKeys]]:
+    def batch_keys(self, batch_id: int, keys: np.ndarray, shards: range | list[int],
+                   train: bool = True) -> tuple[np.ndarray, np.ndarray, list[BatchKeys]]:
         """The keys of a batch (samples x slots) as its grid (``roles.job.fields``), their
-        shards, and the BatchKeys for each of ``shards``."""
+        shards, and the BatchKeys for each of ``shards`` (``train`` false: an evaluation
+        batch)."""
         samples = len(keys)
         keys, bounds = self.layout.grid(keys)
         owner = self.keymap.owner_of(keys).astype(np.uint8)
@@ -94,8 +95,8 @@ class KeyRouting:
         for shard in shards:
             positions = np.flatnonzero(owner == shard).astype(np.int32)
             messages.append(BatchKeys(batch_id=batch_id, window=self.counter.window,
-                                      samples=samples, bounds=bounds, positions=positions,
-                                      keys=keys[positions]))
+                                      samples=samples, bounds=bounds, train=train,
+                                      positions=positions, keys=keys[positions]))
         return keys, owner, messages
 
     def count(self, keys: np.ndarray, owner: np.ndarray, pass_end: bool) -> KeyCounts | None:

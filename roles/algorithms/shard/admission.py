@@ -32,6 +32,11 @@ row. The sightings of the keys mapped to a default row are added to the sketch o
 batch's gradients are applied (``trained``): an eval batch (no gradients) and a batch sent
 twice (its second gradients are refused) never count. A key's sightings in batches still in
 flight therefore count a few batches late.
+
+An evaluation batch (``map_eval``) makes no row: a key without one scores with its field's
+default row (admission on) or its deterministic initial row (off), as the exported model
+scores an unknown key (``zbus-predict``). So evaluating neither grows the tables nor puts
+untrained rows into the export.
 """
 
 from __future__ import annotations
@@ -117,6 +122,8 @@ class BatchRows:
     rows: np.ndarray
     inverse: np.ndarray
     pending: tuple[np.ndarray, np.ndarray] | None = None
+    fresh: tuple[np.ndarray, np.ndarray] | None = None   # evaluation: keys without a row,
+    # as (indices into rows, their initial rows); those rows hold a stand-in (see ``peek``)
 
 
 class Admission:
@@ -136,24 +143,51 @@ class Admission:
         """Default rows the table needs (one per field when admission is on)."""
         return self.fields if self.sketch is not None else 0
 
-    def map_batch(self, table: EmbeddingTable, keys: np.ndarray, positions: np.ndarray,
-                  bounds: list[int]) -> BatchRows:
-        """Rows for one batch's keys (``positions`` in its grid, whose fields' runs begin at
-        ``bounds``); the table's clock advances by one batch."""
+    def _advance(self, table: EmbeddingTable) -> None:
+        """One more batch looked up: the table's clock, and the sketch's ageing with it."""
         table.clock += 1
         if self.age_batches and table.clock - self.aged_clock >= self.age_batches:
             self.aged_clock = table.clock
             self.age()
+
+    def _check_fields(self, table: EmbeddingTable, bounds: list[int]) -> None:
+        fields = len(bounds) - 1
+        if fields > self.fields or fields > table.defaults:
+            raise ProtocolError("bad_fields", f"a batch of {fields} fields for a table of "
+                                              f"{min(self.fields, table.defaults)}")
+
+    def map_eval(self, table: EmbeddingTable, keys: np.ndarray, positions: np.ndarray,
+                 bounds: list[int]) -> BatchRows:
+        """Rows for an evaluation batch's keys, making none: a key without a row scores as the
+        exported model would score it (``zbus-predict``): with admission its field's default
+        row, else its deterministic initial row (``fresh``). The clock advances as for
+        ``map_batch``."""
+        self._advance(table)
+        if self.sketch is None:
+            uniq, inverse = np.unique(keys, return_inverse=True)
+            rows, fresh = table.peek(uniq)
+            return BatchRows(rows, inverse.astype(np.int32).reshape(-1), fresh=fresh)
+        self._check_fields(table, bounds)
+        uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        rows = table.lookup(uniq)
+        absent = np.flatnonzero(rows < 0)
+        if absent.size:
+            rows[absent] = field_of(positions[first[absent]], bounds)   # its default row
+            table.touch(rows[absent])
+        return BatchRows(rows, inverse.astype(np.int32).reshape(-1))
+
+    def map_batch(self, table: EmbeddingTable, keys: np.ndarray, positions: np.ndarray,
+                  bounds: list[int]) -> BatchRows:
+        """Rows for one training batch's keys (``positions`` in its grid, whose fields' runs
+        begin at ``bounds``); the table's clock advances by one batch."""
+        self._advance(table)
         if self.sketch is None:
             uniq, inverse = np.unique(keys, return_inverse=True)
             before = table.created
             rows = table.rows_for(uniq)
             self.admitted += table.created - before
             return BatchRows(rows, inverse.astype(np.int32).reshape(-1))
-        fields = len(bounds) - 1
-        if fields > self.fields or fields > table.defaults:
-            raise ProtocolError("bad_fields", f"a batch of {fields} fields for a table of "
-                                              f"{min(self.fields, table.defaults)}")
+        self._check_fields(table, bounds)
         uniq, first, inverse, counts = np.unique(keys, return_index=True, return_inverse=True,
                                                  return_counts=True)
         inverse = inverse.reshape(-1)

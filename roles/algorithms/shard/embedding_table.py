@@ -122,6 +122,19 @@ class EmbeddingTable:
         self.created += n
         return rows
 
+    def peek(self, keys: np.ndarray
+             ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+        """Rows of distinct keys without making any (an evaluation's look-up): a key that has
+        no row gets row 0 as a stand-in, and its initial row, the one ``create`` would give
+        it, in ``fresh``: (indices into keys, [n, dim] values), or None when every key has a
+        row. The rows found count as seen now."""
+        rows = self.lookup(keys)
+        absent = np.flatnonzero(rows < 0)
+        if not absent.size:
+            return rows, None
+        rows[absent] = 0   # a valid row number (there is always one): replaced by fresh
+        return rows, (absent, initial_rows(keys[absent], self.dim, self.init_scale, self.seed))
+
     def rows_for(self, keys: np.ndarray) -> np.ndarray:
         """Row numbers of distinct keys, creating the rows of keys that have none."""
         rows = self.lookup(keys)
