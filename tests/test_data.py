@@ -164,3 +164,27 @@ def test_the_statistics_of_a_part_are_cached_and_sampled(tmp_path):
     assert np.array_equal(cached.moments.mean, sample.moments.mean)
     whole = source.summary(parts[0], True, 10**9, True)
     assert whole.complete and whole.rows == 39074
+
+
+def test_evaluation_batches_are_eval_batch_size_rows_four_batches_by_default():
+    from roles.feeder.streams import PartStreams
+
+    for given, size in ((0, 4 * 100), (300, 300)):
+        text = ADULT.read_text().replace("batch_size = 256", f"batch_size = 100\n"
+                                                             f"eval_batch_size = {given}", 1)
+        job = parse_job(text, base_dir=ADULT.parent, environ={})
+        assert job.train.eval_batch == size
+        source = DataSource(job)
+        files, parts, _ = source.index()
+        source.files = files
+        train, held_out = parts
+        s = summarize(source.blocks(train), train.number, 6, True, 10**9, True)
+        prepare = Preparer(job.layout(), merge_summaries([s], True, 6)[0], None)
+        streams = PartStreams(job, source)
+        try:
+            stream, sizes = streams.evaluation(held_out, prepare, Tally()), []
+            while (got := stream.take()) is not None:
+                sizes.append(len(got[1]))
+        finally:
+            streams.close()
+        assert sum(sizes) == held_out.rows and set(sizes[:-1]) == {size}, sizes[-3:]

@@ -50,7 +50,7 @@ class PartStreams:
     def evaluation(self, part: Part, prepare: Preparer, tally: Tally) -> PartStream:
         def batches() -> Iterator[Samples]:
             blocks = self.blocks(part)
-            return eval_batches(blocks, prepare, tally, self.job.train.batch_size)
+            return eval_batches(blocks, prepare, tally, self.job.train.eval_batch)
 
         return PartStream(part.number, batches, None, lambda *_: None)
 

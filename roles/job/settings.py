@@ -228,6 +228,9 @@ class TrainConfig:
         "passes over the training split")})
     batch_size: int = field(default=256, metadata={"min": 1, "max": 1 << 20, "doc": (
         "samples per batch")})
+    eval_batch_size: int = field(default=0, metadata={"min": 0, "max": 1 << 20, "doc": (
+        "samples per evaluation batch; 0: four times `batch_size` (scoring has no backward "
+        "pass and no update: a bigger batch spreads each batch's messages over more rows)")})
     sync: str = field(default="every", metadata={"choices": tuple(SYNC_MODES),
                                                  "doc": "dense synchronisation"})
     sync_every: int = field(default=8, metadata={"min": 1, "doc": (
@@ -274,6 +277,11 @@ class TrainConfig:
     recovery_timeout_s: float = field(default=120.0, metadata={"min": 1.0, "doc": (
         "how long the job waits for a killed aggregator, shard or (last) feeder to be "
         "started again")})
+
+    @property
+    def eval_batch(self) -> int:
+        """Samples per evaluation batch (``eval_batch_size``, 0 resolved)."""
+        return self.eval_batch_size or 4 * self.batch_size
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ training rows seeded by (seed, epoch) (file order with ``[train] shuffle = false
 of ``batch_size`` rows sliced from it; the loss the weighted mean of the batch's
 (``weighted_loss_sum``). The network gets its inputs as a worker's does (``SparseInputs`` over
 the batch's grid of rows), so list fields, pooled or sequences, work.
-Eval: the eval rows in file order, scored into a ``ScoreHistogram`` (the cluster's AUC and log
+Eval: the eval rows in file order, ``eval_batch_size`` at a time (as the cluster), scored into a
+``ScoreHistogram`` (the cluster's AUC and log
 loss). ``batch_by_label`` is refused (a permutation cannot keep one label per batch).
 
 Memory holds the whole data set (about 4 bytes a slot, 4 a dense value and 8 a row, plus the
@@ -255,8 +256,8 @@ def train_preloaded(job: Job, threads: int = 0, started: float | None = None) ->
         train_s += time.perf_counter() - start
         start = time.perf_counter()
         scores = ScoreHistogram()
-        for lo in range(data.train, len(data.labels), t.batch_size):
-            hi = min(len(data.labels), lo + t.batch_size)
+        for lo in range(data.train, len(data.labels), t.eval_batch):
+            hi = min(len(data.labels), lo + t.eval_batch)
             scores.add(data.labels[lo:hi], trainer.score(data.rows[lo:hi], data.dense[lo:hi]))
         eval_s += time.perf_counter() - start
         epochs.append({"epoch": epoch, "train_loss": loss_sum / weight_sum if weight_sum

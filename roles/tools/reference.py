@@ -124,7 +124,7 @@ def train_epochs(job: Job, ref: Reference, prepare: Preparer, parts: list[Part],
         trained += tally.samples
         scores = ScoreHistogram()
         for part in (p for p in parts if p.eval):
-            for batch in eval_batches(streams.blocks(part), prepare, Tally(), t.batch_size):
+            for batch in eval_batches(streams.blocks(part), prepare, Tally(), t.eval_batch):
                 scores.add(batch.labels, ref.score(batch))
         epochs.append({"epoch": epoch, "train_loss": loss_sum / weight_sum if weight_sum
                        else None, "auc": scores.auc(), "logloss": scores.logloss(),
