@@ -233,14 +233,15 @@ class Shard(Node):
                 "checkpoint_age_s": round(age, 3), "checkpoint_updates": meta["updates"]}
 
     def export_part(self, where: Path) -> tuple[str, list[str]]:
-        """A snapshot of every row this shard holds (the export's embeddings-ps-<i>.npz)."""
+        """A snapshot of every row this shard holds (the export's embeddings-ps-<i>.npz),
+        streamed from the table: no copy of it (the table does not change meanwhile: this
+        runs in the shard's loop)."""
         where.mkdir(parents=True, exist_ok=True)
-        keys, rows = self.table.index.items()
-        order = np.argsort(rows)
+        t = self.table
         name = embeddings_file(self.index)
-        save_embeddings(where / name, keys[order], self.table.weights[rows[order]],
-                        self.table.default_state()[0] if self.table.defaults else None)
-        log.info("exported %d rows to %s", len(keys), where / name)
+        size = save_embeddings(where / name, t.index, t.weights,
+                               t.weights[:t.defaults] if t.defaults else None)
+        log.info("exported %d rows to %s (%d bytes)", len(t), where / name, size)
         return self.node_id, [name]
 
     def on_message(self, identity: bytes | None, env) -> None:

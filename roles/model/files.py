@@ -10,11 +10,13 @@ The export (``runs/<run>/export/``), the hand-off to a serving system:
 - ``dense.npz``: one array per named tensor of the dense network (``torch`` state-dict names,
   e.g. ``mlp.0.weight``), float32;
 - ``embeddings-ps-<i>.npz``: ``keys`` (int64, the 64-bit feature ids, see
-  ``roles.data.hashing``) and ``rows`` (float32 [keys, embedding_dim]) of shard i's table;
-  with admission (``[embeddings] min_count`` > 1) also ``defaults`` (float32 [sparse fields,
-  embedding_dim]), the shard's default row of each field. A key in no shard file has its
-  field's default row of the shard that owns it by hash placement when the files have default
-  rows, else its deterministic initial row (``roles.algorithms.shard.embedding_table``);
+  ``roles.data.hashing``) and ``rows`` (float32 [keys, embedding_dim]) of shard i's table,
+  ``rows[i]`` the row of ``keys[i]`` (in no particular order: a reader sorts or maps them;
+  written streamed, ``save_embeddings``); with admission (``[embeddings] min_count`` > 1)
+  also ``defaults`` (float32 [sparse fields, embedding_dim]), the shard's default row of each
+  field. A key in no shard file has its field's default row of the shard that owns it by hash
+  placement when the files have default rows, else its deterministic initial row
+  (``roles.algorithms.shard.embedding_table``);
 - ``transform.json``: the dense transform (log1p flag, training mean and std per column);
 - ``job.toml``: the effective job (schema, model sizes, seed);
 - ``manifest.json``, written last: the parts, the round and the AUC of the exported weights,
@@ -27,12 +29,14 @@ from __future__ import annotations
 import io
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import orjson
 
+from roles.algorithms.shard.key_index import KeyIndex
+from roles.model.npz_stream import Entry, whole, write_npz
 from roles.protocol.lifecycle import Export, Exported
 from roles.storage.fs import is_uri
 from roles.storage.local import atomic_write
@@ -42,6 +46,7 @@ MANIFEST = "manifest.json"
 DENSE = "dense.npz"
 TRANSFORM = "transform.json"
 JOB = "job.toml"
+CHUNK_BYTES = 32 << 20   # the most bytes of rows in one piece of a streamed embeddings file
 
 
 def embeddings_file(shard: int) -> str:
@@ -128,11 +133,36 @@ def load_named(path: Path) -> dict[str, np.ndarray]:
         return {k: f[k] for k in f.files}
 
 
-def save_embeddings(path: Path, keys: np.ndarray, rows: np.ndarray,
-                    defaults: np.ndarray | None = None) -> None:
-    extra = {} if defaults is None else {"defaults": np.asarray(defaults, dtype=np.float32)}
-    atomic_write(path, npz_bytes(keys=np.asarray(keys, dtype=np.int64),
-                                 rows=np.asarray(rows, dtype=np.float32), **extra))
+def save_embeddings(path: Path, index: KeyIndex, weights: np.ndarray,
+                    defaults: np.ndarray | None = None, chunk: int | None = None) -> int:
+    """Write a shard's table as ``embeddings-ps-<i>.npz``: ``keys`` (int64 [n]), the live keys
+    of ``index``, ``rows`` (float32 [n, dim]), ``rows[i]`` the row of ``keys[i]``
+    (``weights[row]`` of the row number the index gives it), and ``defaults`` (the default
+    rows) when given; the bytes written. The keys come in the order of the index's slots (a
+    hash order: neither sorted nor by row number); what pairs them is only the position.
+
+    Streamed (``roles.model.npz_stream``): the index is walked ``chunk`` slots at a time, twice
+    (the keys, then their rows gathered piece by piece), so memory grows by one piece, the
+    live entries of ``chunk`` slots (at most ``chunk`` rows; the index is kept at most half
+    full), not by a copy of the table; the default ``chunk`` keeps a piece's rows under
+    ``CHUNK_BYTES``. The index and weights must not change while it writes (the shard exports
+    from its own loop); ``n`` is ``len(index)``, and a walk that finds another number fails
+    (no file written)."""
+    dim = weights.shape[1]
+    if chunk is None:
+        chunk = max(1024, CHUNK_BYTES // max(1, dim * weights.itemsize))
+    n, slots = len(index), index.capacity
+
+    def walk() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for start in range(0, slots, chunk):
+            _, keys, rows = index.live_slots(start, min(start + chunk, slots))
+            yield keys, rows
+
+    entries = [Entry("keys", np.dtype(np.int64), (n,), (k for k, _ in walk())),
+               Entry("rows", np.dtype(np.float32), (n, dim), (weights[r] for _, r in walk()))]
+    if defaults is not None:
+        entries.append(whole("defaults", np.asarray(defaults, dtype=np.float32)))
+    return write_npz(path, entries)
 
 
 def load_embeddings(path: Path) -> tuple[np.ndarray, np.ndarray]:
