@@ -105,3 +105,17 @@ def test_peek_gives_an_unknown_key_the_row_create_would_and_makes_none():
     made = t.rows_for(np.array([5, 7], dtype=np.int64))   # what a training batch makes later
     assert np.array_equal(t.weights[made], values)
     assert t.peek(keys)[1] is None   # every key has its row now
+
+
+def test_adagrad_is_bit_for_bit_the_plain_expression_over_several_steps():
+    rng = np.random.default_rng(3)
+    t = EmbeddingTable(16, 0.05, 0.03, seed=1)
+    rows = t.rows_for(rng.integers(0, 2**60, 5000))
+    weights, accum = t.weights.copy(), t.accum.copy()
+    for _ in range(5):
+        g = rng.standard_normal((len(rows), 16)).astype(np.float32)
+        acc = accum[rows] + g * g
+        accum[rows] = acc
+        weights[rows] -= t.lr * g / (np.sqrt(acc) + t.eps)
+        t.adagrad(rows, g)
+    assert np.array_equal(weights, t.weights) and np.array_equal(accum, t.accum)
