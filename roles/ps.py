@@ -340,7 +340,7 @@ class Shard(Node):
             self.answered_eval[batch_id] = None
             while len(self.answered_eval) > MAX_EVAL_KEPT:
                 self.held.pop(self.answered_eval.popitem(last=False)[0], None)
-        rows = self.table.weights[held.rows]
+        rows = np.take(self.table.weights, held.rows, axis=0)
         if held.fresh is not None:
             rows[held.fresh[0]] = held.fresh[1]
         self.worked(held.window, "lookup", 0, started)
