@@ -38,6 +38,7 @@ from roles.protocol.dense_sync import (
 from roles.protocol.lifecycle import EpochTrained, EvalReport
 from roles.protocol.model_parallel import MemberCall, MemberReply, MemberTensors
 from roles.protocol.placement import Handover, KeyCounts, Placement, WindowWork
+from zbus import sockets
 from zbus.codec import (
     MAX_HEADER_BYTES,
     PROTOCOL_VERSION,
@@ -254,6 +255,10 @@ ARRAY_CASES = {
     "dim as float": (edit_arrays(batch_frames(), 1, ["float32", [3.0]]), "bad_array"),
     "entry too long": (edit_arrays(batch_frames(), 1, ["float32", [3], 1]), "bad_array"),
     "huge dims": (edit_arrays(batch_frames(), 0, ["float32", [2**39, 2**39]]), "bad_size"),
+    "long frame": (edit_arrays(batch_frames(), 0, frame=b"\0" * 40), "bad_size"),
+    "ragged frame": (edit_arrays(batch_frames(), 0, frame=b"\0" * 37), "bad_size"),
+    "frame for an empty array": (edit_arrays(batch_frames(), 3, ["int32", [3, 0]],
+                                             frame=b"\0" * 4), "bad_size"),
 }
 
 
@@ -486,3 +491,94 @@ def test_zmq_frames_decode_as_bytes_do():
         for f in dataclasses.fields(cls):
             if "dtype" in f.metadata:
                 assert not getattr(env.msg, f.name).flags.writeable
+
+
+@pytest.mark.parametrize("cls", ALL, ids=lambda c: c.__name__)
+def test_encode_counts_the_bytes_decode_counts(cls):
+    frames, nbytes = sample(cls).encode("w", 5)
+    assert nbytes == sum(len(bytes(f)) for f in frames) == decode(frames).nbytes
+    assert frames[0] == cls.__name__.encode()
+
+
+def test_arrays_of_another_layout_or_dtype_go_as_the_declared_contiguous_array():
+    dense = np.arange(24, dtype=np.float64).reshape(3, 8)[:, ::2]  # float64, strided
+    msg = SampleBatch(batch_id=1, epoch=0, eval=False, min_round=0, round=0, dense=dense,
+                      labels=np.zeros(3, np.float32), weights=np.ones(3, np.float32),
+                      lengths=np.zeros((3, 0), np.int32))
+    got = decode(msg.to_frames()).msg.dense
+    assert got.dtype == np.float32 and got.shape == (3, 4)
+    assert np.array_equal(got, dense.astype(np.float32))
+    with pytest.raises(ValueError):
+        Weights(round=1, step=0, generation=0, params=np.zeros((2, 2), np.float32)).to_frames()
+
+
+def test_a_large_zmq_frame_is_viewed_read_only_and_its_size_checked():
+    """Array frames of 64 KB or more stay zmq.Frame objects (no copy); smaller ones are read
+    as bytes."""
+    params = np.arange(1 << 16, dtype=np.float32)
+    frames = [zmq.Frame(bytes(f)) for f in Weights(round=1, step=0, generation=0,
+                                                   params=params).to_frames()]
+    got = decode(frames).msg.params
+    assert np.array_equal(got, params) and not got.flags.writeable
+    assert np.shares_memory(got, np.frombuffer(frames[2], np.float32))
+    frames[2] = zmq.Frame(bytes(frames[2])[:-4])
+    with pytest.raises(ProtocolError) as err:
+        decode(frames)
+    assert err.value.kind == "bad_size"
+
+
+@pytest.fixture
+def pair():
+    ctx = zmq.Context()
+    socks = {}
+    for name, kind in (("push", zmq.PUSH), ("pull", zmq.PULL), ("dealer", zmq.DEALER),
+                       ("router", zmq.ROUTER)):
+        socks[name] = sockets.make_socket(ctx, kind)
+    socks["pull"].bind("inproc://pull")
+    socks["push"].connect("inproc://pull")
+    socks["router"].bind("inproc://router")
+    socks["dealer"].setsockopt(zmq.IDENTITY, b"dealer-1")
+    socks["dealer"].connect("inproc://router")
+    yield socks
+    for sock in socks.values():
+        sock.close(0)
+    ctx.term()
+
+
+def test_send_and_recv_carry_every_message_and_count_its_bytes(pair):
+    out, into = sockets.Traffic(), sockets.Traffic()
+    for cls in ALL:
+        msg = sample(cls)
+        sent = sockets.send(pair["push"], msg, sender="w-1", seq=9, traffic=out)
+        _, env = sockets.recv(pair["pull"], router=False, traffic=into, flags=0)
+        assert type(env.msg) is cls and (env.sender, env.seq, env.nbytes) == ("w-1", 9, sent)
+        sockets.send(pair["dealer"], msg, sender="w-1", seq=10, traffic=out)
+        identity, env = sockets.recv(pair["router"], router=True, traffic=into, flags=0)
+        assert identity == b"dealer-1" and type(env.msg) is cls
+        sockets.send(pair["router"], msg, sender="a-0", seq=11, traffic=out, identity=identity)
+        _, env = sockets.recv(pair["dealer"], router=False, traffic=into, flags=0)
+        assert type(env.msg) is cls and env.seq == 11
+    assert out.bytes_out == into.bytes_in and out.msgs_out == into.msgs_in
+    assert sum(into.msgs_in.values()) == 3 * len(ALL)
+    with pytest.raises(zmq.Again):
+        sockets.recv(pair["pull"], router=False, traffic=into)
+
+
+def test_recv_consumes_a_malformed_message_whole(pair):
+    """Refused, and every frame of it read: the next message decodes."""
+    good = Weights(round=1, step=0, generation=0, params=np.ones(4, np.float32))
+    traffic = sockets.Traffic()
+    bad = [[*good.to_frames(), b"extra"], good.to_frames()[:2], [b"junk"] * 7,
+           [b"Weights", b"\xc1", b"x", b"y"]]
+    for frames in bad:
+        pair["push"].send_multipart(frames)
+        pair["push"].send_multipart(good.to_frames())
+        with pytest.raises(ProtocolError):
+            sockets.recv(pair["pull"], router=False, traffic=traffic, flags=0)
+        _, env = sockets.recv(pair["pull"], router=False, traffic=traffic, flags=0)
+        assert type(env.msg) is Weights
+    pair["dealer"].send(b"")  # the identity frame and an empty one: truncated
+    with pytest.raises(ProtocolError) as err:
+        sockets.recv(pair["router"], router=True, traffic=traffic, flags=0)
+    assert err.value.kind == "truncated"
+    assert traffic.msgs_in["dense_sync"] == len(bad)

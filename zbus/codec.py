@@ -12,7 +12,8 @@ identity frame in front, which the socket helpers in ``zbus.sockets`` strip and 
                     "a": [["<dtype>", [dim, ...]], ...]}     one entry per array field, in order
 
     frame 2..  one raw frame per array field: the C-contiguous little-endian bytes of the array,
-               sent without copying when large and rebuilt with ``np.frombuffer`` (read-only)
+               sent without copying when large and rebuilt as a read-only array over the
+               frame (a view of it when large, of a copy when small: ``COPY_BELOW``)
 
 The header is decoded and validated in one call of a compiled decoder (msgspec) made for each
 message type when it is registered: the envelope (version, ``from``, ``seq``), every scalar
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import re
 import sys
 import typing
@@ -61,6 +63,11 @@ import orjson
 import zmq
 
 PROTOCOL_VERSION = 9  # 9: BatchKeys.train
+# Below this many bytes a copy costs less than a zmq.Frame: a message this small is copied into
+# ZeroMQ when sent (``zbus.sockets.send``), and an array frame this small is read as bytes
+# when received (numpy makes an array over bytes faster than over a Frame, and bytes are
+# read-only already); larger ones go and come without a copy.
+COPY_BELOW = 64 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 MAX_TAG_BYTES = 64
 MAX_DIM = 2**40       # a dimension of an array, exclusive
@@ -148,9 +155,10 @@ def _wire_type(hint: Any) -> Any:
 
 
 def _header_type(name: str, scalars: tuple[tuple[str, Any], ...],
-                 arrays: tuple[tuple[str, str, int], ...]) -> Any:
-    """A msgspec Struct of one message type's whole header (no defaults: every key present;
-    no unknown key)."""
+                 arrays: tuple[tuple[str, str, int], ...]) -> tuple[Any, Any]:
+    """The msgspec Structs of one message type's whole header and of its scalar fields (no
+    defaults: every key present; no unknown key): ``decode`` checks a header against the
+    first, ``Message.encode`` writes one with them."""
     fields = msgspec.defstruct(f"{name}Fields", [(n, _wire_type(h)) for n, h in scalars],
                                forbid_unknown_fields=True)
     tup, lit = typing.cast(Any, tuple), typing.cast(Any, Literal)  # built at run time
@@ -161,7 +169,7 @@ def _header_type(name: str, scalars: tuple[tuple[str, Any], ...],
         f"{name}Header",
         [("v", int), ("sender", str, msgspec.field(name="from")), ("seq", int),
          ("f", fields), ("a", descr)],
-        forbid_unknown_fields=True)
+        forbid_unknown_fields=True), fields
 
 
 _REGISTRY: dict[str, type[Message]] = {}
@@ -187,26 +195,43 @@ class Message:
     # fills a new message through them (a frozen dataclass's __init__ costs 3 us)
     _setters: ClassVar[tuple[Callable[[Any, Any], None], ...]] = ()
     _json_fields: ClassVar[tuple[int, ...]] = ()  # the scalar fields with an ``Any`` inside
+    # what ``encode`` needs, made once per type by ``message``: the type tag frame, the
+    # header's Struct types (the very ones ``_decoder`` checks against: one definition of the
+    # header), and a function that reads the scalar fields' values as a tuple
+    _tag: ClassVar[bytes] = b""
+    _header_struct: ClassVar[Any]
+    _fields_struct: ClassVar[Any]
+    _get_scalars: ClassVar[Callable[[Any], tuple[Any, ...]]]
     if typing.TYPE_CHECKING:  # set on every message type by ``message`` (a dataclass)
         __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def check(self) -> None:
         """Consistency rules between fields; raise ProtocolError when broken."""
 
-    def to_frames(self, sender: str = "", seq: int = 0) -> list[Any]:
-        arrays: list[Any] = []
+    def encode(self, sender: str = "", seq: int = 0) -> tuple[list[Any], int]:
+        """The message's frames (see the module's docstring) and their size in bytes."""
+        cls = type(self)
+        frames: list[Any] = [cls._tag, b""]
         descr: list[tuple[str, tuple[int, ...]]] = []
-        for name, dtype, dt, ndim, _ in self._frames:
+        nbytes = len(cls._tag)
+        for name, dtype, dt, ndim, _ in cls._frames:
             arr = getattr(self, name)
-            if type(arr) is not np.ndarray or arr.dtype != dt or not arr.flags.c_contiguous:
+            if type(arr) is not np.ndarray or (arr.dtype is not dt and arr.dtype != dt) \
+                    or not arr.flags.c_contiguous:
                 arr = np.ascontiguousarray(arr, dtype=dt)
             if arr.ndim != ndim:
-                raise ValueError(f"{type(self).__name__}.{name} must have {ndim} dimensions")
-            arrays.append(arr.data if arr.nbytes else b"")
+                raise ValueError(f"{cls.__name__}.{name} must have {ndim} dimensions")
+            size = arr.nbytes
+            frames.append(arr if size else b"")  # its bytes, through the buffer protocol
             descr.append((dtype, arr.shape))
-        header = {"v": PROTOCOL_VERSION, "from": sender, "seq": seq,
-                  "f": {name: getattr(self, name) for name in self._scalar_names}, "a": descr}
-        return [type(self).__name__.encode(), _ENCODER.encode(header), *arrays]
+            nbytes += size
+        header = _ENCODER.encode(cls._header_struct(
+            PROTOCOL_VERSION, sender, seq, cls._fields_struct(*cls._get_scalars(self)), descr))
+        frames[1] = header
+        return frames, nbytes + len(header)
+
+    def to_frames(self, sender: str = "", seq: int = 0) -> list[Any]:
+        return self.encode(sender, seq)[0]
 
     @classmethod
     def from_frames(cls, frames: typing.Sequence[Any]) -> Message:
@@ -215,6 +240,16 @@ class Message:
             raise ProtocolError("unexpected_type", f"expected {cls.__name__}, "
                                                    f"got {type(msg).__name__}")
         return msg
+
+
+def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """A function of a message that gives its fields ``names`` as a tuple."""
+    if len(names) > 1:
+        return operator.attrgetter(*names)
+    if names:
+        one = operator.attrgetter(names[0])
+        return lambda msg: (one(msg),)
+    return lambda msg: ()
 
 
 _M = TypeVar("_M", bound=Message)
@@ -247,8 +282,11 @@ def message(channel: str = "control") -> Callable[[type[_M]], type[_M]]:
         cls._json_fields = tuple(i for i, (_, h) in enumerate(scalars) if _has_any(h))
         cls._setters = tuple(cls.__dict__[n].__set__ for n in (*cls._scalar_names,
                                                                  *(a[0] for a in arrays)))
-        cls._decoder = msgspec.msgpack.Decoder(_header_type(cls.__name__, cls._scalars,
-                                                            cls._arrays))
+        cls._header_struct, cls._fields_struct = _header_type(cls.__name__, cls._scalars,
+                                                              cls._arrays)
+        cls._decoder = msgspec.msgpack.Decoder(cls._header_struct)
+        cls._tag = cls.__name__.encode()
+        cls._get_scalars = _getter(cls._scalar_names)
         _REGISTRY[cls.__name__] = cls
         _BY_TAG[cls.__name__.encode()] = cls
         return cls
@@ -275,13 +313,18 @@ def decode(frames: typing.Sequence[Any]) -> Envelope:
     """Decode and validate one message (identity frames already removed)."""
     if len(frames) < 2:
         raise ProtocolError("truncated", f"{len(frames)} frame(s), a message has at least 2")
-    tag = _buffer(frames[0])
+    tag = frames[0]
+    if type(tag) is not bytes and type(tag) is not _FRAME:
+        tag = _buffer(tag)
     if len(tag) > MAX_TAG_BYTES:
         raise ProtocolError("unknown_type", f"type tag of {len(tag)} bytes")
-    cls = _BY_TAG.get(tag if type(tag) is bytes else bytes(memoryview(tag)))
+    cls = _BY_TAG.get(tag if type(tag) is bytes else tag.bytes if type(tag) is _FRAME
+                      else bytes(tag))
     if cls is None:
         raise ProtocolError("unknown_type", f"type tag {bytes(tag)[:32]!r}")
-    raw = _buffer(frames[1])
+    raw = frames[1]
+    if type(raw) is not bytes and type(raw) is not _FRAME:
+        raw = _buffer(raw)
     if len(raw) > MAX_HEADER_BYTES:
         raise ProtocolError("header_too_large", f"{len(raw)} bytes > {MAX_HEADER_BYTES}")
     try:
@@ -297,7 +340,7 @@ def decode(frames: typing.Sequence[Any]) -> Envelope:
                                            f"expected {2 + len(shapes)}")
     msg = _new(cls)  # filled through its slots: no __init__, no __post_init__
     setters = cls._setters  # the scalar fields' first, then the arrays'
-    scalars = msgspec.structs.astuple(header.f)
+    scalars = _astuple(header.f)
     for i in cls._json_fields:
         if not _json_value(scalars[i]):
             raise ProtocolError("bad_field", f"{cls.__name__} field {cls._scalar_names[i]!r} "
@@ -305,19 +348,25 @@ def decode(frames: typing.Sequence[Any]) -> Envelope:
     for setter, value in zip(setters, scalars, strict=False):
         setter(msg, value)
     nbytes = len(tag) + len(raw)
-    i = len(cls._scalar_names)
-    for (name, _, dt, ndim, itemsize), (_, shape), frame in zip(
-            cls._frames, shapes, frames[2:], strict=True):
-        buf = _buffer(frame)
-        size = math.prod(shape) * itemsize
-        if size != len(buf):
+    i = len(scalars)
+    for (name, _, dt, _, _), (_, shape), frame in zip(cls._frames, shapes, frames[2:],
+                                                      strict=True):
+        kind = type(frame)
+        if kind is _FRAME and len(frame) < COPY_BELOW:
+            frame = frame.bytes  # read-only, and cheaper than a view of a small Frame
+        elif kind is not bytes:
+            frame = _buffer(frame)
+        size = len(frame)
+        try:  # the array's shape over the frame's bytes: a frame too short raises
+            arr = _ndarray(shape, dt, frame)
+        except (TypeError, ValueError):
+            arr = None
+        if arr is None or arr.nbytes != size:  # too short, or longer than the shape
             raise ProtocolError("bad_size", f"array {name!r} of shape {shape} needs "
-                                            f"{size} bytes, got {len(buf)}")
-        arr = np.frombuffer(buf, dtype=dt)
-        if ndim != 1:
-            arr = arr.reshape(shape)
-        if arr.flags.writeable:  # a view of the message buffer: copy before changing it
-            arr.flags.writeable = False
+                                            f"{math.prod(shape) * dt.itemsize} bytes, "
+                                            f"got {size}")
+        if type(frame) is not bytes and arr.flags.writeable:
+            arr.flags.writeable = False  # a view of the message buffer: copy to change it
         setters[i](msg, arr)
         i += 1
         nbytes += size
@@ -330,6 +379,9 @@ def decode(frames: typing.Sequence[Any]) -> Envelope:
     return env
 
 
+_FRAME = zmq.Frame
+_ndarray = np.ndarray
+_astuple = msgspec.structs.astuple
 _new = object.__new__
 # Envelope's slots, filled as a message's are (its frozen __init__ costs a microsecond)
 _ENV_SENDER, _ENV_SEQ, _ENV_MSG, _ENV_NBYTES = (
