@@ -368,6 +368,7 @@ class Shard(Node):
         if msg.grads.shape != (len(held.rows), self.table.dim):
             raise ProtocolError("bad_shape", f"gradients of shape {msg.grads.shape} for "
                                              f"{len(held.rows)} rows of {self.table.dim}")
+        msg.require_finite()
         started = time.thread_time()
         del self.held[msg.batch_id]
         if self.applied_log is not None:

@@ -148,3 +148,37 @@ def test_an_eval_batch_makes_no_row_and_its_gradients_are_refused(cluster):
     finally:
         ctx.destroy(linger=0)
         fake.close()
+
+
+def test_non_finite_gradients_are_refused_and_leave_the_rows_as_they_were(cluster):
+    c = cluster(cluster__shards=1, cluster__workers=1)
+    fake = FakeControl(c)
+    ctx = zmq.Context()
+    try:
+        c.start_role("ps", 0)
+        fake.admit({"ps-0"})
+        shard = dealer(ctx, c.job.cluster.endpoint("ps-0"), "worker-0")
+        dim = c.job.model.embedding_dim
+        keys = np.array([3, 5, 3, 9], dtype=np.int64)
+
+        def look(batch_id: int) -> np.ndarray:
+            shard.send_multipart(BatchKeys(batch_id=batch_id, window=0, samples=2,
+                                           bounds=[0, 2, 4],
+                                           positions=np.arange(4, dtype=np.int32),
+                                           keys=keys).to_frames())
+            shard.send_multipart(Lookup(batch_id=batch_id, train=True).to_frames())
+            return decode(recv_within(shard)).msg.rows
+
+        first = make_batch_id(0, 0, 1)
+        before = look(first)
+        grads = np.full((len(before), dim), 0.1, dtype=np.float32)
+        grads[1, 2] = np.nan
+        shard.send_multipart(EmbeddingGrads(batch_id=first, grads=grads).to_frames())
+        beat = fake.heartbeat("ps-0", lambda k: k["rejected_messages"].get("inconsistent"))
+        assert beat.counters["updates"] == 0, beat.counters
+        after = look(make_batch_id(0, 0, 2))   # the same keys, in a later batch
+        assert np.array_equal(after, before)   # no row changed, none became NaN
+        assert c.procs["ps-0"].poll() is None, c.log("ps-0")
+    finally:
+        ctx.destroy(linger=0)
+        fake.close()

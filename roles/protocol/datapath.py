@@ -327,6 +327,11 @@ class EmbeddingGrads(Message):
     batch_id: int
     grads: np.ndarray = array("float32", 2)
 
+    def require_finite(self) -> None:
+        """The shard's check before Adagrad applies them (a NaN or infinity would stay in the
+        rows and their state for good): ProtocolError (inconsistent) otherwise."""
+        require(finite(self.grads), "non-finite embedding gradients")
+
 
 @message("embedding_grads")
 class GradsLookup(Message):
