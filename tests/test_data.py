@@ -169,6 +169,11 @@ def test_the_statistics_of_a_part_are_cached_and_sampled(tmp_path):
 def test_evaluation_batches_are_eval_batch_size_rows_four_batches_by_default():
     from roles.feeder.streams import PartStreams
 
+    big = parse_job(ADULT.read_text().replace("batch_size = 256", "batch_size = 8192", 1),
+                    base_dir=ADULT.parent, environ={})
+    huge = parse_job(ADULT.read_text().replace("batch_size = 256", "batch_size = 65536", 1),
+                     base_dir=ADULT.parent, environ={})
+    assert big.train.eval_batch == 16_384 and huge.train.eval_batch == 65_536
     for given, size in ((0, 4 * 100), (300, 300)):
         text = ADULT.read_text().replace("batch_size = 256", f"batch_size = 100\n"
                                                              f"eval_batch_size = {given}", 1)

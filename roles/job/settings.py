@@ -229,8 +229,9 @@ class TrainConfig:
     batch_size: int = field(default=256, metadata={"min": 1, "max": 1 << 20, "doc": (
         "samples per batch")})
     eval_batch_size: int = field(default=0, metadata={"min": 0, "max": 1 << 20, "doc": (
-        "samples per evaluation batch; 0: four times `batch_size` (scoring has no backward "
-        "pass and no update: a bigger batch spreads each batch's messages over more rows)")})
+        "samples per evaluation batch; 0: four times `batch_size`, at most 16,384 (but never "
+        "below `batch_size`): scoring has no backward pass and no update, so a bigger batch "
+        "spreads each batch's messages over more rows")})
     sync: str = field(default="every", metadata={"choices": tuple(SYNC_MODES),
                                                  "doc": "dense synchronisation"})
     sync_every: int = field(default=8, metadata={"min": 1, "doc": (
@@ -281,7 +282,7 @@ class TrainConfig:
     @property
     def eval_batch(self) -> int:
         """Samples per evaluation batch (``eval_batch_size``, 0 resolved)."""
-        return self.eval_batch_size or 4 * self.batch_size
+        return self.eval_batch_size or max(self.batch_size, min(4 * self.batch_size, 16_384))
 
 
 @dataclass(frozen=True)
