@@ -6,6 +6,9 @@ snapshot waits for them."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,21 +18,54 @@ from harness import FakeControl, dealer, recv_within
 from roles.algorithms.shard.embedding_table import initial_rows
 from roles.checkpoint.files import checkpoint_dir
 from roles.protocol.checkpoint import Checkpoint, Snapshotted
-from roles.protocol.datapath import BatchKeys, EmbeddingGrads, Lookup, make_batch_id
+from roles.protocol.datapath import (
+    BatchKeys,
+    EmbeddingGrads,
+    Embeddings,
+    GradsLookup,
+    Lookup,
+    make_batch_id,
+)
 from zbus.codec import Message, decode
 from zbus.messages import Heartbeat
 
 pytestmark = pytest.mark.integration
 
 
+@contextmanager
+def one_shard(cluster, **settings) -> Iterator[tuple[Any, FakeControl, zmq.Socket, int]]:
+    """A real ``zbus-ps`` of a one-shard job, admitted by a fake control: the cluster, the
+    fake control, a DEALER to the shard as worker-0, the rows' dimension."""
+    c = cluster(cluster__shards=1, cluster__workers=1, **settings)
+    fake = FakeControl(c)
+    ctx = zmq.Context()
+    try:
+        c.start_role("ps", 0)
+        fake.admit({"ps-0"})
+        yield c, fake, dealer(ctx, c.job.cluster.endpoint("ps-0"), "worker-0"), \
+            c.job.model.embedding_dim
+    finally:
+        ctx.destroy(linger=0)
+        fake.close()
+
+
+def send_keys(shard: zmq.Socket, batch_id: int, keys: np.ndarray, train: bool = True) -> None:
+    """A batch of two samples' keys (two fields): a feeder's BatchKeys."""
+    shard.send_multipart(BatchKeys(batch_id=batch_id, window=0, samples=2, bounds=[0, 2, 4],
+                                   positions=np.arange(4, dtype=np.int32), keys=keys,
+                                   train=train).to_frames())
+
+
+def look_up(shard: zmq.Socket, batch_id: int, keys: np.ndarray, train: bool = True) -> Embeddings:
+    """The batch's keys, then a worker's look-up: the shard's answer."""
+    send_keys(shard, batch_id, keys, train)
+    shard.send_multipart(Lookup(batch_id=batch_id, train=train).to_frames())
+    return Embeddings.from_frames(recv_within(shard))
+
+
 def train_once(shard: zmq.Socket, batch_id: int, dim: int) -> None:
     """Keys, a look-up and the gradients of one training batch of two samples."""
-    keys = np.array([3, 5, 3, 9], dtype=np.int64) + batch_id % 1000
-    shard.send_multipart(BatchKeys(batch_id=batch_id, window=0, samples=2, bounds=[0, 2, 4],
-                                   positions=np.arange(4, dtype=np.int32),
-                                   keys=keys).to_frames())
-    shard.send_multipart(Lookup(batch_id=batch_id, train=True).to_frames())
-    emb = decode(recv_within(shard)).msg
+    emb = look_up(shard, batch_id, np.array([3, 5, 3, 9], dtype=np.int64) + batch_id % 1000)
     grads = np.full((len(emb.rows), dim), 0.1, dtype=np.float32)
     shard.send_multipart(EmbeddingGrads(batch_id=batch_id, grads=grads).to_frames())
 
@@ -50,21 +86,12 @@ def reported(fake: FakeControl, kind: type[Message], timeout_s: float) -> Messag
 
 
 def test_keys_of_a_copy_after_its_update_hold_up_no_checkpoint_two_epochs_on(cluster):
-    c = cluster(cluster__shards=1, cluster__workers=1,
-                placement__drain_timeout_s=60.0)  # the snapshot must not need the timeout
-    fake = FakeControl(c)
-    ctx = zmq.Context()
-    try:
-        c.start_role("ps", 0)
-        fake.admit({"ps-0"})
-        shard = dealer(ctx, c.job.cluster.endpoint("ps-0"), "worker-0")
-        dim = c.job.model.embedding_dim
+    # the snapshot must not need the drain timeout
+    with one_shard(cluster, placement__drain_timeout_s=60.0) as (c, fake, shard, dim):
         first = make_batch_id(0, 0, 1)
         train_once(shard, first, dim)
         # the straggler's second copy: its keys come again after the first copy's update
-        shard.send_multipart(BatchKeys(batch_id=first, window=0, samples=2, bounds=[0, 2, 4],
-                                       positions=np.arange(4, dtype=np.int32),
-                                       keys=np.array([3, 5, 3, 9], np.int64)).to_frames())
+        send_keys(shard, first, np.array([3, 5, 3, 9], np.int64))
         train_once(shard, make_batch_id(2, 0, 1), dim)   # two epochs on
         beat = fake.heartbeat("ps-0", lambda k: k.get("updates") == 2)
         assert beat.counters["held_dropped"] == 1 and beat.counters["held_batches"] == 0, \
@@ -75,31 +102,16 @@ def test_keys_of_a_copy_after_its_update_hold_up_no_checkpoint_two_epochs_on(clu
         snap = reported(fake, Snapshotted, timeout_s=20.0)
         assert snap is not None and snap.number == 1, "no snapshot: a held batch waits"
         assert c.procs["ps-0"].poll() is None, c.log("ps-0")
-    finally:
-        ctx.destroy(linger=0)
-        fake.close()
 
 
 def test_a_look_up_with_the_gradients_is_answered_after_the_update(cluster):
     """Mode pull: GradsLookup applies the batch's gradients, then answers the next batch's
     look-up with rows read after that update (the rows both batches share have moved)."""
-    from roles.protocol.datapath import Embeddings, GradsLookup
-    c = cluster(cluster__shards=1, cluster__workers=1)
-    fake = FakeControl(c)
-    ctx = zmq.Context()
-    try:
-        c.start_role("ps", 0)
-        fake.admit({"ps-0"})
-        shard = dealer(ctx, c.job.cluster.endpoint("ps-0"), "worker-0")
-        dim = c.job.model.embedding_dim
+    with one_shard(cluster) as (_, fake, shard, dim):
         one, two = make_batch_id(0, 0, 1), make_batch_id(0, 0, 2)
         keys = np.array([3, 5, 3, 9], dtype=np.int64)
-        for b in (one, two):   # the same keys in both batches
-            shard.send_multipart(BatchKeys(batch_id=b, window=0, samples=2, bounds=[0, 2, 4],
-                                           positions=np.arange(4, dtype=np.int32),
-                                           keys=keys).to_frames())
-        shard.send_multipart(Lookup(batch_id=one, train=True).to_frames())
-        before = decode(recv_within(shard)).msg
+        send_keys(shard, two, keys)   # the same keys in both batches
+        before = look_up(shard, one, keys)
         assert isinstance(before, Embeddings) and before.batch_id == one
         grads = np.full((len(before.rows), dim), 0.5, dtype=np.float32)
         shard.send_multipart(GradsLookup(batch_id=one, lookup=two, train=True,
@@ -110,30 +122,16 @@ def test_a_look_up_with_the_gradients_is_answered_after_the_update(cluster):
         assert (after.rows < before.rows).all()       # Adagrad moved every row down
         beat = fake.heartbeat("ps-0", lambda k: k.get("updates") == 1)
         assert beat.counters["lookups"] == 2
-    finally:
-        ctx.destroy(linger=0)
-        fake.close()
 
 
 def test_an_eval_batch_makes_no_row_and_its_gradients_are_refused(cluster):
-    c = cluster(cluster__shards=1, cluster__workers=1)
-    fake = FakeControl(c)
-    ctx = zmq.Context()
-    try:
-        c.start_role("ps", 0)
-        fake.admit({"ps-0"})
-        shard = dealer(ctx, c.job.cluster.endpoint("ps-0"), "worker-0")
-        dim = c.job.model.embedding_dim
+    with one_shard(cluster) as (c, fake, shard, dim):
         train_once(shard, make_batch_id(0, 0, 1), dim)   # keys 4, 6, 10 get rows
         trained = fake.heartbeat("ps-0", lambda k: k.get("updates") == 1).counters["keys"]
         assert trained == 3
         batch = make_batch_id(0, 1, 1)
-        keys = np.array([4, 7, 7, 8], dtype=np.int64)   # 4 has a row; 7 and 8 none
-        shard.send_multipart(BatchKeys(batch_id=batch, window=0, samples=2, bounds=[0, 2, 4],
-                                       positions=np.arange(4, dtype=np.int32), keys=keys,
-                                       train=False).to_frames())
-        shard.send_multipart(Lookup(batch_id=batch, train=False).to_frames())
-        emb = decode(recv_within(shard)).msg
+        # 4 has a row; 7 and 8 none
+        emb = look_up(shard, batch, np.array([4, 7, 7, 8], dtype=np.int64), train=False)
         got = emb.rows[emb.inverse]
         t = c.job.train
         fresh = initial_rows(np.array([7, 8]), dim, t.embedding_init, t.seed)
@@ -145,40 +143,18 @@ def test_an_eval_batch_makes_no_row_and_its_gradients_are_refused(cluster):
         beat = fake.heartbeat("ps-0", lambda k: k["rejected_messages"].get("eval_batch"))
         assert beat.counters["keys"] == 3 and beat.counters["updates"] == 1, beat.counters
         assert c.procs["ps-0"].poll() is None, c.log("ps-0")
-    finally:
-        ctx.destroy(linger=0)
-        fake.close()
 
 
 def test_non_finite_gradients_are_refused_and_leave_the_rows_as_they_were(cluster):
-    c = cluster(cluster__shards=1, cluster__workers=1)
-    fake = FakeControl(c)
-    ctx = zmq.Context()
-    try:
-        c.start_role("ps", 0)
-        fake.admit({"ps-0"})
-        shard = dealer(ctx, c.job.cluster.endpoint("ps-0"), "worker-0")
-        dim = c.job.model.embedding_dim
+    with one_shard(cluster) as (c, fake, shard, dim):
         keys = np.array([3, 5, 3, 9], dtype=np.int64)
-
-        def look(batch_id: int) -> np.ndarray:
-            shard.send_multipart(BatchKeys(batch_id=batch_id, window=0, samples=2,
-                                           bounds=[0, 2, 4],
-                                           positions=np.arange(4, dtype=np.int32),
-                                           keys=keys).to_frames())
-            shard.send_multipart(Lookup(batch_id=batch_id, train=True).to_frames())
-            return decode(recv_within(shard)).msg.rows
-
         first = make_batch_id(0, 0, 1)
-        before = look(first)
+        before = look_up(shard, first, keys).rows
         grads = np.full((len(before), dim), 0.1, dtype=np.float32)
         grads[1, 2] = np.nan
         shard.send_multipart(EmbeddingGrads(batch_id=first, grads=grads).to_frames())
         beat = fake.heartbeat("ps-0", lambda k: k["rejected_messages"].get("inconsistent"))
         assert beat.counters["updates"] == 0, beat.counters
-        after = look(make_batch_id(0, 0, 2))   # the same keys, in a later batch
+        after = look_up(shard, make_batch_id(0, 0, 2), keys).rows   # the same keys, later
         assert np.array_equal(after, before)   # no row changed, none became NaN
         assert c.procs["ps-0"].poll() is None, c.log("ps-0")
-    finally:
-        ctx.destroy(linger=0)
-        fake.close()
