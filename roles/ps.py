@@ -90,7 +90,7 @@ class HeldBatch:
     grid: int
     inverse: np.ndarray    # int32 index into rows of each key occurrence
     window: int = 0        # the feeder's allocation window
-    train: bool = True     # gradients will follow (false once a look-up said eval)
+    train: bool = True     # gradients will follow (false when its keys or a look-up said eval)
     pending: tuple[np.ndarray, np.ndarray] | None = None  # keys without a row, and their
                            # occurrences: sightings counted when the gradients are applied
     fresh: tuple[np.ndarray, np.ndarray] | None = None  # an eval batch's keys without a row:

@@ -288,7 +288,7 @@ def message(channel: str = "control") -> Callable[[type[_M]], type[_M]]:
         cls._tag = cls.__name__.encode()
         cls._get_scalars = _getter(cls._scalar_names)
         _REGISTRY[cls.__name__] = cls
-        _BY_TAG[cls.__name__.encode()] = cls
+        _BY_TAG[cls._tag] = cls
         return cls
 
     return wrap
