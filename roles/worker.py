@@ -135,8 +135,11 @@ class Worker(Node):
                                     kernel_buffer=sample_batch_bytes(
                                         t.batch_size, self.n_dense,
                                         len(self.layout.list_fields)))
-        for f in range(1, c.feeders):
-            self.samples.connect(c.endpoint(c.feeder_endpoint_name("samples", f)))
+        self.sample_queues = [c.endpoint(c.feeder_endpoint_name("samples", f))
+                              for f in range(c.feeders)]
+        for endpoint in self.sample_queues[1:]:
+            self.samples.connect(endpoint)
+        self.sample_links = 1  # connections to each feeder's queue (widen_sample_queue)
         self.pause(self.samples, True)  # until the first weights are here
         self.feeders = [self.connect(zmq.DEALER, c.endpoint(c.feeder_endpoint_name("ledger", f)),
                                      self.on_feeder) for f in range(c.feeders)]
@@ -333,6 +336,7 @@ class Worker(Node):
         if batch.asked_at is not None:  # the first answer to its take: a round trip
             self.window.answered(time.monotonic() - batch.asked_at)
             batch.asked_at = None
+            self.widen_sample_queue()
         if not granted:  # another worker holds this batch (a copy sent again)
             self.counts["refused_batches"] += 1
             self.ask_next()
@@ -352,6 +356,22 @@ class Worker(Node):
                 self.advance()
             case _:
                 self.unexpected(env, "shard link")
+
+    def widen_sample_queue(self) -> None:
+        """Open more connections to each feeder's sample queue while the measured round trip
+        and batch time say one carries too few batches (``TakeWindow.links``, at most
+        ``prefetch`` + 1). Over TCP only: the kernel's buffers of an ipc:// connection are not
+        sized, nor is its round trip long."""
+        want = self.window.links(self.job.train.prefetch + 1)
+        if want <= self.sample_links or not self.sample_queues[0].startswith("tcp://"):
+            return
+        for _ in range(want - self.sample_links):
+            for endpoint in self.sample_queues:
+                self.samples.connect(endpoint)
+        log.info("%s: %d connections to each sample queue (round trip %.2f ms, batch %.2f ms)",
+                 self.node_id, want, 1000 * (self.window.rtt() or 0.0),
+                 1000 * (self.window.batch_s or 0.0))
+        self.sample_links = want
 
     def gate_pulling(self) -> None:
         """Pull while the pipeline has room for another batch, and not while leaving (nor
@@ -641,7 +661,7 @@ class Worker(Node):
                 "round_deferred": self.rounds.deferred,
                 "round_samples": self.replica.samples_since,
                 "pipeline": len(self.pipeline), "device": str(self.device),
-                **self.window.counters(self.grants_ahead)}
+                "sample_links": self.sample_links, **self.window.counters(self.grants_ahead)}
 
 
 def main() -> None:

@@ -73,7 +73,8 @@ def figures(s: dict, links: dict[str, dict[str, int]] | None) -> dict:
            "worker_batches": batches,
            "channel_bytes_per_sample": per_sample,
            "embedding_wait_median_ms": s["embeddings"]["median_ms"],
-           "busy": s["busy"], "rejected_messages": s["rejected_messages"]}
+           "busy": s["busy"], "rejected_messages": s["rejected_messages"],
+           "take_windows": s.get("take_windows", {})}
     if links is not None:
         out["link_bytes_per_sample"] = {h: round((v["up"] + v["down"]) / processed, 1)
                                         for h, v in links.items()}
@@ -271,7 +272,9 @@ def main() -> None:
                 cells[name].append(got)
                 print(f"  run {r + 1}, {name}: "
                       f"{got['samples_per_s']:,.0f} samples/s, auc {got['auc']:.4f}, waits "
-                      f"{got['wait_ms_per_batch']}", flush=True)
+                      f"{got['wait_ms_per_batch']}, sample links "
+                      f"{[w.get('sample_links') for w in got['take_windows'].values()]}",
+                      flush=True)
     report["baselines"] = baselines_of(cells, [v for v, _ in kinds])
     report["load_after"] = os.getloadavg()
     args.out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))

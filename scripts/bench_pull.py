@@ -42,7 +42,8 @@ def run(workdir: Path, epochs: int, slowdowns: list[float], settings: dict[str, 
         s = c.summary()
     return {"epoch_s": statistics.median(e["train_s"] for e in s["per_epoch"]),
             "workers": s["workers"], "auc": s["auc"],
-            "windows": {w: t.get("take_window") for w, t in s.get("take_windows", {}).items()}}
+            "windows": {w: t.get("take_window") for w, t in s.get("take_windows", {}).items()},
+            "links": {w: t.get("sample_links") for w, t in s.get("take_windows", {}).items()}}
 
 
 def ideal_of(fast_s: float, slow_s: float) -> tuple[float, float]:
@@ -70,7 +71,7 @@ def main() -> None:
                 results[name].append(got)
                 print(f"  run {r + 1} {name}: epoch {got['epoch_s']:.2f} s, "
                       f"{got['workers']}, auc {got['auc']:.4f}, batches asked ahead "
-                      f"{got['windows']}", flush=True)
+                      f"{got['windows']}, sample queue links {got['links']}", flush=True)
     epoch = {name: statistics.median(g["epoch_s"] for g in runs)
              for name, runs in results.items()}
     ideal, ideal_split = ideal_of(epoch["fast alone"], epoch["slow alone"])

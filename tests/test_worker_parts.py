@@ -372,6 +372,24 @@ def test_the_take_window_covers_the_round_trip_from_grants_ahead_to_what_can_be_
     assert slow.counters(2) == {"take_rtt_ms": 30.0, "batch_ms": 1000.0, "take_window": 2}
 
 
+def test_the_sample_queue_gets_a_connection_per_half_batch_a_round_trip_needs():
+    from roles.algorithms.worker.window import LINK_BATCHES_PER_RTT, TakeWindow
+    assert LINK_BATCHES_PER_RTT == 0.5
+    w = TakeWindow(most=3)
+    assert w.links(4) == 1                       # nothing measured: one connection
+    w.answered(0.005)
+    assert w.links(4) == 1                       # no batch time yet
+    w.ran(0.0025)
+    assert w.links(8) == 4                       # 5 ms / 2.5 ms = 2 batches, 0.5 a connection
+    assert w.links(3) == 3                       # at most ``most``
+    w.answered(0.0002)                           # loopback: the least round trip
+    assert w.links(8) == 1
+    slow = TakeWindow(most=3)                    # a slow worker keeps one
+    slow.answered(0.005)
+    slow.ran(0.100)
+    assert slow.links(8) == 1
+
+
 def test_the_summary_gives_data_path_messages_per_batch_by_node():
     from roles.algorithms.control.summary import data_path_messages
     got = data_path_messages({

@@ -247,7 +247,10 @@ class TrainConfig:
     embedding_init: float = field(default=0.05, metadata={"min": 0.0, "doc": (
         "new embedding rows are uniform in ±this")})
     prefetch: int = field(default=2, metadata={"min": 1, "max": 64, "doc": (
-        "batches a worker pulls ahead of the one it trains (small keeps the queue fair)")})
+        "batches a worker pulls ahead of the one it trains (small keeps the queue fair); "
+        "`prefetch` + 1 also bounds a worker's connections to each sample queue, which it "
+        "opens as the measured round trip to its feeder needs (one carries about half a "
+        "batch per round trip)")})
     grants_ahead: int = field(default=2, metadata={"min": 1, "max": 64, "doc": (
         "the least batches a worker asks its feeder for (Taken -> Grant) ahead of the one it "
         "trains; it asks for more when the measured round trip to the feeder is longer than "

@@ -259,8 +259,10 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "worker_input_bytes_per_sample": worker_input(counters),
         "data_path_messages": data_path_messages(counters),
         # each worker's take window (TakeWindow): its least round trip to a grant, its batch
-        # time and the batches it asked ahead, at its last heartbeat
-        "take_windows": {node: {k: c.get(k) for k in ("take_rtt_ms", "batch_ms", "take_window")}
+        # time, the batches it asked ahead and its connections to each sample queue, at its
+        # last heartbeat
+        "take_windows": {node: {k: c.get(k) for k in ("take_rtt_ms", "batch_ms", "take_window",
+                                                      "sample_links")}
                          for node, c in sorted(counters.items(), key=lambda kv: node_index(kv[0]))
                          if node.startswith("worker-")},
         "batch_by_label": job.train.batch_by_label,

@@ -16,6 +16,14 @@ long, asks for the least: it cannot hoard batches).
 - ``batch time``: a moving average of the time a batch holds the worker (from its start to its
   ack: compute, slowdown, a step's answer), not the time between batches: waiting for grants
   must not shrink the window that would end the waiting.
+
+The same two figures size the sample queue's side of the link (``links``): a connection of the
+queue has kernel buffers of about one batch (``sample_batch_bytes``, so that a worker that
+stops reading holds few batches), and so carries about ``LINK_BATCHES_PER_RTT`` batches per
+round trip. A worker that needs more, ``rtt / batch time`` batches per round trip, opens more
+connections to each feeder's queue: ``ceil(rtt / batch time / LINK_BATCHES_PER_RTT)``, at
+least 1 and at most ``most`` (a slow worker, its batch time long, keeps one). Connections are
+only ever added (closing one would drop the batches in its buffers).
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ from collections import deque
 
 KEPT = 16          # round trips kept (the least of them is the link's)
 SMOOTHING = 0.2    # weight of a new batch time in the moving average
+LINK_BATCHES_PER_RTT = 0.5  # one sample-queue connection, measured at RTT 5 ms: 0.49 batches
+                            # of Adult's 9 KB per round trip (docs/benchmarks.md, across hosts)
 
 
 class TakeWindow:
@@ -55,6 +65,14 @@ class TakeWindow:
         if rtt is None or not self.batch_s:
             return least
         return max(least, min(self.most, math.ceil(rtt / self.batch_s) + 1))
+
+    def links(self, most: int) -> int:
+        """Connections to each feeder's sample queue that carry a batch per batch time across
+        the measured round trip: 1 until both figures are measured, at most ``most``."""
+        rtt = self.rtt()
+        if rtt is None or not self.batch_s:
+            return 1
+        return max(1, min(most, math.ceil(rtt / self.batch_s / LINK_BATCHES_PER_RTT)))
 
     def counters(self, least: int) -> dict[str, float | int | None]:
         rtt = self.rtt()
