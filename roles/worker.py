@@ -64,7 +64,7 @@ from roles.job.cli import MAX_WORKERS, role_main
 from roles.job.settings import Job
 from roles.model.compute import BatchCompute
 from roles.model.group_lead import GroupLead
-from roles.model.network import build_network, pick_device, use_threads
+from roles.model.network import bf16_is_native, build_network, pick_device, use_threads
 from roles.model.parallel import GroupError, GroupLeader
 from roles.protocol.datapath import (
     Ack,
@@ -148,7 +148,10 @@ class Worker(Node):
         self.push = t.embeddings == "push"
         self.waits = WaitSample(WAITS_KEPT, index)  # of the batches' embedding waits
         self.waiting = WaitClock()  # what the worker waits for, between batches
-        self.compute = BatchCompute(self.layout, self.device)
+        self.compute = BatchCompute(self.layout, self.device, t.precision)
+        if t.precision == "bf16" and not bf16_is_native(self.device):
+            log.warning("%s: [train] precision = \"bf16\" but %s has no bfloat16 arithmetic: "
+                        "autocast emulates it, slower than fp32", self.node_id, self.device)
         self.shards = [self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"),
                                     functools.partial(self.on_shard, i))
                        for i in range(c.shards)]

@@ -48,6 +48,10 @@ def test_zbus_job_names_the_file_and_data_path_is_relative_to_it():
     ("[train]\nsync = 'round'\n[cluster]\nfeeders = 2",
      "[cluster] feeders > 1 needs [train] sync = \"step\", \"every\" or \"lazy\": in sync "
      "mode round one feeder's ledger counts every batch of a round"),
+    ("[train]\nprecision = 'fp16'", "[train] precision must be one of 'fp32', 'bf16'"),
+    ("[train]\nprecision = 'bf16'\n[cluster]\nparts = 2",
+     "[train] precision = \"bf16\" is not supported with model parallelism ([cluster] parts "
+     "= 2): use \"fp32\""),
     ("[train\n", "not valid TOML"),
 ])
 def test_mistakes_are_named(text, needle):

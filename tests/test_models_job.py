@@ -227,7 +227,8 @@ def test_a_shard_sends_each_distinct_key_of_a_batch_once_to_each_worker(cluster)
     ("dcn", {"cluster__feeders": 2, "placement__mode": "skew",
              "placement__window_batches": 5}),
     ("deepfm", {"train__sync": "round"}),
-    ("wide_deep", {"embeddings__min_count": 2, "embeddings__expire_batches": 20}),
+    ("wide_deep", {"embeddings__min_count": 2, "embeddings__expire_batches": 20,
+                   "train__precision": "bf16"}),
     ("din", {"train__embeddings": "pull", "cluster__feeders": 2, "train__sync": "lazy"}),
 ])
 def test_each_network_trains_list_fields_in_another_mode(cluster, items_tsv, tmp_path,

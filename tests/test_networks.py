@@ -16,7 +16,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from roles.job.settings import NETWORKS, load_job, parse_job
-from roles.model.network import build_network
+from roles.model.network import bf16_is_native, build_network, network_logits
 from roles.model.networks import (
     BUILTINS,
     FlatInputs,
@@ -97,6 +97,41 @@ def test_a_built_in_gives_logits_and_gradients_to_every_field_and_parameter(netw
         assert t.grad is not None and t.grad.abs().sum() > 0, f"{network}: no gradient to {f}"
     for name, p in net.named_parameters():
         assert p.grad is not None, f"{network}: no gradient to {name}"
+
+
+@pytest.mark.parametrize("network", sorted(BUILTINS))
+def test_a_built_in_under_bf16_gives_float32_logits_and_gradients_near_fp32s(network):
+    """``[train] precision = "bf16"`` (``network_logits``): the forward under autocast, the
+    logits and every gradient leaving the network float32, within bfloat16's precision of the
+    fp32 figures (three significant digits)."""
+    job = make_job(f'network = "{network}"')
+    net = build_network(job)
+    got = {}
+    for precision in ("fp32", "bf16"):
+        sparse, dense, lengths = inputs_of(job, rows=64, grad=True)
+        net.zero_grad(set_to_none=True)
+        out = network_logits(net, sparse, dense, lengths, precision)
+        out.sum().backward()
+        got[precision] = (out.detach(), {f: t.grad for f, t in sparse.items()},
+                          {n: p.grad for n, p in net.named_parameters()})
+    (out32, sparse32, params32), (out16, sparse16, params16) = got["fp32"], got["bf16"]
+    assert out16.dtype == torch.float32 and out16.shape == out32.shape
+    assert not torch.equal(out16, out32)          # bfloat16 arithmetic did happen
+    torch.testing.assert_close(out16, out32, atol=0.05, rtol=0.05)
+    for f, g in sparse16.items():
+        assert g is not None and g.dtype == torch.float32 and torch.isfinite(g).all(), f
+        assert g.abs().sum() > 0, f"{network}: no gradient to {f}"
+        assert torch.nn.functional.cosine_similarity(g.flatten(), sparse32[f].flatten(),
+                                                     dim=0) > 0.95, f
+    for name, g in params16.items():
+        assert g is not None and g.dtype == torch.float32, name
+        assert torch.isfinite(g).all(), name
+    flat16, flat32 = (torch.cat([g.flatten() for g in p.values()]) for p in (params16, params32))
+    assert torch.nn.functional.cosine_similarity(flat16, flat32, dim=0) > 0.95
+
+
+def test_bf16_is_native_answers_for_the_cpu():
+    assert isinstance(bf16_is_native(torch.device("cpu")), bool)
 
 
 @pytest.mark.parametrize("network", sorted(BUILTINS))

@@ -266,6 +266,13 @@ class TrainConfig:
         "every training batch holds samples of one label, the labels' batches interleaved")})
     device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda"), "doc": (
         "`auto`: CUDA when present, else CPU")})
+    precision: str = field(default="fp32", metadata={"choices": ("fp32", "bf16"), "doc": (
+        "the dense network's arithmetic: `fp32`, or `bf16`: its forward (and so its backward) "
+        "under torch's autocast to bfloat16 (matrix products in bfloat16; weights, their "
+        "updates, the loss and the embeddings' gradients stay float32), about twice as fast "
+        "on CPUs with AVX512-BF16 or AMX and on CUDA devices with bfloat16, slower where the "
+        "CPU has neither (the worker says so in its log); the references train the same way; "
+        "not with model parallelism (`[cluster] parts` > 1)")})
     torch_threads: int = field(default=0, metadata={"min": 0, "doc": (
         "torch threads per worker; 0: on one host, the cores left after the feeder and the "
         "shards (one each), shared by the workers; across hosts, the host's cores less one for "
@@ -499,6 +506,10 @@ class Job:
         refusal = cluster_refusal(self.train.sync, self.cluster)
         if refusal:
             raise ValueError(refusal)
+        if self.train.precision != "fp32" and self.cluster.parts > 1:
+            raise ValueError(f"[train] precision = \"{self.train.precision}\" is not supported "
+                             f"with model parallelism ([cluster] parts = "
+                             f"{self.cluster.parts}): use \"fp32\"")
         try:
             self.layout()
         except LayoutError as exc:

@@ -15,7 +15,7 @@ import torch
 
 from roles.algorithms.worker.pulled import PulledBatch
 from roles.job.fields import FieldLayout
-from roles.model.network import weighted_loss_sum
+from roles.model.network import network_logits, weighted_loss_sum
 from roles.model.networks import input_names
 from roles.model.parallel import GroupLeader
 from roles.model.sparse_input import SparseInputs
@@ -56,8 +56,8 @@ def placeholders(sparse: dict[str, torch.Tensor], dense: torch.Tensor,
 
 
 class BatchCompute:
-    def __init__(self, layout: FieldLayout, device: torch.device):
-        self.layout, self.device = layout, device
+    def __init__(self, layout: FieldLayout, device: torch.device, precision: str = "fp32"):
+        self.layout, self.device, self.precision = layout, device, precision
         self.dim = layout.row_dim
         self.sparse = SparseInputs(layout, device)
         self.fields = list(layout.fields)
@@ -108,7 +108,7 @@ class BatchCompute:
         """The network's logits for the batch, on the worker's replica or over its group."""
         sparse, lengths = self.sparse.inputs(flat, len(s.labels), s.lengths)
         if leader is None:
-            return replica(model)(sparse, dense, lengths)
+            return network_logits(replica(model), sparse, dense, lengths, self.precision)
         return leader.forward(placeholders(sparse, dense, lengths, self.fields,
                                            self.sequences), train=train)
 

@@ -39,6 +39,27 @@ def build_network(job: Job) -> nn.Module:
     return net
 
 
+def network_logits(net: nn.Module, sparse: dict[str, torch.Tensor], dense: torch.Tensor,
+                   lengths: dict[str, torch.Tensor], precision: str) -> torch.Tensor:
+    """The network's logits, float32. With ``precision`` "bf16" its forward runs under torch's
+    autocast to bfloat16 on the inputs' device (``[train] precision``): the matrix products in
+    bfloat16, the weights and every gradient leaving the network (to the weights, to the
+    embedding inputs) float32."""
+    if precision == "fp32":
+        return net(sparse, dense, lengths)
+    with torch.autocast(device_type=dense.device.type, dtype=torch.bfloat16):
+        out = net(sparse, dense, lengths)
+    return out.float()
+
+
+def bf16_is_native(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bfloat16 in hardware (CUDA's own check; on the CPU,
+    oneDNN's: AVX512-BF16 or AMX). Elsewhere autocast to bfloat16 is emulated, and slower."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def weighted_loss_sum(logits: torch.Tensor, labels: torch.Tensor,
                       weights: torch.Tensor) -> torch.Tensor:
     """Sum over samples of weight x binary cross-entropy."""

@@ -52,7 +52,7 @@ from roles.data.source import DataSource
 from roles.data.stream import Samples, Tally, slot_keys
 from roles.job.fields import PAD, FieldLayout
 from roles.job.settings import Job
-from roles.model.network import build_network, set_threads, weighted_loss_sum
+from roles.model.network import build_network, network_logits, set_threads, weighted_loss_sum
 from roles.model.sparse_input import SparseInputs
 
 
@@ -203,7 +203,8 @@ class Trainer:
             lengths = np.zeros((n, 0), dtype=np.int32)
         flat = self.embedding(torch.from_numpy(grid))
         sparse, seq_lengths = self.inputs.inputs(flat, n, lengths)
-        return self.net(sparse, torch.from_numpy(dense), seq_lengths)
+        return network_logits(self.net, sparse, torch.from_numpy(dense), seq_lengths,
+                              self.job.train.precision)
 
     def train(self, rows: np.ndarray, dense: np.ndarray, labels: np.ndarray,
               weights: np.ndarray) -> tuple[float, float]:

@@ -34,7 +34,7 @@ from roles.data.stream import Preparer, Samples, Tally, eval_batches
 from roles.feeder.streams import PartStreams
 from roles.job.cli import integer, load_job_or_exit
 from roles.job.settings import Job
-from roles.model.network import build_network, set_threads, weighted_loss_sum
+from roles.model.network import build_network, network_logits, set_threads, weighted_loss_sum
 from roles.model.sparse_input import SparseInputs
 from roles.tools.preload import train_preloaded
 
@@ -61,7 +61,8 @@ class Reference:
 
     def logits(self, batch: Samples, flat: torch.Tensor) -> torch.Tensor:
         sparse, lengths = self.inputs.inputs(flat, len(batch), self.layout.lengths(batch.keys))
-        return self.net(sparse, torch.from_numpy(batch.dense), lengths)
+        return network_logits(self.net, sparse, torch.from_numpy(batch.dense), lengths,
+                              self.job.train.precision)
 
     def train(self, batch: Samples) -> tuple[float, float]:
         flat, rows, inverse = self.grid(batch)
