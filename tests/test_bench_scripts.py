@@ -67,3 +67,11 @@ def test_bench_e2e_criteo_job_and_its_paired_ratios(tmp_path):
     assert bench.paired_ratio(runs, "one", "samples_per_s") == pytest.approx(0.9)
     assert bench.paired_ratio(runs, "one", "end_to_end_s") == pytest.approx(1.5)
     assert bench.median_of(runs, "one", "end_to_end_s") == 150.0
+
+
+def test_bench_precision_job_is_the_criteo_layout(tmp_path):
+    """bench_precision's network input (no timing): 26 fields of the width asked, 13 dense."""
+    job = script("bench_precision").criteo_job("mlp", [256, 128], 16)
+    layout = job.layout()
+    assert len(layout.fields) == 26 and set(layout.dims) == {16}
+    assert len(job.dense_fields) == 13 and job.model.hidden == [256, 128]
