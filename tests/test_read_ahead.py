@@ -60,3 +60,45 @@ def test_the_next_item_is_read_on_another_thread_before_it_is_asked_for():
         assert threading.get_ident() not in threads
     finally:
         reader.close()
+
+
+def test_depth_items_are_made_before_any_is_taken_and_no_more():
+    made = []
+    started = threading.Event()
+
+    def items():
+        for n in range(10):
+            made.append(n)
+            if n == 2:
+                started.set()
+            yield n
+
+    reader = Reader()
+    try:
+        it = reader.ahead(items(), depth=3)
+        assert started.wait(5)
+        reader.pool.submit(lambda: None).result()   # the reader has done what it was asked
+        assert made == [0, 1, 2]                     # three ahead, not a fourth
+        assert next(it) == 0
+        reader.pool.submit(lambda: None).result()
+        assert made == [0, 1, 2, 3]                  # one taken: one more made
+        assert list(it) == list(range(1, 10))
+    finally:
+        reader.close()
+
+
+def test_after_an_error_the_iterator_ends_and_the_items_before_it_still_come():
+    def items():
+        yield 1
+        yield 2
+        raise OSError("disk gone")
+
+    reader = Reader()
+    try:
+        it = reader.ahead(items(), depth=4)
+        assert next(it) == 1 and next(it) == 2
+        with pytest.raises(OSError, match="disk gone"):
+            next(it)
+        assert list(it) == []
+    finally:
+        reader.close()

@@ -1,45 +1,62 @@
-"""Reading one block ahead: a part's next block is read and parsed on a reader thread while
-the feeder hashes, transforms and batches the one before (pyarrow's parser and file reads
-release the GIL, so the two overlap on two cores).
+"""Making ahead: an iterator's next items are made on a reader thread while the caller uses the
+ones before (pyarrow's parser, file reads and most of numpy's arithmetic release the GIL, so
+the two overlap on two cores). A feeder makes its parts' batches so (``roles.feeder.streams``:
+read, parsed, prepared, shuffled and cut, ``batches_ahead`` per part), the streaming
+reference its blocks.
 
-One reader thread serves every open part of a process: each part has at most one block read
-ahead, so the memory it adds is one parsed block per open part (``[data] parts_open``). The
-blocks of a part come in their order, whatever thread read them: batch ids stay reproducible.
-An error met while reading (a ``DataError``, an ``OSError``) is raised where the block is
-taken, as it would be without the thread.
+One reader thread serves every iterator of a process, in the order their items were asked for:
+each iterator has at most ``depth`` items made ahead, so the memory it adds is that many items
+per open part (``[data] parts_open``). The items of an iterator come in their order, whatever
+thread made them: batch ids stay reproducible. An error met while making one (a
+``DataError``, an ``OSError``) is raised where that item is taken, as it would be without the
+thread, and the iterator ends after it.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
 _END = object()
+DEPTH = 2   # items made ahead of the one taken, per iterator
 
 
 class ReadAhead(Generic[T]):
-    """An iterator whose next item is always being made on the reader."""
+    """An iterator whose next ``depth`` items are always being made on the reader (its one
+    thread runs them in order, so the underlying iterator is never entered twice at once)."""
 
-    def __init__(self, items: Iterator[T], reader: ThreadPoolExecutor):
+    def __init__(self, items: Iterator[T], reader: ThreadPoolExecutor, depth: int = DEPTH):
         self.items, self.reader = items, reader
-        self.pending: Future[object] | None = reader.submit(self._take)
+        self.ended = False   # the underlying iterator has said so (or raised)
+        self.pending: deque[Future[object]] = deque(reader.submit(self._take)
+                                                    for _ in range(max(1, depth)))
 
     def _take(self) -> object:
-        return next(self.items, _END)
+        if self.ended:
+            return _END
+        try:
+            item = next(self.items, _END)
+        except BaseException:
+            self.ended = True
+            raise
+        if item is _END:
+            self.ended = True
+        return item
 
     def __iter__(self) -> ReadAhead[T]:
         return self
 
     def __next__(self) -> T:
-        if self.pending is None:
+        if not self.pending:
             raise StopIteration
-        item = self.pending.result()  # the reader's exception, if it met one
+        item = self.pending.popleft().result()  # the reader's exception, if it met one
         if item is _END:
-            self.pending = None
+            self.pending.clear()   # those behind it can only be ends too
             raise StopIteration
-        self.pending = self.reader.submit(self._take)
+        self.pending.append(self.reader.submit(self._take))
         return item  # type: ignore[return-value]
 
 
@@ -49,8 +66,8 @@ class Reader:
     def __init__(self) -> None:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zbus-reader")
 
-    def ahead(self, items: Iterator[T]) -> Iterator[T]:
-        return ReadAhead(items, self.pool)
+    def ahead(self, items: Iterator[T], depth: int = DEPTH) -> Iterator[T]:
+        return ReadAhead(items, self.pool, depth)
 
     def close(self) -> None:
         """Blocks being read are finished, none queued is started."""

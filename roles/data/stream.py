@@ -17,7 +17,7 @@ from that label's samples in the buffer. Evaluation passes keep file order and w
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -211,25 +211,38 @@ class ShuffleBuffer:
             yield held.take(batches[i])
 
 
-def training_batches(blocks: Iterator[RawBlock], prepare: Preparer, tally: Tally, *,
-                     buffer_rows: int, batch_size: int, seed: int, epoch: int, part: int,
-                     by_label: bool) -> Iterator[Samples]:
-    """The batches of one part's training pass in one epoch, in their replayable order."""
+def shuffled_batches(chunks: Iterable[Samples], *, buffer_rows: int, batch_size: int,
+                     seed: int, epoch: int, part: int, by_label: bool) -> Iterator[Samples]:
+    """The batches of one part's training pass in one epoch, in their replayable order, from
+    the part's prepared blocks."""
     buffer = ShuffleBuffer(buffer_rows, batch_size,
                            np.random.default_rng([seed, epoch, part]), by_label)
-    for block in blocks:
-        buffer.add(prepare(block, True, tally))
+    for samples in chunks:
+        buffer.add(samples)
         while buffer.full():
             yield buffer.take()
     yield from buffer.drain()
 
 
-def eval_batches(blocks: Iterator[RawBlock], prepare: Preparer, tally: Tally,
+def training_batches(blocks: Iterable[RawBlock], prepare: Preparer, tally: Tally, *,
+                     buffer_rows: int, batch_size: int, seed: int, epoch: int, part: int,
+                     by_label: bool) -> Iterator[Samples]:
+    """``shuffled_batches`` of the blocks, each prepared when it is needed."""
+    return shuffled_batches((prepare(block, True, tally) for block in blocks),
+                            buffer_rows=buffer_rows, batch_size=batch_size, seed=seed,
+                            epoch=epoch, part=part, by_label=by_label)
+
+
+def eval_batches(blocks: Iterable[RawBlock], prepare: Preparer, tally: Tally,
                  batch_size: int) -> Iterator[Samples]:
-    """A part's rows in file order, ``batch_size`` at a time."""
+    """``ordered_batches`` of the blocks, each prepared when it is needed."""
+    return ordered_batches((prepare(block, False, tally) for block in blocks), batch_size)
+
+
+def ordered_batches(chunks: Iterable[Samples], batch_size: int) -> Iterator[Samples]:
+    """A part's rows in file order, ``batch_size`` at a time, from its prepared blocks."""
     rest: Samples | None = None
-    for block in blocks:
-        samples = prepare(block, False, tally)
+    for samples in chunks:
         rest = samples if rest is None else Samples.join([rest, samples])
         whole = len(rest) // batch_size * batch_size
         for lo in range(0, whole, batch_size):

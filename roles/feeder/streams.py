@@ -1,8 +1,13 @@
 """The streams of a feeder's parts (``roles.algorithms.feeding.passes.PartStream``): each reads
 its part when its turn comes (``roles.data.source``), writes the rows it rejects the first time
 (``roles.data.rejected``) and makes batches (``roles.data.stream``): for training through the
-shuffle buffer seeded by (seed, epoch, part), for evaluation in file order. Each part's next
-block is read ahead on the process's reader thread (``roles.data.read_ahead``)."""
+shuffle buffer seeded by (seed, epoch, part), for evaluation in file order. All of it runs on
+the process's reader thread (``roles.data.read_ahead``), ``batches_ahead`` batches ahead of
+each open part's next: reading, parsing, preparing (keys hashed, dense features transformed,
+``tally`` counted), filling the shuffle buffer and cutting batches. The feeder's loop only
+takes made batches, routes their keys and sends: done on the loop, a block's preparing and a
+new part's first fill of its shuffle buffer held it for tens to hundreds of milliseconds, during
+which no take was granted and the workers waited."""
 
 from __future__ import annotations
 
@@ -17,9 +22,25 @@ from roles.data.read_ahead import Reader
 from roles.data.readers import RawBlock
 from roles.data.rejected import RejectedRows
 from roles.data.source import DataSource
-from roles.data.stream import Preparer, Samples, Tally, eval_batches, training_batches
+from roles.data.stream import (
+    Preparer,
+    Samples,
+    Tally,
+    ordered_batches,
+    shuffled_batches,
+)
 from roles.job.settings import Job
 
+ROWS_AHEAD = 32_768   # made ahead per open part, in batches of about this many rows in all
+
+
+def batches_ahead(batch_size: int) -> int:
+    """Batches made ahead per open part: about ``ROWS_AHEAD`` rows, at least 2. The open parts
+    are read in turn, so they need their next blocks at about the same time; the reader makes
+    them one after the other (some 100 ms each on a busy 2-core machine), and the batches
+    ahead must last that long: with 4 per part the loop waited for the reader 40 times in a
+    30 s run, up to 0.7 s."""
+    return max(2, -(-ROWS_AHEAD // batch_size))
 
 class PartStreams:
     def __init__(self, job: Job, source: DataSource, rejected: RejectedRows | None = None):
@@ -33,24 +54,34 @@ class PartStreams:
         blocks = self.reader.ahead(self.source.blocks(part))
         return blocks if self.rejected is None else self.rejected.watch(part.number, blocks)
 
+    def prepared(self, part: Part, prepare: Preparer, tally: Tally,
+                 train: bool) -> Iterator[Samples]:
+        """The part's blocks as samples (their rejected rows written the first time the part
+        is read whole), made as they are iterated: on the reader thread."""
+        blocks = self.source.blocks(part)
+        if self.rejected is not None:
+            blocks = self.rejected.watch(part.number, blocks)
+        return (prepare(block, train, tally) for block in blocks)
+
     def training(self, part: Part, epoch: int, done: PartProgress | None, prepare: Preparer,
                  tally: Tally, made: Made) -> PartStream:
         t, d = self.job.train, self.job.data
 
         def batches() -> Iterator[Samples]:
-            blocks = self.blocks(part)
             share = max(t.batch_size, d.shuffle_buffer // d.parts_open)
-            return training_batches(blocks, prepare, tally,
-                                    buffer_rows=share if t.shuffle else t.batch_size,
-                                    batch_size=t.batch_size, seed=t.seed, epoch=epoch,
-                                    part=part.number, by_label=t.batch_by_label)
+            return self.reader.ahead(shuffled_batches(
+                self.prepared(part, prepare, tally, True),
+                buffer_rows=share if t.shuffle else t.batch_size, batch_size=t.batch_size,
+                seed=t.seed, epoch=epoch, part=part.number, by_label=t.batch_by_label),
+                batches_ahead(t.batch_size))
 
         return PartStream(part.number, batches, done, made)
 
     def evaluation(self, part: Part, prepare: Preparer, tally: Tally) -> PartStream:
         def batches() -> Iterator[Samples]:
-            blocks = self.blocks(part)
-            return eval_batches(blocks, prepare, tally, self.job.train.eval_batch)
+            size = self.job.train.eval_batch
+            return self.reader.ahead(ordered_batches(
+                self.prepared(part, prepare, tally, False), size), batches_ahead(size))
 
         return PartStream(part.number, batches, None, lambda *_: None)
 

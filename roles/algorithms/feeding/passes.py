@@ -1,7 +1,9 @@
 """A feeder's pass over its parts (pure; no sockets): each part's batches come from a stream
 (``roles.data.stream``) in their replayable order; ``open`` parts are read at a time, their
 batches taken in turn (so that consecutive batches come from different places of the data),
-the next part joining when one is done. Batches acknowledged
+the next part joining when one is done (and warmed before: the next ``open`` parts' batches
+begin to be made while the others are read, so that their first do not hold the pass up; this
+holds twice the shuffle buffer at most). Batches acknowledged
 before (by this feeder's previous process, or by a lost feeder whose part this is now) are made
 again and skipped, never sent. A restarted feeder may need a batch its dead process sent before
 the stream gets to it (a worker holds it, or acknowledges it): ``peek`` makes it now — the
@@ -56,6 +58,12 @@ class PartStream:
             if got is not None:
                 self.ahead[got[0]] = got[1]
 
+    def warm(self) -> None:
+        """Begin making its batches before its turn: a part's first batch waits for its share
+        of the shuffle buffer to fill, which its maker (``open``) then does meanwhile."""
+        if self._batches is None and not self.finished:
+            self._batches = self._open()
+
     def take(self) -> tuple[int, Samples] | None:
         self._fill()
         if not self.ahead:
@@ -106,13 +114,21 @@ class FeedingPass:
         self.streams.append(stream)
 
     def _window(self) -> list[PartStream]:
-        """The streams read now: the first ``open`` not done."""
-        window = []
+        """The streams read now: the first ``open`` not done, and the ``open`` after them
+        warmed (parts of one size read in turn end together, and their successors would
+        all start cold at once)."""
+        window: list[PartStream] = []
+        warmed = 0
         for s in self.streams:
-            if not s.over:
+            if s.over:
+                continue
+            if len(window) < self.open:
                 window.append(s)
-                if len(window) == self.open:
-                    break
+                continue
+            s.warm()
+            warmed += 1
+            if warmed == self.open:
+                break
         return window
 
     def take(self) -> tuple[int, Samples] | None:
