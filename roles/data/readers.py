@@ -646,8 +646,10 @@ def _read_text(f: FileIndex, part: Part, fmt: str, schema: Schema,
             table, invalid = parser.parse(chunk, first, parser.texts, ragged=True)
             invalid = unreadable + invalid
             lines = functools.partial(_accepted_rows, chunk, first, invalid)
-        yield _block(schema, table, table.num_rows + len(invalid), lines, f.path,
-                     invalid, len(chunk))
+        block = _block(schema, table, table.num_rows + len(invalid), lines, f.path,
+                       invalid, len(chunk))
+        del chunk, table, lines   # not held while the block is used (a feeder makes several
+        yield block               # parts' batches ahead: each would hold its chunk's text)
 
 
 def _read_parquet(f: FileIndex, part: Part, schema: Schema) -> Iterator[RawBlock]:

@@ -45,15 +45,17 @@ class RejectedRows:
             os.close(fd)
         self.count += len(rejected)
 
+    def _appended(self, block: RawBlock) -> RawBlock:
+        self.append(block.rejected)
+        return block
+
     def watch(self, part: int, blocks: Iterator[RawBlock]) -> Iterator[RawBlock]:
         """The part's blocks, their rejected rows written on the way (the first time the part
         is read to its end)."""
         if part in self.written:
             yield from blocks
             return
-        for block in blocks:
-            self.append(block.rejected)
-            yield block
+        yield from map(self._appended, blocks)   # (map: no frame holds a block in use)
         self.written.add(part)
         with open(self.written_path, "a") as f:
             f.write(f"{part}\n")

@@ -126,15 +126,17 @@ class DataSource:
         return [asdict(f) for f in files]
 
     # -- rows -------------------------------------------------------------------------------
+    def _counted(self, block: RawBlock) -> RawBlock:
+        self.bytes_read += block.bytes_read
+        return block
+
     def blocks(self, part: Part, schema: Schema | None = None,
                chunk_bytes: int = CHUNK_BYTES) -> Iterator[RawBlock]:
         """The part's rows, block by block: of ``schema``'s columns (the job's by default; a
         file's), a text file's read in chunks of about ``chunk_bytes``."""
-        if self.generator is None:
-            for block in read_part(self.files, part, self.fmt, schema or self.schema,
-                                   chunk_bytes):
-                self.bytes_read += block.bytes_read
-                yield block
+        if self.generator is None:  # (map: no frame here holds a block while it is used)
+            yield from map(self._counted, read_part(self.files, part, self.fmt,
+                                                    schema or self.schema, chunk_bytes))
             return
         end = part.first_row + part.rows
         for lo in range(part.first_row, end, BLOCK_ROWS):

@@ -219,6 +219,7 @@ def shuffled_batches(chunks: Iterable[Samples], *, buffer_rows: int, batch_size:
                            np.random.default_rng([seed, epoch, part]), by_label)
     for samples in chunks:
         buffer.add(samples)
+        del samples   # in the buffer now: not held twice while its batches are drawn
         while buffer.full():
             yield buffer.take()
     yield from buffer.drain()

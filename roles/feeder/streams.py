@@ -61,7 +61,10 @@ class PartStreams:
         blocks = self.source.blocks(part)
         if self.rejected is not None:
             blocks = self.rejected.watch(part.number, blocks)
-        return (prepare(block, train, tally) for block in blocks)
+        for block in blocks:
+            samples = prepare(block, train, tally)
+            del block   # the text's columns are not held while its samples are used
+            yield samples
 
     def training(self, part: Part, epoch: int, done: PartProgress | None, prepare: Preparer,
                  tally: Tally, made: Made) -> PartStream:
