@@ -185,8 +185,8 @@ def test_open_parts_are_taken_in_turn_and_the_next_joins_when_one_is_done():
 
 
 def test_the_next_open_parts_are_warmed_before_their_turn_and_only_they():
-    """Parts of one size read in turn end together: the ``open`` parts after the window begin
-    making their batches (their makers are opened) before any of theirs is taken."""
+    """Parts of one size read in turn end together: the ``open // 2`` parts after the window
+    begin making their batches (their makers are opened) before any of theirs is taken."""
     opened = []
 
     def tracked(part: int, sizes: list[int]) -> PartStream:
@@ -195,13 +195,18 @@ def test_the_next_open_parts_are_warmed_before_their_turn_and_only_they():
         s._open = lambda: (opened.append(part), make())[1]
         return s
 
-    p = FeedingPass(0, False, [tracked(n, [2, 2]) for n in range(1, 7)], open=2)
+    p = FeedingPass(0, False, [tracked(n, [2, 2]) for n in range(1, 8)], open=4)
     first = p.take()
     assert first is not None and split_batch_id(first[0])[1] == 1
-    assert sorted(opened) == [1, 3, 4]      # 1 taken from; 3 and 4 warmed; 2, 5, 6 not yet
+    assert sorted(opened) == [1, 5, 6]      # 1 taken from; 5 and 6 warmed; 2-4, 7 not yet
     order = [split_batch_id(first[0])[1:]]
     while (got := p.take()) is not None:
         order.append(split_batch_id(got[0])[1:])
-    assert order == [(1, 0), (2, 0), (1, 1), (2, 1), (3, 0), (4, 0), (3, 1), (4, 1),
-                     (5, 0), (6, 0), (5, 1), (6, 1)]   # the order is unchanged by warming
-    assert sorted(opened) == [1, 2, 3, 4, 5, 6] and len(opened) == 6   # each opened once
+    assert sorted(opened) == [1, 2, 3, 4, 5, 6, 7]   # each opened once
+    cold = FeedingPass(0, False, [stream(n, [2, 2]) for n in range(1, 8)], open=4)
+    for s in cold.streams:
+        s.warm = lambda: None                        # the same pass, never warmed
+    unwarmed = []
+    while (got := cold.take()) is not None:
+        unwarmed.append(split_batch_id(got[0])[1:])
+    assert order == unwarmed and len(order) == 14    # warming changes no batch's turn

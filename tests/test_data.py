@@ -195,9 +195,9 @@ def test_evaluation_batches_are_eval_batch_size_rows_four_batches_by_default():
         assert sum(sizes) == held_out.rows and set(sizes[:-1]) == {size}, sizes[-3:]
 
 
-def test_a_feeder_makes_about_32k_rows_of_batches_ahead_per_open_part_at_least_two():
+def test_a_feeder_makes_about_16k_rows_of_batches_ahead_per_open_part_at_least_two():
     from roles.feeder.streams import ROWS_AHEAD, batches_ahead
 
-    assert ROWS_AHEAD == 32_768
-    assert batches_ahead(1024) == 32 and batches_ahead(1000) == 33 and batches_ahead(256) == 128
+    assert ROWS_AHEAD == 16_384
+    assert batches_ahead(1024) == 16 and batches_ahead(1000) == 17 and batches_ahead(256) == 64
     assert batches_ahead(16_384) == 2 and batches_ahead(65_536) == 2

@@ -31,15 +31,15 @@ from roles.data.stream import (
 )
 from roles.job.settings import Job
 
-ROWS_AHEAD = 32_768   # made ahead per open part, in batches of about this many rows in all
+ROWS_AHEAD = 16_384   # made ahead per open part, in batches of about this many rows in all
 
 
 def batches_ahead(batch_size: int) -> int:
     """Batches made ahead per open part: about ``ROWS_AHEAD`` rows, at least 2. The open parts
     are read in turn, so they need their next blocks at about the same time; the reader makes
     them one after the other (some 100 ms each on a busy 2-core machine), and the batches
-    ahead must last that long: with 4 per part the loop waited for the reader 40 times in a
-    30 s run, up to 0.7 s."""
+    ahead must last that long (16 of 1,024 per part, four parts: about 0.7 s at 90 batches/s);
+    each costs the feeder memory."""
     return max(2, -(-ROWS_AHEAD // batch_size))
 
 class PartStreams:
@@ -62,9 +62,9 @@ class PartStreams:
         if self.rejected is not None:
             blocks = self.rejected.watch(part.number, blocks)
         for block in blocks:
-            samples = prepare(block, train, tally)
-            del block   # the text's columns are not held while its samples are used
-            yield samples
+            made = [prepare(block, train, tally)]
+            del block       # neither the text's columns nor (popped) the samples stay held
+            yield made.pop()   # here while the samples are used
 
     def training(self, part: Part, epoch: int, done: PartProgress | None, prepare: Preparer,
                  tally: Tally, made: Made) -> PartStream:

@@ -1,9 +1,9 @@
 """A feeder's pass over its parts (pure; no sockets): each part's batches come from a stream
 (``roles.data.stream``) in their replayable order; ``open`` parts are read at a time, their
 batches taken in turn (so that consecutive batches come from different places of the data),
-the next part joining when one is done (and warmed before: the next ``open`` parts' batches
-begin to be made while the others are read, so that their first do not hold the pass up; this
-holds twice the shuffle buffer at most). Batches acknowledged
+the next part joining when one is done (and warmed before: the next ``open // 2`` parts'
+batches begin to be made while the others are read, so that their first do not hold the pass
+up; this holds 1.5 times the shuffle buffer at most). Batches acknowledged
 before (by this feeder's previous process, or by a lost feeder whose part this is now) are made
 again and skipped, never sent. A restarted feeder may need a batch its dead process sent before
 the stream gets to it (a worker holds it, or acknowledges it): ``peek`` makes it now — the
@@ -103,7 +103,8 @@ class FeedingPass:
         self.eval = eval
         self.streams: list[PartStream] = list(streams or [])
         self.open = max(1, open)
-        self.turn = 0
+        self.warmed_ahead = max(1, self.open // 2)   # each holds its share of the
+        self.turn = 0                                # shuffle buffer before its turn
 
     @property
     def parts(self) -> list[int]:
@@ -114,7 +115,7 @@ class FeedingPass:
         self.streams.append(stream)
 
     def _window(self) -> list[PartStream]:
-        """The streams read now: the first ``open`` not done, and the ``open`` after them
+        """The streams read now: the first ``open`` not done, and the ``warmed_ahead`` after them
         warmed (parts of one size read in turn end together, and their successors would
         all start cold at once)."""
         window: list[PartStream] = []
@@ -125,10 +126,10 @@ class FeedingPass:
             if len(window) < self.open:
                 window.append(s)
                 continue
+            if warmed == self.warmed_ahead:
+                break
             s.warm()
             warmed += 1
-            if warmed == self.open:
-                break
         return window
 
     def take(self) -> tuple[int, Samples] | None:
