@@ -42,6 +42,7 @@ def batches_ahead(batch_size: int) -> int:
     each costs the feeder memory."""
     return max(2, -(-ROWS_AHEAD // batch_size))
 
+
 class PartStreams:
     def __init__(self, job: Job, source: DataSource, rejected: RejectedRows | None = None):
         self.job, self.source, self.rejected = job, source, rejected
