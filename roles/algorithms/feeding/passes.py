@@ -103,8 +103,7 @@ class FeedingPass:
         self.eval = eval
         self.streams: list[PartStream] = list(streams or [])
         self.open = max(1, open)
-        self.warmed_ahead = max(1, self.open // 2)   # each holds its share of the
-        self.turn = 0                                # shuffle buffer before its turn
+        self.turn = 0
 
     @property
     def parts(self) -> list[int]:
@@ -115,18 +114,19 @@ class FeedingPass:
         self.streams.append(stream)
 
     def _window(self) -> list[PartStream]:
-        """The streams read now: the first ``open`` not done, and the ``warmed_ahead`` after them
-        warmed (parts of one size read in turn end together, and their successors would
-        all start cold at once)."""
+        """The streams read now: the first ``open`` not done, and the ``open // 2`` (at least
+        one) after them warmed (parts of one size read in turn end together, and their
+        successors would all start cold at once; each warmed part holds its share of the
+        shuffle buffer before its turn)."""
         window: list[PartStream] = []
-        warmed = 0
+        warm, warmed = max(1, self.open // 2), 0
         for s in self.streams:
             if s.over:
                 continue
             if len(window) < self.open:
                 window.append(s)
                 continue
-            if warmed == self.warmed_ahead:
+            if warmed == warm:
                 break
             s.warm()
             warmed += 1
