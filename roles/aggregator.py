@@ -41,6 +41,7 @@ from roles.algorithms.shared.aggregation import combine_partials, partial_sum
 from roles.algorithms.sync import aggregator as sync_modes
 from roles.checkpoint.background import ThreadWrite
 from roles.checkpoint.files import (
+    DENSE_PART,
     checkpoint_store,
     meta_array,
     number_name,
@@ -121,6 +122,7 @@ class Aggregator(Node):
         info: dict = {}
         if self.is_root:
             backups = self.backups = Backups(Path(self.run_dir) / "backups")
+            checkpoint_store(self.job, self.run_dir).discard_staged([f"*/{DENSE_PART}"])
             if self.rollback and self.restore_dir:
                 try:
                     info = self.restore_checkpoint(self.restore_dir)
@@ -145,7 +147,7 @@ class Aggregator(Node):
                                       "generation": self.generation, "steps": self.steps,
                                       "time": time.time()})}
         store = checkpoint_store(self.job, self.run_dir)
-        name = f"{number_name(m.number)}/dense.npz"
+        name = f"{number_name(m.number)}/{DENSE_PART}"
 
         def write() -> int:   # on a thread: the file, then (a remote store) its upload
             size = save_npz(store.local(name), **arrays)
@@ -164,7 +166,7 @@ class Aggregator(Node):
         number, writer, began = self.writing
         self.writing = None
         ok, error = result
-        name = f"{number_name(number)}/dense.npz"
+        name = f"{number_name(number)}/{DENSE_PART}"
         size = int(writer.value) if ok else 0
         self.report(CheckpointPart(number=number, ok=ok, error=error,
                                    files=[name] if ok else [], bytes=size,
@@ -175,12 +177,12 @@ class Aggregator(Node):
         """The whole job goes back to a checkpoint (its directory or URI): its weights, round,
         generation, steps and optimiser state; the backups of later rounds (the run that died)
         go."""
-        with Store(where).open("dense.npz") as file, np.load(file) as f:
+        with Store(where).open(DENSE_PART) as file, np.load(file) as f:
             meta = read_meta(f)
             params = f["params"].astype(np.float32)
             state = {k: f[k] for k in f.files if k not in ("params", "meta")}
         if params.shape != (self.size,):
-            raise ValueError(f"{where}/dense.npz has {params.shape} weights, the model "
+            raise ValueError(f"{where}/{DENSE_PART} has {params.shape} weights, the model "
                              f"{self.size}")
         self.params, self.round = params, meta["round"]
         self.generation, self.steps = meta["generation"], meta["steps"]

@@ -156,6 +156,7 @@ class Shard(Node):
         except (OSError, ValueError, KeyError, StorageError) as exc:
             self.fail(f"cannot restore the checkpoint {self.restore_dir}: {exc}")
             return
+        self.store().discard_staged(self.checkpoints.own_files())
         self.applied_log = AppliedLog(Path(self.run_dir) / "applied" / self.node_id)
         number = restored.get("checkpoint", 0)
         if not self.rollback and restored and not self.applied_log.segments():

@@ -223,3 +223,31 @@ def test_a_resumed_control_goes_on_with_live_nodes_or_rolls_back_when_all_are_ne
 def test_the_old_shard_checkpoint_key_says_where_it_went():
     with pytest.raises(JobError, match=r"\[train\] checkpoint_s is now \[checkpoint\] every_s"):
         parse_job('name = "x"\n[train]\ncheckpoint_s = 5\n', "job.toml", None, {})
+
+
+def test_a_restarted_writer_discards_only_what_its_killed_process_left_in_staging(tmp_path):
+    """A killed shard leaves its staged part (never uploaded) and a half-written temporary
+    file on its disk; the process started after it removes its own, and nothing of the
+    others sharing the directory. On a local root the files are the checkpoint: only the
+    temporary ones go."""
+    staging = tmp_path / "staging"
+    left = {"000002/ps-1.delta.npz", "000002/.ps-1.delta.npz.4242.tmp", "000001/ps-1.npz",
+            "000003/.ps-1.npz.77.tmp"}
+    kept = {"000002/ps-0.delta.npz", "000002/dense.npz", "000002/feeder-0/position.json",
+            "000002/.ps-10.npz.5.tmp", "000002/ps-1.delta.npz.bak"}
+    for name in left | kept:
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+        (staging / name).write_bytes(b"x")
+    mine = ShardCheckpoints(1, EmbeddingTable(4, 0.01, 0.1), 4).own_files()
+    remote = Store("s3://bucket/run/checkpoints", staging)
+    assert set(remote.discard_staged(mine)) == left
+    assert {p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file()} \
+        == kept
+    assert remote.discard_staged(mine) == []
+    (staging / "000004").mkdir()
+    (staging / "000004/ps-1.npz").write_bytes(b"a checkpoint's part")
+    (staging / "000004/.ps-1.npz.9.tmp").write_bytes(b"half")
+    local = Store(str(staging))
+    assert local.discard_staged(mine) == ["000004/.ps-1.npz.9.tmp"]
+    assert (staging / "000004/ps-1.npz").read_bytes() == b"a checkpoint's part"
+    assert Store("s3://bucket/x", tmp_path / "none").discard_staged(mine) == []

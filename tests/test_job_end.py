@@ -21,7 +21,8 @@ from harness import REPO
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.checkpoint import shard as shard_checkpoints
 from roles.checkpoint.background import ForkedWrite
-from roles.checkpoint.files import checkpoints_dir, temp_path
+from roles.checkpoint.files import checkpoints_dir
+from roles.storage.local import temp_path
 from zbus import sockets
 from zbus.endpoints import CONTROL
 from zbus.logs import log_path

@@ -34,7 +34,7 @@ import numpy as np
 import orjson
 
 from roles.storage.fs import StorageError
-from roles.storage.local import atomic_write
+from roles.storage.local import atomic_write, temp_path
 from roles.storage.store import Store, basename, parent
 
 if TYPE_CHECKING:
@@ -61,11 +61,6 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def temp_path(path: Path, pid: int) -> Path:
-    """Where process ``pid`` writes ``path`` (``save_npz``) before renaming it."""
-    return path.with_name(f".{path.name}.{pid}.tmp")
 
 
 def save_npz(path: Path, **arrays: np.ndarray) -> int:
@@ -114,6 +109,14 @@ def store_of(at: Store | Path) -> Store:
 
 def number_name(number: int) -> str:
     return f"{number:06d}"
+
+
+DENSE_PART = "dense.npz"   # the aggregator's part of a checkpoint
+
+
+def shard_part(index: int, full: bool) -> str:
+    """The name of shard ``index``'s part: its whole table, or the rows changed since."""
+    return f"ps-{index}{'' if full else '.delta'}.npz"
 
 
 def location_of(store: Store, number: int) -> Path | str:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from roles.checkpoint.files import CHECKPOINTS, LATEST, MANIFEST, read_manifest
+from roles.checkpoint.files import CHECKPOINTS, DENSE_PART, LATEST, MANIFEST, read_manifest
 from roles.checkpoint.shard import read_chain
 
 
@@ -55,7 +55,7 @@ def load_checkpoint_model(where: Path) -> CheckpointModel:
         raise ValueError(f"{where} is not a complete checkpoint (no manifest, or a file it "
                          "lists is missing or of another size)")
     root = where.parent
-    with np.load(where / "dense.npz") as f:
+    with np.load(where / DENSE_PART) as f:
         dense = f["params"].astype(np.float32)
     tables, defaults = [], []
     shards = sorted((int(node[3:]), files) for node, files in manifest["parts"].items()

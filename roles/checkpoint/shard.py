@@ -38,8 +38,9 @@ import numpy as np
 
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.checkpoint.background import ForkedWrite, ThreadWrite
-from roles.checkpoint.files import meta_array, read_meta, save_npz, temp_path
+from roles.checkpoint.files import meta_array, number_name, read_meta, save_npz, shard_part
 from roles.protocol.checkpoint import CheckpointPart
+from roles.storage.local import temp_path
 from roles.storage.store import Store
 
 
@@ -77,6 +78,10 @@ class ShardCheckpoints:
         self.force_full = True
         self.written = 0            # the newest checkpoint number this shard wrote
 
+    def own_files(self) -> list[str]:
+        """This shard's part files in any checkpoint, as globs relative to the store."""
+        return [f"*/{shard_part(self.index, full)}" for full in (True, False)]
+
     def begin(self, number: int, store: Store | Path, applied: set[int], meta: dict) -> float:
         """Fork the writer of checkpoint ``number`` (into ``store``; a remote one's file is
         written in its local staging directory, and uploaded by this process: the child must
@@ -84,7 +89,7 @@ class ShardCheckpoints:
         t = self.table
         full = self.force_full or t.renumbered or not self.chain \
             or len(self.chain) >= self.full_every
-        name = f"{number:06d}/ps-{self.index}{'' if full else '.delta'}.npz"
+        name = f"{number_name(number)}/{shard_part(self.index, full)}"
         meta = {**meta, "number": number, "kind": "full" if full else "delta",
                 "base": None if full else self.chain[-1], "time": time.time(), "keys": len(t)}
         path = as_store(store).local(name)

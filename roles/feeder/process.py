@@ -119,7 +119,9 @@ class Feeder(Node):
         if failed is not None:
             self.fail(failed)
             return
-        self.hold.open(checkpoint_store(self.job, self.run_dir), self.node_id)
+        store = checkpoint_store(self.job, self.run_dir)
+        store.discard_staged([f"*/{self.node_id}/*"])   # a killed process's, on this disk
+        self.hold.open(store, self.node_id)
         info: dict[str, Any] = {"indexed": self.index == 0}
         rolled_back = False
         if self.rollback and self.restore_dir:

@@ -9,6 +9,16 @@ from pathlib import Path
 from typing import BinaryIO
 
 
+def temp_path(path: Path, pid: int) -> Path:
+    """Where process ``pid`` writes ``path`` before renaming it into place."""
+    return path.with_name(f".{path.name}.{pid}.tmp")
+
+
+def temp_glob(name: str) -> str:
+    """The glob of every process's temporary files for file ``name`` (``temp_path``)."""
+    return f".{name}.*.tmp"
+
+
 @contextmanager
 def atomic_file(path: Path, durable: bool = True) -> Iterator[BinaryIO]:
     """A file to write ``path`` through: written under a temporary name, then fsynced, renamed
@@ -18,7 +28,7 @@ def atomic_file(path: Path, durable: bool = True) -> Iterator[BinaryIO]:
     same file (feeders exporting the same transform) do not rename each other's.
     ``durable=False`` skips the fsyncs: the file then survives the writer being killed, not
     the machine losing power."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_path(path, os.getpid())
     try:
         with open(tmp, "wb") as f:
             yield f

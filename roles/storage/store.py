@@ -31,7 +31,7 @@ from roles.storage.fs import (
     listing,
     open_input,
 )
-from roles.storage.local import atomic_write
+from roles.storage.local import atomic_write, temp_glob
 
 
 def parent(location: str) -> str:
@@ -81,6 +81,25 @@ class Store:
                 raise StorageError(f"cannot upload {name} to {self.root}: "
                                    f"{describe(exc)}") from None
             source.unlink(missing_ok=True)
+
+    def discard_staged(self, patterns: list[str]) -> list[str]:
+        """Remove what a killed process of this writer left behind, before it writes again:
+        the temporary files of its unfinished writes and, for a remote root, the staged files
+        it never uploaded (or uploaded, and was killed before removing). ``patterns``: the
+        writer's own file names as globs relative to the root (``*/ps-1.npz``), so that
+        writers sharing a staging directory keep each other's files. The names removed."""
+        gone: list[str] = []
+        if not self.staging.is_dir():
+            return gone
+        for pattern in patterns:
+            head, _, tail = pattern.rpartition("/")
+            temps = f"{head}/{temp_glob(tail)}" if head else temp_glob(tail)
+            for found in [*(self.staging.glob(pattern) if self.remote else ()),
+                          *self.staging.glob(temps)]:
+                if found.is_file():
+                    found.unlink(missing_ok=True)
+                    gone.append(found.relative_to(self.staging).as_posix())
+        return gone
 
     def put_bytes(self, name: str, data: bytes) -> None:
         """Write a small file whole: atomically and durably on the local disk, as one object
