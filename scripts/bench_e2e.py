@@ -192,6 +192,7 @@ def main() -> None:
                 f"{g['end_to_end_s']:.1f} s" for side, g in run.items()), flush=True)
     report(result)
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
 
 

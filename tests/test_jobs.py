@@ -98,24 +98,32 @@ def test_bad_rows_are_counted_and_set_aside_with_line_numbers(cluster, tmp_path)
     bad = {5: "25,Private,226802,11th,7",                                    # too few fields
            9: lines[9].replace(",40,", ",forty,", 1),                        # not a number
            12: lines[12].replace(",40,", ",nan,", 1),                        # NaN
-           20: lines[20].rsplit(",", 1)[0] + ",maybe"}                       # unknown label
+           20: lines[20].rsplit(",", 1)[0] + ",maybe",                       # unknown label
+           1900: "25,Private,226802,11th,7"}                                 # in the eval part
     for number, text in bad.items():
         lines[number - 1] = text
     data = tmp_path / "adult-bad.csv"
     data.write_text("\n".join(lines) + "\n")
-    c = cluster(ADULT_JOB, data__path=str(data), train__epochs=1, cluster__workers=1,
+    # two epochs: the second's parts, and each evaluation's, are begun before their pass
+    # (warmed): their rows and rejected rows are counted once, in their own pass
+    c = cluster(ADULT_JOB, data__path=str(data), train__epochs=2, cluster__workers=1,
                 cluster__shards=1)
     assert c.run_job() == 0, c.logs()
     s = c.summary()
-    assert s["ok"] and s["rejected_rows"] == 4 and s["rows_read"] == 2000
-    assert s["samples_trained"] + s["eval_samples"] == 1996
+    assert s["ok"] and s["rejected_rows"] == 5 and s["rows_read"] == 2000
+    assert s["samples_trained"] / 2 + s["eval_samples"] == 1995
+    for rows in s["parts"]["rows_per_epoch"]:
+        assert rows["rows"] == rows["rows_once"] == s["samples_trained"] / 2, rows
+    # one training part, one eval part: each pass's but the first training's begun ahead
+    # (the first: once the statistics are in, which is as the epoch starts here: 3 or 4)
+    assert s["feeders"]["feeder-0"]["parts_begun_ahead"] >= 3, s["feeders"]
     rows = (c.run_dir / "rejected.tsv").read_text().splitlines()
     assert rows[0] == "file\tline\treason\trow"
     got = {int(r.split("\t")[1]): r.split("\t")[2] for r in rows[1:]}
     assert got == {5: "expected 15 fields, got 5",
                    9: "column 'hours-per-week': cannot parse 'forty' as a number",
                    12: "column 'hours-per-week': non-finite value 'nan'",
-                   20: "label 'maybe' is not a known value"}
+                   20: "label 'maybe' is not a known value", 1900: "expected 15 fields, got 5"}
 
 
 @pytest.mark.parametrize("role", ["control", "feeder", "ps", "worker", "aggregator",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from roles.algorithms.feeding.ledger import PartProgress
 from roles.algorithms.feeding.parts import FeederParts
@@ -20,6 +21,7 @@ from roles.algorithms.feeding.passes import FeedingPass, PartStream
 from roles.algorithms.feeding.tally import FeederTally
 from roles.algorithms.sync.feeder import FeederSync
 from roles.data.index import Part
+from roles.data.stream import Tally
 from roles.feeder.ledger_side import LedgerSide
 from roles.feeder.loading import Loading
 from roles.job.settings import Job
@@ -27,6 +29,16 @@ from roles.protocol.datapath import PartMap
 from zbus.codec import Message
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Warmed:
+    """A pass's first parts, begun before the pass (``Passes.warm``): each part's stream, its
+    progress (from nothing; None for an evaluation) and the tally its rows are counted in."""
+
+    epoch: int
+    eval: bool
+    parts: dict[int, tuple[PartStream, PartProgress | None, Tally]]
 
 
 class Passes:
@@ -46,6 +58,8 @@ class Passes:
         self.evaluated = -1
         self.eval_round = 0
         self.epoch_started = 0.0
+        self.warmed: list[Warmed] = []   # at most an evaluation's and the next training's
+        self.begun_ahead = 0             # streams of a pass that were warmed before it
 
     def enter(self, phase: str) -> None:
         self.phase = phase
@@ -115,17 +129,87 @@ class Passes:
     def training_stream(self, number: int, epoch: int,
                         logged: PartProgress | None = None) -> PartStream:
         """The part's batches for the epoch, resumed where this feeder's previous process had
-        got to (``logged``, from its ack log) or a lost feeder had (PartMap)."""
-        progress = logged or self.parts.resumed(number, epoch) or PartProgress(epoch)
+        got to (``logged``, from its ack log) or a lost feeder had (PartMap); a part warmed
+        for the epoch, from the start, is the stream begun then."""
+        resumed = logged or self.parts.resumed(number, epoch)
+        warmed = self.take_warmed(epoch, False, number)
+        if warmed is not None and resumed is None:
+            stream, progress, tally = warmed
+            assert progress is not None
+            self.tally.part_planned(number, progress)
+            self.tally.adopt(tally)
+            return stream
+        progress = resumed or PartProgress(epoch)
         done = self.tally.part_planned(number, progress)
         if done is not None:
             log.info("part %d resumes epoch %d after %d acknowledged batches", number,
                      epoch + 1, done)
         return self.loading.training(self.part(number), epoch, progress, self.tally.data,
-                                     self.tally.batches.made)
+                                     self.made)
+
+    def made(self, part: int, seq: int, samples: int, before: bool) -> None:
+        """A batch of the training pass was made (of the pass under way when it is made: a
+        warmed stream makes its batches in the pass it joins)."""
+        self.tally.batches.made(part, seq, samples, before)
 
     def eval_stream(self, number: int) -> PartStream:
+        warmed = self.take_warmed(self.epoch, True, number)
+        if warmed is not None:
+            self.tally.adopt(warmed[2])
+            return warmed[0]
         return self.loading.evaluation(self.part(number), self.tally.data)
+
+    # -- warming the next passes -------------------------------------------------------------
+    def take_warmed(self, epoch: int, eval: bool,
+                    number: int) -> tuple[PartStream, PartProgress | None, Tally] | None:
+        found = next((w.parts.pop(number) for w in self.warmed
+                      if (w.epoch, w.eval) == (epoch, eval) and number in w.parts), None)
+        self.begun_ahead += found is not None
+        return found
+
+    def all_taken(self) -> None:
+        """The training pass has given out its last batch (the workers train the last ones):
+        begin its evaluation's first part and the next epoch's first parts now."""
+        self.warm(self.epoch, eval=True)
+        self.warm(self.epoch + 1)
+
+    def warm(self, epoch: int, eval: bool = False) -> None:
+        """Begin a pass's first parts before it starts: its evaluation's first part and the
+        next training pass's first ``[data] parts_open`` (in that epoch's order) while the
+        workers train a pass's last batches, the first training pass's once the statistics
+        are in. A part's first batch waits for its block to be read, parsed and prepared and,
+        in training, for its share of the shuffle buffer to fill (with a small file, the whole
+        part: tens of milliseconds of an epoch of hundreds), which the reader thread then does
+        while the workers are busy. What is made ahead is what the pass would hold at its
+        start anyway. A part that is not this feeder's by then, or is resumed, is read again
+        from its start in the pass (what was read for it is dropped)."""
+        if not self.fed() or epoch >= self.job.train.epochs \
+                or any((w.epoch, w.eval) == (epoch, eval) for w in self.warmed) \
+                or (epoch <= self.epoch if not eval else epoch <= self.evaluated):
+            return
+        parts: dict[int, tuple[PartStream, PartProgress | None, Tally]] = {}
+        if eval:
+            for number in self.parts.mine(eval=True)[:1]:   # an evaluation reads one at a time
+                tally = Tally()
+                stream = self.loading.evaluation(self.part(number), tally)
+                stream.warm()
+                parts[number] = (stream, None, tally)
+        else:
+            order = self.loading.order(self.parts.mine(eval=False), epoch)
+            for number in order[:self.job.data.parts_open]:
+                if self.parts.resumed(number, epoch) is not None:
+                    continue
+                progress, tally = PartProgress(epoch), Tally()
+                stream = self.loading.training(self.part(number), epoch, progress, tally,
+                                               self.made)
+                stream.warm()
+                parts[number] = (stream, progress, tally)
+        self.warmed.append(Warmed(epoch, eval, parts))
+
+    def drop_warmed(self, epoch: int, eval: bool) -> None:
+        """A pass has begun: what was warmed for it, or for an earlier one, and not taken is
+        dropped."""
+        self.warmed = [w for w in self.warmed if (w.epoch, w.eval) > (epoch, eval)]
 
     def start_training(self, epoch: int) -> None:
         self.epoch = epoch
@@ -144,6 +228,7 @@ class Passes:
         self.plan = pass_
         for n in parts:
             pass_.add(self.training_stream(n, pass_.epoch, (logged or {}).get(n)))
+        self.drop_warmed(pass_.epoch, False)
         log.info("epoch %d: training on %d part(s)", pass_.epoch + 1, len(pass_.streams))
         self.ledger.pass_rebuilt()
         self.pump()
@@ -156,8 +241,10 @@ class Passes:
         self.tally.new_evaluation()
         self.plan = FeedingPass(epoch, True, [self.eval_stream(n)
                                               for n in self.parts.mine(eval=True)])
+        self.drop_warmed(epoch, True)
         self.ledger.pass_rebuilt()
         self.pump()
+        self.warm(epoch + 1)   # if the training pass's end did not (a restarted feeder)
         self.maybe_pass_done()
 
     # -- ending a pass -----------------------------------------------------------------------

@@ -146,6 +146,8 @@ class Feeder(Node):
                 self.take_parts(m)
             case DataStats() as m if not self.loading.prepared() and self.passes.has_map():
                 self.loading.take_stats(m)
+                if not self.tally.batches_acked:   # a first start, not a restarted feeder
+                    self.passes.warm(0)
             case EpochStart(epoch=e) if self.passes.may_train(e):
                 self.passes.start_training(e)
             case Evaluate(epoch=e, round=r) if self.passes.may_evaluate(e):
@@ -234,9 +236,12 @@ class Feeder(Node):
                 batch_id, batch = taken
                 round_ = self.sync.round_of(plan.eval)
                 keys, owner = self.send_batch(batch_id, batch, plan.eval, round_)
-                if not plan.eval and (counts := self.routing.count(
-                        keys, owner, plan.exhausted())) is not None:
+                last = not plan.eval and plan.exhausted()
+                if not plan.eval and (counts := self.routing.count(keys, owner, last)) \
+                        is not None:
                     self.to_control(counts)
+                if last:
+                    self.passes.all_taken()
                 self.ledger.sent(batch_id, batch, plan.eval, round_)
                 self.batches_sent += 1
                 self.sync.sent(plan.eval)
@@ -335,6 +340,7 @@ class Feeder(Node):
     def counters(self) -> dict[str, Any]:
         return {"epoch": self.passes.epoch, "batches_sent": self.batches_sent,
                 "batches_resent": self.batches_resent, **self.tally.counters(),
+                "parts_begun_ahead": self.passes.begun_ahead,
                 "in_flight": self.ledger.in_flight(), "paused": self.paused,
                 **self.ledger.counters(),
                 "placement_version": self.routing.keymap.version,

@@ -251,7 +251,8 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
                                           if n.startswith("worker-")),
         "feeders": {node: {"samples_acked": int(_num(c.get("samples_acked"))),
                            "batches_sent": int(_num(c.get("batches_sent"))),
-                           "bytes_read": int(_num(c.get("bytes_read")))}
+                           "bytes_read": int(_num(c.get("bytes_read"))),
+                           "parts_begun_ahead": int(_num(c.get("parts_begun_ahead")))}
                     for node, c in sorted(counters.items()) if node.startswith("feeder-")},
         "parts": parts,
         "fields": field_figures(job.layout(), feeder),

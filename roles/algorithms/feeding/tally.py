@@ -83,6 +83,7 @@ class FeederTally:
         self.progress: dict[int, PartProgress] = {}
         self.batches = PassBatches()
         self.data = Tally()             # what the pass's streams made of the rows
+        self.adopted: list[Tally] = []  # those of streams begun before the pass, their own
         self.scores = ScoreHistogram()
 
     def restore(self, done: dict[str, Any]) -> None:
@@ -102,6 +103,7 @@ class FeederTally:
         self.epoch_samples = 0
         self.batches = PassBatches()
         self.data = Tally()
+        self.adopted = []
 
     def part_planned(self, part: int, progress: PartProgress) -> int | None:
         """The part's pass starts from ``progress`` (what was acknowledged before, by this
@@ -118,6 +120,19 @@ class FeederTally:
     def new_evaluation(self) -> None:
         self.scores = ScoreHistogram()
         self.data = Tally()
+        self.adopted = []
+
+    def adopt(self, tally: Tally) -> None:
+        """A stream begun before the pass (``Passes.warm``) counts its rows in ``tally``."""
+        self.adopted.append(tally)
+
+    def made_of_rows(self) -> Tally:
+        """What the pass's streams made of the rows so far (they count on the reader thread:
+        exact once they are read to their end)."""
+        total = Tally()
+        for t in (self.data, *self.adopted):
+            total.add(t)
+        return total
 
     def eval_acked(self, labels: np.ndarray, preds: np.ndarray) -> None:
         self.batches_acked += 1
@@ -142,7 +157,7 @@ class FeederTally:
     def epoch_trained(self, pass_: FeedingPass, seconds: float) -> EpochTrained:
         """The report of a finished training pass."""
         rows = self.batches.rows()
-        d = self.data
+        d = self.made_of_rows()
         return EpochTrained(
             epoch=pass_.epoch, samples=self.epoch_samples,
             batches=self.batches.count, loss_sum=self.loss_sum,
@@ -151,9 +166,10 @@ class FeederTally:
 
     def eval_report(self, pass_: FeedingPass) -> EvalReport:
         """The scores of a finished evaluation pass."""
+        d = self.made_of_rows()
         return EvalReport(epoch=pass_.epoch, parts=pass_.parts,
-                          loss_sum=self.scores.loss_sum, rows_read=self.data.rows_read,
-                          rejected=self.data.rejected, counts=self.scores.counts)
+                          loss_sum=self.scores.loss_sum, rows_read=d.rows_read,
+                          rejected=d.rejected, counts=self.scores.counts)
 
     def progress_report(self) -> FeederProgress:
         """How far the training pass has got on each part, for control."""
@@ -169,7 +185,7 @@ class FeederTally:
         return {"batches_acked": self.batches_acked, "samples_acked": self.samples_acked,
                 "epoch_samples": self.epoch_samples, "train_loss_sum": self.train_loss_sum,
                 "train_weight_sum": self.train_weight_sum, "acked_by": dict(self.acked_by),
-                "rows_read": self.data.rows_read}
+                "rows_read": self.made_of_rows().rows_read}
 
 
 class ListTally:
