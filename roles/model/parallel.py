@@ -29,6 +29,7 @@ import torch
 import zmq
 from torch import fx
 
+from roles.algorithms.shared.dense_optimizer import dense_adam
 from roles.algorithms.worker.replica import Replica
 from roles.job.settings import Job
 from roles.model.graph import differentiable, network_parameters, trace_job
@@ -334,7 +335,7 @@ class MemberServer:
 
     def __init__(self, program: Program, lr: float):
         self.program = program
-        self.optimizer = torch.optim.Adam(list(program.params.values()), lr=lr) \
+        self.optimizer = dense_adam(list(program.params.values()), lr) \
             if program.params else None
         self.steps = 0
 

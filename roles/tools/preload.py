@@ -45,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from roles.algorithms.shared.dense_optimizer import dense_adam
 from roles.algorithms.shared.metrics import ScoreHistogram
 from roles.data.index import DataError, Part
 from roles.data.readers import RawBlock
@@ -184,7 +185,7 @@ class Trainer:
             self.embedding.weight.uniform_(-t.embedding_init, t.embedding_init,
                                            generator=torch.Generator().manual_seed(t.seed))
         self.inputs = SparseInputs(self.layout, torch.device("cpu"))
-        self.dense_opt = torch.optim.Adam(self.net.parameters(), lr=t.dense_lr)
+        self.dense_opt = dense_adam(list(self.net.parameters()), t.dense_lr)
         self.sparse_opt = torch.optim.Adagrad(self.embedding.parameters(), lr=t.embedding_lr,
                                               eps=1e-10)
         # Adagrad's sparse step builds its tensors from a coalesced gradient: torch's warning

@@ -27,6 +27,7 @@ import torch
 
 from roles.algorithms.feeding.passes import FeedingPass
 from roles.algorithms.shard.embedding_table import EmbeddingTable
+from roles.algorithms.shared.dense_optimizer import dense_adam
 from roles.algorithms.shared.metrics import ScoreHistogram, auc
 from roles.data.index import DataError, Part
 from roles.data.source import DataSource
@@ -48,7 +49,7 @@ class Reference:
         self.table = EmbeddingTable(self.layout.row_dim, t.embedding_init, t.embedding_lr,
                                     t.seed)
         self.inputs = SparseInputs(self.layout, torch.device("cpu"))
-        self.opt = torch.optim.Adam(self.net.parameters(), lr=t.dense_lr)
+        self.opt = dense_adam(list(self.net.parameters()), t.dense_lr)
 
     def grid(self, batch: Samples) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """The batch's grid of rows (``roles.job.fields``), the table rows of its distinct

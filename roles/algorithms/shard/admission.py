@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from roles.algorithms.shard.embedding_table import EmbeddingTable
+from roles.algorithms.shard.key_groups import KeyGrouper
 from roles.data.hashing import splitmix64
 from roles.job.fields import field_of
 from zbus.codec import ProtocolError
@@ -134,6 +135,7 @@ class Admission:
         self.sketch = CountMinSketch(sketch_width(sketch_mb)) if min_count > 1 else None
         self.age_batches, self.age_s = age_batches, age_s   # the expiry horizon, if any
         self.aged_clock, self.aged_time = 0, now   # the last halvings per horizon
+        self.grouper = KeyGrouper()
         self.admitted = 0      # keys given a row by a look-up
         self.rejected = 0      # key occurrences mapped to a default row
         self.rejected_keys = 0  # distinct keys per batch mapped to a default row, summed
@@ -163,53 +165,51 @@ class Admission:
         row, else its deterministic initial row (``fresh``). The clock advances as for
         ``map_batch``."""
         self._advance(table)
-        if self.sketch is None:
-            uniq, inverse = np.unique(keys, return_inverse=True)
-            rows, fresh = table.peek(uniq)
-            return BatchRows(rows, inverse.astype(np.int32).reshape(-1), fresh=fresh)
-        self._check_fields(table, bounds)
-        uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        rows = table.lookup(uniq)
-        absent = np.flatnonzero(rows < 0)
-        if absent.size:
-            rows[absent] = field_of(positions[first[absent]], bounds)   # its default row
-            table.touch(rows[absent])
-        return BatchRows(rows, inverse.astype(np.int32).reshape(-1))
+        if self.sketch is not None:
+            self._check_fields(table, bounds)
+        g = self.grouper.group(table, keys)
+        known, absent = len(g.found), len(g.missing)
+        rows = np.concatenate([g.found, np.zeros(absent, dtype=np.int64)])
+        if not absent:
+            return BatchRows(rows, g.inverse.astype(np.int32))
+        if self.sketch is None:   # a stand-in row (row 0 is always valid), replaced by fresh
+            fresh = (np.arange(known, known + absent), table.initial(g.missing))
+            return BatchRows(rows, g.inverse.astype(np.int32), fresh=fresh)
+        rows[known:] = field_of(positions[g.first], bounds)   # its default row
+        table.touch(rows[known:])
+        return BatchRows(rows, g.inverse.astype(np.int32))
 
     def map_batch(self, table: EmbeddingTable, keys: np.ndarray, positions: np.ndarray,
                   bounds: list[int]) -> BatchRows:
         """Rows for one training batch's keys (``positions`` in its grid, whose fields' runs
         begin at ``bounds``); the table's clock advances by one batch."""
         self._advance(table)
+        if self.sketch is not None:
+            self._check_fields(table, bounds)
+        g = self.grouper.group(table, keys)
+        known, missing = len(g.found), g.missing
+        if not len(missing):
+            return BatchRows(g.found, g.inverse.astype(np.int32))
         if self.sketch is None:
-            uniq, inverse = np.unique(keys, return_inverse=True)
-            before = table.created
-            rows = table.rows_for(uniq)
-            self.admitted += table.created - before
-            return BatchRows(rows, inverse.astype(np.int32).reshape(-1))
-        self._check_fields(table, bounds)
-        uniq, first, inverse, counts = np.unique(keys, return_index=True, return_inverse=True,
-                                                 return_counts=True)
-        inverse = inverse.reshape(-1)
-        rows = table.lookup(uniq)
-        absent = np.flatnonzero(rows < 0)
-        if not absent.size:
-            return BatchRows(rows, inverse.astype(np.int32))
-        ok = self.sketch.estimate(uniq[absent]) + counts[absent] >= self.min_count
-        admit, reject = absent[ok], absent[~ok]
+            rows = np.concatenate([g.found, table.create(missing)])
+            self.admitted += len(missing)
+            return BatchRows(rows, g.inverse.astype(np.int32))
+        rows = np.concatenate([g.found, np.empty(len(missing), dtype=np.int64)])
+        ok = self.sketch.estimate(missing) + g.counts >= self.min_count
+        admit, reject = np.flatnonzero(ok), np.flatnonzero(~ok)
         if admit.size:
-            rows[admit] = table.create(uniq[admit])
+            rows[known + admit] = table.create(missing[admit])
             self.admitted += len(admit)
-        pending = None
-        if reject.size:
-            rows[reject] = field_of(positions[first[reject]], bounds)   # its default row
-            self.rejected += int(counts[reject].sum())
-            self.rejected_keys += len(reject)
-            table.touch(rows[reject])
-            pending = (uniq[reject], counts[reject])
-            rows, again = np.unique(rows, return_inverse=True)
-            inverse = again.reshape(-1)[inverse]
-        return BatchRows(rows, inverse.astype(np.int32), pending)
+        if not reject.size:
+            return BatchRows(rows, g.inverse.astype(np.int32))
+        rows[known + reject] = field_of(positions[g.first[reject]], bounds)  # its default row
+        self.rejected += int(g.counts[reject].sum())
+        self.rejected_keys += len(reject)
+        table.touch(rows[known + reject])
+        # several keys on one default row: each row once
+        rows, again = np.unique(rows, return_inverse=True)
+        return BatchRows(rows, again.reshape(-1)[g.inverse].astype(np.int32),
+                         (missing[reject], g.counts[reject]))
 
     def tick(self, now: float) -> None:
         """Halve the counters once per ``age_s`` seconds (with ``expire_s``)."""

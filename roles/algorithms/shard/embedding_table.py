@@ -113,7 +113,7 @@ class EmbeddingTable:
         self._reserve(self.size + fresh)
         rows[reused:] = np.arange(self.size, self.size + fresh)
         self.size += fresh
-        self.weights[rows] = initial_rows(keys, self.dim, self.init_scale, self.seed)
+        self.weights[rows] = self.initial(keys)
         self.accum[rows] = 0.0
         self.last_seen[rows] = self.clock
         self.row_key[rows] = keys
@@ -122,18 +122,10 @@ class EmbeddingTable:
         self.created += n
         return rows
 
-    def peek(self, keys: np.ndarray
-             ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
-        """Rows of distinct keys without making any (an evaluation's look-up): a key that has
-        no row gets row 0 as a stand-in, and its initial row, the one ``create`` would give
-        it, in ``fresh``: (indices into keys, [n, dim] values), or None when every key has a
-        row. The rows found count as seen now."""
-        rows = self.lookup(keys)
-        absent = np.flatnonzero(rows < 0)
-        if not absent.size:
-            return rows, None
-        rows[absent] = 0   # a valid row number (there is always one): replaced by fresh
-        return rows, (absent, initial_rows(keys[absent], self.dim, self.init_scale, self.seed))
+    def initial(self, keys: np.ndarray) -> np.ndarray:
+        """The rows ``create`` would give these keys: [n, dim], before any training."""
+        return initial_rows(np.ascontiguousarray(keys, dtype=np.int64), self.dim,
+                            self.init_scale, self.seed)
 
     def rows_for(self, keys: np.ndarray) -> np.ndarray:
         """Row numbers of distinct keys, creating the rows of keys that have none."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from roles.algorithms.shared.dense_optimizer import dense_adam
 from roles.protocol.dense_sync import Weights
 from zbus.codec import ProtocolError
 
@@ -27,7 +28,7 @@ class Replica:
         self.device = device
         self.params = list(model.parameters()) if model is not None else list(params or [])
         self.size = size if size is not None else sum(p.numel() for p in self.params)
-        self.optimizer = (torch.optim.Adam(self.params, lr=local_lr)
+        self.optimizer = (dense_adam(self.params, local_lr)
                           if local_lr is not None and self.params else None)
         self.version = -1                       # round of the global weights adopted last
         self.base: np.ndarray | None = None     # weights at the last contribution or adoption
