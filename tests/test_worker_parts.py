@@ -311,7 +311,7 @@ def test_a_batch_trains_on_its_grid_and_each_shard_gets_the_gradients_of_its_row
     for shard, e in enumerate(split_replies(3)):
         p.embeddings(shard, e)
     compute = BatchCompute(LAYOUT, torch.device("cpu"))
-    flat = compute.grid(batch.sample, batch.replies, batch.positions)
+    flat = compute.grid(compute.gathered(batch.sample, batch.replies, batch.positions))
     assert flat.shape == (2 * FIELDS, DIM)
     grid = flat.reshape(FIELDS, 2, DIM).transpose(0, 1)   # [samples, fields, dim]
     assert grid[:, 0].eq(1).all() and grid[1, 1].tolist() == [3.0, 4.0, 5.0]
@@ -325,6 +325,21 @@ def test_a_batch_trains_on_its_grid_and_each_shard_gets_the_gradients_of_its_row
     assert np.allclose(grads[1], (w[1][None] * d[:, None] / 2).numpy(), atol=1e-6)
     probs = compute.score(net, None, batch)
     assert probs.shape == (2,) and ((0 < probs) & (probs < 1)).all()
+
+
+def test_the_grid_gathers_every_shards_rows_and_a_position_no_shard_holds_reads_zeros():
+    compute = BatchCompute(LAYOUT, torch.device("cpu"))
+    replies = [reply(3, [0, 1], 4, np.ones((1, DIM)), [0, 0]),
+               reply(3, [3], 4, np.arange(2 * DIM).reshape(-1, DIM), [1])]
+    rows = compute.gathered(sample(3), replies, [np.array([0, 1]), np.array([3])])
+    assert rows.starts == [0, 1, 3] and len(rows.rows) == 4   # 1 + 2 rows, then zeros
+    flat = compute.grid(rows).numpy()
+    assert (flat[:2] == 1).all()
+    assert (flat[2] == 0).all()                                  # held by no shard
+    assert flat[3].tolist() == [3.0, 4.0, 5.0]
+    grads = compute.shard_grads(torch.ones((4, DIM)), rows)
+    assert [g.shape for g in grads] == [(1, DIM), (2, DIM)]
+    assert grads[0].tolist() == [[2.0] * DIM]                    # used twice: summed
 
 
 # -- coalesced takes and the take window ----------------------------------------------------------

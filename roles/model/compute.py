@@ -10,6 +10,8 @@ group, ``leader``; the dense optimiser's step is the sync mode's (``roles.algori
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -55,6 +57,17 @@ def placeholders(sparse: dict[str, torch.Tensor], dense: torch.Tensor,
     return dict(zip(input_names(len(fields), len(sequences)), values, strict=True))
 
 
+@dataclass(frozen=True, slots=True)
+class GatheredRows:
+    """A batch's embedding rows as one array (every shard's in turn, the shard ``i``'s from
+    ``starts[i]`` to ``starts[i + 1]``; a row of zeros after them if a position had none) and
+    the row of each grid position (``index``)."""
+
+    rows: np.ndarray
+    index: np.ndarray
+    starts: list[int]
+
+
 class BatchCompute:
     def __init__(self, layout: FieldLayout, device: torch.device, precision: str = "fp32"):
         self.layout, self.device, self.precision = layout, device, precision
@@ -68,39 +81,43 @@ class BatchCompute:
         """Forward and backward of a training batch: its loss sum, its sample weight sum and
         the gradient rows for each shard (the dense gradients stay in the parameters)."""
         s = batch.sample
-        replies, positions = arrived(batch)
-        flat = self.grid(s, replies, positions)
+        rows = self.gathered(s, *arrived(batch))
+        flat = self.grid(rows)
         flat.requires_grad_(True)
         dense, labels, weights = self.tensors(s)
         weight_sum = float(weights.sum())
         loss_sum = self.forward_backward(model, leader, flat, s, dense, labels, weights,
                                          weight_sum)
-        grads = self.shard_grads(gradient(flat), replies, positions)
-        return float(loss_sum.detach()), weight_sum, grads
+        return float(loss_sum.detach()), weight_sum, self.shard_grads(gradient(flat), rows)
 
     def score(self, model: torch.nn.Module | None, leader: GroupLeader | None,
               batch: PulledBatch) -> np.ndarray:
         """The predicted probabilities of an evaluation batch."""
         s = batch.sample
         dense, _, _ = self.tensors(s)
-        flat = self.grid(s, *arrived(batch))
+        flat = self.grid(self.gathered(s, *arrived(batch)))
         with torch.no_grad():
             return torch.sigmoid(self.logits(model, leader, flat, s, dense, False)).cpu().numpy()
 
-    def grid(self, s: SampleBatch, replies: list[Embeddings],
-             positions: list[np.ndarray]) -> torch.Tensor:
-        """[grid, row_dim]: each shard's rows at their grid positions (one shard that holds
-        every position, as with one shard: its rows in grid order, with no scatter)."""
+    def gathered(self, s: SampleBatch, replies: list[Embeddings],
+                 positions: list[np.ndarray]) -> GatheredRows:
+        """Every shard's rows in one array and each grid position's row in it."""
         size = self.sparse.grid_size(len(s.labels), s.lengths)
-        if len(replies) == 1 and len(positions[0]) == size:   # positions ascend: 0..size-1
-            e = replies[0]
-            return torch.from_numpy(np.take(e.rows, e.inverse, axis=0)).to(self.device)
-        flat = torch.zeros((size, self.dim))
-        for e, where in zip(replies, positions, strict=True):
-            # numpy's take then torch's row copy: a third faster than numpy's own scatter
-            flat.index_copy_(0, torch.from_numpy(where),
-                             torch.from_numpy(np.take(e.rows, e.inverse, axis=0)))
-        return flat.to(self.device)
+        starts = np.cumsum([0, *(len(e.rows) for e in replies)])
+        covered = sum(len(where) for where in positions) == size
+        parts = [e.rows for e in replies]
+        if not covered:   # a position no shard holds reads a row of zeros
+            parts.append(np.zeros((1, self.dim), dtype=np.float32))
+        rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        index = np.full(size, starts[-1], dtype=np.int64)
+        for e, where, start in zip(replies, positions, starts, strict=False):
+            index[where] = e.inverse + start
+        return GatheredRows(rows, index, starts.tolist())
+
+    def grid(self, rows: GatheredRows) -> torch.Tensor:
+        """[grid, row_dim]: each position's row (one numpy take: no zeroed grid filled shard
+        by shard, a third less of the worker's time around its network on Criteo)."""
+        return torch.from_numpy(np.take(rows.rows, rows.index, axis=0)).to(self.device)
 
     def tensors(self, s: SampleBatch) -> tuple[torch.Tensor, ...]:
         """The batch's dense features, labels and weights."""
@@ -137,15 +154,10 @@ class BatchCompute:
         leader.backward(gradient(leaf))
         return loss_sum
 
-    def shard_grads(self, flat_grad: torch.Tensor, replies: list[Embeddings],
-                    positions: list[np.ndarray]) -> list[np.ndarray]:
-        """Per shard, the gradient of each row it sent (rows used twice add up)."""
-        out = []
-        for e, where in zip(replies, positions, strict=True):
-            rows = torch.zeros((e.rows.shape[0], self.dim), device=self.device)
-            at = torch.from_numpy(where).to(self.device)
-            inverse = torch.from_numpy(e.inverse.astype(np.int64)).to(self.device)
-            rows.index_add_(0, inverse, flat_grad if len(where) == len(flat_grad)
-                            else flat_grad[at])   # a shard with every position: no gather
-            out.append(rows.cpu().numpy())
-        return out
+    def shard_grads(self, flat_grad: torch.Tensor, rows: GatheredRows) -> list[np.ndarray]:
+        """Per shard, the gradient of each row it sent (rows used twice add up): one sum over
+        the grid into every shard's rows, then each shard's slice."""
+        total = torch.zeros((len(rows.rows), self.dim), device=self.device)
+        total.index_add_(0, torch.from_numpy(rows.index).to(self.device), flat_grad)
+        summed = total.cpu().numpy()
+        return [summed[a:b] for a, b in zip(rows.starts, rows.starts[1:], strict=False)]
