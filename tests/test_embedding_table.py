@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from roles.algorithms.shard.admission import Admission
 from roles.algorithms.shard.embedding_table import EmbeddingTable, KeyIndex, initial_rows
 
 
@@ -91,20 +92,23 @@ def test_release_and_accept_move_rows_with_their_state():
     assert np.array_equal(a.weights[again], initial_rows(moved[:2], 4, 0.1, 3))
 
 
-def test_peek_gives_an_unknown_key_the_row_create_would_and_makes_none():
+def test_an_evaluation_gives_an_unknown_key_the_row_create_would_and_makes_none():
     t = EmbeddingTable(8, 0.05, 0.1, seed=3)
     known = t.rows_for(np.array([4, 6], dtype=np.int64))
-    t.weights[known] += 1.0   # trained: peek must give these as they are now
-    keys = np.array([4, 5, 6, 7], dtype=np.int64)
-    rows, fresh = t.peek(keys)
+    t.weights[known] += 1.0   # trained: the evaluation must give these as they are now
+    keys = np.array([4, 5, 6, 7, 5], dtype=np.int64)
+    evaluating = Admission(1, 1.0, 1)
+    got = evaluating.map_eval(t, keys, np.arange(5), [0, 5])
     assert len(t) == 2 and t.created == 2   # no row made
-    assert rows[[0, 2]].tolist() == known.tolist()
-    where, values = fresh
-    assert where.tolist() == [1, 3] and rows[where].tolist() == [0, 0]   # stand-ins
+    assert got.rows[got.inverse[[0, 2]]].tolist() == known.tolist()
+    where, values = got.fresh
+    assert got.rows[where].tolist() == [0, 0]                           # stand-ins
+    assert sorted(got.inverse[[1, 3, 4]].tolist()) == sorted([*where.tolist(), where[0]])
     assert np.array_equal(values, initial_rows(np.array([5, 7]), 8, 0.05, 3))
+    assert np.array_equal(t.initial(np.array([5, 7])), values)
     made = t.rows_for(np.array([5, 7], dtype=np.int64))   # what a training batch makes later
     assert np.array_equal(t.weights[made], values)
-    assert t.peek(keys)[1] is None   # every key has its row now
+    assert evaluating.map_eval(t, keys, np.arange(5), [0, 5]).fresh is None   # all have rows
 
 
 def test_adagrad_is_bit_for_bit_the_plain_expression_over_several_steps():
