@@ -24,7 +24,10 @@ def test_every_occurrence_maps_to_its_keys_row_or_its_missing_key(known_share):
     grouper = KeyGrouper()
     for _ in range(5):   # the scratch array is reused, never cleared
         keys = universe[(rng.zipf(1.3, 6_000) - 1) % len(universe)]
-        g = grouper.group(table, keys)
+        g = grouper.group(table, keys, counted=True)
+        plain = grouper.group(table, keys)   # without the missing keys' counts
+        assert np.array_equal(plain.found, g.found) and np.array_equal(plain.inverse, g.inverse)
+        assert np.array_equal(plain.missing, g.missing) and len(plain.counts) == 0
         expected = table.index.find(keys)
         assert len(np.unique(g.found)) == len(g.found)              # each row once
         assert (np.diff(g.missing) > 0).all()                       # each key once, sorted

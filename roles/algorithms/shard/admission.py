@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from roles.algorithms.shard.embedding_table import EmbeddingTable
-from roles.algorithms.shard.key_groups import KeyGrouper
+from roles.algorithms.shard.key_groups import KeyGrouper, KeyGroups
 from roles.data.hashing import splitmix64
 from roles.job.fields import field_of
 from zbus.codec import ProtocolError
@@ -158,16 +158,22 @@ class Admission:
             raise ProtocolError("bad_fields", f"a batch of {fields} fields for a table of "
                                               f"{min(self.fields, table.defaults)}")
 
+    def _grouped(self, table: EmbeddingTable, keys: np.ndarray, bounds: list[int]) -> KeyGroups:
+        """One more batch: the clock advanced and its keys grouped; with admission on, its
+        fields checked and the keys without a row counted (first occurrence, occurrences)."""
+        self._advance(table)
+        counted = self.sketch is not None
+        if counted:
+            self._check_fields(table, bounds)
+        return self.grouper.group(table, keys, counted)
+
     def map_eval(self, table: EmbeddingTable, keys: np.ndarray, positions: np.ndarray,
                  bounds: list[int]) -> BatchRows:
         """Rows for an evaluation batch's keys, making none: a key without a row scores as the
         exported model would score it (``zbus-predict``): with admission its field's default
         row, else its deterministic initial row (``fresh``). The clock advances as for
         ``map_batch``."""
-        self._advance(table)
-        if self.sketch is not None:
-            self._check_fields(table, bounds)
-        g = self.grouper.group(table, keys)
+        g = self._grouped(table, keys, bounds)
         known, absent = len(g.found), len(g.missing)
         rows = np.concatenate([g.found, np.zeros(absent, dtype=np.int64)])
         if not absent:
@@ -183,10 +189,7 @@ class Admission:
                   bounds: list[int]) -> BatchRows:
         """Rows for one training batch's keys (``positions`` in its grid, whose fields' runs
         begin at ``bounds``); the table's clock advances by one batch."""
-        self._advance(table)
-        if self.sketch is not None:
-            self._check_fields(table, bounds)
-        g = self.grouper.group(table, keys)
+        g = self._grouped(table, keys, bounds)
         known, missing = len(g.found), g.missing
         if not len(missing):
             return BatchRows(g.found, g.inverse.astype(np.int32))
