@@ -24,9 +24,12 @@ def assert_parts_cover(s: dict, feeders: int) -> None:
         p["parts"] * 8 // 10:]  # consecutive training parts to each feeder
 
 
-def test_two_feeders_train_every_row_exactly_once_per_epoch(cluster, tmp_path):
+@pytest.mark.parametrize("hold_mb", [0, 256])
+def test_two_feeders_train_every_row_exactly_once_per_epoch(cluster, tmp_path, hold_mb):
+    """With ``hold_mb`` = 0 every pass reads its parts from the file; with the default, each
+    feeder reads each of its parts once and holds them (roles.data.held_parts)."""
     c = cluster(ADULT_JOB, cluster__feeders=2, data__path=adult_text(tmp_path),
-                data__part_mb=0.5)
+                data__part_mb=0.5, data__hold_mb=hold_mb)
     assert c.run_job() == 0, c.logs()
     s = c.summary()
     assert s["ok"] and s["auc"] >= 0.895, s["auc"]
@@ -42,8 +45,22 @@ def test_two_feeders_train_every_row_exactly_once_per_epoch(cluster, tmp_path):
     assert min(fed.values()) > 0.35 * s["samples_trained"]  # about half each
     read = {f: v["bytes_read"] for f, v in s["feeders"].items()}
     size = (tmp_path / "adult.csv").stat().st_size
-    # each reads its own parts (3 epochs and 3 evaluations, and the statistics' sample)
-    assert all(0.3 * 3 * size < b < 0.75 * 4 * size for b in read.values()), (read, size)
+    held = {f: v["parts_read_from_memory"] for f, v in s["feeders"].items()}
+    if hold_mb == 0:
+        # each reads its own parts (3 epochs and 3 evaluations, and the statistics' sample)
+        assert all(0.3 * 3 * size < b < 0.75 * 4 * size for b in read.values()), (read, size)
+        assert held == {"feeder-0": 0, "feeder-1": 0}, held
+    else:
+        # each reads its own parts once (and the statistics' sample), every later pass
+        # prepares them from memory: the first epoch's first parts_open (4) training parts,
+        # read while the statistics were taken, then every part in the 2 epochs after
+        assert all(0.3 * size < b < 0.75 * 2 * size for b in read.values()), (read, size)
+        owners, n = s["parts"]["owners"], s["parts"]["parts"]
+        parts = {f: owners.count(int(f[-1])) for f in held}
+        training = {f: owners[:n * 8 // 10].count(int(f[-1])) for f in held}
+        assert held == {f: min(4, training[f]) + 2 * parts[f] for f in held}, (held, parts)
+        assert all(v["parts_held"] == parts[f] and 0 < v["held_mb"] < 10
+                   for f, v in s["feeders"].items()), s["feeders"]
     assert s["duplicates_refused"]["embedding_updates"] == 0  # no batch id came twice
     for role in ("control-0", "feeder-0", "feeder-1", "worker-0", "worker-1"):
         assert "Traceback" not in c.log(role), c.log(role)

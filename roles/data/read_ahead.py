@@ -14,11 +14,13 @@ thread, and the iterator ends after it.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 _END = object()
 DEPTH = 2   # items made ahead of the one taken, per iterator
@@ -69,6 +71,16 @@ class Reader:
     def ahead(self, items: Iterator[T], depth: int = DEPTH) -> Iterator[T]:
         return ReadAhead(items, self.pool, depth)
 
+    def submit(self, job: Callable[..., object], *args: object) -> None:
+        """Run ``job(*args)`` on the reader thread after what is queued there (its error, if
+        any, is logged)."""
+        self.pool.submit(job, *args).add_done_callback(_log_error)
+
     def close(self) -> None:
         """Blocks being read are finished, none queued is started."""
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _log_error(done: Future[object]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.warning("reading ahead failed (the pass reads it again): %s", done.exception())

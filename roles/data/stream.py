@@ -18,7 +18,7 @@ from that label's samples in the buffer. Evaluation passes keep file order and w
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -91,6 +91,30 @@ def slot_keys(layout: FieldLayout, block: RawBlock) -> np.ndarray:
     return keys
 
 
+@dataclass(frozen=True)
+class Parsed:
+    """A block as read and hashed, before the statistics are known: its rows without their text
+    columns (``raw``: labels, dense values as read, timestamps, rows read and rejected) and
+    their keys (``slot_keys``). What a feeder holds of a part between passes
+    (``roles.data.held_parts``) and the preloaded reference while it takes the statistics."""
+
+    raw: RawBlock
+    keys: np.ndarray   # int64 [rows, slots]
+
+    @classmethod
+    def of(cls, layout: FieldLayout, block: RawBlock) -> Parsed:
+        return cls(replace(block, sparse=[]), slot_keys(layout, block))
+
+    def freeze(self) -> int:
+        """Made read-only (held for later passes, it must not change); its bytes."""
+        arrays = [self.keys, self.raw.labels, self.raw.dense]
+        if self.raw.timestamps is not None:
+            arrays.append(self.raw.timestamps)
+        for a in arrays:
+            a.flags.writeable = False
+        return sum(a.nbytes for a in arrays) + sum(100 + len(r.text) for r in self.raw.rejected)
+
+
 class Preparer:
     """Chunks of rows to samples, their keys laid out as ``layout`` says."""
 
@@ -124,6 +148,10 @@ class Preparer:
             samples = Samples(samples.keys, samples.dense, samples.labels, got.weights)
         tally.samples += len(samples)
         return samples
+
+    def parsed(self, block: Parsed, train: bool, tally: Tally) -> Samples:
+        """A parsed block's samples (as ``__call__`` makes them of its block)."""
+        return self(block.raw, train, tally, block.keys)
 
 
 class ShuffleBuffer:

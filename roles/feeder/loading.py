@@ -26,6 +26,7 @@ from roles.algorithms.feeding.ledger import PartProgress
 from roles.algorithms.feeding.passes import Made, PartStream
 from roles.algorithms.shared.metrics import auc
 from roles.algorithms.shared.progress import Every, Progress
+from roles.data.held_parts import HeldParts
 from roles.data.index import DataError, Part, exact_rows
 from roles.data.rejected import RejectedRows
 from roles.data.source import DataSource
@@ -74,7 +75,7 @@ class Loading:
         try:
             self.source = source = DataSource(self.job)
             self.statistics = StatisticsPass(source, self.job.data, len(self.job.dense_fields))
-            self.streams = PartStreams(self.job, source, self.rejected_rows)
+            self.streams = PartStreams(self.job, source, self.rejected_rows, self.held_parts())
             if self.index == 0:   # the index keeper
                 self.set_state("indexing")
                 files, parts, n_train = source.index(self.indexing(source))
@@ -94,6 +95,30 @@ class Loading:
             return f"cannot read the data: {exc}"
         self.progress = None
         return None
+
+    def held_parts(self) -> HeldParts | None:
+        """The parts held between passes: only when a part is read more than once."""
+        d, layout = self.job.data, self.job.layout()
+        if self.job.train.epochs < 2 or d.hold_mb <= 0:
+            return None
+        return HeldParts(d.hold_mb, 8 * (layout.slots + len(self.job.dense_fields)) + 12)
+
+    def hold_ahead(self, parts: list[Part]) -> None:
+        """Begin reading these parts now, to hold them, before a pass needs them (those that
+        would not fit are left to their passes)."""
+        assert self.streams is not None, "the data is open"
+        queued = self.streams.hold_ahead(parts)
+        if queued:
+            log.info("reading %d part(s) ahead of their pass, to hold them", queued)
+
+    def hold_only(self, parts: list[int]) -> None:
+        """Hold no part but these (this feeder's, after a new PartMap)."""
+        if self.streams is not None and self.streams.held is not None:
+            self.streams.held.drop(parts)
+
+    def held_counters(self) -> dict[str, float | int]:
+        held = None if self.streams is None else self.streams.held
+        return {} if held is None else held.counters()
 
     def indexing(self, source: DataSource) -> Callable[[int], None]:
         """Told of the bytes indexed (in the loop, which waits meanwhile): the progress goes

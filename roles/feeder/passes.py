@@ -88,6 +88,12 @@ class Passes:
         training = [p for p in self.parts.parts if not p.eval]
         return [self.part(n) for n in self.parts.mine(eval=False)], len(training)
 
+    def opening(self, epoch: int) -> list[Part]:
+        """The training parts this feeder opens first in ``epoch`` (``[data] parts_open``, in
+        that epoch's order)."""
+        order = self.loading.order(self.parts.mine(eval=False), epoch)
+        return [self.part(n) for n in order[:self.job.data.parts_open]]
+
     def part(self, number: int) -> Part:
         return self.parts.parts[number]
 
@@ -195,8 +201,7 @@ class Passes:
                 stream.warm()
                 parts[number] = (stream, None, tally)
         else:
-            order = self.loading.order(self.parts.mine(eval=False), epoch)
-            for number in order[:self.job.data.parts_open]:
+            for number in (p.number for p in self.opening(epoch)):
                 if self.parts.resumed(number, epoch) is not None:
                     continue
                 progress, tally = PartProgress(epoch), Tally()

@@ -178,9 +178,14 @@ class Feeder(Node):
         except DataError as exc:
             self.fail(str(exc))
             return
+        first = not self.passes.has_map()
         new = self.passes.take_parts(m)
+        self.loading.hold_only(self.passes.parts.mine())
         if not self.loading.prepared():  # the statistics are still being gathered: summarise
-            self.loading.want_statistics(*self.passes.training_parts())
+            training, total = self.passes.training_parts()
+            self.loading.want_statistics(training, total)
+            if first:   # read while the statistics are taken (the first epoch's parts)
+                self.loading.hold_ahead(self.passes.opening(0))
             self.wake_at = time.monotonic()
         elif new:
             self.passes.take_over(new)
@@ -340,7 +345,7 @@ class Feeder(Node):
     def counters(self) -> dict[str, Any]:
         return {"epoch": self.passes.epoch, "batches_sent": self.batches_sent,
                 "batches_resent": self.batches_resent, **self.tally.counters(),
-                "parts_begun_ahead": self.passes.begun_ahead,
+                "parts_begun_ahead": self.passes.begun_ahead, **self.loading.held_counters(),
                 "in_flight": self.ledger.in_flight(), "paused": self.paused,
                 **self.ledger.counters(),
                 "placement_version": self.routing.keymap.version,

@@ -1,7 +1,8 @@
 """The streams of a feeder's parts (``roles.algorithms.feeding.passes.PartStream``): each reads
 its part when its turn comes (``roles.data.source``), writes the rows it rejects the first time
 (``roles.data.rejected``) and makes batches (``roles.data.stream``): for training through the
-shuffle buffer seeded by (seed, epoch, part), for evaluation in file order. All of it runs on
+shuffle buffer seeded by (seed, epoch, part), for evaluation in file order; a part held from an
+earlier pass (``roles.data.held_parts``) is prepared from memory. All of it runs on
 the process's reader thread (``roles.data.read_ahead``), ``batches_ahead`` batches ahead of
 each open part's next: reading, parsing, preparing (keys hashed, dense features transformed,
 ``tally`` counted), filling the shuffle buffer and cutting batches. The feeder's loop only
@@ -17,12 +18,14 @@ import numpy as np
 
 from roles.algorithms.feeding.ledger import PartProgress
 from roles.algorithms.feeding.passes import Made, PartStream
+from roles.data.held_parts import HeldParts
 from roles.data.index import Part
 from roles.data.read_ahead import Reader
 from roles.data.readers import RawBlock
 from roles.data.rejected import RejectedRows
 from roles.data.source import DataSource
 from roles.data.stream import (
+    Parsed,
     Preparer,
     Samples,
     Tally,
@@ -44,28 +47,61 @@ def batches_ahead(batch_size: int) -> int:
 
 
 class PartStreams:
-    def __init__(self, job: Job, source: DataSource, rejected: RejectedRows | None = None):
-        self.job, self.source, self.rejected = job, source, rejected
+    """``held``: the parts kept in memory between passes (None: every pass reads its parts from
+    their files)."""
+
+    def __init__(self, job: Job, source: DataSource, rejected: RejectedRows | None = None,
+                 held: HeldParts | None = None):
+        self.job, self.source, self.rejected, self.held = job, source, rejected, held
+        self.layout = job.layout()
         self.reader = Reader()
+        self.closing = False
 
     def close(self) -> None:
+        self.closing = True   # a part being held ahead stops at its next block
         self.reader.close()
 
     def blocks(self, part: Part) -> Iterator[RawBlock]:
         blocks = self.reader.ahead(self.source.blocks(part))
         return blocks if self.rejected is None else self.rejected.watch(part.number, blocks)
 
+    def parsed(self, part: Part) -> Iterator[Parsed]:
+        """The part's blocks as read and parsed (their rejected rows written the first time
+        the part is read whole), or as held from an earlier pass."""
+        def read() -> Iterator[Parsed]:
+            blocks = self.source.blocks(part)
+            if self.rejected is not None:
+                blocks = self.rejected.watch(part.number, blocks)
+            for block in blocks:
+                made = [Parsed.of(self.layout, block)]
+                del block       # the text's columns are not held while the rows are used
+                yield made.pop()
+        return read() if self.held is None else self.held.read(part.number, part.rows, read())
+
     def prepared(self, part: Part, prepare: Preparer, tally: Tally,
                  train: bool) -> Iterator[Samples]:
-        """The part's blocks as samples (their rejected rows written the first time the part
-        is read whole), made as they are iterated: on the reader thread."""
-        blocks = self.source.blocks(part)
-        if self.rejected is not None:
-            blocks = self.rejected.watch(part.number, blocks)
-        for block in blocks:
-            made = [prepare(block, train, tally)]
-            del block       # neither the text's columns nor (popped) the samples stay held
-            yield made.pop()   # here while the samples are used
+        """The part's blocks as samples, made as they are iterated: on the reader thread."""
+        for block in self.parsed(part):
+            made = [prepare.parsed(block, train, tally)]
+            del block
+            yield made.pop()   # (popped: not held here while the samples are used)
+
+    def hold_ahead(self, parts: list[Part]) -> int:
+        """Read and hold these parts now, on the reader thread, before a pass needs them (the
+        first epoch's first parts while the statistics are taken: their first batches then
+        wait only for preparing and shuffling); those that would not fit are left to their
+        passes. How many were queued."""
+        if self.held is None:
+            return 0
+        queued = [p for p in parts if self.held.fits(p.number, p.rows)]
+        for part in queued:
+            self.reader.submit(self._hold, part)
+        return len(queued)
+
+    def _hold(self, part: Part) -> None:
+        for _ in self.parsed(part):
+            if self.closing:
+                return
 
     def training(self, part: Part, epoch: int, done: PartProgress | None, prepare: Preparer,
                  tally: Tally, made: Made) -> PartStream:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import logging
 import os
@@ -132,6 +133,10 @@ def role_main(role_cls: Any, argv: list[str] | None = None) -> None:
     except (OSError, RuntimeError) as exc:  # a port in use, no CUDA device, ...
         print(f"zbus {role}-{args.index}: cannot start: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    # What start-up made (modules, torch's and pyarrow's objects, the job) lives as long as the
+    # process: out of the collector's way, whose full collections otherwise walk it all (a
+    # feeder's took 20-25 ms, holding its loop while workers waited for their grants).
+    gc.freeze()
     code = node.run()
     # Everything is closed now (sockets, the ack log; files are written unbuffered or
     # atomically). The interpreter's last garbage collection, with torch loaded, can take

@@ -144,6 +144,11 @@ class DataConfig:
     cache_dir: str = field(default="runs/cache", metadata={"doc": (
         "where the data's index and statistics are cached between runs (ZBUS_CACHE_DIR "
         "overrides); relative to the working directory")})
+    hold_mb: float = field(default=256.0, metadata={"min": 0.0, "doc": (
+        "a job of more than one epoch: each feeder keeps the parts it has read, parsed (keys "
+        "hashed), in memory up to this many MiB, and later passes prepare them from there "
+        "rather than reading and parsing their files again; the parts that do not fit are "
+        "read every pass; 0: never")})
     log1p: bool = field(default=True, metadata={"doc": (
         "transform each dense value x to sign(x)·log1p(|x|) before standardising")})
     max_rejected_fraction: float = field(default=0.1, metadata={"min": 0.0, "max": 1.0, "doc": (

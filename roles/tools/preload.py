@@ -39,7 +39,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -48,21 +48,12 @@ import torch
 from roles.algorithms.shared.dense_optimizer import dense_adam
 from roles.algorithms.shared.metrics import ScoreHistogram
 from roles.data.index import DataError, Part
-from roles.data.readers import RawBlock
 from roles.data.source import DataSource
-from roles.data.stream import Samples, Tally, slot_keys
+from roles.data.stream import Parsed, Samples, Tally
 from roles.job.fields import PAD, FieldLayout
 from roles.job.settings import Job
 from roles.model.network import build_network, network_logits, set_threads, weighted_loss_sum
 from roles.model.sparse_input import SparseInputs
-
-
-@dataclass(frozen=True)
-class Held:
-    """A block as loaded: its rows without their text columns, and its keys."""
-
-    raw: RawBlock
-    keys: np.ndarray   # int64 [rows, slots]
 
 
 @dataclass(frozen=True)
@@ -94,8 +85,8 @@ def load(job: Job, workers: int) -> Loaded:
     source.files = files
     layout = job.layout()
 
-    def read(part: Part) -> list[Held]:
-        return [Held(replace(b, sparse=[]), slot_keys(layout, b)) for b in source.blocks(part)]
+    def read(part: Part) -> list[Parsed]:
+        return [Parsed.of(layout, b) for b in source.blocks(part)]
 
     with ThreadPoolExecutor(workers) as pool:
         held = dict(zip((p.number for p in parts), pool.map(read, parts), strict=True))
@@ -106,7 +97,7 @@ def load(job: Job, workers: int) -> Loaded:
 
         def samples(part: Part) -> tuple[list[Samples], Tally]:
             mine = Tally()
-            out = [prepare(h.raw, not part.eval, mine, h.keys) for h in held.pop(part.number)]
+            out = [prepare.parsed(h, not part.eval, mine) for h in held.pop(part.number)]
             return out, mine
 
         train: list[Samples] = []

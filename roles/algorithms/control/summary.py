@@ -252,7 +252,10 @@ def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: s
         "feeders": {node: {"samples_acked": int(_num(c.get("samples_acked"))),
                            "batches_sent": int(_num(c.get("batches_sent"))),
                            "bytes_read": int(_num(c.get("bytes_read"))),
-                           "parts_begun_ahead": int(_num(c.get("parts_begun_ahead")))}
+                           "parts_begun_ahead": int(_num(c.get("parts_begun_ahead"))),
+                           "parts_held": int(_num(c.get("parts_held"))),
+                           "held_mb": float(_num(c.get("held_mb"))),
+                           "parts_read_from_memory": int(_num(c.get("parts_read_from_memory")))}
                     for node, c in sorted(counters.items()) if node.startswith("feeder-")},
         "parts": parts,
         "fields": field_figures(job.layout(), feeder),
