@@ -105,6 +105,7 @@ for b in read_part(files, parts[0], "criteo", schema):
 rows = sum(len(b) for b in blocks)
 
 def blake(field, column):
+    column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
     enc = column if column.type.id == 29 else pc.dictionary_encode(column)
     values = enc.dictionary.to_pylist()
     keys = np.fromiter((int.from_bytes(blake2b(f"{field}\x1f{v}".encode(), digest_size=8)

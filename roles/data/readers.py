@@ -19,8 +19,9 @@ training mean (see ``transforms``), a missing categorical value is its field's o
 key (``hashing``).
 
 List columns (``Schema.lists``: the sparse fields that hold several ids, each with its
-separator): a text column is parsed dictionary-encoded, as the other categorical columns, and
-each distinct value is split at its separator once (``pc.split_pattern``: the separator is
+separator): a text column is parsed dictionary-encoded (the other categorical columns are
+parsed as plain text, ``TEXT``, their keys hashed row by row: ``hashing``), and each distinct
+value is split at its separator once (``pc.split_pattern``: the separator is
 plain text, ``|``, ``;`` or ``::`` alike), its ids trimmed; a Parquet ``list<>`` or
 ``large_list<>`` column of strings or integers is taken as it is (an integer id is its decimal
 text), and a Parquet text column given a separator is split as text is. Either way the block
@@ -73,8 +74,12 @@ MAX_TIMESTAMP = 2.0 ** 53  # seconds either side of 1970 that a float holds exac
 NUMBER = (r"^[+-]?((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[Nn][Aa][Nn]|[Ii][Nn][Ff]"
           r"([Ii][Nn][Ii][Tt][Yy])?)$")
 NULLS = ["", "?"]
-CATEGORICAL = pa.dictionary(pa.int32(), pa.string())  # encoded while parsed: keys hash each
-#                                                       distinct value of a chunk once
+CATEGORICAL = pa.dictionary(pa.int32(), pa.string())  # a list column, encoded while parsed:
+#                                                       each distinct value split once
+TEXT = pa.string()   # a single-valued categorical column on the fast path, kept in the chunks
+#                      pyarrow parsed it in and hashed row by row (hashing): the Criteo layout's
+#                      26 columns read in 1.34 us a row, against 2.24 dictionary-encoded and
+#                      combined (their hashing 0.44 against 0.36)
 LIST_TEXT = pa.list_(pa.string())   # a list column as a block holds it
 __all__ = ["CRITEO_COLUMNS", "DataError", "RawBlock", "Rejected", "Schema", "check_columns",
            "check_types", "read_part"]
@@ -116,12 +121,13 @@ def write_rejected(path: Path, rejected: list[Rejected]) -> None:
 @dataclass
 class RawBlock:
     """Accepted rows of a chunk, in file order: label 0/1 (NaN without a label column), dense
-    values (NaN = missing), one column per categorical field (a string or dictionary column; a
-    ``list<string>`` column for a list field), timestamps (or None); and the rejected rows."""
+    values (NaN = missing), one column per categorical field (a string or dictionary column,
+    chunked or not; a ``list<string>`` column for a list field), timestamps (or None); and the
+    rejected rows."""
 
     labels: np.ndarray
     dense: np.ndarray
-    sparse: list[pa.Array]
+    sparse: list[pa.Array | pa.ChunkedArray]
     timestamps: np.ndarray | None
     rows_read: int
     rejected: list[Rejected] = field(default_factory=list)
@@ -414,7 +420,7 @@ def _block(schema: Schema, table: pa.Table, rows_read: int, lines: Callable[[], 
         lists = {name: col.take(pa.array(keep)) for name, col in lists.items()}
         labels, dense = labels[keep], dense[keep]
         stamps = None if stamps is None else stamps[keep]
-    sparse = [lists[name] if name in lists else table.column(name).combine_chunks()
+    sparse = [lists[name] if name in lists else table.column(name)   # as parsed, chunked
               for name in schema.sparse]
     return RawBlock(labels, dense, sparse, stamps, rows_read, rejected, nbytes)
 
@@ -560,7 +566,8 @@ class _ChunkParser:
         label_type = pa.string() if schema.positive else pa.float64()
         self.typed = {**({schema.label: label_type} if schema.label else {}),
                       **dict.fromkeys(schema.dense, pa.float64()),
-                      **dict.fromkeys(schema.sparse, CATEGORICAL),
+                      **{name: CATEGORICAL if name in schema.lists else TEXT
+                         for name in schema.sparse},
                       **({schema.timestamp: pa.string()} if schema.timestamp else {})}
         self.texts = {**dict.fromkeys(self.wanted, pa.string()),
                       **dict.fromkeys(schema.sparse, CATEGORICAL)}
