@@ -197,6 +197,9 @@ class Worker(Node):
             self.counts["restores"] += 1
         self.counts["rounds_adopted"] += 1
         if self.state == "starting":
+            if not self.grouped:   # (a group's members answer only in its forward)
+                self.compute.warm_up(self.replica.model, self.job.train.batch_size,
+                                     self.n_dense)
             self.state = "ready"
             self.to_control(Ready(info={"device": str(self.device), "threads": self.threads,
                                         "parameters": self.replica.size,

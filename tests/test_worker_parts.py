@@ -327,6 +327,34 @@ def test_a_batch_trains_on_its_grid_and_each_shard_gets_the_gradients_of_its_row
     assert probs.shape == (2,) and ((0 < probs) & (probs < 1)).all()
 
 
+def test_the_warm_up_leaves_the_network_its_buffers_and_the_random_generator_as_they_were():
+    class Net(torch.nn.Module):   # a batch norm's running statistics, a dropout's draws
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.BatchNorm1d(FIELDS * DIM + 1)
+            self.out = torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.Linear(
+                FIELDS * DIM + 1, 1))
+
+        def forward(self, sparse, dense, lengths):
+            x = torch.cat([sparse["a"], sparse["b"], dense], 1)
+            return self.out(self.norm(x + 1.0)).squeeze(1)
+
+    torch.manual_seed(0)
+    net = Net()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    rng = torch.get_rng_state()
+    BatchCompute(LAYOUT, torch.device("cpu")).warm_up(net, samples=8, dense=1)
+    after = net.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), \
+        [k for k in before if not torch.equal(before[k], after[k])]
+    assert all(p.grad is None for p in net.parameters())
+    assert torch.equal(torch.get_rng_state(), rng)
+    net.train()   # (the check is not vacuous: a forward in training mode moves the statistics)
+    net(*BatchCompute(LAYOUT, torch.device("cpu")).sparse.inputs(
+        torch.ones((16, DIM)), 8, np.zeros((8, 0), np.int32))[:1], torch.ones(8, 1), {})
+    assert not torch.equal(before["norm.running_mean"], net.state_dict()["norm.running_mean"])
+
+
 def test_the_grid_gathers_every_shards_rows_and_a_position_no_shard_holds_reads_zeros():
     compute = BatchCompute(LAYOUT, torch.device("cpu"))
     replies = [reply(3, [0, 1], 4, np.ones((1, DIM)), [0, 0]),

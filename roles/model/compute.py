@@ -99,6 +99,33 @@ class BatchCompute:
         with torch.no_grad():
             return torch.sigmoid(self.logits(model, leader, flat, s, dense, False)).cpu().numpy()
 
+    def warm_up(self, model: torch.nn.Module | None, samples: int, dense: int) -> None:
+        """One forward and backward of a batch of zeros, its gradients dropped and no step
+        taken: torch's first calls (allocations, oneDNN's primitives; a worker's first Adult
+        batches took two to three times as long as the next) made while the worker waits for
+        its first batch, not in it. The network is left as it was: its buffers (a batch
+        norm's running statistics) restored, the random generators' states too (dropout)."""
+        net = replica(model)
+        buffers = {name: b.detach().clone() for name, b in net.named_buffers()}
+        cuda = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            self._zeros_through(net, samples, dense)
+        with torch.no_grad():
+            for name, b in net.named_buffers():
+                b.copy_(buffers[name])
+        net.zero_grad(set_to_none=True)
+
+    def _zeros_through(self, net: torch.nn.Module, samples: int, dense: int) -> None:
+        s = SampleBatch(batch_id=0, epoch=0, eval=False, min_round=0, round=0,
+                        dense=np.zeros((samples, dense), np.float32),
+                        labels=np.zeros(samples, np.float32),
+                        weights=np.ones(samples, np.float32),
+                        lengths=np.ones((samples, len(self.layout.list_fields)), np.int32))
+        flat = torch.zeros((self.sparse.grid_size(samples, s.lengths), self.dim),
+                           device=self.device, requires_grad=True)
+        d, labels, weights = self.tensors(s)
+        self.forward_backward(net, None, flat, s, d, labels, weights, float(samples))
+
     def gathered(self, s: SampleBatch, replies: list[Embeddings],
                  positions: list[np.ndarray]) -> GatheredRows:
         """Every shard's rows in one array and each grid position's row in it."""
