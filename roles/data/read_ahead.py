@@ -15,9 +15,6 @@ thread, and the iterator ends after it.
 from __future__ import annotations
 
 import logging
-import os
-import sys
-import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,7 +24,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _END = object()
 DEPTH = 2   # items made ahead of the one taken, per iterator
-READER_NICE = 10   # the reader thread's niceness above its process's (Linux)
 
 
 class ReadAhead(Generic[T]):
@@ -70,8 +66,7 @@ class Reader:
     """The reader thread of a process, and the read-ahead iterators made on it."""
 
     def __init__(self) -> None:
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zbus-reader",
-                                       initializer=_yield_the_cpu)
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zbus-reader")
 
     def ahead(self, items: Iterator[T], depth: int = DEPTH) -> Iterator[T]:
         return ReadAhead(items, self.pool, depth)
@@ -90,16 +85,3 @@ def _log_error(done: Future[object]) -> None:
     if not done.cancelled() and done.exception() is not None:
         log.warning("reading ahead failed (the pass reads it again): %s", done.exception())
 
-
-def _yield_the_cpu() -> None:
-    """The reader's work has slack (what it makes is made ahead) and its process's loop, and
-    the other roles on the host, answer messages that someone waits for: on a busy host the
-    reader thread gives way to them (a lower priority, Linux only: elsewhere a thread has no
-    priority of its own)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        me = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, me, os.getpriority(os.PRIO_PROCESS, me) + READER_NICE)
-    except OSError:
-        pass
