@@ -84,4 +84,3 @@ class Reader:
 def _log_error(done: Future[object]) -> None:
     if not done.cancelled() and done.exception() is not None:
         log.warning("reading ahead failed (the pass reads it again): %s", done.exception())
-
