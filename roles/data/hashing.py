@@ -146,48 +146,19 @@ def _fixed_keys(seed: np.uint64, padded: np.ndarray, size: int,
 
 def _missing_key(seed: np.uint64) -> np.uint64:
     """The key of the empty value: an empty, ``?`` or null value's."""
-    return _hash_buffers(seed, np.zeros(0, dtype=np.uint8), np.zeros(2, np.int64))[0]
-
-
-def _hash_buffers(seed: np.uint64, data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Keys (uint64) of the strings ``data[offsets[i]:offsets[i+1]]``."""
-    offsets = offsets.astype(np.int64)
-    if len(offsets) < 2:
-        return np.zeros(0, dtype=np.uint64)
-    lo = int(offsets[0])
-    words = _padded([data[lo:int(offsets[-1])]]).view("<u8")
-    return _hash_spans(seed, words, offsets[:-1] - lo, np.diff(offsets))
-
-
-def _string_buffers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(data bytes, offsets) of a string array without nulls."""
-    offset_type: type[np.int64] | type[np.int32]
-    if pa.types.is_large_string(values.type):
-        offset_type = np.int64
-    else:
-        values = values.cast(pa.string())
-        offset_type = np.int32
-    _, offsets_buf, data_buf = values.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=offset_type)[values.offset:
-                                                          values.offset + len(values) + 1]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else \
-        np.zeros(0, dtype=np.uint8)
-    return data, offsets
+    none = np.zeros(1, np.int64)
+    return _hash_spans(seed, _padded([]).view("<u8"), none, none)[0]
 
 
 _SPACE = np.zeros(256, dtype=bool)
 _SPACE[[9, 10, 11, 12, 13, 32]] = True
 
 
-def _unclean(data: np.ndarray, offsets: np.ndarray, nulls: int) -> bool:
-    """Some value needs cleaning: a null, a ``?``, or surrounding whitespace (checked on the
-    bytes, so that the usual clean column costs no pass of pyarrow over its text)."""
-    if nulls:
-        return True
-    starts = offsets[:-1].astype(np.int64)
-    lengths = offsets[1:].astype(np.int64) - starts
-    filled = lengths > 0
-    if not filled.all():
+def _unclean(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, nulls: int) -> bool:
+    """Some value needs cleaning: a null, an empty value, a ``?``, or surrounding whitespace
+    (checked on the bytes, so that the usual clean column costs no pass of pyarrow over its
+    text)."""
+    if nulls or not (lengths > 0).all():
         return True
     first, last = data[starts], data[starts + lengths - 1]
     return bool(_SPACE[first].any() or _SPACE[last].any()
@@ -245,6 +216,21 @@ def _plain_keys(seed: np.uint64, chunks: list[pa.Array]) -> np.ndarray | None:
     return keys if keys is not None else _hash_spans(seed, padded.view("<u8"), starts, lengths)
 
 
+def _dictionary_keys(seed: np.uint64, dictionary: pa.Array) -> np.ndarray:
+    """Keys (uint64) of a dictionary's distinct values (as text), cleaned first when one of
+    them needs it (``_unclean``)."""
+    if not (pa.types.is_string(dictionary.type) or pa.types.is_large_string(dictionary.type)):
+        dictionary = dictionary.cast(pa.string())
+    spans = _spans([dictionary])
+    assert spans is not None, "a string column"
+    padded, _, starts, lengths = spans
+    if _unclean(padded, starts, lengths, dictionary.null_count):
+        spans = _spans([clean(dictionary)])
+        assert spans is not None, "a string column"
+        padded, _, starts, lengths = spans
+    return _hash_spans(seed, padded.view("<u8"), starts, lengths)
+
+
 def clean(values: pa.Array) -> pa.Array:
     """Values as keys see them: trimmed, with empty, ``?`` and nulls all the empty string."""
     values = pc.utf8_trim_whitespace(values.cast(pa.string()))
@@ -268,10 +254,7 @@ def hash_array(field: str, values: pa.Array | pa.ChunkedArray) -> np.ndarray:
         values = values.combine_chunks() if values.num_chunks else pa.array([], pa.string())
     if not pa.types.is_dictionary(values.type):
         values = pc.dictionary_encode(values)
-    data, offsets = _string_buffers(values.dictionary)
-    if _unclean(data, offsets, values.dictionary.null_count):
-        data, offsets = _string_buffers(clean(values.dictionary))
-    keys = np.append(_hash_buffers(seed, data, offsets), _missing_key(seed))
+    keys = np.append(_dictionary_keys(seed, values.dictionary), _missing_key(seed))
     index = values.indices.fill_null(len(keys) - 1)  # a null: the missing value's key
     return keys.view(np.int64)[index.to_numpy(zero_copy_only=False)]
 
