@@ -101,6 +101,12 @@ class Parsed:
     raw: RawBlock
     keys: np.ndarray   # int64 [rows, slots]
 
+    @staticmethod
+    def row_bytes(slots: int, dense: int) -> int:
+        """About what a row holds (``freeze`` counts it exactly): a key a slot, a dense value
+        as read (float64), a label, a timestamp."""
+        return 8 * (slots + dense) + 4 + 8
+
     @classmethod
     def of(cls, layout: FieldLayout, block: RawBlock) -> Parsed:
         return cls(replace(block, sparse=[]), slot_keys(layout, block))

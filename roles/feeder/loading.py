@@ -31,7 +31,7 @@ from roles.data.index import DataError, Part, exact_rows
 from roles.data.rejected import RejectedRows
 from roles.data.source import DataSource
 from roles.data.statistics_pass import StatisticsPass
-from roles.data.stream import Preparer, Tally, Weighting
+from roles.data.stream import Parsed, Preparer, Tally, Weighting
 from roles.data.transforms import DenseTransform
 from roles.feeder.streams import PartStreams
 from roles.job.settings import DECAY_UNITS, Job
@@ -101,7 +101,7 @@ class Loading:
         d, layout = self.job.data, self.job.layout()
         if self.job.train.epochs < 2 or d.hold_mb <= 0:
             return None
-        return HeldParts(d.hold_mb, 8 * (layout.slots + len(self.job.dense_fields)) + 12)
+        return HeldParts(d.hold_mb, Parsed.row_bytes(layout.slots, len(self.job.dense_fields)))
 
     def hold_ahead(self, parts: list[Part]) -> None:
         """Begin reading these parts now, to hold them, before a pass needs them (those that

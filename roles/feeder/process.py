@@ -172,18 +172,17 @@ class Feeder(Node):
                 pass  # other commands, and repeats of ones already acted on
 
     def take_parts(self, m: PartMap) -> None:
+        first = not self.passes.has_map()
         try:
-            if not self.passes.has_map():
+            if first:
                 self.loading.adopt(m)
         except DataError as exc:
             self.fail(str(exc))
             return
-        first = not self.passes.has_map()
         new = self.passes.take_parts(m)
         self.loading.hold_only(self.passes.parts.mine())
         if not self.loading.prepared():  # the statistics are still being gathered: summarise
-            training, total = self.passes.training_parts()
-            self.loading.want_statistics(training, total)
+            self.loading.want_statistics(*self.passes.training_parts())
             if first:   # read while the statistics are taken (the first epoch's parts)
                 self.loading.hold_ahead(self.passes.opening(0))
             self.wake_at = time.monotonic()
