@@ -65,6 +65,7 @@ from roles.job.settings import Job
 from roles.model.compute import BatchCompute
 from roles.model.group_lead import GroupLead
 from roles.model.network import bf16_is_native, build_network, pick_device, use_threads
+from roles.model.networks import NetworkError, device_error
 from roles.model.parallel import GroupError, GroupLeader
 from roles.protocol.datapath import (
     Ack,
@@ -100,6 +101,7 @@ WAITS_KEPT = 512  # embedding waits kept (a uniform sample) for the summary's qu
 
 class Worker(Node):
     role = "worker"
+    fatal_errors = (NetworkError,)  # the network cannot run on this worker's device
 
     def __init__(self, job: Job, index: int, slowdown: float = 1.0):
         self.leaving = False  # before the signal handlers are installed
@@ -198,8 +200,11 @@ class Worker(Node):
         self.counts["rounds_adopted"] += 1
         if self.state == "starting":
             if not self.grouped:   # (a group's members answer only in its forward)
-                self.compute.warm_up(self.replica.model, self.job.train.batch_size,
-                                     self.n_dense)
+                try:
+                    self.compute.warm_up(self.replica.model, self.job.train.batch_size,
+                                         self.n_dense)
+                except Exception as exc:   # it ran on the CPU at build: not on this device
+                    raise device_error(self.job, exc, self.device) from exc
             self.state = "ready"
             self.to_control(Ready(info={"device": str(self.device), "threads": self.threads,
                                         "parameters": self.replica.size,

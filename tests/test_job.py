@@ -142,7 +142,8 @@ def test_a_role_process_runs_numpys_blas_on_one_thread_unless_the_user_says(give
     if given is not None:
         env["OPENBLAS_NUM_THREADS"] = given
     code = ("import os, roles.aggregator, numpy; numpy.linalg.norm(numpy.ones(1 << 20)); "
-            "print(sum(open(f'/proc/self/task/{t}/comm').read().strip() == 'python'"
+            "main = open('/proc/self/comm').read(); "   # python, python3, ...: as it is started
+            "print(sum(open(f'/proc/self/task/{t}/comm').read() == main"
             " for t in os.listdir('/proc/self/task')))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parent.parent)

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pytest
+import torch
 import zmq
 from harness import REPO, FakeControl, dealer, reply, text_split_rows
 from resumes import every_row_once, killed_and_resumed, trained_past_a_checkpoint
@@ -113,7 +114,7 @@ class Net(nn.Module):
     def forward(self, sparse, dense, lengths):
         seq, n = sparse[self.sequence], lengths[self.sequence]
         query = sparse["item"]
-        mask = torch.arange(seq.shape[1]).unsqueeze(0) < n.unsqueeze(1)
+        mask = torch.arange(seq.shape[1], device=seq.device).unsqueeze(0) < n.unsqueeze(1)
         score = (seq * query.unsqueeze(1)).sum(-1).masked_fill(~mask, -1e9)
         weight = torch.softmax(score, dim=1) * mask.float()
         interest = (weight.unsqueeze(-1) * seq).sum(1)
@@ -158,6 +159,46 @@ def test_a_user_module_outside_the_repository_trains_list_fields_and_predict_sco
     assert figures["scored"] == text_split_rows(items_tsv, "tsv")[1]
     assert figures["rejected_rows"] == 0
     assert abs(figures["auc"] - s["auc"]) <= 1e-4, (figures["auc"], s["auc"])
+
+
+TRAINING_FAILS = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, dims, dense_count):
+        super().__init__()
+        self.fields = list(dims)
+        self.out = nn.Linear(sum(dims.values()) + dense_count, 1)
+
+    def forward(self, sparse, dense, lengths):
+        if self.training:   # what a CPU tensor beside CUDA inputs raises; the check ran eval
+            raise RuntimeError("Expected all tensors to be on the same device, but found at "
+                               "least two devices, cuda:0 and cpu!")
+        return self.out(torch.cat([*(sparse[f] for f in self.fields), dense], 1)).squeeze(1)
+
+
+def build(sparse_dims, sequence_fields, dense_count, options):
+    return Net(sparse_dims, dense_count)
+'''
+
+
+def test_a_network_that_fails_only_on_the_workers_device_fails_the_job_in_one_line(
+        cluster, tmp_path):
+    (tmp_path / "net.py").write_text(TRAINING_FAILS)
+    job = tmp_path / "job.toml"
+    job.write_text('[data]\nsource = "synthetic"\n[model]\nmodule = "net.py:build"\n'
+                   '[cluster]\nworkers = 1\nshards = 1\n')
+    c = cluster(job, checkpoint__every_s=0)
+    assert c.run_job(timeout=120) == 1
+    reason = c.summary()["reason"]
+    device = "cuda" if torch.cuda.is_available() else "cpu"   # [train] device = "auto"
+    assert f"[model] module {tmp_path / 'net.py'}: forward or backward on {device} raised " \
+           "RuntimeError: Expected all tensors to be on the same device" in reason, reason
+    assert f"(at {tmp_path / 'net.py'}:" in reason, reason
+    assert "on its inputs' device (e.g. torch.arange(n, device=dense.device))" in reason, reason
+    assert "Traceback" not in c.log("worker-0"), c.log("worker-0")
 
 
 def test_a_killed_worker_in_a_list_field_job_loses_no_batch(cluster, items_tsv, tmp_path):

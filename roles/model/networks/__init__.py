@@ -24,9 +24,9 @@ parallelism) ``flat.FlatInputs`` gives a network positional tensor inputs.
 from roles.model.networks.checking import check_network, sample_batch
 from roles.model.networks.errors import NetworkError
 from roles.model.networks.flat import FlatInputs, example_inputs, input_names
-from roles.model.networks.loading import call_factory, load_factory, network_label
+from roles.model.networks.loading import call_factory, device_error, load_factory, network_label
 from roles.model.networks.registry import BUILTINS, Factory
 
 __all__ = ["BUILTINS", "Factory", "FlatInputs", "NetworkError", "call_factory",
-           "check_network", "example_inputs", "input_names", "load_factory", "network_label",
-           "sample_batch"]
+           "check_network", "device_error", "example_inputs", "input_names", "load_factory",
+           "network_label", "sample_batch"]

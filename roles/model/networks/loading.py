@@ -121,3 +121,17 @@ def call_factory(factory: Factory, layout: FieldLayout, dense_count: int,
         raise NetworkError(f"{label}: {name}(...) returned {type(net).__name__}, not a "
                            "torch.nn.Module")
     return net
+
+
+def device_error(job: Job, exc: BaseException, device: Any) -> NetworkError:
+    """The one line for a network that ran on the CPU (its check at build) but raises on the
+    worker's ``device``: most often a tensor its forward makes on the CPU
+    (``torch.arange(n)``) beside inputs on CUDA."""
+    path = module_path(job)
+    source = path.resolve() if path is not None else None
+    hint = ""
+    if "device" in str(exc):
+        hint = ("; make the tensors forward creates on its inputs' device (e.g. "
+                "torch.arange(n, device=dense.device))")
+    return NetworkError(f"{network_label(job, source)}: forward or backward on {device} "
+                        f"raised {describe(exc, source)}{hint}")
