@@ -39,10 +39,10 @@ from roles.data.readers import (
     read_part,
 )
 from roles.data.stats import (
-    SAMPLE_CHUNK_BYTES,
     PartSummary,
     cached_summary,
     merge_summaries,
+    sample_chunk_bytes,
     summarize,
     summary_key,
 )
@@ -158,13 +158,14 @@ class DataSource:
         """A training part's statistics (``roles.data.stats``): cached for files (under
         ``cache_dir``, keyed by the file as indexed), made again for the generator. Only the
         columns they need are parsed (the label, the dense fields, the timestamp: a row is
-        rejected here for those alone), a sample in chunks of ``SAMPLE_CHUNK_BYTES``. The
-        rejected rows it reads go to ``rejected`` (only when they are read, not cached)."""
+        rejected here for those alone), a sample in a chunk of about its size
+        (``sample_chunk_bytes``). The rejected rows it reads go to ``rejected`` (only when
+        they are read, not cached)."""
         schema = replace(self.schema, sparse=[], lists={})
 
         def make() -> PartSummary:
             return summarize(self.blocks(part, schema, CHUNK_BYTES if whole
-                                         else SAMPLE_CHUNK_BYTES),
+                                         else sample_chunk_bytes(part, sample_rows)),
                              part.number, len(self.schema.dense), log1p, sample_rows, whole,
                              rejected)
 
