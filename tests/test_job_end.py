@@ -96,7 +96,10 @@ def test_once_a_job_has_ended_no_process_of_it_is_left_and_every_port_binds_agai
         endpoint = c.job.cluster.endpoint(name)
         if endpoint.startswith("tcp://"):
             bind_again(endpoint)
-    assert "exiting while it wrote checkpoint 1: the writer is stopped" in c.log("ps-0")
+    # (checkpoint 1, or 2 where the first cut was abandoned at an epoch's end before ps-0's
+    # writer began: then the second is the one it is writing)
+    assert re.search(r"exiting while it wrote checkpoint [12]: the writer is stopped",
+                     c.log("ps-0")), c.log("ps-0")
 
 
 @pytest.mark.integration
