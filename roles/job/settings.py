@@ -138,9 +138,10 @@ class DataConfig:
         "every epoch")})
     part_rows: int = field(default=262_144, metadata={"min": 1, "doc": (
         "rows of one part of synthetic data")})
-    stats_rows: int = field(default=1_000_000, metadata={"min": 1, "doc": (
+    stats_rows: int = field(default=250_000, metadata={"min": 1, "doc": (
         "training rows the dense statistics are taken from: the first stats_rows / parts of "
-        "each training part (every row when decay needs the newest time)")})
+        "each training part (every row when decay needs the newest time); the job's first "
+        "batch waits for them")})
     cache_dir: str = field(default="runs/cache", metadata={"doc": (
         "where the data's index and statistics are cached between runs (ZBUS_CACHE_DIR "
         "overrides); relative to the working directory")})
