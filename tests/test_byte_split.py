@@ -16,7 +16,7 @@ import roles.data.index as index
 from roles.data.index import index_files, plan_parts
 from roles.data.readers import Schema, read_part
 from roles.data.source import DataSource
-from roles.job.settings import load_job
+from roles.job.settings import load_job, parse_job
 
 
 @settings(max_examples=80, deadline=None)
@@ -132,6 +132,38 @@ def test_the_statistics_read_only_about_their_sample(tmp_path):
     assert summary.rows >= 2000 and not summary.complete
     assert source.bytes_read < 2 * (1 << 20)   # a chunk or two, not the part
     assert np.isclose(summary.moments.mean[0], 50.0, atol=3.0)
+
+
+def test_the_sample_is_read_in_one_chunk_of_its_size_and_summarised_as_in_small_ones(tmp_path):
+    from dataclasses import replace
+
+    from roles.data.stats import SAMPLE_CHUNK_BYTES, sample_chunk_bytes, summarize
+    path = tmp_path / "d.csv"
+    path.write_text("label,n,c\n" + "".join(f"{i % 2},{i % 101},x{i % 7}\n"
+                                            for i in range(400_000)))
+    source = DataSource(parse_job(f'[data]\npath = "{path}"\nformat = "csv"\ndense = ["n"]\n'
+                                  f'sparse = ["c"]\npart_mb = 4\n'
+                                  f'cache_dir = "{tmp_path / "cache"}"\n', environ={}))
+    files, parts, _ = source.index()
+    source.files = files
+    part = next(p for p in parts if not p.eval)
+    sample = 60_000                       # about 660 KB of this part's rows
+    chunk = sample_chunk_bytes(part, sample)
+    per_row = (part.end - part.start) / part.rows
+    assert sample * per_row < chunk < 1.2 * sample * per_row   # the sample and an eighth
+    whole = source.summary(part, False, sample, False)
+    assert whole.rows >= sample and not whole.complete
+    assert source.bytes_read <= chunk + (1 << 16)   # one chunk
+    schema = replace(source.schema, sparse=[], lists={})
+    small = summarize(source.blocks(part, schema, SAMPLE_CHUNK_BYTES), part.number, 1,
+                      False, sample, False)
+    # the same rows summarised (more are read in small chunks' last block): the same counts,
+    # and moments merged over other blocks, equal to rounding
+    assert small.moments.count.tolist() == whole.moments.count.tolist() == [sample]
+    assert np.allclose(small.moments.mean, whole.moments.mean, rtol=1e-12, atol=0)
+    assert np.allclose(small.moments.m2, whole.moments.m2, rtol=1e-12, atol=0)
+    assert sample_chunk_bytes(replace(part, start=0, end=0), sample) == SAMPLE_CHUNK_BYTES
+    assert sample_chunk_bytes(part, 10**9) == 8 << 20   # at most CHUNK_BYTES
 
 
 def test_a_feeder_names_parts_of_an_uncounted_file_by_their_bytes(tmp_path):
