@@ -65,27 +65,36 @@ class KeyIndex:
     def _home(self, keys: np.ndarray) -> np.ndarray:
         return (splitmix64(keys.view(np.uint64)) & np.uint64(self.capacity - 1)).astype(np.int64)
 
-    def _slots(self, keys: np.ndarray) -> np.ndarray:
-        """Slot of each key, -1 where the key is absent."""
+    def _probe(self, keys: np.ndarray, slots: bool) -> np.ndarray:
+        """Each key's row (``slots``: its slot), -1 where the key is absent. The first probe, at
+        every key's home, works on whole arrays (no gather through a list of the keys still
+        probing: on a Criteo batch most keys are found there, and the gathers cost as much as
+        the probe); later probes on the few keys still walking."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
-        out = np.full(len(keys), -1, dtype=np.int64)
+        found = np.full(len(keys), -1, dtype=np.int64)
         pos = self._home(keys)
-        active = np.arange(len(keys))
+        rows = self._rows[pos]
+        hit = (rows >= 0) & (self._keys[pos] == keys)
+        found[hit] = (pos if slots else rows)[hit]
+        active = np.flatnonzero((rows != EMPTY) & ~hit)   # tombstones are walked over
+        pos = pos[active]
         mask = self.capacity - 1
         while active.size:
-            p = pos[active]
-            rows = self._rows[p]
-            hit = (rows >= 0) & (self._keys[p] == keys[active])
-            out[active[hit]] = p[hit]
-            probing = (rows != EMPTY) & ~hit   # tombstones are walked over
-            active = active[probing]
-            pos[active] = (p[probing] + 1) & mask
-        return out
+            pos = (pos + 1) & mask
+            rows = self._rows[pos]
+            hit = (rows >= 0) & (self._keys[pos] == keys[active])
+            found[active[hit]] = (pos if slots else rows)[hit]
+            walking = (rows != EMPTY) & ~hit
+            active, pos = active[walking], pos[walking]
+        return found
+
+    def _slots(self, keys: np.ndarray) -> np.ndarray:
+        """Slot of each key, -1 where the key is absent."""
+        return self._probe(keys, slots=True)
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """Row of each key, -1 where the key is absent."""
-        slots = self._slots(keys)
-        return np.where(slots >= 0, self._rows[slots], -1)
+        return self._probe(keys, slots=False)
 
     def insert(self, keys: np.ndarray, rows: np.ndarray) -> None:
         """Add distinct keys that are not in the index yet."""
@@ -97,23 +106,29 @@ class KeyIndex:
         self._count += len(keys)
 
     def _place(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Put distinct absent keys in the first free slot (empty, or a tombstone) of their
+        probe paths. Keys that reach the same free slot in one round settle it without a
+        sort: each writes a code of its own there (below ``TOMBSTONE``), the one whose code
+        stayed takes the slot, the others walk on."""
         pos = self._home(keys)
-        active = np.arange(len(keys))
+        todo = np.arange(len(keys))
         mask = self.capacity - 1
-        while active.size:
-            p = pos[active]
-            free = self._rows[p] < 0     # empty, or a tombstone (the key is known absent)
-            # among keys that reached the same free slot, the first takes it
-            slots, first = np.unique(p[free], return_index=True)
-            winners = active[free][first]
-            self._tombstones -= int(np.count_nonzero(self._rows[slots] == TOMBSTONE))
-            self._keys[slots] = keys[winners]
-            self._rows[slots] = rows[winners]
-            placed = np.zeros(len(keys), dtype=bool)
-            placed[winners] = True
-            moving = active[~free]
-            pos[moving] = (pos[moving] + 1) & mask
-            active = active[~placed[active]]
+        while todo.size:
+            before = self._rows[pos]
+            free = np.flatnonzero(before < 0)
+            if free.size:
+                slots = pos[free]
+                codes = np.arange(TOMBSTONE - 1, TOMBSTONE - 1 - free.size, -1)
+                self._rows[slots] = codes
+                won = free[self._rows[slots] == codes]
+                taken, winners = pos[won], todo[won]
+                self._tombstones -= int(np.count_nonzero(before[won] == TOMBSTONE))
+                self._keys[taken] = keys[winners]
+                self._rows[taken] = rows[winners]
+                walking = np.ones(todo.size, dtype=bool)
+                walking[won] = False
+                todo, pos = todo[walking], pos[walking]
+            pos = (pos + 1) & mask
 
     def _rebuild(self, needed: int) -> None:
         keys, rows = self.items()
