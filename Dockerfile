@@ -26,7 +26,10 @@ COPY console console
 RUN ZBUS_VENV=/opt/zbus ZBUS_TORCH_INDEX="${TORCH_INDEX}" ZBUS_TORCH_SPEC="${TORCH_SPEC}" \
         ZBUS_SETUP_EXTRAS= scripts/setup.sh \
     && /opt/zbus/bin/python -m compileall -q /opt/zbus-src/zbus /opt/zbus-src/roles \
-        /opt/zbus-src/console
+        /opt/zbus-src/console \
+    && /opt/zbus/bin/python -c "import roles.algorithms.shard.kernels"
+# (the shards' compiled loops: numba's cache beside them, so that a shard starts without the
+# compiler; where it cannot read it there, numba compiles once into $HOME/.cache)
 
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="zbus" \

@@ -391,7 +391,8 @@ class Shard(Node):
             self.try_handover()
         if self.cut is not None:
             self.handle_cut(self.cut)
-        part = self.checkpoints.poll(self.store()) if self.welcomed else None
+        part = self.checkpoints.poll(self.store()) \
+            if self.welcomed and self.checkpoints.writing is not None else None
         if part is not None:
             if not part.ok:
                 log.error("checkpoint %d not written: %s", part.number, part.error)

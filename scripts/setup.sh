@@ -48,6 +48,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "zbus setup: installing zbus into $venv failed (pip's message above)" >&2
     exit 1
   fi
-  "$venv/bin/python" -c 'import zbus, roles, console, zmq, msgspec, torch, honcho, textual' # fails loudly if incomplete
+  "$venv/bin/python" -c 'import zbus, roles, console, zmq, msgspec, numba, torch, honcho, textual' # fails loudly if incomplete
   echo "$want" > "$stamp"
 fi

@@ -50,6 +50,19 @@ def test_shard_placement_is_in_range_and_balanced():
     assert counts.min() > 0.9 * counts.mean()
 
 
+def test_shard_of_is_the_unsigned_key_modulo_the_count_for_any_count():
+    """The mask (a power of two) and the division (any other count) give what Python's
+    modulo of the key read as an unsigned 64-bit number gives, at both ends of the range."""
+    rng = np.random.default_rng(5)
+    keys = np.concatenate([rng.integers(-2**63, 2**63 - 1, 5000, dtype=np.int64),
+                           np.array([0, 1, -1, 2**63 - 1, -2**63], dtype=np.int64)])
+    unsigned = [k % 2**64 for k in keys.tolist()]
+    for n in (1, 2, 3, 7, 64, 96, 128, 255, 4096, 4096 * 255):
+        got = shard_of(keys, n)
+        assert got.dtype == np.int64
+        assert got.tolist() == [u % n for u in unsigned], n
+
+
 def test_splitmix_is_a_bijection_on_a_sample():
     x = np.arange(100000, dtype=np.uint64)
     assert len(np.unique(splitmix64(x))) == len(x)

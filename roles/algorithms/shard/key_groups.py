@@ -12,7 +12,9 @@ all occurrences of the row read the same one, and it is the only occurrence whos
 own: the row's representative. Only the keys without a row (a few, once a table has seen most
 of its keys) are sorted, for their counts and first occurrences. 2-7 times faster than the
 sort on Zipf-distributed batches against a table of 2M keys (13,312 keys: 1.2-1.5 against
-0.25-0.7 ms; 53,248: 5.8-6.9 against 0.9-2.7 ms).
+0.25-0.7 ms; 53,248: 5.8-6.9 against 0.9-2.7 ms). With numba (``kernels.group``) the rows
+found are grouped by one compiled loop instead (in order of first occurrence), the numpy
+scatter and gather its fallback.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from roles.algorithms.shard import kernels
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -44,9 +47,12 @@ class KeyGroups:
 
 class KeyGrouper:
     """Groups batches' keys against one table; owns the scratch array (int32, the size of the
-    table's rows: 4 bytes a row)."""
+    table's rows: 4 bytes a row). ``compiled``: the rows found are grouped by a compiled loop
+    (``kernels.group``: in order of first occurrence, the scratch -1 between batches), else
+    by the numpy scatter and gather below."""
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: bool = kernels.COMPILED) -> None:
+        self.compiled = compiled
         self._at = np.zeros(0, dtype=np.int32)
 
     def group(self, table: EmbeddingTable, keys: np.ndarray, counted: bool = False) -> KeyGroups:
@@ -59,18 +65,11 @@ class KeyGrouper:
         every = bool(have.all())
         hit = None if every else np.flatnonzero(have)
         found_rows = rows if hit is None else rows[hit]
-        if len(self._at) < table.size:
-            self._at = np.zeros(max(table.size, 2 * len(self._at)), dtype=np.int32)
-        order = np.arange(len(found_rows), dtype=np.int32)
-        self._at[found_rows] = order     # duplicates: one index stays per row, whichever
-        winner = self._at[found_rows]
-        own = winner == order
-        rank = np.cumsum(own) - 1        # a representative's index among the found rows
-        found = found_rows[own]
+        found, first_index = self._distinct(found_rows, table.size)
         if hit is None:
-            return KeyGroups(found, _EMPTY, _EMPTY, _EMPTY, rank[winner])
+            return KeyGroups(found, _EMPTY, _EMPTY, _EMPTY, first_index)
         inverse = np.empty(len(keys), dtype=np.int64)
-        inverse[hit] = rank[winner]
+        inverse[hit] = first_index
         miss = np.flatnonzero(~have)
         if counted:
             missing, first, again, counts = np.unique(keys[miss], return_index=True,
@@ -81,3 +80,19 @@ class KeyGrouper:
             first = counts = _EMPTY
         inverse[miss] = len(found) + again.reshape(-1)
         return KeyGroups(found, missing, first, counts, inverse)
+
+    def _distinct(self, rows: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct rows among ``rows`` (every one below ``size``) and each one's index
+        among them."""
+        if len(self._at) < size:
+            grown = max(size, 2 * len(self._at))
+            self._at = np.full(grown, -1, dtype=np.int32) if self.compiled else \
+                np.zeros(grown, dtype=np.int32)
+        if self.compiled:
+            return kernels.group(np.ascontiguousarray(rows, dtype=np.int64), self._at)
+        order = np.arange(len(rows), dtype=np.int32)
+        self._at[rows] = order           # duplicates: one index stays per row, whichever
+        winner = self._at[rows]
+        own = winner == order
+        rank = np.cumsum(own) - 1        # a representative's index among the found rows
+        return rows[own], rank[winner]

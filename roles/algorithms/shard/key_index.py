@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from roles.algorithms.shard import kernels
 from roles.data.hashing import splitmix64
 
 MAX_LOAD = 0.5        # live + tombstones, of the slots
@@ -39,7 +40,10 @@ def _size_for(needed: int) -> int:
 
 
 class KeyIndex:
-    def __init__(self, capacity: int = 1024):
+    def __init__(self, capacity: int = 1024, compiled: bool = kernels.COMPILED):
+        """``compiled``: probe and insert with the compiled loops (``kernels``), else with
+        the numpy passes below (the same results; the suite runs both)."""
+        self.compiled = compiled
         size = 1 << max(4, int(capacity - 1).bit_length())
         self._keys = np.zeros(size, dtype=np.int64)
         self._rows = np.full(size, EMPTY, dtype=np.int64)
@@ -71,6 +75,8 @@ class KeyIndex:
         probing: on a Criteo batch most keys are found there, and the gathers cost as much as
         the probe); later probes on the few keys still walking."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
+        if self.compiled:
+            return kernels.probe(self._keys, self._rows, keys, slots)
         found = np.full(len(keys), -1, dtype=np.int64)
         pos = self._home(keys)
         rows = self._rows[pos]
@@ -109,7 +115,13 @@ class KeyIndex:
         """Put distinct absent keys in the first free slot (empty, or a tombstone) of their
         probe paths. Keys that reach the same free slot in one round settle it without a
         sort: each writes a code of its own there (below ``TOMBSTONE``), the one whose code
-        stayed takes the slot, the others walk on."""
+        stayed takes the slot, the others walk on. (Compiled: one key after another, each in
+        the first free slot of its path.)"""
+        if self.compiled:
+            self._tombstones -= kernels.place(self._keys, self._rows,
+                                              np.ascontiguousarray(keys, dtype=np.int64),
+                                              np.ascontiguousarray(rows, dtype=np.int64))
+            return
         pos = self._home(keys)
         todo = np.arange(len(keys))
         mask = self.capacity - 1

@@ -1,0 +1,133 @@
+"""The shard's per-key loops compiled (numba), for the key index and the grouping of a batch's
+keys: the same results as the numpy code beside them (``key_index``, ``key_groups``), which
+stays as the fallback where numba is not installed (``COMPILED`` says which runs).
+
+Why compiled: a shard's look-up is a hash probe per key. In numpy each probe distance is a
+handful of whole-array passes (gathers through the keys still probing, masks, compactions);
+compiled, it is one loop with one random read of the index per probe. On a table of 4M keys, a
+Criteo batch's 13,312 keys: the look-up 0.36 against 1.0-1.2 ms, the grouping of the rows found
+0.07 against about 1 ms; a whole job's shards used 24% less CPU (docs/benchmarks.md, "Seventh
+round").
+
+Every kernel is compiled for its signatures when this module is imported (``cache=True``:
+from numba's cache beside the module after the first time, about 0.25 s), so that no batch
+waits for the compiler. They release the GIL (``nogil``); none allocates per key.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+# numba is a dependency; without it (a Python it has no wheel for yet) the callers run their
+# numpy code
+COMPILED = importlib.util.find_spec("numba") is not None
+
+EMPTY = -1
+TOMBSTONE = -2
+_GOLDEN = 0x9E3779B97F4A7C15
+_M1 = 0xBF58476D1CE4E5B9
+_M2 = 0x94D049BB133111EB
+
+
+def _home(key: int, mask: int) -> np.int64:
+    """splitmix64 of the key (``roles.data.hashing.splitmix64``) masked to the index's size."""
+    z = np.uint64(key) + np.uint64(_GOLDEN)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
+    z = z ^ (z >> np.uint64(31))
+    return np.int64(z & np.uint64(mask))
+
+
+def _probe(table_keys: np.ndarray, table_rows: np.ndarray, keys: np.ndarray,
+           slots: bool) -> np.ndarray:
+    """Each key's row (``slots``: its slot number), -1 where it is absent; tombstones are
+    walked over."""
+    mask = len(table_rows) - 1
+    out = np.empty(len(keys), dtype=np.int64)
+    for i in range(len(keys)):
+        key = keys[i]
+        p = home(key, mask)
+        found = np.int64(-1)
+        while True:
+            row = table_rows[p]
+            if row == EMPTY:
+                break
+            if row >= 0 and table_keys[p] == key:
+                found = p if slots else row
+                break
+            p = (p + 1) & mask
+        out[i] = found
+    return out
+
+
+def _place(table_keys: np.ndarray, table_rows: np.ndarray, keys: np.ndarray,
+           rows: np.ndarray) -> int:
+    """Put distinct absent keys, in order, in the first free slot (empty, or a tombstone) of
+    their probe paths; returns how many tombstones they took."""
+    mask = len(table_rows) - 1
+    reused = 0
+    for i in range(len(keys)):
+        p = home(keys[i], mask)
+        while table_rows[p] >= 0:
+            p = (p + 1) & mask
+        if table_rows[p] == TOMBSTONE:
+            reused += 1
+        table_keys[p] = keys[i]
+        table_rows[p] = rows[i]
+    return reused
+
+
+def _group(rows: np.ndarray, scratch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows (in order of first occurrence) and each occurrence's index among
+    them. ``scratch``: -1 at every row number (int32, longer than the largest row); it is -1
+    everywhere again afterwards."""
+    n = len(rows)
+    distinct = np.empty(n, dtype=np.int64)
+    inverse = np.empty(n, dtype=np.int64)
+    m = 0
+    for i in range(n):
+        row = rows[i]
+        at = scratch[row]
+        if at < 0:
+            scratch[row] = m
+            distinct[m] = row
+            at = m
+            m += 1
+        inverse[i] = at
+    for j in range(m):
+        scratch[distinct[j]] = -1
+    return distinct[:m].copy(), inverse
+
+
+def _compiled(signatures: list[Any], function: Callable[..., Any]) -> Any:
+    """``function`` compiled for ``signatures`` now, cached on disk where numba finds a
+    writable place (beside this module, else the user's cache directory), else compiled in
+    memory only (about a second more at the start)."""
+    from numba import njit
+
+    try:
+        return njit(signatures, cache=True, nogil=True)(function)
+    except RuntimeError:   # numba: no locator available (read-only source, no writable home)
+        return njit(signatures, nogil=True)(function)
+
+
+home: Callable[[int, int], np.int64]
+probe: Callable[[np.ndarray, np.ndarray, np.ndarray, bool], np.ndarray]
+place: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
+group: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+if COMPILED:
+    from numba import njit, types
+
+    _i64 = types.Array(types.int64, 1, "C")
+    _i64_in = types.Array(types.int64, 1, "C", readonly=True)   # a message's frame
+    _i32 = types.Array(types.int32, 1, "C")
+    home = njit(types.int64(types.int64, types.int64), inline="always")(_home)
+    probe = _compiled([_i64(_i64, _i64, keys, types.boolean) for keys in (_i64, _i64_in)],
+                      _probe)
+    place = _compiled([types.int64(_i64, _i64, keys, _i64) for keys in (_i64, _i64_in)],
+                      _place)
+    group = _compiled([types.Tuple((_i64, _i64))(_i64, _i32)], _group)  # type: ignore[no-untyped-call]
