@@ -123,3 +123,25 @@ def test_adagrad_is_bit_for_bit_the_plain_expression_over_several_steps():
         weights[rows] -= t.lr * g / (np.sqrt(acc) + t.eps)
         t.adagrad(rows, g)
     assert np.array_equal(weights, t.weights) and np.array_equal(accum, t.accum)
+
+
+def test_the_compiled_table_keeps_the_same_bits_as_the_numpy_one():
+    """Initial rows, Adagrad (gradients as a message's read-only frame) and the rows each key
+    gets: bit for bit the numpy code's, for several seeds."""
+    rng = np.random.default_rng(0)
+    for seed in (0, 7, 2**40):
+        a = EmbeddingTable(16, 0.01, 0.05, seed=seed, defaults=3, compiled=True)
+        b = EmbeddingTable(16, 0.01, 0.05, seed=seed, defaults=3, compiled=False)
+        keys = np.unique(rng.integers(-2**63, 2**63 - 1, 5000, dtype=np.int64))
+        assert np.array_equal(a.rows_for(keys), b.rows_for(keys))
+        assert np.array_equal(a.weights[:a.size].view(np.uint32),
+                              b.weights[:b.size].view(np.uint32))
+        assert np.array_equal(a.initial(keys[:50]), initial_rows(keys[:50], 16, 0.01, seed))
+        for _ in range(5):
+            rows = np.unique(rng.integers(0, a.size, 3000))
+            grads = rng.normal(0, 1, (len(rows), 16)).astype(np.float32)
+            grads.flags.writeable = False
+            a.adagrad(rows, grads)
+            b.adagrad(rows, grads)
+        for name in ("weights", "accum", "dirty"):
+            assert np.array_equal(getattr(a, name), getattr(b, name)), name

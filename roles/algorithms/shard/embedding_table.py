@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from roles.algorithms.shard import kernels
 from roles.algorithms.shard.key_index import KeyIndex
 from roles.data.hashing import splitmix64
 
@@ -60,10 +61,15 @@ FREE = np.iinfo(np.int64).max   # the last-seen clock of a row that holds no key
 
 class EmbeddingTable:
     def __init__(self, dim: int, init_scale: float, lr: float, seed: int = 0,
-                 eps: float = 1e-10, capacity: int = 1024, defaults: int = 0):
+                 eps: float = 1e-10, capacity: int = 1024, defaults: int = 0,
+                 compiled: bool = kernels.COMPILED):
+        """``compiled``: Adagrad, the initial rows and the key index run as compiled loops
+        (``kernels``; the same bits), else in numpy."""
         self.dim, self.init_scale, self.lr, self.seed, self.eps = dim, init_scale, lr, seed, eps
+        self.compiled = compiled
+        self._seed_mix = splitmix64(np.array([seed], dtype=np.uint64))[0]
         self.defaults = defaults
-        self.index = KeyIndex(capacity)
+        self.index = KeyIndex(capacity, compiled)
         capacity = max(capacity, defaults, 1)
         self.weights = np.zeros((capacity, dim), dtype=np.float32)
         self.accum = np.zeros((capacity, dim), dtype=np.float32)   # Adagrad sum of g^2
@@ -124,6 +130,11 @@ class EmbeddingTable:
 
     def initial(self, keys: np.ndarray) -> np.ndarray:
         """The rows ``create`` would give these keys: [n, dim], before any training."""
+        if self.compiled:
+            out = np.empty((len(keys), self.dim), dtype=np.float32)
+            kernels.initial(np.ascontiguousarray(keys, dtype=np.int64), self._seed_mix,
+                            float(self.init_scale), out)
+            return out
         return initial_rows(np.ascontiguousarray(keys, dtype=np.int64), self.dim,
                             self.init_scale, self.seed)
 
@@ -154,7 +165,13 @@ class EmbeddingTable:
     def adagrad(self, rows: np.ndarray, grads: np.ndarray) -> None:
         """One sparse Adagrad step on distinct rows: acc += g^2; w -= lr * g / (sqrt(acc)+eps).
         (The same arithmetic in the same order as the formula, with two temporaries in place
-        of six: half the time of the plain expression.)"""
+        of six: half the time of the plain expression. Compiled: one loop, the same bits.)"""
+        if self.compiled:
+            kernels.adagrad(self.weights, self.accum, np.ascontiguousarray(rows, np.int64),
+                            np.ascontiguousarray(grads, np.float32), np.float32(self.lr),
+                            np.float32(self.eps))
+            self.dirty[rows] = True
+            return
         acc = np.take(self.accum, rows, axis=0)
         step = np.multiply(grads, grads)
         acc += step
@@ -274,7 +291,7 @@ class EmbeddingTable:
             array[d:d + n] = array[stay_rows]
         self.row_key[d:d + n] = stay_keys
         self.last_seen[d + n:self.size] = FREE
-        self.index = KeyIndex(max(1024, 2 * n))
+        self.index = KeyIndex(max(1024, 2 * n), self.compiled)
         self.index.insert(stay_keys, np.arange(d, d + n, dtype=np.int64))
         self.size = d + n
         self._free_count = 0

@@ -33,13 +33,17 @@ _M1 = 0xBF58476D1CE4E5B9
 _M2 = 0x94D049BB133111EB
 
 
-def _home(key: int, mask: int) -> np.int64:
-    """splitmix64 of the key (``roles.data.hashing.splitmix64``) masked to the index's size."""
-    z = np.uint64(key) + np.uint64(_GOLDEN)
+def _splitmix(z: np.uint64) -> np.uint64:
+    """``roles.data.hashing.splitmix64`` of one number."""
+    z = z + np.uint64(_GOLDEN)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
-    z = z ^ (z >> np.uint64(31))
-    return np.int64(z & np.uint64(mask))
+    return z ^ (z >> np.uint64(31))
+
+
+def _home(key: int, mask: int) -> np.int64:
+    """splitmix64 of the key masked to the index's size."""
+    return np.int64(mix(np.uint64(key)) & np.uint64(mask))
 
 
 def _probe(table_keys: np.ndarray, table_rows: np.ndarray, keys: np.ndarray,
@@ -103,6 +107,31 @@ def _group(rows: np.ndarray, scratch: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return distinct[:m].copy(), inverse
 
 
+def _adagrad(weights: np.ndarray, accum: np.ndarray, rows: np.ndarray, grads: np.ndarray,
+             lr: np.float32, eps: np.float32) -> None:
+    """Sparse Adagrad on distinct rows, in float32 and in the order of the numpy code's
+    operations (``EmbeddingTable.adagrad``): acc += g * g; w -= (g * lr) / (sqrt(acc) + eps),
+    so the same bits."""
+    for i in range(len(rows)):
+        row = rows[i]
+        for j in range(weights.shape[1]):
+            g = grads[i, j]
+            acc = accum[row, j] + g * g
+            accum[row, j] = acc
+            weights[row, j] -= (g * lr) / (np.sqrt(acc) + eps)
+
+
+def _initial(keys: np.ndarray, seed_mix: np.uint64, scale: float, out: np.ndarray) -> None:
+    """``embedding_table.initial_rows`` into ``out`` [n, dim]: the same float64 arithmetic
+    on the same hashes, so the same bits."""
+    for i in range(len(keys)):
+        base = mix(np.uint64(keys[i]) ^ seed_mix)
+        for j in range(out.shape[1]):
+            bits = mix(base + np.uint64(j + 1))
+            unit = np.float64(bits >> np.uint64(40)) / 16777216.0
+            out[i, j] = np.float32((2.0 * unit - 1.0) * scale)
+
+
 def _compiled(signatures: list[Any], function: Callable[..., Any]) -> Any:
     """``function`` compiled for ``signatures`` now, cached on disk where numba finds a
     writable place (beside this module, else the user's cache directory), else compiled in
@@ -115,19 +144,30 @@ def _compiled(signatures: list[Any], function: Callable[..., Any]) -> Any:
         return njit(signatures, nogil=True)(function)
 
 
+mix: Callable[[np.uint64], np.uint64]
 home: Callable[[int, int], np.int64]
 probe: Callable[[np.ndarray, np.ndarray, np.ndarray, bool], np.ndarray]
 place: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
 group: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+adagrad: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.float32, np.float32],
+                  None]
+initial: Callable[[np.ndarray, np.uint64, float, np.ndarray], None]
 if COMPILED:
     from numba import njit, types
 
     _i64 = types.Array(types.int64, 1, "C")
     _i64_in = types.Array(types.int64, 1, "C", readonly=True)   # a message's frame
     _i32 = types.Array(types.int32, 1, "C")
+    _f32 = types.Array(types.float32, 2, "C")
+    _f32_in = types.Array(types.float32, 2, "C", readonly=True)
+    mix = njit(types.uint64(types.uint64), inline="always")(_splitmix)
     home = njit(types.int64(types.int64, types.int64), inline="always")(_home)
     probe = _compiled([_i64(_i64, _i64, keys, types.boolean) for keys in (_i64, _i64_in)],
                       _probe)
     place = _compiled([types.int64(_i64, _i64, keys, _i64) for keys in (_i64, _i64_in)],
                       _place)
     group = _compiled([types.Tuple((_i64, _i64))(_i64, _i32)], _group)  # type: ignore[no-untyped-call]
+    adagrad = _compiled([types.void(_f32, _f32, _i64, g, types.float32, types.float32)
+                         for g in (_f32, _f32_in)], _adagrad)
+    initial = _compiled([types.void(keys, types.uint64, types.float64, _f32)
+                         for keys in (_i64, _i64_in)], _initial)
