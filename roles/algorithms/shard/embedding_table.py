@@ -67,6 +67,7 @@ class EmbeddingTable:
         (``kernels``; the same bits), else in numpy."""
         self.dim, self.init_scale, self.lr, self.seed, self.eps = dim, init_scale, lr, seed, eps
         self.compiled = compiled
+        self._loops = kernels.loops() if compiled else None
         self._seed_mix = splitmix64(np.array([seed], dtype=np.uint64))[0]
         self.defaults = defaults
         self.index = KeyIndex(capacity, compiled)
@@ -130,9 +131,9 @@ class EmbeddingTable:
 
     def initial(self, keys: np.ndarray) -> np.ndarray:
         """The rows ``create`` would give these keys: [n, dim], before any training."""
-        if self.compiled:
+        if self._loops is not None:
             out = np.empty((len(keys), self.dim), dtype=np.float32)
-            kernels.initial(np.ascontiguousarray(keys, dtype=np.int64), self._seed_mix,
+            self._loops.initial(np.ascontiguousarray(keys, dtype=np.int64), self._seed_mix,
                             float(self.init_scale), out)
             return out
         return initial_rows(np.ascontiguousarray(keys, dtype=np.int64), self.dim,
@@ -166,8 +167,8 @@ class EmbeddingTable:
         """One sparse Adagrad step on distinct rows: acc += g^2; w -= lr * g / (sqrt(acc)+eps).
         (The same arithmetic in the same order as the formula, with two temporaries in place
         of six: half the time of the plain expression. Compiled: one loop, the same bits.)"""
-        if self.compiled:
-            kernels.adagrad(self.weights, self.accum, np.ascontiguousarray(rows, np.int64),
+        if self._loops is not None:
+            self._loops.adagrad(self.weights, self.accum, np.ascontiguousarray(rows, np.int64),
                             np.ascontiguousarray(grads, np.float32), np.float32(self.lr),
                             np.float32(self.eps))
             self.dirty[rows] = True

@@ -9,15 +9,18 @@ Criteo batch's 13,312 keys: the look-up 0.36 against 1.0-1.2 ms, the grouping of
 0.07 against about 1 ms; a whole job's shards used 24% less CPU (docs/benchmarks.md, "Seventh
 round").
 
-Every kernel is compiled for its signatures when this module is imported (``cache=True``:
-from numba's cache beside the module after the first time, about 0.25 s), so that no batch
-waits for the compiler. They release the GIL (``nogil``); none allocates per key.
+Every kernel is compiled for its signatures when the process makes its first table
+(``loops()``; ``cache=True``: from numba's cache beside the module after the first time,
+about 0.25 s), so that no batch waits for the compiler. They release the GIL (``nogil``);
+none allocates per key.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -144,30 +147,44 @@ def _compiled(signatures: list[Any], function: Callable[..., Any]) -> Any:
         return njit(signatures, nogil=True)(function)
 
 
-mix: Callable[[np.uint64], np.uint64]
-home: Callable[[int, int], np.int64]
-probe: Callable[[np.ndarray, np.ndarray, np.ndarray, bool], np.ndarray]
-place: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
-group: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
-adagrad: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.float32, np.float32],
-                  None]
-initial: Callable[[np.ndarray, np.uint64, float, np.ndarray], None]
-if COMPILED:
+@dataclass(frozen=True, slots=True)
+class Loops:
+    """The compiled loops (``loops()``)."""
+
+    probe: Callable[[np.ndarray, np.ndarray, np.ndarray, bool], np.ndarray]
+    place: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
+    group: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+    adagrad: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.float32,
+                       np.float32], None]
+    initial: Callable[[np.ndarray, np.uint64, float, np.ndarray], None]
+
+
+# What the loops call, as numba compiles them: plain Python until ``loops()`` compiles them
+mix: Callable[[np.uint64], np.uint64] = _splitmix
+home: Callable[[int, int], np.int64] = _home
+
+
+@functools.cache
+def loops() -> Loops:
+    """The loops compiled, once per process, at the first table made (not at import: the
+    roles that only read a model's files never load numba, about 100 MB and half a second)."""
+    global mix, home   # noqa: PLW0603 - the helpers the loops call must be compiled first
     from numba import njit, types
 
-    _i64 = types.Array(types.int64, 1, "C")
-    _i64_in = types.Array(types.int64, 1, "C", readonly=True)   # a message's frame
-    _i32 = types.Array(types.int32, 1, "C")
-    _f32 = types.Array(types.float32, 2, "C")
-    _f32_in = types.Array(types.float32, 2, "C", readonly=True)
+    i64 = types.Array(types.int64, 1, "C")
+    i64_in = types.Array(types.int64, 1, "C", readonly=True)   # a message's frame
+    i32 = types.Array(types.int32, 1, "C")
+    f32 = types.Array(types.float32, 2, "C")
+    f32_in = types.Array(types.float32, 2, "C", readonly=True)
     mix = njit(types.uint64(types.uint64), inline="always")(_splitmix)
     home = njit(types.int64(types.int64, types.int64), inline="always")(_home)
-    probe = _compiled([_i64(_i64, _i64, keys, types.boolean) for keys in (_i64, _i64_in)],
-                      _probe)
-    place = _compiled([types.int64(_i64, _i64, keys, _i64) for keys in (_i64, _i64_in)],
-                      _place)
-    group = _compiled([types.Tuple((_i64, _i64))(_i64, _i32)], _group)  # type: ignore[no-untyped-call]
-    adagrad = _compiled([types.void(_f32, _f32, _i64, g, types.float32, types.float32)
-                         for g in (_f32, _f32_in)], _adagrad)
-    initial = _compiled([types.void(keys, types.uint64, types.float64, _f32)
-                         for keys in (_i64, _i64_in)], _initial)
+    return Loops(
+        probe=_compiled([i64(i64, i64, keys, types.boolean) for keys in (i64, i64_in)],
+                        _probe),
+        place=_compiled([types.int64(i64, i64, keys, i64) for keys in (i64, i64_in)],
+                        _place),
+        group=_compiled([types.Tuple((i64, i64))(i64, i32)], _group),  # type: ignore[no-untyped-call]
+        adagrad=_compiled([types.void(f32, f32, i64, g, types.float32, types.float32)
+                           for g in (f32, f32_in)], _adagrad),
+        initial=_compiled([types.void(keys, types.uint64, types.float64, f32)
+                           for keys in (i64, i64_in)], _initial))

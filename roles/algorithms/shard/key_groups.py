@@ -53,6 +53,7 @@ class KeyGrouper:
 
     def __init__(self, compiled: bool = kernels.COMPILED) -> None:
         self.compiled = compiled
+        self._loops = kernels.loops() if compiled else None
         self._at = np.zeros(0, dtype=np.int32)
 
     def group(self, table: EmbeddingTable, keys: np.ndarray, counted: bool = False) -> KeyGroups:
@@ -88,8 +89,8 @@ class KeyGrouper:
             grown = max(size, 2 * len(self._at))
             self._at = np.full(grown, -1, dtype=np.int32) if self.compiled else \
                 np.zeros(grown, dtype=np.int32)
-        if self.compiled:
-            return kernels.group(np.ascontiguousarray(rows, dtype=np.int64), self._at)
+        if self._loops is not None:
+            return self._loops.group(np.ascontiguousarray(rows, dtype=np.int64), self._at)
         order = np.arange(len(rows), dtype=np.int32)
         self._at[rows] = order           # duplicates: one index stays per row, whichever
         winner = self._at[rows]

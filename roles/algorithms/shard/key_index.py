@@ -44,6 +44,7 @@ class KeyIndex:
         """``compiled``: probe and insert with the compiled loops (``kernels``), else with
         the numpy passes below (the same results; the suite runs both)."""
         self.compiled = compiled
+        self._loops = kernels.loops() if compiled else None
         size = 1 << max(4, int(capacity - 1).bit_length())
         self._keys = np.zeros(size, dtype=np.int64)
         self._rows = np.full(size, EMPTY, dtype=np.int64)
@@ -75,8 +76,8 @@ class KeyIndex:
         probing: on a Criteo batch most keys are found there, and the gathers cost as much as
         the probe); later probes on the few keys still walking."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
-        if self.compiled:
-            return kernels.probe(self._keys, self._rows, keys, slots)
+        if self._loops is not None:
+            return self._loops.probe(self._keys, self._rows, keys, slots)
         found = np.full(len(keys), -1, dtype=np.int64)
         pos = self._home(keys)
         rows = self._rows[pos]
@@ -117,8 +118,8 @@ class KeyIndex:
         sort: each writes a code of its own there (below ``TOMBSTONE``), the one whose code
         stayed takes the slot, the others walk on. (Compiled: one key after another, each in
         the first free slot of its path.)"""
-        if self.compiled:
-            self._tombstones -= kernels.place(self._keys, self._rows,
+        if self._loops is not None:
+            self._tombstones -= self._loops.place(self._keys, self._rows,
                                               np.ascontiguousarray(keys, dtype=np.int64),
                                               np.ascontiguousarray(rows, dtype=np.int64))
             return
