@@ -134,7 +134,7 @@ class EmbeddingTable:
         if self._loops is not None:
             out = np.empty((len(keys), self.dim), dtype=np.float32)
             self._loops.initial(np.ascontiguousarray(keys, dtype=np.int64), self._seed_mix,
-                            float(self.init_scale), out)
+                                float(self.init_scale), out)
             return out
         return initial_rows(np.ascontiguousarray(keys, dtype=np.int64), self.dim,
                             self.init_scale, self.seed)
@@ -169,8 +169,8 @@ class EmbeddingTable:
         of six: half the time of the plain expression. Compiled: one loop, the same bits.)"""
         if self._loops is not None:
             self._loops.adagrad(self.weights, self.accum, np.ascontiguousarray(rows, np.int64),
-                            np.ascontiguousarray(grads, np.float32), np.float32(self.lr),
-                            np.float32(self.eps))
+                                np.ascontiguousarray(grads, np.float32), np.float32(self.lr),
+                                np.float32(self.eps))
             self.dirty[rows] = True
             return
         acc = np.take(self.accum, rows, axis=0)

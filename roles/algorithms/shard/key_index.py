@@ -120,8 +120,8 @@ class KeyIndex:
         the first free slot of its path.)"""
         if self._loops is not None:
             self._tombstones -= self._loops.place(self._keys, self._rows,
-                                              np.ascontiguousarray(keys, dtype=np.int64),
-                                              np.ascontiguousarray(rows, dtype=np.int64))
+                                                  np.ascontiguousarray(keys, dtype=np.int64),
+                                                  np.ascontiguousarray(rows, dtype=np.int64))
             return
         pos = self._home(keys)
         todo = np.arange(len(keys))
