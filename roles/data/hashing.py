@@ -46,9 +46,9 @@ from roles.job.fields import PAD
 
 KEY_HASH = "zbus-key-v2"
 MISSING = ("", "?")
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)   # splitmix64's constants (the shards' compiled
+M1 = np.uint64(0xBF58476D1CE4E5B9)       # loops use them too: roles.algorithms.shard.kernels)
+M2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _LEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -56,11 +56,11 @@ _LEN = np.uint64(0x9E3779B97F4A7C15)
 def _mix(z: np.ndarray) -> np.ndarray:
     """``splitmix64`` of ``z`` (uint64) in place."""
     with np.errstate(over="ignore"):
-        z += _GOLDEN
+        z += GOLDEN
         z ^= z >> _S30
-        z *= _M1
+        z *= M1
         z ^= z >> _S27
-        z *= _M2
+        z *= M2
         z ^= z >> _S31
     return z
 

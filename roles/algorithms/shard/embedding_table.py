@@ -66,7 +66,6 @@ class EmbeddingTable:
         """``compiled``: Adagrad, the initial rows and the key index run as compiled loops
         (``kernels``; the same bits), else in numpy."""
         self.dim, self.init_scale, self.lr, self.seed, self.eps = dim, init_scale, lr, seed, eps
-        self.compiled = compiled
         self._loops = kernels.loops() if compiled else None
         self._seed_mix = splitmix64(np.array([seed], dtype=np.uint64))[0]
         self.defaults = defaults
@@ -292,7 +291,7 @@ class EmbeddingTable:
             array[d:d + n] = array[stay_rows]
         self.row_key[d:d + n] = stay_keys
         self.last_seen[d + n:self.size] = FREE
-        self.index = KeyIndex(max(1024, 2 * n), self.compiled)
+        self.index = KeyIndex(max(1024, 2 * n), self._loops is not None)
         self.index.insert(stay_keys, np.arange(d, d + n, dtype=np.int64))
         self.size = d + n
         self._free_count = 0

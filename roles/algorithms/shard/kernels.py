@@ -25,22 +25,21 @@ from typing import Any
 
 import numpy as np
 
+from roles.data.hashing import GOLDEN, M1, M2
+
 # numba is a dependency; without it (a Python it has no wheel for yet) the callers run their
 # numpy code
 COMPILED = importlib.util.find_spec("numba") is not None
 
-EMPTY = -1
-TOMBSTONE = -2
-_GOLDEN = 0x9E3779B97F4A7C15
-_M1 = 0xBF58476D1CE4E5B9
-_M2 = 0x94D049BB133111EB
+EMPTY = -1       # an index slot never used
+TOMBSTONE = -2   # an index slot whose key was deleted (a probe walks over it)
 
 
 def _splitmix(z: np.uint64) -> np.uint64:
     """``roles.data.hashing.splitmix64`` of one number."""
-    z = z + np.uint64(_GOLDEN)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
+    z = z + GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * M1
+    z = (z ^ (z >> np.uint64(27))) * M2
     return z ^ (z >> np.uint64(31))
 
 

@@ -52,9 +52,8 @@ class KeyGrouper:
     by the numpy scatter and gather below."""
 
     def __init__(self, compiled: bool = kernels.COMPILED) -> None:
-        self.compiled = compiled
         self._loops = kernels.loops() if compiled else None
-        self._at = np.zeros(0, dtype=np.int32)
+        self._at = np.full(0, -1, dtype=np.int32)   # -1 between batches (the loop's)
 
     def group(self, table: EmbeddingTable, keys: np.ndarray, counted: bool = False) -> KeyGroups:
         """Look every key up (the rows found count as seen now) and group the occurrences;
@@ -86,9 +85,7 @@ class KeyGrouper:
         """The distinct rows among ``rows`` (every one below ``size``) and each one's index
         among them."""
         if len(self._at) < size:
-            grown = max(size, 2 * len(self._at))
-            self._at = np.full(grown, -1, dtype=np.int32) if self.compiled else \
-                np.zeros(grown, dtype=np.int32)
+            self._at = np.full(max(size, 2 * len(self._at)), -1, dtype=np.int32)
         if self._loops is not None:
             return self._loops.group(np.ascontiguousarray(rows, dtype=np.int64), self._at)
         order = np.arange(len(rows), dtype=np.int32)

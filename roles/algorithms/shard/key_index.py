@@ -23,12 +23,11 @@ from __future__ import annotations
 import numpy as np
 
 from roles.algorithms.shard import kernels
+from roles.algorithms.shard.kernels import EMPTY, TOMBSTONE
 from roles.data.hashing import splitmix64
 
 MAX_LOAD = 0.5        # live + tombstones, of the slots
 REBUILD_LOAD = 0.375  # live, of the slots, right after a rebuild
-EMPTY = -1
-TOMBSTONE = -2
 MIN_SLOTS = 16
 
 
@@ -43,7 +42,6 @@ class KeyIndex:
     def __init__(self, capacity: int = 1024, compiled: bool = kernels.COMPILED):
         """``compiled``: probe and insert with the compiled loops (``kernels``), else with
         the numpy passes below (the same results; the suite runs both)."""
-        self.compiled = compiled
         self._loops = kernels.loops() if compiled else None
         size = 1 << max(4, int(capacity - 1).bit_length())
         self._keys = np.zeros(size, dtype=np.int64)
