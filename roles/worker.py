@@ -657,7 +657,10 @@ class Worker(Node):
         self.stopping = True
 
     def close(self) -> None:
-        self.group_aggregator.setsockopt(zmq.LINGER, 1000)  # a last contribution on leaving
+        # a last contribution on leaving: closed here, with its linger (the context's
+        # destroy would set every socket still open to linger 0 and drop it)
+        self.group_aggregator.setsockopt(zmq.LINGER, 1000)
+        self.group_aggregator.close()
         super().close()
 
     def counters(self) -> dict:

@@ -9,6 +9,8 @@ becomes of the module's own code."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,7 +20,12 @@ import roles.data.readers as readers
 from roles.data.hashing import field_seed, hash_array, hash_lists, hash_value
 from roles.data.index import index_files, plan_parts
 from roles.data.readers import Schema, read_part
+from roles.data.source import DataSource
+from roles.data.stream import slot_keys
 from roles.job.fields import PAD
+from roles.job.settings import load_job
+
+REPO = Path(__file__).resolve().parents[1]
 
 # -- the former path (roles/data/hashing.py before row-by-row keys) ------------------------------
 
@@ -169,8 +176,11 @@ def chunked(values: list, cuts: list[int], kind: pa.DataType | None = None) -> p
 
 
 def same(values) -> None:
-    got, want = hash_array("f", values), old_hash_array("f", values)
-    assert got.dtype == np.int64 and got.tolist() == want.tolist()
+    """The former keys, by the numpy code and by the compiled loop alike."""
+    want = old_hash_array("f", values).tolist()
+    for compiled in (False, True):
+        got = hash_array("f", values, compiled=compiled)
+        assert got.dtype == np.int64 and got.tolist() == want, compiled
 
 
 @pytest.mark.parametrize("values", [
@@ -240,8 +250,9 @@ def test_list_ids_have_the_former_keys():
                  for _ in range(200)]
         values = pa.array(lists, pa.list_(pa.string()))
         for max_len in (1, 3, 8):
-            assert hash_lists("t", values, max_len).tolist() == \
-                old_hash_lists("t", values, max_len).tolist()
+            want = old_hash_lists("t", values, max_len).tolist()
+            assert hash_lists("t", values, max_len).tolist() == want
+            assert hash_lists("t", values, max_len, compiled=True).tolist() == want
 
 
 # -- through the reader: the former parse (dictionary-encoded, combined) against the new one -----
@@ -254,6 +265,9 @@ def read_keys(path: str, fmt: str, schema: Schema, former: bool) -> tuple[np.nda
         for block in read_part(files, part, fmt, schema, chunk_bytes=2048):
             hashed = [old_hash_array(name, col) if former else hash_array(name, col)
                       for name, col in zip(schema.sparse, block.sparse, strict=True)]
+            if not former:   # and the compiled loop
+                assert [hash_array(name, col, compiled=True).tolist() for name, col in zip(
+                    schema.sparse, block.sparse, strict=True)] == [h.tolist() for h in hashed]
             keys.append(np.stack(hashed, axis=1) if hashed else np.zeros((0, 0), np.int64))
             rejected += [(r.line, r.reason) for r in block.rejected]
     return np.concatenate(keys), rejected
@@ -308,3 +322,17 @@ def test_bytes_that_add_up_as_one_length_are_not_taken_for_it():
     same(values)
     assert hash_array("f", values).tolist() == [hash_value("f", "aaaaaaaa"),
                                                 hash_value("f", "bbbb"), hash_value("f", "")]
+
+
+def test_a_blocks_slots_are_the_same_compiled_or_not_list_fields_and_shared_tables_too():
+    """``slot_keys`` both ways over the generator's rows: single-valued fields, the ``genres``
+    and ``history`` lists, and ``item`` sharing its table with ``history``."""
+    job = load_job(str(REPO / "jobs" / "items_din.toml"), environ={})
+    source = DataSource(job)
+    _, parts, _ = source.index()
+    layout = job.layout()
+    assert layout.has_lists
+    block = next(iter(source.blocks(parts[0])))
+    a, b = slot_keys(layout, block, compiled=True), slot_keys(layout, block, compiled=False)
+    assert a.shape == (len(block), layout.slots) and a.flags.c_contiguous
+    assert np.array_equal(a, b) and (a == PAD).any() and (a != PAD).any()

@@ -53,7 +53,9 @@ def test_a_job_on_s3_killed_whole_resumes_from_s3_with_its_run_directory_gone(cl
     # 3 epochs, killed in the second: a checkpoint to s3:// must complete in it and training
     # go on past it before the job would end (2 epochs left too little of a window once the
     # bus and the evaluation got faster: the job ended first)
-    c = cluster(ADULT_JOB, train__epochs=3, checkpoint__every_s=1.0,
+    # a cut begins every_s after the last ended: 2.5 s leaves a window for the kill after one
+    # (``trained_past_a_checkpoint``) even when the polling of events lags under load
+    c = cluster(ADULT_JOB, train__epochs=3, checkpoint__every_s=2.5,
                 checkpoint__dir=checkpoints, checkpoint__export_dir=exports, **SLOW)
     c.env.update(aws.env)
     c.start_all(slowdown={0: 4.0, 1: 4.0})

@@ -789,14 +789,15 @@ class Control(Loop):
         """The job has ended: the nodes leave (consoles keep seeing the final status), and
         the processes that started them on this host (``zbus-spawn``, honcho's own) exit, so
         that honcho has said they stopped; then the headline, the run's last output."""
-        self.wake_at = now + 0.1  # look again soon: the nodes exit within moments
+        self.wake_at = now + 0.02  # look again soon: the nodes exit within moments
         if now >= self.next_status:
             self.publish_status(now)
         gone = all(exited(n) for n in self.members.nodes.values()) \
             and not any(alive(p) for p in closing.supervisors)
         if gone and closing.gone_at is None:
             closing.gone_at = now  # honcho reports an exit a moment after it
-        if (closing.gone_at is not None and now >= closing.gone_at + SAID_STOPPED_S) \
+        grace = SAID_STOPPED_S if closing.supervisors else 0.0   # nobody to say it otherwise
+        if (closing.gone_at is not None and now >= closing.gone_at + grace) \
                 or now >= closing.deadline:
             self.headline(closing.summary, closing.path)
             self.stopping = True

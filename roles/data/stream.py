@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from roles.data.hashing import hash_array, hash_lists
+from roles.algorithms.shared.compiled import AVAILABLE
+from roles.data.hashing import hash_into, hash_lists
 from roles.data.readers import RawBlock
 from roles.data.transforms import DenseTransform
 from roles.data.weighting import weigh
@@ -77,18 +78,21 @@ class Tally:
             setattr(self, k, getattr(self, k) + getattr(other, k))
 
 
-def slot_keys(layout: FieldLayout, block: RawBlock) -> np.ndarray:
+def slot_keys(layout: FieldLayout, block: RawBlock, compiled: bool = AVAILABLE) -> np.ndarray:
     """int64 [rows, slots]: a single-valued field's key in its slot, a list field's newest
     ``max_len`` keys in its slots (``PAD`` after them), each hashed with its table's
-    name (block.sparse holds the fields in the layout's order)."""
-    keys = np.empty((len(block), layout.slots), dtype=np.int64)
+    name (block.sparse holds the fields in the layout's order); ``compiled``: plain text
+    columns in one compiled pass each (``hashing.plain_keys_into``), the same keys. Made slot
+    by slot, each slot's keys contiguous, then transposed once (written into the rows' layout
+    directly, each slot's keys a strided write: 0.2 against 0.06 us a Criteo row)."""
+    by_slot = np.empty((layout.slots, len(block)), dtype=np.int64)
     for f, table in enumerate(layout.tables):
         if layout.is_list(f):
-            keys[:, layout.slot_range(f)] = hash_lists(table, block.sparse[f],
-                                                       layout.widths[f])
+            by_slot[layout.slot_range(f)] = hash_lists(table, block.sparse[f],
+                                                       layout.widths[f], compiled).T
         else:
-            keys[:, layout.slot_range(f).start] = hash_array(table, block.sparse[f])
-    return keys
+            hash_into(table, block.sparse[f], by_slot[layout.slot_range(f).start], compiled)
+    return np.ascontiguousarray(by_slot.T)
 
 
 @dataclass(frozen=True)
@@ -108,8 +112,8 @@ class Parsed:
         return 8 * (slots + dense) + 4 + 8
 
     @classmethod
-    def of(cls, layout: FieldLayout, block: RawBlock) -> Parsed:
-        return cls(replace(block, sparse=[]), slot_keys(layout, block))
+    def of(cls, layout: FieldLayout, block: RawBlock, compiled: bool = AVAILABLE) -> Parsed:
+        return cls(replace(block, sparse=[]), slot_keys(layout, block, compiled))
 
     def freeze(self) -> int:
         """Made read-only (held for later passes, it must not change); its bytes."""
@@ -201,8 +205,9 @@ class ShuffleBuffer:
         batch = rows.take(picked)
         k, n = len(picked), self.n
         holes = picked[picked < n - k]
-        tail = np.arange(n - k, n)
-        movers = tail[~np.isin(tail, picked)]
+        kept = np.ones(k, dtype=bool)   # the last k rows not picked fill the holes, in order
+        kept[picked[picked >= n - k] - (n - k)] = False   # (np.isin: a sort, 0.5 ms a batch)
+        movers = np.flatnonzero(kept) + (n - k)
         for name in ("keys", "dense", "labels", "weights"):
             a = getattr(rows, name)
             a[holes] = a[movers]

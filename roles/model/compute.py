@@ -20,6 +20,7 @@ from roles.job.fields import FieldLayout
 from roles.model.network import network_logits, weighted_loss_sum
 from roles.model.networks import input_names
 from roles.model.parallel import GroupLeader
+from roles.model.row_sums import RowSums
 from roles.model.sparse_input import SparseInputs
 from roles.protocol.datapath import Embeddings, SampleBatch
 
@@ -75,6 +76,7 @@ class BatchCompute:
         self.sparse = SparseInputs(layout, device)
         self.fields = list(layout.fields)
         self.sequences = layout.sequence_fields
+        self.row_sums = RowSums(device, wait=False)   # loaded from the first batch on
 
     def train(self, model: torch.nn.Module | None, leader: GroupLeader | None,
               batch: PulledBatch) -> tuple[float, float, list[np.ndarray]]:
@@ -183,8 +185,6 @@ class BatchCompute:
 
     def shard_grads(self, flat_grad: torch.Tensor, rows: GatheredRows) -> list[np.ndarray]:
         """Per shard, the gradient of each row it sent (rows used twice add up): one sum over
-        the grid into every shard's rows, then each shard's slice."""
-        total = torch.zeros((len(rows.rows), self.dim), device=self.device)
-        total.index_add_(0, torch.from_numpy(rows.index).to(self.device), flat_grad)
-        summed = total.cpu().numpy()
+        the grid into every shard's rows (``RowSums``), then each shard's slice."""
+        summed = self.row_sums.sums(rows.index, flat_grad, len(rows.rows))
         return [summed[a:b] for a, b in zip(rows.starts, rows.starts[1:], strict=False)]

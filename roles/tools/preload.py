@@ -45,8 +45,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from roles.algorithms.shared.compiled import AVAILABLE
 from roles.algorithms.shared.dense_optimizer import dense_adam
 from roles.algorithms.shared.metrics import ScoreHistogram
+from roles.data.hashing import compiled_loop
 from roles.data.index import DataError, Part
 from roles.data.source import DataSource
 from roles.data.stream import Parsed, Samples, Tally
@@ -88,6 +90,8 @@ def load(job: Job, workers: int) -> Loaded:
     def read(part: Part) -> list[Parsed]:
         return [Parsed.of(layout, b) for b in source.blocks(part)]
 
+    if AVAILABLE:
+        compiled_loop()   # the keys' compiled loop, loaded once before the threads hash
     with ThreadPoolExecutor(workers) as pool:
         held = dict(zip((p.number for p in parts), pool.map(read, parts), strict=True))
         stage("read")

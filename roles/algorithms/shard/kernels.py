@@ -18,29 +18,20 @@ none allocates per key.
 from __future__ import annotations
 
 import functools
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from roles.data.hashing import GOLDEN, M1, M2
+from roles.algorithms.shared.compiled import AVAILABLE, compiled
+from roles.data.hashing import splitmix_one
 
 # numba is a dependency; without it (a Python it has no wheel for yet) the callers run their
 # numpy code
-COMPILED = importlib.util.find_spec("numba") is not None
+COMPILED = AVAILABLE
 
 EMPTY = -1       # an index slot never used
 TOMBSTONE = -2   # an index slot whose key was deleted (a probe walks over it)
-
-
-def _splitmix(z: np.uint64) -> np.uint64:
-    """``roles.data.hashing.splitmix64`` of one number."""
-    z = z + GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * M1
-    z = (z ^ (z >> np.uint64(27))) * M2
-    return z ^ (z >> np.uint64(31))
 
 
 def _home(key: int, mask: int) -> np.int64:
@@ -134,18 +125,6 @@ def _initial(keys: np.ndarray, seed_mix: np.uint64, scale: float, out: np.ndarra
             out[i, j] = np.float32((2.0 * unit - 1.0) * scale)
 
 
-def _compiled(signatures: list[Any], function: Callable[..., Any]) -> Any:
-    """``function`` compiled for ``signatures`` now, cached on disk where numba finds a
-    writable place (beside this module, else the user's cache directory), else compiled in
-    memory only (about a second more at the start)."""
-    from numba import njit
-
-    try:
-        return njit(signatures, cache=True, nogil=True)(function)
-    except RuntimeError:   # numba: no locator available (read-only source, no writable home)
-        return njit(signatures, nogil=True)(function)
-
-
 @dataclass(frozen=True, slots=True)
 class Loops:
     """The compiled loops (``loops()``)."""
@@ -159,7 +138,7 @@ class Loops:
 
 
 # What the loops call, as numba compiles them: plain Python until ``loops()`` compiles them
-mix: Callable[[np.uint64], np.uint64] = _splitmix
+mix: Callable[[np.uint64], np.uint64] = splitmix_one
 home: Callable[[int, int], np.int64] = _home
 
 
@@ -175,15 +154,15 @@ def loops() -> Loops:
     i32 = types.Array(types.int32, 1, "C")
     f32 = types.Array(types.float32, 2, "C")
     f32_in = types.Array(types.float32, 2, "C", readonly=True)
-    mix = njit(types.uint64(types.uint64), inline="always")(_splitmix)
+    mix = njit(types.uint64(types.uint64), inline="always")(splitmix_one)
     home = njit(types.int64(types.int64, types.int64), inline="always")(_home)
     return Loops(
-        probe=_compiled([i64(i64, i64, keys, types.boolean) for keys in (i64, i64_in)],
+        probe=compiled([i64(i64, i64, keys, types.boolean) for keys in (i64, i64_in)],
                         _probe),
-        place=_compiled([types.int64(i64, i64, keys, i64) for keys in (i64, i64_in)],
+        place=compiled([types.int64(i64, i64, keys, i64) for keys in (i64, i64_in)],
                         _place),
-        group=_compiled([types.Tuple((i64, i64))(i64, i32)], _group),  # type: ignore[no-untyped-call]
-        adagrad=_compiled([types.void(f32, f32, i64, g, types.float32, types.float32)
+        group=compiled([types.Tuple((i64, i64))(i64, i32)], _group),  # type: ignore[no-untyped-call]
+        adagrad=compiled([types.void(f32, f32, i64, g, types.float32, types.float32)
                            for g in (f32, f32_in)], _adagrad),
-        initial=_compiled([types.void(keys, types.uint64, types.float64, f32)
+        initial=compiled([types.void(keys, types.uint64, types.float64, f32)
                            for keys in (i64, i64_in)], _initial))

@@ -1,0 +1,64 @@
+"""A worker's gradient row sums (``roles.model.row_sums``): the compiled loop and torch's
+``index_add_`` give the same bits, a row read by no position stays zero."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from roles.algorithms.shared.compiled import AVAILABLE
+from roles.model.row_sums import RowSums
+
+CPU = torch.device("cpu")
+
+
+def test_the_loop_is_compiled_here():
+    assert AVAILABLE, "numba is a dependency: a worker sums its gradient rows compiled"
+    assert RowSums(CPU).compiled and not RowSums(CPU, compiled=False).compiled
+    assert not RowSums(torch.device("meta")).compiled   # a GPU's: torch's index_add_
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch"])
+def test_rows_read_twice_add_up_and_a_row_read_by_none_stays_zero(compiled):
+    grads = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    sums = RowSums(CPU, compiled).sums(np.array([2, 0, 2, 0]), grads, rows=4)
+    assert sums.dtype == np.float32 and sums.shape == (4, 3)
+    assert sums.tolist() == [[3 + 9, 4 + 10, 5 + 11], [0, 0, 0], [0 + 6, 1 + 7, 2 + 8],
+                             [0, 0, 0]]
+
+
+def test_both_ways_give_the_same_bits_on_a_criteo_size_grid():
+    rng = np.random.default_rng(7)
+    index = rng.integers(0, 16_000, 26_624)
+    grads = torch.from_numpy(rng.normal(size=(26_624, 16)).astype(np.float32) * 1e-3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # index_add_ adds in grid order on one thread, as a worker runs
+    try:
+        a = RowSums(CPU).sums(index, grads, 16_001)
+        b = RowSums(CPU, compiled=False).sums(index, grads, 16_001)
+    finally:
+        torch.set_num_threads(threads)
+    assert np.array_equal(a, b)
+    assert not a[16_000].any() and a.any()
+
+
+def test_a_gradient_that_is_not_contiguous_or_float32_takes_the_right_path():
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    grads = base[:, ::2]   # a view with a stride
+    index = np.array([1, 1, 0, 3])
+    expect = RowSums(CPU, compiled=False).sums(index, grads.contiguous(), 4)
+    assert np.array_equal(RowSums(CPU).sums(index, grads, 4), expect)
+    assert np.array_equal(RowSums(CPU).sums(index, grads.double(), 4), expect)
+
+
+def test_a_loop_loaded_in_the_background_gives_the_same_sums_before_and_after():
+    index = np.array([0, 2, 0])
+    grads = torch.ones((3, 2))
+    sums = RowSums(CPU, wait=False)
+    assert sums.compiled and sums._loading is None   # not begun until start() or a first sum
+    first = sums.sums(index, grads, 3)   # torch's, or the loop's if it is in already
+    sums._loading.thread.join(timeout=60)
+    assert sums._loading.loop is not None
+    assert np.array_equal(sums.sums(index, grads, 3), first)
+    assert sums._loop is not None and first.tolist() == [[2, 2], [0, 0], [1, 1]]
