@@ -182,25 +182,42 @@ _PLAIN = np.zeros(256, dtype=bool)
 _PLAIN[0x21:0x7F] = True   # printable ASCII but the space: no trimming removes one
 
 
+def _string_buffers(chunk: pa.Array) -> tuple[np.ndarray, np.ndarray | None,
+                                               np.ndarray | None] | None:
+    """A ``string`` chunk's offsets (its own ``len + 1``, into its data), its data's bytes and
+    its validity bitmap's (None: no data; no null), as read-only views; None for a chunk of
+    another type."""
+    if not (pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type)):
+        return None
+    validity, offsets_buf, data_buf = chunk.buffers()
+    first = chunk.offset
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64 if pa.types.is_large_string(
+        chunk.type) else np.int32)[first:first + len(chunk) + 1]
+    data = None if data_buf is None else np.frombuffer(data_buf, dtype=np.uint8)
+    valid = np.frombuffer(validity, dtype=np.uint8) if chunk.null_count else None
+    return offsets, data, valid
+
+
 def _spans(chunks: list[pa.Array]) -> tuple[np.ndarray, int, np.ndarray, np.ndarray] | None:
     """A ``string`` column's bytes (``_padded``), how many, and its values' starts and lengths
     (a null's 0), its chunks laid end to end; None if a chunk is of another type."""
     datas, starts, lengths, at = [], [], [], 0
     for chunk in chunks:
-        if not (pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type)):
+        buffers = _string_buffers(chunk)
+        if buffers is None:
             return None
         n, first = len(chunk), chunk.offset
         if not n:
             continue
-        validity, offsets_buf, data_buf = chunk.buffers()
-        offsets = np.frombuffer(offsets_buf, dtype=np.int64 if pa.types.is_large_string(
-            chunk.type) else np.int32)[first:first + n + 1].astype(np.int64)
+        offsets, data, valid = buffers
+        offsets = offsets.astype(np.int64)
         lo, hi = int(offsets[0]), int(offsets[-1])
         if hi > lo:
-            datas.append(np.frombuffer(data_buf, dtype=np.uint8)[lo:hi])
+            assert data is not None, "a string chunk with bytes has a data buffer"
+            datas.append(data[lo:hi])
         length = np.diff(offsets)
-        if chunk.null_count:
-            bits = np.frombuffer(validity, dtype=np.uint8)[first // 8:(first + n + 7) // 8]
+        if valid is not None:
+            bits = valid[first // 8:(first + n + 7) // 8]
             length *= np.unpackbits(bits, bitorder="little")[first % 8:first % 8 + n]
         starts.append(offsets[:-1] + (at - lo))
         lengths.append(length)
@@ -304,17 +321,15 @@ def plain_keys_into(seed: np.uint64, chunks: list[pa.Array], out: np.ndarray) ->
     loop = compiled_loop()
     row = 0
     for chunk in chunks:
-        if not (pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type)):
+        buffers = _string_buffers(chunk)
+        if buffers is None:
             return False
-        n, first = len(chunk), chunk.offset
+        n = len(chunk)
         if not n:
             continue
-        validity, offsets_buf, data_buf = chunk.buffers()
-        offsets = np.frombuffer(offsets_buf, dtype=np.int64 if pa.types.is_large_string(
-            chunk.type) else np.int32)[first:first + n + 1]
-        data = _NO_BYTES if data_buf is None else np.frombuffer(data_buf, dtype=np.uint8)
-        valid = np.frombuffer(validity, dtype=np.uint8) if chunk.null_count else _NO_BYTES
-        if not loop(seed, offsets, data, valid, first, out[row:row + n]):
+        offsets, data, valid = buffers
+        if not loop(seed, offsets, _NO_BYTES if data is None else data,
+                    _NO_BYTES if valid is None else valid, chunk.offset, out[row:row + n]):
             return False
         row += n
     return True
