@@ -27,9 +27,12 @@ RUN ZBUS_VENV=/opt/zbus ZBUS_TORCH_INDEX="${TORCH_INDEX}" ZBUS_TORCH_SPEC="${TOR
         ZBUS_SETUP_EXTRAS= scripts/setup.sh \
     && /opt/zbus/bin/python -m compileall -q /opt/zbus-src/zbus /opt/zbus-src/roles \
         /opt/zbus-src/console \
-    && /opt/zbus/bin/python -c "import roles.algorithms.shard.kernels"
-# (the shards' compiled loops: numba's cache beside them, so that a shard starts without the
-# compiler; where it cannot read it there, numba compiles once into $HOME/.cache)
+    && /opt/zbus/bin/python -c "from roles.algorithms.shard.kernels import loops; \
+from roles.data.hashing import compiled_loop; from roles.model.row_sums import loop; \
+loops(); compiled_loop(); loop()"
+# (the compiled loops of the shards, the feeder's keys and the workers' gradient sums:
+# numba's cache beside them, so that no role starts the compiler; where it cannot read it
+# there, numba compiles once into $HOME/.cache)
 
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="zbus" \

@@ -28,7 +28,7 @@ def _add_rows(index: np.ndarray, grads: np.ndarray, out: np.ndarray) -> None:
 
 
 @functools.cache
-def _loop() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
+def loop() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
     from numba import types
 
     f32 = types.Array(types.float32, 2, "C")
@@ -49,12 +49,12 @@ class RowSums:
         self._loop: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
         self._loading: Background | None = None
         if self.compiled and wait:
-            self._loop = _loop()
+            self._loop = loop()
 
     def start(self) -> None:
         """Begin loading the compiled loop on a thread (once)."""
         if self.compiled and self._loop is None and self._loading is None:
-            self._loading = Background(_loop)
+            self._loading = Background(loop)
 
     def sums(self, index: np.ndarray, grads: torch.Tensor, rows: int) -> np.ndarray:
         if self._loop is None and self.compiled:
