@@ -10,7 +10,9 @@ value is the field's own "missing" value, the empty string) of field f:
     v is empty): h = splitmix64(h xor w)
     key = splitmix64(h xor (len(v) * 0x9E3779B97F4A7C15 + 1)), as a signed 64-bit integer
 
-It is vectorised, with numpy over a whole column at once. A ``string`` column (in the chunks
+It is vectorised, with numpy over a whole column at once, or, where a feeder hashes a plain
+text column, one compiled pass over its buffers (``plain_keys_into``, numba; the same keys).
+A ``string`` column (in the chunks
 pyarrow parsed it in) whose values all start and end with a printable ASCII character other
 than the space, or are empty, ``?`` or null, is hashed row by row straight from its offsets and
 bytes (``_plain_keys``): no value needs trimming. Any other column (a value with whitespace, a

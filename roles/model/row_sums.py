@@ -16,7 +16,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from roles.algorithms.shared.compiled import AVAILABLE, Background, compiled
+from roles.algorithms.shared.compiled import AVAILABLE, Background
+from roles.algorithms.shared.compiled import compiled as compile_loop
 
 
 def _add_rows(index: np.ndarray, grads: np.ndarray, out: np.ndarray) -> None:
@@ -32,8 +33,8 @@ def loop() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
     from numba import types
 
     f32 = types.Array(types.float32, 2, "C")
-    return compiled([types.void(types.Array(types.int64, 1, "C"), f32, f32)],  # type: ignore[no-any-return]
-                    _add_rows)
+    return compile_loop([types.void(types.Array(types.int64, 1, "C"), f32, f32)],  # type: ignore[no-any-return]
+                        _add_rows)
 
 
 class RowSums:

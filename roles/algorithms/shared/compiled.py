@@ -1,7 +1,8 @@
 """Loops compiled with numba, for the roles that run one per key or per row: a shard's key
 index, grouping and Adagrad (``roles.algorithms.shard.kernels``), a worker's gradient row sums
-(``roles.model.row_sums``). Each caller keeps its numpy or torch code beside its loop as the
-fallback where numba has no wheel yet (a new Python): ``AVAILABLE`` says which runs.
+(``roles.model.row_sums``), a feeder's keys of plain text (``roles.data.hashing``). Each caller
+keeps its numpy or torch code beside its loop as the fallback where numba has no wheel yet (a
+new Python): ``AVAILABLE`` says which runs.
 
 A loop is compiled for its signatures when its first user is made, not at import: a process
 that never needs one never loads numba (about 60-100 MB and half a second).
@@ -35,8 +36,8 @@ def compiled(signatures: list[Any], function: Callable[..., Any], **options: Any
 class Background(Generic[T]):
     """A loop loaded (compiled, or read from numba's cache: about half a second with numba's
     import) on a thread of its own, so that nothing waits for it: ``loop`` is None until it is
-    ready, and the caller runs its fallback meanwhile. Started where the process is idle
-    (a worker waiting for its first batch), not on the way to it."""
+    ready, and the caller runs its fallback meanwhile. A worker and a feeder begin theirs at
+    their first batch or block: not on the way to the job's first batch."""
 
     def __init__(self, load: Callable[[], T]):
         self.loop: T | None = None
