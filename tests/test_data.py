@@ -202,28 +202,3 @@ def test_a_feeder_makes_about_16k_rows_of_batches_ahead_per_open_part_at_least_t
     assert batches_ahead(1024) == 16 and batches_ahead(1000) == 17 and batches_ahead(256) == 64
     assert batches_ahead(16_384) == 2 and batches_ahead(65_536) == 2
 
-
-def test_a_feeder_hashes_with_numpy_until_the_compiled_loop_is_loaded_then_with_it():
-    """The loop is loaded on a thread begun at the first block, not on the way to it; the
-    blocks hashed before and after have the same keys as the numpy code gives them."""
-    from roles.data.stream import Parsed, slot_keys
-    from roles.feeder.streams import PartStreams
-
-    job = load_job(str(ADULT), environ={})
-    source = DataSource(job)
-    files, parts, _ = source.index()
-    source.files = files
-    streams = PartStreams(job, source)
-    try:
-        assert streams.keys_loop is None
-        first = next(iter(streams.parsed(parts[0])))
-        assert streams.keys_loop is not None   # begun by the first block
-        streams.keys_loop.thread.join(timeout=120)
-        assert streams.compiled_keys() and streams.keys_loop.loop is not None
-        block = next(iter(source.blocks(parts[0])))
-        assert np.array_equal(first.keys, slot_keys(job.layout(), block, compiled=False))
-        again = next(iter(streams.parsed(parts[0])))   # now compiled: the same keys
-        assert np.array_equal(again.keys, first.keys)
-        assert isinstance(again, Parsed)
-    finally:
-        streams.close()

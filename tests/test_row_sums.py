@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from roles.algorithms.shared.compiled import AVAILABLE
+from roles.data.compiled import AVAILABLE
 from roles.model.row_sums import RowSums
 
 CPU = torch.device("cpu")
@@ -51,14 +51,3 @@ def test_a_gradient_that_is_not_contiguous_or_float32_takes_the_right_path():
     assert np.array_equal(RowSums(CPU).sums(index, grads, 4), expect)
     assert np.array_equal(RowSums(CPU).sums(index, grads.double(), 4), expect)
 
-
-def test_a_loop_loaded_in_the_background_gives_the_same_sums_before_and_after():
-    index = np.array([0, 2, 0])
-    grads = torch.ones((3, 2))
-    sums = RowSums(CPU, wait=False)
-    assert sums.compiled and sums._loading is None   # not begun until start() or a first sum
-    first = sums.sums(index, grads, 3)   # torch's, or the loop's if it is in already
-    sums._loading.thread.join(timeout=60)
-    assert sums._loading.loop is not None
-    assert np.array_equal(sums.sums(index, grads, 3), first)
-    assert sums._loop is not None and first.tolist() == [[2, 2], [0, 0], [1, 1]]

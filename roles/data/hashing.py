@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from roles.algorithms.shared.compiled import compiled as compile_loop
+from roles.data.compiled import compiled as compile_loop
 from roles.job.fields import PAD
 
 KEY_HASH = "zbus-key-v2"

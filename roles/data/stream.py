@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from roles.algorithms.shared.compiled import AVAILABLE
+from roles.data.compiled import AVAILABLE
 from roles.data.hashing import hash_into, hash_lists
 from roles.data.readers import RawBlock
 from roles.data.transforms import DenseTransform

@@ -37,6 +37,8 @@ from roles.algorithms.feeding.key_routing import KeyRouting
 from roles.algorithms.feeding.tally import FeederTally, ListTally
 from roles.algorithms.sync import feeder as sync_modes
 from roles.checkpoint.files import checkpoint_store
+from roles.data.compiled import AVAILABLE
+from roles.data.hashing import compiled_loop
 from roles.data.index import DataError
 from roles.data.stream import Samples
 from roles.feeder.hold import CheckpointHold
@@ -77,6 +79,8 @@ class Feeder(Node):
 
     def __init__(self, job: Job, index: int = 0):
         super().__init__(job.cluster, index, job.fingerprint())
+        if AVAILABLE:   # the keys' compiled loop, loaded before this node says hello: not
+            compiled_loop()   # in the middle of its work, where it held the GIL for seconds
         self.job = job
         c, t = job.cluster, job.train
         self.samples = self.bind(zmq.PUSH, c.endpoint(c.feeder_endpoint_name("samples", index)),

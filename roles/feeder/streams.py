@@ -18,8 +18,6 @@ import numpy as np
 
 from roles.algorithms.feeding.ledger import PartProgress
 from roles.algorithms.feeding.passes import Made, PartStream
-from roles.algorithms.shared.compiled import AVAILABLE, Background
-from roles.data.hashing import compiled_loop
 from roles.data.held_parts import HeldParts
 from roles.data.index import Part
 from roles.data.read_ahead import Reader
@@ -58,18 +56,6 @@ class PartStreams:
         self.layout = job.layout()
         self.reader = Reader()
         self.closing = False
-        self.keys_loop: Background | None = None   # the keys' compiled loop, being loaded
-
-    def compiled_keys(self) -> bool:
-        """Hash with the compiled loop (``hashing.plain_keys_into``): once it is loaded, on a
-        thread begun at the first block (numba's import and cache, half a second of CPU, are
-        then not on the way to the job's first batch; numpy's code hashes meanwhile, the
-        same keys)."""
-        if not AVAILABLE:
-            return False
-        if self.keys_loop is None:
-            self.keys_loop = Background(compiled_loop)
-        return self.keys_loop.loop is not None
 
     def close(self) -> None:
         self.closing = True   # a part being held ahead stops at its next block
@@ -87,7 +73,7 @@ class PartStreams:
             if self.rejected is not None:
                 blocks = self.rejected.watch(part.number, blocks)
             for block in blocks:
-                made = [Parsed.of(self.layout, block, self.compiled_keys())]
+                made = [Parsed.of(self.layout, block)]
                 del block       # the text's columns are not held while the rows are used
                 yield made.pop()
         return read() if self.held is None else self.held.read(part.number, part.rows, read())

@@ -76,7 +76,7 @@ class BatchCompute:
         self.sparse = SparseInputs(layout, device)
         self.fields = list(layout.fields)
         self.sequences = layout.sequence_fields
-        self.row_sums = RowSums(device, wait=False)   # loaded from the first batch on
+        self.row_sums = RowSums(device)   # its compiled loop loaded now, at the start
 
     def train(self, model: torch.nn.Module | None, leader: GroupLeader | None,
               batch: PulledBatch) -> tuple[float, float, list[np.ndarray]]:

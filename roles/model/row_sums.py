@@ -1,6 +1,6 @@
 """The gradient of each embedding row a worker got, summed over the grid positions that read
 it (rows used twice add up): one pass over the grid, compiled with numba on the CPU
-(``roles.algorithms.shared.compiled``), else torch's ``index_add_`` (on a GPU, or where numba is
+(``roles.data.compiled``), else torch's ``index_add_`` (on a GPU, or where numba is
 not installed).
 
 Why compiled: ``index_add_`` of a Criteo batch's grid (26,624 positions of 16 floats into
@@ -16,8 +16,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from roles.algorithms.shared.compiled import AVAILABLE, Background
-from roles.algorithms.shared.compiled import compiled as compile_loop
+from roles.data.compiled import AVAILABLE
+from roles.data.compiled import compiled as compile_loop
 
 
 def _add_rows(index: np.ndarray, grads: np.ndarray, out: np.ndarray) -> None:
@@ -39,28 +39,19 @@ def loop() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
 
 class RowSums:
     """``sums(index, grads, rows)``: [rows, dim], row r the sum of the ``grads`` rows i whose
-    ``index[i]`` is r. ``compiled``: the numba loop on a CPU device, loaded here, or with
-    ``wait`` false on a thread from ``start()`` (or the first sums) on, torch's ``index_add_``
-    running until it is in (a worker's: numba's import and cache, half a second of CPU, are
-    then not on the way to the job's first batch)."""
+    ``index[i]`` is r. ``compiled``: the numba loop on a CPU device, loaded here (a worker
+    makes its ``RowSums`` before it says hello: numba's import and cache, half a second of CPU,
+    are not taken in the middle of its work)."""
 
-    def __init__(self, device: torch.device, compiled: bool = AVAILABLE, wait: bool = True):
+    def __init__(self, device: torch.device, compiled: bool = AVAILABLE):
         self.device = device
-        self.compiled = compiled and device.type == "cpu"
-        self._loop: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
-        self._loading: Background | None = None
-        if self.compiled and wait:
-            self._loop = loop()
+        self._loop = loop() if compiled and device.type == "cpu" else None
 
-    def start(self) -> None:
-        """Begin loading the compiled loop on a thread (once)."""
-        if self.compiled and self._loop is None and self._loading is None:
-            self._loading = Background(loop)
+    @property
+    def compiled(self) -> bool:
+        return self._loop is not None
 
     def sums(self, index: np.ndarray, grads: torch.Tensor, rows: int) -> np.ndarray:
-        if self._loop is None and self.compiled:
-            self.start()
-            self._loop = self._loading.loop if self._loading is not None else None
         if self._loop is not None and grads.dtype == torch.float32:
             out = np.zeros((rows, grads.shape[1]), dtype=np.float32)
             self._loop(np.ascontiguousarray(index, dtype=np.int64),

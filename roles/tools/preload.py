@@ -45,9 +45,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from roles.algorithms.shared.compiled import AVAILABLE
 from roles.algorithms.shared.dense_optimizer import dense_adam
 from roles.algorithms.shared.metrics import ScoreHistogram
+from roles.data.compiled import AVAILABLE
 from roles.data.hashing import compiled_loop
 from roles.data.index import DataError, Part
 from roles.data.source import DataSource

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from roles.algorithms.shared.compiled import AVAILABLE, compiled
+from roles.data.compiled import AVAILABLE, compiled
 from roles.data.hashing import splitmix_one
 
 # numba is a dependency; without it (a Python it has no wheel for yet) the callers run their

@@ -5,19 +5,18 @@ keeps its numpy or torch code beside its loop as the fallback where numba has no
 new Python): ``AVAILABLE`` says which runs.
 
 A loop is compiled for its signatures when its first user is made, not at import: a process
-that never needs one never loads numba (about 60-100 MB and half a second).
+that never needs one never loads numba (about 60-100 MB and half a second). A feeder and a
+worker load theirs as they are made, before they say hello (a loop loaded on a thread later
+held the GIL for seconds under load: heartbeats late, memory and descriptors growing after a
+soak's warm-up). Here, in the data layer, because the keys are its lowest user.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import logging
-import threading
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-log = logging.getLogger(__name__)
-T = TypeVar("T")
 AVAILABLE = importlib.util.find_spec("numba") is not None
 
 
@@ -31,22 +30,3 @@ def compiled(signatures: list[Any], function: Callable[..., Any], **options: Any
         return njit(signatures, cache=True, nogil=True, **options)(function)
     except RuntimeError:   # numba: no locator available (read-only source, no writable home)
         return njit(signatures, nogil=True, **options)(function)
-
-
-class Background(Generic[T]):
-    """A loop loaded (compiled, or read from numba's cache: about half a second with numba's
-    import) on a thread of its own, so that nothing waits for it: ``loop`` is None until it is
-    ready, and the caller runs its fallback meanwhile. A worker and a feeder begin theirs at
-    their first batch or block: not on the way to the job's first batch."""
-
-    def __init__(self, load: Callable[[], T]):
-        self.loop: T | None = None
-        self.thread = threading.Thread(target=self._load, args=(load,), daemon=True,
-                                       name="zbus-compile")
-        self.thread.start()
-
-    def _load(self, load: Callable[[], T]) -> None:
-        try:
-            self.loop = load()
-        except Exception:   # the fallback runs on: said once
-            log.exception("compiling a loop failed; its numpy/torch code runs instead")
