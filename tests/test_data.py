@@ -201,4 +201,3 @@ def test_a_feeder_makes_about_16k_rows_of_batches_ahead_per_open_part_at_least_t
     assert ROWS_AHEAD == 16_384
     assert batches_ahead(1024) == 16 and batches_ahead(1000) == 17 and batches_ahead(256) == 64
     assert batches_ahead(16_384) == 2 and batches_ahead(65_536) == 2
-

@@ -52,8 +52,8 @@ from roles.job.fields import PAD
 
 KEY_HASH = "zbus-key-v2"
 MISSING = ("", "?")
-GOLDEN = np.uint64(0x9E3779B97F4A7C15)   # splitmix64's constants (the shards' compiled
-M1 = np.uint64(0xBF58476D1CE4E5B9)       # loops use them too: roles.algorithms.shard.kernels)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)   # splitmix64's constants (``splitmix_one`` too,
+M1 = np.uint64(0xBF58476D1CE4E5B9)       # which the compiled loops call)
 M2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _LEN = np.uint64(0x9E3779B97F4A7C15)
@@ -78,6 +78,15 @@ def splitmix_one(z: np.uint64) -> np.uint64:
     z = (z ^ (z >> np.uint64(30))) * M1
     z = (z ^ (z >> np.uint64(27))) * M2
     return z ^ (z >> np.uint64(31))
+
+
+@functools.cache
+def compiled_splitmix() -> Callable[[np.uint64], np.uint64]:
+    """``splitmix_one`` compiled, inlined where a compiled loop calls it (here and in the
+    shards' kernels): once per process."""
+    from numba import njit, types
+
+    return njit(types.uint64(types.uint64), inline="always")(splitmix_one)  # type: ignore[no-any-return]
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
@@ -301,9 +310,9 @@ one: Callable[[np.uint64], np.uint64] = splitmix_one   # as the loop calls it (c
 def compiled_loop() -> Any:
     """``_plain_loop`` compiled (at the first column a process hashes so: not at import)."""
     global one   # noqa: PLW0603 - the helper the loop calls must be compiled first
-    from numba import njit, types
+    from numba import types
 
-    one = njit(types.uint64(types.uint64), inline="always")(splitmix_one)
+    one = compiled_splitmix()
     u8 = types.Array(types.uint8, 1, "C", readonly=True)   # pyarrow's buffers
     out = types.Array(types.int64, 1, "C")
     return compile_loop([types.boolean(types.uint64, types.Array(offsets, 1, "C", readonly=True),

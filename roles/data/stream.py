@@ -112,8 +112,8 @@ class Parsed:
         return 8 * (slots + dense) + 4 + 8
 
     @classmethod
-    def of(cls, layout: FieldLayout, block: RawBlock, compiled: bool = AVAILABLE) -> Parsed:
-        return cls(replace(block, sparse=[]), slot_keys(layout, block, compiled))
+    def of(cls, layout: FieldLayout, block: RawBlock) -> Parsed:
+        return cls(replace(block, sparse=[]), slot_keys(layout, block))
 
     def freeze(self) -> int:
         """Made read-only (held for later passes, it must not change); its bytes."""

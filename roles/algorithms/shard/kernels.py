@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from roles.data.compiled import AVAILABLE, compiled
-from roles.data.hashing import splitmix_one
+from roles.data.hashing import compiled_splitmix, splitmix_one
 
 # numba is a dependency; without it (a Python it has no wheel for yet) the callers run their
 # numpy code
@@ -154,7 +154,7 @@ def loops() -> Loops:
     i32 = types.Array(types.int32, 1, "C")
     f32 = types.Array(types.float32, 2, "C")
     f32_in = types.Array(types.float32, 2, "C", readonly=True)
-    mix = njit(types.uint64(types.uint64), inline="always")(splitmix_one)
+    mix = compiled_splitmix()
     home = njit(types.int64(types.int64, types.int64), inline="always")(_home)
     return Loops(
         probe=compiled([i64(i64, i64, keys, types.boolean) for keys in (i64, i64_in)],
