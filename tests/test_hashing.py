@@ -9,9 +9,8 @@ from roles.data.hashing import (
     hash_lists,
     hash_value,
     hash_values,
-    shard_of,
-    splitmix64,
 )
+from roles.data.keyspace import shard_of, splitmix64
 from roles.job.fields import PAD
 
 

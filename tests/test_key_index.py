@@ -89,7 +89,7 @@ def test_both_ways_find_the_same_rows_and_slots_on_a_large_index_after_churn():
     assert np.array_equal(a.find(frame), b.find(probe))
     assert (a.find(keys[:10_000]) == -1).all() and len(a) == len(b)
     for index in (a, b):   # the count kept is the count there (which slots differs: the
-        assert index.tombstones == int((index._rows == TOMBSTONE).sum())   # order of a tie)
+        assert index.tombstones == int((index._slot_rows == TOMBSTONE).sum())   # order of a tie)
     assert a.capacity == b.capacity
     slots = a._slots(probe)
     assert (a.live_slots(0, a.capacity)[1][np.searchsorted(

@@ -8,7 +8,7 @@ import pytest
 
 from roles.algorithms.control.placement import Deferred, lower_bound, max_over_mean, place
 from roles.algorithms.shared.key_map import HeavyHitters, KeyMap
-from roles.data.hashing import shard_of
+from roles.data.keyspace import shard_of
 
 
 def zipf_keys(n: int, distinct: int, exponent: float, seed: int) -> np.ndarray:

@@ -48,50 +48,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from roles.data.compiled import compiled as compile_loop
+from roles.data.keyspace import compiled_splitmix, mix_in_place, splitmix_one
 from roles.job.fields import PAD
 
 KEY_HASH = "zbus-key-v2"
 MISSING = ("", "?")
-GOLDEN = np.uint64(0x9E3779B97F4A7C15)   # splitmix64's constants (``splitmix_one`` too,
-M1 = np.uint64(0xBF58476D1CE4E5B9)       # which the compiled loops call)
-M2 = np.uint64(0x94D049BB133111EB)
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _LEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(z: np.ndarray) -> np.ndarray:
-    """``splitmix64`` of ``z`` (uint64) in place."""
-    with np.errstate(over="ignore"):
-        z += GOLDEN
-        z ^= z >> _S30
-        z *= M1
-        z ^= z >> _S27
-        z *= M2
-        z ^= z >> _S31
-    return z
-
-
-def splitmix_one(z: np.uint64) -> np.uint64:
-    """``splitmix64`` of one number (np.uint64), for compiled loops (here and
-    ``roles.algorithms.shard.kernels``)."""
-    z = z + GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * M1
-    z = (z ^ (z >> np.uint64(27))) * M2
-    return z ^ (z >> np.uint64(31))
-
-
-@functools.cache
-def compiled_splitmix() -> Callable[[np.uint64], np.uint64]:
-    """``splitmix_one`` compiled, inlined where a compiled loop calls it (here and in the
-    shards' kernels): once per process."""
-    from numba import njit, types
-
-    return njit(types.uint64(types.uint64), inline="always")(splitmix_one)  # type: ignore[no-any-return]
-
-
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """A strong 64-bit mix of each element (uint64 in, uint64 out; wraps modulo 2**64)."""
-    return _mix(np.asarray(x).astype(np.uint64, copy=True))
 
 
 def field_seed(field: str) -> np.uint64:
@@ -131,16 +93,16 @@ def _hash_spans(seed: np.uint64, words: np.ndarray, starts: np.ndarray,
     h = _words_at(words, starts)   # word 0 of every value (one zero word when it is empty)
     h &= np.take(_MASKS, np.minimum(lengths, 8))
     h ^= seed
-    _mix(h)
+    mix_in_place(h)
     for at in range(8, int(lengths.max()), 8):   # the words after it, of the values that have one
         live = np.flatnonzero(lengths > at)
         g = _words_at(words, starts[live] + at)
         g &= np.take(_MASKS, np.minimum(lengths[live] - at, 8))
         g ^= h[live]
-        h[live] = _mix(g)
+        h[live] = mix_in_place(g)
     with np.errstate(over="ignore"):
         h ^= lengths.astype(np.uint64) * _LEN + np.uint64(1)
-    return _mix(h)
+    return mix_in_place(h)
 
 
 def _fixed_keys(seed: np.uint64, padded: np.ndarray, size: int,
@@ -158,9 +120,9 @@ def _fixed_keys(seed: np.uint64, padded: np.ndarray, size: int,
     h = np.full(count, seed, dtype=np.uint64)
     for j in range(width // 8):
         h ^= words[:, j]
-        _mix(h)
+        mix_in_place(h)
     h ^= np.uint64((width * int(_LEN) + 1) % (1 << 64))
-    _mix(h)
+    mix_in_place(h)
     if count == len(lengths):
         return h
     keys = np.full(len(lengths), _missing_key(seed))
@@ -446,18 +408,3 @@ def hash_values(field: str, values: list[str] | np.ndarray) -> np.ndarray:
 def hash_value(field: str, value: str) -> int:
     """The key of one value of one field."""
     return int(hash_values(field, [value])[0])
-
-
-def shard_of(keys: np.ndarray, shards: int) -> np.ndarray:
-    """Hash placement: the shard (or bucket) that owns each key, the key (as uint64) modulo
-    ``shards``. Computed as a mask for a power of two, else as ``key - (key // n) * n``: numpy
-    divides a uint64 array by one number with a multiply and shifts but takes the remainder
-    one hardware division at a time (26,624 keys, a Criteo batch: 285-465 us with ``%``,
-    75 us so, 18 us as a mask)."""
-    u = np.ascontiguousarray(keys).view(np.uint64)
-    n = np.uint64(shards)
-    if shards & (shards - 1) == 0:
-        return (u & (n - np.uint64(1))).view(np.int64)
-    q = u // n
-    q *= n
-    return (u - q).view(np.int64)

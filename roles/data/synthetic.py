@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from roles.data.hashing import splitmix64
+from roles.data.keyspace import splitmix64
 
 END_TIME = 1_767_225_600  # 2026-01-01T00:00:00Z
 POSITIVE_RATE = 0.25

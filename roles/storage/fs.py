@@ -17,9 +17,10 @@ from __future__ import annotations
 import functools
 import os
 import posixpath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow.fs as pafs
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
 
 URI_SCHEMES = ("s3://",)
 
@@ -40,9 +41,25 @@ def join(location: str, *names: str) -> str:
     return os.path.join(location, *names)
 
 
+def arrow_fs() -> Any:
+    """``pyarrow.fs``, imported at its first use: a role that never names a location through
+    it (a shard checkpointing to a local directory) never loads pyarrow (about 35 MB)."""
+    import pyarrow.fs
+
+    return pyarrow.fs
+
+
+def is_file(info: pafs.FileInfo) -> bool:
+    return bool(info.type == arrow_fs().FileType.File)
+
+
+def is_directory(info: pafs.FileInfo) -> bool:
+    return bool(info.type == arrow_fs().FileType.Directory)
+
+
 @functools.lru_cache(maxsize=16)
 def _filesystem_for(scheme_and_bucket: str, _endpoint: str | None) -> pafs.FileSystem:
-    fs, _ = pafs.FileSystem.from_uri(scheme_and_bucket)
+    fs, _ = arrow_fs().FileSystem.from_uri(scheme_and_bucket)
     return fs
 
 
@@ -52,7 +69,7 @@ def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
     parent's, which is why checkpoints are staged on the local disk and uploaded by the
     parent)."""
     if not is_uri(location):
-        return pafs.LocalFileSystem(), location
+        return arrow_fs().LocalFileSystem(), location
     scheme, _, rest = location.partition("://")
     bucket, _, key = rest.partition("/")
     if not bucket:
@@ -78,7 +95,7 @@ def open_input(location: str) -> Any:
     except FileNotFoundError:
         raise
     except OSError as exc:
-        if file_info(location).type == pafs.FileType.NotFound:
+        if file_info(location).type == arrow_fs().FileType.NotFound:
             raise FileNotFoundError(location) from None
         raise StorageError(f"{location}: {describe(exc)}") from None
 
@@ -105,8 +122,8 @@ def listing(location: str, recursive: bool = False,
     ``missing_ok``, nothing for a directory that is not there."""
     fs, path = filesystem(location)
     try:
-        infos = fs.get_file_info(pafs.FileSelector(path, recursive=recursive,
-                                                   allow_not_found=missing_ok))
+        infos = fs.get_file_info(arrow_fs().FileSelector(path, recursive=recursive,
+                                                         allow_not_found=missing_ok))
     except OSError as exc:
         raise StorageError(f"{location}: {describe(exc)}") from None
     return sorted(((join(location, posixpath.relpath(i.path, path)), i) for i in infos),

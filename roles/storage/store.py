@@ -19,13 +19,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
-
 from roles.storage.fs import (
     StorageError,
     describe,
     file_info,
     filesystem,
+    is_directory,
+    is_file,
     is_uri,
     join,
     listing,
@@ -129,9 +129,9 @@ class Store:
         target = posixpath.join(base, name)
         try:
             info = fs.get_file_info(target)
-            if info.type == pafs.FileType.Directory:
+            if is_directory(info):
                 fs.delete_dir(target)
-            elif info.type == pafs.FileType.File:
+            elif is_file(info):
                 fs.delete_file(target)
         except OSError as exc:
             raise StorageError(f"cannot remove {name} from {self.root}: "
@@ -146,7 +146,7 @@ class Store:
             except OSError:
                 return None
         info = file_info(self.location(name))
-        return info.size if info.type == pafs.FileType.File else None
+        return info.size if is_file(info) else None
 
     def read_bytes(self, name: str) -> bytes:
         """The whole file (FileNotFoundError when there is none)."""
@@ -175,7 +175,7 @@ class Store:
             return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
         return [posixpath.relpath(where, self.root)
                 for where, info in listing(self.root, recursive=True, missing_ok=True)
-                if info.type == pafs.FileType.File]
+                if is_file(info)]
 
     def download(self, names: list[str], into: Path) -> None:
         """Copy files of the store to the local directory ``into`` (the same names)."""
@@ -188,5 +188,5 @@ class Store:
     def is_dir(self, name: str = "") -> bool:
         if not self.remote:
             return (Path(self.root) / name).is_dir()
-        return file_info(self.location(name)).type == pafs.FileType.Directory
+        return is_directory(file_info(self.location(name)))
 

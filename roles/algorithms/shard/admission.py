@@ -47,7 +47,7 @@ import numpy as np
 
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.algorithms.shard.key_groups import KeyGrouper, KeyGroups
-from roles.data.hashing import splitmix64
+from roles.data.keyspace import splitmix64
 from roles.job.fields import field_of
 from zbus.codec import ProtocolError
 

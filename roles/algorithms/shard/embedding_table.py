@@ -16,7 +16,8 @@ shard, after any restart, in any order of arrival (also when it comes back after
 
 Recency. ``clock`` counts the batches whose keys the shard looked up (the shard advances it);
 ``last_seen[row]`` is the clock of the row's latest look-up (or creation), which expiry and
-eviction go by (``FREE`` for a row that holds no key); ``row_key[row]`` is a live row's key.
+eviction go by (``FREE`` for a row that holds no key); a live row's key is the index's
+(``index.keys_of``: the index keeps one key per row, its slots only row numbers).
 Expiry and eviction walk these two contiguous arrays by row number (``rows_seen_before``),
 not the index's slots, and probe the index only for the keys they drop.
 
@@ -44,7 +45,7 @@ import numpy as np
 
 from roles.algorithms.shard import kernels
 from roles.algorithms.shard.key_index import KeyIndex
-from roles.data.hashing import splitmix64
+from roles.data.keyspace import splitmix64
 
 
 def initial_rows(keys: np.ndarray, dim: int, scale: float, seed: int) -> np.ndarray:
@@ -71,10 +72,10 @@ class EmbeddingTable:
         self.defaults = defaults
         self.index = KeyIndex(capacity, compiled)
         capacity = max(capacity, defaults, 1)
+        self.index.reserve_rows(capacity)
         self.weights = np.zeros((capacity, dim), dtype=np.float32)
         self.accum = np.zeros((capacity, dim), dtype=np.float32)   # Adagrad sum of g^2
         self.last_seen = np.full(capacity, FREE, dtype=np.int64)
-        self.row_key = np.zeros(capacity, dtype=np.int64)           # the key of a live row
         self.size = defaults          # row numbers in use: defaults, live and free
         self._free = np.empty(0, dtype=np.int64)   # a stack of free row numbers
         self._free_count = 0
@@ -96,8 +97,7 @@ class EmbeddingTable:
     def nbytes(self) -> int:
         """Memory the table's arrays hold (allocated, not only used)."""
         return (self.weights.nbytes + self.accum.nbytes + self.last_seen.nbytes
-                + self.row_key.nbytes + self.dirty.nbytes + self._free.nbytes
-                + self.index.nbytes)
+                + self.dirty.nbytes + self._free.nbytes + self.index.nbytes)
 
     # -- look-ups -----------------------------------------------------------------------------
     def lookup(self, keys: np.ndarray) -> np.ndarray:
@@ -122,7 +122,6 @@ class EmbeddingTable:
         self.weights[rows] = self.initial(keys)
         self.accum[rows] = 0.0
         self.last_seen[rows] = self.clock
-        self.row_key[rows] = keys
         self.dirty[rows] = True
         self.index.insert(keys, rows)
         self.created += n
@@ -154,8 +153,8 @@ class EmbeddingTable:
         if needed <= len(self.weights):
             return
         size = max(needed, 2 * len(self.weights))
-        for name, fill in (("weights", 0), ("accum", 0), ("last_seen", FREE), ("row_key", 0),
-                           ("dirty", 0)):
+        self.index.reserve_rows(size)
+        for name, fill in (("weights", 0), ("accum", 0), ("last_seen", FREE), ("dirty", 0)):
             old = getattr(self, name)
             grown = np.zeros((size, *old.shape[1:]), dtype=old.dtype) if fill == 0 else \
                 np.full(size, fill, dtype=old.dtype)
@@ -194,7 +193,7 @@ class EmbeddingTable:
         """Remove the keys of these distinct live rows; the rows are freed for new keys."""
         if not len(rows):
             return
-        keys = self.row_key[rows]
+        keys = self.index.keys_of(rows)
         self.index.delete(keys)
         self._free_rows(rows)
         if self._dropped is not None:
@@ -289,9 +288,9 @@ class EmbeddingTable:
         d, n = self.defaults, len(stay_rows)
         for array in (self.weights, self.accum, self.last_seen):
             array[d:d + n] = array[stay_rows]
-        self.row_key[d:d + n] = stay_keys
         self.last_seen[d + n:self.size] = FREE
         self.index = KeyIndex(max(1024, 2 * n), self._loops is not None)
+        self.index.reserve_rows(len(self.weights))
         self.index.insert(stay_keys, np.arange(d, d + n, dtype=np.int64))
         self.size = d + n
         self._free_count = 0
@@ -308,4 +307,4 @@ class EmbeddingTable:
         rows do not)."""
         live = self.last_seen[:self.size] != FREE
         live[:self.defaults] = False
-        return np.where(live, self.row_key[:self.size], 0), live
+        return np.where(live, self.index.keys_of(slice(0, self.size)), 0), live

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from roles.data.compiled import AVAILABLE, compiled
-from roles.data.hashing import compiled_splitmix, splitmix_one
+from roles.data.keyspace import compiled_splitmix, splitmix_one
 
 # numba is a dependency; without it (a Python it has no wheel for yet) the callers run their
 # numpy code
@@ -39,21 +39,21 @@ def _home(key: int, mask: int) -> np.int64:
     return np.int64(mix(np.uint64(key)) & np.uint64(mask))
 
 
-def _probe(table_keys: np.ndarray, table_rows: np.ndarray, keys: np.ndarray,
+def _probe(slot_rows: np.ndarray, row_keys: np.ndarray, keys: np.ndarray,
            slots: bool) -> np.ndarray:
     """Each key's row (``slots``: its slot number), -1 where it is absent; tombstones are
-    walked over."""
-    mask = len(table_rows) - 1
+    walked over. A slot holds a row number, the row's key is ``row_keys[row]``."""
+    mask = len(slot_rows) - 1
     out = np.empty(len(keys), dtype=np.int64)
     for i in range(len(keys)):
         key = keys[i]
         p = home(key, mask)
         found = np.int64(-1)
         while True:
-            row = table_rows[p]
+            row = slot_rows[p]
             if row == EMPTY:
                 break
-            if row >= 0 and table_keys[p] == key:
+            if row >= 0 and row_keys[row] == key:
                 found = p if slots else row
                 break
             p = (p + 1) & mask
@@ -61,20 +61,20 @@ def _probe(table_keys: np.ndarray, table_rows: np.ndarray, keys: np.ndarray,
     return out
 
 
-def _place(table_keys: np.ndarray, table_rows: np.ndarray, keys: np.ndarray,
+def _place(slot_rows: np.ndarray, row_keys: np.ndarray, keys: np.ndarray,
            rows: np.ndarray) -> int:
     """Put distinct absent keys, in order, in the first free slot (empty, or a tombstone) of
-    their probe paths; returns how many tombstones they took."""
-    mask = len(table_rows) - 1
+    their probe paths, each key as its row's; returns how many tombstones they took."""
+    mask = len(slot_rows) - 1
     reused = 0
     for i in range(len(keys)):
         p = home(keys[i], mask)
-        while table_rows[p] >= 0:
+        while slot_rows[p] >= 0:
             p = (p + 1) & mask
-        if table_rows[p] == TOMBSTONE:
+        if slot_rows[p] == TOMBSTONE:
             reused += 1
-        table_keys[p] = keys[i]
-        table_rows[p] = rows[i]
+        slot_rows[p] = rows[i]
+        row_keys[rows[i]] = keys[i]
     return reused
 
 
@@ -157,9 +157,9 @@ def loops() -> Loops:
     mix = compiled_splitmix()
     home = njit(types.int64(types.int64, types.int64), inline="always")(_home)
     return Loops(
-        probe=compiled([i64(i64, i64, keys, types.boolean) for keys in (i64, i64_in)],
+        probe=compiled([i64(i32, i64, keys, types.boolean) for keys in (i64, i64_in)],
                         _probe),
-        place=compiled([types.int64(i64, i64, keys, i64) for keys in (i64, i64_in)],
+        place=compiled([types.int64(i32, i64, keys, i64) for keys in (i64, i64_in)],
                         _place),
         group=compiled([types.Tuple((i64, i64))(i64, i32)], _group),  # type: ignore[no-untyped-call]
         adagrad=compiled([types.void(f32, f32, i64, g, types.float32, types.float32)

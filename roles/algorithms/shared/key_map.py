@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from roles.data.hashing import shard_of
+from roles.data.keyspace import shard_of
 from roles.protocol.placement import Placement
 from zbus.codec import ProtocolError
 
