@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roles.algorithms.shard.key_index import MAX_LOAD, TOMBSTONE, KeyIndex
+from roles.algorithms.shard.key_index import MAX_LOAD, MAX_ROWS, TOMBSTONE, KeyIndex
 
 # a small key space, so that inserts, deletes and look-ups keep meeting the same keys
 keys_st = st.lists(st.integers(-40, 40), max_size=30)
@@ -31,26 +31,47 @@ WAYS = [pytest.param(True, id="compiled"), pytest.param(False, id="numpy")]
 @settings(max_examples=300, deadline=None)
 @given(ops=st.lists(op_st, max_size=40))
 def test_random_inserts_and_deletes_agree_with_a_dict(compiled, ops):
-    index, reference, row = KeyIndex(capacity=16, compiled=compiled), {}, 0
+    """Freed row numbers are given to new keys first, as the table does: the index keeps one
+    key per row, so a row that changed hands must answer for its new key only."""
+    index, reference, row, free = KeyIndex(capacity=16, compiled=compiled), {}, 0, []
     for op, raw in ops:
         keys = np.unique(np.array(raw, dtype=np.int64))
         if op == "insert":
             new = keys[index.find(keys) < 0]
-            rows = np.arange(row, row + len(new))
-            row += len(new)
+            reused = [free.pop() for _ in range(min(len(new), len(free)))]
+            rows = np.array(reused + list(range(row, row + len(new) - len(reused))),
+                            dtype=np.int64)
+            row += len(new) - len(reused)
             index.insert(new, rows)
             reference.update(zip(new.tolist(), rows.tolist(), strict=True))
         elif op == "delete":
             got = index.delete(keys)
             assert got.tolist() == [reference.pop(k, -1) for k in keys.tolist()]
+            free.extend(r for r in got.tolist() if r >= 0)
         else:  # a sweep: delete whatever live entry of a slot range holds a listed key
             half = index.capacity // 2
             slots, found, rows = index.live_slots(half // 2, half // 2 + half)
             pick = np.isin(found, keys)
             index.delete_slots(slots[pick])
             for k in found[pick].tolist():
-                del reference[k]
+                free.append(reference.pop(k))
         check(index, reference)
+
+
+@pytest.mark.parametrize("compiled", WAYS)
+def test_a_row_number_past_int32_is_refused_and_nothing_is_inserted(compiled):
+    index = KeyIndex(capacity=16, compiled=compiled)
+    for rows in ([0, MAX_ROWS], [-1, 3]):
+        with pytest.raises(ValueError, match="row numbers"):
+            index.insert(np.array([7, 8], dtype=np.int64), np.array(rows, dtype=np.int64))
+    assert len(index) == 0 and index.find(np.array([7, 8])).tolist() == [-1, -1]
+
+
+def test_the_index_costs_4_bytes_a_slot_and_8_a_row():
+    index = KeyIndex(capacity=16)
+    index.insert(np.arange(1, 100_001, dtype=np.int64), np.arange(100_000))
+    assert index.nbytes <= 4 * index.capacity + 8 * 2 * 100_000
+    assert 4 * index.capacity <= 4 * 100_000 / 0.1875   # at least 3/16 full after a rebuild
 
 
 @pytest.mark.parametrize("compiled", WAYS)

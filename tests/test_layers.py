@@ -12,6 +12,7 @@ imports the transport, the protocol, the job's command line and the wording of p
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -123,3 +124,14 @@ def test_the_checker_sees_an_upward_import_inside_a_function(tmp_path, monkeypat
     assert found == [("roles.feeder.streams", LAYERS.index("process")),
                      ("roles.algorithms.shared.live", LAYERS.index("roles.algorithms")),
                      ("roles.data.probe", LAYERS.index("roles.data"))]
+
+
+@pytest.mark.integration
+def test_a_shard_loads_neither_pyarrow_nor_torch():
+    """A shard's memory is its table: the modules it runs import neither (pyarrow alone would
+    cost it about 35 MB; its storage loads pyarrow's filesystems only for an ``s3://`` store)."""
+    code = ("import sys, roles.ps, roles.checkpoint.shard, roles.storage.store\n"
+            "print(sorted(m for m in ('pyarrow', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -357,7 +357,7 @@ class EmbeddingsConfig:
         "late); 0: never")})
     max_rows_per_shard: int = field(default=0, metadata={"min": 0, "doc": (
         "a shard holding more keys evicts the least recently looked up, down to 1/16 below "
-        "this; about 140 bytes a key at embedding_dim 16; 0: no cap")})
+        "this; about 155 bytes a key at embedding_dim 16; 0: no cap")})
 
 
 @dataclass(frozen=True)
