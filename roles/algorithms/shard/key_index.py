@@ -6,9 +6,10 @@ handful of numpy passes (compiled: one loop, ``kernels``).
 Layout. A slot holds only a row number (int32; ``EMPTY``, ``TOMBSTONE`` below zero); the key
 lives once per *row*, in ``row_keys`` (int64), which the table reads too (the key of a live
 row). A probe reads the slot, then the key of the slot's row: two random reads, as with a key
-beside the row in each slot, but a slot is 4 bytes, not 16. At the half-full load below that is
-8-11 bytes of index a key, not 32-43 (a shard of 4M keys: 34 MB against 134). Row numbers are
-below 2**31 (a shard that many rows would hold 275 GB of float32 state at dimension 16).
+beside the row in each slot, but a slot is 4 bytes, not 16. At the loads below (3/16 to 1/2
+of the slots live) that is 8 to 21 bytes of index a key, not 32 to 85 (a shard of 3.85M keys:
+34 MB against 134). Row numbers are below 2**31 (a shard with that many rows would hold 275 GB
+of float32 state at dimension 16).
 
 Deletion leaves a *tombstone* in the key's slot (a probe walks over it, an insert may reuse
 it). Live entries plus tombstones are kept at most ``MAX_LOAD`` of the slots: when an insert
@@ -127,9 +128,10 @@ class KeyIndex:
         if not len(keys):
             return
         rows = np.asarray(rows, dtype=np.int64)
-        top = int(rows.max())
-        if top >= MAX_ROWS or int(rows.min()) < 0:
-            raise ValueError(f"a key index holds row numbers in [0, {MAX_ROWS}); got {top}")
+        top, bottom = int(rows.max()), int(rows.min())
+        if top >= MAX_ROWS or bottom < 0:
+            raise ValueError(f"a key index holds row numbers in [0, {MAX_ROWS}); got "
+                             f"{top if top >= MAX_ROWS else bottom}")
         if top >= len(self._row_keys):
             self.reserve_rows(max(top + 1, 2 * len(self._row_keys)))
         if self._count + self._tombstones + len(keys) > MAX_LOAD * self.capacity:
