@@ -113,3 +113,35 @@ def test_lengths_beyond_max_len_or_of_another_job_are_named():
     assert inputs.check_lengths(np.array([[2, 3]], np.int32)) is None
     assert "max_len is 3" in inputs.check_lengths(np.array([[1, 4]], np.int32))
     assert "the job has 2" in inputs.check_lengths(np.zeros((1, 1), np.int32))
+
+
+def test_a_layout_of_single_valued_fields_is_read_sample_by_sample_without_a_copy():
+    """Every field single-valued at the full width (Criteo's layout): the worker lays the grid
+    out sample by sample, and the network gets the fields side by side as a view of it."""
+    lay = layout(fields=["user", "movie", "ad"], lists={}, tables={}, pooling={}, max_len={})
+    inputs = SparseInputs(lay, torch.device("cpu"))
+    assert inputs.sample_major
+    keys = np.array([[1, 10, 100], [2, 20, 200]], dtype=np.int64)
+    field_major, _ = lay.grid(keys)
+    assert field_major.tolist() == [1, 2, 10, 20, 100, 200]
+    grid = inputs.sample_order(field_major, 2)
+    assert grid.tolist() == [1, 10, 100, 2, 20, 200]
+    rows = np.stack([field_major, -field_major], axis=1)   # a row per position, too
+    assert inputs.sample_order(rows, 2)[:, 0].tolist() == grid.tolist()
+    flat = torch.tensor(np.stack([grid, -grid], axis=1).astype(np.float32), requires_grad=True)
+    sparse, lengths = inputs.inputs(flat, 2, lay.lengths(keys))
+    assert lengths == {} and list(sparse) == ["user", "movie", "ad"]
+    assert sparse["movie"].tolist() == [[10, -10], [20, -20]]
+    assert sparse.joined.tolist() == [[1, -1, 10, -10, 100, -100], [2, -2, 20, -20, 200, -200]]
+    assert sparse.joined.data_ptr() == flat.data_ptr()   # a view: no copy
+    (sparse["ad"].sum() + 2 * sparse.joined[:, :2].sum()).backward()
+    assert flat.grad is not None
+    assert flat.grad[:, 0].tolist() == [2, 0, 1, 2, 0, 1]
+
+
+def test_a_layout_with_lists_or_narrow_fields_keeps_the_field_major_grid():
+    for lay in (layout(), layout(fields=["user", "movie"], lists={}, tables={}, pooling={},
+                                 max_len={}, dims={"movie": 1})):
+        inputs = SparseInputs(lay, torch.device("cpu"))
+        grid = np.arange(12)
+        assert not inputs.sample_major and inputs.sample_order(grid, 3) is grid

@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import fx, nn
@@ -26,6 +27,8 @@ from roles.model.networks import (
     input_names,
     sample_batch,
 )
+from roles.model.networks.layers import JoinedFields
+from roles.model.sparse_input import SparseInputs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -251,6 +254,37 @@ def test_mlp_is_ctrnet_to_the_bit_for_a_job_without_lists():
     sparse, dense, lengths = inputs_of(job, rows=16, seed=3)
     embeddings = torch.stack([sparse[f] for f in job.sparse_fields], dim=1)
     assert torch.equal(net(sparse, dense, lengths), old(embeddings, dense))
+
+
+def test_mlp_reads_the_joined_fields_as_it_reads_the_dict():
+    """A worker's ``JoinedFields`` (the grid sample by sample, every field a view of it): the
+    same logits and gradients as from a plain dict of copies, to float32 rounding (the joined
+    path sums the first layer's product in two parts, ``mlp_over``)."""
+    job = make_job(items=False)
+    layout = job.layout()
+    net = build_network(job)
+    sparse, dense, lengths = inputs_of(job, rows=16, seed=5)
+    flat = torch.stack([sparse[f] for f in layout.fields], dim=1).reshape(-1, layout.row_dim)
+    joined_flat = flat.clone().requires_grad_(True)
+    joined, _ = SparseInputs(layout, torch.device("cpu")).inputs(joined_flat, 16,
+                                                                 np.zeros((16, 0), np.int32))
+    assert isinstance(joined, JoinedFields)
+    plain = {f: t.clone().requires_grad_(True) for f, t in sparse.items()}
+    a, b = net(joined, dense, lengths), net(plain, dense, lengths)
+
+    def same(x: torch.Tensor, y: torch.Tensor) -> bool:
+        return torch.allclose(x, y, rtol=1e-5, atol=1e-6 * float(y.abs().max().clamp(min=1)))
+
+    assert same(a, b) and not torch.equal(a, net(plain, dense + 1.0, lengths))
+    a.sum().backward()
+    grads_a = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad(set_to_none=True)
+    b.sum().backward()
+    assert all(same(g, p.grad) for g, p in zip(grads_a, net.parameters(), strict=True))
+    by_field = torch.stack([plain[f].grad for f in layout.fields], dim=1).reshape(flat.shape)
+    assert same(joined_flat.grad, by_field)
+    with torch.no_grad():   # and evaluation, where the ReLUs overwrite their input
+        assert torch.equal(net(joined, dense, lengths), a.detach())
 
 
 def test_building_is_seeded_and_leaves_the_random_state_as_seeding_does():

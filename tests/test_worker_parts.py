@@ -313,7 +313,7 @@ def test_a_batch_trains_on_its_grid_and_each_shard_gets_the_gradients_of_its_row
     compute = BatchCompute(LAYOUT, torch.device("cpu"))
     flat = compute.grid(compute.gathered(batch.sample, batch.replies, batch.positions))
     assert flat.shape == (2 * FIELDS, DIM)
-    grid = flat.reshape(FIELDS, 2, DIM).transpose(0, 1)   # [samples, fields, dim]
+    grid = flat.reshape(2, FIELDS, DIM)   # every field single-valued: sample by sample
     assert grid[:, 0].eq(1).all() and grid[1, 1].tolist() == [3.0, 4.0, 5.0]
     loss, weight_sum, grads = compute.train(net, None, batch)
     assert weight_sum == 2.0 and loss > 0
@@ -361,10 +361,10 @@ def test_the_grid_gathers_every_shards_rows_and_a_position_no_shard_holds_reads_
                reply(3, [3], 4, np.arange(2 * DIM).reshape(-1, DIM), [1])]
     rows = compute.gathered(sample(3), replies, [np.array([0, 1]), np.array([3])])
     assert rows.starts == [0, 1, 3] and len(rows.rows) == 4   # 1 + 2 rows, then zeros
-    flat = compute.grid(rows).numpy()
-    assert (flat[:2] == 1).all()
-    assert (flat[2] == 0).all()                                  # held by no shard
-    assert flat[3].tolist() == [3.0, 4.0, 5.0]
+    flat = compute.grid(rows).numpy()   # sample by sample: (0, a), (0, b), (1, a), (1, b)
+    assert (flat[[0, 2]] == 1).all()                             # positions 0 and 1: field a
+    assert (flat[1] == 0).all()                                  # position 2: held by no shard
+    assert flat[3].tolist() == [3.0, 4.0, 5.0]                   # position 3
     grads = compute.shard_grads(torch.ones((4, DIM)), rows)
     assert [g.shape for g in grads] == [(1, DIM), (2, DIM)]
     assert grads[0].tolist() == [[2.0] * DIM]                    # used twice: summed

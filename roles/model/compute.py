@@ -62,7 +62,8 @@ def placeholders(sparse: dict[str, torch.Tensor], dense: torch.Tensor,
 class GatheredRows:
     """A batch's embedding rows as one array (every shard's in turn, the shard ``i``'s from
     ``starts[i]`` to ``starts[i + 1]``; a row of zeros after them if a position had none) and
-    the row of each grid position (``index``)."""
+    the row of each grid position (``index``, in the order the network reads the grid:
+    ``SparseInputs.sample_order``)."""
 
     rows: np.ndarray
     index: np.ndarray
@@ -141,7 +142,8 @@ class BatchCompute:
         index = np.full(size, starts[-1], dtype=np.int64)
         for e, where, start in zip(replies, positions, starts, strict=False):
             index[where] = e.inverse + start
-        return GatheredRows(rows, index, starts.tolist())
+        return GatheredRows(rows, self.sparse.sample_order(index, len(s.labels)),
+                            starts.tolist())
 
     def grid(self, rows: GatheredRows) -> torch.Tensor:
         """[grid, row_dim]: each position's row (one numpy take, no zeroed grid filled shard

@@ -1,8 +1,12 @@
 """From a batch's grid of embedding rows to what the network receives (torch; no sockets).
 
 A worker puts each shard's rows at their grid positions (``roles.job.fields``: field-major,
-a field's run of occurrences between two bounds), giving ``flat`` [grid, row_dim]. Each field
-then reads its run at its own width: a single-valued field is its run ([B, dim]); a pooled list
+a field's run of occurrences between two bounds), giving ``flat`` [grid, row_dim]. Where every
+field is single-valued at the full row width (Criteo's layout), the worker lays the grid out
+sample by sample instead (``sample_order``): ``flat`` viewed as [B, fields x row_dim] is then
+every field's vector side by side, which the network gets as ``JoinedFields`` beside the
+fields' views, and the MLP reads without a copy. Otherwise each field reads its run at its
+own width: a single-valued field is its run ([B, dim]); a pooled list
 field is the mean (or sum) of each sample's ids ([B, dim]; an empty list is zeros); a sequence
 is its samples' ids in order, zero padded to ``max_len`` ([B, max_len, dim]) with its lengths
 ([B], int64). Every step is differentiable, so ``flat.grad`` after the backward pass holds each
@@ -20,6 +24,7 @@ import numpy as np
 import torch
 
 from roles.job.fields import FieldLayout
+from roles.model.networks.layers import JoinedFields
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,19 @@ class SparseInputs:
     def __init__(self, layout: FieldLayout, device: torch.device):
         self.layout, self.device = layout, device
         self.lists = [f for f in range(len(layout.fields)) if layout.is_list(f)]
+        # every field single-valued at the full width: the grid is laid out sample by sample
+        self.sample_major = not layout.has_lists and all(d == layout.row_dim
+                                                         for d in layout.dims)
+
+    def sample_order(self, grid: np.ndarray, samples: int) -> np.ndarray:
+        """A field-major grid (the protocol's positions; a value, or a row, per position) in
+        the order ``inputs`` reads the grid: sample by sample where ``sample_major``, else as
+        it is."""
+        if not self.sample_major:
+            return grid
+        fields = len(self.layout.fields)
+        return np.ascontiguousarray(grid.reshape(fields, samples, *grid.shape[1:])
+                                    .swapaxes(0, 1)).reshape(grid.shape)
 
     def grid_size(self, samples: int, lengths: np.ndarray) -> int:
         return self.layout.bounds(samples, lengths)[-1]
@@ -73,8 +91,14 @@ class SparseInputs:
 
     def inputs(self, flat: torch.Tensor, samples: int, lengths: np.ndarray
                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """(sparse, lengths) as the network contract has them, from ``flat`` [grid, row_dim]."""
+        """(sparse, lengths) as the network contract has them, from ``flat`` [grid, row_dim]
+        (sample by sample where ``sample_major``: ``sample_order``)."""
         layout = self.layout
+        if self.sample_major:
+            joined = flat.view(samples, len(layout.fields) * layout.row_dim)
+            # one unbind: its backward, if a network reads the fields, is one stack
+            views = joined.view(samples, len(layout.fields), layout.row_dim).unbind(1)
+            return JoinedFields(dict(zip(layout.fields, views, strict=True)), joined), {}
         tensors: dict[int, torch.Tensor] = {}
         seq_lengths: dict[str, torch.Tensor] = {}
         runs = self.runs(samples, lengths)

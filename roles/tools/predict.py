@@ -170,8 +170,9 @@ class ExportedModel:
 
     def score(self, keys: np.ndarray, dense: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            sparse, lengths = self.inputs.inputs(torch.from_numpy(self.embeddings(keys)),
-                                                 len(keys), self.layout.lengths(keys))
+            grid = self.inputs.sample_order(self.embeddings(keys), len(keys))
+            sparse, lengths = self.inputs.inputs(torch.from_numpy(grid), len(keys),
+                                                 self.layout.lengths(keys))
             return torch.sigmoid(self.net(sparse, torch.from_numpy(dense), lengths)).numpy()
 
 

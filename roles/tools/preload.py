@@ -194,6 +194,9 @@ class Trainer:
             slots[slots < 0] = PAD
             grid, _ = layout.grid(slots)
             lengths = layout.lengths(slots)
+        elif self.inputs.sample_major:   # the slots as they are (``SparseInputs``)
+            grid = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
+            lengths = np.zeros((n, 0), dtype=np.int32)
         else:   # one slot per field: the grid is the transpose
             grid = np.ascontiguousarray(rows.T, dtype=np.int64).reshape(-1)
             lengths = np.zeros((n, 0), dtype=np.int32)

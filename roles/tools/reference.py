@@ -55,6 +55,7 @@ class Reference:
         """The batch's grid of rows (``roles.job.fields``), the table rows of its distinct
         keys and each occurrence's index into them."""
         flat, _ = self.layout.grid(batch.keys)
+        flat = self.inputs.sample_order(flat, len(batch))
         uniq, inverse = np.unique(flat, return_inverse=True)
         rows = self.table.rows_for(uniq)
         return torch.from_numpy(self.table.weights[rows][inverse.reshape(-1)]), rows, \
