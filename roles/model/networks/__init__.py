@@ -14,7 +14,10 @@ The contract (pure torch; no sockets, no job):
   ``sparse[f]`` is ``[B, dim_f]`` for a single-valued or pooled list field and
   ``[B, max_len, dim_f]`` (zero padded) for a sequence field; ``lengths[f]`` is ``[B]`` int64
   for each sequence field (absent for the others); ``dense`` is ``[B, dense_count]``; it
-  returns logits ``[B]``.
+  returns logits ``[B]``. Where every field is single-valued at one width, ``sparse`` is a
+  ``layers.JoinedFields``: ``sparse.joined`` is the fields' vectors side by side (the worker's
+  grid as it is), each ``sparse[f]`` a view of it, which a network may read instead of
+  concatenating the fields (``layers.joined_of``; ``mlp`` does).
 
 Every process builds the network from the same seed, on the CPU, and runs it once on a small
 sample batch (``checking``); what fails is one ``NetworkError`` line. For torch.fx (model
