@@ -35,51 +35,31 @@ from roles.model.compute import BatchCompute  # noqa: E402
 from roles.model.network import build_network  # noqa: E402
 from roles.protocol.datapath import Embeddings, SampleBatch  # noqa: E402
 
-ITEMS = """
+JOB = """
 name = "cuda-check"
 [data]
 source = "synthetic"
 [data.synthetic]
-rows = {rows}
-items = 1000
-history = 20
-[model]
-network = "{network}"
+rows = {{rows}}
+{items}[model]
+network = "{{network}}"
 embedding_dim = 16
 hidden = [64, 32]
-[model.pooling]
-history = "none"
-[train]
+{pooling}[train]
 epochs = 2
-device = "{device}"
+device = "{{device}}"
 [cluster]
 workers = 2
 shards = 2
 [checkpoint]
 every_s = 0
 """
-
+# a pooled list field and a sequence sharing the candidate's table: the grid is field-major
+ITEMS = JOB.format(items="items = 1000\nhistory = 20\n",
+                   pooling='[model.pooling]\nhistory = "none"\n')
 # every field single-valued at one width (Criteo's layout): the grid is sample-major and the
 # mlp reads it joined (``SparseInputs``, ``JoinedFields``)
-PLAIN = """
-name = "cuda-check-plain"
-[data]
-source = "synthetic"
-[data.synthetic]
-rows = {rows}
-[model]
-network = "{network}"
-embedding_dim = 16
-hidden = [64, 32]
-[train]
-epochs = 2
-device = "{device}"
-[cluster]
-workers = 2
-shards = 2
-[checkpoint]
-every_s = 0
-"""
+PLAIN = JOB.format(items="", pooling="")
 
 
 def one_batch(job, rows: int = 64, seed: int = 0) -> PulledBatch:

@@ -485,6 +485,10 @@ BAD = {
                                  r"forward asks for sparse\['user_id'\] \(at {file}:\d+\), a "
                                  r"field this job lacks \(its sparse fields: c0, c1, c2, c3, "
                                  r"c4, c5, c6, c7\)$"),
+    # the job's fields are single-valued at one width: a worker hands each as a strided view
+    "needs its fields contiguous": (FORWARD.format(body="return sparse['c0'].view(-1)[:4]"),
+                                    r"forward raised RuntimeError: view size is not compatible "
+                                    r".* \(at {file}:\d+\) on a sample batch of 4 rows$"),
     "asks for lengths of a single field": (
         FORWARD.format(body="return lengths['c0'].float()"),
         r"forward asks for lengths\['c0'\] \(at {file}:\d+\), but c0 is not a sequence field "

@@ -102,6 +102,13 @@ class FieldLayout:
     def has_lists(self) -> bool:
         return any(self.pooling)
 
+    @functools.cached_property
+    def sample_major(self) -> bool:
+        """Every field single-valued at the full row width: a worker lays its grid out sample
+        by sample and hands the network the fields side by side (``roles.model.sparse_input``),
+        each field's vectors a strided view of them."""
+        return not self.has_lists and all(d == self.row_dim for d in self.dims)
+
     def slot_range(self, f: int) -> slice:
         return slice(self._starts[f], self._starts[f + 1])
 

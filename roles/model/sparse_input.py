@@ -40,9 +40,7 @@ class SparseInputs:
     def __init__(self, layout: FieldLayout, device: torch.device):
         self.layout, self.device = layout, device
         self.lists = [f for f in range(len(layout.fields)) if layout.is_list(f)]
-        # every field single-valued at the full width: the grid is laid out sample by sample
-        self.sample_major = not layout.has_lists and all(d == layout.row_dim
-                                                         for d in layout.dims)
+        self.sample_major = layout.sample_major   # the grid laid out sample by sample
 
     def sample_order(self, grid: np.ndarray, samples: int) -> np.ndarray:
         """A field-major grid (the protocol's positions; a value, or a row, per position) in

@@ -61,14 +61,20 @@ class DenseAdam:
 
     @torch.no_grad()
     def step(self) -> None:
-        have = [i for i, p in enumerate(self.params) if p.grad is not None]
-        if not have:
+        params: list[torch.Tensor] = []
+        grads: list[torch.Tensor] = []
+        states = []
+        for i, p in enumerate(self.params):
+            if p.grad is not None:
+                params.append(p)
+                grads.append(p.grad)
+                states.append(self._state(i))
+        if not params:
             return
-        states = [self._state(i) for i in have]
-        adam([self.params[i] for i in have], [self.params[i].grad for i in have],
-             [s[0] for s in states], [s[1] for s in states], [], [s[2] for s in states],
-             fused=True if self.fused else None, amsgrad=False, beta1=BETAS[0],
-             beta2=BETAS[1], lr=self.lr, weight_decay=0.0, eps=EPS, maximize=False)
+        adam(params, grads, [s[0] for s in states], [s[1] for s in states], [],
+             [s[2] for s in states], fused=True if self.fused else None, amsgrad=False,
+             beta1=BETAS[0], beta2=BETAS[1], lr=self.lr, weight_decay=0.0, eps=EPS,
+             maximize=False)
 
 
 def dense_adam(params: list[torch.nn.Parameter], lr: float) -> DenseAdam:

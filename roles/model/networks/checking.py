@@ -50,10 +50,17 @@ def sample_lengths(max_len: int, rows: int) -> torch.Tensor:
 def sample_batch(layout: FieldLayout, dense_count: int, rows: int = SAMPLE_ROWS, seed: int = 0
                  ) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, torch.Tensor]]:
     """Random ``(sparse, dense, lengths)`` of the job's shapes, drawn from a generator of its own
-    (the global random state is left alone)."""
+    (the global random state is left alone). Where a worker hands the network every field as
+    a strided view of one tensor (``layout.sample_major``), so does this: a network that
+    needs its inputs contiguous (``.view(-1)``) fails here, at its build, not in a worker."""
     gen = torch.Generator().manual_seed(seed)
     sequences = set(layout.sequence_fields)
-    sparse, lengths = {}, {}
+    sparse: dict[str, torch.Tensor] = {}
+    lengths: dict[str, torch.Tensor] = {}
+    if layout.sample_major:
+        joined = torch.randn(rows, len(layout.fields), layout.row_dim, generator=gen)
+        sparse = dict(zip(layout.fields, joined.unbind(1), strict=True))
+        return sparse, torch.randn(rows, dense_count, generator=gen), lengths
     for f, dim, width in zip(layout.fields, layout.dims, layout.widths, strict=True):
         if f in sequences:
             n = sample_lengths(width, rows)

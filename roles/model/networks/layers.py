@@ -48,7 +48,7 @@ class JoinedFields(dict):
 
 def joined_of(sparse: Mapping[str, torch.Tensor], fields: Sequence[str]) -> torch.Tensor | None:
     """``sparse.joined`` when it is ``fields``' vectors side by side, in that order; else None
-    (a plain dict: a user's inputs, ``zbus-predict``'s, torch.fx's tracing)."""
+    (a plain dict: a user's own inputs, the build's check, torch.fx's tracing)."""
     if isinstance(sparse, JoinedFields) and sparse.fields == list(fields):
         return sparse.joined
     return None
