@@ -66,10 +66,9 @@ def one_batch(job, rows: int = 64, seed: int = 0) -> PulledBatch:
     """A batch of random lengths whose whole grid one shard answers, every row distinct."""
     layout = job.layout()
     rng = np.random.default_rng(seed)
-    lengths = np.stack([rng.integers(0, layout.widths[f] + 1, rows)
-                        for f in range(len(layout.fields)) if layout.is_list(f)]
-                       or [np.zeros(rows, np.int64)], axis=1).astype(np.int32)
-    lengths = lengths[:, :len(layout.list_fields)]
+    drawn = [rng.integers(0, layout.widths[f] + 1, rows)
+             for f in range(len(layout.fields)) if layout.is_list(f)]
+    lengths = (np.stack(drawn, axis=1) if drawn else np.zeros((rows, 0))).astype(np.int32)
     grid = layout.bounds(rows, lengths)[-1]
     inverse = rng.integers(0, grid // 2, grid).astype(np.int32)   # rows used several times
     sample = SampleBatch(batch_id=1, epoch=0, eval=False, min_round=0, round=0,

@@ -40,7 +40,11 @@ class SparseInputs:
     def __init__(self, layout: FieldLayout, device: torch.device):
         self.layout, self.device = layout, device
         self.lists = [f for f in range(len(layout.fields)) if layout.is_list(f)]
-        self.sample_major = layout.sample_major   # the grid laid out sample by sample
+
+    @property
+    def sample_major(self) -> bool:
+        """The grid is laid out sample by sample (``FieldLayout.sample_major``)."""
+        return self.layout.sample_major
 
     def sample_order(self, grid: np.ndarray, samples: int) -> np.ndarray:
         """A field-major grid (the protocol's positions; a value, or a row, per position) in

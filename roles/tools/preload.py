@@ -194,11 +194,10 @@ class Trainer:
             slots[slots < 0] = PAD
             grid, _ = layout.grid(slots)
             lengths = layout.lengths(slots)
-        elif self.inputs.sample_major:   # the slots as they are (``SparseInputs``)
-            grid = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
-            lengths = np.zeros((n, 0), dtype=np.int32)
-        else:   # one slot per field: the grid is the transpose
-            grid = np.ascontiguousarray(rows.T, dtype=np.int64).reshape(-1)
+        else:   # one slot per field: the slots as they are where the grid is sample-major
+            # (``SparseInputs``), else their transpose
+            order = rows if layout.sample_major else rows.T
+            grid = np.ascontiguousarray(order, dtype=np.int64).reshape(-1)
             lengths = np.zeros((n, 0), dtype=np.int32)
         flat = self.embedding(torch.from_numpy(grid))
         sparse, seq_lengths = self.inputs.inputs(flat, n, lengths)
