@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 
 from roles.job.settings import Job, JobError, load_job
+from zbus.heap import keep_heap
 from zbus.logs import setup_logging
 
 MAX_WORKERS = 255
@@ -125,6 +126,7 @@ def role_main(role_cls: Any, argv: list[str] | None = None) -> None:
               f"for this job", file=sys.stderr)
         raise SystemExit(2)
     setup_logging(f"{role}-{args.index}")
+    keep_heap()   # before the role allocates its buffers: zbus.heap says why
     options = {"slowdown": args.slowdown} if role in SLOWED_ROLES else {}
     if role == "ps":
         options["write_delay"] = args.write_delay

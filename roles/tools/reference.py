@@ -38,6 +38,7 @@ from roles.job.settings import Job
 from roles.model.network import build_network, network_logits, set_threads, weighted_loss_sum
 from roles.model.sparse_input import SparseInputs
 from roles.tools.preload import train_preloaded
+from zbus.heap import keep_heap
 
 
 class Reference:
@@ -144,6 +145,7 @@ def main() -> None:
                         "single process; --threads also caps its loading threads)")
     args = parser.parse_args()
     job = load_job_or_exit(args.job, "reference")
+    keep_heap()   # as every role does: the yardstick gets what the cluster gets
     try:
         result = train_preloaded(job, args.threads, psutil.Process().create_time()) \
             if args.preload else train_reference(job, args.threads)
