@@ -6,8 +6,8 @@ each). glibc's defaults give such a buffer back to the kernel when it is freed (
 above a threshold that starts at 128 KiB; the heap's top trimmed once more than twice that
 threshold is free there), and the next message's buffer of the same size page-faults its
 memory in again, a page of 4 KiB at a time, each one zeroed by the kernel. In a Criteo job
-of 3M rows (2 workers, 2 shards) the workers took 490,000-550,000 minor page faults each;
-with the heap kept, 64,000-69,000, and the job's CPU time fell by about 4 %.
+of 3M rows (2 workers, 2 shards) the workers took 396,000-705,000 minor page faults each;
+with the heap kept, 63,000-72,000 (docs/benchmarks.md, "Eleventh round").
 
 ``keep_heap`` sets three of malloc's parameters (``mallopt``) at a role's start:
 allocations below ``MMAP_BELOW`` come from the heap, the heap's free top is given back only
@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+from collections.abc import Mapping
 
 MMAP_BELOW = 32 << 20    # glibc's own ceiling for its moving threshold
 TRIM_ABOVE = 128 << 20
@@ -34,7 +35,7 @@ _OPERATOR_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALL
                        "MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST")
 
 
-def operator_set(environ: dict[str, str] | os._Environ[str]) -> bool:
+def operator_set(environ: Mapping[str, str]) -> bool:
     """Whether the environment sets malloc's parameters itself."""
     return "glibc.malloc." in environ.get("GLIBC_TUNABLES", "") or any(
         name in environ for name in _OPERATOR_VARIABLES)
