@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 from collections.abc import Mapping
 
 MMAP_BELOW = 32 << 20    # glibc's own ceiling for its moving threshold
@@ -41,9 +40,19 @@ def operator_set(environ: Mapping[str, str]) -> bool:
         name in environ for name in _OPERATOR_VARIABLES)
 
 
+def glibc() -> bool:
+    """Whether the C library this process runs on is glibc (asked of the library itself:
+    ``platform.libc_ver`` guesses from the strings of the Python executable, reading all of
+    it)."""
+    try:
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc ")
+    except (ValueError, OSError):   # a C library without the name
+        return False
+
+
 def keep_heap() -> bool:
     """Tune this process's malloc as above; whether it was (glibc, and not set already)."""
-    if platform.libc_ver()[0] != "glibc" or operator_set(os.environ):
+    if not glibc() or operator_set(os.environ):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
