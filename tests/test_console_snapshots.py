@@ -19,6 +19,7 @@ import math
 import orjson
 import pytest
 from harness import REPO
+from textual.widgets import Input
 
 from console.app import ZbusConsole
 from console.bus import LinkChanged, StatusArrived
@@ -45,6 +46,13 @@ def at(status: dict, second: int) -> dict:
         if n.get("rss") is not None:
             n["rss"] = round(n["rss"] * (1 + 0.1 * (HISTORY + second) / HISTORY))
     return s
+
+
+@pytest.fixture(autouse=True)
+def steady_cursor(monkeypatch):
+    """An input's cursor blinks every 0.5 s from when it has the focus: on a busy machine the
+    screenshot may come later than that, and catch it hidden. Here it stays shown."""
+    monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
 
 
 async def connected(pilot, status: dict = STATUS, history: int = HISTORY) -> None:

@@ -128,7 +128,10 @@ class Course:
         self.finish_status = status
         self.phase = "finishing"
         self.commands.standing.clear()
-        self.finish_deadline = now + max(3 * self.job.cluster.heartbeat_s, 2.0)
+        # a live node answers within a heartbeat or two; one that does not within
+        # node_timeout_s is failed anyway (its figures stay those of its last heartbeat)
+        c = self.job.cluster
+        self.finish_deadline = now + max(3 * c.heartbeat_s, c.node_timeout_s)
         self.commands.publish(Finish(), "finish")
 
     def to_state(self) -> CourseState:

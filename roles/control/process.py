@@ -546,6 +546,10 @@ class Control(Loop):
             return
         if self.course.phase == "finishing" and (now > self.course.finish_deadline
                                                  or self.members.all_final()):
+            late = self.members.not_final(alive=True)
+            if late:
+                log.warning("no final counters from %s: the summary has their last "
+                            "heartbeat's", ", ".join(late))
             self.end(*self.course.finish_status)
 
     def wait_for_nodes(self, now: float) -> None:
@@ -760,6 +764,7 @@ class Control(Loop):
                                                        "uptime_s": now - self.started}},
                               wall_s=now - self.started + self.run_before_s)
         summary["resume_from"] = self.resume_from
+        summary["counters_not_final"] = self.members.not_final()
         path = self.run_dir / "summary.json"
         atomic_write(path, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         if self.job.checkpoint.dir:   # beside the checkpoints too: a pod whose disk is gone

@@ -115,4 +115,10 @@ class Members:
                 if s.ready and s.status == ALIVE and now - s.last_seen > timeout]
 
     def all_final(self) -> bool:
-        return all(s.final for s in self.nodes.values() if s.ready and s.status == ALIVE)
+        return not self.not_final(alive=True)
+
+    def not_final(self, alive: bool = False) -> list[str]:
+        """Nodes whose figures are those of a heartbeat before Finish (every node's, before
+        the job finishes; a failed node's always); ``alive``: of the live, ready nodes only."""
+        return [n for n, s in self.nodes.items() if not s.final
+                and (not alive or (s.ready and s.status == ALIVE))]
