@@ -97,8 +97,11 @@ def test_a_job_serves_prometheus_metrics_and_writes_tensorboard_events(cluster):
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and c.procs["control-0"].poll() is None:
         m = scrape(port)
+        # the figures of a moment: training (samples per second), and the shards' load share
+        # (keys served since their previous heartbeats: none across an epoch's end, at times)
         if m and "zbus_eval_auc" in m and "zbus_train_loss" in m and any(s.value > 0 for s in
-                                              m.get("zbus_node_samples_per_second", [])):
+                                              m.get("zbus_node_samples_per_second", [])) \
+                and "zbus_shard_load_share" in m:
             seen = m
             break
         time.sleep(0.2)
