@@ -8,9 +8,11 @@ are skipped), ``LinkChanged`` (connected or not, and why) and ``ReplyArrived`` (
 request, or a refusal when none came). Requests go one at a time, in order, through ``request``.
 
 ZeroMQ reconnects by itself when control restarts; on top of that, when no status has come for
-``silence_s`` the link says so and opens its sockets afresh every ``silence_s`` (a DEALER whose
-request went unanswered is replaced at once, so that a late reply cannot be taken for the next
-request's).
+``silence_s`` the link says so, and after ``REOPEN_AFTER`` times as long it opens its status
+socket afresh, then again at that interval (not sooner: a control busy for a few seconds at
+the job's end publishes its final status, and exits moments later, while a socket opened
+afresh may still be subscribing, and miss it). A DEALER whose request went unanswered is
+replaced at once, so that a late reply cannot be taken for the next request's.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from zbus.codec import ProtocolError
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05  # the sockets are polled without blocking, then the task sleeps this long
+REOPEN_AFTER = 4  # x silence_s without a status: the status socket is opened afresh
 
 
 class StatusArrived(Message):
@@ -131,7 +134,9 @@ class BusLink:
                 heard = self.last_status is not None and now - self.last_status < self.silence_s
                 if not heard:
                     self._link(False, self._silence(now))
-                    if now - opened > self.silence_s:  # start afresh while control is away
+                    if now - opened > REOPEN_AFTER * self.silence_s \
+                            and (self.last_status is None
+                                 or now - self.last_status > REOPEN_AFTER * self.silence_s):
                         poller.unregister(sub)
                         sub.close(0)
                         sub = self._open(ctx, "status")
