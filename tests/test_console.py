@@ -83,13 +83,14 @@ def test_node_table_failed_worker_and_the_actions_reach_control(cluster):
             assert "alive" in state_cell(app, "worker-0")
             # aggregate now: with min_local_rounds out of reach only an operator calls rounds
             rounds = len(events("aggregate"))
-            for _ in range(5):  # a round of the mode's own (an epoch's end) may be in flight:
-                await until(pilot, lambda: not app.snapshot["round_in_flight"],  # control
-                            "no round in flight")                # refuses then, as it should
+            for _ in range(5):  # a round of the mode's own (an epoch's end) may be in flight,
+                await until(pilot, lambda: not app.snapshot["round_in_flight"]  # or the epoch
+                            and app.snapshot["phase"] == "training",  # evaluated: control
+                            "training, no round in flight")    # refuses then, as it should
                 await pilot.press("a")
                 said = await until(pilot, lambda: (n := notice(pilot)).startswith(
                     "aggregate: ") and "asking" not in n and n, "control's answer")
-                if "still in flight" not in said:
+                if "still in flight" not in said and "not training" not in said:
                     break
             assert said.startswith("aggregate: round "), said
             await until(pilot, lambda: any(
