@@ -134,9 +134,9 @@ class BusLink:
                 heard = self.last_status is not None and now - self.last_status < self.silence_s
                 if not heard:
                     self._link(False, self._silence(now))
-                    if now - opened > REOPEN_AFTER * self.silence_s \
-                            and (self.last_status is None
-                                 or now - self.last_status > REOPEN_AFTER * self.silence_s):
+                    # since the socket was opened, or since it last heard, if later
+                    quiet_since = max(opened, self.last_status or opened)
+                    if now - quiet_since > REOPEN_AFTER * self.silence_s:
                         poller.unregister(sub)
                         sub.close(0)
                         sub = self._open(ctx, "status")

@@ -544,9 +544,10 @@ class Control(Loop):
             self.maybe_aggregate()
         if not self.check_moving(now):
             return
-        if self.course.phase == "finishing" and (now > self.course.finish_deadline
-                                                 or self.members.all_final()):
+        if self.course.phase == "finishing":
             late = self.members.not_final(alive=True)
+            if late and now <= self.course.finish_deadline:
+                return
             if late:
                 log.warning("no final counters from %s: the summary has their last "
                             "heartbeat's", ", ".join(late))

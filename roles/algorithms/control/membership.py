@@ -114,9 +114,6 @@ class Members:
         return [n for n, s in self.nodes.items()
                 if s.ready and s.status == ALIVE and now - s.last_seen > timeout]
 
-    def all_final(self) -> bool:
-        return not self.not_final(alive=True)
-
     def not_final(self, alive: bool = False) -> list[str]:
         """Nodes whose figures are those of a heartbeat before Finish (every node's, before
         the job finishes; a failed node's always); ``alive``: of the live, ready nodes only."""
