@@ -188,3 +188,36 @@ def test_resume_refuses_a_run_that_ended_or_another_job(cluster):
     assert other.wait(timeout=60) == 2
     assert "ran another job ([train] epochs = 1 in the run, 2 now)" in c.log("control-other"), \
         c.log("control-other")
+
+
+def test_a_stalled_host_fails_no_node(cluster):
+    """Silences control could not have heard fail no node: first every node but control is
+    stopped for longer than node_timeout_s (every node silent at once), then every process,
+    control too (its own loop stalls; it is continued first, so it looks before they speak).
+    Each stall gives the nodes a fresh timeout; the job finishes with its every node."""
+    c = cluster(ADULT_JOB, train__epochs=2, cluster__node_timeout_s=3.0, **SLOW)
+    c.start_all(slowdown={0: 3.0, 1: 3.0})
+    c.wait_for_event(mid_epoch)
+    nodes = [p for name, p in c.procs.items() if name != "control-0"]
+    for p in nodes:
+        p.send_signal(signal.SIGSTOP)
+    time.sleep(4.5)  # control excuses them after 3 s; they speak again well within 3 more
+    for p in nodes:
+        p.send_signal(signal.SIGCONT)
+    time.sleep(2.0)
+    for p in [c.procs["control-0"], *nodes]:
+        p.send_signal(signal.SIGSTOP)
+    time.sleep(5.0)
+    c.procs["control-0"].send_signal(signal.SIGCONT)
+    time.sleep(0.5)
+    for p in nodes:
+        p.send_signal(signal.SIGCONT)
+    assert c.wait() == 0, c.logs()
+    s = c.summary()
+    assert s["ok"], s["reason"]
+    assert [e for e in s["membership"] if e["event"] != "joined"] == [], s["membership"]
+    whys = [e["why"] for e in s["stalls"]]
+    assert len(whys) == s["stalls_total"] == 2, whys
+    assert whys[0].startswith("every live node went silent at once"), whys
+    assert whys[1].startswith("control's own loop stalled"), whys
+    assert "missed heartbeats" not in c.log("control-0")

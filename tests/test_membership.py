@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from roles.algorithms.control.membership import Members
+from roles.algorithms.control.membership import Members, Stalls
 
 EXPECTED = ["feeder-0", "aggregator-0", "ps-0", "worker-0", "worker-1"]
 
@@ -60,3 +60,58 @@ def test_the_job_finishes_once_every_live_node_sent_its_final_counters():
     m.nodes["worker-0"].final = True
     assert m.not_final(alive=True) == []           # the job may end
     assert m.not_final() == ["worker-1"]           # what the summary lists
+
+
+def beat(m: Members, now: float, *nodes: str) -> None:
+    for n in nodes or EXPECTED:
+        m.nodes[n].last_seen = now
+
+
+def test_control_stalled_gives_every_live_node_a_fresh_timeout_once():
+    m, stalls = started(), Stalls(timeout=3.0, heartbeat=0.5, started=0.0)
+    assert stalls.check(1.0, m) == ""
+    beat(m, 1.4, "feeder-0", "aggregator-0", "ps-0", "worker-0")  # worker-1 died at 1.0
+    m.nodes["feeder-0"].probe_pending_since = 1.2
+    assert stalls.check(2.0, m) == ""  # a gap of a second: no stall
+    why = stalls.check(6.0, m)         # control did not run for 4 s
+    assert "control's own loop stalled for 4.0 s" in why
+    assert m.silent(6.0, 3.0) == [] and m.nodes["feeder-0"].probe_pending_since is None
+    assert list(stalls.events) == [{"t": 6.0, "why": why, "nodes": 5}] and stalls.count == 1
+    for now in (6.5, 7.0, 7.5, 8.0, 8.5, 9.0, 9.1):  # worker-1 stays silent: failed now
+        beat(m, now, "feeder-0", "aggregator-0", "ps-0", "worker-0")
+        assert stalls.check(now, m) == ""
+    assert m.silent(9.1, 3.0) == ["worker-1"]
+
+
+def test_every_node_silent_at_once_is_a_stall_once_and_not_a_second_time():
+    m, stalls = started(), Stalls(timeout=3.0, heartbeat=0.5, started=0.0)
+    for now in (1.5, 2.0, 2.5, 3.0, 3.5, 4.0):
+        assert stalls.check(now, m) == ""
+    assert m.silent(4.1, 3.0) == EXPECTED
+    assert "every live node went silent at once (for 3.1 s at least)" in stalls.check(4.1, m)
+    assert m.silent(4.2, 3.0) == []
+    for now in (4.5, 5.0, 5.5, 6.0, 6.5, 7.0):  # nobody speaks again: they are lost
+        assert stalls.check(now, m) == ""
+    assert stalls.check(7.2, m) == "" and m.silent(7.2, 3.0) == EXPECTED
+    assert len(stalls.events) == stalls.count == 1
+
+
+def test_some_nodes_silent_are_no_stall_and_a_lone_node_is_failed_at_once():
+    m, stalls = started(), Stalls(timeout=3.0, heartbeat=0.5, started=0.0)
+    beat(m, 3.9, "feeder-0", "aggregator-0", "ps-0")
+    for now in (1.5, 2.0, 2.5, 3.0, 3.5, 4.0):
+        assert stalls.check(now, m) == ""
+    assert stalls.check(4.1, m) == "" and m.silent(4.1, 3.0) == ["worker-0", "worker-1"]
+    lone = Members(["feeder-0"], max_workers=255, started=0.0)
+    lone.admit("feeder-0", "feeder", 0, "h", 1, now=1.0)
+    lone.mark_ready("feeder-0", now=1.0)
+    assert not lone.all_silent(4.1, 3.0) and lone.silent(4.1, 3.0) == ["feeder-0"]
+
+
+def test_nodes_that_spoke_after_a_stall_and_stall_again_get_a_fresh_timeout_again():
+    m = started()
+    m.excuse(2.0)
+    beat(m, 2.5)
+    assert m.all_silent(5.6, 3.0)
+    beat(m, 2.0, "worker-1")  # one of them silent since the fresh timeout: no second one
+    assert not m.all_silent(5.6, 3.0)

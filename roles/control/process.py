@@ -42,7 +42,7 @@ import orjson
 import psutil
 import zmq
 
-from roles.algorithms.control.membership import ALIVE, Members, NodeState
+from roles.algorithms.control.membership import ALIVE, Members, NodeState, Stalls
 from roles.algorithms.control.status import StatusBuilder
 from roles.algorithms.control.summary import feeder_totals, table_figures
 from roles.algorithms.shared.progress import Every, describe, epoch_line, seconds
@@ -163,6 +163,7 @@ class Control(Loop):
             atomic_write(self.run_dir / "config.toml", job_to_toml(job).encode())
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
         self.members = Members(c.expected_nodes(), MAX_WORKERS, self.started)
+        self.stalls = Stalls(c.node_timeout_s, self.heartbeat_s, self.started)
         self.progress = ProgressClock(self.started)
         self.commands = Commands(lambda msg: self.send(self.pub, msg), self.save_state)
         # the components
@@ -567,8 +568,12 @@ class Control(Loop):
 
     def check_silent(self, now: float) -> bool:
         """Nodes silent for node_timeout_s: each role as it may be lost; False when the job
-        has failed."""
+        has failed. A silence control could not have heard (``Stalls``) fails no node."""
         c = self.job.cluster
+        stalled = self.stalls.check(now, self.members)
+        if stalled:
+            log.warning("%s: every live node has node_timeout_s = %s more before it is "
+                        "failed", stalled, c.node_timeout_s)
         for node_id in self.members.silent(now, c.node_timeout_s):
             node = self.members.nodes[node_id]
             reason = (f"{node_id} missed heartbeats for {now - node.last_seen:.1f} s "
@@ -766,6 +771,8 @@ class Control(Loop):
                               wall_s=now - self.started + self.run_before_s)
         summary["resume_from"] = self.resume_from
         summary["counters_not_final"] = self.members.not_final()
+        summary["stalls"] = list(self.stalls.events)
+        summary["stalls_total"] = self.stalls.count
         path = self.run_dir / "summary.json"
         atomic_write(path, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         if self.job.checkpoint.dir:   # beside the checkpoints too: a pod whose disk is gone

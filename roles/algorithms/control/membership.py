@@ -4,14 +4,20 @@ Every node that said Hello has a record. The job starts when the expected nodes 
 the aggregator, the shards and the first ``workers`` workers) are all ready. Workers may join
 later under any new index, leave (SIGTERM), or fail (silent for ``node_timeout_s``); each of
 these changes the live worker set and raises ``version``. ``events`` is the history.
+
+``Stalls`` tells a silence control could not have heard from a lost node: control's own loop
+stalled (its host was starved or stopped), or every node went silent at once (their host, or
+control's network, stalled). Either way each live node gets a fresh ``node_timeout_s``, once.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 ALIVE, FAILED, LEFT = "alive", "failed", "left"
+KEEP_STALLS = 100  # the stalls a summary lists (all are counted)
 
 
 @dataclass
@@ -38,6 +44,7 @@ class Members:
         self.nodes: dict[str, NodeState] = {}
         self.version = 0
         self.events: list[dict[str, Any]] = []
+        self.excused_at: float | None = None  # the latest fresh timeout (Stalls)
 
     def refusal(self, node_id: str, role: str, index: int, pid: int) -> str:
         """Why a Hello cannot be admitted ('' when it can)."""
@@ -114,8 +121,64 @@ class Members:
         return [n for n, s in self.nodes.items()
                 if s.ready and s.status == ALIVE and now - s.last_seen > timeout]
 
+    def excuse(self, now: float) -> list[str]:
+        """Give every live, ready node a fresh timeout from ``now`` and forget its pending
+        probe (control could not have heard it); returns those nodes."""
+        self.excused_at = now
+        nodes = [n for n, s in self.nodes.items() if s.ready and s.status == ALIVE]
+        for n in nodes:
+            self.nodes[n].last_seen = max(self.nodes[n].last_seen, now)
+            self.nodes[n].probe_pending_since = None
+        return nodes
+
+    def all_silent(self, now: float, timeout: float) -> bool:
+        """Every live, ready node (two at least) silent for ``timeout``, and none of them
+        silent since a fresh timeout already given: a stall rather than as many deaths."""
+        live = self.live_nodes()
+        return (len(live) >= 2 and all(now - s.last_seen > timeout for s in live)
+                and (self.excused_at is None
+                     or all(s.last_seen > self.excused_at for s in live)))
+
     def not_final(self, alive: bool = False) -> list[str]:
         """Nodes whose figures are those of a heartbeat before Finish (every node's, before
         the job finishes; a failed node's always); ``alive``: of the live, ready nodes only."""
         return [n for n, s in self.nodes.items() if not s.final
                 and (not alive or (s.ready and s.status == ALIVE))]
+
+
+class Stalls:
+    """Silences control could not have heard. Control calls ``check`` before it times nodes
+    out; a stall gives every live node a fresh timeout (``Members.excuse``) and is recorded.
+
+    - control's own loop went more than half a timeout (and three heartbeats) between two
+      checks: its host was starved or the process stopped, and a live node's heartbeats
+      may not have been sent, or not read yet;
+    - every live node is silent at once (``Members.all_silent``): a stall of their host or
+      of control's network is likelier than every process dying in the same heartbeat.
+      Nodes still silent a timeout later are failed as usual.
+    """
+
+    def __init__(self, timeout: float, heartbeat: float, started: float):
+        self.timeout = timeout
+        self.gap_limit = max(timeout / 2, 3 * heartbeat)
+        self.started = started
+        self.last_check: float | None = None
+        self.count = 0
+        self.events: deque[dict[str, Any]] = deque(maxlen=KEEP_STALLS)  # the latest
+
+    def check(self, now: float, members: Members) -> str:
+        """'' when nothing stalled, else why each live node got a fresh timeout."""
+        gap = 0.0 if self.last_check is None else now - self.last_check
+        self.last_check = now
+        if gap > self.gap_limit:
+            why = f"control's own loop stalled for {gap:.1f} s"
+        elif members.all_silent(now, self.timeout):
+            quiet = min(now - s.last_seen for s in members.live_nodes())
+            why = f"every live node went silent at once (for {quiet:.1f} s at least)"
+        else:
+            return ""
+        nodes = members.excuse(now)
+        self.count += 1
+        self.events.append({"t": round(now - self.started, 3), "why": why,
+                            "nodes": len(nodes)})
+        return why
