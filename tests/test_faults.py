@@ -195,13 +195,14 @@ def test_a_stalled_host_fails_no_node(cluster):
     stopped for longer than node_timeout_s (every node silent at once), then every process,
     control too (its own loop stalls; it is continued first, so it looks before they speak).
     Each stall gives the nodes a fresh timeout; the job finishes with its every node."""
-    c = cluster(ADULT_JOB, train__epochs=2, cluster__node_timeout_s=3.0, **SLOW)
+    c = cluster(ADULT_JOB, train__epochs=2, cluster__node_timeout_s=5.0, **SLOW)
     c.start_all(slowdown={0: 3.0, 1: 3.0})
     c.wait_for_event(mid_epoch)
     nodes = [p for name, p in c.procs.items() if name != "control-0"]
     for p in nodes:
         p.send_signal(signal.SIGSTOP)
-    time.sleep(4.5)  # control excuses them after 3 s; they speak again well within 3 more
+    # the first is due 4 to 5 s in (their last heartbeats, 1 s apart): control gives them all
+    time.sleep(6.5)  # a fresh 5 s then, and they speak again well within it
     for p in nodes:
         p.send_signal(signal.SIGCONT)
     time.sleep(2.0)

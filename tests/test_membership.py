@@ -85,10 +85,12 @@ def test_control_stalled_gives_every_live_node_a_fresh_timeout_once():
 
 def test_every_node_silent_at_once_is_a_stall_once_and_not_a_second_time():
     m, stalls = started(), Stalls(timeout=3.0, heartbeat=0.5, started=0.0)
+    for i, node in enumerate(EXPECTED):  # their last heartbeats, up to one apart
+        beat(m, 1.0 + 0.1 * i, node)
     for now in (1.5, 2.0, 2.5, 3.0, 3.5, 4.0):
         assert stalls.check(now, m) == ""
-    assert m.silent(4.1, 3.0) == EXPECTED
-    assert "every live node went silent at once (for 3.1 s at least)" in stalls.check(4.1, m)
+    assert m.silent(4.1, 3.0) == ["feeder-0"]  # the first due: the others are quiet too
+    assert "every live node went silent at once (for 2.7 s at least)" in stalls.check(4.1, m)
     assert m.silent(4.2, 3.0) == []
     for now in (4.5, 5.0, 5.5, 6.0, 6.5, 7.0):  # nobody speaks again: they are lost
         assert stalls.check(now, m) == ""
@@ -98,20 +100,31 @@ def test_every_node_silent_at_once_is_a_stall_once_and_not_a_second_time():
 
 def test_some_nodes_silent_are_no_stall_and_a_lone_node_is_failed_at_once():
     m, stalls = started(), Stalls(timeout=3.0, heartbeat=0.5, started=0.0)
-    beat(m, 3.9, "feeder-0", "aggregator-0", "ps-0")
     for now in (1.5, 2.0, 2.5, 3.0, 3.5, 4.0):
+        beat(m, now, "feeder-0", "aggregator-0", "ps-0")
         assert stalls.check(now, m) == ""
     assert stalls.check(4.1, m) == "" and m.silent(4.1, 3.0) == ["worker-0", "worker-1"]
     lone = Members(["feeder-0"], max_workers=255, started=0.0)
     lone.admit("feeder-0", "feeder", 0, "h", 1, now=1.0)
     lone.mark_ready("feeder-0", now=1.0)
-    assert not lone.all_silent(4.1, 3.0) and lone.silent(4.1, 3.0) == ["feeder-0"]
+    assert not lone.all_quiet(4.1, 1.0) and lone.silent(4.1, 3.0) == ["feeder-0"]
 
 
-def test_nodes_that_spoke_after_a_stall_and_stall_again_get_a_fresh_timeout_again():
-    m = started()
-    m.excuse(2.0)
-    beat(m, 2.5)
-    assert m.all_silent(5.6, 3.0)
-    beat(m, 2.0, "worker-1")  # one of them silent since the fresh timeout: no second one
-    assert not m.all_silent(5.6, 3.0)
+def test_a_dead_node_gets_one_fresh_timeout_however_often_control_stalls():
+    m, stalls = started(), Stalls(timeout=3.0, heartbeat=0.5, started=0.0)
+    assert stalls.gap_limit == 1.5 and stalls.quiet == 1.0
+    now = 1.0
+    assert stalls.check(now, m) == ""
+    for _ in range(6):  # control stalls 2 s every 2.5 s; worker-1 died at 1.0
+        now += 0.5
+        beat(m, now, "feeder-0", "aggregator-0", "ps-0", "worker-0")
+        stalls.check(now, m)
+        now += 2.0
+        assert stalls.check(now, m).startswith("control's own loop stalled")
+    assert stalls.count == 6 and [e["nodes"] for e in stalls.events] == [5, 4, 4, 4, 4, 4]
+    assert m.silent(now, 3.0) == ["worker-1"]
+
+
+def test_a_timeout_within_a_heartbeat_or_two_looks_for_no_quiet():
+    assert Stalls(timeout=1.0, heartbeat=1.0, started=0.0).quiet <= 0
+    assert Stalls(timeout=10.0, heartbeat=1.0, started=0.0).quiet == 2.0

@@ -122,22 +122,21 @@ class Members:
                 if s.ready and s.status == ALIVE and now - s.last_seen > timeout]
 
     def excuse(self, now: float) -> list[str]:
-        """Give every live, ready node a fresh timeout from ``now`` and forget its pending
+        """Give a fresh timeout from ``now`` to every live, ready node heard from since the
+        last one given (a node silent since then gets no second), and forget its pending
         probe (control could not have heard it); returns those nodes."""
-        self.excused_at = now
-        nodes = [n for n, s in self.nodes.items() if s.ready and s.status == ALIVE]
+        before, self.excused_at = self.excused_at, now
+        nodes = [n for n, s in self.nodes.items() if s.ready and s.status == ALIVE
+                 and (before is None or s.last_seen > before)]
         for n in nodes:
             self.nodes[n].last_seen = max(self.nodes[n].last_seen, now)
             self.nodes[n].probe_pending_since = None
         return nodes
 
-    def all_silent(self, now: float, timeout: float) -> bool:
-        """Every live, ready node (two at least) silent for ``timeout``, and none of them
-        silent since a fresh timeout already given: a stall rather than as many deaths."""
+    def all_quiet(self, now: float, quiet: float) -> bool:
+        """Every live, ready node (two at least) silent for longer than ``quiet``."""
         live = self.live_nodes()
-        return (len(live) >= 2 and all(now - s.last_seen > timeout for s in live)
-                and (self.excused_at is None
-                     or all(s.last_seen > self.excused_at for s in live)))
+        return len(live) >= 2 and all(now - s.last_seen > quiet for s in live)
 
     def not_final(self, alive: bool = False) -> list[str]:
         """Nodes whose figures are those of a heartbeat before Finish (every node's, before
@@ -148,36 +147,43 @@ class Members:
 
 class Stalls:
     """Silences control could not have heard. Control calls ``check`` before it times nodes
-    out; a stall gives every live node a fresh timeout (``Members.excuse``) and is recorded.
+    out; a stall gives every live node a fresh timeout (``Members.excuse``: once, to a node
+    silent since the last one) and is recorded.
 
-    - control's own loop went more than half a timeout (and three heartbeats) between two
-      checks: its host was starved or the process stopped, and a live node's heartbeats
-      may not have been sent, or not read yet;
-    - every live node is silent at once (``Members.all_silent``): a stall of their host or
-      of control's network is likelier than every process dying in the same heartbeat.
-      Nodes still silent a timeout later are failed as usual.
+    - control's own loop went more than half a timeout (and one and a half heartbeats)
+      between two checks: its host was starved or the process stopped, and a live node's
+      heartbeats may not have been sent, or not read yet;
+    - a node is due to be failed while every live node has been silent for longer than
+      ``quiet`` (two heartbeats, less when the timeout is short: the nodes' last heartbeats
+      before a stall are up to one heartbeat apart, and the first to reach the timeout must
+      find the others quiet): a stall of their host or of control's network is likelier than
+      every process dying within the same heartbeat.
     """
 
     def __init__(self, timeout: float, heartbeat: float, started: float):
         self.timeout = timeout
-        self.gap_limit = max(timeout / 2, 3 * heartbeat)
+        self.gap_limit = max(timeout / 2, 1.5 * heartbeat)
+        self.quiet = min(2 * heartbeat, (timeout - heartbeat) / 2)  # <= 0: not looked for
         self.started = started
         self.last_check: float | None = None
         self.count = 0
         self.events: deque[dict[str, Any]] = deque(maxlen=KEEP_STALLS)  # the latest
 
     def check(self, now: float, members: Members) -> str:
-        """'' when nothing stalled, else why each live node got a fresh timeout."""
+        """'' when nothing stalled, else why live nodes got a fresh timeout."""
         gap = 0.0 if self.last_check is None else now - self.last_check
         self.last_check = now
         if gap > self.gap_limit:
             why = f"control's own loop stalled for {gap:.1f} s"
-        elif members.all_silent(now, self.timeout):
+        elif (self.quiet > 0 and members.silent(now, self.timeout)
+              and members.all_quiet(now, self.quiet)):
             quiet = min(now - s.last_seen for s in members.live_nodes())
             why = f"every live node went silent at once (for {quiet:.1f} s at least)"
         else:
             return ""
         nodes = members.excuse(now)
+        if not nodes:  # each silent since the last stall: they are failed now
+            return ""
         self.count += 1
         self.events.append({"t": round(now - self.started, 3), "why": why,
                             "nodes": len(nodes)})
