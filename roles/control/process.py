@@ -572,8 +572,9 @@ class Control(Loop):
         c = self.job.cluster
         stalled = self.stalls.check(now, self.members)
         if stalled:
-            log.warning("%s: every live node has node_timeout_s = %s more before it is "
-                        "failed", stalled, c.node_timeout_s)
+            log.warning("%s: each live node heard from since the last stall has "
+                        "node_timeout_s = %s more before it is failed", stalled,
+                        c.node_timeout_s)
         for node_id in self.members.silent(now, c.node_timeout_s):
             node = self.members.nodes[node_id]
             reason = (f"{node_id} missed heartbeats for {now - node.last_seen:.1f} s "

@@ -44,7 +44,6 @@ class Members:
         self.nodes: dict[str, NodeState] = {}
         self.version = 0
         self.events: list[dict[str, Any]] = []
-        self.excused_at: float | None = None  # the latest fresh timeout (Stalls)
 
     def refusal(self, node_id: str, role: str, index: int, pid: int) -> str:
         """Why a Hello cannot be admitted ('' when it can)."""
@@ -121,17 +120,16 @@ class Members:
         return [n for n, s in self.nodes.items()
                 if s.ready and s.status == ALIVE and now - s.last_seen > timeout]
 
-    def excuse(self, now: float) -> list[str]:
-        """Give a fresh timeout from ``now`` to every live, ready node heard from since the
-        last one given (a node silent since then gets no second), and forget its pending
-        probe (control could not have heard it); returns those nodes."""
-        before, self.excused_at = self.excused_at, now
-        nodes = [n for n, s in self.nodes.items() if s.ready and s.status == ALIVE
-                 and (before is None or s.last_seen > before)]
-        for n in nodes:
-            self.nodes[n].last_seen = max(self.nodes[n].last_seen, now)
-            self.nodes[n].probe_pending_since = None
-        return nodes
+    def excuse(self, now: float, heard_after: float | None) -> int:
+        """Give a fresh timeout from ``now`` to every live, ready node heard from after
+        ``heard_after`` (any, when None), and forget its pending probe (control could not
+        have heard it); returns how many."""
+        fresh = [s for s in self.live_nodes()
+                 if heard_after is None or s.last_seen > heard_after]
+        for s in fresh:
+            s.last_seen = now
+            s.probe_pending_since = None
+        return len(fresh)
 
     def all_quiet(self, now: float, quiet: float) -> bool:
         """Every live, ready node (two at least) silent for longer than ``quiet``."""
@@ -166,6 +164,7 @@ class Stalls:
         self.quiet = min(2 * heartbeat, (timeout - heartbeat) / 2)  # <= 0: not looked for
         self.started = started
         self.last_check: float | None = None
+        self.excused_at: float | None = None  # the latest fresh timeout given
         self.count = 0
         self.events: deque[dict[str, Any]] = deque(maxlen=KEEP_STALLS)  # the latest
 
@@ -181,10 +180,10 @@ class Stalls:
             why = f"every live node went silent at once (for {quiet:.1f} s at least)"
         else:
             return ""
-        nodes = members.excuse(now)
+        nodes = members.excuse(now, heard_after=self.excused_at)  # once to a silent node
+        self.excused_at = now
         if not nodes:  # each silent since the last stall: they are failed now
             return ""
         self.count += 1
-        self.events.append({"t": round(now - self.started, 3), "why": why,
-                            "nodes": len(nodes)})
+        self.events.append({"t": round(now - self.started, 3), "why": why, "nodes": nodes})
         return why
