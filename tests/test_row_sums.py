@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -51,3 +55,31 @@ def test_a_gradient_that_is_not_contiguous_or_float32_takes_the_right_path():
     assert np.array_equal(RowSums(CPU).sums(index, grads, 4), expect)
     assert np.array_equal(RowSums(CPU).sums(index, grads.double(), 4), expect)
 
+
+
+@pytest.mark.integration
+def test_the_first_calls_of_the_compiled_loops_import_nothing():
+    """The loops are ready when their users are made: a shard's first look-up and Adagrad and
+    a worker's first row sums import no module (numba's typing of an array argument used to
+    import ``numpy.ma`` at the first call: 7-8 ms on a job's first batch, in each role). In a
+    fresh interpreter, since this one has imported everything already."""
+    code = """if True:
+        import sys, time
+        import numpy as np, torch
+        from roles.algorithms.shard.admission import Admission
+        from roles.algorithms.shard.embedding_table import EmbeddingTable
+        from roles.model.row_sums import RowSums
+        admission = Admission(0, 0, 2, 0, 0, time.monotonic())
+        table = EmbeddingTable(4, 0.05, 0.05, seed=1, defaults=admission.defaults)
+        sums = RowSums(torch.device("cpu"))
+        before = set(sys.modules)
+        keys = np.arange(16, dtype=np.int64) * 7919
+        got = admission.map_batch(table, keys, np.arange(16, dtype=np.int32), [0, 8, 16])
+        table.adagrad(got.rows, np.ones((len(got.rows), 4), np.float32))
+        sums.sums(got.inverse.astype(np.int64), torch.ones(16, 4), len(got.rows))
+        print(sorted(set(sys.modules) - before))
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -13,6 +13,7 @@ soak's warm-up). Here, in the data layer, because the keys are its lowest user.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable
 from typing import Any
@@ -20,12 +21,26 @@ from typing import Any
 AVAILABLE = importlib.util.find_spec("numba") is not None
 
 
+@functools.cache
+def _typing_ready() -> None:
+    """Type one array argument the way a call does, once per process. numba's typing of an
+    array asks whether it is a ``numpy.ma`` array, which numpy imports at that first use: 7-8
+    ms of CPU that would otherwise fall on the first batch (a shard's first look-up took 8.7
+    ms instead of 1.0, a worker's first step as much more)."""
+    import numpy as np
+    from numba import typeof
+
+    typeof(np.zeros(1))
+
+
 def compiled(signatures: list[Any], function: Callable[..., Any], **options: Any) -> Any:
     """``function`` compiled for ``signatures`` now, without the GIL, cached on disk where
     numba finds a writable place (beside the module, else the user's cache directory), else
-    compiled in memory only (about a second more at the start)."""
+    compiled in memory only (about a second more at the start); the first call's argument
+    typing made ready too."""
     from numba import njit
 
+    _typing_ready()
     try:
         return njit(signatures, cache=True, nogil=True, **options)(function)
     except RuntimeError:   # numba: no locator available (read-only source, no writable home)
