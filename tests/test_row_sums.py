@@ -56,7 +56,6 @@ def test_a_gradient_that_is_not_contiguous_or_float32_takes_the_right_path():
     assert np.array_equal(RowSums(CPU).sums(index, grads.double(), 4), expect)
 
 
-
 @pytest.mark.integration
 def test_the_first_calls_of_the_compiled_loops_import_nothing():
     """The loops are ready when their users are made: a shard's first look-up and Adagrad and
