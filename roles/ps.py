@@ -496,6 +496,8 @@ class Shard(Node):
         if stopped is not None:
             log.info("%s: exiting while it wrote checkpoint %d: the writer is stopped (that "
                      "checkpoint cannot be completed now)", self.node_id, stopped)
+        if self.applied_log is not None:
+            self.applied_log.close()
         super().close()
 
     # -- the work per window: the capacity predictor's records -----------------------------------

@@ -48,7 +48,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
@@ -634,9 +633,9 @@ class Worker(Node):
                 self.to_control(report)
         super().on_tick(now)
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def on_signal(self, signum: int) -> None:
         if self.leaving or self.quiet_stop() or not self.welcomed or self.state == "starting":
-            super()._on_signal(signum, frame)  # nothing to hand back, or asked twice
+            super().on_signal(signum)  # nothing to hand back, or asked twice
             return
         log.info("%s: asked to stop; finishing its batches, then leaving", self.node_id)
         self.leaving = True

@@ -36,14 +36,12 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-from harness import criteo_data, job_text  # noqa: E402
 
 from roles.algorithms.shard.admission import CountMinSketch, sketch_width  # noqa: E402
 from roles.algorithms.shard.embedding_table import EmbeddingTable  # noqa: E402
 from roles.algorithms.shard.expiry import Expiry  # noqa: E402
 from roles.algorithms.shard.key_index import KeyIndex  # noqa: E402
+from roles.testbed.jobs import criteo_data, job_text  # noqa: E402
 
 PY = sys.executable
 ZIPF_VOCAB = [5, 20, 200, 2000, 2_000_000, 50, 1000, 500_000]   # zipf.toml's, tail x100
@@ -175,7 +173,8 @@ def job_run(job_text: str, work: Path, **settings: object) -> dict:
     import shutil
 
     import psutil
-    from local_cluster import LocalCluster
+
+    from roles.testbed.local_cluster import LocalCluster
 
     shutil.rmtree(work, ignore_errors=True)  # a run directory of its own, never resumed
     work.mkdir(parents=True)

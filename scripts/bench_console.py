@@ -30,9 +30,7 @@ from pathlib import Path
 
 from console.app import ZbusConsole
 from console.bus import Endpoints, StatusArrived
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from local_cluster import LocalCluster  # noqa: E402  (the test harness)
+from roles.testbed.local_cluster import LocalCluster  # noqa: E402  (the test harness)
 
 REPO = Path(__file__).resolve().parent.parent
 TICK_S = 0.02

@@ -29,10 +29,8 @@ from pathlib import Path
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from local_cluster import LocalCluster  # noqa: E402  (the test harness)
-
 from roles.algorithms.control.capacity import CapacityPredictor, read_records  # noqa: E402
+from roles.testbed.local_cluster import LocalCluster  # noqa: E402  (the test harness)
 
 REPO = Path(__file__).resolve().parent.parent
 SETTINGS = {"cluster__shards": 4, "cluster__workers": 4, "cluster__heartbeat_s": 0.25,

@@ -17,8 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from local_cluster import LocalCluster  # noqa: E402  (the test harness)
+from roles.testbed.local_cluster import LocalCluster  # noqa: E402  (the test harness)
 
 REPO = Path(__file__).resolve().parent.parent
 SETTINGS = {"train__epochs": 2, "model__hidden": [512, 256], "cluster__node_timeout_s": 3.0,

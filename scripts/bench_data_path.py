@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from local_cluster import LocalCluster  # noqa: E402  (the test harness)
+from roles.testbed.local_cluster import LocalCluster  # noqa: E402  (the test harness)
 
 REPO = Path(__file__).resolve().parent.parent
 CASES = {

@@ -47,8 +47,7 @@ from roles.job.settings import load_job
 from roles.model.network import auto_threads
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-from local_cluster import (  # noqa: E402  (the test harness)
+from roles.testbed.local_cluster import (  # noqa: E402  (the test harness)
     LocalCluster,
     clean_environ,
     setting_pair,

@@ -13,15 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
 
-from harness import criteo_data, job_text  # noqa: E402
+from roles.testbed.jobs import criteo_data, job_text  # noqa: E402
 
 
 def first_batch(job_path: Path) -> dict:

@@ -6,7 +6,7 @@ every role on this host over TCP 127.0.0.1, and (2) in three network namespaces 
 the many-hosts walk-through (``tests/test_hosts.py``: control and the aggregator on host a, the
 feeder and shard 0 on b, shard 1 and both workers on c), the roles started with
 ``scripts/run-<role> --cluster cluster.toml``. The hosts' links meet in a hub namespace: the
-kernel's bridge for RTT 0, else a user-space delay bridge (``tests/delay_bridge.py``; this
+kernel's bridge for RTT 0, else a user-space delay bridge (``roles/testbed/delay_bridge.py``; this
 kernel has no ``tc netem``) that holds every frame RTT/2; ``--rates`` adds ``tc tbf`` on each
 link. Each cell runs with CURVE on and off; the cells are interleaved, ``--repeats`` times.
 
@@ -28,7 +28,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,11 +35,9 @@ from pathlib import Path
 import orjson
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-from local_cluster import LocalCluster, clean_environ  # noqa: E402  (the test harness)
-from netns import HOSTS, Hosts, namespaces_allowed  # noqa: E402
-
 from roles.job.settings import load_job  # noqa: E402
+from roles.testbed.local_cluster import LocalCluster, clean_environ  # noqa: E402  (the test harness)
+from roles.testbed.netns import HOSTS, Hosts, namespaces_allowed  # noqa: E402
 from roles.tools.keys import make_keys  # noqa: E402
 from zbus.security import OPERATOR  # noqa: E402
 

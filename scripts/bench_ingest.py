@@ -20,7 +20,7 @@ are each made ``--repeat`` times, interleaved, and their medians quoted.
    with the whole training split in one shuffle buffer (one part): the AUC the streaming order
    costs.
 5. **From S3** (``--s3``, in place of 1 to 4): the file uploaded to a local S3 server (moto's
-   server mode, ``tests/s3.py``), and one feeder's ingest (2) of the object against the same
+   server mode, ``roles/testbed/s3.py``), and one feeder's ingest (2) of the object against the same
    file on the local disk, interleaved, ``--repeat`` times each: rows/s of both and their
    ratio, and the time to index the object with no cache (once). moto serves from the same
    machine's CPUs, so the figure is a floor for a store elsewhere on a fast network.
@@ -43,9 +43,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
-sys.path.insert(0, str(REPO / "tests"))
 
-from harness import criteo_data, job_text  # noqa: E402
+from roles.testbed.jobs import criteo_data, job_text  # noqa: E402
 
 PIPELINE = r"""
 import json, resource, sys, time
@@ -214,7 +213,7 @@ def ingest(path: Path, work: Path, repeat: int) -> dict:
 
 def s3_ingest(path: Path, work: Path, repeat: int) -> dict:
     """One feeder's ingest of ``path`` from a local S3 server against the local disk."""
-    from s3 import S3Server
+    from roles.testbed.s3 import S3Server
 
     with S3Server() as server:
         uri = server.uri(f"bench/{path.name}")
@@ -247,7 +246,8 @@ def s3_ingest(path: Path, work: Path, repeat: int) -> dict:
 
 def job_run(path: Path, work: Path, **settings: object) -> dict:
     import psutil
-    from local_cluster import LocalCluster
+
+    from roles.testbed.local_cluster import LocalCluster
 
     shutil.rmtree(work, ignore_errors=True)  # a run directory of its own, never resumed
     work.mkdir(parents=True)

@@ -48,8 +48,7 @@ from roles.job.settings import NETWORKS, load_job
 from roles.tools.reference import train_reference
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-from local_cluster import LocalCluster, clean_environ, toml_value  # noqa: E402  (the harness)
+from roles.testbed.local_cluster import LocalCluster, clean_environ, toml_value  # noqa: E402  (the harness)
 
 ITEMS, HISTORY, GENRES_LEN = 1000, 20, 3
 DENSE = [f"d{i}" for i in range(4)]

@@ -82,17 +82,16 @@ def one_setting(exponent: float, shards: int, windows: int, window: int, batch: 
 
 
 def run_jobs(repeats: int, slow: float) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from harness import Cluster
-    from test_placement_job import ZIPF_JOB
+    from roles.testbed.jobs import REPO
+    from roles.testbed.local_cluster import LocalCluster
 
     figures: dict[str, list[float]] = {"hash": [], "skew": []}
     with tempfile.TemporaryDirectory() as tmp:
-        job = ZIPF_JOB
+        job = REPO / "jobs" / "zipf.toml"   # mode skew, windows of 10 batches
         for r in range(repeats):
             for mode in ("hash", "skew"):
-                with Cluster(Path(tmp) / f"{mode}{r}", job, placement__mode=mode,
-                             train__epochs=3) as c:
+                with LocalCluster(Path(tmp) / f"{mode}{r}", job, placement__mode=mode,
+                                  train__epochs=3, cluster__heartbeat_s=0.25) as c:
                     if c.run_job(ps_slowdown={1: slow}) != 0:
                         raise SystemExit(f"{mode} job failed:\n{c.logs()[-3000:]}")
                     s = c.summary()

@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from local_cluster import LocalCluster, setting_pair  # noqa: E402  (the test harness)
+from roles.testbed.local_cluster import LocalCluster, setting_pair  # noqa: E402  (the test harness)
 
 FAST, SLOW = 2.0, 6.0
 

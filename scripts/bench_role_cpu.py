@@ -15,7 +15,6 @@ should be idle and is not (the spinning BLAS pool of docs/benchmarks.md), not as
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import threading
 import time
@@ -23,8 +22,7 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from local_cluster import LocalCluster  # noqa: E402  (the test harness)
+from roles.testbed.local_cluster import LocalCluster  # noqa: E402  (the test harness)
 
 Times = dict[str, dict[str, float]]   # role -> thread "name#id" -> CPU seconds
 

@@ -17,20 +17,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 from roles.job.settings import load_job
-from roles.tools.reference import train_reference
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from local_cluster import (  # noqa: E402  (the test harness)
+from roles.testbed.local_cluster import (  # noqa: E402  (the test harness)
     LocalCluster,
     clean_environ,
     setting_pair,
     toml_value,
 )
+from roles.tools.reference import train_reference
 
 
 def main() -> None:

@@ -27,7 +27,6 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
 from roles.algorithms.worker.pulled import PulledBatch  # noqa: E402
 from roles.job.settings import NETWORKS, parse_job  # noqa: E402
@@ -111,7 +110,7 @@ def arithmetic(template: str, networks: list[str]) -> bool:
 
 
 def whole_job(template: str, network: str, rows: int) -> bool:
-    from local_cluster import LocalCluster
+    from roles.testbed.local_cluster import LocalCluster
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp) / f"{network}.toml"
         job.write_text(template.format(rows=rows, network=network, device="cuda"))

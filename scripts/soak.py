@@ -5,7 +5,7 @@
         --set data__synthetic__rows=20000                        # CI-sized (tests/test_soak.py)
 
 Every process of the job (control, feeders, shards, workers, aggregators) is its own OS process
-on this host (``tests/local_cluster.py``); the job is the built-in one (synthetic data,
+on this host (``roles/testbed/local_cluster.py``); the job is the built-in one (synthetic data,
 ``roles/job/default_job.toml``) unless ``--job`` names another, with the most epochs a job may have
 (4,095: more than any soak lasts); the soak stops it with ``zbus-ctl stop``. Every ``--sample-s``
 seconds it records, per process, its resident memory, open file descriptors, sockets and threads
@@ -43,10 +43,8 @@ import orjson
 import psutil
 import zmq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from local_cluster import LocalCluster, setting_pair  # noqa: E402  (the test harness)
-
 from roles.protocol.operator import Status  # noqa: E402
+from roles.testbed.local_cluster import LocalCluster, setting_pair  # noqa: E402  (the test harness)
 from roles.tools.ctl import request  # noqa: E402
 from zbus import sockets  # noqa: E402
 

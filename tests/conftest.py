@@ -15,11 +15,17 @@ def _integration(request: pytest.FixtureRequest) -> bool:
     return request.node.get_closest_marker("integration") is not None
 
 
+def _in_process(request: pytest.FixtureRequest) -> bool:
+    return request.node.get_closest_marker("inprocess") is not None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The integration tests first, the unit tests (each well under a second) after them: when
-    the suite is spread over two processes (``scripts/test`` runs pytest-xdist), the small ones
-    then fill what the long ones leave at the end, rather than one long test ending alone."""
-    items.sort(key=lambda item: item.get_closest_marker("integration") is None)
+    """The integration tests first, then the in-process ones, the unit tests (each well under a
+    second) last: when the suite is spread over two processes (``scripts/test`` runs
+    pytest-xdist), the small ones then fill what the long ones leave at the end, rather than
+    one long test ending alone."""
+    items.sort(key=lambda item: (item.get_closest_marker("integration") is None,
+                                 item.get_closest_marker("inprocess") is None))
 
 
 @pytest.fixture(autouse=True)
@@ -35,13 +41,18 @@ def _unit_tests_start_no_process(request, monkeypatch):
 
 @pytest.fixture
 def cluster(request, tmp_path):
-    """Factory of Clusters; every process they started is killed at teardown, pass or fail."""
-    if not _integration(request):
+    """Factory of Clusters; every process they started is killed at teardown, pass or fail. A
+    test marked ``inprocess`` gets clusters whose roles run in this process
+    (``roles.testbed.in_process``), one marked ``integration`` clusters of processes."""
+    in_process = _in_process(request)
+    if not in_process and not _integration(request):
         pytest.fail(f"{request.node.nodeid} uses the cluster fixture: mark it "
-                    "@pytest.mark.integration")
+                    "@pytest.mark.inprocess (its roles in this process) or "
+                    "@pytest.mark.integration (processes)")
     made: list[Cluster] = []
 
     def make(*args, **kwargs) -> Cluster:
+        kwargs.setdefault("in_process", in_process)
         c = Cluster(tmp_path / f"cluster{len(made)}", *args, **kwargs)
         made.append(c)
         return c
@@ -55,7 +66,7 @@ def cluster(request, tmp_path):
 def s3():
     """A local S3 server (moto) on a loopback port, with the bucket ``zbus-test``; one per
     test module, killed (its process group) when the module's tests are done."""
-    from s3 import S3Server
+    from roles.testbed.s3 import S3Server
     server = S3Server()
     try:
         yield server

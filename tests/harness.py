@@ -3,72 +3,42 @@ fake control that admits single roles so that they can be driven over their real
 
 from __future__ import annotations
 
-import gzip
+import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import zmq
-from local_cluster import BIN, LocalCluster
 
-from roles.data.index import index_files, plan_parts
+from roles.testbed.jobs import (
+    ADULT_JOB,
+    ADULT_TEXT_EVAL_ROWS,
+    ADULT_TEXT_TRAIN_ROWS,
+    ADULT_TRAIN_ROWS,
+    REPO,
+    SLOW,
+    adult_text,
+    criteo_data,
+    job_text,
+    text_split_rows,
+)
+from roles.testbed.local_cluster import BIN, LocalCluster
+from roles.testbed.netns import Hosts, namespaces_allowed
 from zbus.codec import Message, decode
 from zbus.messages import Heartbeat, Hello, Probe, Welcome
 
-REPO = Path(__file__).resolve().parent.parent
-ADULT_JOB = REPO / "jobs" / "adult.toml"
-ADULT_TRAIN_ROWS = 39074   # the Adult job's training split (the last 20 % of rows: eval)
-# the same rows as a plain CSV (``adult_text``): the eval split begins at the first line start at
-# or after the last 20 % of its bytes (``roles.data.index``), one row later than by rows
-ADULT_TEXT_TRAIN_ROWS, ADULT_TEXT_EVAL_ROWS = 39075, 9767
-SLOW = {"model__hidden": [512, 256]}  # Adult's epochs of seconds: long enough to kill mid-epoch
-__all__ = ["ADULT_JOB", "ADULT_TEXT_EVAL_ROWS", "ADULT_TEXT_TRAIN_ROWS", "BIN", "REPO", "Cluster",
-           "FakeControl", "adult_text", "criteo_data",
-           "dealer", "job_text", "recv_within", "reply", "text_split_rows"]
-
-
-def text_split_rows(path: Path, fmt: str, eval_fraction: float = 0.2) -> tuple[int, int]:
-    """The training and eval rows of a small plain text file as a job splits it (by bytes, at a
-    line start: ``roles.data.index``), counted line by line."""
-    parts, _ = plan_parts(index_files([str(path)], fmt), eval_fraction, 64)
-    data = path.read_bytes()
-    rows = [0, 0]
-    for p in parts:
-        rows[p.eval] += sum(1 for line in data[p.start:p.end].split(b"\n") if line.strip())
-    return rows[0], rows[1]
-
-
-def criteo_data(path: Path | str) -> str:
-    """The ``[data]`` lines of a Criteo-layout file (``scripts/make_criteo.py``)."""
-    return f'path = "{path}"\nformat = "criteo"'
-
-
-def job_text(name: str, data: str, *, dim: int = 8, hidden: tuple[int, ...] = (64, 32),
-             epochs: int = 1, batch_size: int = 1024, train: str = "", more: str = "") -> str:
-    """A job file's text for generated data (2 workers, 2 shards, a fifth of the rows kept
-    for evaluation): ``data``'s lines under ``[data]``, ``train``'s under ``[train]``, and
-    ``more`` (further sections) at the end."""
-    return (f'name = "{name}"\n[data]\neval_fraction = 0.2\n{data}\n'
-            f"[model]\nembedding_dim = {dim}\nhidden = {list(hidden)}\n"
-            f"[train]\nepochs = {epochs}\nbatch_size = {batch_size}\n{train}\n"
-            f"[cluster]\nworkers = 2\nshards = 2\n{more}")
-
-
-def adult_text(directory: Path) -> str:
-    """The shipped Adult data as a plain CSV (a gzipped file is one part; a plain one is cut
-    into parts that several feeders read): its path, for ``data__path``."""
-    path = directory / "adult.csv"
-    if not path.exists():
-        path.write_bytes(gzip.decompress((REPO / "data" / "adult.csv.gz").read_bytes()))
-    return str(path)
+__all__ = ["ADULT_JOB", "ADULT_TEXT_EVAL_ROWS", "ADULT_TEXT_TRAIN_ROWS", "ADULT_TRAIN_ROWS",
+           "BIN", "REPO", "SLOW", "Cluster", "FakeControl", "adult_text", "criteo_data", "dealer",
+           "hosts_or_skip", "job_text", "recv_within", "reply", "text_split_rows"]
 
 
 class Cluster(LocalCluster):
     """A LocalCluster with a short heartbeat, so that tests detect things quickly."""
 
     def __init__(self, workdir: Path, job: Path | None = None, transport: str = "ipc",
-                 **settings: object):
+                 in_process: bool = False, **settings: object):
         settings.setdefault("cluster__heartbeat_s", 0.25)
-        super().__init__(workdir, job, transport, **settings)
+        super().__init__(workdir, job, transport, in_process, **settings)
 
 
 def recv_within(sock: zmq.Socket, timeout_s: float = 10.0) -> list[bytes]:
@@ -135,3 +105,20 @@ def reply(sock: zmq.Socket) -> Message:
         msg = decode(recv_within(sock)).msg
         if not isinstance(msg, Probe):
             return msg
+
+
+def hosts_or_skip(**kwargs: object) -> Hosts:
+    """The namespaces built (``Hosts(**kwargs)``), or the test skipped, saying why, where the
+    machine does not allow them; the caller closes them (``with``, or ``close()``)."""
+    why = namespaces_allowed()
+    if why:
+        pytest.skip(why)
+    hosts = Hosts(**kwargs)  # type: ignore[arg-type]
+    try:
+        hosts.build()
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        hosts.close()
+        pytest.skip(f"cannot build the namespaces here ({' '.join(exc.cmd)}): "
+                    f"{(exc.stderr or b'').decode(errors='replace').strip()}")
+    return hosts
+

@@ -1,4 +1,4 @@
-"""The delay bridge (``tests/delay_bridge.py``) that the benchmark across namespaces uses in
+"""The delay bridge (``roles/testbed/delay_bridge.py``) that the benchmark across namespaces uses in
 place of ``tc netem``: it forwards between the namespaces (a TCP echo and a stream through it),
 and it applies its delay (a round trip through it takes at least the RTT it was given; no
 upper bound is asserted, the machine may be loaded). Skipped, with the reason, where the machine
@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from netns import hosts_or_skip
+from harness import hosts_or_skip
 
 pytestmark = pytest.mark.integration
 

@@ -12,12 +12,12 @@ import psutil
 import pytest
 import zmq
 from harness import BIN, REPO
-from local_cluster import clean_environ
 
 from console.format import wait_line
 from roles.control.operators import START_GRACE, start_command, start_wait, wait_record
 from roles.job.cli import started_by_supervisor
 from roles.protocol.operator import Status
+from roles.testbed.local_cluster import clean_environ
 from zbus.codec import decode
 
 NODE_TIMEOUT_S = 5.0

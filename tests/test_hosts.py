@@ -13,10 +13,10 @@ import time
 
 import orjson
 import pytest
-from harness import ADULT_JOB, REPO
-from netns import HOSTS, hosts_or_skip
+from harness import ADULT_JOB, REPO, hosts_or_skip
 
 from roles.job.settings import load_job
+from roles.testbed.netns import HOSTS
 from roles.tools.keys import make_keys
 from zbus.security import OPERATOR
 

@@ -100,7 +100,7 @@ def test_a_string_key_takes_the_variables_text_as_it_is():
 def test_the_scripts_set_option_keeps_the_text_for_the_job_schema(text, pair):
     """``--set`` of the benchmarks and the soak (``setting_pair``): the text goes to the job
     schema as a ZBUS_* variable, which types and checks it."""
-    from local_cluster import setting_pair
+    from roles.testbed.local_cluster import setting_pair
 
     assert setting_pair(text) == pair
     with pytest.raises(ValueError, match="SECTION__KEY=VALUE"):

@@ -12,11 +12,11 @@ from harness import ADULT_JOB, BIN, REPO
 
 from roles.job.settings import load_job
 
-pytestmark = pytest.mark.integration
 
 ADULT_TRAIN_ROWS = 39074
 
 
+@pytest.mark.integration
 def test_default_synthetic_job_under_honcho_comes_close_to_the_oracle(cluster):
     c = cluster()  # no job file: the built-in default job, as `honcho start` runs it
     c.start("honcho", [str(BIN / "honcho"), "-d", str(REPO), "-f", str(REPO / "Procfile"),
@@ -55,6 +55,7 @@ def test_default_synthetic_job_under_honcho_comes_close_to_the_oracle(cluster):
     assert "synthetic data: 100000 rows" in out, out
 
 
+@pytest.mark.inprocess
 def test_adult_two_workers_two_shards_over_tcp(cluster):
     c = cluster(ADULT_JOB, transport="tcp")
     assert c.run_job() == 0, c.logs()
@@ -82,6 +83,7 @@ def test_adult_two_workers_two_shards_over_tcp(cluster):
         assert "Traceback" not in c.log(role), c.log(role)
 
 
+@pytest.mark.inprocess
 def test_step_sync_trains_adult(cluster):
     c = cluster(ADULT_JOB, train__sync="step", train__epochs=1, cluster__workers=2,
                 cluster__shards=1)
@@ -92,6 +94,7 @@ def test_step_sync_trains_adult(cluster):
     assert s["samples_trained"] == ADULT_TRAIN_ROWS
 
 
+@pytest.mark.inprocess
 def test_bad_rows_are_counted_and_set_aside_with_line_numbers(cluster, tmp_path):
     import gzip
     lines = gzip.open(REPO / "data" / "adult.csv.gz", "rt").read().splitlines()[:2001]
@@ -128,6 +131,7 @@ def test_bad_rows_are_counted_and_set_aside_with_line_numbers(cluster, tmp_path)
 
 @pytest.mark.parametrize("role", ["control", "feeder", "ps", "worker", "aggregator",
                                   "spawn worker"])
+@pytest.mark.integration
 def test_a_bad_job_file_fails_at_start_with_one_clear_line(tmp_path, role):
     job = tmp_path / "bad.toml"
     job.write_text(ADULT_JOB.read_text().replace("epochs = 3", "epoch = 3"))
@@ -140,6 +144,7 @@ def test_a_bad_job_file_fails_at_start_with_one_clear_line(tmp_path, role):
                                    "(did you mean 'epochs'?)")
 
 
+@pytest.mark.inprocess
 def test_a_missing_column_fails_the_job_naming_it(cluster):
     c = cluster(ADULT_JOB, data__dense=["age", "salary"])
     c.start_role("control")
@@ -151,6 +156,7 @@ def test_a_missing_column_fails_the_job_naming_it(cluster):
     assert "Traceback" not in c.log("feeder-0") + c.log("control-0")
 
 
+@pytest.mark.inprocess
 def test_a_damaged_gzip_file_fails_the_job_naming_the_file_with_no_traceback(cluster, tmp_path):
     import gzip
     whole = (REPO / "data" / "adult.csv.gz").read_bytes()
@@ -168,6 +174,7 @@ def test_a_damaged_gzip_file_fails_the_job_naming_the_file_with_no_traceback(clu
         assert "Traceback" not in c.log(node), c.log(node)
 
 
+@pytest.mark.integration
 def test_a_job_file_error_is_said_once_for_the_whole_honcho_start(cluster, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text(ADULT_JOB.read_text().replace("[train]\n", "[train]\nepochz = 2\n"))
@@ -183,6 +190,7 @@ def test_a_job_file_error_is_said_once_for_the_whole_honcho_start(cluster, tmp_p
     assert "Traceback" not in out
 
 
+@pytest.mark.integration
 def test_honcho_exits_non_zero_when_the_job_fails(cluster, tmp_path):
     c = cluster(ADULT_JOB, data__path=str(tmp_path / "missing.csv"))
     c.start("honcho", [str(BIN / "honcho"), "-d", str(REPO), "-f", str(REPO / "Procfile"),

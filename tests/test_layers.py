@@ -21,7 +21,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 LAYERS = ["zbus", "roles.protocol", "roles.storage", "roles.job", "roles.data",
-          "roles.algorithms", "roles.model", "roles.checkpoint", "process", "roles.tools"]
+          "roles.algorithms", "roles.model", "roles.checkpoint", "process", "roles.tools",
+          "roles.testbed"]
 PROCESSES = ("roles.control", "roles.feeder", "roles.ps", "roles.worker", "roles.aggregator",
              "roles.member")
 ALGORITHM_GROUPS = ("feeding", "shard", "worker", "control")

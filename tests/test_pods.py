@@ -19,14 +19,14 @@ from pathlib import Path
 
 import orjson
 import pytest
-from harness import ADULT_JOB, ADULT_TRAIN_ROWS, REPO
-from local_cluster import clean_environ
-from netns import Hosts, hosts_or_skip
-from s3 import S3Server
+from harness import ADULT_JOB, ADULT_TRAIN_ROWS, REPO, hosts_or_skip
 
 from roles.checkpoint.files import SUMMARY, write_manifest
 from roles.protocol.topology import ClusterConfig
 from roles.storage.store import Store
+from roles.testbed.local_cluster import clean_environ
+from roles.testbed.netns import Hosts
+from roles.testbed.s3 import S3Server
 from roles.tools import pod, probe
 from roles.tools.keys import make_keys
 from zbus import health

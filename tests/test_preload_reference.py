@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from local_cluster import clean_environ
 
 from roles.data.index import DataError
 from roles.data.source import DataSource
 from roles.data.stream import Samples, Tally, eval_batches
 from roles.job.fields import PAD
 from roles.job.settings import load_job
+from roles.testbed.local_cluster import clean_environ
 from roles.tools.preload import load, train_preloaded
 from roles.tools.reference import train_reference
 

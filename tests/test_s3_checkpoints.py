@@ -1,8 +1,8 @@
 """Checkpoints and exports on object storage, against a local S3 server (moto's server mode on
-loopback; ``tests/s3.py``): a job checkpoints to ``s3://``, is SIGKILLed whole and resumes from
-``s3://`` with nothing left of its run directory (a machine, or a pod, that came back empty);
-its export goes to ``s3://`` and ``zbus-predict`` scores from there; a checkpoint cut off
-between its files and its manifest is never used."""
+loopback; ``roles/testbed/s3.py``): a job checkpoints to ``s3://``, is SIGKILLed whole and
+resumes from ``s3://`` with nothing left of its run directory (a machine, or a pod, that came
+back empty); its export goes to ``s3://`` and ``zbus-predict`` scores from there; a
+checkpoint cut off between its files and its manifest is never used."""
 
 from __future__ import annotations
 

@@ -18,13 +18,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from harness import REPO
-from local_cluster import clean_environ
 from resumes import every_row_once
 
 from roles.data import index as index_mod
 from roles.data.index import DataError, FileIndex, index_files, plan_parts, resolve_paths
 from roles.data.readers import Schema, read_part
 from roles.job.settings import parse_job
+from roles.testbed.local_cluster import clean_environ
 
 pytestmark = pytest.mark.integration   # the s3 fixture is a server process
 

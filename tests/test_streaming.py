@@ -14,8 +14,9 @@ import psutil
 import pyarrow as pa
 import pytest
 from harness import REPO
-from local_cluster import BUDGET_STACK
 from resumes import every_row_once
+
+from roles.testbed.local_cluster import BUDGET_STACK
 
 pytestmark = pytest.mark.integration
 

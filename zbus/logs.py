@@ -4,19 +4,57 @@ directory's ``logs/<node>.log`` once the role knows its run (``to_run_dir``: con
 start, a node at control's Welcome), so that a job can be followed without its supervisor
 (``tail -F``). The lines logged before that are kept (the newest ``EARLY_KEPT``) and written
 to the file first. A file is bounded: past ``FILE_BYTES`` it becomes ``<node>.log.1`` (the one
-before is dropped) and a new one begins."""
+before is dropped) and a new one begins.
+
+A process that runs several nodes (``roles.tools.in_process``) says which one is at work
+(``node_scope``); each node's file then takes only that node's lines (``OfNode``), and the
+lines of no node in particular (another thread's) go to every file."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import logging
 import logging.handlers
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 EARLY_KEPT = 1000           # lines logged before the run directory is known, kept for the file
 FILE_BYTES = 64 * 1024**2   # a log file's size before it is rotated (one older file is kept)
 LOGS = "logs"               # the run directory's folder of role logs
+
+
+_at_work: contextvars.ContextVar[str | None] = contextvars.ContextVar("zbus_node", default=None)
+
+
+@contextlib.contextmanager
+def node_scope(node_id: str) -> Iterator[None]:
+    """The lines logged meanwhile are ``node_id``'s (a process running several nodes)."""
+    token = _at_work.set(node_id)
+    try:
+        yield
+    finally:
+        _at_work.reset(token)
+
+
+class OfNode(logging.Filter):
+    """Passes the lines of one node, and those logged outside any ``node_scope``."""
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__()
+        self.node_id = node_id
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        at_work = _at_work.get()
+        return at_work is None or at_work == self.node_id
+
+
+def line_format(node_id: str, with_time: bool = False) -> logging.Formatter:
+    """A role's log line: ``LEVEL [node] logger: message``, after the time in a file."""
+    return FileFormat(("%(asctime)s " if with_time else "")
+                      + f"%(levelname)s [{node_id}] %(name)s: %(message)s", with_time)
 
 
 class Early(logging.Handler):
@@ -32,11 +70,9 @@ class Early(logging.Handler):
 
 def setup_logging(node_id: str) -> None:
     level = os.environ.get("ZBUS_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO),
-        format=f"%(levelname)s [{node_id}] %(name)s: %(message)s",
-        force=True,
-    )
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), force=True)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(line_format(node_id))
     logging.getLogger().addHandler(Early())
 
 
@@ -63,8 +99,8 @@ def to_run_dir(run_dir: Path | str, node_id: str) -> Path | None:
         logging.getLogger(__name__).warning("%s: cannot write its log to %s (%s); logging to "
                                             "stderr only", node_id, path, exc.strerror or exc)
         return None
-    handler.setFormatter(FileFormat(f"%(asctime)s %(levelname)s [{node_id}] %(name)s: "
-                                    "%(message)s"))
+    handler.setFormatter(line_format(node_id, with_time=True))
+    handler.addFilter(OfNode(node_id))
     if early is not None:
         root.removeHandler(early)
         for record in early.records:
@@ -74,18 +110,23 @@ def to_run_dir(run_dir: Path | str, node_id: str) -> Path | None:
 
 
 class FileFormat(logging.Formatter):
-    """A log file's line: the time, then the line as stderr shows it (a printed line as it
-    was printed)."""
+    """A log line: the time (in a file), then the line as stderr shows it (a printed line as
+    it was printed)."""
+
+    def __init__(self, fmt: str, with_time: bool = True) -> None:
+        super().__init__(fmt)
+        self.with_time = with_time
 
     def format(self, record: logging.LogRecord) -> str:
         if getattr(record, "printed", False):
-            return f"{self.formatTime(record)} {record.getMessage()}"
+            said = record.getMessage()
+            return f"{self.formatTime(record)} {said}" if self.with_time else said
         return super().format(record)
 
 
 def to_file(text: str) -> None:
     """Lines a role printed (control's closing summary lines) into its log file as well."""
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.handlers.RotatingFileHandler):
+        if isinstance(handler, logging.handlers.RotatingFileHandler):  # (its filters apply)
             for line in text.splitlines():
                 handler.handle(logging.makeLogRecord({"msg": line, "printed": True}))

@@ -2,10 +2,14 @@
 
 ``Loop`` is a single-threaded event loop over ZeroMQ sockets: a ``zmq.Poller`` whose timeout is
 the heartbeat interval, a handler per socket, counting of malformed messages (logged once per
-kind, never fatal), per-channel byte counts, and SIGTERM/SIGINT that end the loop within one
-poll interval. A turn of the loop (its handlers, then ``on_tick``) leaves the messages still
-queued to the next turn once it has worked ``TURN_BUDGET_S``; the longest turn is counted
-(``longest_turn_s``: how long the loop went without looking at its sockets). ``Node`` adds the
+kind, never fatal), per-channel byte counts. ``run`` turns it until it stops; ``turn`` is one
+turn (wait for a socket, its handlers, then ``on_tick``), so that one process can drive several
+loops turn by turn (``roles.tools.in_process``: a whole job in one process, for tests). A turn
+leaves the messages still queued to the next turn once it has worked ``TURN_BUDGET_S``; the
+longest turn is counted (``longest_turn_s``: how long the loop went without looking at its
+sockets). A loop installs no signal handler: the process that runs it does
+(``install_signals``), and SIGTERM/SIGINT then end the loop within one poll interval
+(``on_signal``: a role may give a signal another meaning). ``Node`` adds the
 link to control that every role but control has: Hello until Welcome (which names the run
 directory, where the node's log goes too from then on: ``zbus.logs``), heartbeats with load
 figures and counters, and the lifecycle commands on control's PUB.
@@ -100,8 +104,7 @@ class Loop:
         self.health_file = health.HealthFile.from_env(node_id)
         if self.health_file is not None:
             self.health_file.write("starting")
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        self.ended = False   # run() or the last turn() is over: the loop is closed
 
     # -- sockets ---------------------------------------------------------------------------
     def bind(self, kind: int, endpoint: str, handler: Handler | None = None,
@@ -188,36 +191,64 @@ class Loop:
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> int:
-        try:
-            while not self.stopping:
-                waited = time.monotonic()
-                timeout = self.heartbeat_s if self.wake_at is None else \
-                    min(self.heartbeat_s, max(0.0, self.wake_at - waited))
-                ready = self.poller.poll(int(timeout * 1000))
-                woke = self._turn_began = time.monotonic()
-                self.idle_s += woke - waited
-                for sock, events in ready:
-                    if events & zmq.POLLIN and sock in self._handlers:
-                        self._drain(sock)
-                    if events & zmq.POLLOUT:
-                        self.on_writable(sock)
-                self.on_tick(time.monotonic())
-                if self.health_file is not None:
-                    self.health_file.beat(self.health_state(), self.heartbeat_s)
-                self.longest_turn_s = max(self.longest_turn_s, time.monotonic() - woke)
-        except self.fatal_errors as exc:  # the role cannot go on, and says why in one line
-            log.error("%s: %s", self.node_id, exc)
-            self.on_crash(exc)
-            self.exit_code = 1
-        except Exception as exc:  # a bug or a broken environment: say it, tell control, exit
-            log.exception("%s crashed", self.node_id)
-            self.on_crash(exc)
-            self.exit_code = 1
-        finally:
-            self.close()
-            if self.health_file is not None and self.exit_code == 0:
-                self.health_file.write("ended")
+        """Turn the loop until it stops; its exit status."""
+        while self.turn():
+            pass
         return self.exit_code
+
+    def poll_timeout(self, now: float) -> float:
+        """How long the next turn may wait for a socket: a heartbeat, or until ``wake_at``."""
+        if self.wake_at is None:
+            return self.heartbeat_s
+        return min(self.heartbeat_s, max(0.0, self.wake_at - now))
+
+    def turn(self, timeout_s: float | None = None) -> bool:
+        """One turn: wait up to ``timeout_s`` (default ``poll_timeout``; 0: only look) for a
+        socket, handle what is ready, then ``on_tick``. False once the loop has ended: it
+        stopped, or died of an exception (logged, control told, exit status 1), and is closed."""
+        if self.ended:
+            return False
+        if not self.stopping:
+            try:
+                self._turn(timeout_s)
+            except self.fatal_errors as exc:  # the role cannot go on, and says why in one line
+                log.error("%s: %s", self.node_id, exc)
+                self.on_crash(exc)
+                self.exit_code = 1
+                self.stopping = True
+            except Exception as exc:  # a bug or a broken environment: say it, tell control
+                log.exception("%s crashed", self.node_id)
+                self.on_crash(exc)
+                self.exit_code = 1
+                self.stopping = True
+        if not self.stopping:
+            return True
+        self.ended = True
+        self.close()
+        if self.health_file is not None and self.exit_code == 0:
+            self.health_file.write("ended")
+        return False
+
+    def _turn(self, timeout_s: float | None) -> None:
+        waited = time.monotonic()
+        timeout = self.poll_timeout(waited) if timeout_s is None else timeout_s
+        ready = self.poller.poll(int(timeout * 1000))
+        woke = self._turn_began = time.monotonic()
+        self.idle_s += woke - waited
+        for sock, events in ready:
+            if events & zmq.POLLIN and sock in self._handlers:
+                self._drain(sock)
+            if events & zmq.POLLOUT:
+                self.on_writable(sock)
+        self.on_tick(time.monotonic())
+        if self.health_file is not None:
+            self.health_file.beat(self.health_state(), self.heartbeat_s)
+        self.longest_turn_s = max(self.longest_turn_s, time.monotonic() - woke)
+
+    def watched(self) -> list[tuple[sockets.Socket, int]]:
+        """The sockets this loop watches and for what (``zmq.POLLIN``/``POLLOUT``): what one
+        process driving several loops waits on."""
+        return list(self._events.items())
 
     def _drain(self, sock: sockets.Socket) -> None:
         handler, router = self._handlers[sock]
@@ -252,7 +283,8 @@ class Loop:
     def on_crash(self, exc: Exception) -> None:
         """Called when the loop dies of an exception."""
 
-    def _on_signal(self, signum: int, _frame: Any) -> None:
+    def on_signal(self, signum: int) -> None:
+        """SIGTERM or SIGINT reached the process (``install_signals``): the loop stops."""
         if not self.stopping and not self.quiet_stop():
             log.info("%s received %s, stopping", self.node_id, signal.Signals(signum).name)
         self.stopping = True
@@ -286,6 +318,9 @@ class Node(Loop):
         self.rollback = False   # Welcome: the whole run goes back to it
         self.welcomed = False
         self.load = LoadSampler()
+        # who this node is to control beside its id: its host and process (a process that
+        # runs several nodes, roles.tools.in_process, names each one apart)
+        self.host, self.pid = _socket.gethostname(), os.getpid()
         self.control = self.connect(zmq.DEALER, cluster.endpoint(CONTROL),
                                     self._on_control_reply)
         self.commands = self.connect(zmq.SUB, cluster.endpoint(CONTROL_PUB), self._on_command)
@@ -311,8 +346,8 @@ class Node(Loop):
         self.send(self.control, msg)
 
     def hello(self) -> Hello:
-        return Hello(role=self.role, index=self.index, host=_socket.gethostname(),
-                     pid=os.getpid(), fingerprint=self.fingerprint, run_id=self.run_id,
+        return Hello(role=self.role, index=self.index, host=self.host,
+                     pid=self.pid, fingerprint=self.fingerprint, run_id=self.run_id,
                      ready=self.ready_sent)
 
     def rejoin(self, run_id: str) -> None:
@@ -407,10 +442,8 @@ class Node(Loop):
         if self.job_over:
             return
         log.debug("%s: job %s, exiting", self.node_id, "done" if ok else "failed")
-        self.job_over = True
+        self.job_over = True   # a signal from the supervisor now changes nothing (quiet_stop)
         self.exit_code = 0 if ok else 1
-        for sig in (signal.SIGTERM, signal.SIGINT):  # the supervisor's signal
-            signal.signal(sig, signal.SIG_IGN)       # must not cut the exit short
         if self.welcomed:
             self.to_control(Leaving(reason="the job is over"))
         self.stopping = True
@@ -429,7 +462,7 @@ class Node(Loop):
         return "ready" if self.welcomed else "starting"
 
     def quiet_stop(self) -> bool:
-        return getattr(self, "job_over", False)  # a signal may come before __init__ is done
+        return self.job_over
 
     def keep_alive(self, now: float) -> None:
         """From inside a long piece of work that keeps the loop waiting (indexing the data):
@@ -462,3 +495,14 @@ class Node(Loop):
         self.control.setsockopt(zmq.LINGER, 500)
         self.control.close()
         super().close()
+
+
+def install_signals(loop: Loop) -> None:
+    """SIGTERM and SIGINT to this process go to ``loop.on_signal`` (a process's entry point
+    calls this once its loop is made; until then the default action ends the process, which
+    has nothing to clean up yet)."""
+    def handler(signum: int, _frame: Any) -> None:
+        loop.on_signal(signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)

@@ -14,6 +14,7 @@ from roles.job.cli import load_job_or_exit, parse_role_args
 from roles.job.rundir import shown
 from zbus.endpoints import CONTROL_ID
 from zbus.logs import setup_logging, to_file, to_run_dir
+from zbus.node import install_signals
 
 
 def headline(s: dict, path: Any) -> list[str]:
@@ -105,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"zbus control: cannot start: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     to_run_dir(control.run_dir, CONTROL_ID)
+    install_signals(control)
     code = control.run()
     # Everything is written (the summary and state atomically, metrics.jsonl closed): the
     # interpreter's last garbage collection need not hold the exit up.

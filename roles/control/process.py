@@ -757,9 +757,7 @@ class Control(Loop):
         self.resume_from = found[0] if found else None
         if self.resume_from is not None:
             self.save_state()  # before phase done: a resume goes on with the run
-        self.course.phase = "done"
-        for sig in (signal.SIGTERM, signal.SIGINT):  # honcho stopping the others now must
-            signal.signal(sig, signal.SIG_IGN)       # not cut control's end short
+        self.course.phase = "done"   # a signal now (honcho stopping the others) changes nothing
         now = time.monotonic()
         self.placement.seal()
         summary = run_summary(self.components, self.job, status, reason, model_plan=self.model_plan,
@@ -816,8 +814,10 @@ class Control(Loop):
             self.headline(closing.summary, closing.path)
             self.stopping = True
 
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        self.termination = signal.Signals(signum).name
+    def on_signal(self, signum: int) -> None:
+        """SIGINT or SIGTERM: the job is interrupted (``check``), unless it has ended."""
+        if self.course.phase != "done":
+            self.termination = signal.Signals(signum).name
 
     def health_state(self) -> str:
         """Ready once it runs the job: asked from its loop, which starts once the run is made

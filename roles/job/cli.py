@@ -18,6 +18,7 @@ import psutil
 from roles.job.settings import Job, JobError, load_job
 from zbus.heap import keep_heap
 from zbus.logs import setup_logging
+from zbus.node import install_signals
 
 MAX_WORKERS = 255
 SLOWED_ROLES = {"worker": "per batch (idling)", "ps": "per piece of work (sleeping)"}
@@ -139,6 +140,7 @@ def role_main(role_cls: Any, argv: list[str] | None = None) -> None:
     # process: out of the collector's way, whose full collections otherwise walk it all (a
     # feeder's took 20-25 ms, holding its loop while workers waited for their grants).
     gc.freeze()
+    install_signals(node)
     code = node.run()
     # Everything is closed now (sockets, the ack log; files are written unbuffered or
     # atomically). The interpreter's last garbage collection, with torch loaded, can take

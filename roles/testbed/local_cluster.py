@@ -1,7 +1,13 @@
-"""Run a whole job's processes on this host from Python (tests and benchmarks use it; people
-use ``honcho start``). Each role is its own process in its own session; ``close`` SIGTERMs each
-process group, waits, then SIGKILLs whatever is left, including processes that were started
-for this cluster in sessions of their own (found by the run directory in their environment).
+"""Run a whole job on this host from Python (tests and benchmarks use it; people use ``honcho
+start``). Each role is its own process in its own session; ``close`` SIGTERMs each process
+group, waits, then SIGKILLs whatever is left, including processes that were started for this
+cluster in sessions of their own (found by the run directory in their environment).
+
+``in_process=True`` runs every role in this process instead, turned by one thread
+(``roles.testbed.in_process``): the same sockets, messages and files, one Python start-up for
+the whole job. Its roles answer as processes do (``procs[name]``: poll, wait, send_signal,
+kill); what only processes can show (a signal to a process group, a memory budget, a
+supervisor) is refused there.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from pathlib import Path
 import orjson
 import psutil
 
-from roles.job.settings import Job, load_job
+from roles.job.settings import Job, JobError, load_job
+from roles.testbed.in_process import Driver, RoleHandle, StartError
 from zbus.sockets import free_tcp_ports
 
 BIN = Path(sys.executable).parent
@@ -73,8 +80,9 @@ def toml_value(value: object) -> str:
 
 class LocalCluster:
     def __init__(self, workdir: Path, job: Path | None = None, transport: str = "ipc",
-                 **settings: object):
-        """``settings`` become ZBUS_<SECTION>__<KEY> overrides (``train__epochs=1``)."""
+                 in_process: bool = False, **settings: object):
+        """``settings`` become ZBUS_<SECTION>__<KEY> overrides (``train__epochs=1``);
+        ``in_process``: every role in this process (the module's docstring)."""
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.ipc_dir = tempfile.mkdtemp(prefix="zb-", dir="/tmp")  # short: ipc paths are
@@ -87,7 +95,10 @@ class LocalCluster:
         names = load_job(None, environ=self.env).cluster.endpoint_names()
         self.env["ZBUS_CLUSTER__ENDPOINTS"] = endpoint_overrides(names, transport, self.ipc_dir)
         self.job: Job = load_job(None, environ=self.env)
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen | RoleHandle] = {}
+        self.driver = Driver(workdir, self.env.get("ZBUS_LOG_LEVEL", "INFO")) \
+            if in_process else None
+        self._children_before = _children()
         self.watched = "control-0"  # the process whose end ends a wait for an event
         # process name -> bytes: that process runs under an OS-enforced memory budget, its
         # RLIMIT_DATA (heap, anonymous mappings, thread stacks): an allocation beyond it fails,
@@ -98,9 +109,16 @@ class LocalCluster:
     def run_dir(self) -> Path:
         return Path(self.env["ZBUS_RUN_DIR"])
 
+    @property
+    def in_process(self) -> bool:
+        return self.driver is not None
+
     def start(self, name: str, argv: list[str], group: int | None = None) -> subprocess.Popen:
         """``group``: the process group to start it in (0: a new one; as a shell's job
         control would), rather than a session of its own."""
+        if self.driver is not None:
+            raise RuntimeError(f"{name}: a command ({argv[0]}) runs as a process; this cluster "
+                               "runs its roles in this process")
         budget = self.budgets.get(name)
         limit = None if budget is None else functools.partial(_limit_memory, budget)
         env = self.env if budget is None else {**self.env, **BUDGET_ENV}
@@ -113,9 +131,56 @@ class LocalCluster:
         return proc
 
     def start_role(self, role: str, index: int = 0, *args: str,
-                   group: int | None = None) -> subprocess.Popen:
-        return self.start(f"{role}-{index}", [sys.executable, "-m", f"roles.{role}",
-                                              "--index", str(index), *args], group)
+                   group: int | None = None) -> subprocess.Popen | RoleHandle:
+        name = f"{role}-{index}"
+        argv = ["--index", str(index), *args]
+        if self.driver is None:
+            return self.start(name, [sys.executable, "-m", f"roles.{role}", *argv], group)
+        if group is not None or name in self.budgets:
+            raise RuntimeError(f"{name}: a process group or a memory budget needs processes "
+                               "(LocalCluster without in_process)")
+        handle = self.driver.start(name, functools.partial(self._make, role, argv, name))
+        self.procs[name] = handle
+        return handle
+
+    def _make(self, role: str, argv: list[str], name: str):
+        """The role's loop, made as its process's entry point makes it (the job from this
+        cluster's environment); StartError where that process would exit with a line."""
+        from roles.job.cli import parse_role_args
+        args = parse_role_args(role, argv)
+        try:
+            job = load_job(args.job, environ=self.env)
+        except JobError as exc:
+            raise StartError(f"zbus {role}: job error: {exc}") from None
+        if role == "control":
+            return self._make_control(job, args.resume, name)
+        cls = _role_class(role)
+        options = {"slowdown": args.slowdown} if hasattr(args, "slowdown") else {}
+        if hasattr(args, "write_delay"):
+            options["write_delay"] = args.write_delay
+        try:
+            return cls(job, args.index, **options)
+        except (OSError, RuntimeError) as exc:
+            raise StartError(f"zbus {name}: cannot start: {exc}") from None
+
+    def _make_control(self, job: Job, resume: str, name: str):
+        from roles.control.main import headline
+        from roles.control.process import Control
+        from roles.control.state import ResumeError, resumable_run
+        driver = self.driver
+        assert driver is not None
+
+        def said(summary: dict, path: Path) -> None:
+            driver.say(name, "".join(line + "\n" for line in headline(summary, path)))
+
+        try:
+            run = resumable_run(job.name, resume, self.env) if resume else None
+            control = Control(job, environ=self.env, resume=run, headline=said)
+        except (OSError, ResumeError) as exc:
+            raise StartError(f"zbus control: cannot start: {exc}") from None
+        from zbus.logs import to_run_dir
+        to_run_dir(control.run_dir, name)
+        return control
 
     def start_all(self, slowdown: dict[int, float] | None = None,
                   ps_slowdown: dict[int, float] | None = None, resume: bool = False,
@@ -125,10 +190,12 @@ class LocalCluster:
         ``one_group``: every role in control's process group (as a terminal's foreground job:
         Ctrl-C there signals them all), not each in a session of its own."""
         c = self.job.cluster
+        if one_group and self.driver is not None:
+            raise RuntimeError("one_group: a process group needs processes")
         slowdown, ps_slowdown = slowdown or {}, ps_slowdown or {}
         control = self.start_role("control", 0, *(["--resume"] if resume else []),
                                   group=0 if one_group else None)  # 0: a group of its own
-        group = control.pid if one_group else None
+        group = control.pid if isinstance(control, subprocess.Popen) and one_group else None
         start_role = functools.partial(self.start_role, group=group)
         for i in range(c.feeders):
             start_role("feeder", i)
@@ -175,7 +242,7 @@ class LocalCluster:
         """SIGKILL every process of the cluster (their process groups), as a power cut would
         leave it (but for the disk); their logs are kept as ``<name>.killed-<n>.log``."""
         for proc in self.procs.values():
-            _signal_group(proc, signal.SIGKILL)
+            self._signal(proc, signal.SIGKILL)
         for proc in self.procs.values():
             proc.wait()
         for name in list(self.procs):
@@ -190,14 +257,23 @@ class LocalCluster:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def logs(self) -> str:
-        return "\n".join(f"--- {name}\n{self.log(name)[-3000:]}" for name in self.procs)
+        said = "\n".join(f"--- {name}\n{self.log(name)[-3000:]}" for name in self.procs)
+        if self.driver is not None and self.driver.errors:
+            said += "\n--- the in-process driver\n" + "\n".join(self.driver.errors)
+        return said
 
     def summary(self) -> dict:
         return orjson.loads((self.run_dir / "summary.json").read_bytes())
 
     def close(self) -> None:
+        if self.driver is not None:
+            self.driver.close()
+            for child in _children() - self._children_before:
+                _kill_if_a_roles(child)
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+            return
         for proc in self.procs.values():
-            _signal_group(proc, signal.SIGTERM)
+            self._signal(proc, signal.SIGTERM)
         deadline = time.monotonic() + 10
         for proc in self.procs.values():
             try:
@@ -205,7 +281,7 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 pass
         for proc in self.procs.values():
-            _signal_group(proc, signal.SIGKILL)  # the group too: children of a spawner
+            self._signal(proc, signal.SIGKILL)  # the group too: children of a spawner
             proc.wait()
         for stray in self.strays():
             stray.kill()
@@ -227,6 +303,54 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+    def _signal(self, proc: subprocess.Popen | RoleHandle, sig: int) -> None:
+        if isinstance(proc, RoleHandle):
+            proc.send_signal(sig)
+        else:
+            _signal_group(proc, sig)
+
+
+def _role_class(role: str):
+    """The loop class of a role other than control."""
+    if role == "feeder":
+        from roles.feeder.process import Feeder
+        return Feeder
+    if role == "ps":
+        from roles.ps import Shard
+        return Shard
+    if role == "worker":
+        from roles.worker import Worker
+        return Worker
+    if role == "aggregator":
+        from roles.aggregator import Aggregator
+        return Aggregator
+    if role == "member":
+        from roles.member import GroupMember
+        return GroupMember
+    raise ValueError(f"no role {role!r}")
+
+
+def _kill_if_a_roles(pid: int) -> None:
+    """Kill a child of this process that a role of an in-process cluster started and left: a
+    fork of this process (a shard's checkpoint writer) or a multiprocessing child (control's
+    capacity trainer), not another child a test started meanwhile (a server)."""
+    try:
+        child = psutil.Process(pid)
+        line = child.cmdline()
+        if line == psutil.Process().cmdline() or any("multiprocessing" in a for a in line):
+            child.kill()
+    except psutil.Error:
+        pass
+
+
+def _children() -> set[int]:
+    """This process's child processes now."""
+    try:
+        return {c.pid for c in psutil.Process().children(recursive=True)}
+    except psutil.Error:
+        return set()
 
 
 def _limit_memory(data_bytes: int) -> None:

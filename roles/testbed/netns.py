@@ -1,12 +1,12 @@
 """Three hosts in network namespaces on one machine, for tests and benchmarks: hosts a, b and c,
 each joined by a veth pair to a hub namespace, where either the kernel's bridge or a user-space
-delay bridge (``tests/delay_bridge.py``: this kernel has no ``tc netem``) joins the links. With a
+delay bridge (``delay_bridge.py`` here: this kernel has no ``tc netem``) joins the links. With a
 ``rate``, ``tc tbf`` limits each link both ways (on both ends of its veth pair). Names are
 random-tagged; ``Hosts.close`` removes every namespace, link and bridge process, and so does
 leaving the ``with`` block, exceptions and Ctrl-C included.
 
     with Hosts(rtt_ms=1.0, rate="1gbit") as hosts:
-        hosts.probe("a", "c", "rtt")     # tests/netprobe.py: TCP connect and echo times
+        hosts.probe("a", "c", "rtt")     # netprobe.py here: TCP connect and echo times
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ class Hosts:
                                 start_new_session=True, **kwargs)
 
     def probe(self, src: str, dst: str, *args: str, port: int = 47999) -> dict:
-        """``tests/netprobe.py`` from host ``src`` against its server on host ``dst``:
+        """``roles/testbed/netprobe.py`` from host ``src`` against its server on host ``dst``:
         ``probe("a", "c", "rtt")``, ``probe("a", "c", "stream", "3")``."""
         server = self.popen(dst, [sys.executable, str(PROBE), "serve", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -177,21 +177,3 @@ class Hosts:
         for h in HOSTS:  # and a pair left behind by a failed move, if any
             subprocess.run(["ip", "link", "del", self.hub_port(h)], capture_output=True,
                            timeout=30)
-
-
-def hosts_or_skip(**kwargs: object) -> Hosts:
-    """The namespaces built (``Hosts(**kwargs)``), or the test skipped, saying why, where the
-    machine does not allow them; the caller closes them (``with``, or ``close()``)."""
-    import pytest
-    why = namespaces_allowed()
-    if why:
-        pytest.skip(why)
-    hosts = Hosts(**kwargs)  # type: ignore[arg-type]
-    try:
-        hosts.build()
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        hosts.close()
-        pytest.skip(f"cannot build the namespaces here ({' '.join(exc.cmd)}): "
-                    f"{(exc.stderr or b'').decode(errors='replace').strip()}")
-    return hosts
-

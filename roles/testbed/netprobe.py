@@ -1,9 +1,9 @@
-"""A small TCP probe run inside a namespace (``tests/netns.py``): an echo and sink server, the
-round trip of a TCP connect and of 1-byte echoes, and a one-way stream's throughput.
+"""A small TCP probe run inside a namespace (``roles/testbed/netns.py``): an echo and sink
+server, the round trip of a TCP connect and of 1-byte echoes, and a one-way stream's throughput.
 
-    python tests/netprobe.py serve PORT                 # echo server; 'S' first byte: a sink
-    python tests/netprobe.py rtt HOST PORT [N]          # JSON: connect_ms, echo_ms (medians)
-    python tests/netprobe.py stream HOST PORT SECONDS   # JSON: MB/s sent one way
+    python roles/testbed/netprobe.py serve PORT                # echo server; 'S' first: a sink
+    python roles/testbed/netprobe.py rtt HOST PORT [N]         # JSON: connect_ms, echo_ms
+    python roles/testbed/netprobe.py stream HOST PORT SECONDS  # JSON: MB/s sent one way
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """A user-space Ethernet bridge that delays every frame: the link emulation of the benchmark
 across namespaces (``scripts/bench_hosts.py``), for kernels without ``tc netem``.
 
-    python tests/delay_bridge.py --delay-ms 0.5 --ready FILE PORT PORT PORT
+    python roles/testbed/delay_bridge.py --delay-ms 0.5 --ready FILE PORT PORT PORT
 
-Run in the hub namespace (``tests/netns.py`` starts it): one AF_PACKET raw socket bound to each
+Run in the hub namespace (``netns.py`` here starts it): one AF_PACKET raw socket bound to each
 hub-side veth; every frame that comes in on a port goes out on the port its destination MAC was
 learnt on (else on every other port) ``--delay-ms`` later (one way: RTT/2). Each port's frames
 leave in the order they came, from one schedule (a deque per destination, FIFO, since every
@@ -27,6 +27,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -60,7 +61,7 @@ class Bridge:
         self.macs: dict[bytes, int] = {}              # learnt: source MAC -> port
         self.queues: list[deque[tuple[float, bytes]]] = [deque() for _ in ports]
         self.due: list[tuple[float, int]] = []        # (time, port) of each queue's head
-        self.stats = {"frames": 0, "bytes": 0, "super_frames": 0, "largest": 0,
+        self.stats: dict[str, Any] = {"frames": 0, "bytes": 0, "super_frames": 0, "largest": 0,
                       "send_errors": 0, "bytes_in": dict.fromkeys(ports, 0)}
 
     def receive(self, port: int, now: float) -> None:

@@ -1,0 +1,267 @@
+"""A whole job in one process: every role's loop (``zbus.node.Loop``) driven turn by turn by one
+thread, over the same sockets, messages and files as when each role is a process of its own.
+
+Tests use it (``LocalCluster(..., in_process=True)``) for what a job's accounting and protocol
+show (every row trained once, what reaches the summary, a role's answer to a message), which do
+not need an operating system's processes: a job then costs one Python start-up instead of seven,
+and its roles do not compete for the cores with each other's interpreters. What only processes
+show (a kill, a signal to a process group, honcho, pods, memory budgets) runs with
+``LocalCluster``'s processes.
+
+The driver turns every loop once, looking only (``Loop.turn(0)``), then waits on all their
+sockets at once until one is ready or the earliest ``Loop.poll_timeout`` is up. A role handle
+answers as ``subprocess.Popen`` does for a process (``poll``, ``wait``, ``send_signal``,
+``terminate``, ``kill``, ``returncode``): ``send_signal`` is the role's ``on_signal``, as its
+process's handler would call it; ``kill`` drops the role's sockets at once (linger 0) and
+sends nothing, as SIGKILL leaves a process's peers. A node says it is in this process
+(``Node.host`` ends in ``IN_PROCESS``, ``Node.pid`` numbers each start), so that control
+tells its starts apart and does not look for its process among the host's. Each role's lines
+go to its own log (``zbus.logs.node_scope``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import zmq
+
+from zbus import logs
+from zbus.node import Loop, Node
+
+log = logging.getLogger(__name__)
+IN_PROCESS = "+in-process"     # a node's host name, beside the machine's: not a process there
+KILLED = -int(signal.SIGKILL)  # a killed role's returncode, as Popen shows a killed process
+_starts = itertools.count(1)   # a node's "pid": one number per start, in this process
+
+
+class RoleHandle:
+    """A role in this process, as ``subprocess.Popen`` shows a process."""
+
+    def __init__(self, driver: Driver, name: str, loop: Loop | None, returncode: int | None):
+        self.driver, self.name, self.loop = driver, name, loop
+        self.returncode = returncode
+        self.args = [name]
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.driver.changed:
+            while self.returncode is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(self.name, timeout or 0.0)
+                self.driver.changed.wait(left if left is None else min(left, 0.5))
+            return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if signum == signal.SIGKILL:
+            self.kill()
+            return
+        with self.driver.lock:
+            if self.returncode is None and self.loop is not None:
+                with logs.node_scope(self.name):
+                    self.loop.on_signal(signum)
+        self.driver.wake()
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.driver.kill(self)
+
+
+class Driver:
+    """The thread that turns every role's loop (started with the first role, stopped by
+    ``close``)."""
+
+    def __init__(self, log_dir: Path, level: str = "INFO"):
+        self.log_dir = log_dir
+        self.lock = threading.RLock()        # held while a loop turns or a role is made
+        self.changed = threading.Condition(self.lock)
+        self.roles: dict[str, RoleHandle] = {}
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._handlers: list[logging.Handler] = []
+        self._root_level = logging.getLogger().level
+        self._level = getattr(logging, level.upper(), logging.INFO)
+        self.errors: list[str] = []          # the driver's own failures (a bug here)
+        self._kills: list[RoleHandle] = []
+
+    # -- roles ---------------------------------------------------------------------------------
+    def start(self, name: str, make: Callable[[], Loop]) -> RoleHandle:
+        """A role made by ``make`` (in this thread, its lines in its log) and turned from now
+        on; a role that cannot be made ends at once with status 2, its reason in its log, as
+        its process would."""
+        self._log_to(name)
+        with self.lock:
+            with logs.node_scope(name):
+                try:
+                    loop = make()
+                except StartError as exc:
+                    logging.getLogger(f"zbus.{name}").error("%s", exc)
+                    handle = RoleHandle(self, name, None, exc.status)
+                    self.roles[name] = handle
+                    self.changed.notify_all()
+                    return handle
+            if isinstance(loop, Node):   # control tells a node's starts apart by these
+                loop.host += IN_PROCESS
+                loop.pid = next(_starts)
+            handle = RoleHandle(self, name, loop, None)
+            self.roles[name] = handle
+            if self._thread is None:
+                logging.getLogger().setLevel(self._level)
+                self._thread = threading.Thread(target=self._run, name="zbus-in-process",
+                                                daemon=True)
+                self._thread.start()
+        self.wake()
+        return handle
+
+    def kill(self, handle: RoleHandle) -> None:
+        """As SIGKILL leaves it: the role's sockets gone at once, nothing more sent (done by
+        the driver's thread, which may be waiting on them; returns once it is done)."""
+        with self.changed:
+            if handle.returncode is not None:
+                return
+            self._kills.append(handle)
+            running = self._thread is not None and self._thread.is_alive()
+            if not running:
+                self._do_kills()
+                return
+        self.wake()
+        with self.changed:
+            while handle.returncode is None:
+                self.changed.wait(0.5)
+
+    def _do_kills(self) -> None:
+        for handle in self._kills:
+            if handle.returncode is None and handle.loop is not None:
+                handle.loop.stopping = handle.loop.ended = True
+                handle.loop.ctx.destroy(linger=0)
+                self._ended(handle, KILLED)
+        self._kills.clear()
+
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass   # already woken
+
+    def _ended(self, handle: RoleHandle, code: int) -> None:
+        handle.returncode = code
+        self.changed.notify_all()
+
+    # -- the thread ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._turn_all()
+        except BaseException:   # a bug of the driver's: every role ends, the cluster says why
+            import traceback
+            self.errors.append(traceback.format_exc())
+            with self.changed:
+                for handle in self.roles.values():
+                    if handle.returncode is None:
+                        self._ended(handle, 70)
+            raise
+
+    def _turn_all(self) -> None:
+        while not self._closing:
+            with self.lock:
+                self._do_kills()
+                live = [h for h in self.roles.values() if h.returncode is None]
+                for handle in live:
+                    assert handle.loop is not None
+                    with logs.node_scope(handle.name):
+                        going = handle.loop.turn(0)
+                    if not going:
+                        self._ended(handle, handle.loop.exit_code)
+                live = [h for h in live if h.returncode is None]
+                now = time.monotonic()
+                timeout = min((h.loop.poll_timeout(now) for h in live if h.loop is not None),
+                              default=0.5)
+                poller = zmq.Poller()
+                poller.register(self._wake_r, zmq.POLLIN)
+                for handle in live:
+                    assert handle.loop is not None
+                    for sock, events in handle.loop.watched():
+                        poller.register(sock, events)
+            try:
+                ready = poller.poll(int(timeout * 1000))
+            except zmq.ZMQError as exc:   # a socket closed meanwhile (a role killed): turn again
+                if exc.errno != zmq.ENOTSOCK:
+                    self.errors.append(f"poll: {exc}")
+                continue
+            if any(fd == self._wake_r for fd, _ in ready):
+                while select.select([self._wake_r], [], [], 0)[0]:
+                    os.read(self._wake_r, 4096)
+
+    # -- logs --------------------------------------------------------------------------------------
+    def _log_to(self, name: str) -> None:
+        """``<log_dir>/<name>.log``: the role's lines, as its process's output would be."""
+        path = self.log_dir / f"{name}.log"
+        if any(getattr(h, "baseFilename", None) == str(path.absolute())
+               for h in self._handlers):
+            return
+        handler = logging.FileHandler(path, encoding="utf-8")
+        handler.setFormatter(logs.line_format(name))
+        handler.addFilter(logs.OfNode(name))
+        logging.getLogger().addHandler(handler)
+        self._handlers.append(handler)
+
+    def say(self, name: str, text: str) -> None:
+        """Lines a role's process prints (control's headline) into its log."""
+        with logs.node_scope(name):
+            logs.to_file(text)
+            for handler in self._handlers:
+                for line in text.splitlines():
+                    handler.handle(logging.makeLogRecord({"msg": line, "printed": True}))
+
+    # -- the end -------------------------------------------------------------------------------
+    def close(self, grace_s: float = 10.0) -> None:
+        """SIGTERM to every live role, ``grace_s`` for them to end, then kill what is left; the
+        thread stopped, the logs closed (every file handler a role added under ``run_dir`` too).
+        """
+        for handle in list(self.roles.values()):
+            handle.terminate()
+        deadline = time.monotonic() + grace_s
+        for handle in list(self.roles.values()):
+            try:
+                handle.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                handle.kill()
+        self._closing = True
+        self.wake()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        root = logging.getLogger()
+        for handler in list(root.handlers):
+            if handler in self._handlers or (
+                    isinstance(handler, logging.FileHandler)
+                    and any(isinstance(f, logs.OfNode) and f.node_id in self.roles
+                            for f in handler.filters)):
+                root.removeHandler(handler)
+                handler.close()
+        root.setLevel(self._root_level)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+class StartError(Exception):
+    """A role that cannot start (a bad job file, a port in use): its process would say this
+    line and exit with ``status``."""
+
+    def __init__(self, message: str, status: int = 2):
+        super().__init__(message)
+        self.status = status
