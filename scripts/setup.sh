@@ -28,7 +28,7 @@ if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
     "${pip[@]}" install -q "$ZBUS_TORCH_SPEC"
   else
     echo "zbus setup: installing PyTorch (CPU build)" >&2
-    if ! "${pip[@]}" install -q "torch==2.13.0+cpu" 2>/dev/null; then
+    if ! "${pip[@]}" install -q --no-compile "torch==2.13.0+cpu" 2>/dev/null; then
       # No local CPU wheel of that version: take the current CPU build from PyTorch's index.
       "${pip[@]}" install -q torch --index-url https://download.pytorch.org/whl/cpu
     fi
@@ -42,8 +42,18 @@ want=$({ cat "$root/pyproject.toml"; [ "$extras" = test ] || echo "extras=$extra
        | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "zbus setup: installing zbus${extras:+ with [$extras]}" >&2
+  uv=()
+  if [ "${ZBUS_SETUP_PIP:-}" != 1 ]; then
+    "$venv/bin/python" -m uv --version >/dev/null 2>&1 \
+      || "${pip[@]}" install -q --no-compile "uv>=0.5,<1" >/dev/null 2>&1 || true
+    if "$venv/bin/python" -m uv --version >/dev/null 2>&1; then
+      uv=("$venv/bin/python" -m uv pip install --python "$venv/bin/python" -q)
+    fi
+  fi
+  if [ ${#uv[@]} -gt 0 ] && "${uv[@]}" -e "$target"; then
+    :   # uv keeps what is installed when it satisfies the requirement: torch above, say
   # pip's own status decides (pipefail): only the filter of one harmless warning may find nothing
-  if ! "${pip[@]}" install -q -e "$target" 2>&1 \
+  elif ! "${pip[@]}" install -q -e "$target" 2>&1 \
       | { grep -v "is ignored: it is neither" >&2 || true; }; then
     echo "zbus setup: installing zbus into $venv failed (pip's message above)" >&2
     exit 1
