@@ -32,9 +32,10 @@ recorded it (``roles.algorithms.shard.window_work``): control turns them into th
 predictor's history. When control publishes a key map in phase ``move``, the shard waits until no
 training batch it holds still expects gradients, sends every other shard one Handover with
 the rows (and Adagrad state) it no longer owns, takes the rows others send it, and reports
-Moved. ``--slowdown N`` (a test aid) makes the shard N times as slow: it sleeps (N - 1) x the
-CPU time each piece of work took (and counts that as its processing time); ``--write-delay S``
-(another) makes its checkpoint writer wait S seconds before writing.
+Moved. ``--slowdown N`` (a test aid) makes the shard N times as slow: after each piece of work
+it rests (``Loop.rest``: handles nothing) (N - 1) x the CPU time the work took, and counts N x
+that time as its processing time; ``--write-delay S`` (another) makes its checkpoint writer
+wait S seconds before writing.
 """
 
 from __future__ import annotations
@@ -290,7 +291,7 @@ class Shard(Node):
         """Count a piece of work (``op``: lookup or update) begun at thread time ``started``."""
         took = time.thread_time() - started
         if self.slowdown > 1:
-            time.sleep((self.slowdown - 1) * took)  # a slower machine: busy for longer
+            self.rest((self.slowdown - 1) * took)  # a slower machine: busy for longer
             took *= self.slowdown
         self.work.add(window, op, pairs, took)
         self.counts[f"{op}_s"] += took

@@ -93,6 +93,7 @@ class Loop:
         self.idle_s = 0.0  # time spent waiting in poll: 1 - idle_s / uptime is the loop's load
         self.longest_turn_s = 0.0  # the longest a turn of the loop kept it from polling
         self.wake_at: float | None = None  # a role that needs on_tick sooner than a heartbeat
+        self.resting_until = 0.0   # rest(): the loop handles nothing before this time
         self._handlers: dict[sockets.Socket, tuple[Handler, bool]] = {}
         # what each connected socket was made with, and where its endpoint's name pointed then
         self._connected: dict[sockets.Socket, tuple[int, str, Handler | None, dict[str, Any],
@@ -197,10 +198,19 @@ class Loop:
         return self.exit_code
 
     def poll_timeout(self, now: float) -> float:
-        """How long the next turn may wait for a socket: a heartbeat, or until ``wake_at``."""
+        """How long the next turn may wait for a socket: a heartbeat, or until ``wake_at``, or
+        while the loop rests (``rest``)."""
+        if now < self.resting_until:
+            return self.resting_until - now
         if self.wake_at is None:
             return self.heartbeat_s
         return min(self.heartbeat_s, max(0.0, self.wake_at - now))
+
+    def rest(self, seconds: float) -> None:
+        """Handle nothing for ``seconds`` (no socket read, no tick): a machine that is slower by
+        as much (a test and demo aid, ``--slowdown``). Unlike a sleep it holds up nothing else
+        a process runs beside this loop."""
+        self.resting_until = max(self.resting_until, time.monotonic() + seconds)
 
     def turn(self, timeout_s: float | None = None) -> bool:
         """One turn: wait up to ``timeout_s`` (default ``poll_timeout``; 0: only look) for a
@@ -232,6 +242,10 @@ class Loop:
     def _turn(self, timeout_s: float | None) -> None:
         waited = time.monotonic()
         timeout = self.poll_timeout(waited) if timeout_s is None else timeout_s
+        if waited < self.resting_until:   # resting (rest): the time passes, nothing is done
+            time.sleep(min(timeout, self.resting_until - waited))
+            self.idle_s += time.monotonic() - waited
+            return
         ready = self.poller.poll(int(timeout * 1000))
         woke = self._turn_began = time.monotonic()
         self.idle_s += woke - waited
@@ -247,7 +261,9 @@ class Loop:
 
     def watched(self) -> list[tuple[sockets.Socket, int]]:
         """The sockets this loop watches and for what (``zmq.POLLIN``/``POLLOUT``): what one
-        process driving several loops waits on."""
+        process driving several loops waits on (none while it rests)."""
+        if time.monotonic() < self.resting_until:
+            return []
         return list(self._events.items())
 
     def _drain(self, sock: sockets.Socket) -> None:

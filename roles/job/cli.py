@@ -21,7 +21,7 @@ from zbus.logs import setup_logging
 from zbus.node import install_signals
 
 MAX_WORKERS = 255
-SLOWED_ROLES = {"worker": "per batch (idling)", "ps": "per piece of work (sleeping)"}
+SLOWED_ROLES = {"worker": "per batch (idling)", "ps": "per piece of work (resting)"}
 
 
 def integer(text: str) -> int:
