@@ -20,7 +20,7 @@ from roles.model.files import (
     save_embeddings,
 )
 from roles.model.npz_stream import Entry, whole, write_npz
-from roles.storage.local import atomic_write
+from zbus.files import atomic_write
 
 DIM = 4
 

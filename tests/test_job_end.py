@@ -22,9 +22,9 @@ from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.checkpoint import shard as shard_checkpoints
 from roles.checkpoint.background import ForkedWrite
 from roles.checkpoint.files import checkpoints_dir
-from roles.storage.local import temp_path
 from zbus import sockets
 from zbus.endpoints import CONTROL
+from zbus.files import temp_path
 from zbus.logs import log_path
 
 ZIPF_JOB = REPO / "jobs" / "zipf.toml"   # placement mode skew: control has a trainer child

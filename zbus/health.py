@@ -3,8 +3,8 @@ readiness probes run ``zbus-probe live|ready`` in the role's container).
 
 Only when ``ZBUS_HEALTH_FILE`` names it (the transport writes no file otherwise), the loop
 (``zbus.node.Loop``) writes ``{"node", "pid", "time", "state"}`` there about once per
-heartbeat interval and whenever the state changes, atomically (a temporary file, then
-``os.replace``): ``time`` is the wall clock, ``state`` one of
+heartbeat interval and whenever the state changes, atomically (``zbus.files.atomic_write``):
+``time`` is the wall clock, ``state`` one of
 
 - ``starting``: the process runs, but has not joined the job yet (a node before control's
   Welcome);
@@ -27,6 +27,8 @@ from typing import Any
 
 import orjson
 import psutil
+
+from zbus.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +58,8 @@ class HealthFile:
         self.state, self.written_at = state, time.monotonic()
         record = {"node": self.node, "pid": os.getpid() if pid is None else pid,
                   "time": time.time(), "state": state}
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            temporary.write_bytes(orjson.dumps(record))
-            os.replace(temporary, self.path)
+            atomic_write(self.path, orjson.dumps(record), durable=False)
         except OSError as exc:
             if not self._failed:
                 self._failed = True

@@ -25,7 +25,6 @@ so a checkpoint interrupted between its data and its manifest is never used eith
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,8 +33,8 @@ import numpy as np
 import orjson
 
 from roles.storage.fs import StorageError
-from roles.storage.local import atomic_write, temp_path
 from roles.storage.store import Store, basename, parent
+from zbus.files import atomic_file, atomic_write
 
 if TYPE_CHECKING:
     from roles.job.settings import Job
@@ -55,27 +54,14 @@ def checkpoint_dir(run_dir: Path | str, number: int) -> Path:
     return checkpoints_dir(run_dir) / f"{number:06d}"
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_npz(path: Path, **arrays: np.ndarray) -> int:
     """Write arrays as ``.npz`` straight to a temporary file (no copy of them in memory),
     fsync, rename, fsync the directory; the bytes written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(path, os.getpid())
-    with open(tmp, "wb") as f:
+    with atomic_file(path) as f:
         # allow_pickle given, as its default: else mypy checks the arrays against it too
         np.savez(f, allow_pickle=True, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
         size = f.tell()
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
     return size
 
 

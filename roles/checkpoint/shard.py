@@ -40,8 +40,8 @@ from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.checkpoint.background import ForkedWrite, ThreadWrite
 from roles.checkpoint.files import meta_array, number_name, read_meta, save_npz, shard_part
 from roles.protocol.checkpoint import CheckpointPart
-from roles.storage.local import temp_path
 from roles.storage.store import Store
+from zbus.files import temp_path
 
 
 @dataclass

@@ -13,7 +13,7 @@ import orjson
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
 from roles.protocol.model_parallel import ModelPlan
-from roles.storage.local import atomic_write
+from zbus.files import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -100,10 +100,10 @@ from roles.protocol.lifecycle import EpochTrained, EvalReport, Exported, Members
 from roles.protocol.operator import ControlReply, ControlRequest, Status
 from roles.protocol.placement import Drained, KeyCounts, Moved, WindowWork
 from roles.storage.fs import StorageError
-from roles.storage.local import atomic_write
 from zbus import security
 from zbus.codec import Envelope, ProtocolError
 from zbus.endpoints import CONTROL_ID
+from zbus.files import atomic_write
 from zbus.messages import (
     Failure,
     Heartbeat,

@@ -16,7 +16,7 @@ from roles.control.commands import Commands
 from roles.job.rundir import MetricsLog
 from roles.job.settings import AggregationConfig
 from roles.protocol.operator import Settings
-from roles.storage.local import atomic_write
+from zbus.files import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -48,9 +48,9 @@ from roles.control.rounds import Rounds, RoundsState
 from roles.control.settings import LiveSettings, SettingsState
 from roles.job.settings import Job, job_to_toml
 from roles.storage.fs import StorageError
-from roles.storage.local import atomic_write
 from roles.storage.store import Store, basename
 from zbus.codec import Message, decode
+from zbus.files import atomic_write
 
 STATE_FILE = "control-state.json"
 HISTORY_FILE = "control-history.json"

@@ -48,6 +48,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from roles.storage import fs as storage
+from zbus.files import atomic_write
 
 MARK_BYTES = 16 << 20      # a line start is marked about every 16 MiB of a large text file,
 MIN_MARK_BYTES = 64 << 10  # and 256 times in a smaller one, at least 64 KiB apart
@@ -190,28 +191,66 @@ def resolve_paths(path: str, fmt: str, what: str = "[data] path") -> list[str]:
     file a glob matches (sorted); ``~`` is the home directory. ``what`` names ``path`` in the
     errors. The same of an ``s3://`` URI: an object, a prefix's objects, or a glob in its last
     name."""
-    if storage.is_uri(path):
-        try:
-            return _resolve_uri(path, fmt, what)
-        except storage.StorageError as exc:
-            raise DataError(f"{what} {exc}") from None
-    path = os.path.expanduser(path)
-    if any(c in path for c in "*?["):
-        paths = sorted(p for p in glob.glob(path) if os.path.isfile(p))
-    elif os.path.isdir(path):
-        found = sorted(p for p in Path(path).iterdir() if not p.name.startswith("."))
-        paths = [str(p) for p in found if p.is_file()
-                 and any(fnmatch.fnmatch(p.name, pattern) for pattern in DATA_PATTERNS[fmt])]
-        if not paths:
-            raise _no_data_file(what, path, fmt, [p.name + ("/" if p.is_dir() else "")
-                                                  for p in found])
-    elif os.path.exists(path):
-        paths = [path]
+    uri = storage.is_uri(path)
+    if uri:
+        scheme, _, rest = path.partition("://")
+        path = f"{scheme}://{rest.rstrip('/')}"
     else:
-        raise DataError(f"{what} {path!r} does not exist")
+        path = os.path.expanduser(path)
+    try:
+        if any(c in path for c in "*?["):
+            paths = _glob(path, what)
+            if not paths:
+                raise DataError(f"{what} {path!r} matches no {'object' if uri else 'file'}")
+            return paths
+        kind = _kind(path)
+        if kind == "file":
+            return [path]
+        if kind != "directory":
+            raise DataError(f"{what} {path!r} does not exist{_no_bucket(path)}")
+        # a local directory as pathlib names it (no "./", no trailing "/")
+        found = [(loc, i) for loc, i in storage.listing(path if uri else str(Path(path)))
+                 if not i.base_name.startswith(".")]
+    except storage.StorageError as exc:
+        raise DataError(f"{what} {exc}") from None
+    paths = [loc for loc, i in found if storage.is_file(i)
+             and any(fnmatch.fnmatch(i.base_name, pattern) for pattern in DATA_PATTERNS[fmt])]
     if not paths:
-        raise DataError(f"{what} {path!r} matches no file")
+        raise _no_data_file(what, path, fmt, [i.base_name + ("/" if storage.is_directory(i)
+                                                             else "") for _, i in found])
     return paths
+
+
+def _glob(pattern: str, what: str) -> list[str]:
+    """The files a glob matches, sorted: on the local disk anywhere in the path, in an object
+    store in its last name only."""
+    if not storage.is_uri(pattern):
+        return sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+    parent, _, name = pattern.rpartition("/")
+    if "://" not in parent or any(c in parent for c in "*?["):
+        raise DataError(f"{what} {pattern!r}: a URI's glob may only be in its last name")
+    return [loc for loc, info in storage.listing(parent)
+            if storage.is_file(info) and fnmatch.fnmatch(info.base_name, name)]
+
+
+def _kind(path: str) -> str | None:
+    """"file", "directory", or None when there is nothing at ``path`` (anything on the local
+    disk that is not a directory is read as a file)."""
+    if not storage.is_uri(path):
+        return "directory" if os.path.isdir(path) else "file" if os.path.exists(path) else None
+    info = storage.file_info(path)
+    return "file" if storage.is_file(info) else "directory" if storage.is_directory(info) \
+        else None
+
+
+def _no_bucket(uri: str) -> str:
+    """`` (there is no bucket ...)`` when a URI below a bucket names one that does not exist."""
+    if not storage.is_uri(uri):
+        return ""
+    scheme, _, rest = uri.partition("://")
+    bucket = rest.split("/", 1)[0]
+    missing = storage.file_info(f"{scheme}://{bucket}").type == pafs.FileType.NotFound
+    return f" (there is no bucket {bucket!r})" if missing and "/" in rest.strip("/") else ""
 
 
 def _no_data_file(what: str, path: str, fmt: str, names: list[str]) -> DataError:
@@ -219,37 +258,6 @@ def _no_data_file(what: str, path: str, fmt: str, names: list[str]) -> DataError
                                    else "") if names else "nothing"
     return DataError(f"{what} {path!r} is a directory with no {fmt} data file in it "
                      f"(looked for {', '.join(DATA_PATTERNS[fmt])}; found {held})")
-
-
-def _resolve_uri(uri: str, fmt: str, what: str) -> list[str]:
-    """``resolve_paths`` of an object-store URI."""
-    scheme, _, rest = uri.partition("://")
-    uri = f"{scheme}://{rest.rstrip('/')}"
-    if any(c in uri for c in "*?["):
-        parent, _, pattern = uri.rpartition("/")
-        if "://" not in parent or any(c in parent for c in "*?["):
-            raise DataError(f"{what} {uri!r}: a URI's glob may only be in its last name")
-        paths = [loc for loc, info in storage.listing(parent)
-                 if info.type == pafs.FileType.File and fnmatch.fnmatch(info.base_name, pattern)]
-        if not paths:
-            raise DataError(f"{what} {uri!r} matches no object")
-        return paths
-    info = storage.file_info(uri)
-    if info.type == pafs.FileType.File:
-        return [uri]
-    if info.type != pafs.FileType.Directory:
-        bucket = rest.split("/", 1)[0]
-        missing = storage.file_info(f"{scheme}://{bucket}").type == pafs.FileType.NotFound
-        raise DataError(f"{what} {uri!r} does not exist" + (
-            f" (there is no bucket {bucket!r})" if missing and "/" in rest.strip("/") else ""))
-    found = [(loc, i) for loc, i in storage.listing(uri) if not i.base_name.startswith(".")]
-    paths = [loc for loc, i in found if i.type == pafs.FileType.File
-             and any(fnmatch.fnmatch(i.base_name, pattern) for pattern in DATA_PATTERNS[fmt])]
-    if not paths:
-        raise _no_data_file(what, uri, fmt, [i.base_name + ("/" if i.type ==
-                                                             pafs.FileType.Directory else "")
-                                             for _, i in found])
-    return paths
 
 
 def kind_of(path: str, fmt: str) -> str:
@@ -457,9 +465,7 @@ def index_files(paths: list[str], fmt: str, cache_dir: Path | None = None,
     index = [index_file(p, fmt, advance) for p in paths]
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(orjson.dumps([asdict(f) for f in index]))
-        os.replace(tmp, cached)
+        atomic_write(cached, orjson.dumps([asdict(f) for f in index]), durable=False)
     return index
 
 

@@ -62,7 +62,7 @@ from roles.data.index import (
 )
 from roles.data.transforms import FLOAT32_MAX
 from roles.storage.fs import is_uri
-from roles.storage.local import atomic_write
+from zbus.files import atomic_write
 
 CHUNK_BYTES = 8 << 20
 PARQUET_BATCH_ROWS = 1 << 16

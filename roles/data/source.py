@@ -46,9 +46,9 @@ from roles.data.stats import (
     summarize,
     summary_key,
 )
-from roles.data.stream import Preparer, Weighting
+from roles.data.stream import Preparer
 from roles.data.synthetic import BLOCK_ROWS, Generator
-from roles.job.settings import DECAY_UNITS, Job
+from roles.job.settings import Job
 
 ORACLE_ROWS = 1_000_000   # eval rows the oracle AUC of synthetic data is measured on, at most
 
@@ -189,10 +189,7 @@ class DataSource:
                      summarize(iter(held(p)), p.number, len(self.schema.dense), d.log1p, sample,
                                whole) for p in training]
         transform, newest = merge_summaries(summaries, d.log1p, len(self.schema.dense))
-        unit = DECAY_UNITS[d.decay_unit]
-        return Preparer(self.job.layout(), transform,
-                        Weighting(d.decay_base, unit, d.drop_below, d.merge,
-                                  None if newest is None else newest // unit))
+        return Preparer.for_job(self.job, transform, newest)
 
     def oracle_scores(self, parts: list[Part]) -> tuple[np.ndarray, np.ndarray] | None:
         """Synthetic data: the labels and true probabilities of (up to ``ORACLE_ROWS`` of) the

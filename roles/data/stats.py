@@ -14,7 +14,6 @@ summaries of the parts it reads are cached under ``[data] cache_dir`` with the d
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import orjson
 from roles.data.index import FileIndex, Part, cache_name
 from roles.data.readers import CHUNK_BYTES, RawBlock, Rejected, Schema
 from roles.data.transforms import DenseTransform, signed_log1p
+from zbus.files import atomic_write
 
 STATS_VERSION = 2          # 2: the label, dense and timestamp columns alone are read
 SAMPLE_CHUNK_BYTES = 256 << 10   # a sample is read in chunks of at least this many bytes
@@ -145,9 +145,7 @@ def cached_summary(path: Path, make: Callable[[], PartSummary]) -> PartSummary:
             pass
     summary = make()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(orjson.dumps(summary.to_json()))
-    os.replace(tmp, path)
+    atomic_write(path, orjson.dumps(summary.to_json()), durable=False)
     return summary
 
 

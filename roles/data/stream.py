@@ -28,6 +28,7 @@ from roles.data.readers import RawBlock
 from roles.data.transforms import DenseTransform
 from roles.data.weighting import weigh
 from roles.job.fields import FieldLayout
+from roles.job.settings import DECAY_UNITS, Job
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,17 @@ class Preparer:
     def __init__(self, layout: FieldLayout, transform: DenseTransform,
                  weighting: Weighting | None):
         self.layout, self.transform, self.weighting = layout, transform, weighting
+
+    @classmethod
+    def for_job(cls, job: Job, transform: DenseTransform, newest: int | None) -> Preparer:
+        """``job``'s preparation of rows once the training data's statistics are known: the
+        dense ``transform``, and the newest timestamp (None: none) that time decay counts
+        from (``[data]`` decay, drop and merge settings)."""
+        d = job.data
+        unit = DECAY_UNITS[d.decay_unit]
+        return cls(job.layout(), transform,
+                   Weighting(d.decay_base, unit, d.drop_below, d.merge,
+                             None if newest is None else newest // unit))
 
     def keys(self, block: RawBlock) -> np.ndarray:
         """The block's keys in the layout's slots (``slot_keys``)."""

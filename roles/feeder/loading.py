@@ -31,10 +31,10 @@ from roles.data.index import DataError, Part, exact_rows
 from roles.data.rejected import RejectedRows
 from roles.data.source import DataSource
 from roles.data.statistics_pass import StatisticsPass
-from roles.data.stream import Parsed, Preparer, Tally, Weighting
+from roles.data.stream import Parsed, Preparer, Tally
 from roles.data.transforms import DenseTransform
 from roles.feeder.streams import PartStreams
-from roles.job.settings import DECAY_UNITS, Job
+from roles.job.settings import Job
 from roles.model.files import TRANSFORM, write_json
 from roles.protocol.datapath import DataIndex, DataStats, PartMap
 from roles.protocol.status import TaskFigures
@@ -184,13 +184,10 @@ class Loading:
 
     def take_stats(self, m: DataStats) -> None:
         """Control's merged statistics: the dense transform, the weighting, the preparer."""
-        data = self.job.data
         self.transform = DenseTransform(log1p=m.log1p, mean=np.array(m.mean),
                                         std=np.array(m.std))
-        unit = DECAY_UNITS[data.decay_unit]
-        weighting = Weighting(data.decay_base, unit, data.drop_below, data.merge,
-                              None if m.newest < 0 else m.newest // unit)
-        self.preparer = Preparer(self.job.layout(), self.transform, weighting)
+        self.preparer = Preparer.for_job(self.job, self.transform,
+                                         None if m.newest < 0 else m.newest)
         self.progress = None
         if self.statistics is not None:
             self.statistics.clear()

@@ -39,8 +39,8 @@ from roles.algorithms.shard.key_index import KeyIndex
 from roles.model.npz_stream import Entry, whole, write_npz
 from roles.protocol.lifecycle import Export, Exported
 from roles.storage.fs import is_uri
-from roles.storage.local import atomic_write
 from roles.storage.store import Store
+from zbus.files import atomic_write
 
 MANIFEST = "manifest.json"
 DENSE = "dense.npz"

@@ -3,7 +3,7 @@ format ``np.savez`` writes and ``np.load`` reads (a zip archive, ZIP_STORED, eve
 each entry a ``.npy`` file: the header of ``numpy.lib.format``, then the array's bytes in C
 order), without the arrays whole in memory. An entry's shape (so its length) must be known
 before its first byte; its pieces, given in order, must add up to exactly that. The file is
-written through ``roles.storage.local.atomic_file``: a reader sees the old file or the whole
+written through ``zbus.files.atomic_file``: a reader sees the old file or the whole
 new one, and a failure part way (a piece that raises, pieces that do not add up) leaves the
 destination as it was and no temporary file."""
 
@@ -18,7 +18,7 @@ from typing import IO
 import numpy as np
 from numpy.lib import format as npy
 
-from roles.storage.local import atomic_file
+from zbus.files import atomic_file
 
 
 @dataclass

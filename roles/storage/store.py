@@ -31,7 +31,7 @@ from roles.storage.fs import (
     listing,
     open_input,
 )
-from roles.storage.local import atomic_write, temp_glob
+from zbus.files import atomic_write, temp_glob
 
 
 def parent(location: str) -> str:

@@ -43,7 +43,7 @@ from roles.data.rejected import RejectedRows
 from roles.data.stats import Moments
 from roles.job.cli import integer, load_job_or_exit
 from roles.job.settings import DataConfig, Job, toml_value
-from roles.storage.local import atomic_write
+from zbus.files import atomic_write
 
 
 def table_of(schema: Schema, block: RawBlock) -> pa.Table:

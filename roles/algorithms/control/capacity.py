@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from roles.storage.local import atomic_write
+from zbus.files import atomic_write
 
 OPERATIONS = ("lookup", "update")
 OUTLIER_MADS = 3.5

@@ -23,6 +23,7 @@ import orjson
 
 from roles.algorithms.feeding.ledger import PartProgress
 from roles.protocol.datapath import split_batch_id
+from zbus.files import atomic_write
 
 RECORD = np.dtype([("batch_id", "<i8"), ("samples", "<i4"), ("loss_sum", "<f8"),
                    ("weight_sum", "<f8"), ("worker", "<u2")])
@@ -93,9 +94,7 @@ class AckLog:
             _add(t, acked_by, self.records(epoch))
             t["epochs"] = sorted({*t["epochs"], epoch})
         t["acked_by"] = dict(acked_by)
-        tmp = self.totals_path.with_name(f".{self.totals_path.name}.tmp")
-        tmp.write_bytes(orjson.dumps(t))
-        os.replace(tmp, self.totals_path)
+        atomic_write(self.totals_path, orjson.dumps(t), durable=False)
         for epoch in old:
             fd = self.fds.pop(epoch, None)
             if fd is not None:

@@ -1,4 +1,6 @@
-"""Files written whole on the local disk."""
+"""Files written whole on the local disk: under a temporary name, then renamed into place, so
+that a reader, or a process started after a crash, sees the old file or the whole new one. Every
+file a role or the transport (its health file) writes that way goes through ``atomic_file``."""
 
 from __future__ import annotations
 
