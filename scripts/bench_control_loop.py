@@ -27,8 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import orjson
-
 from roles.algorithms.control.capacity import CapacityPredictor, read_records  # noqa: E402
 from roles.testbed.local_cluster import LocalCluster  # noqa: E402  (the test harness)
 
@@ -59,7 +57,7 @@ def run(workdir: Path, mode: str, windows: int, rate: float, seconds: float | No
         elapsed = time.monotonic() - started
         c.procs["control-0"].send_signal(signal.SIGTERM)
         c.wait("control-0", timeout=60)
-        s = orjson.loads((c.run_dir / "summary.json").read_bytes())
+        s = c.summary()
         placed = [e for e in c.events() if e["event"] == "placement_window"]
         return {"elapsed": elapsed, "turn": s["longest_turn_s"]["control-0"],
                 "windows": len(placed), "placement": s["placement"],

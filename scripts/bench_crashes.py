@@ -50,14 +50,14 @@ def run(workdir: Path, victim: str | None, restart: list[str] | None, extra: dic
         c.wait(timeout=600)
         s = c.summary()
         rejoined = sum(e["event"] == "rejoin" for e in c.events())
-    slices = s.get("slices") or {}
+    parts = s["parts"]   # None: the data was never indexed
     return {"status": s["status"], "reason": s["reason"], "wall_s": s["wall_s"],
             "auc": s["auc"], "samples": s["samples_trained"],
             "by_workers": s["samples_trained_by_workers"],
             "requeued": s["requeued_batches"],
             "refused_updates": s["duplicates_refused"]["embedding_updates"],
-            "recovery": (s["recovery"] or s["shard_recoveries"] or slices.get("feeders_lost")
-                         or slices.get("feeder_recoveries")
+            "recovery": (s["recovery"] or s["shard_recoveries"]
+                         or (parts and (parts["feeders_lost"] or parts["feeder_recoveries"]))
                          or (f"{rejoined} nodes joined the resumed control" if rejoined
                              else None))}
 

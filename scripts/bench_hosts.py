@@ -36,6 +36,7 @@ import orjson
 
 REPO = Path(__file__).resolve().parent.parent
 from roles.job.settings import load_job  # noqa: E402
+from roles.job.summary import read_summary  # noqa: E402
 from roles.testbed.local_cluster import LocalCluster, clean_environ  # noqa: E402  (the test harness)
 from roles.testbed.netns import HOSTS, Hosts, namespaces_allowed  # noqa: E402
 from roles.tools.keys import make_keys  # noqa: E402
@@ -120,7 +121,7 @@ def run_namespaces(workdir: Path, epochs: int, curve: str, rtt_ms: float, rate: 
             links = hosts.link_bytes()
         finally:
             stop(procs)
-    out = figures(orjson.loads((workdir / "run" / "summary.json").read_bytes()), links)
+    out = figures(read_summary(workdir / "run"), links)
     if hosts.bridge_stats:
         out["bridge"] = {k: hosts.bridge_stats[k]
                          for k in ("frames", "super_frames", "largest", "send_errors")}

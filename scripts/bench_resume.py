@@ -35,6 +35,8 @@ from pathlib import Path
 
 import psutil
 
+from roles.job.summary import read_summary
+
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 ADULT_TRAIN_ROWS = 39074
@@ -112,7 +114,7 @@ def run(case: str, work: Path, n: int) -> dict:
         proc = honcho(run_dir, log, resume=True)
     if proc.wait(timeout=600) != 0:
         raise SystemExit(f"{case} run {n} failed: see {log}")
-    s = json.loads((run_dir / "summary.json").read_text())
+    s = read_summary(run_dir)
     rollbacks = s["checkpoints"].get("rollbacks", [])
     if rollbacks:
         back_to = rollbacks[0]

@@ -4,13 +4,14 @@ metrics and state records, no sockets and no Control around it."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
 
-from roles.algorithms.control.membership import Members
+from roles.algorithms.control.membership import Members, Stalls
 from roles.algorithms.shared.metrics import ScoreHistogram
 from roles.checkpoint.files import checkpoint_dir, read_manifest, store_of
 from roles.control.checkpoints import Checkpoints
@@ -20,10 +21,12 @@ from roles.control.exports import Exports
 from roles.control.feeding import Feeding
 from roles.control.health import Health
 from roles.control.main import recovery_line
+from roles.control.placement import PlacementKeeper
 from roles.control.recovery import Recovery, recovery_counts
 from roles.control.rounds import Rounds
 from roles.control.settings import LiveSettings
 from roles.control.state import (
+    ControlComponents,
     ControlHistory,
     ControlState,
     ResumeError,
@@ -31,6 +34,7 @@ from roles.control.state import (
     write_history,
     write_state,
 )
+from roles.control.summary import run_summary, write_summary
 from roles.control.sync_modes import EveryMode, LazyMode, RoundMode, SyncMode, sync_mode
 from roles.job.rundir import MetricsLog, shown
 from roles.job.settings import (
@@ -41,6 +45,7 @@ from roles.job.settings import (
     TrainConfig,
     job_to_toml,
 )
+from roles.job.summary import Summary, SummaryError, read_summary
 from roles.job.sync_rules import SYNC_MODES
 from roles.protocol.checkpoint import Checkpoint, CheckpointDrained, CheckpointPart, Snapshotted
 from roles.protocol.datapath import DataIndex, DataStats, FeederProgress, PartMap, PartStats
@@ -353,7 +358,53 @@ def test_the_last_lines_say_what_the_job_recovered_from():
         "1 aggregator restore (from its backups: 2 rounds of dense updates lost); "
         "1 feeder restart (nothing lost); 1 whole-job restart (back to checkpoint 4: 5,000 "
         "samples trained again)")
-    assert recovery_line({"recovery": [], "parts": {}, "checkpoints": {}}) == ""
+    assert recovery_line({"shard_recoveries": [], "recovery": [], "parts": None,
+                          "checkpoints": {"rollbacks": []}}) == ""
+
+
+def test_the_summary_holds_every_part_and_reads_back_checked(tmp_path, metrics):
+    """The summary built from control's components has every key of its layout, reads back
+    as written, and a summary whose key vanished or changed type is refused in one line naming
+    it."""
+    bus, clock = Bus(), ProgressClock(0.0)
+    j = job(epochs=1)
+    m = members("feeder-0", "feeder-1", "ps-0", "aggregator-0", *WORKERS)
+    rounds = Rounds(EveryMode(8), m, bus.commands, metrics, clock)
+    feeding = feeding_of(bus, metrics, "feeder-0", "feeder-1")
+    exports = Exports(j, tmp_path, "run", bus.commands, metrics)
+    course = Course(j, bus.commands, metrics, rounds, feeding, exports, clock)
+    parts = ControlComponents(
+        m, bus.commands, course, rounds, feeding,
+        Recovery(j, m, bus.commands, metrics, clock), exports,
+        LiveSettings(j.aggregation, tmp_path / "config.toml", bus.commands, metrics),
+        PlacementKeeper(j, m, bus.commands, metrics, tmp_path, clock),
+        Checkpoints(j, store_of(tmp_path), m, bus.commands, rounds, metrics, clock,
+                    lambda n: {}))
+    counters = {"feeder-0": {"samples_acked": 60, "acked_by": {"worker-0": 60},
+                             "held_mb": 1.5},
+                "worker-0": {"samples_trained": 60, "uptime_s": 2.0, "idle_s": 1.0,
+                             "device": "cpu", "waiting_s": {"grant": 0.5},
+                             "batches_trained": 3},
+                "ps-0": {"keys": 7, "table": {"rows": 7}}}
+    summary = run_summary(parts, j, "failed", "ps-0: bad data", resume_from=None,
+                          counters=counters, wall_s=2.5, model_plan=None,
+                          stalls=Stalls(5.0, 1.0, 0.0))
+    path = write_summary(tmp_path, summary, None)
+    s = read_summary(tmp_path)
+    assert list(s) == list(summary) and set(s) == set(typing.get_type_hints(Summary))
+    assert s == orjson.loads(path.read_bytes())
+    assert (s["status"], s["samples_trained"], s["workers"]) == \
+        ("failed", 60, {"worker-0": 60, "worker-1": 0})
+    assert s["feeders"]["feeder-0"]["held_mb"] == 1.5 and s["busy"]["worker-0"] == 0.5
+    assert s["tables"]["total"]["rows"] == 7 and s["parts"]["parts"] == len(PARTS)
+    for broken in ({k: v for k, v in s.items() if k != "auc"}, {**s, "samples_trained": "60"},
+                   {**s, "checkpoints": {**s["checkpoints"], "complete": None}}):
+        path.write_bytes(orjson.dumps(broken))
+        with pytest.raises(SummaryError) as refused:
+            read_summary(path)
+        said = str(refused.value)
+        assert "\n" not in said and str(path) in said
+        assert any(k in said for k in ("`auc`", "$.samples_trained", "$.checkpoints.complete"))
 
 
 def test_live_settings_apply_all_or_nothing_and_are_appended_to_the_config(tmp_path,

@@ -1,5 +1,6 @@
-"""The documentation stays true: the job file reference is what the schema prints, and every
-relative link in README.md and docs/ points to a file (and a heading) that exists."""
+"""The documentation stays true: the job file reference is what the schema prints, every key of
+the summary is documented, and every relative link in README.md and docs/ points to a file (and a
+heading) that exists."""
 
 from __future__ import annotations
 
@@ -130,3 +131,16 @@ def test_the_partitioner_docs_give_the_codes_coarsening_target():
     text = (ROOT / "docs" / "architecture.md").read_text()
     assert "max(16, 2K) sets" in text and coarse_target(8) == max(16, 2 * 8)
     assert "about 2 sets per part" not in text + (ROOT / "docs" / "benchmarks.md").read_text()
+
+
+def test_every_key_of_the_summary_is_documented_under_run_files():
+    """docs/operations.md's ``summary.json`` entry names every key of the summary's layout
+    (``roles.job.summary.Summary``)."""
+    import typing
+
+    from roles.job.summary import Summary
+    text = (ROOT / "docs" / "operations.md").read_text()
+    entry = text[text.index("- `summary.json`"):text.index("- `metrics.jsonl`")]
+    keys = typing.get_type_hints(Summary)
+    assert len(keys) > 60, sorted(keys)
+    assert [k for k in keys if f"`{k}`" not in entry] == []

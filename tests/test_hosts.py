@@ -11,11 +11,11 @@ import signal
 import subprocess
 import time
 
-import orjson
 import pytest
 from harness import ADULT_JOB, REPO, hosts_or_skip
 
 from roles.job.settings import load_job
+from roles.job.summary import read_summary
 from roles.testbed.netns import HOSTS
 from roles.tools.keys import make_keys
 from zbus.security import OPERATOR
@@ -80,7 +80,7 @@ def train_across(hosts, tmp_path, curve: bool = True) -> dict:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait(timeout=30)
-    s = orjson.loads((tmp_path / "run" / "summary.json").read_bytes())
+    s = read_summary(tmp_path / "run")
     assert s["ok"] and s["auc"] >= 0.89, s["auc"]
     assert s["samples_trained"] == s["samples_in_data"]
     assert all(n > 0 for n in s["workers"].values())

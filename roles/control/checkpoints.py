@@ -47,6 +47,7 @@ from roles.control.rounds import Rounds
 from roles.data.hashing import KEY_HASH
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
+from roles.job.summary import CheckpointFigures
 from roles.protocol.checkpoint import Checkpoint, CheckpointDrained, CheckpointPart, Snapshotted
 from roles.protocol.status import CheckpointView, LatestCheckpoint, TaskFigures
 from roles.storage.fs import StorageError
@@ -311,9 +312,12 @@ class Checkpoints:
                      rec["shard_pause_s"] or 0.0, rec["bytes"], rec["total_s"])
         self.metrics.write("checkpoint", **rec)
 
-    def summary(self) -> dict:
+    def summary(self) -> CheckpointFigures:
         """The summary's ``checkpoints``: totals, the newest records, the rollbacks."""
-        return {"every_s": self.config.every_s, **self.totals,
+        t = self.totals
+        return {"every_s": self.config.every_s, "complete": int(t["complete"]),
+                "aborted": int(t["aborted"]), "bytes": int(t["bytes"]),
+                "max_pause_s": t["max_pause_s"], "max_shard_pause_s": t["max_shard_pause_s"],
                 "latest": self.complete or None, "latest_dir": self.latest_dir or None,
                 "rollbacks": self.rollbacks,
                 "retrained_samples": sum(r["retrained_samples"] for r in self.rollbacks),

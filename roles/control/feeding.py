@@ -45,6 +45,7 @@ from roles.control.commands import Commands, ProgressClock
 from roles.data.stats import Moments
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
+from roles.job.summary import PartsFigures
 from roles.protocol.datapath import DataIndex, DataStats, FeederProgress, PartMap, PartStats
 from roles.protocol.lifecycle import EpochTrained, EvalReport, FeederBack
 from zbus.endpoints import node_index
@@ -292,7 +293,7 @@ class Feeding:
                               f"feeder_back-{index}")
 
     # -- what the summary and a resumed control see -------------------------------------------
-    def summary(self) -> dict | None:
+    def summary(self) -> PartsFigures | None:
         m = self.part_map
         if m is None:
             return None

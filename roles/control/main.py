@@ -12,16 +12,17 @@ from roles.control.process import Control
 from roles.control.state import ResumeError, resumable_run
 from roles.job.cli import load_job_or_exit, parse_role_args
 from roles.job.rundir import shown
+from roles.job.summary import Summary
 from zbus.endpoints import CONTROL_ID
 from zbus.logs import setup_logging, to_file, to_run_dir
 from zbus.node import install_signals
 
 
-def headline(s: dict, path: Any) -> list[str]:
+def headline(s: Summary, path: Any) -> list[str]:
     """The run's last lines: how it ended, what it recovered from, how to resume it."""
     lines = []
     if s["ok"]:
-        oracle = f" (oracle {s['oracle_auc']:.4f})" if s.get("oracle_auc") else ""
+        oracle = f" (oracle {s['oracle_auc']:.4f})" if s["oracle_auc"] else ""
         lines.append(f"zbus: job {s['job']} completed in {s['wall_s']:.1f} s: auc "
                      f"{s['auc']:.4f}{oracle}, logloss {s['logloss']:.4f}")
         workers = ", ".join(f"{w} {n}" for w, n in s["workers"].items())
@@ -33,12 +34,12 @@ def headline(s: dict, path: Any) -> list[str]:
     recovered = recovery_line(s)
     if recovered:
         lines.append(f"zbus: {recovered}")
-    if s.get("resume_from") is not None:
+    if s["resume_from"] is not None:
         run = shown(s["run_dir"])
         lines.append(f"zbus: to go on from checkpoint {s['resume_from']}: ZBUS_RESUME={run} "
                      "scripts/start (the same job and ZBUS_* settings)")
     elif s["status"] == "interrupted":
-        every = (s.get("checkpoints") or {}).get("every_s") or 0
+        every = s["checkpoints"]["every_s"]
         when = f"the first is taken [checkpoint] every_s = {every:g} s into training" if every \
             else "[checkpoint] every_s = 0: only when asked"
         lines.append(f"zbus: no checkpoint was complete, so it cannot be resumed ({when})")
@@ -46,10 +47,10 @@ def headline(s: dict, path: Any) -> list[str]:
     return lines
 
 
-def recovery_line(s: dict) -> str:
+def recovery_line(s: Summary) -> str:
     """What the job recovered from and what that cost, in one line ("" when nothing)."""
     said = []
-    shards = s.get("shard_recoveries") or []
+    shards = s["shard_recoveries"]
     if shards:
         lost = [r["updates_lost"] for r in shards if r.get("restored")]
         known = sum(n for n in lost if isinstance(n, int))
@@ -58,21 +59,21 @@ def recovery_line(s: dict) -> str:
         if None in lost:
             cost += " and more not counted (a shard came back without its log of applied batches)"
         said.append(f"{count(len(shards), 'shard restart')} ({names}: {cost})")
-    aggregator = s.get("recovery") or []
+    aggregator = s["recovery"]
     if aggregator:
         rounds = sum(r["round"] - r["backup_round"] for r in aggregator
                      if isinstance(r.get("backup_round"), int))
         said.append(f"{count(len(aggregator), 'aggregator restore')} (from its backups: "
                     f"{count(rounds, 'round')} of dense updates lost)")
-    parts = s.get("parts") or {}
-    feeders = parts.get("feeder_recoveries") or []
+    parts = s["parts"]
+    feeders = parts["feeder_recoveries"] if parts else []
     if feeders:
         said.append(f"{count(len(feeders), 'feeder restart')} (nothing lost)")
-    handed = parts.get("feeders_lost") or []
+    handed = parts["feeders_lost"] if parts else []
     if handed:
         said.append(f"{count(len(handed), 'lost feeder')} (parts handed over: up to a "
                     "heartbeat of batches trained twice)")
-    rollbacks = (s.get("checkpoints") or {}).get("rollbacks") or []
+    rollbacks = s["checkpoints"]["rollbacks"]
     if rollbacks:
         again = sum(r.get("retrained_samples") or 0 for r in rollbacks)
         numbers = ", ".join(str(r["checkpoint"]) for r in rollbacks)
@@ -86,7 +87,7 @@ def count(n: int, thing: str) -> str:
     return f"{n} {thing}" + ("" if n == 1 else "s")
 
 
-def headline_also_in_log(s: dict, path: Any) -> None:
+def headline_also_in_log(s: Summary, path: Any) -> None:
     """The headline on stdout, and at the end of control's log file (``zbus.logs``)."""
     text = "".join(line + "\n" for line in headline(s, path))
     sys.stdout.write(text)

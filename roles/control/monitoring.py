@@ -19,6 +19,7 @@ from pathlib import Path
 
 from roles.job.rundir import shown
 from roles.job.settings import Job
+from roles.job.summary import Summary
 from roles.protocol.status import Final, StatusSnapshot
 
 log = logging.getLogger(__name__)
@@ -28,12 +29,12 @@ class MonitoringError(OSError):
     """A monitoring outlet cannot start (the port is taken, a package is missing)."""
 
 
-def final_figures(summary: dict, path: Path) -> Final:
+def final_figures(summary: Summary, path: Path) -> Final:
     """How the job ended, for the status's ``final``."""
-    return {"status": summary.get("status"), "reason": summary.get("reason", ""),
-            "auc": summary.get("auc"), "logloss": summary.get("logloss"),
-            "summary": shown(path), "wall_s": summary.get("wall_s"),
-            "samples_per_s": summary.get("samples_per_s")}
+    return {"status": summary["status"], "reason": summary["reason"],
+            "auc": summary["auc"], "logloss": summary["logloss"],
+            "summary": shown(path), "wall_s": summary["wall_s"],
+            "samples_per_s": summary["samples_per_s"]}
 
 
 class PrometheusEndpoint:

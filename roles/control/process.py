@@ -46,7 +46,7 @@ from roles.algorithms.control.membership import ALIVE, Members, NodeState, Stall
 from roles.algorithms.control.status import StatusBuilder
 from roles.algorithms.control.summary import feeder_totals, table_figures
 from roles.algorithms.shared.progress import Every, describe, epoch_line, seconds
-from roles.checkpoint.files import SUMMARY, checkpoint_store, latest_complete
+from roles.checkpoint.files import checkpoint_store, latest_complete
 from roles.control.checkpoints import Checkpoints
 from roles.control.commands import Commands, ProgressClock
 from roles.control.course import Course
@@ -81,12 +81,13 @@ from roles.control.state import (
     write_history,
     write_state,
 )
-from roles.control.summary import run_summary
+from roles.control.summary import run_summary, write_summary
 from roles.control.sync_modes import sync_mode
 from roles.job.cli import MAX_WORKERS, started_by_supervisor
 from roles.job.module_file import portable
 from roles.job.rundir import MetricsLog, make_run_dir
 from roles.job.settings import Job, job_to_toml
+from roles.job.summary import Summary
 from roles.protocol.checkpoint import CheckpointDrained, CheckpointPart, Snapshotted
 from roles.protocol.datapath import DataIndex, FeederProgress, PartStats
 from roles.protocol.dense_sync import (
@@ -99,7 +100,6 @@ from roles.protocol.dense_sync import (
 from roles.protocol.lifecycle import EpochTrained, EvalReport, Exported, Membership
 from roles.protocol.operator import ControlReply, ControlRequest, Status
 from roles.protocol.placement import Drained, KeyCounts, Moved, WindowWork
-from roles.storage.fs import StorageError
 from zbus import security
 from zbus.codec import Envelope, ProtocolError
 from zbus.endpoints import CONTROL_ID
@@ -131,7 +131,7 @@ class Closing:
     latest, the Stop the nodes were sent (a node that says Hello after it gets it too), the
     processes that started the nodes here, and when every one of them was seen gone."""
 
-    summary: dict
+    summary: Summary
     path: Path
     deadline: float
     stop: Stop
@@ -141,7 +141,7 @@ class Closing:
 
 class Control(Loop):
     def __init__(self, job: Job, environ: dict | None = None, resume: Path | None = None,
-                 headline: Callable[[dict, Path], None] = lambda summary, path: None):
+                 headline: Callable[[Summary, Path], None] = lambda summary, path: None):
         """``resume``: the run directory of a run whose control died, to go on with;
         ``headline`` tells the summary when the job ends."""
         c = job.cluster
@@ -760,26 +760,12 @@ class Control(Loop):
         self.course.phase = "done"   # a signal now (honcho stopping the others) changes nothing
         now = time.monotonic()
         self.placement.seal()
-        summary = run_summary(self.components, self.job, status, reason, model_plan=self.model_plan,
-                              counters={**{n: s.counters for n, s in self.members.nodes.items()},
-                                        self.node_id: {**self.traffic.as_dict(),
-                                                       "rejected_messages": dict(self.rejected),
-                                                       "idle_s": self.idle_s,
-                                                       "longest_turn_s": self.longest_turn_s,
-                                                       "uptime_s": now - self.started}},
-                              wall_s=now - self.started + self.run_before_s)
-        summary["resume_from"] = self.resume_from
-        summary["counters_not_final"] = self.members.not_final()
-        summary["stalls"] = list(self.stalls.events)
-        summary["stalls_total"] = self.stalls.count
-        path = self.run_dir / "summary.json"
-        atomic_write(path, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
-        if self.job.checkpoint.dir:   # beside the checkpoints too: a pod whose disk is gone
-            try:                      # learns there that the run ended (zbus-pod)
-                self.checkpoints.store.put_bytes(SUMMARY, orjson.dumps(
-                    summary, option=orjson.OPT_INDENT_2))
-            except (OSError, StorageError) as exc:
-                log.warning("the summary is not in %s: %s", self.job.checkpoint.dir, exc)
+        summary = run_summary(self.components, self.job, status, reason,
+                              resume_from=self.resume_from, counters=self.every_counter(now),
+                              wall_s=now - self.started + self.run_before_s,
+                              model_plan=self.model_plan, stalls=self.stalls)
+        path = write_summary(self.run_dir, summary,   # beside the checkpoints too: a pod
+                             self.checkpoints.store if self.job.checkpoint.dir else None)
         self.record_tables()
         if self.resume_from is None:
             self.save_state()  # phase done: the run cannot be resumed
@@ -796,6 +782,13 @@ class Control(Loop):
             self.exit_code = 128 + signal.Signals[self.termination]  # that a signal ended
         self.closing = Closing(summary, path, now + CLOSE_WAIT_S, stop,
                                supervisors(self.members.nodes.values()))
+
+    def every_counter(self, now: float) -> dict[str, dict[str, Any]]:
+        """Every node's last counters, and control's own."""
+        return {**{n: s.counters for n, s in self.members.nodes.items()},
+                self.node_id: {**self.traffic.as_dict(), "rejected_messages": dict(self.rejected),
+                               "idle_s": self.idle_s, "longest_turn_s": self.longest_turn_s,
+                               "uptime_s": now - self.started}}
 
     def close_down(self, now: float, closing: Closing) -> None:
         """The job has ended: the nodes leave (consoles keep seeing the final status), and

@@ -27,6 +27,7 @@ import orjson
 import psutil
 
 from roles.job.settings import Job, JobError, load_job
+from roles.job.summary import Summary, read_summary
 from roles.testbed.in_process import Driver, RoleHandle, StartError
 from zbus.sockets import free_tcp_ports
 
@@ -170,7 +171,7 @@ class LocalCluster:
         driver = self.driver
         assert driver is not None
 
-        def said(summary: dict, path: Path) -> None:
+        def said(summary: Summary, path: Path) -> None:
             driver.say(name, "".join(line + "\n" for line in headline(summary, path)))
 
         try:
@@ -262,8 +263,9 @@ class LocalCluster:
             said += "\n--- the in-process driver\n" + "\n".join(self.driver.errors)
         return said
 
-    def summary(self) -> dict:
-        return orjson.loads((self.run_dir / "summary.json").read_bytes())
+    def summary(self) -> Summary:
+        """The run's summary, every key checked (``roles.job.summary.read_summary``)."""
+        return read_summary(self.run_dir)
 
     def close(self) -> None:
         if self.driver is not None:

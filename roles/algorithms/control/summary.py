@@ -1,4 +1,6 @@
-"""summary.json: the final figures of a run, assembled from what control collected (pure)."""
+"""summary.json's figures, assembled from what control collected (pure): one builder per part
+of the summary's layout (``roles.job.summary``) that comes from the nodes' counters, the job and
+the epochs' records; control adds the parts its components hold (``roles.control.summary``)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,24 @@ from typing import Any
 
 from roles.job.fields import FieldLayout
 from roles.job.settings import Job
+from roles.job.summary import (
+    DataRows,
+    EmbeddingWaits,
+    ExactlyOnce,
+    FeederFigures,
+    Feeding,
+    Load,
+    Outcome,
+    PartsFigures,
+    Results,
+    Shards,
+    TableFigures,
+    Throughput,
+    Traffic,
+    WorkerEmbeddingWaits,
+    Workers,
+    WorkerWaits,
+)
 from zbus.endpoints import node_index
 
 WORKER_TIMES = ("compute_s", "lookup_wait_s", "step_wait_s")
@@ -92,10 +112,11 @@ def data_path_messages(counters: dict[str, dict[str, Any]]) -> dict[str, dict[st
     return out
 
 
-def embedding_waits(counters: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Per-batch waits for embeddings (ms): each worker's sample of them, and all together."""
+def embedding_waits(counters: dict[str, dict[str, Any]], mode: str) -> EmbeddingWaits:
+    """Per-batch waits for embeddings (ms): each worker's sample of them, and all together;
+    ``mode``: how the workers get them (``[train] embeddings``)."""
     every: list[float] = []
-    per_worker = {}
+    per_worker: dict[str, WorkerEmbeddingWaits] = {}
     batches = messages = 0
     for node, c in sorted(counters.items(), key=lambda kv: node_index(kv[0])):
         waits = c.get("embedding_wait_ms")
@@ -114,7 +135,7 @@ def embedding_waits(counters: dict[str, dict[str, Any]]) -> dict[str, Any]:
         per_worker[node] = {"batches": done, "messages": moved,
                             "median_ms": _quantile(waits, 0.5), "p90_ms": _quantile(waits, 0.9)}
     every.sort()
-    return {"median_ms": _quantile(every, 0.5) if every else None,
+    return {"mode": mode, "median_ms": _quantile(every, 0.5) if every else None,
             "p90_ms": _quantile(every, 0.9) if every else None,
             "messages_per_batch": round(messages / batches, 3) if batches else None,
             "workers": per_worker}
@@ -124,7 +145,7 @@ TABLE_FIGURES = ("rows", "admitted", "rejected", "rejected_keys", "expired", "ev
                  "free_rows", "sketch_bytes", "table_bytes")
 
 
-def table_figures(job: Job, counters: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def table_figures(job: Job, counters: dict[str, dict[str, Any]]) -> TableFigures:
     """What kept the shards' tables bounded (``[embeddings]``): the settings, and per shard
     (its heartbeat's ``table`` counters) the keys held, keys admitted by a look-up, key
     occurrences mapped to a default row (rejected for now), rows expired and evicted, free
@@ -142,7 +163,7 @@ def table_figures(job: Job, counters: dict[str, dict[str, Any]]) -> dict[str, An
             "shards": shards}
 
 
-def worker_waits(counters: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def worker_waits(counters: dict[str, dict[str, Any]]) -> WorkerWaits:
     """What the workers waited for between batches (``roles.algorithms.worker.pulled.WaitClock``):
     seconds by reason per worker, and all workers' milliseconds per batch they ran."""
     per_worker: dict[str, dict[str, float]] = {}
@@ -186,135 +207,142 @@ def field_figures(layout: FieldLayout, feeder: dict[str, Any]) -> list[dict[str,
     return out
 
 
-def build_summary(*, job: Job, run_id: str, run_dir: str, status: str, reason: str,
-                  data: dict[str, Any], epochs: list[dict[str, Any]],
-                  counters: dict[str, dict[str, Any]], wall_s: float, rounds: int,
-                  round_samples: dict[str, list[int]], membership: list[dict[str, Any]],
-                  model: dict[str, Any] | None = None, placement: dict[str, Any] | None = None,
-                  model_plan: dict[str, Any] | None = None,
-                  parts: dict[str, Any] | None = None,
-                  checkpoints: dict[str, Any] | None = None) -> dict[str, Any]:
-    model = model or {}
+
+
+# -- the summary's parts -------------------------------------------------------------------------
+Counters = dict[str, dict[str, Any]]   # each node's last counters (its final ones, if it sent them)
+SHARD_FIGURES = ("keys", "updates", "duplicates_refused", "keys_received", "rows_sent",
+                 "grads_without_keys", "held_dropped", "keys_moved_out", "keys_moved_in",
+                 "lookup_s", "update_s")
+FEEDER_COUNTS = ("samples_acked", "batches_sent", "bytes_read", "parts_begun_ahead",
+                 "parts_held", "parts_read_from_memory")
+TAKE_WINDOW = ("take_rtt_ms", "batch_ms", "take_window", "sample_links")
+MEMBER_FIGURES = ("steps", "scored", "calls", "device")
+
+
+def _of_role(counters: Counters, role: str) -> list[tuple[str, dict[str, Any]]]:
+    """The nodes of ``role`` and their counters, by name."""
+    return [(n, c) for n, c in sorted(counters.items()) if n.startswith(f"{role}-")]
+
+
+def outcome(job: Job, run_id: str, run_dir: str, status: str, reason: str,
+            resume_from: int | None) -> Outcome:
+    return {"job": job.name, "run_id": run_id, "run_dir": run_dir, "ok": status == "completed",
+            "status": status, "reason": reason, "resume_from": resume_from}
+
+
+def results(job: Job, epochs: list[dict[str, Any]], data: dict[str, Any]) -> Results:
+    """The last evaluated epoch's AUC and log loss, and every epoch's record."""
     evaluated = [e for e in epochs if "auc" in e]
     last = evaluated[-1] if evaluated else {}
-    train_s = sum(e.get("train_s", 0.0) for e in epochs)
+    return {"auc": last.get("auc"), "logloss": last.get("logloss"),
+            "oracle_auc": data.get("oracle_auc"), "epochs": len(evaluated),
+            "epochs_planned": job.train.epochs, "per_epoch": epochs}
+
+
+def data_rows(data: dict[str, Any]) -> DataRows:
+    """The data's figures as control collected them (``roles.control.feeding``)."""
+    return {"samples_in_data": data.get("samples_in_data"),
+            "eval_samples": data.get("eval_samples"), "rows_read": data.get("rows_read"),
+            "rejected_rows": data.get("rejected_rows"), "dropped_rows": data.get("dropped_rows"),
+            "merged_rows": data.get("merged_rows")}
+
+
+def throughput(job: Job, epochs: list[dict[str, Any]], counters: Counters,
+               wall_s: float) -> Throughput:
+    """Samples trained, in what time, by which worker. The feeders' reports of finished
+    epochs are exact; counters are a lost feeder's last heartbeat's (they miss what it
+    acknowledged after it) but count an unfinished epoch: the larger of the two counts."""
     feeder = feeder_totals(counters)
     acked_by = feeder["acked_by"]
-    # the feeders' reports of finished epochs are exact; counters are a lost feeder's last
-    # heartbeat's (they miss what it acknowledged after it) but count an unfinished epoch
+    train_s = sum(e.get("train_s", 0.0) for e in epochs)
     samples_trained = max(int(_num(feeder.get("samples_acked"))),
                           sum(int(_num(e.get("train_samples"))) for e in epochs))
     names = {f"worker-{i}" for i in range(job.cluster.workers)} | set(acked_by) | {
         n for n in counters if n.startswith("worker-")}
-    workers = {w: int(_num(acked_by.get(w))) for w in sorted(names, key=node_index)}
-    rejected_messages = {node: c["rejected_messages"] for node, c in sorted(counters.items())
-                         if isinstance(c.get("rejected_messages"), dict)
-                         and c["rejected_messages"]}
-    shards = {node: {k: c.get(k) for k in ("keys", "updates", "duplicates_refused",
-                                           "keys_received", "rows_sent",
-                                           "grads_without_keys", "held_dropped",
-                                           "keys_moved_out", "keys_moved_in", "lookup_s",
-                                           "update_s")}
-              for node, c in sorted(counters.items()) if node.startswith("ps-")}
-    busy = {node: round(1 - _num(c.get("idle_s")) / _num(c["uptime_s"]), 3)
-            for node, c in sorted(counters.items()) if _num(c.get("uptime_s")) > 0}
-    worker_time = {node: {k: round(_num(c.get(k)), 3) for k in WORKER_TIMES}
-                   for node, c in sorted(counters.items()) if node.startswith("worker-")}
-    recovered = model.get("recovered") or {"aggregator": len(model.get("recoveries", []))}
+    return {"samples_trained": samples_trained, "wall_s": round(wall_s, 3),
+            "train_s": round(train_s, 3),
+            "samples_per_s": round(samples_trained / train_s, 1) if train_s > 0 else None,
+            "workers": {w: int(_num(acked_by.get(w))) for w in sorted(names, key=node_index)},
+            # what the workers count themselves: more than samples_trained if a batch was
+            # trained twice (a lost worker's, or after a lost feeder's handover)
+            "samples_trained_by_workers": sum(int(_num(c.get("samples_trained")))
+                                              for _, c in _of_role(counters, "worker"))}
+
+
+def feeding(job: Job, counters: Counters, parts: PartsFigures | None) -> Feeding:
+    """Each feeder's figures, the data's parts, the sparse fields."""
+    feeders: dict[str, FeederFigures] = {}
+    for node, c in _of_role(counters, "feeder"):
+        n = {k: int(_num(c.get(k))) for k in FEEDER_COUNTS}
+        feeders[node] = {"samples_acked": n["samples_acked"], "batches_sent": n["batches_sent"],
+                         "bytes_read": n["bytes_read"],
+                         "parts_begun_ahead": n["parts_begun_ahead"],
+                         "parts_held": n["parts_held"], "held_mb": float(_num(c.get("held_mb"))),
+                         "parts_read_from_memory": n["parts_read_from_memory"]}
+    return {"feeders": feeders, "parts": parts,
+            "fields": field_figures(job.layout(), feeder_totals(counters))}
+
+
+def workers(job: Job, counters: Counters) -> Workers:
+    """What the workers waited for and received, their take windows and devices."""
+    mine = _of_role(counters, "worker")
     return {
-        "job": job.name,
-        "run_id": run_id,
-        "run_dir": run_dir,
-        "ok": status == "completed",
-        "status": status,
-        "reason": reason,
-        "auc": last.get("auc"),
-        "logloss": last.get("logloss"),
-        "oracle_auc": data.get("oracle_auc"),
-        "epochs": len(evaluated),
-        "epochs_planned": job.train.epochs,
-        "samples_in_data": data.get("samples_in_data"),
-        "eval_samples": data.get("eval_samples"),
-        "rows_read": data.get("rows_read"),
-        "rejected_rows": data.get("rejected_rows"),
-        "dropped_rows": data.get("dropped_rows"),
-        "merged_rows": data.get("merged_rows"),
-        "samples_trained": samples_trained,
-        "wall_s": round(wall_s, 3),
-        "train_s": round(train_s, 3),
-        "samples_per_s": round(samples_trained / train_s, 1) if train_s > 0 else None,
-        "workers": workers,
-        # what the workers count themselves: more than samples_trained if a batch was trained
-        # twice (a lost worker's, or after a lost feeder's handover)
-        "samples_trained_by_workers": sum(int(_num(c.get("samples_trained")))
-                                          for n, c in counters.items()
-                                          if n.startswith("worker-")),
-        "feeders": {node: {"samples_acked": int(_num(c.get("samples_acked"))),
-                           "batches_sent": int(_num(c.get("batches_sent"))),
-                           "bytes_read": int(_num(c.get("bytes_read"))),
-                           "parts_begun_ahead": int(_num(c.get("parts_begun_ahead"))),
-                           "parts_held": int(_num(c.get("parts_held"))),
-                           "held_mb": float(_num(c.get("held_mb"))),
-                           "parts_read_from_memory": int(_num(c.get("parts_read_from_memory")))}
-                    for node, c in sorted(counters.items()) if node.startswith("feeder-")},
-        "parts": parts,
-        "fields": field_figures(job.layout(), feeder),
-        "embeddings": {"mode": job.train.embeddings, **embedding_waits(counters)},
+        "embeddings": embedding_waits(counters, job.train.embeddings),
         "worker_input_bytes_per_sample": worker_input(counters),
         "data_path_messages": data_path_messages(counters),
         # each worker's take window (TakeWindow): its least round trip to a grant, its batch
         # time, the batches it asked ahead and its connections to each sample queue, at its
         # last heartbeat
-        "take_windows": {node: {k: c.get(k) for k in ("take_rtt_ms", "batch_ms", "take_window",
-                                                      "sample_links")}
-                         for node, c in sorted(counters.items(), key=lambda kv: node_index(kv[0]))
-                         if node.startswith("worker-")},
+        "take_windows": {node: {k: c.get(k) for k in TAKE_WINDOW}
+                         for node, c in sorted(mine, key=lambda kv: node_index(kv[0]))},
         "batch_by_label": job.train.batch_by_label,
-        "worker_time_s": worker_time,
-        "worker_devices": {node: c.get("device") for node, c in sorted(counters.items())
-                           if node.startswith("worker-")},
-        "worker_waits": worker_waits(counters),
-        "busy": busy,
-        # the longest one turn of each node's event loop kept it from its sockets
-        "longest_turn_s": {node: round(_num(c.get("longest_turn_s")), 4)
-                           for node, c in sorted(counters.items()) if "longest_turn_s" in c},
-        "sync": job.train.sync,
-        "rounds": rounds,
-        "round_samples": round_samples,
-        "requeued_batches": int(_num(feeder.get("requeued_batches"))),
-        "straggler_copies": int(_num(feeder.get("straggler_copies"))),
-        "duplicates_refused": {
-            "embedding_updates": sum(int(_num(c.get("duplicates_refused")))
-                                     for n, c in counters.items() if n.startswith("ps-")),
-            "acks": int(_num(feeder.get("duplicate_acks"))),
-            "batch_copies": int(_num(feeder.get("refused_takes"))),
-        },
-        "membership": membership,
-        "aggregation_decisions": model.get("decisions", {}),
-        "last_decision": model.get("last_decision"),
-        "settings": model.get("settings", {}),
-        "settings_changes": model.get("settings_changes", []),
-        "backups": model.get("backups_written", len(model.get("backups", []))),
-        "latest_backup": model.get("latest_backup"),
-        # every recovery (the aggregator's, a shard's, a feeder's, the whole job's), by kind
-        "recoveries": sum(recovered.values()),
-        "recovered": recovered,
-        "recovery": model.get("recoveries", []),
-        "shard_recoveries": model.get("shard_recoveries", []),
-        "export": next((e["dir"] for e in reversed(model.get("exports", []))
-                        if e.get("final") and "error" not in e), None),
-        "exports": model.get("exports", []),
-        "bytes": channel_bytes(list(counters.values())),
-        "bytes_received": channel_bytes(list(counters.values()), "bytes_in"),
-        "shards": shards,
-        "tables": table_figures(job, counters),
-        "placement": placement or {"mode": job.placement.mode},
-        "model_parallel": None if model_plan is None else {
-            **model_plan, "members": {n: {k: c.get(k) for k in ("steps", "scored", "calls",
-                                                                  "device")}
-                                      for n, c in sorted(counters.items())
-                                      if n.startswith("member-")}},
-        "checkpoints": checkpoints or {},
-        "rejected_messages": rejected_messages,
-        "per_epoch": epochs,
-    }
+        "worker_time_s": {node: {k: round(_num(c.get(k)), 3) for k in WORKER_TIMES}
+                          for node, c in mine},
+        "worker_devices": {node: c.get("device") for node, c in mine},
+        "worker_waits": worker_waits(counters)}
+
+
+def load(counters: Counters) -> Load:
+    """Per node: the fraction of its life not spent waiting for messages, and the longest
+    one turn of its event loop kept it from its sockets."""
+    return {"busy": {node: round(1 - _num(c.get("idle_s")) / _num(c["uptime_s"]), 3)
+                     for node, c in sorted(counters.items()) if _num(c.get("uptime_s")) > 0},
+            "longest_turn_s": {node: round(_num(c.get("longest_turn_s")), 4)
+                               for node, c in sorted(counters.items())
+                               if "longest_turn_s" in c}}
+
+
+def exactly_once(counters: Counters) -> ExactlyOnce:
+    """What kept every sample trained once: batches sent again, and duplicates refused."""
+    feeder = feeder_totals(counters)
+    return {"requeued_batches": int(_num(feeder.get("requeued_batches"))),
+            "straggler_copies": int(_num(feeder.get("straggler_copies"))),
+            "duplicates_refused": {
+                "embedding_updates": sum(int(_num(c.get("duplicates_refused")))
+                                         for _, c in _of_role(counters, "ps")),
+                "acks": int(_num(feeder.get("duplicate_acks"))),
+                "batch_copies": int(_num(feeder.get("refused_takes")))}}
+
+
+def traffic(counters: Counters) -> Traffic:
+    """Bytes per channel, sent and received, and the messages each node rejected."""
+    every = list(counters.values())
+    return {"bytes": channel_bytes(every), "bytes_received": channel_bytes(every, "bytes_in"),
+            "rejected_messages": {node: c["rejected_messages"]
+                                  for node, c in sorted(counters.items())
+                                  if isinstance(c.get("rejected_messages"), dict)
+                                  and c["rejected_messages"]}}
+
+
+def shards(job: Job, counters: Counters, placement: dict[str, Any],
+           model_plan: dict[str, Any] | None) -> Shards:
+    """The shards' figures and tables, the keys' placement, and the network's partition
+    (``parts`` > 1: the plan's figures and each group member's)."""
+    return {"shards": {node: {k: c.get(k) for k in SHARD_FIGURES}
+                       for node, c in _of_role(counters, "ps")},
+            "tables": table_figures(job, counters),
+            "placement": placement,
+            "model_parallel": None if model_plan is None else {
+                **model_plan, "members": {n: {k: c.get(k) for k in MEMBER_FIGURES}
+                                          for n, c in _of_role(counters, "member")}}}
