@@ -16,19 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
-from roles.algorithms.control.membership import ALIVE, Members
+from roles.algorithms.control.membership import ALIVE
 from roles.algorithms.control.status import StatusBuilder
 from roles.algorithms.control.summary import field_figures
 from roles.algorithms.shared import live
-from roles.control.checkpoints import Checkpoints
-from roles.control.commands import Commands, ProgressClock
-from roles.control.course import Course
-from roles.control.feeding import Feeding
+from roles.control.commands import ProgressClock
 from roles.control.health import Health
-from roles.control.placement import PlacementKeeper
-from roles.control.recovery import Recovery, recovery_counts
-from roles.control.rounds import Rounds
-from roles.control.settings import LiveSettings
+from roles.control.recovery import recovery_counts
+from roles.control.state import ControlComponents
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
 from roles.protocol.operator import ACTIONS, FeedingPaused
@@ -48,17 +43,16 @@ log = logging.getLogger(__name__)
 class Operators:
     """The actions, each on the components it concerns."""
 
-    def __init__(self, course: Course, rounds: Rounds, recovery: Recovery,
-                 settings: LiveSettings, commands: Commands, metrics: MetricsLog,
-                 progress: ProgressClock, checkpoints: Checkpoints,
+    def __init__(self, parts: ControlComponents, metrics: MetricsLog, progress: ProgressClock,
                  checkpoint_blocker: Callable[[], str | None]):
-        self.checkpoints = checkpoints
+        """``checkpoint_blocker``: why a checkpoint cannot be cut now (None: it can)."""
+        self.checkpoints = parts.checkpoints
         self.checkpoint_blocker = checkpoint_blocker
-        self.course = course
-        self.rounds = rounds
-        self.recovery = recovery
-        self.settings = settings
-        self.commands = commands
+        self.course = parts.course
+        self.rounds = parts.rounds
+        self.recovery = parts.recovery
+        self.settings = parts.settings
+        self.commands = parts.commands
         self.metrics = metrics
         self.progress = progress
 
@@ -114,28 +108,27 @@ class StatusView:
     """The status consoles watch (``roles.protocol.status.StatusSnapshot``), from the
     components."""
 
-    def __init__(self, job: Job, run_id: str, run_dir: str, members: Members,
-                 builder: StatusBuilder, course: Course, rounds: Rounds, feeding: Feeding,
-                 recovery: Recovery, settings: LiveSettings, health: Health,
-                 placement: PlacementKeeper, model_plan: dict | None,
-                 checkpoints: Checkpoints, supervised: bool = False):
-        """``supervised``: a supervisor starts every role (``started_by_supervisor``)."""
+    def __init__(self, job: Job, parts: ControlComponents, builder: StatusBuilder,
+                 health: Health, model_plan: dict | None, supervised: bool = False):
+        """``builder``: the rates and rows of the heartbeats; ``health``: the network's
+        utilisation and the failure rate; ``model_plan``: the network's partition (None:
+        none); ``supervised``: a supervisor starts every role (``started_by_supervisor``)."""
         self.job = job
         self.layout = job.layout()
         self.supervised = supervised
-        self.run_id = run_id
-        self.run_dir = run_dir
-        self.members = members
+        self.run_id = parts.exports.run_id
+        self.run_dir = str(parts.exports.run_dir)
+        self.members = parts.members
         self.builder = builder
-        self.course = course
-        self.rounds = rounds
-        self.feeding = feeding
-        self.recovery = recovery
-        self.settings = settings
+        self.course = parts.course
+        self.rounds = parts.rounds
+        self.feeding = parts.feeding
+        self.recovery = parts.recovery
+        self.settings = parts.settings
         self.health = health
-        self.placement = placement
+        self.placement = parts.placement
         self.model_plan = model_plan
-        self.checkpoints = checkpoints
+        self.checkpoints = parts.checkpoints
         self.final: Final | None = None   # the job has ended: how (set by control)
 
     def tasks(self, now: float) -> list[Task]:

@@ -1,6 +1,7 @@
 """Control: membership and health of the cluster, the job's course, the aggregation rounds,
 and the summary. The loop dispatches; its components decide:
 
+- ``admission``: a node's Hello, admitted or refused (``roles.control.admission``);
 - ``course``: the lifecycle, epoch by epoch (``roles.control.course``);
 - ``rounds`` and the sync mode: when the workers' dense weights are combined;
 - ``health``: network utilisation and probes (the failure rate);
@@ -14,7 +15,8 @@ and the summary. The loop dispatches; its components decide:
 - ``state``: the records a resumed control starts from (``zbus-control --resume``): when the
   nodes live on, control's own latest records; when every node comes back as a new process
   (the whole job was killed), the newest complete checkpoint, to which every node goes back
-  (``resuming``).
+  (``resumption``: ``roles.control.resuming``);
+- the end: the summary (``roles.control.summary``), then the nodes' exit (``closing``).
 
 The job fails, with the reason in the summary and a non-zero exit, when a node reports a
 Failure, a ready node other than a worker, a group member, one of several feeders (its parts
@@ -31,15 +33,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
 import zmq
 
 from roles.algorithms.control.membership import ALIVE, Members, NodeState, Stalls
@@ -47,7 +46,9 @@ from roles.algorithms.control.status import StatusBuilder
 from roles.algorithms.control.summary import feeder_totals, table_figures
 from roles.algorithms.shared.progress import Every, describe, epoch_line, seconds
 from roles.checkpoint.files import checkpoint_store, latest_complete
+from roles.control.admission import Admission
 from roles.control.checkpoints import Checkpoints
+from roles.control.closing import Closing
 from roles.control.commands import Commands, ProgressClock
 from roles.control.course import Course
 from roles.control.exports import Exports
@@ -66,7 +67,7 @@ from roles.control.node_roles import (
 from roles.control.operators import Operators, StatusView
 from roles.control.placement import PlacementKeeper
 from roles.control.recovery import Recovery
-from roles.control.resuming import Resuming
+from roles.control.resuming import Resumption
 from roles.control.rounds import Rounds
 from roles.control.settings import LiveSettings
 from roles.control.state import (
@@ -76,8 +77,6 @@ from roles.control.state import (
     capture_history,
     capture_state,
     cut_files,
-    read_state,
-    restore,
     write_history,
     write_state,
 )
@@ -121,22 +120,6 @@ log = logging.getLogger(__name__)
 THROUGHPUT_EVERY_S = 5.0   # throughput to metrics.jsonl, the epoch's progress to the log
 WAITING_LOG_S = 10.0       # what the job waits for, to the log
 TASK_LOG_S = 5.0           # an export's or a checkpoint's progress, to the log
-CLOSE_WAIT_S = 3.0         # after Stop, the nodes' time to leave before control exits
-SAID_STOPPED_S = 0.3       # after the last of them exited: honcho's time to say so
-
-
-@dataclass
-class Closing:
-    """The job has ended: its summary and where it was written, when control exits at the
-    latest, the Stop the nodes were sent (a node that says Hello after it gets it too), the
-    processes that started the nodes here, and when every one of them was seen gone."""
-
-    summary: Summary
-    path: Path
-    deadline: float
-    stop: Stop
-    supervisors: list[psutil.Process]
-    gone_at: float | None = None
 
 
 class Control(Loop):
@@ -196,13 +179,17 @@ class Control(Loop):
                                        self.commands,
                                        self.rounds, self.metrics, self.progress,
                                        self.capture_cut)
-        self.operators = Operators(self.course, self.rounds, self.recovery, self.settings,
-                                   self.commands, self.metrics, self.progress,
-                                   self.checkpoints, self.checkpoint_blocker)
+        self.components = ControlComponents(self.members, self.commands, self.course,
+                                            self.rounds, self.feeding, self.recovery,
+                                            self.exports, self.settings, self.placement,
+                                            self.checkpoints)
+        self.operators = Operators(self.components, self.metrics, self.progress,
+                                   self.checkpoint_blocker)
         self.status = StatusBuilder(c.heartbeat_s, self.started)
-        self.components = ControlComponents(self.members, self.commands, self.course, self.rounds,
-                                  self.feeding, self.recovery, self.exports, self.settings,
-                                  self.placement, self.checkpoints)
+        self.resumption = Resumption(job, self.run_dir, self.run_id, self.components,
+                                     self.metrics, self.progress, resumed=resume is not None)
+        self.admission = Admission(job, self.run_id, self.run_dir, self.components,
+                                   self.by_role, self.resumption, self.metrics)
         self.headline = headline
         # the clock
         self.next_publish = self.next_status = self.next_save = 0.0
@@ -211,33 +198,13 @@ class Control(Loop):
         self.no_workers_since: float | None = None
         self.termination: str | None = None  # the signal that interrupted the job
         self.resume_from: int | None = None  # ended: the checkpoint a resume goes back to
-        self.started_at = time.time()  # the run's start, for its wall time across a resume
-        self.run_before_s = 0.0        # resumed: how long the run had been going
-        self.awaiting_rejoin: set[str] = set()  # resumed: nodes that have not said Hello
-        self.workers_restarting = False  # back at a checkpoint: no worker has joined since
-        self.resuming = Resuming(self.members.expected, resumed=resume is not None)
         self.model_plan: dict | None = None
         cannot_plan = ""  # the network cannot be built or traced: the job fails at once
         if resume is not None:
-            self.resume_from_disk()
+            self.model_plan = self.resumption.from_disk(time.monotonic())
         else:
-            if c.parts > 1:  # model parallelism: the network's partition
-                try:
-                    self.model_plan, plan = plan_model(job, self.run_dir, self.metrics)
-                    self.commands.publish(plan, "model_plan")
-                except PlanError as exc:
-                    cannot_plan = str(exc)
-            expected = self.members.expected
-            self.metrics.write("start", job=job.name, run_id=self.run_id, nodes=expected,
-                               fingerprint=job.fingerprint())
-            self.settings.publish()
-            if not cannot_plan:   # else the job fails below, waiting for nobody
-                log.info("run %s: waiting for %d nodes (%s); %s", self.run_id, len(expected),
-                         ", ".join(expected), security.describe(self.curve))
-        self.view = StatusView(job, self.run_id, str(self.run_dir), self.members, self.status,
-                               self.course, self.rounds, self.feeding, self.recovery,
-                               self.settings, self.health, self.placement, self.model_plan,
-                               self.checkpoints,
+            cannot_plan = self.start_run()
+        self.view = StatusView(job, self.components, self.status, self.health, self.model_plan,
                                started_by_supervisor(os.environ if environ is None else environ))
         self.waiting_log = Every(WAITING_LOG_S, self.started)
         self.tasks_log = Every(TASK_LOG_S, self.started)
@@ -245,6 +212,25 @@ class Control(Loop):
         self.monitoring = Monitoring(job, self.run_dir)  # Prometheus, TensorBoard
         if cannot_plan:
             self.fail(cannot_plan, resumable=False)
+
+    def start_run(self) -> str:
+        """A new run: the network's partition (model parallelism), the run's first records;
+        why the job cannot start ("": it can)."""
+        cannot_plan = ""
+        if self.job.cluster.parts > 1:  # model parallelism: the network's partition
+            try:
+                self.model_plan, plan = plan_model(self.job, self.run_dir, self.metrics)
+                self.commands.publish(plan, "model_plan")
+            except PlanError as exc:
+                cannot_plan = str(exc)
+        expected = self.members.expected
+        self.metrics.write("start", job=self.job.name, run_id=self.run_id, nodes=expected,
+                           fingerprint=self.job.fingerprint())
+        self.settings.publish()
+        if not cannot_plan:   # else the job fails at once, waiting for nobody
+            log.info("run %s: waiting for %d nodes (%s); %s", self.run_id, len(expected),
+                     ", ".join(expected), security.describe(self.curve))
+        return cannot_plan
 
     # -- messages from nodes -----------------------------------------------------------------
     def on_node(self, identity: bytes | None, env: Envelope) -> None:
@@ -270,7 +256,7 @@ class Control(Loop):
                 identity=identity)
             return
         node.last_seen = now
-        if node_id in self.awaiting_rejoin:  # a resumed control: the node must say Hello
+        if self.resumption.owes_hello(node_id):  # a resumed control: the node must say Hello
             self.send(self.router, Rejoin(run_id=self.run_id), identity=identity)
         match msg:
             case Heartbeat():
@@ -346,64 +332,15 @@ class Control(Loop):
                 pass
 
     def handle_hello(self, identity: bytes, node_id: str, hello: Hello, now: float) -> None:
-        choice = self.resuming.hello(node_id, hello.role, rejoin=hello.run_id == self.run_id)
-        if choice == "wait":
-            return   # a resumed control, not yet sure whether the nodes live on
-        if choice == "refuse":
-            reason = (f"control lost its records and goes back to checkpoint "
-                      f"{self.resuming.checkpoint}: start {node_id} again (a new process), as "
-                      "every node of the job, to go back to it")
-            log.warning("refused a node: %s", reason)
-            self.send(self.router, Welcome(accepted=False, reason=reason, run_id=self.run_id,
-                                           run_dir=""), identity=identity)
-            return
-        if choice == "roll back":
-            self.roll_back(now)
-            if self.course.phase == "done":
-                return
-        reason = self.members.refusal(node_id, hello.role, hello.index, hello.pid)
-        known = self.members.nodes.get(node_id)
-        if not reason and hello.run_id and hello.run_id != self.run_id:
-            reason = (f"{node_id} belongs to run {hello.run_id}; control runs {self.run_id} "
-                      "(start control with --resume to go on with a run)")
-        elif not reason and hello.run_id and known is not None and known.status != ALIVE \
-                and known.pid == hello.pid:  # the same process a dead control had given up on
-            reason = f"{node_id} was declared {known.status}; restart it to rejoin"
-        if not reason and hello.fingerprint != self.job.fingerprint():
-            reason = (f"{node_id} runs a different job (fingerprint {hello.fingerprint}, "
-                      f"control has {self.job.fingerprint()}): start every node with the same "
-                      "job file and ZBUS_* settings")
-        if reason:
-            log.warning("refused a node: %s", reason)
-            self.send(self.router, Welcome(accepted=False, reason=reason, run_id=self.run_id,
-                                           run_dir=""), identity=identity)
-            return
-        if self.members.admit(node_id, hello.role, hello.index, hello.host, hello.pid, now):
-            if known is not None and known.ready:  # a new process under a ready node's id
-                failure = self.by_role[hello.role].restarted(node_id, known, hello, now)
-                if failure:
-                    self.fail(failure)
-                    return
-            log.info("%s said hello from %s pid %d", node_id, hello.host, hello.pid)
-            self.metrics.write("hello", node=node_id, host=hello.host, pid=hello.pid)
-        self.send(self.router, Welcome(accepted=True, reason="", run_id=self.run_id,
-                                       run_dir=str(self.run_dir),
-                                       restore=self.checkpoints.latest_dir,
-                                       rollback=self.resuming.rolled_back),
-                  identity=identity)
-        if hello.run_id:
-            self.awaiting_rejoin.discard(node_id)
-        if hello.run_id and hello.ready:
-            self.rejoined(node_id)
-
-    def rejoined(self, node_id: str) -> None:
-        """A node that was ready joins a resumed control again."""
-        node = self.members.nodes[node_id]
-        log.info("%s joined again (pid %d)", node_id, node.pid)
-        self.metrics.write("rejoin", node=node_id, pid=node.pid)
-        if not node.ready and self.members.mark_ready(node_id, time.monotonic()):
+        answer = self.admission.hello(node_id, hello, now)
+        if answer.failure:
+            self.fail(answer.failure, resumable=answer.resumable)
+        if answer.welcome is not None:
+            self.send(self.router, answer.welcome, identity=identity)
+        if answer.members_changed:
             self.membership_changed()
-        self.maybe_start()
+        if answer.rejoined:
+            self.maybe_start()
 
     def handle_heartbeat(self, node_id: str, node: NodeState, beat: Heartbeat,
                          now: float) -> None:
@@ -417,8 +354,7 @@ class Control(Loop):
         log.info("%s ready %s", node_id, orjson.dumps(info).decode())
         if self.members.mark_ready(node_id, now):
             self.membership_changed()
-        if self.resuming.rolled_back and isinstance(info.get("retrained_samples"), int):
-            self.checkpoints.rollbacks[-1]["retrained_samples"] += info["retrained_samples"]
+        self.resumption.ready(info)
         self.by_role[node.role].ready(node_id, info, now)
         self.maybe_start()
 
@@ -506,7 +442,7 @@ class Control(Loop):
         if now >= self.next_publish:
             self.next_publish = now + self.heartbeat_s
             self.commands.republish()
-        if self.resuming.pending:  # nodes of the run, or new processes: not yet known which
+        if self.resumption.decision.pending:  # nodes of the run, or new processes: which?
             self.wait_for_nodes(now)
             return
         self.health.probe(now, self.heartbeat_s)
@@ -558,11 +494,9 @@ class Control(Loop):
         """A resumed control that has heard from no node of its run yet: it neither probes
         nor times them out, but gives up after ``start_timeout_s``."""
         self.progress.touch(now)
-        if now - self.started > self.job.cluster.start_timeout_s:
-            missing = sorted(self.resuming.stateful - self.resuming.fresh)
-            self.fail(f"resumed, but no node of run {self.run_id} came back within "
-                      f"start_timeout_s = {self.job.cluster.start_timeout_s:.0f} s (still "
-                      f"missing: {', '.join(missing)})")
+        failure = self.resumption.not_back(now - self.started)
+        if failure:
+            self.fail(failure)
         elif now >= self.next_status:
             self.publish_status(now)
 
@@ -589,17 +523,14 @@ class Control(Loop):
         """Workers live and the job moves on; False when it has failed."""
         c = self.job.cluster
         live = self.members.live_workers()
-        if live:
-            self.workers_restarting = False
-        # back at a checkpoint, every worker starts anew (images pulled, pods scheduled, torch
-        # imported): they have start_timeout_s to join, as at the job's start
-        limit = c.start_timeout_s if self.workers_restarting else c.node_timeout_s
+        restarting = self.resumption.workers_restarting(live=bool(live))
+        limit = c.start_timeout_s if restarting else c.node_timeout_s
         if self.course.active and not live:
             self.no_workers_since = self.no_workers_since or now
             if now - self.no_workers_since > limit:
                 self.fail(f"no live worker for {limit:.0f} s" + (
                     " after the job went back to its checkpoint (start_timeout_s)"
-                    if self.workers_restarting else ""))
+                    if restarting else ""))
                 return False
         else:
             self.no_workers_since = None
@@ -615,7 +546,7 @@ class Control(Loop):
 
     def checkpoint_blocker(self) -> str | None:
         """Why a checkpoint cannot be cut now (None: it can)."""
-        if self.resuming.pending or self.awaiting_rejoin:
+        if self.resumption.waiting():
             return "a resumed control waits for the nodes to join again"
         if self.course.phase != "training":
             return f"the job is not training an epoch (phase {self.course.phase})"
@@ -629,7 +560,8 @@ class Control(Loop):
         return None
 
     def capture_cut(self, number: int) -> dict[str, bytes]:
-        state = capture_state(self.components, self.run_id, self.started_at, self.job.fingerprint())
+        state = capture_state(self.components, self.run_id, self.resumption.started_at,
+                              self.job.fingerprint())
         files = cut_files(self.components, state, capture_history(self.components, self.model_plan),
                           number)
         recorded, extra = portable(self.job)
@@ -661,7 +593,8 @@ class Control(Loop):
     def save_state(self) -> None:
         if self.course.phase == "done" and self.resume_from is not None:
             return  # ended resumable: the state on disk is the one to resume
-        write_state(self.run_dir, capture_state(self.components, self.run_id, self.started_at,
+        write_state(self.run_dir, capture_state(self.components, self.run_id,
+                                                self.resumption.started_at,
                                                 self.job.fingerprint()))
 
     def save_now(self, now: float) -> None:
@@ -670,70 +603,6 @@ class Control(Loop):
             self.next_save = now + self.heartbeat_s
             self.save_state()
             write_history(self.run_dir, capture_history(self.components, self.model_plan))
-
-    def resume_from_disk(self) -> None:
-        """Control's records from its run directory; a run directory without them (a new
-        machine or pod: its disk is gone) takes them from the newest complete checkpoint in
-        the job's checkpoint store, and the whole job goes back to that checkpoint."""
-        source: Path | str = self.run_dir
-        if not (self.run_dir / STATE_FILE).exists() and \
-                (found := latest_complete(self.checkpoints.store)) is not None:
-            source = found[1]
-            self.resuming.records_from(found[0])
-            log.warning("%s holds no control state: control takes its records from checkpoint "
-                        "%d (%s), and the whole job goes back to it", self.run_dir, found[0],
-                        found[1])
-        state, history = read_state(source, self.job)
-        now = time.monotonic()
-        self.started_at = state.started_at
-        self.run_before_s = max(0.0, time.time() - self.started_at)
-        self.model_plan = history.model_plan
-        restore(self.components, state, history, now)  # ResumeError when it cannot be
-        m = self.members
-        self.awaiting_rejoin = {n for n, s in m.nodes.items() if s.status == ALIVE}
-        self.progress.touch(now)
-        s = state.course
-        self.metrics.write("resume", phase=s.phase, epoch=s.epoch, round=state.rounds.round,
-                           nodes=sorted(n for n, s in m.nodes.items() if s.ready))
-        log.warning("resumed run %s: phase %s, epoch %d, round %d; waiting for the nodes to "
-                    "join again", self.run_id, s.phase, s.epoch + 1, state.rounds.round)
-        self.course.from_state(state.course, now)
-
-    def roll_back(self, now: float) -> None:
-        """Every node of the run is a new process: the whole job goes back to its newest
-        complete checkpoint (``roles.control.resuming``)."""
-        found = latest_complete(self.checkpoints.store)
-        if found is None:
-            self.fail(f"every node of run {self.run_id} was started again and the run has no "
-                      "complete checkpoint to go back to (the first is taken "
-                      f"[checkpoint] every_s = {self.job.checkpoint.every_s:g} s into "
-                      "training): start the job again", resumable=False)
-            return
-        number, where, manifest = found
-        try:
-            state, history = read_state(where, self.job)
-        except ResumeError as exc:
-            self.fail(f"cannot go back to checkpoint {number}: {exc}", resumable=False)
-            return
-        restore(self.components, state, history, now)
-        m = self.members
-        m.nodes.clear()   # every node joins anew, from the checkpoint
-        m.version += 1
-        self.awaiting_rejoin = set()
-        self.workers_restarting = True
-        self.commands.withdraw("checkpoint")
-        self.commands.publish(Membership(version=m.version, workers=[]), "members")
-        self.checkpoints.rollbacks.append({"checkpoint": number, "round": manifest["round"],
-                                           "epoch": state.course.epoch,
-                                           "at_s": round(time.time() - self.started_at, 1),
-                                           "retrained_samples": 0})
-        self.course.from_state(state.course, now)
-        self.progress.touch(now)
-        self.metrics.write("rollback", checkpoint=number, round=manifest["round"],
-                           epoch=state.course.epoch)
-        log.warning("every node was started again: the whole job goes back to checkpoint %d "
-                    "(epoch %d, round %d); what was trained after it is trained again", number,
-                    state.course.epoch + 1, manifest["round"])
 
     # -- the end ---------------------------------------------------------------------------------
     def fail(self, reason: str, resumable: bool = True) -> None:
@@ -762,7 +631,7 @@ class Control(Loop):
         self.placement.seal()
         summary = run_summary(self.components, self.job, status, reason,
                               resume_from=self.resume_from, counters=self.every_counter(now),
-                              wall_s=now - self.started + self.run_before_s,
+                              wall_s=now - self.started + self.resumption.run_before_s,
                               model_plan=self.model_plan, stalls=self.stalls)
         path = write_summary(self.run_dir, summary,   # beside the checkpoints too: a pod
                              self.checkpoints.store if self.job.checkpoint.dir else None)
@@ -780,8 +649,7 @@ class Control(Loop):
         self.exit_code = 0 if ok else 1
         if status == "interrupted" and self.termination:  # as a shell reports a process
             self.exit_code = 128 + signal.Signals[self.termination]  # that a signal ended
-        self.closing = Closing(summary, path, now + CLOSE_WAIT_S, stop,
-                               supervisors(self.members.nodes.values()))
+        self.closing = Closing.begin(summary, path, stop, self.members.nodes.values(), now)
 
     def every_counter(self, now: float) -> dict[str, dict[str, Any]]:
         """Every node's last counters, and control's own."""
@@ -797,13 +665,7 @@ class Control(Loop):
         self.wake_at = now + 0.02  # look again soon: the nodes exit within moments
         if now >= self.next_status:
             self.publish_status(now)
-        gone = all(exited(n) for n in self.members.nodes.values()) \
-            and not any(alive(p) for p in closing.supervisors)
-        if gone and closing.gone_at is None:
-            closing.gone_at = now  # honcho reports an exit a moment after it
-        grace = SAID_STOPPED_S if closing.supervisors else 0.0   # nobody to say it otherwise
-        if (closing.gone_at is not None and now >= closing.gone_at + grace) \
-                or now >= closing.deadline:
+        if closing.over(now, self.members.nodes.values()):
             self.headline(closing.summary, closing.path)
             self.stopping = True
 
@@ -826,38 +688,3 @@ class Control(Loop):
         self.status_pub.close()
         super().close()
 
-
-def supervisors(nodes: Iterable[NodeState]) -> list[psutil.Process]:
-    """The processes that started the nodes on this host and exit when they do: a
-    ``zbus-spawn``, or honcho's process for a Procfile line (honcho says it stopped once it
-    has exited); not a shell or a test that started control too."""
-    found: dict[int, psutil.Process] = {}
-    for node in nodes:
-        if node.host != socket.gethostname():
-            continue
-        try:
-            parent = psutil.Process(node.pid).parent()
-            if parent is not None and parent.pid != os.getppid() and any(
-                    "zbus-spawn" in part or "honcho" in part for part in parent.cmdline()):
-                found[parent.pid] = parent
-        except psutil.Error:
-            continue
-    return list(found.values())
-
-
-def alive(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def exited(node: NodeState) -> bool:
-    """The node's process has exited; on another host, where control cannot tell, it has
-    said it leaves."""
-    if node.host != socket.gethostname():
-        return node.status != ALIVE
-    try:
-        return psutil.Process(node.pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return True

@@ -1,5 +1,8 @@
-"""A resumed control's first decision: go on with the nodes that live, or take the whole job
-back to its newest complete checkpoint.
+"""A resumed control: its first decision (``Resuming``), and its part in the run
+(``Resumption``: its records read back, the nodes awaited, the roll back).
+
+The first decision: go on with the nodes that live, or take the whole job back to its newest
+complete checkpoint.
 
 A node that lived through control's death answers control's first word with Hello naming the
 run (it rejoins); a process started anew says Hello with no run. So: the first rejoin means
@@ -18,6 +21,19 @@ node has.
 
 from __future__ import annotations
 
+import logging
+import time
+from pathlib import Path
+
+from roles.algorithms.control.membership import ALIVE
+from roles.checkpoint.files import latest_complete
+from roles.control.commands import ProgressClock
+from roles.control.state import STATE_FILE, ControlComponents, ResumeError, read_state, restore
+from roles.job.rundir import MetricsLog
+from roles.job.settings import Job
+from roles.protocol.lifecycle import Membership
+
+log = logging.getLogger(__name__)
 STATEFUL_ROLES = ("feeder", "ps", "aggregator")
 
 
@@ -50,3 +66,125 @@ class Resuming:
             self.rolled_back = True
             return "roll back"
         return "wait"
+
+
+class Resumption:
+    """A resumed control's part of the run, given control's components: where its records come
+    from (``from_disk``), the whole job's roll back to its newest complete checkpoint
+    (``roll_back``), the nodes it waits for to say Hello again, and the run's start on the wall
+    clock (which the records keep, so that a run's wall time spans its resumes). ``decision``
+    is the first decision above (``Resuming``)."""
+
+    def __init__(self, job: Job, run_dir: Path, run_id: str, parts: ControlComponents,
+                 metrics: MetricsLog, progress: ProgressClock, resumed: bool):
+        self.job = job
+        self.run_dir = run_dir
+        self.run_id = run_id
+        self.parts = parts
+        self.metrics = metrics
+        self.progress = progress
+        self.decision = Resuming(parts.members.expected, resumed)
+        self.started_at = time.time()  # the run's start, for its wall time across a resume
+        self.run_before_s = 0.0        # resumed: how long the run had been going
+        self.awaiting_rejoin: set[str] = set()  # resumed: nodes that have not said Hello
+        self.restarting = False  # back at a checkpoint: no worker has joined since
+
+    def from_disk(self, now: float) -> dict | None:
+        """Control's records from its run directory; a run directory without them (a new
+        machine or pod: its disk is gone) takes them from the newest complete checkpoint in
+        the job's checkpoint store, and the whole job goes back to that checkpoint. Returns the
+        run's model plan (None: the network is not partitioned); ResumeError when the records
+        cannot be used."""
+        source: Path | str = self.run_dir
+        if not (self.run_dir / STATE_FILE).exists() and \
+                (found := latest_complete(self.parts.checkpoints.store)) is not None:
+            source = found[1]
+            self.decision.records_from(found[0])
+            log.warning("%s holds no control state: control takes its records from checkpoint "
+                        "%d (%s), and the whole job goes back to it", self.run_dir, found[0],
+                        found[1])
+        state, history = read_state(source, self.job)
+        self.started_at = state.started_at
+        self.run_before_s = max(0.0, time.time() - self.started_at)
+        restore(self.parts, state, history, now)  # ResumeError when it cannot be
+        m = self.parts.members
+        self.awaiting_rejoin = {n for n, s in m.nodes.items() if s.status == ALIVE}
+        self.progress.touch(now)
+        s = state.course
+        self.metrics.write("resume", phase=s.phase, epoch=s.epoch, round=state.rounds.round,
+                           nodes=sorted(n for n, s in m.nodes.items() if s.ready))
+        log.warning("resumed run %s: phase %s, epoch %d, round %d; waiting for the nodes to "
+                    "join again", self.run_id, s.phase, s.epoch + 1, state.rounds.round)
+        self.parts.course.from_state(state.course, now)
+        return history.model_plan
+
+    def roll_back(self, now: float) -> str:
+        """Every node of the run is a new process: the whole job goes back to its newest
+        complete checkpoint. Why it cannot ("": it went back); the job then fails for good."""
+        p = self.parts
+        found = latest_complete(p.checkpoints.store)
+        if found is None:
+            return (f"every node of run {self.run_id} was started again and the run has no "
+                    "complete checkpoint to go back to (the first is taken "
+                    f"[checkpoint] every_s = {self.job.checkpoint.every_s:g} s into "
+                    "training): start the job again")
+        number, where, manifest = found
+        try:
+            state, history = read_state(where, self.job)
+        except ResumeError as exc:
+            return f"cannot go back to checkpoint {number}: {exc}"
+        restore(p, state, history, now)
+        m = p.members
+        m.nodes.clear()   # every node joins anew, from the checkpoint
+        m.version += 1
+        self.awaiting_rejoin = set()
+        self.restarting = True
+        p.commands.withdraw("checkpoint")
+        p.commands.publish(Membership(version=m.version, workers=[]), "members")
+        p.checkpoints.rollbacks.append({"checkpoint": number, "round": manifest["round"],
+                                        "epoch": state.course.epoch,
+                                        "at_s": round(time.time() - self.started_at, 1),
+                                        "retrained_samples": 0})
+        p.course.from_state(state.course, now)
+        self.progress.touch(now)
+        self.metrics.write("rollback", checkpoint=number, round=manifest["round"],
+                           epoch=state.course.epoch)
+        log.warning("every node was started again: the whole job goes back to checkpoint %d "
+                    "(epoch %d, round %d); what was trained after it is trained again", number,
+                    state.course.epoch + 1, manifest["round"])
+        return ""
+
+    def waiting(self) -> bool:
+        """Not every node of the run is known to be back yet (no checkpoint is cut)."""
+        return self.decision.pending or bool(self.awaiting_rejoin)
+
+    def owes_hello(self, node_id: str) -> bool:
+        """A node of the run that lived on and has not said Hello to this control yet."""
+        return node_id in self.awaiting_rejoin
+
+    def said_hello(self, node_id: str) -> None:
+        self.awaiting_rejoin.discard(node_id)
+
+    def ready(self, info: dict) -> None:
+        """A node's Ready after the job went back: the samples it trains again."""
+        if self.decision.rolled_back and isinstance(info.get("retrained_samples"), int):
+            self.parts.checkpoints.rollbacks[-1]["retrained_samples"] += \
+                info["retrained_samples"]
+
+    def workers_restarting(self, live: bool) -> bool:
+        """Back at a checkpoint and no worker live since (``live``: one is now): every worker
+        starts anew (images pulled, pods scheduled, torch imported), so they have
+        ``start_timeout_s`` to join, as at the job's start."""
+        if live:
+            self.restarting = False
+        return self.restarting
+
+    def not_back(self, uptime_s: float) -> str | None:
+        """A resumed control that has heard from no node of its run: why the job fails once
+        ``start_timeout_s`` has passed, or None."""
+        limit = self.job.cluster.start_timeout_s
+        if uptime_s <= limit:
+            return None
+        missing = sorted(self.decision.stateful - self.decision.fresh)
+        return (f"resumed, but no node of run {self.run_id} came back within "
+                f"start_timeout_s = {limit:.0f} s (still missing: {', '.join(missing)})")
