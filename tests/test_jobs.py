@@ -12,7 +12,6 @@ from harness import ADULT_JOB, BIN, REPO
 
 from roles.job.settings import load_job
 
-
 ADULT_TRAIN_ROWS = 39074
 
 
