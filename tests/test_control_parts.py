@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import orjson
@@ -21,6 +22,7 @@ from roles.control.exports import Exports
 from roles.control.feeding import Feeding
 from roles.control.health import Health
 from roles.control.main import recovery_line
+from roles.control.operators import Operators
 from roles.control.placement import PlacementKeeper
 from roles.control.recovery import Recovery, recovery_counts
 from roles.control.rounds import Rounds
@@ -57,7 +59,14 @@ from roles.protocol.dense_sync import (
     RoundDone,
     RoundReady,
 )
-from roles.protocol.lifecycle import EpochStart, EpochTrained, EvalReport, Evaluate, FeederBack
+from roles.protocol.lifecycle import (
+    EpochStart,
+    EpochTrained,
+    EvalReport,
+    Evaluate,
+    Export,
+    FeederBack,
+)
 from roles.protocol.operator import Settings
 from roles.protocol.topology import ClusterConfig
 
@@ -423,9 +432,12 @@ def test_live_settings_apply_all_or_nothing_and_are_appended_to_the_config(tmp_p
     assert "by ops: [aggregation] net_util_max = 0.5" in config.read_text()
 
 
-def test_an_epoch_runs_its_course_to_the_export(tmp_path, metrics):
+@pytest.mark.parametrize("export", [True, False])
+def test_an_epoch_runs_its_course_to_the_export(tmp_path, metrics, export):
+    """... or, with [checkpoint] export = false, to the finish (no export asked for, and an
+    operator's refused)."""
     bus, clock = Bus(), ProgressClock(0.0)
-    j = job(epochs=1)
+    j = dataclasses.replace(job(epochs=1), checkpoint=CheckpointConfig(export=export))
     rounds = Rounds(EveryMode(8), members(*WORKERS), bus.commands, metrics, clock)
     feeding = feeding_of(bus, metrics, "feeder-0", "feeder-1")
     exports = Exports(j, tmp_path, "run", bus.commands, metrics)
@@ -443,8 +455,35 @@ def test_an_epoch_runs_its_course_to_the_export(tmp_path, metrics):
     scores.add(np.array([0, 1]), np.array([0.3, 0.6]))
     course.evaluated(EvalReport(epoch=0, parts=[2], loss_sum=scores.loss_sum, rows_read=2,
                                 rejected=0, counts=scores.counts), 4.0)
-    assert course.phase == "exporting" and exports.current is not None
     assert course.epochs[0]["auc"] == 1.0 and course.epochs[0]["train_samples"] == 100
+    if export:
+        assert course.phase == "exporting" and exports.current is not None
+        assert bus.of(Export)[0].dir == str(tmp_path / "export")   # the run directory
+        return
+    assert course.phase == "finishing" and exports.current is None and bus.of(Export) == []
+    parts = SimpleNamespace(checkpoints=None, course=course, rounds=rounds, recovery=None,
+                            settings=None, commands=bus.commands)   # what "export" reads
+    operators = Operators(parts, metrics, clock, lambda: None)  # type: ignore[arg-type]
+    ok, message = operators.handle("export", {}, "ops", 5.0)
+    assert not ok and "[checkpoint] export = false" in message
+
+
+def test_an_export_goes_beside_the_checkpoints_when_they_are_in_an_object_store(tmp_path,
+                                                                                 metrics):
+    """Every node writes its part of the export where control says: with [checkpoint] dir in
+    a bucket and no export_dir, there (one place every node reaches), not into each node's
+    own run directory."""
+    bus = Bus()
+    bucket = "s3://zbus-test/run-1/checkpoints"
+    for checkpoint, where in [(CheckpointConfig(dir=bucket), f"{bucket}/export"),
+                              (CheckpointConfig(dir=bucket, export_dir="s3://b/x"),
+                               "s3://b/x/export"),
+                              (CheckpointConfig(dir=str(tmp_path / "c")),
+                               str(tmp_path / "run" / "export"))]:
+        exports = Exports(dataclasses.replace(job(), checkpoint=checkpoint), tmp_path / "run",
+                          "run", bus.commands, metrics)
+        assert exports.start(final=True, now=1.0) == where
+        assert bus.of(Export)[-1].dir == where
 
 
 def test_the_state_records_round_trip_and_refuse_another_job(tmp_path):

@@ -168,3 +168,26 @@ def test_auto_threads_leave_cores_to_the_other_roles_on_one_host():
     assert auto_threads(hosts.cluster, 16, {"10.0.0.2"}) == 14   # the feeder and ps-0
     assert auto_threads(hosts.cluster, 16, {"10.0.0.9"}) == 16
     assert auto_threads(hosts.cluster, 1, {"10.0.0.2"}) == 1
+
+
+def test_a_job_whose_nodes_have_hosts_of_their_own_exports_to_one_place_or_not_at_all():
+    """[cluster] node_host (every pod a host of its own): an export into the run directory
+    would leave each part on its own pod's disk, so the job is refused with one line unless
+    the export goes to one place (an object store, or a directory named as shared) or is
+    switched off."""
+    def parse(checkpoint: str):
+        text = f'[data]\nsource = "synthetic"\n[cluster]\nnode_host = "zbus-{{node}}.zbus"\n' \
+               f"[checkpoint]\n{checkpoint}\n"
+        return parse_job(text, "job.toml", Path("/etc/zbus"), environ={})
+
+    with pytest.raises(JobError, match="node_host .* export_dir or dir to an s3:// prefix"):
+        parse("")
+    with pytest.raises(JobError, match="node_host"):
+        parse('dir = "/var/lib/zbus/checkpoints"')   # a pod's own disk too
+    assert parse('dir = "s3://b/c"').checkpoint.export_root("/run") == "s3://b/c"
+    assert parse('export_dir = "s3://b/e"').checkpoint.export_root("/run") == "s3://b/e"
+    assert parse('export_dir = "/mnt/shared"').checkpoint.export_root("/run") == "/mnt/shared"
+    assert parse("export = false").checkpoint.export is False
+    # without node_host (one host, or hosts of a cluster file) the run directory is as before
+    job = parse_job('[data]\nsource = "synthetic"\n', "job.toml", None, environ={})
+    assert job.checkpoint.export_root("/run") == "/run"

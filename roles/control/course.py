@@ -105,6 +105,8 @@ class Course:
         self.progress.touch(now)
         if m.epoch + 1 < self.job.train.epochs:
             self.start_epoch(m.epoch + 1, now)
+        elif not self.job.checkpoint.export:   # [checkpoint] export = false: nothing to write
+            self.finish(now)
         else:
             self.phase = "exporting"
             self.exports.start(final=True, now=now)

@@ -80,7 +80,7 @@ class Exports:
 
     def start(self, final: bool, now: float) -> str:
         self.request += 1
-        where = join(self.job.checkpoint.export_dir or str(self.run_dir),
+        where = join(self.job.checkpoint.export_root(str(self.run_dir)),
                      "export" if final else f"export-{self.request}")
         self.current = ExportInProgress(self.request, where, final, export_parts(self.job), now)
         self.metrics.write("export_start", request=self.request, dir=str(where))

@@ -63,6 +63,8 @@ class Operators:
                 return True, f"settings version {self.settings.version}"
             case "set":
                 return self.settings.change(changes, sender)
+            case "export" if not course.job.checkpoint.export:
+                return False, "this job does not export ([checkpoint] export = false)"
             case "export" if course.running and course.exports.current is None:
                 return True, f"exporting to {course.exports.start(final=False, now=now)}"
             case "export":

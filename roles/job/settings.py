@@ -327,10 +327,26 @@ class CheckpointConfig:
         "docs/operations.md, on object storage); empty: the run directory's `checkpoints/`. "
         "Give each run a directory of its own: a resumed run reads the newest checkpoint "
         "there")})
+    export: bool = field(default=True, metadata={"doc": (
+        "export the model when the job ends, and when an operator asks (`zbus-ctl export`); "
+        "false: no export, the job ends after its last evaluation (its figures in the "
+        "summary)")})
     export_dir: str = field(default="", metadata={"doc": (
         "where the model is exported (`export/`, and `export-<n>/` for `zbus-ctl export`): a "
-        "directory (relative to the job file) or an `s3://bucket/prefix`; empty: the run "
+        "directory (relative to the job file) or an `s3://bucket/prefix`; empty: `dir` when "
+        "that is an object store's URI (every node writes its part there), else the run "
         "directory")})
+
+    def export_root(self, run_dir: str) -> str:
+        """Where the exports go (``export/``, ``export-<n>/`` under it): ``export_dir``, else
+        the checkpoint store when it is an object store (every node reaches it), else the
+        run directory."""
+        from roles.storage.fs import is_uri
+        return self.export_dir or (self.dir if is_uri(self.dir) else run_dir)
+
+    def exports_to_run_dir(self) -> bool:
+        """The exports go to the run directory: each node writes its part into its own."""
+        return self.export and not self.export_root("")
 
 
 @dataclass(frozen=True)
@@ -524,6 +540,12 @@ class Job:
         if caps and len(caps) != self.cluster.shards:
             raise ValueError(f"[placement] capacities lists {len(caps)} figure(s) for "
                              f"{self.cluster.shards} shard(s)")
+        if self.cluster.node_host and self.checkpoint.exports_to_run_dir():
+            raise ValueError(
+                "[cluster] node_host puts every node on a host of its own: an export into the "
+                "run directory would leave each part on its node's disk; set [checkpoint] "
+                "export_dir or dir to an s3:// prefix (or export_dir to a directory every node "
+                "shares), or export = false")
 
     @property
     def sparse_fields(self) -> list[str]:
