@@ -34,7 +34,7 @@ def final_figures(summary: Summary, path: Path) -> Final:
     return {"status": summary["status"], "reason": summary["reason"],
             "auc": summary["auc"], "logloss": summary["logloss"],
             "summary": shown(path), "wall_s": summary["wall_s"],
-            "samples_per_s": summary["samples_per_s"]}
+            "samples_per_s": summary["samples_per_s"], "resume_from": summary["resume_from"]}
 
 
 class PrometheusEndpoint:

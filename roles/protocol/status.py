@@ -216,6 +216,9 @@ class Final(TypedDict):
     summary: str
     wall_s: float | None
     samples_per_s: float | None
+    # the checkpoint a resume goes back to (the end is resumable: a supervisor that starts
+    # control again, zbus-pod on Kubernetes, goes on with the run), else None
+    resume_from: NotRequired[int | None]
 
 
 class StatusSnapshot(TypedDict):

@@ -4,7 +4,7 @@ Control's request endpoint comes from the job's cluster section (``--job``, ``ZB
 ``ZBUS_CLUSTER__*``) or ``--endpoint``. Each command prints control's answer in one line
 (``ok: ...`` or ``refused: ...``); ``settings`` also lists every live setting; ``--json``
 prints the whole answer as one JSON object instead. Exit status: 0 done, 1 refused, 2 no
-answer or usage.
+answer or usage. ``wait`` follows control's status instead (``roles.tools.wait``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from roles.job.cli import load_job_or_exit
 from roles.protocol.operator import ControlReply, ControlRequest
 from roles.protocol.topology import ClusterConfig
 from roles.tools.output import quiet_broken_pipe
+from roles.tools.wait import wait
 from zbus import security, sockets
 from zbus.codec import ProtocolError
 
@@ -39,6 +40,9 @@ COMMANDS = {
     "resume": "feed new batches again",
     "stop": "end the job: it is recorded as stopped, every process exits 0 (no export: "
             "zbus-ctl export first if you want one)",
+    "wait": "wait until the job has ended: exit 0 when it completed, 1 when it ended "
+            "otherwise, 2 when it cannot tell (control's status, else the summary in the "
+            "checkpoint store)",
 }
 
 
@@ -96,13 +100,23 @@ def parser() -> argparse.ArgumentParser:
         if name == "set":
             sub.add_argument("changes", nargs="+", metavar="NAME=VALUE",
                              help=f"live settings: {', '.join(live.describe())}")
+        if name == "wait":
+            sub.add_argument("--supervised", action="store_true",
+                             help="a supervisor starts control again after a resumable end "
+                                  "(Kubernetes): wait through it")
+            sub.add_argument("--timeout", dest="wait_timeout", type=float, metavar="S",
+                             help="give up (exit 2) after S seconds without control's status "
+                                  "(default: never)")
     return p
 
 
 @quiet_broken_pipe
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    cluster = load_job_or_exit(args.job, "ctl").cluster
+    job = load_job_or_exit(args.job, "ctl")
+    if args.action == "wait":
+        raise SystemExit(wait(job, args.supervised, args.wait_timeout))
+    cluster = job.cluster
     endpoint = args.endpoint or cluster.endpoint("control_req")
     changes = parse_changes(args.changes) if args.action == "set" else {}
     try:
