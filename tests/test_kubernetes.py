@@ -1,15 +1,22 @@
 """The Kubernetes manifests (deploy/kubernetes) and the container image (Dockerfile) hold
-together: every rendered object is valid for the two newest Kubernetes versions that
-kubernetes-validate knows (its OpenAPI schemas, offline, strict: no unknown field), and the
-manifests agree with the example job they ship (pod names, ports, roles, probes, security,
-metrics). Nothing here needs a cluster or a container engine: ``kubectl kustomize`` renders
-offline, and the image is checked by reading its Dockerfile."""
+together: every rendered object of base/ and of every overlay is valid for the two newest
+Kubernetes versions that kubernetes-validate knows (its OpenAPI schemas, offline, strict: no
+unknown field); the pods share one template (components/zbus-pod) and differ only where their
+roles do; the counts have one source (the replicas) and reach the job through the pods'
+environment; the job each kustomization ships parses, and exports to one place or not at all;
+the zbus-wait Job's exit statuses are the waiter's. Nothing here needs a cluster or a
+container engine: ``kubectl kustomize`` renders offline, and the image is read from its
+Dockerfile."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
+import json
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import tomllib
@@ -18,15 +25,16 @@ from pathlib import Path
 
 import pytest
 
-from roles.job.settings import parse_job
-from roles.protocol.topology import ClusterConfig
+from roles.job.settings import Job, parse_job
+from roles.tools import wait
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBE = ROOT / "deploy" / "kubernetes"
-JOB_FILE = KUBE / "base" / "job.toml"
+TARGETS = ["base", *sorted(f"overlays/{p.parent.name}"
+                           for p in (KUBE / "overlays").glob("*/kustomization.yaml"))]
 SERVICE = "zbus"
 ROLES = ("control", "feeder", "ps", "aggregator", "worker")
-# what each StatefulSet's replicas must equal in the job's [cluster] (control: one)
+# the StatefulSet whose replicas are each [cluster] count (control: always one)
 COUNT_KEY = {"feeder": "feeders", "ps": "shards", "aggregator": "aggregators",
              "worker": "workers"}
 UID = 10001
@@ -39,21 +47,21 @@ def kustomize(target: str) -> str:
                           capture_output=True, text=True, timeout=60).stdout
 
 
-def render(target: str) -> list[dict]:
+def render(target: str | Path) -> list[dict]:
     import yaml
     if shutil.which("kubectl") is None:
         pytest.skip("no kubectl to render the kustomization with")
-    return [doc for doc in yaml.safe_load_all(kustomize(target)) if doc]
+    if isinstance(target, Path):   # a kustomization of a test's own
+        text = subprocess.run(["kubectl", "kustomize", str(target)], check=True,
+                              capture_output=True, text=True, timeout=60).stdout
+    else:
+        text = kustomize(target)
+    return copy.deepcopy([doc for doc in yaml.safe_load_all(text) if doc])
 
 
 @pytest.fixture(scope="module")
 def base() -> list[dict]:
     return render("base")
-
-
-@pytest.fixture(scope="module")
-def gpu() -> list[dict]:
-    return render("overlays/gpu")
 
 
 def newest_versions(n: int = 2) -> list[str]:
@@ -63,25 +71,24 @@ def newest_versions(n: int = 2) -> list[str]:
     return [minors[m] for m in sorted(minors, key=lambda m: tuple(map(int, m.split("."))))[-n:]]
 
 
-def job_table() -> dict:
-    return tomllib.loads(JOB_FILE.read_text())
-
-
-def cluster_of_job() -> ClusterConfig:
-    """The job's [cluster] as the topology reads it (keys this branch's schema may not know
-    yet, such as node_host, left out: the counts and ports do not depend on them)."""
-    known = {f.name for f in dataclasses.fields(ClusterConfig)}
-    return ClusterConfig(**{k: v for k, v in job_table()["cluster"].items() if k in known})
-
-
 def by_kind(objects: list[dict], kind: str) -> dict[str, dict]:
     return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
 
 
-def only_container(sts: dict) -> dict:
-    containers = sts["spec"]["template"]["spec"]["containers"]
-    assert len(containers) == 1, f"{sts['metadata']['name']}: one container per pod"
+def workloads(objects: list[dict]) -> dict[str, dict]:
+    """The StatefulSets and the Job: every object with a pod template."""
+    return {**by_kind(objects, "StatefulSet"), **by_kind(objects, "Job")}
+
+
+def only_container(obj: dict) -> dict:
+    containers = obj["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1, f"{obj['metadata']['name']}: one container per pod"
     return containers[0]
+
+
+def env_of(container: dict) -> dict[str, str]:
+    """The container's plain variables (not those from fields or Secrets)."""
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
 
 
 def job_configmap(objects: list[dict]) -> dict:
@@ -91,17 +98,28 @@ def job_configmap(objects: list[dict]) -> dict:
     return maps[0]
 
 
+def job_of(objects: list[dict], workload: str = "zbus-control") -> Job:
+    """The job a pod reads: the ConfigMap's job.toml under the pod's environment."""
+    text = job_configmap(objects)["data"]["job.toml"]
+    environ = env_of(only_container(workloads(objects)[workload]))
+    return parse_job(text, "job.toml", Path("/etc/zbus"), environ=environ)
+
+
+def job_table(objects: list[dict]) -> dict:
+    return tomllib.loads(job_configmap(objects)["data"]["job.toml"])
+
+
 # ---- every object valid for the two newest Kubernetes versions -------------------------------
 
 @pytest.mark.integration
-@pytest.mark.parametrize("target", ["base", "overlays/gpu"])
+@pytest.mark.parametrize("target", TARGETS)
 def test_every_rendered_object_is_valid_for_the_two_newest_kubernetes_versions(target):
     import kubernetes_validate
     objects = render(target)
     versions = newest_versions()
     assert len(versions) == 2
     kinds = {o["kind"] for o in objects}
-    assert kinds == {"ConfigMap", "Service", "StatefulSet"}, "built-in kinds only"
+    assert kinds == {"ConfigMap", "Service", "StatefulSet", "Job"}, "built-in kinds only"
     for version in versions:
         for obj in objects:
             # raises ValidationError (a bad or unknown field, strict) or SchemaNotFoundError
@@ -111,6 +129,20 @@ def test_every_rendered_object_is_valid_for_the_two_newest_kubernetes_versions(t
     broken["spec"] = {**broken["spec"], "clusterIp": "None"}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, versions[-1], strict=True)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("target", TARGETS)
+def test_nothing_is_left_unreplaced_and_no_namespace_is_forced_but_by_an_overlay(target):
+    objects = render(target)
+    text = json.dumps(objects)
+    assert "deploy/kubernetes/counts" not in text, "a count the transformer did not set"
+    assert "every-zbus" not in text, "a patch's placeholder name"
+    namespaces = {o["metadata"].get("namespace") for o in objects}
+    if target == "base" or target == "overlays/gpu":
+        assert namespaces == {None}, "base/ leaves the namespace to kubectl -n"
+    else:
+        assert len(namespaces) == 1 and None not in namespaces
 
 
 # ---- the pods are the job's nodes -----------------------------------------------------------
@@ -132,12 +164,29 @@ def test_every_statefulset_names_its_pods_through_the_headless_service(base):
             f"{name}: its pods are not behind the Service"
         assert sts["spec"]["selector"]["matchLabels"].items() <= labels.items()
         assert labels["app.kubernetes.io/component"] == name.removeprefix("zbus-")
+    # the waiter's pod is no node: not behind the Service
+    labels = by_kind(base, "Job")["zbus-wait"]["spec"]["template"]["metadata"]["labels"]
+    assert not all(labels.get(k) == v for k, v in spec["selector"].items())
 
 
 @pytest.mark.integration
-def test_each_container_runs_zbus_pod_with_its_statefulsets_role(base):
-    for name, sts in by_kind(base, "StatefulSet").items():
+def test_the_service_lists_no_ports_so_that_none_is_kept_in_step_with_the_job(base):
+    """A headless Service names its pods whatever ports they use: the job's endpoints (any
+    count of shards, feeders, aggregators) need nothing from it but the names."""
+    spec = by_kind(base, "Service")[SERVICE]["spec"]
+    assert "ports" not in spec and spec["clusterIP"] == "None"
+    job = job_of(base)
+    for name in job.cluster.endpoint_names():
+        host = job.cluster.endpoint(name).split("://")[1].rsplit(":", 1)[0]
+        assert host.endswith(f".{SERVICE}"), name
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("target", TARGETS)
+def test_each_container_runs_zbus_pod_with_its_statefulsets_role(target):
+    for name, sts in by_kind(render(target), "StatefulSet").items():
         container = only_container(sts)
+        assert container["name"] == "zbus"
         assert container["command"] == ["zbus-pod", name.removeprefix("zbus-")]
         assert "args" not in container
         env = {e["name"]: e for e in container["env"]}
@@ -149,72 +198,102 @@ def test_each_container_runs_zbus_pod_with_its_statefulsets_role(base):
 
 
 @pytest.mark.integration
-def test_pod_names_are_the_jobs_node_ids_under_node_host(base):
-    table = job_table()["cluster"]
-    cluster = cluster_of_job()
-    node_host = table["node_host"]
-    sets = by_kind(base, "StatefulSet")
+@pytest.mark.parametrize("target", TARGETS)
+def test_pod_names_are_the_jobs_node_ids_and_the_counts_are_the_replicas(target):
+    """One source for the counts: each StatefulSet's replicas, which every pod (and the
+    waiter) gets as ZBUS_CLUSTER__*, which the job reads."""
+    objects = render(target)
+    sets = by_kind(objects, "StatefulSet")
     assert sets["zbus-control"]["spec"]["replicas"] == 1
-    for role, key in COUNT_KEY.items():
-        assert sets[f"zbus-{role}"]["spec"]["replicas"] == getattr(cluster, key), \
-            f"zbus-{role} replicas != [cluster] {key}"
+    for workload in workloads(objects):
+        cluster = job_of(objects, workload).cluster
+        for role, key in COUNT_KEY.items():
+            assert sets[f"zbus-{role}"]["spec"]["replicas"] == getattr(cluster, key), \
+                f"{workload}: zbus-{role} replicas != [cluster] {key}"
+    cluster = job_of(objects).cluster
+    assert not {"feeders", "shards", "aggregators", "workers"} & \
+        job_table(objects)["cluster"].keys(), "job.toml sets a count: the replicas do"
     pods = {f"{name}-{i}" for name, sts in sets.items() for i in range(sts["spec"]["replicas"])}
     nodes = ["control-0", *cluster.expected_nodes()]
     # node ps-3 binds at zbus-ps-3.zbus: pod zbus-ps-3 of the Service zbus
-    assert {node_host.format(node=n) for n in nodes} == {f"{p}.{SERVICE}" for p in pods}
-    # and the owner of every endpoint is one of those pods
+    assert {cluster.node_host.format(node=n) for n in nodes} == {f"{p}.{SERVICE}" for p in pods}
     owners = {cluster.endpoint_owner(e) for e in cluster.endpoint_names()}
     assert {f"zbus-{o}" for o in owners} <= pods
 
 
 @pytest.mark.integration
-def test_the_service_lists_every_port_the_jobs_endpoints_use(base):
-    cluster = cluster_of_job()
-    assert cluster.parts == 1, "model-parallel members have no StatefulSet here"
-    wanted = {int(cluster.endpoint(e).rsplit(":", 1)[1]) for e in cluster.endpoint_names()}
-    ports = by_kind(base, "Service")[SERVICE]["spec"]["ports"]
-    assert {p["port"] for p in ports} == wanted
-    assert all(p["targetPort"] == p["port"] for p in ports)
-    assert len({p["name"] for p in ports}) == len(ports)
+def test_an_overlay_changes_a_count_in_one_place(tmp_path):
+    """replicas: in an overlay, with the counts transformer after it: the StatefulSet and
+    every pod's job follow; without the transformer the job would keep base's count (why
+    every kustomization that sets replicas: lists it)."""
+    def overlay(name: str, transformers: bool) -> Path:
+        where = tmp_path / name
+        where.mkdir()
+        rel = os.path.relpath(KUBE, where)
+        (where / "kustomization.yaml").write_text(
+            f"resources: [{rel}/base]\nreplicas:\n  - {{name: zbus-ps, count: 5}}\n"
+            + (f"transformers: [{rel}/counts]\n" if transformers else ""))
+        return where
+
+    objects = render(overlay("with", True))
+    assert by_kind(objects, "StatefulSet")["zbus-ps"]["spec"]["replicas"] == 5
+    assert {job_of(objects, w).cluster.shards for w in workloads(objects)} == {5}
+    stale = render(overlay("without", False))
+    assert job_of(stale).cluster.shards == 2
 
 
 # ---- the job file in the ConfigMap ---------------------------------------------------------
 
 @pytest.mark.integration
-def test_the_configmap_holds_the_example_job_mounted_where_zbus_job_says(base):
-    text = job_configmap(base)["data"]["job.toml"]
-    assert text == JOB_FILE.read_text()
-    for sts in by_kind(base, "StatefulSet").values():
-        pod = sts["spec"]["template"]["spec"]
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_configmap_holds_the_job_mounted_where_zbus_job_says(target):
+    objects = render(target)
+    shipped = KUBE / target / "job.toml"
+    text = job_configmap(objects)["data"]["job.toml"]
+    assert text == (shipped if shipped.exists() else KUBE / "base" / "job.toml").read_text()
+    keys_dir = job_of(objects).cluster.keys_dir
+    for workload in workloads(objects).values():
+        pod = workload["spec"]["template"]["spec"]
         volumes = {v["name"]: v for v in pod["volumes"]}
-        mounts = {m["mountPath"]: m for m in only_container(sts)["volumeMounts"]}
+        mounts = {m["mountPath"]: m for m in only_container(workload)["volumeMounts"]}
         job = mounts["/etc/zbus/job.toml"]
-        assert volumes[job["name"]]["configMap"]["name"] == job_configmap(base)["metadata"]["name"]
+        assert volumes[job["name"]]["configMap"]["name"] == \
+            job_configmap(objects)["metadata"]["name"]
         assert job["subPath"] == "job.toml"
-        keys = mounts[job_table()["cluster"]["keys_dir"]]
-        assert volumes[keys["name"]]["secret"]["secretName"] == "zbus-keys"
-        assert "emptyDir" in volumes[mounts["/var/lib/zbus"]["name"]]
+        keys = volumes[mounts[keys_dir]["name"]]["secret"]
+        assert keys["secretName"] == "zbus-keys"
+        assert keys["optional"] is True, "a job with CURVE off needs no Secret"
         assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
+        if workload["kind"] == "StatefulSet":
+            assert "emptyDir" in volumes[mounts["/var/lib/zbus"]["name"]]
 
 
-def test_the_example_job_parses_with_the_job_schema():
-    table = job_table()
-    job = parse_job(JOB_FILE.read_text(), str(JOB_FILE), JOB_FILE.parent, environ={})
-    assert job.cluster.curve == "on" and job.cluster.keys_dir == table["cluster"]["keys_dir"]
-    # every endpoint's host is node_host with the node that binds it
-    for name in job.cluster.endpoint_names():
-        owner = job.cluster.endpoint_owner(name)
-        host = table["cluster"]["node_host"].format(node=owner)
-        assert job.cluster.endpoint(name).startswith(f"tcp://{host}:"), name
-    assert job.checkpoint.dir == table["checkpoint"]["dir"]
-    assert job.checkpoint.dir.startswith("s3://")   # outlives every pod
+def test_the_base_job_needs_no_bucket_no_keys_and_no_data():
+    """The first run: synthetic data, CURVE off, nothing in object storage, no export."""
+    text = (KUBE / "base" / "job.toml").read_text()
+    job = parse_job(text, "job.toml", Path("/etc/zbus"), environ={})
+    assert job.data.source == "synthetic" and not job.data.path
+    assert not job.cluster.curve_enabled()
+    assert not job.checkpoint.dir and not job.checkpoint.export_dir
+    assert job.checkpoint.export is False
+    assert "s3://" not in text
+
+
+def test_the_s3_overlays_job_reads_and_writes_object_storage_and_exports_in_one_place():
+    text = (KUBE / "overlays" / "criteo-s3" / "job.toml").read_text()
+    job = parse_job(text, "job.toml", Path("/etc/zbus"), environ={})
+    assert job.cluster.curve == "on" and job.cluster.curve_enabled()
     assert job.data.path.startswith("s3://") and job.data.eval_path.startswith("s3://")
+    assert job.checkpoint.dir.startswith("s3://")   # outlives every pod
+    # every pod writes its part of the export beside the checkpoints: one place
+    assert job.checkpoint.export and job.checkpoint.export_root("/var/lib/zbus/run") == \
+        job.checkpoint.dir
 
 
-def test_the_example_job_uses_only_keys_of_the_schema():
-    """Every key of job.toml is a field of roles/job/settings.py (a typo is not ignored)."""
-    from roles.job.settings import Job
-
+@pytest.mark.parametrize("name", ["base", "overlays/criteo-s3"])
+def test_the_shipped_jobs_use_only_keys_of_the_schema(name):
+    """Every key of a shipped job.toml is a field of roles/job/settings.py (a typo is not
+    ignored)."""
     def walk(cls: type, table: dict, path: tuple[str, ...]) -> None:
         fields = {f.name: f for f in dataclasses.fields(cls)}
         for key, value in table.items():
@@ -223,7 +302,50 @@ def test_the_example_job_uses_only_keys_of_the_schema():
             if isinstance(value, dict) and dataclasses.is_dataclass(hint):
                 walk(hint, value, (*path, key))
 
-    walk(Job, job_table(), ())
+    walk(Job, tomllib.loads((KUBE / name / "job.toml").read_text()), ())
+
+
+# ---- one template for every pod -------------------------------------------------------------
+
+# what a role's own file sets: everything else of its pod comes from components/zbus-pod
+OWN = ["name", "labels", "replicas", "selector", "control's prometheus.io annotations",
+       "the container's command and resources"]
+
+
+def shared_part(sts: dict) -> dict:
+    """The StatefulSet without what its role's file sets."""
+    sts = copy.deepcopy(sts)
+    sts["metadata"].pop("name")
+    sts["metadata"].pop("labels")
+    sts["spec"].pop("replicas")
+    sts["spec"].pop("selector")
+    meta = sts["spec"]["template"]["metadata"]
+    meta.pop("labels")
+    meta.get("annotations", {}).pop("prometheus.io/scrape", None)
+    meta.get("annotations", {}).pop("prometheus.io/port", None)
+    meta.get("annotations", {}).pop("prometheus.io/path", None)
+    container = only_container(sts)
+    container.pop("command")
+    container.pop("resources")
+    return sts
+
+
+@pytest.mark.integration
+def test_the_statefulsets_differ_only_in_what_their_role_sets(base):
+    sets = by_kind(base, "StatefulSet")
+    shared = {name: shared_part(sts) for name, sts in sets.items()}
+    first = shared.pop("zbus-control")
+    for name, part in shared.items():
+        assert part == first, f"{name} differs from zbus-control beyond {OWN}"
+    # and the role files hold nothing else (the component holds the rest)
+    import yaml
+    for role in ROLES:
+        own = yaml.safe_load((KUBE / "base" / f"{role}.yaml").read_text())
+        spec = own["spec"]
+        assert set(spec) <= {"replicas", "selector", "template"}, role
+        assert set(spec["template"]) == {"metadata", "spec"}, role
+        assert set(spec["template"]["spec"]) == {"containers"}, role
+        assert set(only_container(own)) == {"name", "command", "resources"}, role
 
 
 # ---- probes, security, metrics, GPUs --------------------------------------------------------
@@ -241,23 +363,23 @@ def test_probes_are_exec_zbus_probe(base):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("target", ["base", "overlays/gpu"])
+@pytest.mark.parametrize("target", TARGETS)
 def test_every_pod_runs_as_non_root_without_privileges(target):
-    for name, sts in by_kind(render(target), "StatefulSet").items():
-        pod = sts["spec"]["template"]["spec"]
+    for name, workload in workloads(render(target)).items():
+        pod = workload["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True, name
         assert pod["securityContext"]["runAsUser"] == UID, name
         assert pod["enableServiceLinks"] is False, name
         assert pod["securityContext"]["fsGroup"] == UID, name  # reads the keys (mode 0440)
         keys = [v for v in pod["volumes"] if "secret" in v]
         assert [v["secret"]["defaultMode"] for v in keys] == [0o440], name
-        container = only_container(sts)
-        ctx = container["securityContext"]
-        assert ctx["allowPrivilegeEscalation"] is False, name
-        assert ctx["readOnlyRootFilesystem"] is True, name
-        assert ctx["capabilities"]["drop"] == ["ALL"], name
-        assert "memory" in container["resources"]["limits"], name
-        assert {"cpu", "memory"} <= container["resources"]["requests"].keys(), name
+        for container in [*pod["containers"], *pod.get("initContainers", [])]:
+            ctx = container["securityContext"]
+            assert ctx["allowPrivilegeEscalation"] is False, name
+            assert ctx["readOnlyRootFilesystem"] is True, name
+            assert ctx["capabilities"]["drop"] == ["ALL"], name
+            assert "memory" in container["resources"]["limits"], name
+            assert {"cpu", "memory"} <= container["resources"]["requests"].keys(), name
 
 
 @pytest.mark.integration
@@ -268,49 +390,120 @@ def test_worker_pods_have_time_to_leave_gracefully(base):
 
 
 @pytest.mark.integration
-def test_prometheus_annotations_on_control_match_the_jobs_metrics_port(base):
-    monitoring = job_table()["monitoring"]
-    assert monitoring["prometheus_host"] == "0.0.0.0"  # scraped at the pod's address
-    for name, sts in by_kind(base, "StatefulSet").items():
+@pytest.mark.parametrize("target", TARGETS)
+def test_prometheus_annotations_on_control_match_the_jobs_metrics_port(target):
+    objects = render(target)
+    monitoring = job_of(objects).monitoring
+    assert monitoring.prometheus_host == "0.0.0.0"  # scraped at the pod's address
+    for name, sts in by_kind(objects, "StatefulSet").items():
         notes = sts["spec"]["template"]["metadata"].get("annotations", {})
+        assert notes["kubectl.kubernetes.io/default-container"] == "zbus"
         if name != "zbus-control":
             assert not any(k.startswith("prometheus.io/") for k in notes), name
             continue
         assert notes["prometheus.io/scrape"] == "true"
-        assert notes["prometheus.io/port"] == str(monitoring["prometheus_port"])
+        assert notes["prometheus.io/port"] == str(monitoring.prometheus_port)
         assert notes["prometheus.io/path"] == "/metrics"
 
 
 @pytest.mark.integration
-def test_the_gpu_overlay_gives_a_gpu_to_workers_only(base, gpu):
-    before, after = by_kind(base, "StatefulSet"), by_kind(gpu, "StatefulSet")
+def test_the_gpu_overlay_gives_a_gpu_and_the_cuda_image_to_workers_only(base):
+    before, after = by_kind(base, "StatefulSet"), by_kind(render("overlays/gpu"), "StatefulSet")
     assert before.keys() == after.keys()
     for name, sts in after.items():
-        container = only_container(sts)
         pod = sts["spec"]["template"]["spec"]
         if name == "zbus-worker":
-            assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+            assert only_container(sts)["resources"]["limits"]["nvidia.com/gpu"] == 1
             assert {"key": "nvidia.com/gpu", "operator": "Exists",
                     "effect": "NoSchedule"} in pod["tolerations"]
-            assert "cuda" in container["image"] and container["image"] != \
-                only_container(before[name])["image"]
+            assert {c["image"] for c in pod["containers"]} == {"zbus-cuda"}
         else:
             assert sts == before[name], f"the GPU overlay changes {name}"
             assert "nvidia.com/gpu" not in str(sts)
 
 
+@pytest.mark.integration
+def test_the_s3_overlay_changes_the_namespace_image_counts_and_job_only(base):
+    after = render("overlays/criteo-s3")
+    images = {c["image"] for w in workloads(after).values()
+              for c in [*w["spec"]["template"]["spec"]["containers"],
+                        *w["spec"]["template"]["spec"].get("initContainers", [])]}
+    assert images == {"registry.example.com/zbus:0.1.0-cpu"}
+    assert job_of(after).cluster.shards == 4 and job_of(after).cluster.workers == 4
+    changed = ["namespace", "images", "replicas (and the counts)", "the job"]
+
+    def plain(objects: list[dict]) -> list[str]:
+        """The objects without what the overlay may change."""
+        out = []
+        for o in copy.deepcopy(objects):
+            o["metadata"].pop("namespace", None)
+            if o["kind"] == "ConfigMap":
+                o["metadata"]["name"], o["data"] = "zbus-job", {}
+            o.get("spec", {}).pop("replicas", None)
+            pod = o.get("spec", {}).get("template", {}).get("spec", {})
+            for c in [*pod.get("containers", []), *pod.get("initContainers", [])]:
+                c["image"] = "zbus"
+                for e in c.get("env", []):
+                    if e["name"].startswith("ZBUS_CLUSTER__"):
+                        e["value"] = "n"
+            for v in pod.get("volumes", []):
+                if "configMap" in v:
+                    v["configMap"]["name"] = "zbus-job"
+            out.append(json.dumps(o, sort_keys=True))
+        return sorted(out)
+
+    assert plain(after) == plain(base), f"the overlay changes more than {changed}"
+
+
+# ---- waiting for the end --------------------------------------------------------------------
+
+@pytest.mark.integration
+def test_the_wait_job_completes_when_the_job_completed_and_fails_when_it_ended_otherwise(base):
+    """kubectl wait --for=condition=complete job/zbus-wait: the Job's pod runs zbus-ctl wait
+    (exit 0: completed; 1: ended otherwise, the Job fails at once; 2: cannot tell, tried
+    again); a resumable end is waited through (--supervised: zbus-pod resumes it)."""
+    job = by_kind(base, "Job")["zbus-wait"]
+    spec = job["spec"]
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and "initContainers" not in pod
+    assert only_container(job)["command"] == ["zbus-ctl", "wait", "--supervised"]
+    rules = spec["podFailurePolicy"]["rules"]
+    assert {"action": "FailJob", "onExitCodes": {"containerName": "zbus", "operator": "In",
+                                                 "values": [wait.ENDED]}} in rules
+    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in rules
+    assert wait.COMPLETED == 0 and spec["backoffLimit"] >= 1
+    assert "ttlSecondsAfterFinished" not in spec, "kubectl wait must find the Job"
+    # the waiter reads the job the nodes read, and their keys
+    assert job_of(base, "zbus-wait") == job_of(base, "zbus-control")
+
+
 # ---- the image ------------------------------------------------------------------------------
 
-def dockerfile() -> list[tuple[str, str]]:
-    """The Dockerfile's instructions as (INSTRUCTION, arguments), continuations joined."""
+def dockerfile() -> list[tuple[str, str, str]]:
+    """The Dockerfile's instructions as (stage, INSTRUCTION, arguments), continuations
+    joined."""
     text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
-    return [(m.group(1).upper(), m.group(2).strip()) for m in
-            re.finditer(r"^\s*([A-Za-z]+)\s+(.*)$", text, re.M)
-            if not m.group(0).lstrip().startswith("#")]
+    steps, stage = [], ""
+    for m in re.finditer(r"^\s*([A-Za-z]+)\s+(.*)$", text, re.M):
+        op, args = m.group(1).upper(), m.group(2).strip()
+        if op == "FROM":
+            stage = args.split()[-1]
+        steps.append((stage, op, args))
+    return steps
+
+
+def stage_env(stage: str) -> dict[str, str]:
+    """The variables the stage's ENV instructions set."""
+    env = {}
+    for _, _, args in (s for s in dockerfile() if s[0] == stage and s[1] == "ENV"):
+        for word in shlex.split(args):
+            key, _, value = word.partition("=")
+            env[key] = value
+    return env
 
 
 def test_the_dockerfile_builds_a_non_root_image_entering_zbus_pod():
-    steps = dockerfile()
+    steps = [(op, args) for _, op, args in dockerfile()]
     froms = [args for op, args in steps if op == "FROM"]
     assert [f.split()[-1] for f in froms] == ["build", "runtime"]
     assert any(op == "ARG" and args.startswith("PYTHON_IMAGE=python:3.11-slim")
@@ -323,8 +516,7 @@ def test_the_dockerfile_builds_a_non_root_image_entering_zbus_pod():
     assert "ZBUS_SETUP_EXTRAS= " in run  # no test tools in the image
     assert [a for op, a in steps if op == "USER"][-1].split(":")[0] == str(UID)
     assert steps[-1] == ("ENTRYPOINT", '["zbus-pod"]')
-    env = " ".join(a for op, a in steps if op == "ENV")
-    assert "PATH=/opt/zbus/bin:$PATH" in env
+    assert stage_env("runtime")["PATH"] == "/opt/zbus/bin:$PATH"
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     assert "ZBUS_TORCH_INDEX" in setup and "ZBUS_SETUP_EXTRAS" in setup
 
@@ -332,7 +524,7 @@ def test_the_dockerfile_builds_a_non_root_image_entering_zbus_pod():
 def test_every_file_the_dockerfile_copies_is_in_the_repository_and_the_build_context():
     ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")]
-    copies = [a.split() for op, a in dockerfile() if op == "COPY"]
+    copies = [a.split() for _, op, a in dockerfile() if op == "COPY"]
     assert copies
     for words in copies:
         if any(w.startswith("--from=") for w in words):
