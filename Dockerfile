@@ -14,8 +14,10 @@ ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG TORCH_SPEC=torch
+# numba's cache of the compiled loops: built here, read by every role (below)
 ENV PIP_NO_CACHE_DIR=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    NUMBA_CACHE_DIR=/opt/zbus-numba
 WORKDIR /opt/zbus-src
 # What setup.sh installs from (pyproject.toml names README.md as the readme), and nothing else
 COPY pyproject.toml README.md ./
@@ -30,9 +32,12 @@ RUN ZBUS_VENV=/opt/zbus ZBUS_TORCH_INDEX="${TORCH_INDEX}" ZBUS_TORCH_SPEC="${TOR
     && /opt/zbus/bin/python -c "from roles.algorithms.shard.kernels import loops; \
 from roles.data.hashing import compiled_loop; from roles.model.row_sums import loop; \
 loops(); compiled_loop(); loop()"
-# (the compiled loops of the shards, the feeder's keys and the workers' gradient sums:
-# numba's cache beside them, so that no role starts the compiler; where it cannot read it
-# there, numba compiles once into $HOME/.cache)
+# (the compiled loops of the shards, the feeder's keys and the workers' gradient sums, into
+# NUMBA_CACHE_DIR, so that no role starts the compiler. numba takes a cache directory only
+# where it can write: the image's is owned by uid 10001, and a pod, whose root is read-only,
+# mounts an emptyDir at that path that an init container filled with the image's copy
+# (deploy/kubernetes/components/zbus-pod). The cache holds code for the CPU the image was
+# built on: a node with another CPU compiles the loops once per pod, into that directory.)
 
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="zbus" \
@@ -40,6 +45,7 @@ LABEL org.opencontainers.image.title="zbus" \
 # The virtual environment holds an editable install of the source: both at the same paths
 COPY --from=build /opt/zbus /opt/zbus
 COPY --from=build /opt/zbus-src /opt/zbus-src
+COPY --from=build --chown=10001:10001 /opt/zbus-numba /opt/zbus-numba
 COPY scripts /opt/zbus-src/scripts
 COPY jobs /opt/zbus-src/jobs
 # uid 10001 (the manifests' runAsUser); /var/lib/zbus (run directory, data cache, $HOME) is an
@@ -54,7 +60,8 @@ ENV PATH=/opt/zbus/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/var/lib/zbus \
     ZBUS_RUN_DIR=/var/lib/zbus/run \
-    ZBUS_CACHE_DIR=/var/lib/zbus/cache
+    ZBUS_CACHE_DIR=/var/lib/zbus/cache \
+    NUMBA_CACHE_DIR=/opt/zbus-numba
 WORKDIR /var/lib/zbus
 USER 10001:10001
 ENTRYPOINT ["zbus-pod"]

@@ -4,9 +4,11 @@ Kubernetes versions that kubernetes-validate knows (its OpenAPI schemas, offline
 unknown field); the pods share one template (components/zbus-pod) and differ only where their
 roles do; the counts have one source (the replicas) and reach the job through the pods'
 environment; the job each kustomization ships parses, and exports to one place or not at all;
-the zbus-wait Job's exit statuses are the waiter's. Nothing here needs a cluster or a
-container engine: ``kubectl kustomize`` renders offline, and the image is read from its
-Dockerfile."""
+the zbus-wait Job's exit statuses are the waiter's. And the image's compiled loops are what a
+pod runs: its numba cache, built as the Dockerfile builds it, is read by a role started as a
+pod starts it (read-only tree, the init container's copy), with nothing compiled. Nothing here
+needs a cluster or a container engine: ``kubectl kustomize`` renders offline, and the image is
+read from its Dockerfile."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tomllib
 import typing
 from pathlib import Path
@@ -416,7 +419,9 @@ def test_the_gpu_overlay_gives_a_gpu_and_the_cuda_image_to_workers_only(base):
             assert only_container(sts)["resources"]["limits"]["nvidia.com/gpu"] == 1
             assert {"key": "nvidia.com/gpu", "operator": "Exists",
                     "effect": "NoSchedule"} in pod["tolerations"]
-            assert {c["image"] for c in pod["containers"]} == {"zbus-cuda"}
+            # the numba cache copied from the image the worker runs
+            assert {c["image"] for c in [*pod["containers"], *pod["initContainers"]]} == \
+                {"zbus-cuda"}
         else:
             assert sts == before[name], f"the GPU overlay changes {name}"
             assert "nvidia.com/gpu" not in str(sts)
@@ -533,6 +538,147 @@ def test_every_file_the_dockerfile_copies_is_in_the_repository_and_the_build_con
             assert (ROOT / source).exists(), f"COPY {source}: no such file in the repository"
             top = source.split("/")[0]
             assert top not in ignored, f"COPY {source}: .dockerignore leaves it out"
+
+
+LOOPS = {"roles.algorithms.shard.kernels": "loops", "roles.data.hashing": "compiled_loop",
+         "roles.model.row_sums": "loop"}   # a shard's, a feeder's, a worker's
+
+
+def build_snippet() -> str:
+    """The Python the image's build runs to compile the loops (its RUN's python -c)."""
+    run = " ".join(a for stage, op, a in dockerfile() if stage == "build" and op == "RUN")
+    found = re.search(r'/opt/zbus/bin/python -c "([^"]*)"', run)
+    assert found, "the build compiles no loops"
+    return found.group(1)
+
+
+def test_the_image_builds_every_roles_loops_into_the_numba_cache_its_pods_read():
+    snippet = build_snippet()
+    for module, function in LOOPS.items():
+        assert f"from {module} import {function}" in snippet and f"{function}()" in snippet
+    build, runtime = stage_env("build"), stage_env("runtime")
+    assert build["NUMBA_CACHE_DIR"] == runtime["NUMBA_CACHE_DIR"]
+    cache = runtime["NUMBA_CACHE_DIR"]
+    copies = [a.split() for stage, op, a in dockerfile() if stage == "runtime" and op == "COPY"]
+    # owned by the image's user: numba takes a cache directory only where it can write
+    assert ["--from=build", f"--chown={UID}:{UID}", cache, cache] in copies
+
+
+# A role's compiled loop made as a pod makes it: what numba compiled, and where the code came
+# from. (The feeder's key loop: the same cache as every role's, and the quickest to build.)
+PROBE = """
+import json, numba
+from numba.core import event
+compiled = []
+class Listener(event.Listener):
+    def on_start(self, ev):
+        compiled.append(ev.data["dispatcher"].py_func.__qualname__)
+    def on_end(self, ev):
+        pass
+event.register("numba:compile", Listener())
+import roles
+from roles.data.hashing import compiled_loop
+compiled_loop()
+print(json.dumps({"compiled": compiled, "roles": roles.__file__,
+                  "cache": numba.config.CACHE_DIR}))
+"""
+FEEDER_LOOP = "from roles.data.hashing import compiled_loop; compiled_loop()"
+
+
+class ImageOnDisk:
+    """The image's files under ``root/image`` and the pod's volumes under ``root/volumes``,
+    with a container's paths mapped onto them: its mounts first, the image's root else."""
+
+    def __init__(self, root: Path):
+        self.image, self.volumes = root / "image", root / "volumes"
+
+    def path(self, where: str, mounts: dict[str, Path] | None = None) -> str:
+        # (joined as text: a path's meaning in a command may hang on a trailing "/.")
+        for mount, disk in sorted((mounts or {}).items(), key=lambda m: -len(m[0])):
+            if where == mount or where.startswith(mount.rstrip("/") + "/"):
+                return f"{disk}{where[len(mount):]}"
+        return f"{self.image}{where}"
+
+    def mounts(self, container: dict) -> dict[str, Path]:
+        out = {}
+        for m in container.get("volumeMounts", []):
+            disk = self.volumes / m["name"]
+            disk.mkdir(parents=True, exist_ok=True)
+            out[m["mountPath"]] = disk / m.get("subPath", "")
+        return out
+
+    def environ(self, env: dict[str, str], mounts: dict[str, Path]) -> dict[str, str]:
+        """``env`` (the image's, the container's) on this disk: paths mapped, PATH the test's,
+        the source tree on PYTHONPATH (the image's editable install of it)."""
+        out = {k: self.path(v, mounts) if v.startswith("/") else v
+               for k, v in env.items() if k != "PATH"}
+        return {**out, "PATH": os.environ["PATH"], "LC_ALL": "C.UTF-8",
+                "PYTHONPATH": self.path(dockerfile_workdir(), mounts)}
+
+
+def dockerfile_workdir() -> str:
+    return [a for stage, op, a in dockerfile() if stage == "build" and op == "WORKDIR"][-1]
+
+
+def read_only(paths: list[Path]) -> tuple[list[str], typing.Callable[[], None]]:
+    """A command prefix under which ``paths`` cannot be written, and what undoes it. Root
+    writes through file modes: it gets a mount namespace with each path bound read-only."""
+    if os.geteuid() != 0:
+        for p in paths:
+            subprocess.run(["chmod", "-R", "a-w", str(p)], check=True)
+        return [], lambda: [subprocess.run(["chmod", "-R", "u+w", str(p)], check=True)
+                            for p in paths]
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("root, and no mount namespace to make the image's files read-only in")
+    binds = " && ".join(f"mount --bind {shlex.quote(str(p))} {shlex.quote(str(p))} && "
+                        f"mount -o remount,bind,ro {shlex.quote(str(p))}" for p in paths)
+    return ["unshare", "-m", "sh", "-c", f'{binds} && exec "$@"', "sh"], lambda: None
+
+
+@pytest.mark.integration
+def test_a_pod_runs_the_compiled_loops_the_image_built_without_compiling(tmp_path):
+    """The image's source tree and numba cache, built as the Dockerfile builds them (its
+    WORKDIR, its build stage's variables, its compile step); then the feeder's pod as the
+    rendered manifests make it: its init containers, its mounts, the image's and the
+    container's environment, the image's files read-only. The feeder's loop loads from the
+    cache: numba compiles nothing (on the Dockerfile before NUMBA_CACHE_DIR it compiled
+    _plain_loop and splitmix_one, into $HOME, in every pod)."""
+    pytest.importorskip("numba")
+    disk = ImageOnDisk(tmp_path)
+    src = Path(disk.path(dockerfile_workdir()))
+    for tree in ("roles", "zbus"):
+        shutil.copytree(ROOT / tree, src / tree,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    assert FEEDER_LOOP.split("; ")[0] in build_snippet()
+    built = subprocess.run([sys.executable, "-c", PROBE], cwd=src, capture_output=True,
+                           text=True, timeout=120,
+                           env=disk.environ({**stage_env("build"), "HOME": "/root"}, {}))
+    assert built.returncode == 0, built.stderr
+    assert "_plain_loop" in json.loads(built.stdout)["compiled"]   # the build did compile
+
+    feeder = by_kind(render("base"), "StatefulSet")["zbus-feeder"]
+    pod = feeder["spec"]["template"]["spec"]
+    prefix, undo = read_only([disk.image])
+    try:
+        for init in pod.get("initContainers", []):
+            mounts = disk.mounts(init)
+            done = subprocess.run(prefix + [disk.path(a, mounts) if a.startswith("/") else a
+                                            for a in init["command"]],
+                                  capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, (init["name"], done.stderr)
+        container = only_container(feeder)
+        mounts = disk.mounts(container)
+        env = disk.environ({**stage_env("runtime"), **env_of(container)}, mounts)
+        ran = subprocess.run(prefix + [sys.executable, "-c", PROBE], cwd=disk.volumes,
+                             env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        undo()
+    assert ran.returncode == 0, ran.stderr
+    found = json.loads(ran.stdout)
+    assert found["roles"].startswith(str(src))   # the image's tree, not the checkout
+    assert found["compiled"] == [], f"the pod compiled {found['compiled']} (cache " \
+        f"{found['cache']})"
 
 
 # ---- spare worker keys ----------------------------------------------------------------------

@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from roles.data.compiled import compiled
+
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)   # splitmix64's constants (``splitmix_one`` too,
 M1 = np.uint64(0xBF58476D1CE4E5B9)       # which the compiled loops call)
 M2 = np.uint64(0x94D049BB133111EB)
@@ -42,10 +44,11 @@ def splitmix_one(z: np.uint64) -> np.uint64:
 @functools.cache
 def compiled_splitmix() -> Callable[[np.uint64], np.uint64]:
     """``splitmix_one`` compiled, inlined where a compiled loop calls it (the keys' and the
-    shards' kernels): once per process."""
-    from numba import njit, types
+    shards' kernels): once per process, from numba's cache as the loops are (a process whose
+    loops come from the cache compiles nothing)."""
+    from numba import types
 
-    return njit(types.uint64(types.uint64), inline="always")(splitmix_one)  # type: ignore[no-any-return]
+    return compiled([types.uint64(types.uint64)], splitmix_one, inline="always")  # type: ignore[no-any-return]
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:

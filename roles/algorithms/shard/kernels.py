@@ -10,8 +10,9 @@ Criteo batch's 13,312 keys: the look-up 0.36 against 1.0-1.2 ms, the grouping of
 round").
 
 Every kernel is compiled for its signatures when the process makes its first table
-(``loops()``; ``cache=True``: from numba's cache beside the module after the first time,
-about 0.25 s), so that no batch waits for the compiler. They release the GIL (``nogil``);
+(``loops()``; ``cache=True``: from numba's cache after the first time, about 0.25 s, and the
+image's pods from the cache built into it: ``NUMBA_CACHE_DIR``, Dockerfile), so that no batch
+waits for the compiler. They release the GIL (``nogil``);
 none allocates per key.
 """
 
@@ -147,7 +148,7 @@ def loops() -> Loops:
     """The loops compiled, once per process, at the first table made (not at import: the
     roles that only read a model's files never load numba, about 100 MB and half a second)."""
     global mix, home   # noqa: PLW0603 - the helpers the loops call must be compiled first
-    from numba import njit, types
+    from numba import types
 
     i64 = types.Array(types.int64, 1, "C")
     i64_in = types.Array(types.int64, 1, "C", readonly=True)   # a message's frame
@@ -155,7 +156,7 @@ def loops() -> Loops:
     f32 = types.Array(types.float32, 2, "C")
     f32_in = types.Array(types.float32, 2, "C", readonly=True)
     mix = compiled_splitmix()
-    home = njit(types.int64(types.int64, types.int64), inline="always")(_home)
+    home = compiled([types.int64(types.int64, types.int64)], _home, inline="always")
     return Loops(
         probe=compiled([i64(i32, i64, keys, types.boolean) for keys in (i64, i64_in)],
                         _probe),
