@@ -697,3 +697,17 @@ def test_zbus_keys_makes_the_keys_of_as_many_workers_as_asked(tmp_path, monkeypa
     assert "2 key pair(s) made" in capsys.readouterr().out.splitlines()[-1]  # 5 and 9
     assert {"worker-9", "worker-5"} <= {p.name.removesuffix(".key")
                                         for p in tmp_path.glob("*.key")}
+
+
+def test_the_docs_never_change_the_readers_kube_context():
+    """Every kubectl command in the docs names its namespace (-n, or an overlay's
+    namespace:): none switches the reader's current context or namespace."""
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text()
+        for switch in ("config set-context", "config use-context", "kubens", "kubectx"):
+            assert switch not in text, f"{page.name}: {switch}"
+    k8s = (ROOT / "docs" / "operations.md").read_text().split("## On Kubernetes")[1]
+    k8s = k8s.split("\n## ")[0]
+    for line in re.findall(r"^\s*kubectl (?:apply|wait|logs|exec|scale|cp|create secret|"
+                           r"delete|port-forward)\b.*$", k8s, re.M):
+        assert " -n " in line or "overlays/criteo-s3" in line or "-n <" in line, line
