@@ -34,8 +34,7 @@ training batch it holds still expects gradients, sends every other shard one Han
 the rows (and Adagrad state) it no longer owns, takes the rows others send it, and reports
 Moved. ``--slowdown N`` (a test aid) makes the shard N times as slow: after each piece of work
 it rests (``Loop.rest``: handles nothing) (N - 1) x the CPU time the work took, and counts N x
-that time as its processing time; ``--write-delay S`` (another) makes its checkpoint writer
-wait S seconds before writing.
+that time as its processing time.
 """
 
 from __future__ import annotations
@@ -105,7 +104,7 @@ class HeldBatch:
 class Shard(Node):
     role = "ps"
 
-    def __init__(self, job: Job, index: int, slowdown: float = 1.0, write_delay: float = 0.0):
+    def __init__(self, job: Job, index: int, slowdown: float = 1.0):
         super().__init__(job.cluster, index, job.fingerprint())
         self.exports = ExportAnswers(self.export_part, self.report)
         self.job = job
@@ -145,8 +144,7 @@ class Shard(Node):
                        "handovers": 0, "handovers_forced": 0, "checkpoints": 0,
                        "lookups_after_update": 0, "grads_without_keys": 0,
                        "held_dropped": 0}
-        self.checkpoints = ShardCheckpoints(index, self.table, job.checkpoint.full_every,
-                                            write_delay)
+        self.checkpoints = ShardCheckpoints(index, self.table, job.checkpoint.full_every)
         self.cut: Checkpoint | None = None   # a cut waiting for gradients on their way
         self.cut_since = 0.0
         self.applied_log: AppliedLog | None = None  # batches applied after each snapshot

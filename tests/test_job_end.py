@@ -29,6 +29,25 @@ from zbus.logs import log_path
 
 ZIPF_JOB = REPO / "jobs" / "zipf.toml"   # placement mode skew: control has a trainer child
 GONE_WITHIN_S = 20.0   # generous: a process killed by the kernel is reaped by its new parent
+# a shard whose checkpoint writer (its forked child) writes to a disk so slow that it is still
+# writing when the job ends: each file's save waits 600 s first (patched in that process only)
+SLOW_DISK_SHARD = """
+import time
+
+import roles.checkpoint.shard as checkpoints
+from roles.ps import main
+
+save = checkpoints.save_npz
+
+
+def slow_save(*args, **kwargs):
+    time.sleep(600)
+    save(*args, **kwargs)
+
+
+checkpoints.save_npz = slow_save
+main()
+"""
 
 
 def bind_again(endpoint: str) -> None:
@@ -71,7 +90,8 @@ def test_once_a_job_has_ended_no_process_of_it_is_left_and_every_port_binds_agai
     c = cluster(ZIPF_JOB, transport="tcp", train__epochs=2, checkpoint__every_s=0.5)
     c.start_role("control", 0)
     c.start_role("feeder", 0)
-    c.start_role("ps", 0, "--write-delay", "600")   # its checkpoint writer runs at the end
+    # its checkpoint writer is still writing when the job ends (SLOW_DISK_SHARD)
+    c.start("ps-0", [sys.executable, "-c", SLOW_DISK_SHARD, "--index", "0"])
     c.start_role("ps", 1)
     c.start_role("worker", 0)
     c.start_role("aggregator", 0)

@@ -24,8 +24,7 @@ does not come back from it. The chain's files are what the shard reports in
 ``CheckpointPart.files``, so that the manifest keeps them all.
 
 A shard that exits while its child writes ends the child (``close``) and removes the file it
-left half-written: that checkpoint can no longer be completed. ``write_delay`` (a test aid,
-``zbus-ps --write-delay S``) makes the child wait before it writes, as a slow disk would.
+left half-written: that checkpoint can no longer be completed.
 """
 
 from __future__ import annotations
@@ -69,10 +68,8 @@ class Writing:
 
 
 class ShardCheckpoints:
-    def __init__(self, index: int, table: EmbeddingTable, full_every: int,
-                 write_delay: float = 0.0):
+    def __init__(self, index: int, table: EmbeddingTable, full_every: int):
         self.index, self.table, self.full_every = index, table, full_every
-        self.write_delay = write_delay
         self.chain: list[str] = []  # files a restore reads, relative to checkpoints/
         self.writing: Writing | None = None
         self.force_full = True
@@ -94,11 +91,7 @@ class ShardCheckpoints:
                 "base": None if full else self.chain[-1], "time": time.time(), "keys": len(t)}
         path = as_store(store).local(name)
 
-        delay = self.write_delay
-
         def write() -> None:  # in the child: its copy of the table, as it was at the fork
-            if delay:
-                time.sleep(delay)
             by_row, live = t.key_of_row()
             done = np.fromiter(applied, np.int64, len(applied))
             d = t.defaults

@@ -48,10 +48,6 @@ def parse_role_args(role: str, argv: list[str] | None = None) -> argparse.Namesp
     if role in SLOWED_ROLES:
         parser.add_argument("--slowdown", type=float, default=1.0, metavar="N",
                             help=f"test and demo aid: take N times as long {SLOWED_ROLES[role]}")
-    if role == "ps":
-        parser.add_argument("--write-delay", type=float, default=0.0, metavar="S",
-                            help="test aid: the checkpoint writer waits S seconds before it "
-                                 "writes (a slow disk)")
     return parser.parse_args(argv)
 
 
@@ -129,8 +125,6 @@ def role_main(role_cls: Any, argv: list[str] | None = None) -> None:
     setup_logging(f"{role}-{args.index}")
     keep_heap()   # before the role allocates its buffers: zbus.heap says why
     options = {"slowdown": args.slowdown} if role in SLOWED_ROLES else {}
-    if role == "ps":
-        options["write_delay"] = args.write_delay
     try:
         node = role_cls(job, args.index, **options)
     except (OSError, RuntimeError) as exc:  # a port in use, no CUDA device, ...

@@ -157,8 +157,6 @@ class LocalCluster:
             return self._make_control(job, args.resume, name)
         cls = _role_class(role)
         options = {"slowdown": args.slowdown} if hasattr(args, "slowdown") else {}
-        if hasattr(args, "write_delay"):
-            options["write_delay"] = args.write_delay
         try:
             return cls(job, args.index, **options)
         except (OSError, RuntimeError) as exc:
