@@ -15,7 +15,7 @@
   which combines its own group and the partials, publishes, backs up and exports.
 - backups (root): after each round, when the weights moved by ``backup_change_min`` (relative)
   since the last backup, and whenever an operator asks (BackupNow); written atomically, the
-  newest ``backups_kept`` kept (``roles.model.files``). The initial weights are backup 0.
+  newest ``backups_kept`` kept (``roles.checkpoint.model_files``). The initial weights are backup 0.
 - recovery: a restarted root is told by control to Restore the latest backup; it publishes it
   as round r of a new generation, and workers replace their weights with it.
 - WeightsRequest is answered with the current weights (start-up, or a worker that missed some).
@@ -48,9 +48,9 @@ from roles.checkpoint.files import (
     read_meta,
     save_npz,
 )
+from roles.checkpoint.model_files import DENSE, Backups, ExportAnswers, load_dense, save_named
 from roles.job.cli import role_main
 from roles.job.settings import Job
-from roles.model.files import DENSE, Backups, ExportAnswers, load_dense, save_named
 from roles.model.network import build_network
 from roles.protocol.checkpoint import Checkpoint, CheckpointPart, Snapshotted
 from roles.protocol.dense_sync import (

@@ -55,10 +55,10 @@ from roles.algorithms.shard.expiry import Expiry
 from roles.algorithms.shard.window_work import WindowLedger
 from roles.algorithms.shared.key_map import KeyMap
 from roles.checkpoint.files import checkpoint_store, latest_complete, read_manifest
+from roles.checkpoint.model_files import ExportAnswers, embeddings_file, save_embeddings
 from roles.checkpoint.shard import ShardCheckpoints, read_chain
 from roles.job.cli import role_main
 from roles.job.settings import Job
-from roles.model.files import ExportAnswers, embeddings_file, save_embeddings
 from roles.protocol.checkpoint import Checkpoint, Snapshotted
 from roles.protocol.datapath import (
     BatchKeys,

@@ -15,8 +15,8 @@ import pytest
 from harness import BIN, REPO, criteo_data, job_text, text_split_rows
 
 from roles.checkpoint.files import checkpoints_dir, latest_complete
+from roles.checkpoint.model_files import embeddings_file, load_default_rows, load_embeddings
 from roles.checkpoint.shard import read_chain
-from roles.model.files import embeddings_file, load_default_rows, load_embeddings
 
 pytestmark = pytest.mark.integration
 

@@ -13,13 +13,13 @@ import pytest
 
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.algorithms.shard.key_index import KeyIndex
-from roles.model.files import (
+from roles.checkpoint.model_files import (
     load_default_rows,
     load_embeddings,
     npz_bytes,
     save_embeddings,
 )
-from roles.model.npz_stream import Entry, whole, write_npz
+from roles.checkpoint.npz_stream import Entry, whole, write_npz
 from zbus.files import atomic_write
 
 DIM = 4

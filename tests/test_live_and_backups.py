@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from roles.algorithms.shared import live
+from roles.checkpoint.model_files import Backups, load_dense, relative_change
 from roles.job.settings import AggregationConfig
-from roles.model.files import Backups, load_dense, relative_change
 
 
 def test_a_change_inside_its_range_applies_and_one_outside_is_refused_naming_the_range():

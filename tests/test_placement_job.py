@@ -10,7 +10,7 @@ import pytest
 from harness import REPO
 
 from roles.algorithms.control.capacity import OPERATIONS, Record, filter_outliers, read_records
-from roles.model.files import embeddings_file, load_embeddings
+from roles.checkpoint.model_files import embeddings_file, load_embeddings
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """Control's part in exporting the model: an export is complete when every part has answered
 (``Exported``): the aggregator (``dense``), every shard (``ps-<i>``) and the feeder
 (``transform``). Control then writes the job and, last, the manifest
-(``roles.model.files`` documents the format). An export not complete within three
+(``roles.checkpoint.model_files`` documents the format). An export not complete within three
 ``node_timeout_s`` fails (it is recorded with the parts that did not answer)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from roles.checkpoint.model_files import JOB, MANIFEST, json_bytes
 from roles.control.commands import Commands
 from roles.data.hashing import KEY_HASH
 from roles.job.module_file import portable
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job, job_to_toml
-from roles.model.files import JOB, MANIFEST, json_bytes
 from roles.protocol.lifecycle import Export, Exported
 from roles.storage.fs import join
 from roles.storage.store import Store

@@ -26,6 +26,7 @@ from roles.algorithms.feeding.ledger import PartProgress
 from roles.algorithms.feeding.passes import Made, PartStream
 from roles.algorithms.shared.metrics import auc
 from roles.algorithms.shared.progress import Every, Progress
+from roles.checkpoint.model_files import TRANSFORM, write_json
 from roles.data.held_parts import HeldParts
 from roles.data.index import DataError, Part, exact_rows
 from roles.data.rejected import RejectedRows
@@ -35,7 +36,6 @@ from roles.data.stream import Parsed, Preparer, Tally
 from roles.data.transforms import DenseTransform
 from roles.feeder.streams import PartStreams
 from roles.job.settings import Job
-from roles.model.files import TRANSFORM, write_json
 from roles.protocol.datapath import DataIndex, DataStats, PartMap
 from roles.protocol.status import TaskFigures
 from zbus.codec import Message

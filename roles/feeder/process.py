@@ -37,6 +37,7 @@ from roles.algorithms.feeding.key_routing import KeyRouting
 from roles.algorithms.feeding.tally import FeederTally, ListTally
 from roles.algorithms.sync import feeder as sync_modes
 from roles.checkpoint.files import checkpoint_store
+from roles.checkpoint.model_files import ExportAnswers
 from roles.data.compiled import AVAILABLE
 from roles.data.hashing import compiled_loop
 from roles.data.index import DataError
@@ -47,7 +48,6 @@ from roles.feeder.loading import Loading
 from roles.feeder.passes import Passes
 from roles.job.cli import role_main
 from roles.job.settings import Job
-from roles.model.files import ExportAnswers
 from roles.protocol.checkpoint import Checkpoint
 from roles.protocol.datapath import (
     Ack,

@@ -1,6 +1,6 @@
 """``zbus-predict EXPORT DATA``: score a file (or a glob, or a directory) of CSV, TSV, Criteo
 or Parquet rows with an exported model, with no cluster running (the format of an export is in
-``roles.model.files``).
+``roles.checkpoint.model_files``).
 
 Rows are read with the job's schema, chunk by chunk (``roles.data``: the memory does not grow
 with the data); the label column is optional: without it the rows are only scored. A row that
@@ -42,15 +42,7 @@ from roles.algorithms.shard.embedding_table import initial_rows
 from roles.algorithms.shared.key_map import KeyMap
 from roles.algorithms.shared.metrics import ScoreHistogram
 from roles.checkpoint.files import CHECKPOINTS, LATEST, read_manifest
-from roles.checkpoint.serving import checkpoint_of, load_checkpoint_model
-from roles.data.hashing import KEY_HASH
-from roles.data.index import DataError, index_files, plan_parts, resolve_paths
-from roles.data.readers import Rejected, Schema, read_part
-from roles.data.stream import Preparer, Tally, eval_batches
-from roles.data.transforms import DenseTransform
-from roles.job.fields import field_of
-from roles.job.settings import Job, JobError, parse_job
-from roles.model.files import (
+from roles.checkpoint.model_files import (
     DENSE,
     JOB,
     MANIFEST,
@@ -60,6 +52,14 @@ from roles.model.files import (
     load_embeddings,
     load_named,
 )
+from roles.checkpoint.serving import checkpoint_of, load_checkpoint_model
+from roles.data.hashing import KEY_HASH
+from roles.data.index import DataError, index_files, plan_parts, resolve_paths
+from roles.data.readers import Rejected, Schema, read_part
+from roles.data.stream import Preparer, Tally, eval_batches
+from roles.data.transforms import DenseTransform
+from roles.job.fields import field_of
+from roles.job.settings import Job, JobError, parse_job
 from roles.model.network import build_network
 from roles.model.sparse_input import SparseInputs
 from roles.storage.fs import StorageError, is_uri

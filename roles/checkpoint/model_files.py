@@ -36,7 +36,7 @@ import numpy as np
 import orjson
 
 from roles.algorithms.shard.key_index import KeyIndex
-from roles.model.npz_stream import Entry, whole, write_npz
+from roles.checkpoint.npz_stream import Entry, whole, write_npz
 from roles.protocol.lifecycle import Export, Exported
 from roles.storage.fs import is_uri
 from roles.storage.store import Store
@@ -141,7 +141,7 @@ def save_embeddings(path: Path, index: KeyIndex, weights: np.ndarray,
     rows) when given; the bytes written. The keys come in the order of the index's slots (a
     hash order: neither sorted nor by row number); what pairs them is only the position.
 
-    Streamed (``roles.model.npz_stream``): the index is walked ``chunk`` slots at a time, twice
+    Streamed (``roles.checkpoint.npz_stream``): the index is walked ``chunk`` slots at a time, twice
     (the keys, then their rows gathered piece by piece), so memory grows by one piece, the
     live entries of ``chunk`` slots (at most ``chunk`` rows; the index is kept at most half
     full), not by a copy of the table; the default ``chunk`` keeps a piece's rows under
