@@ -387,7 +387,7 @@ def test_every_pod_runs_as_non_root_without_privileges(target):
 
 @pytest.mark.integration
 def test_worker_pods_have_time_to_leave_gracefully(base):
-    from roles.worker import LEAVE_TIMEOUT_S
+    from roles.worker.process import LEAVE_TIMEOUT_S
     pod = by_kind(base, "StatefulSet")["zbus-worker"]["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] >= 4 * LEAVE_TIMEOUT_S
 

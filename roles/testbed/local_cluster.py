@@ -321,7 +321,7 @@ def _role_class(role: str):
         from roles.ps import Shard
         return Shard
     if role == "worker":
-        from roles.worker import Worker
+        from roles.worker.process import Worker
         return Worker
     if role == "aggregator":
         from roles.aggregator import Aggregator

@@ -32,7 +32,7 @@ flight at a time, and adopts the weights of r when they come. Weights of a newer
 generation (the aggregator restarted and restored a backup) replace the replica's outright.
 With ``[cluster] aggregators`` > 1 a worker sends its contributions to aggregator
 ``index % aggregators``, everything else to the root; with ``[cluster] parts`` > 1 it leads a
-model-parallel group (``roles.model.group_lead``).
+model-parallel group (``roles.worker.group_link``).
 
 SIGTERM: the worker stops pulling, finishes the batches it was granted, sends its last dense
 progress as a contribution marked ``done``, tells control it is leaving and exits 0 (a second
@@ -62,7 +62,6 @@ from roles.algorithms.worker.window import TakeWindow
 from roles.job.cli import MAX_WORKERS, role_main
 from roles.job.settings import Job
 from roles.model.compute import BatchCompute
-from roles.model.group_lead import GroupLead
 from roles.model.network import bf16_is_native, build_network, pick_device, use_threads
 from roles.model.networks import NetworkError, device_error
 from roles.model.parallel import GroupError, GroupLeader
@@ -88,6 +87,7 @@ from roles.protocol.dense_sync import Aggregate, Contribution, Restore, Weights,
 from roles.protocol.lifecycle import FeederBack, ShardBack
 from roles.protocol.model_parallel import ModelPlan
 from roles.protocol.operator import Settings
+from roles.worker.group_link import GroupLead
 from zbus.codec import Message, ProtocolError
 from zbus.messages import Leaving, Ready
 from zbus.node import Node
@@ -218,7 +218,7 @@ class Worker(Node):
         if not self.grouped:
             self.request_weights()  # a group leader asks once its members answered
 
-    # -- model parallelism (roles.model.group_lead) ------------------------------------------
+    # -- model parallelism (roles.worker.group_link) ------------------------------------------
     @property
     def leader(self) -> GroupLeader | None:
         return None if self.group is None else self.group.leader

@@ -1,0 +1,3 @@
+from roles.worker.process import main
+
+main()
