@@ -4,7 +4,7 @@ each group is a worker, its leader, and ``parts - 1`` members).
 Node ``member-i`` is member ``i % (parts - 1) + 1`` of group ``i // (parts - 1)``, whose
 leader is worker ``group``. It waits for control's ModelPlan, traces the same network, keeps the
 parameters of the nodes the plan gives it (on CUDA when present), and then serves its group:
-the stages it owns run as their input tensors arrive (``roles.model.parallel``), their outputs
+the stages it owns run as their input tensors arrive (``roles.model.group``), their outputs
 go straight to the member that needs them, gradients come back the same way, and once its
 backward of a step is done it steps its own Adam and tells the leader. The leader loads and
 reads its weights (MemberCall) when rounds are combined: the aggregator sees one contribution
@@ -19,8 +19,9 @@ import zmq
 
 from roles.job.cli import role_main
 from roles.job.settings import Job
+from roles.model.group import MemberServer
 from roles.model.network import pick_device, use_threads
-from roles.model.parallel import MemberServer, member_program
+from roles.model.parallel import member_program
 from roles.protocol.model_parallel import MemberCall, MemberTensors, ModelPlan
 from zbus.codec import ProtocolError
 from zbus.messages import Ready

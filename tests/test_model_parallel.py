@@ -1,20 +1,23 @@
-"""A network split over two members of a model-parallel group, over real ZeroMQ sockets on
-loopback: a step gives the loss and gradients of the unpartitioned network (to 1e-5), for the
-mlp, din (a sequence and its lengths), dlrm, dcn and a user's module; the plans of every
-built-in (inputs and output on the leader, no value that is not a float tensor cut); the flat
-weights in the network's own parameter order; a network torch.fx cannot trace is one line."""
+"""A network split over two members of a model-parallel group, the leader's and the member's
+handling of the group's messages (``roles.model.group``) with every message carried through the
+wire format (encoded, then decoded): a step gives the loss and gradients of the unpartitioned
+network (to 1e-5), for the mlp, din (a sequence and its lengths), dlrm, dcn and a user's module;
+the plans of every built-in (inputs and output on the leader, no value that is not a float
+tensor cut); the flat weights in the network's own parameter order, gathered from the members
+before the replica reads them and loaded into them after; a network torch.fx cannot trace is
+one line. The worker's side (``roles.worker.group_link``): the group's work waits through the
+worker's loop, never blocking it, and a member that does not answer fails the group."""
 
-import contextlib
 import re
 import textwrap
-import threading
+from collections import deque
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import zmq
 
+from roles.algorithms.worker.replica import Replica
 from roles.job.settings import Job, parse_job
 from roles.model.graph import (
     differentiable,
@@ -26,13 +29,13 @@ from roles.model.graph import (
     trace_job,
     traced_network,
 )
+from roles.model.group import GroupLeader, MemberServer, Sends
 from roles.model.network import build_network, weighted_loss_sum
 from roles.model.networks import NetworkError, input_names, sample_batch
-from roles.model.parallel import GroupLeader, GroupReplica, MemberServer, Program, flat_layout
+from roles.model.parallel import Program, flat_layout
 from roles.model.partitioner import PartitionSettings
 from roles.protocol.model_parallel import MemberReply, MemberTensors
-from zbus import sockets
-from zbus.codec import ProtocolError
+from zbus.codec import Message, ProtocolError, decode
 
 JOB = parse_job("""
 name = "mp"
@@ -58,69 +61,61 @@ def split(owner_of_member_1: set[str]) -> dict[str, int]:
     return {n.name: int(n.name in owner_of_member_1) for n in gm.graph.nodes}
 
 
-class Member:
-    """Member 1 of the group in a thread: its ROUTER inbox, its DEALER to the leader."""
-
-    def __init__(self, ctx: zmq.Context, owner: dict[str, int], inbox: str, leader: str,
-                 job: Job = JOB):
-        gm = trace(traced_network(job), example_inputs(job, 4))
-        self.server = MemberServer(Program(gm, owner, 1, torch.device("cpu")), lr=1e-3)
-        self.inbox = sockets.bind(ctx, zmq.ROUTER, inbox)
-        self.to_leader = sockets.connect(ctx, zmq.DEALER, leader, identity="member-0")
-        self.traffic = sockets.Traffic()
-        self.stop = threading.Event()
-        self.errors: list[Exception] = []
-        self.thread = threading.Thread(target=self.loop, daemon=True)
-        self.thread.start()
-
-    def loop(self) -> None:
-        try:
-            while not self.stop.is_set():
-                if not self.inbox.poll(50):
-                    continue
-                _, env = sockets.recv(self.inbox, router=True, traffic=self.traffic)
-                for _, msg in self.server.handle(env.msg):
-                    sockets.send(self.to_leader, msg, sender="member-0", seq=0,
-                                 traffic=self.traffic)
-        except Exception as exc:  # reported by the test
-            self.errors.append(exc)
-        finally:
-            self.inbox.close(0)
-            self.to_leader.close(0)
+def wire(msg: Message) -> Message:
+    """The message as its receiver reads it off the bus."""
+    return decode(msg.to_frames("worker-0", 0)).msg
 
 
-@contextlib.contextmanager
-def two_members(where: Path, job: Job, owner: dict[str, int]):
-    """(traced network, leader program, leader, member, rejected) of a group of two whose
-    network is cut as ``owner`` says, over ipc sockets in ``where``."""
-    ctx = zmq.Context()
-    inbox, outbox = f"ipc://{where}/leader", f"ipc://{where}/member"
-    member = Member(ctx, owner, outbox, inbox, job)
-    leader_in = sockets.bind(ctx, zmq.ROUTER, inbox)
-    to_member = sockets.connect(ctx, zmq.DEALER, outbox, identity="worker-0")
-    traffic = sockets.Traffic()
-    rejected: list[ProtocolError] = []
-    gm = trace(traced_network(job), example_inputs(job, 4))
-    program = Program(gm, owner, 0, torch.device("cpu"))
-    leader = GroupLeader(program, leader_in, {1: to_member},
-                         lambda sock, msg: sockets.send(sock, msg, sender="worker-0", seq=0,
-                                                        traffic=traffic),
-                         traffic, rejected.append, timeout_s=20)
-    try:
-        yield gm, program, leader, member, rejected
-    finally:
-        member.stop.set()
-        member.thread.join(5)
-        ctx.destroy(linger=0)
-        assert not member.errors
+class Group:
+    """A group of two, each side with its own trace of the network: the leader (member 0, its
+    replica the group's weights) and member 1; ``exchange`` carries the messages between them,
+    in the order they were sent, until none is left."""
+
+    def __init__(self, job: Job, owner: dict[str, int]):
+        self.gm = trace(traced_network(job), example_inputs(job, 4))
+        self.program = Program(self.gm, owner, 0, torch.device("cpu"))
+        self.leader = GroupLeader(self.gm, self.program)
+        self.replica = Replica(self.leader.weights, 1e-3)
+        member_gm = trace(traced_network(job), example_inputs(job, 4))
+        self.member = MemberServer(Program(member_gm, owner, 1, torch.device("cpu")), lr=1e-3)
+
+    def exchange(self, sends: Sends) -> None:
+        queue = deque(sends)
+        while queue:
+            to, msg = queue.popleft()
+            queue.extend(self.leader.take(wire(msg)) if to == 0 else
+                         self.member.handle(wire(msg)))
+
+    def forward(self, inputs: dict[str, torch.Tensor], train: bool) -> torch.Tensor:
+        self.exchange(self.leader.forward(inputs, train))
+        output = self.leader.output()
+        assert output is not None
+        return output
+
+    def backward(self, output_grad: torch.Tensor) -> None:
+        self.exchange(self.leader.backward(output_grad))
+        assert self.leader.backward_done()
+
+    def on_weights(self, op):
+        """``op`` on the replica between a gather and a scatter, as the worker runs it."""
+        self.exchange(self.leader.gather())
+        assert self.leader.gathered()
+        result = op()
+        self.exchange(self.leader.scatter())
+        assert self.leader.scattered()
+        return result
+
+    def flat(self) -> np.ndarray:
+        return self.on_weights(self.replica.flat)
+
+    def load(self, values: np.ndarray) -> None:
+        self.on_weights(lambda: self.replica.load(values))
 
 
 @pytest.fixture
-def group(tmp_path):
-    """(leader program, leader, member, full model) with the network cut in the middle."""
-    owner = split({"net_mlp_2", "net_mlp_3", "net_mlp_4"})  # a cut out and a cut back
-    with two_members(tmp_path, JOB, owner) as made:
-        yield made
+def group():
+    """A group whose network is cut in the middle: a cut out and a cut back."""
+    return Group(JOB, split({"net_mlp_2", "net_mlp_3", "net_mlp_4"}))
 
 
 def batch(seed: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -136,11 +131,8 @@ def named(emb: list[torch.Tensor], dense: torch.Tensor) -> dict[str, torch.Tenso
 
 
 def test_a_two_part_step_equals_the_unpartitioned_step(group):
-    gm, program, leader, member, rejected = group
     reference = traced_network(JOB)
-    replica = GroupReplica(gm, program, leader, torch.device("cpu"), 1e-3)
-    replica.load(np.concatenate([p.detach().reshape(-1).numpy()
-                                 for p in reference.parameters()]))
+    group.load(np.concatenate([p.detach().reshape(-1).numpy() for p in reference.parameters()]))
     ref_adam = torch.optim.Adam(reference.parameters(), lr=1e-3)
     for step in range(3):  # each side takes its Adam steps: the weights stay equal
         emb, dense, labels, weights = batch(step)
@@ -152,25 +144,23 @@ def test_a_two_part_step_equals_the_unpartitioned_step(group):
         ref_grads = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
         # the group
         mp_emb = [e.clone().requires_grad_(True) for e in emb]
-        logits = leader.forward(named(mp_emb, dense), train=True)
+        logits = group.forward(named(mp_emb, dense), train=True)
         leaf = logits.detach().requires_grad_(True)
         loss = weighted_loss_sum(leaf, labels, weights)
         (loss / weights.sum()).backward()
-        leader.backward(leaf.grad)
+        group.backward(leaf.grad)
         assert float(loss.detach()) == pytest.approx(float(ref_loss.detach()), abs=1e-5)
         assert all(torch.allclose(m.grad, r.grad, atol=1e-5)
                    for m, r in zip(mp_emb, ref_emb, strict=True))
-        own = {n: p.grad for n, p in program.params.items()}
+        own = {n: p.grad for n, p in group.program.params.items()}
         grads = []
         for name, _ in reference.named_parameters():
-            got = own[name] if name in own else \
-                member.server.program.params[name].grad
+            got = own[name] if name in own else group.member.program.params[name].grad
             grads.append(got.reshape(-1))
         assert torch.allclose(torch.cat(grads), ref_grads, atol=1e-5)
         ref_adam.step()
-        replica.optimizer.step()  # the member stepped its own when its backward was done
-    assert member.server.steps == 3
-    assert not rejected
+        group.replica.optimizer.step()  # the member stepped its own when its backward was done
+    assert group.member.steps == 3
 
 
 ITEMS = """
@@ -248,15 +238,13 @@ def job_inputs(job: Job, seed: int, rows: int = 32) -> tuple[list[torch.Tensor],
             torch.randint(0, 2, (rows,), generator=g).float(), torch.rand(rows, generator=g))
 
 
-def steps_equal_unpartitioned(job, gm, program, leader, member, rejected, steps=3) -> None:
+def steps_equal_unpartitioned(job: Job, group: Group, steps: int = 3) -> None:
     """``steps`` training steps of the group and of the unpartitioned network from the same
     weights (the group's flat weights loaded in the network's own parameter order): the same
     loss, input gradients and parameter gradients, to 1e-5."""
     reference = traced_network(job)
     names = input_names(len(job.layout().fields), len(job.layout().sequence_fields))
-    replica = GroupReplica(gm, program, leader, torch.device("cpu"), 1e-3)
-    replica.load(np.concatenate([p.detach().reshape(-1).numpy()
-                                 for p in reference.parameters()]))
+    group.load(np.concatenate([p.detach().reshape(-1).numpy() for p in reference.parameters()]))
     ref_adam = torch.optim.Adam(reference.parameters(), lr=1e-3)
     for step in range(steps):
         inputs, labels, weights = job_inputs(job, step)
@@ -268,24 +256,23 @@ def steps_equal_unpartitioned(job, gm, program, leader, member, rejected, steps=
         ref_grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
                                .reshape(-1) for p in reference.parameters()])
         mp_in = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
-        logits = leader.forward(dict(zip(names, mp_in, strict=True)), train=True)
+        logits = group.forward(dict(zip(names, mp_in, strict=True)), train=True)
         leaf = logits.detach().requires_grad_(True)
         loss = weighted_loss_sum(leaf, labels, weights)
         (loss / weights.sum()).backward()
-        leader.backward(leaf.grad)
+        group.backward(leaf.grad)
         assert float(loss.detach()) == pytest.approx(float(ref_loss.detach()), abs=1e-5)
         for i in float_in:
             assert torch.allclose(mp_in[i].grad, ref_in[i].grad, atol=1e-5), names[i]
-        held = {**program.params, **member.server.program.params}
+        held = {**group.program.params, **group.member.program.params}
         grads = [(held[n].grad if held[n].grad is not None else torch.zeros_like(held[n]))
-                 .reshape(-1) for n, _, _ in flat_layout(gm, program.owner)]
+                 .reshape(-1) for n, _, _ in flat_layout(group.gm, group.program.owner)]
         assert torch.allclose(torch.cat(grads), ref_grads, atol=1e-5)
         ref_adam.step()
-        replica.optimizer.step()
-    assert np.allclose(replica.flat(), np.concatenate(
+        group.replica.optimizer.step()
+    assert np.allclose(group.flat(), np.concatenate(
         [p.detach().reshape(-1).numpy() for p in reference.parameters()]), atol=1e-5)
-    assert member.server.steps == steps
-    assert not rejected
+    assert group.member.steps == steps
 
 
 @pytest.mark.parametrize("network", ["din", "dcn", "dlrm", "reordered"])
@@ -298,8 +285,7 @@ def test_a_two_part_step_of_a_planned_network_equals_the_unpartitioned_step(netw
                                           tmp_path, REORDERED)}[network]()
     plan = plan_job(job)
     assert plan.nodes[1], "the plan leaves member 1 nothing to do"
-    with two_members(tmp_path, job, plan.owner) as (gm, program, leader, member, rejected):
-        steps_equal_unpartitioned(job, gm, program, leader, member, rejected)
+    steps_equal_unpartitioned(job, Group(job, plan.owner))
 
 
 def test_the_flat_weights_follow_the_networks_own_parameter_order(tmp_path):
@@ -314,42 +300,57 @@ def test_the_flat_weights_follow_the_networks_own_parameter_order(tmp_path):
     assert traced != network and "net.spare" not in traced   # what the point is about
     owner = {n.name: int(n.name in {"net_body", "relu"}) for n in gm.graph.nodes}
     assert [n for n, _, _ in flat_layout(gm, owner)] == network
-    with two_members(tmp_path, job, owner) as (gm, program, leader, member, _):
-        assert list(member.server.program.params) == ["net.body.weight", "net.body.bias"]
-        assert list(program.params) == [n for n in network if "body" not in n]
-        replica = GroupReplica(gm, program, leader, torch.device("cpu"), 1e-3)
-        reference = np.concatenate([p.detach().reshape(-1).numpy()
-                                    for p in build_network(job).parameters()])
-        assert replica.size == reference.size
-        assert np.array_equal(replica.flat(), reference)   # the same seeded weights
-        values = np.arange(replica.size, dtype=np.float32)
-        replica.load(values)
-        assert np.array_equal(replica.flat(), values)
-        body = build_network(job)
-        torch.nn.utils.vector_to_parameters(torch.from_numpy(values), body.parameters())
-        assert torch.equal(member.server.program.params["net.body.weight"], body.body.weight)
-        assert torch.equal(program.params["net.spare"], body.spare)
+    group = Group(job, owner)
+    assert list(group.member.program.params) == ["net.body.weight", "net.body.bias"]
+    assert list(group.program.params) == [n for n in network if "body" not in n]
+    reference = np.concatenate([p.detach().reshape(-1).numpy()
+                                for p in build_network(job).parameters()])
+    assert group.replica.size == reference.size
+    assert np.array_equal(group.flat(), reference)   # the same seeded weights
+    values = np.arange(group.replica.size, dtype=np.float32)
+    group.load(values)
+    assert np.array_equal(group.flat(), values)
+    body = build_network(job)
+    torch.nn.utils.vector_to_parameters(torch.from_numpy(values), body.parameters())
+    assert torch.equal(group.member.program.params["net.body.weight"], body.body.weight)
+    assert torch.equal(group.program.params["net.spare"], body.spare)
 
 
 def test_weights_gather_and_scatter_over_the_group(group):
-    gm, program, leader, member, _ = group
-    replica = GroupReplica(gm, program, leader, torch.device("cpu"), 1e-3)
-    values = np.arange(replica.size, dtype=np.float32) / replica.size
-    replica.load(values)
-    assert np.array_equal(replica.flat(), values)
-    assert member.server.program.params  # the member holds some of them
-    assert len(program.params) + len(member.server.program.params) == \
+    values = np.arange(group.replica.size, dtype=np.float32) / group.replica.size
+    group.load(values)
+    assert np.array_equal(group.flat(), values)
+    assert group.member.program.params  # the member holds some of them
+    assert len(group.program.params) + len(group.member.program.params) == \
         len(list(traced_network(JOB).parameters()))
+    assert np.array_equal(group.member.program.flat(),   # loaded into the member itself
+                          values[group.leader.weights.slices[1]])
+
+
+def test_the_members_weights_are_read_only_between_a_gather_and_a_scatter(group):
+    """The replica's arithmetic reads the members' slices as they were gathered: not before
+    a gather, not after the scatter (the members train on), and a slice of the wrong size
+    is refused."""
+    with pytest.raises(RuntimeError, match="before they were gathered"):
+        group.replica.flat()
+    group.exchange(group.leader.gather())
+    assert group.leader.gathered()
+    group.replica.flat()
+    group.exchange(group.leader.scatter())
+    assert group.leader.scattered()
+    with pytest.raises(RuntimeError, match="before they were gathered"):
+        group.replica.flat()
+    with pytest.raises(ProtocolError):
+        group.leader.weights.hold({1: np.zeros(3, dtype=np.float32)})
 
 
 def test_scoring_runs_forward_only(group):
-    _, program, leader, member, _ = group
     emb, dense, _, _ = batch(9)
     reference = traced_network(JOB)
     with torch.no_grad():
-        out = leader.forward(named(emb, dense), train=False)
-        assert torch.allclose(out, reference(*emb, dense), atol=1e-5)
-    assert member.server.steps == 0
+        assert torch.allclose(group.forward(named(emb, dense), train=False),
+                              reference(*emb, dense), atol=1e-5)
+    assert group.member.steps == 0
 
 
 def test_a_message_for_a_value_not_in_the_network_is_refused():
@@ -586,3 +587,77 @@ def test_model_parallelism_needs_a_sync_mode_with_local_steps():
 
     with pytest.raises(JobError, match="parts > 1"):
         parse_job('[data]\nsource = "synthetic"\n[train]\nsync = "step"\n[cluster]\nparts = 2\n')
+
+
+# -- the worker's side: its loop waits, nothing blocks --------------------------------------------
+class Linked:
+    """The worker's link to its group (``GroupLink``) and member 1, the messages the link sends
+    kept (``sent``) until the test carries them to the member, whose answers the link reads as
+    its loop would (``heard``)."""
+
+    def __init__(self, timeout_s: float = 5.0):
+        from roles.model.parallel import member_program
+        from roles.protocol.model_parallel import ModelPlan
+        from roles.worker.group_link import GroupLink
+
+        self.sent: list[tuple[str, Message]] = []
+        self.failures: list[Exception] = []
+        self.all_there = 0
+        self.link = GroupLink(JOB, "worker-0", 0, torch.device("cpu"), {1: "to member 1"},
+                              lambda sock, msg: self.sent.append((sock, msg)), timeout_s,
+                              ping_every_s=1.0, all_there=self.there,
+                              unexpected=lambda env, where: None, failed=self.failures.append)
+        plan = ModelPlan(parts=2, owner=plan_job(JOB).owner, summary={})
+        self.replica = self.link.take_plan(plan, now=0.0)
+        self.member = MemberServer(member_program(JOB, plan, 1, torch.device("cpu"))[1], 1e-3)
+
+    def there(self) -> None:
+        self.all_there += 1
+
+    def carry(self) -> None:
+        """Every message sent to the member, and each of its answers to the link."""
+        while self.sent:
+            _, msg = self.sent.pop(0)
+            for to, reply in self.member.handle(wire(msg)):
+                assert to == 0
+                self.link.heard(decode(reply.to_frames("member-0", 0)))
+
+
+def test_the_leader_waits_for_its_members_through_the_workers_loop_not_in_it():
+    """A batch over the group, and the replica's weights, are tasks: each returns at once,
+    waiting (``busy``), and goes on as the loop hands the link the members' answers, in order;
+    the members' pings are answered the same way."""
+    g = Linked()
+    assert [type(m).__name__ for _, m in g.sent] == ["MemberCall"]   # the plan's ping
+    g.carry()
+    assert g.all_there == 1 and not g.link.waiting()
+    emb, dense, _, _ = batch(4)
+    outputs, order = [], []
+
+    def score():
+        outputs.append((yield from g.link.forward(named(emb, dense), train=False)))
+        order.append("scored")
+
+    g.link.run(score())
+    g.link.run(g.link.on_weights(lambda: order.append(g.replica.flat().size)))
+    assert g.link.busy() and not outputs and not order   # sent its tensors; waits
+    assert [type(m).__name__ for _, m in g.sent] == ["MemberTensors"]
+    g.carry()
+    assert not g.link.busy() and order == ["scored", g.replica.size]
+    with torch.no_grad():
+        assert torch.allclose(outputs[0], traced_network(JOB)(*emb, dense), atol=1e-5)
+    assert not g.failures and g.link.counters()["group_steps"] == 1
+
+
+def test_a_member_that_does_not_answer_fails_the_group_after_the_timeout():
+    g = Linked(timeout_s=5.0)
+    g.carry()
+    emb, dense, _, _ = batch(4)
+    g.link.run(g.link.forward(named(emb, dense), train=False))
+    g.sent.clear()   # lost with the member
+    g.link.tick(g.link.waiting_since + 4.0)
+    assert not g.failures and g.link.busy()
+    g.link.tick(g.link.waiting_since + 6.0)
+    assert [str(e) for e in g.failures] == [
+        "no answer from the group's parts within 5 s while running forward of step 1"]
+    assert not g.link.busy()

@@ -4,12 +4,12 @@ import numpy as np
 import torch
 
 from roles.algorithms.shared.aggregation import combine
-from roles.algorithms.worker.replica import Replica
+from roles.algorithms.worker.replica import NetworkWeights, Replica
 
 
 def replica(start: np.ndarray) -> Replica:
     model = torch.nn.Linear(len(start) - 1, 1)
-    r = Replica(model, torch.device("cpu"), local_lr=None)
+    r = Replica(NetworkWeights(model, torch.device("cpu")), local_lr=None)
     r.load(start)
     r.adopt(0, start)
     return r

@@ -10,7 +10,7 @@ from roles.algorithms.shared import live
 from roles.algorithms.sync import aggregator as agg_sync
 from roles.algorithms.sync import feeder as feeder_sync
 from roles.algorithms.sync import worker as worker_sync
-from roles.algorithms.worker.replica import Replica
+from roles.algorithms.worker.replica import NetworkWeights, Replica
 from roles.job.settings import TrainConfig, parse_job
 from roles.protocol.dense_sync import RoundDrained, RoundReady, StepGrad
 from roles.protocol.operator import Settings
@@ -25,15 +25,16 @@ def job(sync: str, **train):
 
 def replica(lr: float | None) -> Replica:
     torch.manual_seed(0)
-    r = Replica(torch.nn.Linear(3, 1), torch.device("cpu"), lr)
+    r = Replica(NetworkWeights(torch.nn.Linear(3, 1), torch.device("cpu")), lr)
     r.adopt(0, r.flat())  # the first weights
     return r
 
 
 def train_step(r: Replica, strategy) -> StepGrad | None:
     """One batch: a backward pass, the mode's step, the replica counting it."""
-    loss = r.model(torch.ones(2, 3)).sum()
-    r.model.zero_grad()
+    model = r.weights.model
+    loss = model(torch.ones(2, 3)).sum()
+    model.zero_grad()
     loss.backward()
     step = strategy.after_backward(r, 2.0)
     r.trained(2, 2.0)

@@ -9,7 +9,14 @@ import torch
 
 from roles.algorithms.worker.feeder_links import FeederLinks
 from roles.algorithms.worker.pulled import WAIT_REASONS, Pipeline, WaitClock, WaitSample
-from roles.algorithms.worker.replica import ADOPTED, RESTORED, STALE, Replica, WorkerRounds
+from roles.algorithms.worker.replica import (
+    ADOPTED,
+    RESTORED,
+    STALE,
+    NetworkWeights,
+    Replica,
+    WorkerRounds,
+)
 from roles.job.fields import FieldLayout
 from roles.model.compute import BatchCompute
 from roles.protocol.datapath import (
@@ -269,7 +276,7 @@ def weights(round_: int, value: float, generation: int = 0, size: int = 4) -> We
 
 
 def test_rounds_defer_a_call_while_one_is_in_flight_and_follow_restores():
-    r = Replica(torch.nn.Linear(3, 1), torch.device("cpu"), None)
+    r = Replica(NetworkWeights(torch.nn.Linear(3, 1), torch.device("cpu")), None)
     rounds = WorkerRounds(ask_every_s=2.0)
     with pytest.raises(ProtocolError):
         rounds.weights(r, weights(0, 0.0, size=5))
@@ -315,7 +322,7 @@ def test_a_batch_trains_on_its_grid_and_each_shard_gets_the_gradients_of_its_row
     assert flat.shape == (2 * FIELDS, DIM)
     grid = flat.reshape(2, FIELDS, DIM)   # every field single-valued: sample by sample
     assert grid[:, 0].eq(1).all() and grid[1, 1].tolist() == [3.0, 4.0, 5.0]
-    loss, weight_sum, grads = compute.train(net, None, batch)
+    loss, weight_sum, grads = compute.train(net, batch)
     assert weight_sum == 2.0 and loss > 0
     w = model[1].weight.detach().reshape(FIELDS, DIM)
     with torch.no_grad():
@@ -323,7 +330,7 @@ def test_a_batch_trains_on_its_grid_and_each_shard_gets_the_gradients_of_its_row
     # shard 0's one row is used by field 0 of both samples: its gradient adds up
     assert np.allclose(grads[0], (w[0] * d.sum() / 2).numpy()[None], atol=1e-6)
     assert np.allclose(grads[1], (w[1][None] * d[:, None] / 2).numpy(), atol=1e-6)
-    probs = compute.score(net, None, batch)
+    probs = compute.score(net, batch)
     assert probs.shape == (2,) and ((0 < probs) & (probs < 1)).all()
 
 

@@ -1,11 +1,15 @@
 """A worker's arithmetic on one batch (torch; no sockets): the batch's embedding grid put
 together from the shards' replies and read per field as the network contract has it
-(``roles.model.sparse_input``), the dense network's forward and backward (on the worker's
-own replica, or driven over its model-parallel group by the leader, ``roles.model.parallel``),
-the scores of an evaluation batch, and the gradient rows each shard gets back.
+(``roles.model.sparse_input``), the dense network's forward and backward, the scores of an
+evaluation batch, and the gradient rows each shard gets back.
 
-``train`` and ``score`` take the network as ``model`` (a replica's) or, in a model-parallel
-group, ``leader``; the dense optimiser's step is the sync mode's (``roles.algorithms.sync``).
+``train`` and ``score`` run a batch on the worker's own network (``model``, its replica's). A
+worker that leads a model-parallel group runs the network over its group, whose members answer
+through its loop (``roles.worker.group_link``): ``group_batch`` is the batch's side of that
+(the network's inputs by the traced graph's placeholder names), ``group_loss`` the gradient of
+the group's output, ``group_result`` the batch's figures and gradient rows once the group's
+backward is done, ``group_scores`` an evaluation batch's. The dense optimiser's step is the
+sync mode's (``roles.algorithms.sync``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from roles.algorithms.worker.pulled import PulledBatch
 from roles.job.fields import FieldLayout
 from roles.model.network import network_logits, weighted_loss_sum
 from roles.model.networks import input_names
-from roles.model.parallel import GroupLeader
 from roles.model.row_sums import RowSums
 from roles.model.sparse_input import SparseInputs
 from roles.protocol.datapath import Embeddings, SampleBatch
@@ -33,13 +36,6 @@ def arrived(batch: PulledBatch) -> tuple[list[Embeddings], list[np.ndarray]]:
     if len(replies) < len(batch.replies) or len(positions) < len(batch.positions):
         raise ValueError(f"batch {batch.batch_id} runs without every shard's embeddings")
     return replies, positions
-
-
-def replica(model: torch.nn.Module | None) -> torch.nn.Module:
-    """The worker's own network, when it runs without a model-parallel group leader."""
-    if model is None:
-        raise ValueError("a batch needs the worker's network or its group's leader")
-    return model
 
 
 def gradient(t: torch.Tensor) -> torch.Tensor:
@@ -70,6 +66,21 @@ class GatheredRows:
     starts: list[int]
 
 
+@dataclass(slots=True)
+class GroupBatch:
+    """A batch on its way through a model-parallel group: its rows, its grid (a leaf, in
+    training, whose gradient the group's backward leaves), its labels and weights, and the
+    network's inputs by placeholder name; the loss once the group's output is in."""
+
+    rows: GatheredRows
+    grid: torch.Tensor
+    labels: torch.Tensor
+    weights: torch.Tensor
+    weight_sum: float
+    inputs: dict[str, torch.Tensor]
+    loss_sum: torch.Tensor | None = None
+
+
 class BatchCompute:
     def __init__(self, layout: FieldLayout, device: torch.device, precision: str = "fp32"):
         self.layout, self.device, self.precision = layout, device, precision
@@ -79,7 +90,7 @@ class BatchCompute:
         self.sequences = layout.sequence_fields
         self.row_sums = RowSums(device)   # its compiled loop loaded now, at the start
 
-    def train(self, model: torch.nn.Module | None, leader: GroupLeader | None,
+    def train(self, model: torch.nn.Module,
               batch: PulledBatch) -> tuple[float, float, list[np.ndarray]]:
         """Forward and backward of a training batch: its loss sum, its sample weight sum and
         the gradient rows for each shard (the dense gradients stay in the parameters)."""
@@ -89,26 +100,23 @@ class BatchCompute:
         flat.requires_grad_(True)
         dense, labels, weights = self.tensors(s)
         weight_sum = float(weights.sum())
-        loss_sum = self.forward_backward(model, leader, flat, s, dense, labels, weights,
-                                         weight_sum)
+        loss_sum = self.forward_backward(model, flat, s, dense, labels, weights, weight_sum)
         return float(loss_sum.detach()), weight_sum, self.shard_grads(gradient(flat), rows)
 
-    def score(self, model: torch.nn.Module | None, leader: GroupLeader | None,
-              batch: PulledBatch) -> np.ndarray:
+    def score(self, model: torch.nn.Module, batch: PulledBatch) -> np.ndarray:
         """The predicted probabilities of an evaluation batch."""
         s = batch.sample
         dense, _, _ = self.tensors(s)
         flat = self.grid(self.gathered(s, *arrived(batch)))
         with torch.no_grad():
-            return torch.sigmoid(self.logits(model, leader, flat, s, dense, False)).cpu().numpy()
+            return torch.sigmoid(self.logits(model, flat, s, dense)).cpu().numpy()
 
-    def warm_up(self, model: torch.nn.Module | None, samples: int, dense: int) -> None:
+    def warm_up(self, net: torch.nn.Module, samples: int, dense: int) -> None:
         """One forward and backward of a batch of zeros, its gradients dropped and no step
         taken: torch's first calls (allocations, oneDNN's primitives; a worker's first Adult
         batches took two to three times as long as the next) made while the worker waits for
         its first batch, not in it. The network is left as it was: its buffers (a batch
         norm's running statistics) restored, the random generators' states too (dropout)."""
-        net = replica(model)
         buffers = {name: b.detach().clone() for name, b in net.named_buffers()}
         cuda = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):
@@ -127,7 +135,7 @@ class BatchCompute:
         flat = torch.zeros((self.sparse.grid_size(samples, s.lengths), self.dim),
                            device=self.device, requires_grad=True)
         d, labels, weights = self.tensors(s)
-        self.forward_backward(net, None, flat, s, d, labels, weights, float(samples))
+        self.forward_backward(net, flat, s, d, labels, weights, float(samples))
 
     def gathered(self, s: SampleBatch, replies: list[Embeddings],
                  positions: list[np.ndarray]) -> GatheredRows:
@@ -155,35 +163,55 @@ class BatchCompute:
         return tuple(torch.from_numpy(np.array(a)).to(self.device)
                      for a in (s.dense, s.labels, s.weights))
 
-    def logits(self, model: torch.nn.Module | None, leader: GroupLeader | None,
-               flat: torch.Tensor, s: SampleBatch, dense: torch.Tensor,
-               train: bool) -> torch.Tensor:
-        """The network's logits for the batch, on the worker's replica or over its group."""
+    def logits(self, model: torch.nn.Module, flat: torch.Tensor, s: SampleBatch,
+               dense: torch.Tensor) -> torch.Tensor:
+        """The network's logits for the batch, on the worker's own network."""
         sparse, lengths = self.sparse.inputs(flat, len(s.labels), s.lengths)
-        if leader is None:
-            return network_logits(replica(model), sparse, dense, lengths, self.precision)
-        return leader.forward(placeholders(sparse, dense, lengths, self.fields,
-                                           self.sequences), train=train)
+        return network_logits(model, sparse, dense, lengths, self.precision)
 
-    def forward_backward(self, model: torch.nn.Module | None, leader: GroupLeader | None,
-                         flat: torch.Tensor, s: SampleBatch, dense: torch.Tensor,
-                         labels: torch.Tensor, weights: torch.Tensor,
+    def forward_backward(self, model: torch.nn.Module, flat: torch.Tensor, s: SampleBatch,
+                         dense: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
                          weight_sum: float) -> torch.Tensor:
-        """Loss sum of the batch; the gradients land in flat.grad and the dense parameters
-        (of ``model``, or with a ``leader`` those of its group)."""
-        if leader is None:
-            net = replica(model)
-            loss_sum = weighted_loss_sum(self.logits(net, None, flat, s, dense, True), labels,
-                                         weights)
-            net.zero_grad(set_to_none=True)
-            (loss_sum / max(weight_sum, 1e-12)).backward()
-            return loss_sum
-        logits = self.logits(None, leader, flat, s, dense, True)
-        leaf = logits.detach().requires_grad_(True)
-        loss_sum = weighted_loss_sum(leaf, labels, weights)
+        """Loss sum of the batch; the gradients land in flat.grad and ``model``'s
+        parameters."""
+        loss_sum = weighted_loss_sum(self.logits(model, flat, s, dense), labels, weights)
+        model.zero_grad(set_to_none=True)
         (loss_sum / max(weight_sum, 1e-12)).backward()
-        leader.backward(gradient(leaf))
         return loss_sum
+
+    # -- over a model-parallel group -------------------------------------------------------------
+    def group_batch(self, batch: PulledBatch, train: bool) -> GroupBatch:
+        """The batch's grid, tensors and the network's inputs, to run over the group."""
+        s = batch.sample
+        rows = self.gathered(s, *arrived(batch))
+        grid = self.grid(rows)
+        if train:
+            grid.requires_grad_(True)
+        dense, labels, weights = self.tensors(s)
+        with torch.set_grad_enabled(train):
+            sparse, lengths = self.sparse.inputs(grid, len(s.labels), s.lengths)
+        return GroupBatch(rows, grid, labels, weights, float(weights.sum()),
+                          placeholders(sparse, dense, lengths, self.fields, self.sequences))
+
+    def group_loss(self, b: GroupBatch, logits: torch.Tensor) -> torch.Tensor:
+        """The loss of the group's output (kept in ``b``) and its gradient, from which the
+        group's backward starts."""
+        leaf = logits.detach().requires_grad_(True)
+        b.loss_sum = weighted_loss_sum(leaf, b.labels, b.weights)
+        (b.loss_sum / max(b.weight_sum, 1e-12)).backward()
+        return gradient(leaf)
+
+    def group_result(self, b: GroupBatch) -> tuple[float, float, list[np.ndarray]]:
+        """As ``train``'s, once the group's backward has left the grid's gradient."""
+        if b.loss_sum is None:
+            raise RuntimeError("the group's batch has no loss yet")
+        return float(b.loss_sum.detach()), b.weight_sum, self.shard_grads(gradient(b.grid),
+                                                                          b.rows)
+
+    def group_scores(self, logits: torch.Tensor) -> np.ndarray:
+        """The predicted probabilities from the group's output of an evaluation batch."""
+        with torch.no_grad():
+            return torch.sigmoid(logits).cpu().numpy()
 
     def shard_grads(self, flat_grad: torch.Tensor, rows: GatheredRows) -> list[np.ndarray]:
         """Per shard, the gradient of each row it sent (rows used twice add up): one sum over

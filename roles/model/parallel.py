@@ -10,38 +10,25 @@ sends the gradients of its input leaves to the members that made them. The leade
 holds the inputs and the output, computes the loss and starts backward. The result equals the
 unpartitioned network's forward and backward (tests/test_model_parallel.py checks to 1e-5).
 
-``Program`` is one member's share (torch, no sockets); ``MemberServer`` is a member's message
-handling (no sockets); ``GroupLeader`` drives a step from the leader over its sockets;
-``GroupReplica`` is the leader's ``Replica`` whose weights are spread over the group.
+``Program`` is one member's share of the network and the state of its step in progress (torch,
+no sockets); ``member_program`` makes it from control's plan. What the members and the leader
+do with the group's messages is ``roles.model.group``.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
-import zmq
 from torch import fx
 
-from roles.algorithms.shared.dense_optimizer import dense_adam
-from roles.algorithms.worker.replica import Replica
 from roles.job.settings import Job
 from roles.model.graph import differentiable, network_parameters, trace_job
-from roles.protocol.model_parallel import MemberCall, MemberReply, MemberTensors, ModelPlan
-from zbus import sockets
-from zbus.codec import Message, ProtocolError
-
-log = logging.getLogger(__name__)
-
-
-class GroupError(RuntimeError):
-    """A member of the group did not answer in time: the group cannot train."""
+from roles.protocol.model_parallel import MemberTensors, ModelPlan
+from zbus.codec import ProtocolError
 
 
 @dataclass
@@ -327,164 +314,3 @@ def member_program(job: Job, plan: ModelPlan, member: int, device: torch.device
                                          f"{job.cluster.parts}")
     gm = trace_job(job, 2)
     return gm, Program(gm, plan.owner, member, device)
-
-
-class MemberServer:
-    """A member's handling of group messages (no sockets): each call returns the messages to
-    send, as (member, message)."""
-
-    def __init__(self, program: Program, lr: float):
-        self.program = program
-        self.optimizer = dense_adam(list(program.params.values()), lr) \
-            if program.params else None
-        self.steps = 0
-
-    def handle(self, msg: Message) -> list[tuple[int, Message]]:
-        p = self.program
-        match msg:
-            case MemberTensors() as t:
-                if t.step != p.step:
-                    p.begin(t.step, t.train, {})
-                p.receive(t)
-                out = self.sends(p.run_forward(), "forward")
-                if p.train:
-                    out += self.sends(p.run_backward(), "backward")
-                    if p.backward_complete() and p.forward_complete():
-                        if self.optimizer is not None:
-                            self.optimizer.step()
-                        self.steps += 1
-                        out.append((0, MemberReply(call="step", seq=p.step,
-                                                   values=np.zeros(0, dtype=np.float32))))
-                        p.finish()
-                return out
-            case MemberCall(call="load", seq=seq, values=values):
-                p.load(values)
-                return [(0, MemberReply(call="load", seq=seq, values=np.zeros(0, np.float32)))]
-            case MemberCall(call=call, seq=seq):
-                values = p.flat() if call == "flat" else np.zeros(0, dtype=np.float32)
-                return [(0, MemberReply(call=call, seq=seq, values=values))]
-        raise ProtocolError("unexpected_type", f"{type(msg).__name__} on a group link")
-
-    def sends(self, out: dict[int, list], phase: str) -> list[tuple[int, Message]]:
-        p = self.program
-        return [(member, tensors_message(p.step, phase, p.train, items))
-                for member, items in out.items()]
-
-
-Send = Callable[[zmq.Socket, Message], object]
-
-
-class GroupLeader:
-    """Member 0: drives each step and every weight call over the group's sockets. ``inbox``
-    is its bound ROUTER, ``peers[p]`` its DEALER to member p; waits block, up to
-    ``timeout_s``, on the inbox (the leader has nothing else to do meanwhile)."""
-
-    def __init__(self, program: Program, inbox: zmq.Socket, peers: dict[int, zmq.Socket],
-                 send: Send, traffic: sockets.Traffic, reject: Callable[[ProtocolError], None],
-                 timeout_s: float):
-        self.program, self.inbox, self.peers = program, inbox, peers
-        self.send, self.traffic, self.reject = send, traffic, reject
-        self.timeout_s = timeout_s
-        self.step = 0
-        self.seq = 0
-        self.replies: dict[tuple[str, int], list[MemberReply]] = defaultdict(list)
-        self.working = sorted(program.members_with_stages - {0})
-        self.wait_s = 0.0
-
-    def take(self, msg: Message) -> None:
-        """A message that reached the leader's inbox."""
-        match msg:
-            case MemberTensors() as t if t.step == self.program.step:
-                self.program.receive(t)
-            case MemberTensors():
-                pass  # of a step given up on
-            case MemberReply(call=call, seq=seq) as r:
-                self.replies[(call, seq)].append(r)
-            case _:
-                raise ProtocolError("unexpected_type", f"{type(msg).__name__} on a group link")
-
-    def wait(self, done: Callable[[], bool], what: str) -> None:
-        started = time.monotonic()
-        deadline = started + self.timeout_s
-        while not done():
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.inbox.poll(int(left * 1000)):
-                raise GroupError(f"no answer from the group's parts within {self.timeout_s:.0f}"
-                                 f" s while {what}")
-            try:
-                _, env = sockets.recv(self.inbox, router=True, traffic=self.traffic)
-                self.take(env.msg)
-            except ProtocolError as exc:
-                self.reject(exc)
-        self.wait_s += time.monotonic() - started
-
-    def ship(self, out: dict[int, list], phase: str) -> None:
-        p = self.program
-        for member, items in out.items():
-            self.send(self.peers[member], tensors_message(p.step, phase, p.train, items))
-
-    def forward(self, inputs: dict[str, torch.Tensor], train: bool) -> torch.Tensor:
-        self.step += 1
-        p = self.program
-        p.begin(self.step, train, inputs)
-
-        def reached() -> bool:
-            self.ship(p.run_forward(), "forward")
-            return p.result() is not None
-
-        self.wait(reached, f"running forward of step {self.step}")
-        output = p.result()
-        assert output is not None  # what reached() waited for
-        return output
-
-    def backward(self, output_grad: torch.Tensor) -> None:
-        p = self.program
-        p.add_grad(p.output, output_grad)
-        key = ("step", self.step)
-
-        def finished() -> bool:
-            self.ship(p.run_backward(), "backward")
-            return p.backward_complete() and len(self.replies[key]) >= len(self.working)
-
-        self.wait(finished, f"running backward of step {self.step}")
-        self.replies.pop(key, None)
-
-    def call(self, member: int, call: str, values: np.ndarray | None = None) -> MemberReply:
-        self.seq += 1
-        key = (call, self.seq)
-        self.send(self.peers[member], MemberCall(call=call, seq=self.seq, values=(
-            values if values is not None else np.zeros(0, dtype=np.float32))))
-        self.wait(lambda: bool(self.replies[key]), f"waiting for {call} from member {member}")
-        return self.replies.pop(key)[0]
-
-
-class GroupReplica(Replica):
-    """The leader's replica: the rounds' arithmetic over the whole network's flat weights
-    (as the aggregator sees them), the weights themselves spread over the members."""
-
-    def __init__(self, gm: fx.GraphModule, program: Program, leader: GroupLeader,
-                 device: torch.device, local_lr: float | None):
-        self.program, self.leader = program, leader
-        indexes: dict[int, list[int]] = defaultdict(list)
-        at = 0   # each member's slice is its parameters' weights, in the network's order
-        for _, p, member in flat_layout(gm, program.owner):
-            indexes[member].extend(range(at, at + p.numel()))
-            at += p.numel()
-        self.slices = {m: np.asarray(ix, dtype=np.int64)   # member -> flat indexes
-                       for m, ix in indexes.items()}
-        super().__init__(None, device, local_lr, params=list(program.params.values()),
-                         size=at)
-
-    def flat(self) -> np.ndarray:
-        out = np.zeros(self.size, dtype=np.float32)
-        for member, index in self.slices.items():
-            out[index] = self.program.flat() if member == 0 else \
-                self.leader.call(member, "flat").values
-        return out
-
-    def load(self, flat: np.ndarray) -> None:
-        for member, index in self.slices.items():
-            if member == 0:
-                self.program.load(np.asarray(flat[index], dtype=np.float32))
-            else:
-                self.leader.call(member, "load", np.asarray(flat[index], dtype=np.float32))

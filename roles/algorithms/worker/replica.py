@@ -6,9 +6,14 @@ and the samples behind it, and keeps training. When the combined weights W(r) ar
 ``W(r) + (its weights now - its weights when it contributed)``: the progress it made while the
 round was in flight is kept, and contributed next time. One round is in flight at a time
 (``WorkerRounds`` defers a call for the next).
+
+The replica's weights are a ``FlatWeights``: its own network's (``NetworkWeights``), or, leading a
+model-parallel group, the network's spread over the group (``roles.model.group.GroupWeights``).
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -18,25 +23,25 @@ from roles.protocol.dense_sync import Weights
 from zbus.codec import ProtocolError
 
 
-class Replica:
-    def __init__(self, model: torch.nn.Module | None, device: torch.device,
-                 local_lr: float | None, params: list[torch.nn.Parameter] | None = None,
-                 size: int | None = None):
-        """``model``'s parameters, or (a model-parallel leader) ``params``, its own part of
-        a network of ``size`` weights whose ``flat``/``load`` a subclass spreads."""
-        self.model = model
-        self.device = device
-        self.params = list(model.parameters()) if model is not None else list(params or [])
-        self.size = size if size is not None else sum(p.numel() for p in self.params)
-        self.optimizer = (dense_adam(self.params, local_lr)
-                          if local_lr is not None and self.params else None)
-        self.version = -1                       # round of the global weights adopted last
-        self.base: np.ndarray | None = None     # weights at the last contribution or adoption
-        self.sent: np.ndarray | None = None     # weights when the in-flight contribution left
-        self.sent_round = -1
-        self.steps_since = 0
-        self.coef_since = 0.0
-        self.samples_since = 0
+class FlatWeights(Protocol):
+    """A network's weights as one flat float32 array, in its ``parameters()`` order (what the
+    aggregator and every replica use)."""
+
+    params: list[torch.nn.Parameter]   # those this process steps (its local Adam's)
+    size: int                          # the whole network's weights
+
+    def flat(self) -> np.ndarray: ...
+
+    def load(self, flat: np.ndarray) -> None: ...
+
+
+class NetworkWeights:
+    """The weights of a network this process holds whole."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device):
+        self.model, self.device = model, device
+        self.params = list(model.parameters())
+        self.size = sum(p.numel() for p in self.params)
 
     def flat(self) -> np.ndarray:
         with torch.no_grad():
@@ -50,6 +55,28 @@ class Replica:
                 n = p.numel()
                 p.copy_(source[offset:offset + n].view_as(p))
                 offset += n
+
+
+class Replica:
+    def __init__(self, weights: FlatWeights, local_lr: float | None):
+        self.weights = weights
+        self.params = weights.params
+        self.size = weights.size
+        self.optimizer = (dense_adam(self.params, local_lr)
+                          if local_lr is not None and self.params else None)
+        self.version = -1                       # round of the global weights adopted last
+        self.base: np.ndarray | None = None     # weights at the last contribution or adoption
+        self.sent: np.ndarray | None = None     # weights when the in-flight contribution left
+        self.sent_round = -1
+        self.steps_since = 0
+        self.coef_since = 0.0
+        self.samples_since = 0
+
+    def flat(self) -> np.ndarray:
+        return self.weights.flat()
+
+    def load(self, flat: np.ndarray) -> None:
+        self.weights.load(flat)
 
     def dense_grads(self) -> np.ndarray:
         """The gradients of the last backward pass, flat (every parameter must have one)."""
