@@ -1,6 +1,8 @@
-"""A real job with one model-parallel group of two processes: Adult, the network split by the
+"""A real job with one model-parallel group of two: Adult, the network split by the
 partitioner, the cut tensors over the bus; the plan reaches control's status, the run
-directory and the summary; a killed group member makes its group leave and the job fail clearly."""
+directory and the summary (its roles in this process, turned by one thread: the group's leader
+waits for its member through the worker's loop, never blocking it); a killed group member
+makes its group leave and the job fail clearly (processes)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,6 @@ from harness import REPO
 
 from roles.protocol.operator import Status
 from zbus.codec import decode
-
-pytestmark = pytest.mark.integration
 
 MP_JOB = REPO / "jobs" / "adult_mp.toml"   # workers = 1, parts = 2
 
@@ -38,6 +38,7 @@ def model_status(endpoint: str, timeout_s: float = 120.0) -> dict:
         ctx.destroy(linger=0)
 
 
+@pytest.mark.inprocess
 def test_a_two_part_group_trains_adult(cluster):
     c = cluster(MP_JOB)
     c.start_all()
@@ -60,6 +61,7 @@ def test_a_two_part_group_trains_adult(cluster):
     assert any(e.get("event") == "model_plan" for e in c.events())
 
 
+@pytest.mark.integration
 def test_a_killed_member_ends_its_group_and_the_job_says_why(cluster):
     c = cluster(MP_JOB, train__epochs=50, cluster__node_timeout_s=2.0)
     c.start_all()
