@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,26 @@ def _unit_tests_start_no_process(request, monkeypatch):
             raise AssertionError(f"{request.node.nodeid} starts a process: mark it "
                                  "@pytest.mark.integration")
         monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+
+
+@pytest.fixture(autouse=True)
+def _in_process_jobs_leave_no_thread(request):
+    """A whole job run in the test's process leaves nothing running in it: every thread its
+    roles started (a feeder's reader, a monitoring server) has ended once the test's clusters
+    are closed (pyzmq's own garbage collector, one per process, aside)."""
+    if not _in_process(request):
+        yield
+        return
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 5
+    while True:
+        left = [t for t in threading.enumerate() if t not in before and t.is_alive()
+                and "GarbageCollector" not in type(t).__name__]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not left, f"{request.node.nodeid} left threads running: {left}"
 
 
 @pytest.fixture

@@ -44,12 +44,15 @@ _starts = itertools.count(1)   # a node's "pid": one number per start, in this p
 
 
 class RoleHandle:
-    """A role in this process, as ``subprocess.Popen`` shows a process."""
+    """A role in this process, as ``subprocess.Popen`` shows a process: ``name`` its
+    process's (its log), ``node`` the node it runs."""
 
-    def __init__(self, driver: Driver, name: str, loop: Loop | None, returncode: int | None):
-        self.driver, self.name, self.loop = driver, name, loop
+    def __init__(self, driver: Driver, name: str, node: str, loop: Loop | None,
+                 returncode: int | None):
+        self.driver, self.name, self.node, self.loop = driver, name, node, loop
         self.returncode = returncode
         self.args = [name]
+        self.log: logging.Handler | None = None   # its lines to <name>.log
 
     def poll(self) -> int | None:
         return self.returncode
@@ -70,7 +73,7 @@ class RoleHandle:
             return
         with self.driver.lock:
             if self.returncode is None and self.loop is not None:
-                with logs.node_scope(self.name):
+                with logs.node_scope(self.node):
                     self.loop.on_signal(signum)
         self.driver.wake()
 
@@ -101,25 +104,29 @@ class Driver:
         self._kills: list[RoleHandle] = []
 
     # -- roles ---------------------------------------------------------------------------------
-    def start(self, name: str, make: Callable[[], Loop]) -> RoleHandle:
-        """A role made by ``make`` (in this thread, its lines in its log) and turned from now
-        on; a role that cannot be made ends at once with status 2, its reason in its log, as
-        its process would."""
-        self._log_to(name)
+    def start(self, name: str, make: Callable[[], Loop], node: str | None = None
+              ) -> RoleHandle:
+        """A role made by ``make`` (in this thread, its lines in its log ``<name>.log``) and
+        turned from now on; a role that cannot be made ends at once with status 2, its reason
+        in its log, as its process would. ``node``: the node it runs (default ``name``)."""
+        node = node or name
+        handler = self._log_to(name, node)
         with self.lock:
-            with logs.node_scope(name):
+            with logs.node_scope(node):
                 try:
                     loop = make()
                 except StartError as exc:
-                    logging.getLogger(f"zbus.{name}").error("%s", exc)
-                    handle = RoleHandle(self, name, None, exc.status)
+                    logging.getLogger(f"zbus.{node}").error("%s", exc)
+                    handle = RoleHandle(self, name, node, None, exc.status)
+                    handle.log = handler
                     self.roles[name] = handle
-                    self.changed.notify_all()
+                    self._ended(handle, exc.status)
                     return handle
             if isinstance(loop, Node):   # control tells a node's starts apart by these
                 loop.host += IN_PROCESS
                 loop.pid = next(_starts)
-            handle = RoleHandle(self, name, loop, None)
+            handle = RoleHandle(self, name, node, loop, None)
+            handle.log = handler
             self.roles[name] = handle
             if self._thread is None:
                 logging.getLogger().setLevel(self._level)
@@ -160,7 +167,14 @@ class Driver:
             pass   # already woken
 
     def _ended(self, handle: RoleHandle, code: int) -> None:
+        """The role's loop is over (its process would have exited with ``code``): its log is
+        closed, so that a node started again under its name logs elsewhere."""
         handle.returncode = code
+        if handle.log is not None:
+            logging.getLogger().removeHandler(handle.log)
+            handle.log.close()
+            self._handlers.remove(handle.log)
+            handle.log = None
         self.changed.notify_all()
 
     # -- the thread ------------------------------------------------------------------------------
@@ -183,7 +197,7 @@ class Driver:
                 live = [h for h in self.roles.values() if h.returncode is None]
                 for handle in live:
                     assert handle.loop is not None
-                    with logs.node_scope(handle.name):
+                    with logs.node_scope(handle.node):
                         going = handle.loop.turn(0)
                     if not going:
                         self._ended(handle, handle.loop.exit_code)
@@ -208,21 +222,19 @@ class Driver:
                     os.read(self._wake_r, 4096)
 
     # -- logs --------------------------------------------------------------------------------------
-    def _log_to(self, name: str) -> None:
-        """``<log_dir>/<name>.log``: the role's lines, as its process's output would be."""
-        path = self.log_dir / f"{name}.log"
-        if any(getattr(h, "baseFilename", None) == str(path.absolute())
-               for h in self._handlers):
-            return
-        handler = logging.FileHandler(path, encoding="utf-8")
-        handler.setFormatter(logs.line_format(name))
-        handler.addFilter(logs.OfNode(name))
+    def _log_to(self, name: str, node: str) -> logging.Handler:
+        """``<log_dir>/<name>.log`` (appended to): ``node``'s lines, as its process's output
+        would be."""
+        handler = logging.FileHandler(self.log_dir / f"{name}.log", encoding="utf-8")
+        handler.setFormatter(logs.line_format(node))
+        handler.addFilter(logs.OfNode(node))
         logging.getLogger().addHandler(handler)
         self._handlers.append(handler)
+        return handler
 
-    def say(self, name: str, text: str) -> None:
+    def say(self, node: str, text: str) -> None:
         """Lines a role's process prints (control's headline) into its log."""
-        with logs.node_scope(name):
+        with logs.node_scope(node):
             logs.to_file(text)
             for handler in self._handlers:
                 for line in text.splitlines():
@@ -246,10 +258,11 @@ class Driver:
         if self._thread is not None:
             self._thread.join(timeout=30)
         root = logging.getLogger()
+        nodes = {h.node for h in self.roles.values()}
         for handler in list(root.handlers):
             if handler in self._handlers or (
                     isinstance(handler, logging.FileHandler)
-                    and any(isinstance(f, logs.OfNode) and f.node_id in self.roles
+                    and any(isinstance(f, logs.OfNode) and f.node_id in nodes
                             for f in handler.filters)):
                 root.removeHandler(handler)
                 handler.close()

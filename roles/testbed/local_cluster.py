@@ -131,16 +131,20 @@ class LocalCluster:
         self.procs[name] = proc
         return proc
 
-    def start_role(self, role: str, index: int = 0, *args: str,
-                   group: int | None = None) -> subprocess.Popen | RoleHandle:
-        name = f"{role}-{index}"
+    def start_role(self, role: str, index: int = 0, *args: str, group: int | None = None,
+                   name: str | None = None) -> subprocess.Popen | RoleHandle:
+        """``name``: of its process (its log, ``procs``), when not ``<role>-<index>`` (a
+        node started again beside its first process's log)."""
+        node = f"{role}-{index}"
+        name = name or node
         argv = ["--index", str(index), *args]
         if self.driver is None:
             return self.start(name, [sys.executable, "-m", f"roles.{role}", *argv], group)
         if group is not None or name in self.budgets:
             raise RuntimeError(f"{name}: a process group or a memory budget needs processes "
                                "(LocalCluster without in_process)")
-        handle = self.driver.start(name, functools.partial(self._make, role, argv, name))
+        handle = self.driver.start(name, functools.partial(self._make, role, argv, node),
+                                   node=node)
         self.procs[name] = handle
         return handle
 
