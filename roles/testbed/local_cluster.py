@@ -8,13 +8,16 @@ cluster in sessions of their own (found by the run directory in their environmen
 the whole job. Its roles answer as processes do (``procs[name]``: poll, wait, send_signal,
 kill); what only processes can show (a signal to a process group, a memory budget, a
 supervisor) is refused there.
+
+``budgets`` gives a process a memory limit the kernel enforces as a container's
+(``roles.testbed.memory_budget``): a cgroup of its own, which it joins before it runs, its
+figures in ``cgroups`` while the cluster lives, removed at ``close``.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -29,19 +32,10 @@ import psutil
 from roles.job.settings import Job, JobError, load_job
 from roles.job.summary import Summary, read_summary
 from roles.testbed.in_process import Driver, RoleHandle, StartError
+from roles.testbed.memory_budget import MemoryCgroup
 from zbus.sockets import free_tcp_ports
 
 BIN = Path(sys.executable).parent
-# A process started under a memory budget (``LocalCluster.budgets``) allocates with what
-# reserves address space as it uses it, since RLIMIT_DATA counts reservations: pyarrow's pool
-# is the system allocator (its mimalloc reserves a 1 GiB arena up front), glibc keeps one arena
-# (not one per thread), its mmap threshold stays fixed (glibc raises it to each large block
-# freed, and the parse's next buffers then come from the heap, which keeps its freed middle: the
-# streaming test's feeder peaked at 227-241 MiB of data segment, 166 with it fixed), and thread
-# stacks are 2 MiB (RLIMIT_STACK; 8 MiB each by default).
-BUDGET_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "1",
-              "MALLOC_MMAP_THRESHOLD_": "131072"}
-BUDGET_STACK = 2 << 20
 
 
 def clean_environ() -> dict[str, str]:
@@ -101,10 +95,10 @@ class LocalCluster:
             if in_process else None
         self._children_before = _children()
         self.watched = "control-0"  # the process whose end ends a wait for an event
-        # process name -> bytes: that process runs under an OS-enforced memory budget, its
-        # RLIMIT_DATA (heap, anonymous mappings, thread stacks): an allocation beyond it fails,
-        # and so does the process
+        # process name -> bytes: that process runs in a memory cgroup of that limit (the
+        # module's docstring); beyond it the kernel kills it, and the job fails
         self.budgets: dict[str, int] = {}
+        self.cgroups: dict[str, MemoryCgroup] = {}
 
     @property
     def run_dir(self) -> Path:
@@ -120,14 +114,16 @@ class LocalCluster:
         if self.driver is not None:
             raise RuntimeError(f"{name}: a command ({argv[0]}) runs as a process; this cluster "
                                "runs its roles in this process")
-        budget = self.budgets.get(name)
-        limit = None if budget is None else functools.partial(_limit_memory, budget)
-        env = self.env if budget is None else {**self.env, **BUDGET_ENV}
+        join = None
+        if name in self.budgets:
+            if name not in self.cgroups:   # (started again: the same cgroup)
+                self.cgroups[name] = MemoryCgroup(name, self.budgets[name])
+            join = self.cgroups[name].join
         with open(self.workdir / f"{name}.log", "wb") as log:
-            proc = subprocess.Popen(argv, cwd=self.workdir, env=env, stdout=log,
+            proc = subprocess.Popen(argv, cwd=self.workdir, env=self.env, stdout=log,
                                     stderr=subprocess.STDOUT,
                                     start_new_session=group is None, process_group=group,
-                                    preexec_fn=limit)
+                                    preexec_fn=join)
         self.procs[name] = proc
         return proc
 
@@ -290,6 +286,9 @@ class LocalCluster:
         for stray in self.strays():
             stray.kill()
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        for cgroup in self.cgroups.values():
+            cgroup.remove()
+        self.cgroups.clear()
 
     def strays(self) -> list[psutil.Process]:
         """Live processes started for this cluster (they carry its run directory)."""
@@ -355,14 +354,6 @@ def _children() -> set[int]:
         return {c.pid for c in psutil.Process().children(recursive=True)}
     except psutil.Error:
         return set()
-
-
-def _limit_memory(data_bytes: int) -> None:
-    """In the child before it runs: its memory budget (``LocalCluster.budgets``)."""
-    resource.setrlimit(resource.RLIMIT_DATA, (data_bytes, data_bytes))
-    _, hard = resource.getrlimit(resource.RLIMIT_STACK)
-    soft = BUDGET_STACK if hard == resource.RLIM_INFINITY else min(BUDGET_STACK, hard)
-    resource.setrlimit(resource.RLIMIT_STACK, (soft, hard))
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
