@@ -495,9 +495,13 @@ class Shard(Node):
         if stopped is not None:
             log.info("%s: exiting while it wrote checkpoint %d: the writer is stopped (that "
                      "checkpoint cannot be completed now)", self.node_id, stopped)
+        super().close()
+
+    def release(self) -> None:
+        self.checkpoints.abandon()   # a writer still under way dies with its parent
         if self.applied_log is not None:
             self.applied_log.close()
-        super().close()
+        super().release()
 
     # -- the work per window: the capacity predictor's records -----------------------------------
     def heartbeat(self, final: bool = False) -> None:

@@ -1,11 +1,12 @@
 """Faults: a parameter-server shard SIGKILLed mid-job and started again restores its latest
 checkpoint and the job finishes, the updates it lost counted; the only feeder and control
-killed and started again lose and double nothing (real processes, loopback)."""
+killed and started again lose and double nothing; a stalled host fails no node. Every role
+in the test's process (``roles.testbed.in_process``): a kill drops a role's sockets and frees
+what the kernel frees of a killed process, SIGSTOP stops its turns."""
 
 from __future__ import annotations
 
 import signal
-import sys
 import time
 
 import numpy as np
@@ -16,7 +17,7 @@ from harness import ADULT_JOB, ADULT_TEXT_TRAIN_ROWS, adult_text
 from roles.checkpoint.files import checkpoint_dir, read_manifest
 from roles.checkpoint.shard import read_chain
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.inprocess
 
 ADULT_TRAIN_ROWS = 39074
 SLOW = {"model__hidden": [512, 256]}  # epochs of seconds: long enough to kill a shard in
@@ -64,7 +65,7 @@ def test_a_killed_shard_restarts_from_the_last_checkpoint_and_its_lost_updates_a
     time.sleep(0.5)   # the workers' sockets have seen it go: what they send now waits for it
     c.procs["feeder-0"].send_signal(signal.SIGCONT)
     c.wait_for_event(lambda e: e["event"] == "shard_lost" and e["node"] == "ps-1", timeout=30)
-    c.start("ps-1-again", [sys.executable, "-m", "roles.ps", "--index", "1"])
+    c.start_role("ps", 1, name="ps-1-again")
     assert c.wait() == 0, c.logs()
     s = c.summary()
     assert s["ok"] and s["auc"] >= 0.89, s["auc"]
@@ -119,7 +120,7 @@ def test_a_killed_feeder_restarts_from_its_ack_log_losing_and_doubling_nothing(
         c.wait_for_event(lambda e: e["event"] == "feeder_down" and e["node"] == "feeder-0",
                          timeout=30)
     # at once: control learns of the restart from its Hello
-    c.start("feeder-0-again", [sys.executable, "-m", "roles.feeder", "--index", "0"])
+    c.start_role("feeder", 0, name="feeder-0-again")
     if restart == "at_once":
         c.wait_for_event(lambda e: e["event"] == "feeder_back", timeout=30)
         c.procs["worker-1"].send_signal(signal.SIGCONT)
@@ -157,7 +158,7 @@ def test_a_killed_control_resumes_its_run_and_the_nodes_join_it_again(cluster, d
     state = orjson.loads((c.run_dir / "control-state.json").read_bytes())
     before = {"phase": state["course"]["phase"], "round": state["rounds"]["round"]}
     assert before["phase"] == "training" and before["round"] >= 3, before
-    c.start("control-0", [sys.executable, "-m", "roles.control", "--resume"])
+    c.start_role("control", 0, "--resume")
     assert c.wait() == 0, c.logs()
     s = c.summary()
     assert s["ok"] and s["auc"] >= 0.89, s["auc"]
@@ -180,11 +181,11 @@ def test_a_killed_control_resumes_its_run_and_the_nodes_join_it_again(cluster, d
 def test_resume_refuses_a_run_that_ended_or_another_job(cluster):
     c = cluster(ADULT_JOB, train__epochs=1)
     assert c.run_job() == 0, c.logs()
-    again = c.start("control-again", [sys.executable, "-m", "roles.control", "--resume"])
+    again = c.start_role("control", 0, "--resume", name="control-again")
     assert again.wait(timeout=60) == 2
     assert "has ended; there is nothing to resume (completed)" in c.log("control-again")
     c.env["ZBUS_TRAIN__EPOCHS"] = "2"  # another job: the refusal says what differs
-    other = c.start("control-other", [sys.executable, "-m", "roles.control", "--resume"])
+    other = c.start_role("control", 0, "--resume", name="control-other")
     assert other.wait(timeout=60) == 2
     assert "ran another job ([train] epochs = 1 in the run, 2 now)" in c.log("control-other"), \
         c.log("control-other")

@@ -309,10 +309,18 @@ class Loop:
         """A signal now is expected (the job is over): stop without a word."""
         return False
 
-    def close(self) -> None:
-        self._handlers.clear()
+    def release(self) -> None:
+        """Free what the operating system frees when a process ends, however it ends: the
+        role's threads, child processes and open files (a role that holds any extends this).
+        ``close`` calls it; a process that runs several loops calls it alone when it drops one
+        at once, as a SIGKILL would (``roles.testbed.in_process``)."""
         if self.curve is not None:
             self.curve.stop()
+
+    def close(self) -> None:
+        """The loop's end: what the role still sends (its sockets' linger), then ``release``."""
+        self._handlers.clear()
+        self.release()
         self.ctx.destroy(linger=0)
 
 

@@ -149,6 +149,13 @@ class ShardCheckpoints:
                               info={"kind": w.kind, "keys": len(self.table),
                                     "chain": len(w.chain)})
 
+    def abandon(self) -> None:
+        """The shard's process is gone (killed): a write under way ends as the kernel ends it
+        then (``zbus.children``: the writer gets SIGKILL), leaving what it wrote."""
+        w = self.writing
+        if w is not None and w.upload is None:
+            w.writer.stop()
+
     def close(self) -> int | None:
         """The shard exits: end a write still under way, and remove what it left; the number
         of the checkpoint it was writing (None when none was)."""

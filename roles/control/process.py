@@ -679,9 +679,13 @@ class Control(Loop):
         or resumed and its endpoints are bound (the nodes can join)."""
         return "ready"
 
+    def release(self) -> None:
+        self.monitoring.stop()    # the metrics server's thread
+        self.placement.close()    # the capacity trainer's process
+        self.metrics.close()
+        super().release()
+
     def close(self) -> None:
-        self.monitoring.stop()
-        self.placement.close()
         self.pub.setsockopt(zmq.LINGER, 1000)  # let Stop reach the nodes
         self.pub.close()
         self.status_pub.setsockopt(zmq.LINGER, 500)  # and the last status the consoles

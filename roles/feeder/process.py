@@ -364,10 +364,10 @@ class Feeder(Node):
         else:
             super().on_crash(exc)
 
-    def close(self) -> None:
-        self.ledger.close()
-        self.loading.close()
-        super().close()
+    def release(self) -> None:
+        self.ledger.close()    # the ack log's files
+        self.loading.close()   # the reader threads
+        super().release()
 
 
 def main() -> None:

@@ -12,10 +12,12 @@ The driver turns every loop once, looking only (``Loop.turn(0)``), then waits on
 sockets at once until one is ready or the earliest ``Loop.poll_timeout`` is up. A role handle
 answers as ``subprocess.Popen`` does for a process (``poll``, ``wait``, ``send_signal``,
 ``terminate``, ``kill``, ``returncode``): ``send_signal`` is the role's ``on_signal``, as its
-process's handler would call it; ``kill`` drops the role's sockets at once (linger 0) and
-sends nothing, as SIGKILL leaves a process's peers. A node says it is in this process
-(``Node.host`` ends in ``IN_PROCESS``, ``Node.pid`` numbers each start), so that control
-tells its starts apart and does not look for its process among the host's. Each role's lines
+process's handler would call it; ``kill`` drops the role's sockets at once (linger 0), sends
+nothing, and frees what the kernel frees of a killed process (``Loop.release``: its threads,
+children and files), as SIGKILL leaves a process's peers and its disk; SIGSTOP and SIGCONT stop
+and resume its turns (its sockets stay open, their queues fill). A node says it is in this
+process (``Node.host`` ends in ``IN_PROCESS``, ``Node.pid`` numbers each start), so that
+control tells its starts apart and does not look for its process among the host's. Each role's lines
 go to its own log (``zbus.logs.node_scope``).
 """
 
@@ -53,6 +55,7 @@ class RoleHandle:
         self.returncode = returncode
         self.args = [name]
         self.log: logging.Handler | None = None   # its lines to <name>.log
+        self.stopped = False                      # SIGSTOP: not turned until SIGCONT
 
     def poll(self) -> int | None:
         return self.returncode
@@ -70,6 +73,11 @@ class RoleHandle:
     def send_signal(self, signum: int) -> None:
         if signum == signal.SIGKILL:
             self.kill()
+            return
+        if signum in (signal.SIGSTOP, signal.SIGCONT):
+            with self.driver.lock:
+                self.stopped = signum == signal.SIGSTOP
+            self.driver.wake()
             return
         with self.driver.lock:
             if self.returncode is None and self.loop is not None:
@@ -157,6 +165,8 @@ class Driver:
             if handle.returncode is None and handle.loop is not None:
                 handle.loop.stopping = handle.loop.ended = True
                 handle.loop.ctx.destroy(linger=0)
+                with logs.node_scope(handle.node):
+                    handle.loop.release()   # its threads, children and files, as the OS would
                 self._ended(handle, KILLED)
         self._kills.clear()
 
@@ -194,14 +204,15 @@ class Driver:
         while not self._closing:
             with self.lock:
                 self._do_kills()
-                live = [h for h in self.roles.values() if h.returncode is None]
+                live = [h for h in self.roles.values()
+                        if h.returncode is None and not h.stopped]
                 for handle in live:
                     assert handle.loop is not None
                     with logs.node_scope(handle.node):
                         going = handle.loop.turn(0)
                     if not going:
                         self._ended(handle, handle.loop.exit_code)
-                live = [h for h in live if h.returncode is None]
+                live = [h for h in live if h.returncode is None and not h.stopped]
                 now = time.monotonic()
                 timeout = min((h.loop.poll_timeout(now) for h in live if h.loop is not None),
                               default=0.5)
