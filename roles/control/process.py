@@ -56,6 +56,8 @@ from roles.control.feeding import Feeding
 from roles.control.health import Health
 from roles.control.model_plan import PlanError, plan_model
 from roles.control.monitoring import Monitoring, final_figures
+from roles.control.network_check import network_refusal
+from roles.control.network_files import NetworkFiles
 from roles.control.node_roles import (
     AggregatorRole,
     FeederRole,
@@ -96,7 +98,13 @@ from roles.protocol.dense_sync import (
     RoundDrained,
     RoundReady,
 )
-from roles.protocol.lifecycle import EpochTrained, EvalReport, Exported, Membership
+from roles.protocol.lifecycle import (
+    EpochTrained,
+    EvalReport,
+    Exported,
+    Membership,
+    NetworkWanted,
+)
 from roles.protocol.operator import ControlReply, ControlRequest, Status
 from roles.protocol.placement import Drained, KeyCounts, Moved, WindowWork
 from zbus import security
@@ -210,12 +218,13 @@ class Control(Loop):
         self.tasks_log = Every(TASK_LOG_S, self.started)
         self.closing: Closing | None = None
         self.monitoring = Monitoring(job, self.run_dir)  # Prometheus, TensorBoard
+        self.network_files = NetworkFiles(job, c.max_message_bytes)  # for nodes that lack it
         if cannot_plan:
             self.fail(cannot_plan, resumable=False)
 
     def start_run(self) -> str:
-        """A new run: the network's partition (model parallelism), the run's first records;
-        why the job cannot start ("": it can)."""
+        """A new run: the network's partition (model parallelism) or its check, the run's first
+        records; why the job cannot start ("": it can)."""
         cannot_plan = ""
         if self.job.cluster.parts > 1:  # model parallelism: the network's partition
             try:
@@ -223,6 +232,8 @@ class Control(Loop):
                 self.commands.publish(plan, "model_plan")
             except PlanError as exc:
                 cannot_plan = str(exc)
+        else:   # built and run once on a sample batch of the job's fields
+            cannot_plan = network_refusal(self.job)
         expected = self.members.expected
         self.metrics.write("start", job=self.job.name, run_id=self.run_id, nodes=expected,
                            fingerprint=self.job.fingerprint())
@@ -236,6 +247,9 @@ class Control(Loop):
     def on_node(self, identity: bytes | None, env: Envelope) -> None:
         node_id = (identity or b"").decode(errors="replace")
         msg, now = env.msg, time.monotonic()
+        if isinstance(msg, NetworkWanted):  # before its Hello: a node without the network file
+            self.send(self.router, self.network_files.answer(node_id, msg), identity=identity)
+            return
         if self.closing is not None:  # the job has ended: the nodes only leave
             self.after_the_end(identity or b"", node_id, msg, now)
             return
