@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 
+import numpy as np
 import orjson
 import pytest
 import torch
@@ -15,6 +16,8 @@ from harness import BIN
 from roles.algorithms.control.membership import Members
 from roles.control.start_failures import start_failure
 from roles.job.settings import parse_job
+from roles.protocol.lifecycle import NetworkFile
+from zbus.codec import ProtocolError, decode
 from zbus.messages import Hello
 
 ROLES = ("control-0", "feeder-0", "ps-0", "worker-0", "aggregator-0")
@@ -111,6 +114,18 @@ def test_a_node_that_cannot_start_fails_the_job_with_its_line(cluster):
     assert "zbus ps-0: cannot start: cannot bind" in c.log("ps-0")
 
 
+@pytest.mark.inprocess
+def test_a_built_in_the_job_cannot_run_fails_the_job_with_a_nodes_line(cluster):
+    """A built-in with its default options is not checked by control: the worker and the
+    aggregator meet the NetworkError as they start, and the first to tell control says why
+    (before: a traceback from each, and the job waited out start_timeout_s)."""
+    c = cluster(cluster__workers=1, cluster__shards=1, cluster__start_timeout_s=600,
+                model__network="din")   # the synthetic job has no sequence field
+    assert c.run_job(timeout=120) == 1
+    s = failed_for_good(c, " cannot start: din needs a sequence field")
+    assert s["reason"].split(" ")[0] in ("worker-0", "aggregator-0"), s["reason"]
+
+
 def hello(node: str, failed: str = "cannot bind", fingerprint: str = "f") -> Hello:
     role, index = node.rsplit("-", 1)
     return Hello(role=role, index=int(index), host="h", pid=7, fingerprint=fingerprint,
@@ -132,6 +147,23 @@ def test_what_a_start_failure_means_to_the_job(node, fingerprint, starting, refu
     verdict = start_failure(members, "f", node, hello(node, fingerprint=fingerprint), starting)
     assert (verdict.refuse, verdict.resumable) == (refuse, resumable)
     assert verdict.reason.startswith(said), verdict.reason
+
+
+@pytest.mark.parametrize("name, sha256, reason, detail", [
+    ("../net.py", "a" * 64, "", "no directory"),
+    ("", "a" * 64, "", "no directory"),
+    ("net.py", "abc", "", "sha256"),
+])
+def test_a_malformed_network_file_is_refused_as_any_message(name, sha256, reason, detail):
+    frames = NetworkFile(name=name, sha256=sha256, reason=reason,
+                         source=np.frombuffer(b"x = 1\n", np.uint8)).to_frames("control-0", 1)
+    with pytest.raises(ProtocolError, match=detail) as refused:
+        decode(frames)
+    assert refused.value.kind == "inconsistent"
+    ok = NetworkFile(name="", sha256="", reason="control cannot read it",
+                     source=np.zeros(0, np.uint8))
+    back = decode(ok.to_frames("control-0", 2)).msg
+    assert isinstance(back, NetworkFile) and back.reason == ok.reason and not back.source.size
 
 
 def test_a_job_file_and_its_run_records_have_one_fingerprint_wherever_the_network_file_is(

@@ -5,6 +5,11 @@ A network that cannot be loaded, built or run on a sample batch of the job's own
 for good, with its one ``NetworkError`` line as the reason: the file named, what is wrong.
 Without the check a worker or the aggregator met it first, in its own start.
 
+It checks what the job's author wrote: a network of their own (``[model] module``), or a
+built-in given ``[model.options]``. A built-in with its defaults is zbus's own (its tests build
+every one); what the job's fields make of it still fails a node's start, in one line, if it
+cannot run (``roles.job.starting``).
+
 Control itself stays without torch (a third of its memory): the check runs in a child process
 (``python -m roles.control.network_check``, given the effective job on stdin), unless this
 process has torch loaded already (a job run in one process, for tests). With model parallelism
@@ -25,9 +30,9 @@ CHECKED_NETWORK = 1   # the child's status for a network refused: its line on st
 
 
 def network_refusal(job: Job) -> str:
-    """Why the job's network cannot train ("" when it can)."""
-    if job.cluster.parts > 1:
-        return ""   # the model plan builds it
+    """Why the job's network cannot train ("" when it can, or is not checked here)."""
+    if job.cluster.parts > 1 or not (job.model.module or job.model.options):
+        return ""   # the model plan builds it; a built-in as it comes
     began = time.monotonic()
     refusal = refusal_here(job) if "torch" in sys.modules else in_a_child(job)
     log.info("%s %s on a sample batch in %.1f s", label(job),
