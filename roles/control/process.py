@@ -54,6 +54,7 @@ from roles.control.course import Course
 from roles.control.exports import Exports
 from roles.control.feeding import Feeding
 from roles.control.health import Health
+from roles.control.interruption import interruption, under_honcho
 from roles.control.model_plan import PlanError, plan_model
 from roles.control.monitoring import Monitoring, final_figures
 from roles.control.network_check import network_refusal
@@ -205,6 +206,8 @@ class Control(Loop):
         self.last_acked = (self.started, 0)
         self.no_workers_since: float | None = None
         self.termination: str | None = None  # the signal that interrupted the job
+        self.interrupted_by = ""             # and what it means (roles.control.interruption)
+        self.under_honcho = under_honcho(os.environ if environ is None else environ)
         self.resume_from: int | None = None  # ended: the checkpoint a resume goes back to
         self.model_plan: dict | None = None
         cannot_plan = ""  # the network cannot be built or traced: the job fails at once
@@ -450,8 +453,7 @@ class Control(Loop):
             self.close_down(now, self.closing)
             return
         if self.termination:  # Ctrl-C of honcho start (honcho SIGTERMs every role), ...
-            self.end("interrupted", f"control received {self.termination} before the job "
-                     "finished", resumable=True)
+            self.end("interrupted", self.interrupted_by, resumable=True)
             return
         if now >= self.next_publish:
             self.next_publish = now + self.heartbeat_s
@@ -634,8 +636,7 @@ class Control(Loop):
         if self.course.phase == "done":
             return
         if self.termination and status == "failed":  # whatever failed as the roles stop
-            status, reason, resumable = "interrupted", f"control received {self.termination} " \
-                "before the job finished", True
+            status, reason, resumable = "interrupted", self.interrupted_by, True
         found = latest_complete(self.checkpoints.store) if resumable else None
         self.resume_from = found[0] if found else None
         if self.resume_from is not None:
@@ -685,8 +686,10 @@ class Control(Loop):
 
     def on_signal(self, signum: int) -> None:
         """SIGINT or SIGTERM: the job is interrupted (``check``), unless it has ended."""
-        if self.course.phase != "done":
+        if self.course.phase != "done" and not self.termination:
             self.termination = signal.Signals(signum).name
+            self.interrupted_by = interruption(self.termination, self.under_honcho,
+                                               self.members.nodes.items())
 
     def health_state(self) -> str:
         """Ready once it runs the job: asked from its loop, which starts once the run is made
