@@ -16,14 +16,19 @@ and the summary. The loop dispatches; its components decide:
   nodes live on, control's own latest records; when every node comes back as a new process
   (the whole job was killed), the newest complete checkpoint, to which every node goes back
   (``resumption``: ``roles.control.resuming``);
-- the end: the summary (``roles.control.summary``), then the nodes' exit (``closing``).
+- the end: the summary (``roles.control.summary``), then the nodes' exit (``closing``);
+  what a signal means (``roles.control.interruption``);
+- ``network_files``: the job's network file, for a node whose host lacks it.
 
-The job fails, with the reason in the summary and a non-zero exit, when a node reports a
+The job fails, with the reason in the summary and a non-zero exit, when the job's network
+cannot train (checked at a new run's start: ``roles.control.network_check``), a node cannot
+start (its Hello says why: ``roles.control.start_failures``), a node reports a
 Failure, a ready node other than a worker, a group member, one of several feeders (its parts
 go to another), an aggregator or a shard (which may be started again within
 ``recovery_timeout_s``) misses heartbeats for ``node_timeout_s``, the nodes are not all ready
 within ``start_timeout_s``, or nothing progresses for ``stall_timeout_s``. A failure other
-than a node's Failure, and a SIGINT or SIGTERM (status ``interrupted``), leave the run to be
+than a node's Failure, a network that cannot train and a node that cannot start before
+training began, and a SIGINT or SIGTERM (status ``interrupted``), leave the run to be
 resumed from its newest complete checkpoint (``end``); a completed, stopped or so failed job
 has ended for good.
 """
