@@ -214,6 +214,29 @@ def test_a_crashed_node_counts_in_the_failure_rate_over_all_nodes_until_the_wind
     assert health.figures(71.5, 3.0)[1] == 0.0
 
 
+def test_a_whole_job_going_back_to_its_checkpoint_counts_no_node_as_failed():
+    """A resume after every process was stopped: control's records name the old processes,
+    every node comes back as a new one and the job goes back to its checkpoint. Planned:
+    the failure rate stays 0 (it was 5/6 of the nodes, and lazy sync waited on it)."""
+    nodes = ("feeder-0", "ps-0", "ps-1", "worker-0", "worker-1", "aggregator-0")
+    m = members(*nodes)   # as the records left them: the old processes, live and ready
+    health = Health(ClusterConfig(), m, lambda node, probe: None, failure_window_s=30.0)
+    assert health.figures(0.0, probe_timeout_s=3.0)[1] == 0.0
+    m.restart_all()
+    for pid, node in enumerate(nodes[:3], start=1000):   # the first back before a look
+        role, index = node.rsplit("-", 1)
+        m.admit(node, role, int(index), "h", pid, 1.0)
+        m.mark_ready(node, 1.0)
+    assert health.figures(1.0, 3.0)[1] == 0.0
+    for pid, node in enumerate(nodes[3:], start=2000):
+        role, index = node.rsplit("-", 1)
+        m.admit(node, role, int(index), "h", pid, 2.0)
+        m.mark_ready(node, 2.0)
+    assert health.figures(2.0, 3.0)[1] == 0.0
+    m.admit("ps-1", "ps", 1, "h", 999, 3.0)   # a restart after that is a crash again
+    assert health.figures(3.0, 3.0)[1] == pytest.approx(1 / 6)
+
+
 def test_the_modes_say_what_each_allows():
     health = Health(ClusterConfig(), members(), lambda node, probe: None)
     modes = {name: sync_mode(name, 8, health=health, settings=dict, send=print,

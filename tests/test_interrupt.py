@@ -82,8 +82,9 @@ aggregator: exec zbus-spawn aggregator
 
 def test_ctrl_c_of_honcho_start_mid_epoch_then_resume_with_zbus_resume(cluster):
     """Ctrl-C of ``honcho start``: the terminal's SIGINT reaches honcho (each role runs in a
-    session of its own), which SIGTERMs every role; ``ZBUS_RESUME=<run> honcho start`` then
-    goes on with the run."""
+    session of its own), which SIGTERMs every role: the job says it was a Ctrl-C, and
+    ``ZBUS_JOB=<run>/config.toml ZBUS_RESUME=<run> honcho start`` then goes on with the run,
+    none of the job's ZBUS_* settings given again."""
     c = cluster(ADULT_JOB, train__epochs=EPOCHS, checkpoint__every_s=1.0, **SLOW)
     procfile = c.workdir / "Procfile"
     procfile.write_text(PROCFILE)  # the repository's, with slowed workers
@@ -98,13 +99,18 @@ def test_ctrl_c_of_honcho_start_mid_epoch_then_resume_with_zbus_resume(cluster):
     out = c.log("honcho")
     assert "SIGINT received" in out and "SIGKILL" not in out, out[-3000:]
     # the headline says how to go on, and is the last thing but honcho's word on control
-    assert f"zbus: to go on from checkpoint {number}: ZBUS_RESUME=run scripts/start" in out, \
-        out[-3000:]
+    assert "zbus: job adult interrupted: Ctrl-C: honcho stopped every process (SIGTERM) " \
+           "before the job finished" in out, out[-3000:]
+    assert f"zbus: to go on from checkpoint {number}: ZBUS_JOB=run/config.toml " \
+           "ZBUS_RESUME=run scripts/start" in out, out[-3000:]
     said = [line.split(" | ", 1)[1] for line in out.splitlines() if " | " in line]
     assert said[-1] == "control.1 stopped (rc=143)" and said[-2].startswith("zbus: summary in"), \
         said[-12:]
     assert not c.strays(), c.strays()
-    c.env["ZBUS_RESUME"] = str(c.run_dir)
+    # as the headline says: the run's own job file, none of the job's ZBUS_* settings
+    c.env = {k: v for k, v in c.env.items()
+             if not (k.startswith("ZBUS_") and "__" in k) and k != "ZBUS_JOB"}
+    c.env.update(ZBUS_JOB=str(c.run_dir / "config.toml"), ZBUS_RESUME=str(c.run_dir))
     c.start("honcho-resumed", honcho)
     assert c.wait("honcho-resumed") == 0, c.log("honcho-resumed")[-5000:]
     resumed_once_per_epoch(c, number, "honcho-resumed")

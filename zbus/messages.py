@@ -15,7 +15,9 @@ from zbus.codec import Message, message
 class Hello(Message):
     """A node announces itself to control; repeated until control answers with Welcome.
     ``run_id`` is empty from a new node; a node of a run that a restarted control asked to
-    introduce itself again (Rejoin) gives the run and whether it was ready."""
+    introduce itself again (Rejoin) gives the run and whether it was ready. ``failed``: the
+    node could not start (``zbus.unstarted``), and why, in one line; control answers it with
+    Stop or a refusing Welcome, never admits it."""
 
     role: str
     index: int
@@ -24,6 +26,7 @@ class Hello(Message):
     fingerprint: str  # hash of the node's effective job: every node must run the same job
     run_id: str = ""
     ready: bool = False
+    failed: str = ""
 
 
 @message()

@@ -9,7 +9,9 @@ that rejoins a control whose records came from a checkpoint is refused, and once
 node is new the whole job goes back to its checkpoint. A new process under the id of a node
 that had been ready is that node restarted: its role says whether the job can take it
 (``roles.control.node_roles``). A node of the run that was ready and says Hello again has
-rejoined.
+rejoined. A node that could not start says why in its Hello (``failed``): the job fails with
+that line, or the node is refused (``roles.control.start_failures``); once the job has ended,
+control answers its next Hello with Stop.
 
 ``Admission.hello`` decides and returns an ``Answer``; control's loop sends it and acts on it.
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 from roles.algorithms.control.membership import ALIVE
 from roles.control.node_roles import Role
 from roles.control.resuming import Resumption
+from roles.control.start_failures import start_failure
 from roles.control.state import ControlComponents
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
@@ -53,11 +56,17 @@ class Admission:
         self.run_dir = run_dir
         self.members = parts.members
         self.checkpoints = parts.checkpoints
+        self.course = parts.course
         self.by_role = by_role
         self.resumption = resumption
         self.metrics = metrics
 
     def hello(self, node_id: str, hello: Hello, now: float) -> Answer:
+        if hello.failed:   # it could not start: never admitted (roles.control.start_failures)
+            said = start_failure(self.members, self.job.fingerprint(), node_id, hello,
+                                 starting=self.course.phase == "starting")
+            return self.refused(said.reason) if said.refuse \
+                else Answer(failure=said.reason, resumable=said.resumable)
         resuming = self.resumption.decision
         choice = resuming.hello(node_id, hello.role, rejoin=hello.run_id == self.run_id)
         if choice == "wait":

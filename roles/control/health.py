@@ -5,6 +5,9 @@ figures; consoles see them in the status.
 
 A crash is found here from the membership: a node newly declared failed, or a known node
 answering as a new process (a shard, feeder or aggregator started again) while it had not left.
+The whole job going back to a checkpoint (a resume after every process was stopped: every node
+a new process) is planned, not a crash (``Members.restart_all``): what was known of the nodes
+before it is forgotten.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class Health:
         self.failure_window_s = failure_window_s
         self.failures = FailureWindow()
         self.known: dict[str, tuple[int, str]] = {}  # node -> (pid, status) last observed
+        self.restarts = members.restarts   # the whole-job restarts known of
         self.hosts: dict[str, HostMeter] = {}
         self.nonce = 0
         self.next_probe = 0.0
@@ -66,6 +70,9 @@ class Health:
     def observe(self, now: float, probe_timeout_s: float) -> None:
         """Every node of the job as it is now: live (answering probes late or not), or found
         crashed since the last look."""
+        if self.members.restarts != self.restarts:   # every node started anew, on purpose
+            self.restarts = self.members.restarts
+            self.known.clear()
         for node_id, node in self.members.nodes.items():
             before = self.known.get(node_id)
             self.known[node_id] = (node.pid, node.status)

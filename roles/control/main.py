@@ -36,8 +36,10 @@ def headline(s: Summary, path: Any) -> list[str]:
         lines.append(f"zbus: {recovered}")
     if s["resume_from"] is not None:
         run = shown(s["run_dir"])
-        lines.append(f"zbus: to go on from checkpoint {s['resume_from']}: ZBUS_RESUME={run} "
-                     "scripts/start (the same job and ZBUS_* settings)")
+        # the run's config.toml is the effective job (every ZBUS_* setting of the job in it;
+        # live changes come back from control's records): nothing to remember
+        lines.append(f"zbus: to go on from checkpoint {s['resume_from']}: "
+                     f"ZBUS_JOB={run}/config.toml ZBUS_RESUME={run} scripts/start")
     elif s["status"] == "interrupted":
         every = s["checkpoints"]["every_s"]
         when = f"the first is taken [checkpoint] every_s = {every:g} s into training" if every \

@@ -16,14 +16,19 @@ and the summary. The loop dispatches; its components decide:
   nodes live on, control's own latest records; when every node comes back as a new process
   (the whole job was killed), the newest complete checkpoint, to which every node goes back
   (``resumption``: ``roles.control.resuming``);
-- the end: the summary (``roles.control.summary``), then the nodes' exit (``closing``).
+- the end: the summary (``roles.control.summary``), then the nodes' exit (``closing``);
+  what a signal means (``roles.control.interruption``);
+- ``network_files``: the job's network file, for a node whose host lacks it.
 
-The job fails, with the reason in the summary and a non-zero exit, when a node reports a
+The job fails, with the reason in the summary and a non-zero exit, when the job's network
+cannot train (checked at a new run's start: ``roles.control.network_check``), a node cannot
+start (its Hello says why: ``roles.control.start_failures``), a node reports a
 Failure, a ready node other than a worker, a group member, one of several feeders (its parts
 go to another), an aggregator or a shard (which may be started again within
 ``recovery_timeout_s``) misses heartbeats for ``node_timeout_s``, the nodes are not all ready
 within ``start_timeout_s``, or nothing progresses for ``stall_timeout_s``. A failure other
-than a node's Failure, and a SIGINT or SIGTERM (status ``interrupted``), leave the run to be
+than a node's Failure, a network that cannot train and a node that cannot start before
+training began, and a SIGINT or SIGTERM (status ``interrupted``), leave the run to be
 resumed from its newest complete checkpoint (``end``); a completed, stopped or so failed job
 has ended for good.
 """
@@ -54,8 +59,11 @@ from roles.control.course import Course
 from roles.control.exports import Exports
 from roles.control.feeding import Feeding
 from roles.control.health import Health
+from roles.control.interruption import interruption, under_honcho
 from roles.control.model_plan import PlanError, plan_model
 from roles.control.monitoring import Monitoring, final_figures
+from roles.control.network_check import network_refusal
+from roles.control.network_files import NetworkFiles
 from roles.control.node_roles import (
     AggregatorRole,
     FeederRole,
@@ -96,7 +104,13 @@ from roles.protocol.dense_sync import (
     RoundDrained,
     RoundReady,
 )
-from roles.protocol.lifecycle import EpochTrained, EvalReport, Exported, Membership
+from roles.protocol.lifecycle import (
+    EpochTrained,
+    EvalReport,
+    Exported,
+    Membership,
+    NetworkWanted,
+)
 from roles.protocol.operator import ControlReply, ControlRequest, Status
 from roles.protocol.placement import Drained, KeyCounts, Moved, WindowWork
 from zbus import security
@@ -197,6 +211,8 @@ class Control(Loop):
         self.last_acked = (self.started, 0)
         self.no_workers_since: float | None = None
         self.termination: str | None = None  # the signal that interrupted the job
+        self.interrupted_by = ""             # and what it means (roles.control.interruption)
+        self.under_honcho = under_honcho(os.environ if environ is None else environ)
         self.resume_from: int | None = None  # ended: the checkpoint a resume goes back to
         self.model_plan: dict | None = None
         cannot_plan = ""  # the network cannot be built or traced: the job fails at once
@@ -210,12 +226,13 @@ class Control(Loop):
         self.tasks_log = Every(TASK_LOG_S, self.started)
         self.closing: Closing | None = None
         self.monitoring = Monitoring(job, self.run_dir)  # Prometheus, TensorBoard
+        self.network_files = NetworkFiles(job, c.max_message_bytes)  # for nodes that lack it
         if cannot_plan:
             self.fail(cannot_plan, resumable=False)
 
     def start_run(self) -> str:
-        """A new run: the network's partition (model parallelism), the run's first records;
-        why the job cannot start ("": it can)."""
+        """A new run: the network's partition (model parallelism) or its check, the run's first
+        records; why the job cannot start ("": it can)."""
         cannot_plan = ""
         if self.job.cluster.parts > 1:  # model parallelism: the network's partition
             try:
@@ -223,6 +240,8 @@ class Control(Loop):
                 self.commands.publish(plan, "model_plan")
             except PlanError as exc:
                 cannot_plan = str(exc)
+        else:   # built and run once on a sample batch of the job's fields
+            cannot_plan = network_refusal(self.job)
         expected = self.members.expected
         self.metrics.write("start", job=self.job.name, run_id=self.run_id, nodes=expected,
                            fingerprint=self.job.fingerprint())
@@ -236,6 +255,9 @@ class Control(Loop):
     def on_node(self, identity: bytes | None, env: Envelope) -> None:
         node_id = (identity or b"").decode(errors="replace")
         msg, now = env.msg, time.monotonic()
+        if isinstance(msg, NetworkWanted):  # before its Hello: a node without the network file
+            self.send(self.router, self.network_files.answer(node_id, msg), identity=identity)
+            return
         if self.closing is not None:  # the job has ended: the nodes only leave
             self.after_the_end(identity or b"", node_id, msg, now)
             return
@@ -436,8 +458,7 @@ class Control(Loop):
             self.close_down(now, self.closing)
             return
         if self.termination:  # Ctrl-C of honcho start (honcho SIGTERMs every role), ...
-            self.end("interrupted", f"control received {self.termination} before the job "
-                     "finished", resumable=True)
+            self.end("interrupted", self.interrupted_by, resumable=True)
             return
         if now >= self.next_publish:
             self.next_publish = now + self.heartbeat_s
@@ -620,8 +641,7 @@ class Control(Loop):
         if self.course.phase == "done":
             return
         if self.termination and status == "failed":  # whatever failed as the roles stop
-            status, reason, resumable = "interrupted", f"control received {self.termination} " \
-                "before the job finished", True
+            status, reason, resumable = "interrupted", self.interrupted_by, True
         found = latest_complete(self.checkpoints.store) if resumable else None
         self.resume_from = found[0] if found else None
         if self.resume_from is not None:
@@ -671,8 +691,10 @@ class Control(Loop):
 
     def on_signal(self, signum: int) -> None:
         """SIGINT or SIGTERM: the job is interrupted (``check``), unless it has ended."""
-        if self.course.phase != "done":
+        if self.course.phase != "done" and not self.termination:
             self.termination = signal.Signals(signum).name
+            self.interrupted_by = interruption(self.termination, self.under_honcho,
+                                               self.members.nodes.items())
 
     def health_state(self) -> str:
         """Ready once it runs the job: asked from its loop, which starts once the run is made

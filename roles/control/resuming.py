@@ -135,8 +135,7 @@ class Resumption:
             return f"cannot go back to checkpoint {number}: {exc}"
         restore(p, state, history, now)
         m = p.members
-        m.nodes.clear()   # every node joins anew, from the checkpoint
-        m.version += 1
+        m.restart_all()   # every node joins anew, from the checkpoint
         self.awaiting_rejoin = set()
         self.restarting = True
         p.commands.withdraw("checkpoint")

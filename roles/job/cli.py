@@ -15,10 +15,13 @@ from typing import Any
 
 import psutil
 
+from roles.job.network_file import with_network_file
 from roles.job.settings import Job, JobError, load_job
+from roles.job.starting import make_role
 from zbus.heap import keep_heap
 from zbus.logs import setup_logging
 from zbus.node import install_signals
+from zbus.unstarted import CANNOT_START
 
 MAX_WORKERS = 255
 SLOWED_ROLES = {"worker": "per batch (idling)", "ps": "per piece of work (resting)"}
@@ -125,11 +128,17 @@ def role_main(role_cls: Any, argv: list[str] | None = None) -> None:
     setup_logging(f"{role}-{args.index}")
     keep_heap()   # before the role allocates its buffers: zbus.heap says why
     options = {"slowdown": args.slowdown} if role in SLOWED_ROLES else {}
-    try:
-        node = role_cls(job, args.index, **options)
-    except (OSError, RuntimeError) as exc:  # a port in use, no CUDA device, ...
+    try:   # the job's network file, from control when this host lacks it
+        job = with_network_file(job, f"{role}-{args.index}")
+    except OSError as exc:
         print(f"zbus {role}-{args.index}: cannot start: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(CANNOT_START) from None
+    # a role that cannot start (a port in use, no CUDA device, a network that cannot run)
+    # says why in one line and tells control, whose job fails with it (roles.job.starting)
+    node, failed = make_role(lambda: role_cls(job, args.index, **options), job, role,
+                             args.index)
+    if failed and first_to_say(f"cannot start: {failed}"):
+        print(f"zbus {role}-{args.index}: cannot start: {failed}", file=sys.stderr)
     # What start-up made (modules, torch's and pyarrow's objects, the job) lives as long as the
     # process: out of the collector's way, whose full collections otherwise walk it all (a
     # feeder's took 20-25 ms, holding its loop while workers waited for their grants).

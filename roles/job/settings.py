@@ -592,7 +592,9 @@ class Job:
         """Same for every node that runs the same job; control refuses a node that differs."""
         body = {k: v for k, v in dataclasses.asdict(self).items() if k != "origin"}
         where = module_path(self)
-        if where is not None:   # the network's code, too: every node must run the same
+        if where is not None:   # the network's code, too: every node must run the same,
+            # wherever its file is (a node may load control's copy: roles.job.network_file)
+            body["model"]["module"] = ":" + self.model.module.rpartition(":")[2]
             try:
                 body["module_sha256"] = hashlib.sha256(where.read_bytes()).hexdigest()
             except OSError:

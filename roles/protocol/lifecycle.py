@@ -109,3 +109,33 @@ class FeederBack(Message):
 
     feeder: int
     generation: int
+
+
+@message()
+class NetworkWanted(Message):
+    """A node whose job names a network file (``[model] module = "file.py:factory"``) that is
+    not on its host asks control for it, before it starts (``roles.job.network_file``);
+    ``path``: where its job looked, for control's log."""
+
+    path: str
+
+
+@message()
+class NetworkFile(Message):
+    """Control's answer to NetworkWanted: the job's network file as control read it at the
+    start, its file ``name`` and the ``sha256`` of ``source``; or, ``source`` empty, ``reason``
+    why not."""
+
+    name: str
+    sha256: str
+    reason: str
+    source: np.ndarray = array("uint8", 1)
+
+    def check(self) -> None:
+        require(bool(self.reason) or (len(self.sha256) == 64 and plain_name(self.name)),
+                "a network file needs its name (no directory) and sha256, or a reason")
+
+
+def plain_name(name: str) -> bool:
+    """A file's name alone: no directory, nothing a path would read otherwise."""
+    return bool(name) and name not in (".", "..") and not set(name) & {"/", "\\", "\0"}

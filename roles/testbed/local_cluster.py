@@ -17,6 +17,7 @@ figures in ``cgroups`` while the cluster lives, removed at ``close``.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 import signal
@@ -30,6 +31,7 @@ import orjson
 import psutil
 
 from roles.job.settings import Job, JobError, load_job
+from roles.job.starting import make_role
 from roles.job.summary import Summary, read_summary
 from roles.testbed.in_process import Driver, RoleHandle, StartError
 from roles.testbed.memory_budget import MemoryCgroup
@@ -146,7 +148,8 @@ class LocalCluster:
 
     def _make(self, role: str, argv: list[str], name: str):
         """The role's loop, made as its process's entry point makes it (the job from this
-        cluster's environment); StartError where that process would exit with a line."""
+        cluster's environment); StartError where that process would exit with a line, an
+        ``Unstarted`` node where it would tell control that it cannot start."""
         from roles.job.cli import parse_role_args
         args = parse_role_args(role, argv)
         try:
@@ -157,12 +160,18 @@ class LocalCluster:
             return self._make_control(job, args.resume, name)
         cls = _role_class(role)
         options = {"slowdown": args.slowdown} if hasattr(args, "slowdown") else {}
-        try:
-            return cls(job, args.index, **options)
-        except (OSError, RuntimeError) as exc:
-            raise StartError(f"zbus {name}: cannot start: {exc}") from None
+        # one that cannot start says why and tells control, as its process would
+        loop, failed = make_role(lambda: cls(job, args.index, **options), job, role,
+                                 args.index)
+        if failed:
+            logging.getLogger(f"zbus.{name}").error("zbus %s: cannot start: %s", name, failed)
+        return loop
 
     def _make_control(self, job: Job, resume: str, name: str):
+        # the roles here load torch: control then checks the job's network in this process
+        # rather than in a child of its own (roles.control.network_check)
+        import torch  # noqa: F401
+
         from roles.control.main import headline
         from roles.control.process import Control
         from roles.control.state import ResumeError, resumable_run

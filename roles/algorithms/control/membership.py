@@ -44,6 +44,7 @@ class Members:
         self.nodes: dict[str, NodeState] = {}
         self.version = 0
         self.events: list[dict[str, Any]] = []
+        self.restarts = 0   # the whole job went back to a checkpoint (``restart_all``)
 
     def refusal(self, node_id: str, role: str, index: int, pid: int) -> str:
         """Why a Hello cannot be admitted ('' when it can)."""
@@ -57,6 +58,13 @@ class Members:
                 and role not in ("aggregator", "ps", "feeder")):  # those recover
             return f"{node_id} is already running as pid {known.pid}"
         return ""
+
+    def restart_all(self) -> None:
+        """The whole job goes back to a checkpoint: every node joins anew, as a new process
+        (planned: no node crashed)."""
+        self.nodes.clear()
+        self.version += 1
+        self.restarts += 1
 
     def admit(self, node_id: str, role: str, index: int, host: str, pid: int,
               now: float) -> bool:
