@@ -4,15 +4,13 @@ once per epoch, and a checkpoint that serves."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from harness import REPO
 
 from roles.checkpoint.files import latest_complete
+from roles.tools.predict import ExportedModel, predict
 
 
 def is_complete(e: dict, at_least: int = 1) -> bool:
@@ -56,10 +54,8 @@ def every_row_once(s: dict, rows: int, epochs: int) -> None:
 
 
 def checkpoint_auc(run_dir: Path) -> float:
-    """``zbus-predict`` on the newest checkpoint, Adult's evaluation rows: the AUC."""
-    scored = subprocess.run([sys.executable, "-m", "roles.tools.predict",
-                             str(run_dir / "checkpoints"), str(REPO / "data" / "adult.csv.gz"),
-                             "--split", "eval", "--json"], capture_output=True, text=True,
-                            cwd=REPO)
-    assert scored.returncode == 0, scored.stderr
-    return float(json.loads(scored.stdout)["auc"])
+    """``zbus-predict``'s scoring of the newest checkpoint on Adult's evaluation rows (its
+    ``predict``, in this process): the AUC."""
+    model = ExportedModel(run_dir / "checkpoints")
+    scored = predict(model, str(REPO / "data" / "adult.csv.gz"), model.job.data.format, "eval")
+    return float(scored["auc"])

@@ -1,5 +1,6 @@
-"""Bounded tables with whole-job checkpoints (real processes, loopback): a shard killed and
-started again, and a whole job killed and resumed, with admission and expiry on. The chain of
+"""Bounded tables with whole-job checkpoints (every role in the test's process: a kill drops
+its sockets and frees what the kernel frees): a shard killed and started again, and a whole
+job killed and resumed, with admission and expiry on. The chain of
 files a shard restores holds the table as it stood at the cut — the keys expired since its full
 file stay dropped — its default rows and its counts, which the restored shard goes on from;
 ``zbus-predict`` scores a checkpoint with the default rows."""
@@ -7,7 +8,6 @@ file stay dropped — its default rows and its counts, which the restored shard 
 from __future__ import annotations
 
 import signal
-import sys
 
 import numpy as np
 import pytest
@@ -24,7 +24,7 @@ from roles.checkpoint.files import (
 from roles.checkpoint.shard import read_chain
 from roles.tools.predict import ExportedModel
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.inprocess
 
 ADULT_TRAIN_ROWS = 39074
 BOUNDED = {"model__hidden": [512, 256], "embeddings__min_count": 3,
@@ -122,7 +122,7 @@ def test_a_killed_shard_restarts_from_its_chain_with_expiry_on(cluster):
     c.procs["ps-1"].send_signal(signal.SIGKILL)
     c.procs["ps-1"].wait()
     c.wait_for_event(lambda e: e["event"] == "shard_lost" and e["node"] == "ps-1", timeout=30)
-    c.start("ps-1-again", [sys.executable, "-m", "roles.ps", "--index", "1"])
+    c.start_role("ps", 1, name="ps-1-again")
     assert c.wait() == 0, c.logs()
     s = c.summary()
     (r,) = s["shard_recoveries"]

@@ -1,17 +1,17 @@
-"""A job that outlives its processes (real processes, loopback): every process SIGKILLed in
-the middle of a training epoch, then started again with ``zbus-control --resume``, goes back to
-the newest complete checkpoint and finishes, every row trained once per epoch counted from the
-cut; a checkpoint cut short by the kill is not used; a serving process reads the checkpoints
-while the job runs; an operator takes a checkpoint on demand."""
+"""A job that outlives its processes: every role killed in the middle of a training epoch,
+then started again with ``zbus-control --resume``, goes back to the newest complete checkpoint
+and finishes, every row trained once per epoch counted from the cut; a checkpoint cut short by
+the kill is not used; the checkpoints serve as a model; an operator takes a checkpoint on
+demand. Every role in the test's process (``roles.testbed.in_process``: a kill drops its
+sockets and frees what the kernel frees of a killed process, leaving its disk as it was); the
+same kill of processes, the whole job's pods, is tests/test_pods.py's."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+import signal
 import time
 
-import psutil
 import pytest
 from harness import ADULT_JOB, ADULT_TRAIN_ROWS, REPO, SLOW
 from resumes import (
@@ -23,9 +23,9 @@ from resumes import (
 )
 
 from roles.checkpoint.files import MANIFEST, checkpoint_dir, latest_complete
+from roles.tools import ctl
 
-pytestmark = pytest.mark.integration
-
+pytestmark = pytest.mark.inprocess
 
 
 @pytest.mark.parametrize("sync", ["every", "step", "round"])
@@ -53,7 +53,7 @@ def control_frozen_mid_cut(c, first: int) -> tuple[int, list[str]]:
     disk and no manifest: control writes the manifest, so from then on that cut cannot be
     completed. A cut that completes before control is stopped is let go (SIGCONT) and the next
     one is tried. The checkpoint's number and the shards' files on disk."""
-    control = psutil.Process(c.procs["control-0"].pid)
+    control = c.procs["control-0"]   # stopped once send_signal returns: between two turns
     for _ in range(20):
         begun = c.wait_for_event(lambda e, n=first: e["event"] == "checkpoint_begin"
                                  and e["number"] >= n)
@@ -62,12 +62,10 @@ def control_frozen_mid_cut(c, first: int) -> tuple[int, list[str]]:
         while not ended and not (where / MANIFEST).exists():
             parts = sorted(p.name for p in where.glob("ps-*.npz"))  # final names: whole files
             if parts:
-                control.suspend()
-                while control.status() != psutil.STATUS_STOPPED:
-                    time.sleep(0.001)
+                control.send_signal(signal.SIGSTOP)
                 if not (where / MANIFEST).exists():
                     return number, parts
-                control.resume()  # too late: the manifest was written first
+                control.send_signal(signal.SIGCONT)  # too late: the manifest was written first
                 break
             if time.monotonic() > look:  # the cut abandoned, or over with no shard file seen
                 ended = any(e["event"] == "checkpoint" and e["number"] == number
@@ -108,18 +106,20 @@ def test_a_run_with_no_checkpoint_yet_is_refused_in_one_line(cluster):
     assert "no complete checkpoint to go back to" in s["reason"], s["reason"]
 
 
-def test_an_operator_takes_a_checkpoint_and_a_used_run_directory_is_not_started_over(cluster):
+def test_an_operator_takes_a_checkpoint_and_a_used_run_directory_is_not_started_over(cluster,
+                                                                                    capsys):
     c = cluster(ADULT_JOB, train__epochs=2, checkpoint__every_s=0, **SLOW)
     c.start_all(slowdown={0: 3.0, 1: 3.0})
     c.wait_for_event(lambda e: e["event"] == "epoch_start")
-    asked = subprocess.run([sys.executable, "-m", "roles.tools.ctl", "checkpoint"],
-                           capture_output=True, text=True, cwd=c.workdir, env=c.env)
-    assert asked.returncode == 0, asked.stdout + asked.stderr
-    assert asked.stdout == "ok: checkpoint 1 begins\n", asked.stdout  # one line
+    with pytest.raises(SystemExit) as asked:   # zbus-ctl checkpoint
+        ctl.main(["--endpoint", c.job.cluster.endpoint("control_req"), "checkpoint"])
+    out, err = capsys.readouterr()
+    assert asked.value.code == 0, out + err
+    assert out == "ok: checkpoint 1 begins\n", out  # one line
     c.wait_for_event(lambda e: is_complete(e))
     assert c.wait() == 0, c.logs()
     assert c.summary()["checkpoints"]["complete"] == 1
-    again = c.start("control-again", [sys.executable, "-m", "roles.control"])
+    again = c.start_role("control", 0, name="control-again")
     assert again.wait(timeout=60) == 2
     assert "holds run run already" in c.log("control-again")
 

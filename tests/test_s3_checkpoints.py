@@ -1,16 +1,17 @@
 """Checkpoints and exports on object storage, against a local S3 server (moto's server mode on
-loopback; ``roles/testbed/s3.py``): a job checkpoints to ``s3://``, is SIGKILLed whole and
+loopback; ``roles/testbed/s3.py``): a job checkpoints to ``s3://``, is killed whole and
 resumes from ``s3://`` with nothing left of its run directory (a machine, or a pod, that came
 back empty); its export goes to ``s3://`` and ``zbus-predict`` scores from there; a
-checkpoint cut off between its files and its manifest is never used."""
+checkpoint cut off between its files and its manifest is never used. The job's roles run in
+the test's process (a kill drops a role's sockets and frees what the kernel frees); the same
+with processes, each pod on a disk of its own, is tests/test_pods.py's."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,9 +28,8 @@ from roles.checkpoint.files import (
 )
 from roles.checkpoint.shard import ShardCheckpoints, read_chain
 from roles.storage.store import Store
-
-pytestmark = pytest.mark.integration
-
+from roles.tools.predict import ExportedModel, fetched
+from roles.tools.predict import predict as score
 
 
 @pytest.fixture
@@ -40,14 +40,16 @@ def aws(s3, monkeypatch):
     return s3
 
 
-def predict(model: str, env: dict) -> dict:
-    scored = subprocess.run([sys.executable, "-m", "roles.tools.predict", model,
-                             str(REPO / "data" / "adult.csv.gz"), "--split", "eval", "--json",
-                             "--quiet"], capture_output=True, text=True, cwd=REPO, env=env)
-    assert scored.returncode == 0, scored.stderr
-    return json.loads(scored.stdout)
+def predict(model: str) -> dict:
+    """``zbus-predict MODEL adult.csv.gz --split eval`` (its parts, in this process): the
+    model copied from ``s3://`` first, as the command does."""
+    with tempfile.TemporaryDirectory(prefix="zbus-model-") as copy:
+        exported = ExportedModel(fetched(model, Path(copy)))
+    return score(exported, str(REPO / "data" / "adult.csv.gz"), exported.job.data.format,
+                 "eval")
 
 
+@pytest.mark.inprocess
 def test_a_job_on_s3_killed_whole_resumes_from_s3_with_its_run_directory_gone(cluster, aws):
     checkpoints, exports = aws.fresh_prefix("checkpoints"), aws.fresh_prefix("exports")
     # 3 epochs, killed in the second: a checkpoint to s3:// must complete in it and training
@@ -83,9 +85,9 @@ def test_a_job_on_s3_killed_whole_resumes_from_s3_with_its_run_directory_gone(cl
     assert store.read_bytes(LATEST).decode() == f"{s['checkpoints']['latest']:06d}"
     export = f"{exports}/export"
     assert "manifest.json" in Store(export).files()
-    scored = predict(export, {**c.env, **aws.env})
-    assert abs(scored["auc"] - s["auc"]) < 1e-4, (scored, s["auc"])
-    assert predict(checkpoints, {**c.env, **aws.env})["auc"] >= 0.89
+    scored = predict(export)
+    assert abs(scored["auc"] - s["auc"]) < 1e-4, (scored["auc"], s["auc"])
+    assert predict(checkpoints)["auc"] >= 0.89
 
 
 def small_table(rows: int, seed: int) -> EmbeddingTable:
@@ -104,6 +106,7 @@ def written(shard: ShardCheckpoints, store: Store):
     raise AssertionError("the shard's part was not written within 100 s")
 
 
+@pytest.mark.integration   # (the S3 server is a process)
 def test_a_checkpoint_cut_off_between_its_files_and_its_manifest_is_never_used(aws, tmp_path):
     """On S3 nothing renames: a checkpoint is complete when its manifest exists, written
     after every file it lists, and LATEST after it. A shard's part goes up from the local

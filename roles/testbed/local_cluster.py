@@ -31,7 +31,7 @@ import orjson
 import psutil
 
 from roles.job.settings import Job, JobError, load_job
-from roles.job.starting import make_role
+from roles.job.starting import abandon, make_role
 from roles.job.summary import Summary, read_summary
 from roles.testbed.in_process import Driver, RoleHandle, StartError
 from roles.testbed.memory_budget import MemoryCgroup
@@ -185,6 +185,7 @@ class LocalCluster:
             run = resumable_run(job.name, resume, self.env) if resume else None
             control = Control(job, environ=self.env, resume=run, headline=said)
         except (OSError, ResumeError) as exc:
+            abandon(exc)   # the sockets a half-made control bound, closed now, as its exit would
             raise StartError(f"zbus control: cannot start: {exc}") from None
         from zbus.logs import to_run_dir
         to_run_dir(control.run_dir, name)
