@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
 import re
-import subprocess
 import sys
 
 import orjson
@@ -130,17 +130,23 @@ def test_bad_rows_are_counted_and_set_aside_with_line_numbers(cluster, tmp_path)
 
 @pytest.mark.parametrize("role", ["control", "feeder", "ps", "worker", "aggregator",
                                   "spawn worker"])
-@pytest.mark.integration
-def test_a_bad_job_file_fails_at_start_with_one_clear_line(tmp_path, role):
+@pytest.mark.inprocess
+def test_a_bad_job_file_fails_at_start_with_one_clear_line(tmp_path, role, monkeypatch, capsys):
+    """Each role's command (its main, in this process, with its command line)."""
     job = tmp_path / "bad.toml"
     job.write_text(ADULT_JOB.read_text().replace("epochs = 3", "epoch = 3"))
     module, *args = role.split()
-    package = "roles.tools" if module == "spawn" else "roles"
-    done = subprocess.run([sys.executable, "-m", f"{package}.{module}", *args, "--job", str(job)],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2
-    assert done.stderr.strip() == (f"zbus {role}: job error: unknown key [train] epoch "
-                                   "(did you mean 'epochs'?)")
+    main = importlib.import_module({"spawn": "roles.tools.spawn", "control": "roles.control.main",
+                                    "feeder": "roles.feeder.process",
+                                    "worker": "roles.worker.process"}.get(module,
+                                                                           f"roles.{module}")).main
+    monkeypatch.delenv("HONCHO_PROCESS_NAME", raising=False)
+    monkeypatch.setattr(sys, "argv", [f"zbus-{module}", *args, "--job", str(job)])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 2
+    assert capsys.readouterr().err.strip() == (f"zbus {role}: job error: unknown key [train] "
+                                               "epoch (did you mean 'epochs'?)")
 
 
 @pytest.mark.inprocess

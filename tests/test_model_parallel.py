@@ -491,7 +491,7 @@ def test_control_fails_the_job_at_start_with_that_line(tmp_path):
         plan_model(job, tmp_path, MetricsLog(tmp_path / "metrics.jsonl"))
 
 
-@pytest.mark.integration
+@pytest.mark.inprocess
 def test_control_fails_an_untraceable_job_at_start_with_that_line(cluster, tmp_path):
     untraceable_job(tmp_path)   # writes job.toml and net.py
     c = cluster(job=tmp_path / "job.toml")
@@ -560,26 +560,25 @@ def test_group_messages_are_checked_on_decoding():
             decode(bad.to_frames("worker-0", 1))
 
 
-@pytest.mark.integration
-def test_the_partition_command_prints_the_plan(tmp_path):
-    import subprocess
-    import sys
-
+@pytest.mark.inprocess
+def test_the_partition_command_prints_the_plan(capsys, monkeypatch):
+    """zbus-partition (its main, in this process)."""
     from harness import REPO
 
-    out = subprocess.run([sys.executable, "-m", "roles.tools.partition", "--job",
-                          str(REPO / "jobs" / "adult_mp.toml"), "--parts", "3", "--json"],
-                         capture_output=True, text=True, timeout=120, check=True)
-    plan = __import__("orjson").loads(out.stdout)
+    from roles.tools import partition
+
+    for name in [n for n in __import__("os").environ if n.startswith("ZBUS_")]:
+        monkeypatch.delenv(name)
+    partition.main(["--job", str(REPO / "jobs" / "adult_mp.toml"), "--parts", "3", "--json"])
+    plan = __import__("orjson").loads(capsys.readouterr().out)
     assert plan["parts"] == 3 and len(plan["load"]) == 3
     assert set(plan["owner"].values()) <= {0, 1, 2}
-    text = subprocess.run([sys.executable, "-m", "roles.tools.partition", "--job",
-                           str(REPO / "jobs" / "adult_mp.toml")],
-                          capture_output=True, text=True, timeout=120, check=True).stdout
+    partition.main(["--job", str(REPO / "jobs" / "adult_mp.toml")])
+    text = capsys.readouterr().out
     assert "cut critical edges" in text and "part" in text
-    bad = subprocess.run([sys.executable, "-m", "roles.tools.partition", "--parts", "99"],
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "--parts" in bad.stderr
+    with pytest.raises(SystemExit) as bad:
+        partition.main(["--parts", "99"])
+    assert bad.value.code == 2 and "--parts" in capsys.readouterr().err
 
 
 def test_model_parallelism_needs_a_sync_mode_with_local_steps():

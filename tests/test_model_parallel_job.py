@@ -1,8 +1,8 @@
 """A real job with one model-parallel group of two: Adult, the network split by the
 partitioner, the cut tensors over the bus; the plan reaches control's status, the run
-directory and the summary (its roles in this process, turned by one thread: the group's leader
-waits for its member through the worker's loop, never blocking it); a killed group member
-makes its group leave and the job fail clearly (processes)."""
+directory and the summary; a killed group member makes its group leave and the job fail
+clearly. Its roles in this process, turned by one thread: the group's leader waits for its
+member through the worker's loop, never blocking it."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_a_two_part_group_trains_adult(cluster):
     assert any(e.get("event") == "model_plan" for e in c.events())
 
 
-@pytest.mark.integration
+@pytest.mark.inprocess
 def test_a_killed_member_ends_its_group_and_the_job_says_why(cluster):
     c = cluster(MP_JOB, train__epochs=50, cluster__node_timeout_s=2.0)
     c.start_all()

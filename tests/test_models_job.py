@@ -1,16 +1,14 @@
-"""Jobs with list and sequence fields and networks other than the MLP (real processes,
-loopback): a user's module kept outside the repository trains on a TSV file whose list fields
-share a table with the candidate, and ``zbus-predict`` scores its export with nothing else; a
-worker SIGKILLed in a list-field job loses no batch; a ``din`` job SIGKILLed whole resumes
-from its checkpoint; a shard sends each distinct key of a batch once, however often the
-batch's lists repeat it."""
+"""Jobs with list and sequence fields and networks other than the MLP (every role in the test's
+process, on loopback sockets): a user's module kept outside the repository trains on a TSV file
+whose list fields share a table with the candidate, and ``zbus-predict`` scores its export with
+nothing else; a worker SIGKILLed in a list-field job loses no batch; a ``din`` job SIGKILLed
+whole resumes from its checkpoint; a shard sends each distinct key of a batch once, however
+often the batch's lists repeat it."""
 
 from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import pyarrow.csv as pacsv
 import pytest
 import torch
 import zmq
-from harness import REPO, FakeControl, dealer, reply, text_split_rows
+from harness import FakeControl, dealer, reply, text_split_rows
 from resumes import every_row_once, killed_and_resumed, trained_past_a_checkpoint
 from test_workers import assert_every_batch_trained_once
 
@@ -29,8 +27,9 @@ from roles.data.index import synthetic_parts
 from roles.data.source import DataSource
 from roles.job.settings import parse_job
 from roles.protocol.datapath import BatchKeys, Embeddings, Lookup
+from roles.tools import predict
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.inprocess
 
 ROWS = 12_000
 ITEMS = """[data.synthetic]
@@ -128,7 +127,7 @@ def build(sparse_dims, sequence_fields, dense_count, options):
 
 
 def test_a_user_module_outside_the_repository_trains_list_fields_and_predict_scores_it(
-        cluster, items_tsv, tmp_path):
+        cluster, items_tsv, tmp_path, capsys):
     home = tmp_path / "elsewhere"        # the job, its network and nothing of zbus
     (home / "nets").mkdir(parents=True)
     (home / "nets" / "attend.py").write_text(USER_NET)
@@ -151,11 +150,9 @@ def test_a_user_module_outside_the_repository_trains_list_fields_and_predict_sco
     moved = tmp_path / "moved-export"   # the export alone, away from the job's directory
     export.rename(moved)
     (home / "nets" / "attend.py").unlink()
-    scored = subprocess.run([sys.executable, "-m", "roles.tools.predict", str(moved),
-                             str(items_tsv), "--split", "eval", "--json"],
-                            capture_output=True, text=True, cwd=REPO)
-    assert scored.returncode == 0, scored.stderr
-    figures = json.loads(scored.stdout)
+    capsys.readouterr()
+    predict.main([str(moved), str(items_tsv), "--split", "eval", "--json"])   # zbus-predict
+    figures = json.loads(capsys.readouterr().out)
     assert figures["scored"] == text_split_rows(items_tsv, "tsv")[1]
     assert figures["rejected_rows"] == 0
     assert abs(figures["auc"] - s["auc"]) <= 1e-4, (figures["auc"], s["auc"])

@@ -23,7 +23,6 @@ from roles.testbed.local_cluster import clean_environ
 from roles.tools.preload import load, train_preloaded
 from roles.tools.reference import train_reference
 
-pytestmark = pytest.mark.integration   # each trains a model or starts the command
 REPO = Path(__file__).resolve().parent.parent
 BAD_ROWS = {100: "oops,Private,1,HS-grad,9,x,y,z,White,Male,0,0,40,US,<=50K",   # training
             45_000: "30,Private,1,HS-grad,9,x,y,z,White,Male,0,0,40,US,maybe"}   # eval
@@ -65,6 +64,7 @@ def feeder_samples(job_path: Path) -> tuple[Samples, Samples, Tally, int, int]:
         eval_tally.samples + eval_tally.rejected
 
 
+@pytest.mark.inprocess   # trains in the test's process
 def test_the_preloaded_rows_are_the_feeders_split_transform_and_weights(adult_job):
     train, evaluated, tally, train_rows, eval_rows = feeder_samples(adult_job)
     data = load(load_job(adult_job), 2)
@@ -84,6 +84,7 @@ def test_the_preloaded_rows_are_the_feeders_split_transform_and_weights(adult_jo
     assert data.rows.min() == 0 and data.rows.max() == data.keys - 1
 
 
+@pytest.mark.inprocess   # trains in the test's process
 def test_it_trains_as_well_as_the_streaming_reference(adult_job):
     job = load_job(adult_job)
     preloaded, streamed = train_preloaded(job, 1), train_reference(job, 1)
@@ -95,6 +96,7 @@ def test_it_trains_as_well_as_the_streaming_reference(adult_job):
     assert preloaded["keys"] == streamed["keys"]
 
 
+@pytest.mark.inprocess   # trains in the test's process
 def test_both_references_train_in_bf16_as_well_as_in_fp32(adult_job):
     """``[train] precision = "bf16"``: each reference trains under autocast as the workers do,
     to within 0.01 of its fp32 AUC."""
@@ -108,6 +110,7 @@ def test_both_references_train_in_bf16_as_well_as_in_fp32(adult_job):
         assert bf16_run["samples_trained"] == fp32_run["samples_trained"]
 
 
+@pytest.mark.inprocess   # trains in the test's process
 def test_list_fields_pooled_and_as_sequences_train(tmp_path):
     """The generator's items: genres pooled, history (sharing item's table) a sequence."""
     env = {**clean_environ(), "ZBUS_DATA__SYNTHETIC__ROWS": "20000",
@@ -125,12 +128,14 @@ def test_list_fields_pooled_and_as_sequences_train(tmp_path):
     assert PAD not in data.rows
 
 
+@pytest.mark.inprocess   # trains in the test's process
 def test_batch_by_label_is_refused_in_one_line():
     job = load_job(None, environ={**clean_environ(), "ZBUS_TRAIN__BATCH_BY_LABEL": "true"})
     with pytest.raises(DataError, match="batch_by_label"):
         train_preloaded(job)
 
 
+@pytest.mark.integration   # the command's own process: its output and its times
 def test_the_command_prints_each_stage_and_the_end_to_end_time(adult_job):
     env = {**clean_environ(), "PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO))}
     out = subprocess.run([sys.executable, "-m", "roles.tools.reference", "--preload",

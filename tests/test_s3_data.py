@@ -8,8 +8,6 @@ S3 with two feeders and an eval_path on S3."""
 from __future__ import annotations
 
 import gzip
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,16 +15,13 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from harness import REPO
 from resumes import every_row_once
 
 from roles.data import index as index_mod
 from roles.data.index import DataError, FileIndex, index_files, plan_parts, resolve_paths
 from roles.data.readers import Schema, read_part
 from roles.job.settings import parse_job
-from roles.testbed.local_cluster import clean_environ
-
-pytestmark = pytest.mark.integration   # the s3 fixture is a server process
+from roles.tools import predict, reference
 
 ROWS = 30_000
 SCHEMA = Schema(label="y", dense=["n"], sparse=["c", "rid"])
@@ -88,6 +83,7 @@ def without_place(f: FileIndex) -> dict:
     return {k: v for k, v in f.__dict__.items() if k not in ("path", "mtime_ns")}
 
 
+@pytest.mark.inprocess   # against the S3 server (a process of its own)
 @pytest.mark.parametrize("kind", ["tsv", "gzip", "parquet"])
 def test_an_object_reads_as_the_same_bytes_on_a_local_disk(s3, files, kind, monkeypatch):
     for var, value in s3.env.items():
@@ -119,6 +115,7 @@ def test_an_object_reads_as_the_same_bytes_on_a_local_disk(s3, files, kind, monk
         assert all("cannot parse 'not-a-number'" in why for _, why, _ in rejected)
 
 
+@pytest.mark.inprocess   # against the S3 server (a process of its own)
 @pytest.mark.parametrize("feeders", [2, 3])
 @pytest.mark.parametrize("kind", ["tsv", "gzip", "parquet"])
 def test_feeders_sharing_an_objects_parts_read_every_row_once(s3, files, kind, feeders,
@@ -141,6 +138,7 @@ def test_feeders_sharing_an_objects_parts_read_every_row_once(s3, files, kind, f
     assert len(seen) == total and len(set(seen)) == total
 
 
+@pytest.mark.inprocess   # against the S3 server (a process of its own)
 def test_a_prefix_and_a_glob_list_as_a_directory_does(s3, monkeypatch):
     for var, value in s3.env.items():
         monkeypatch.setenv(var, value)
@@ -156,6 +154,7 @@ def test_a_prefix_and_a_glob_list_as_a_directory_does(s3, monkeypatch):
         resolve_paths(prefix, "parquet")
 
 
+@pytest.mark.inprocess   # against the S3 server (a process of its own)
 def test_a_missing_object_or_bucket_is_one_line_naming_it(s3, monkeypatch):
     for var, value in s3.env.items():
         monkeypatch.setenv(var, value)
@@ -166,6 +165,7 @@ def test_a_missing_object_or_bucket_is_one_line_naming_it(s3, monkeypatch):
         assert "\n" not in line and uri in line and line.startswith("[data] path"), line
 
 
+@pytest.mark.inprocess   # against the S3 server (a process of its own)
 def test_an_objects_index_is_cached_locally_by_its_uri_size_and_time(s3, files, tmp_path,
                                                                      monkeypatch):
     for var, value in s3.env.items():
@@ -228,17 +228,23 @@ feeders = 2
 """
 
 
-def s3_job(cluster, s3, tmp_path: Path, fmt: str, path: str, eval_path: str,
+def s3_job(cluster, s3, monkeypatch, tmp_path: Path, fmt: str, path: str, eval_path: str,
            part_mb: float = 0.02):
+    """The job's cluster, its roles in this process: they reach the S3 server through the
+    AWS variables of this process's environment, as a role's process does through its own."""
     job = tmp_path / f"job-{fmt}.toml"
     job.write_text(JOB.format(fmt=fmt, path=path, eval_path=eval_path, part_mb=part_mb))
+    for var, value in s3.env.items():
+        monkeypatch.setenv(var, value)
     c = cluster(job)
     c.env.update(s3.env)
     return c
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize("fmt", ["parquet", "tsv"])
-def test_a_job_trains_on_data_in_s3_with_two_feeders(cluster, s3, tmp_path, fmt):
+def test_a_job_trains_on_data_in_s3_with_two_feeders(cluster, s3, tmp_path, fmt, monkeypatch,
+                                                     capsys):
     prefix = s3.fresh_prefix(f"job-{fmt}").removeprefix(s3.uri() + "/")
     train, held_out = table(12_000, seed=2), table(3_000, seed=3)
     if fmt == "parquet":   # a prefix of two objects
@@ -249,7 +255,7 @@ def test_a_job_trains_on_data_in_s3_with_two_feeders(cluster, s3, tmp_path, fmt)
     else:
         path = s3.put(f"{prefix}/train.tsv", tsv_bytes(train, bad=()))
         eval_path = s3.put(f"{prefix}/eval.tsv.gz", gzip.compress(tsv_bytes(held_out, bad=())))
-    c = s3_job(cluster, s3, tmp_path, fmt, path, eval_path)
+    c = s3_job(cluster, s3, monkeypatch, tmp_path, fmt, path, eval_path)
     assert c.run_job(timeout=120) == 0, c.logs()
     s = c.summary()
     assert s["ok"] and s["rejected_rows"] == 0, s
@@ -260,18 +266,17 @@ def test_a_job_trains_on_data_in_s3_with_two_feeders(cluster, s3, tmp_path, fmt)
     for node in c.procs:
         assert "Traceback" not in c.log(node), c.log(node)
     if fmt == "tsv":   # zbus-predict scores the export on the eval rows, DATA in the bucket
-        scored = subprocess.run([sys.executable, "-m", "roles.tools.predict",
-                                 str(c.run_dir / "export"), eval_path, "--json"],
-                                capture_output=True, text=True, cwd=REPO, timeout=120,
-                                env={**clean_environ(), **s3.env})
-        assert scored.returncode == 0, scored.stderr
-        got = orjson.loads(scored.stdout)
+        predict.main([str(c.run_dir / "export"), eval_path, "--json"])
+        got = orjson.loads(capsys.readouterr().out)
         assert got["scored"] == 3_000 and got["auc"] > 0.75, got
 
 
-def test_a_missing_object_fails_the_job_in_one_line_naming_it(cluster, s3, tmp_path):
+@pytest.mark.inprocess
+def test_a_missing_object_fails_the_job_in_one_line_naming_it(cluster, s3, tmp_path,
+                                                              monkeypatch):
     missing = s3.uri("nowhere/train.parquet")
-    c = s3_job(cluster, s3, tmp_path, "parquet", missing, s3.uri("nowhere/eval.parquet"))
+    c = s3_job(cluster, s3, monkeypatch, tmp_path, "parquet", missing,
+               s3.uri("nowhere/eval.parquet"))
     c.start_role("control")
     c.start_role("feeder")
     assert c.wait(timeout=60) == 1, c.logs()
@@ -281,20 +286,23 @@ def test_a_missing_object_fails_the_job_in_one_line_naming_it(cluster, s3, tmp_p
     assert "Traceback" not in c.log("feeder-0") + c.log("control-0")
 
 
-def test_reference_reads_data_in_s3_and_says_a_missing_object_in_one_line(s3, tmp_path):
+@pytest.mark.inprocess   # against the S3 server (a process of its own)
+def test_reference_reads_data_in_s3_and_says_a_missing_object_in_one_line(s3, tmp_path,
+                                                                          monkeypatch, capsys):
+    """zbus-reference (its main, in this process: the environment is this process's)."""
     prefix = s3.fresh_prefix("tools").removeprefix(s3.uri() + "/")
     uri = s3.put(f"{prefix}/d.parquet", parquet_bytes(table(4_000, seed=4), 1_000))
     job = tmp_path / "job.toml"
     job.write_text(JOB.format(fmt="parquet", path=uri, eval_path="", part_mb=0.02)
                    .replace('eval_path = ""\n', "").replace("epochs = 2", "epochs = 1"))
-    env = {**clean_environ(), **s3.env, "ZBUS_CACHE_DIR": str(tmp_path / "cache")}
-    ref = subprocess.run([sys.executable, "-m", "roles.tools.reference", "--job", str(job)],
-                         capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
-    assert ref.returncode == 0, ref.stderr
-    assert '"auc"' in ref.stdout
-    missing = subprocess.run([sys.executable, "-m", "roles.tools.reference", "--job",
-                              str(job)], capture_output=True, text=True, cwd=REPO, timeout=120,
-                             env={**env, "ZBUS_DATA__PATH": s3.uri("no/such.parquet")})
-    assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr
-    assert missing.stderr.strip() == (f"zbus reference: [data] path "
-                                      f"'{s3.uri('no/such.parquet')}' does not exist")
+    for var, value in {**s3.env, "ZBUS_CACHE_DIR": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(var, value)
+    reference.main(["--job", str(job), "--threads", "1"])
+    assert '"auc"' in capsys.readouterr().out
+    monkeypatch.setenv("ZBUS_DATA__PATH", s3.uri("no/such.parquet"))
+    with pytest.raises(SystemExit) as missing:
+        reference.main(["--job", str(job), "--threads", "1"])
+    err = capsys.readouterr().err
+    assert missing.value.code == 2 and "Traceback" not in err, err
+    assert err.strip() == (f"zbus reference: [data] path "
+                           f"'{s3.uri('no/such.parquet')}' does not exist")

@@ -136,14 +136,14 @@ def train_epochs(job: Job, ref: Reference, prepare: Preparer, parts: list[Part],
     return epochs, train_s, trained
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="zbus-reference", description=__doc__.splitlines()[0])
     parser.add_argument("--job", help="job file (default: ZBUS_JOB or the built-in job)")
     parser.add_argument("--threads", type=integer, default=0, help="torch threads (default: all)")
     parser.add_argument("--preload", action="store_true",
                         help="load the data into memory once and train from it (the strong "
                         "single process; --threads also caps its loading threads)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     job = load_job_or_exit(args.job, "reference")
     keep_heap()   # as every role does: the yardstick gets what the cluster gets
     try:

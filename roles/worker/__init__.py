@@ -4,6 +4,3 @@ roles.worker`` or ``zbus-worker``). Its loop, the sockets and the dispatch of me
 feeders' ledgers: takes, grants, acks), ``shards`` (embeddings in, gradient rows out), ``dense``
 (the replica, its rounds, the aggregators), ``running`` (one batch at a time), ``group_link``
 (the model-parallel group it leads, its work waiting through the loop)."""
-from roles.worker.process import main
-
-__all__ = ["main"]
