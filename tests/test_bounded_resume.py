@@ -27,7 +27,7 @@ from roles.tools.predict import ExportedModel
 pytestmark = pytest.mark.inprocess
 
 ADULT_TRAIN_ROWS = 39074
-BOUNDED = {"model__hidden": [512, 256], "embeddings__min_count": 3,
+BOUNDED = {"embeddings__min_count": 3,
            "embeddings__expire_batches": 30,
            "checkpoint__keep": 1000}   # the files read after the job are not pruned meanwhile
 
@@ -69,11 +69,11 @@ def restored_number(log: str) -> tuple[int, int]:
 def test_whole_job_killed_with_expiry_on_resumes_and_no_dropped_key_comes_back(cluster):
     c = cluster(ADULT_JOB, train__epochs=4, checkpoint__every_s=1.0, checkpoint__full_every=50,
                 **{**BOUNDED, "embeddings__expire_batches": 10})
-    c.start_all(slowdown={0: 3.0, 1: 3.0})
+    c.start_all(slowdown={0: 10.0, 1: 10.0})
     second = c.wait_for_event(lambda e: e["event"] == "epoch_start" and e["epoch"] == 1)
     cut = c.wait_for_event(lambda e: e["t"] > second["t"] and with_drops(c.run_dir, e),
                            timeout=180)
-    s = killed_and_resumed(c, 3.0)
+    s = killed_and_resumed(c, 10.0)
     number = s["checkpoints"]["rollbacks"][0]["checkpoint"]
     assert number >= cut["number"]
     chains = {f"ps-{i}": chain_of(c.run_dir, number, f"ps-{i}") for i in range(2)}
@@ -116,7 +116,7 @@ def test_whole_job_killed_with_expiry_on_resumes_and_no_dropped_key_comes_back(c
 def test_a_killed_shard_restarts_from_its_chain_with_expiry_on(cluster):
     c = cluster(ADULT_JOB, train__epochs=2, checkpoint__every_s=0.5,
                 cluster__node_timeout_s=1.5, **BOUNDED)
-    c.start_all(slowdown={0: 3.0, 1: 3.0})
+    c.start_all(slowdown={0: 10.0, 1: 10.0})
     c.wait_for_event(lambda e: e["event"] == "checkpoint" and e["status"] == "complete"
                      and e["number"] >= 2)
     c.procs["ps-1"].send_signal(signal.SIGKILL)

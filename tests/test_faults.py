@@ -20,7 +20,6 @@ from roles.checkpoint.shard import read_chain
 pytestmark = pytest.mark.inprocess
 
 ADULT_TRAIN_ROWS = 39074
-SLOW = {"model__hidden": [512, 256]}  # epochs of seconds: long enough to kill a shard in
 
 
 def mid_epoch(e: dict) -> bool:
@@ -53,8 +52,8 @@ def test_a_killed_shard_restarts_from_the_last_checkpoint_and_its_lost_updates_a
     still has every sample trained once."""
     c = cluster(ADULT_JOB, train__epochs=4, checkpoint__every_s=1.5,
                 checkpoint__keep=1000,  # the checkpoint restored is read back at the end
-                cluster__node_timeout_s=3.0, **SLOW)
-    c.start_all(slowdown={0: 8.0, 1: 8.0})  # epochs of several seconds
+                cluster__node_timeout_s=3.0)
+    c.start_all(slowdown={0: 28.0, 1: 28.0})  # epochs of several seconds
     c.wait_for_event(mid_epoch)
     done = c.wait_for_event(lambda e: e["event"] == "checkpoint" and e["status"] == "complete")
     time.sleep(0.5)                                   # updates after it: they will be lost
@@ -109,8 +108,8 @@ def test_a_killed_feeder_restarts_from_its_ack_log_losing_and_doubling_nothing(
     # at once: worker-1 is stopped until the new feeder is up, which on a busy machine takes
     # seconds (Python and its imports): node_timeout_s well above that, or worker-1 is failed
     c = cluster(ADULT_JOB, train__epochs=2, cluster__node_timeout_s=1.5 if restart ==
-                "after_detection" else 30.0, **SLOW, **plain)
-    c.start_all(slowdown={0: 3.0, 1: 3.0})
+                "after_detection" else 30.0, **plain)
+    c.start_all(slowdown={0: 10.0, 1: 10.0})
     c.wait_for_event(mid_epoch)
     if restart == "at_once":  # worker-1 keeps the batches granted to it until the new
         c.procs["worker-1"].send_signal(signal.SIGSTOP)  # feeder is up: it sends Holding
@@ -149,8 +148,8 @@ def test_a_killed_feeder_restarts_from_its_ack_log_losing_and_doubling_nothing(
 def test_a_killed_control_resumes_its_run_and_the_nodes_join_it_again(cluster, down_s):
     # down for longer than node_timeout_s: the resumed control fails no node for the silence
     # it did not hear (3 s: a busy machine's live feeder has missed 1.5)
-    c = cluster(ADULT_JOB, train__epochs=2, cluster__node_timeout_s=3.0, **SLOW)
-    c.start_all(slowdown={0: 3.0, 1: 3.0})
+    c = cluster(ADULT_JOB, train__epochs=2, cluster__node_timeout_s=3.0)
+    c.start_all(slowdown={0: 10.0, 1: 10.0})
     c.wait_for_event(mid_epoch)
     c.procs["control-0"].send_signal(signal.SIGKILL)
     c.procs["control-0"].wait()
@@ -196,8 +195,8 @@ def test_a_stalled_host_fails_no_node(cluster):
     stopped for longer than node_timeout_s (every node silent at once), then every process,
     control too (its own loop stalls; it is continued first, so it looks before they speak).
     Each stall gives the nodes a fresh timeout; the job finishes with its every node."""
-    c = cluster(ADULT_JOB, train__epochs=2, cluster__node_timeout_s=5.0, **SLOW)
-    c.start_all(slowdown={0: 3.0, 1: 3.0})
+    c = cluster(ADULT_JOB, train__epochs=2, cluster__node_timeout_s=5.0)
+    c.start_all(slowdown={0: 10.0, 1: 10.0})
     c.wait_for_event(mid_epoch)
     nodes = [p for name, p in c.procs.items() if name != "control-0"]
     for p in nodes:

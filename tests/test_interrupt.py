@@ -19,8 +19,8 @@ from roles.checkpoint.files import latest_complete
 pytestmark = pytest.mark.integration
 
 ADULT_TRAIN_ROWS = 39074
-SLOW = {"model__hidden": [512, 256]}  # epochs of seconds: long enough to interrupt mid-epoch
-EPOCHS = 3
+EPOCHS = 2   # interrupted in the second, after a checkpoint in it
+SLOWED = 14.0   # the workers idle 13 x each batch's time: epochs of seconds, little CPU
 
 
 def interrupted_mid_epoch(c, interrupt, proc: str) -> int:
@@ -58,15 +58,15 @@ def resumed_once_per_epoch(c, checkpoint: int, out: str = "control-0") -> dict:
 
 def test_sigint_to_the_process_group_of_every_role_mid_epoch_then_resume(cluster):
     """Every role in one process group, as a shell's foreground job: Ctrl-C signals each."""
-    c = cluster(ADULT_JOB, train__epochs=EPOCHS, checkpoint__every_s=1.0, **SLOW)
-    c.start_all(slowdown={0: 4.0, 1: 4.0}, one_group=True)
+    c = cluster(ADULT_JOB, train__epochs=EPOCHS, checkpoint__every_s=1.0)
+    c.start_all(slowdown={0: SLOWED, 1: SLOWED}, one_group=True)
     group = c.procs["control-0"].pid
 
     number = interrupted_mid_epoch(c, lambda: os.killpg(group, signal.SIGINT), "control-0")
     assert "received SIGINT" in c.log("control-0")
     for name, proc in c.procs.items():  # every role ends on the interrupt, none killed
         assert proc.wait(timeout=30) >= 0, name
-    c.start_all(resume=True, slowdown={0: 4.0, 1: 4.0})
+    c.start_all(resume=True, slowdown={0: SLOWED, 1: SLOWED})
     assert c.wait() == 0, c.logs()
     resumed_once_per_epoch(c, number)
 
@@ -74,8 +74,8 @@ def test_sigint_to_the_process_group_of_every_role_mid_epoch_then_resume(cluster
 PROCFILE = """control: exec zbus-control
 feeder: exec zbus-spawn feeder
 ps: exec zbus-spawn ps
-worker0: exec zbus-worker --index 0 --slowdown 4
-worker1: exec zbus-worker --index 1 --slowdown 4
+worker0: exec zbus-worker --index 0 --slowdown 14
+worker1: exec zbus-worker --index 1 --slowdown 14
 aggregator: exec zbus-spawn aggregator
 """
 
@@ -85,7 +85,7 @@ def test_ctrl_c_of_honcho_start_mid_epoch_then_resume_with_zbus_resume(cluster):
     session of its own), which SIGTERMs every role: the job says it was a Ctrl-C, and
     ``ZBUS_JOB=<run>/config.toml ZBUS_RESUME=<run> honcho start`` then goes on with the run,
     none of the job's ZBUS_* settings given again."""
-    c = cluster(ADULT_JOB, train__epochs=EPOCHS, checkpoint__every_s=1.0, **SLOW)
+    c = cluster(ADULT_JOB, train__epochs=EPOCHS, checkpoint__every_s=1.0)
     procfile = c.workdir / "Procfile"
     procfile.write_text(PROCFILE)  # the repository's, with slowed workers
     honcho = [str(BIN / "honcho"), "-d", str(c.workdir), "-f", str(procfile), "start"]

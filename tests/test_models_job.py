@@ -202,8 +202,8 @@ def test_a_killed_worker_in_a_list_field_job_loses_no_batch(cluster, items_tsv, 
     job = tmp_path / "din.toml"
     job.write_text(items_job(items_tsv, "din"))
     c = cluster(job, cluster__node_timeout_s=1.5, checkpoint__every_s=0,
-                model__hidden=[512, 256])
-    c.start_all(slowdown={0: 4.0, 1: 4.0})
+)
+    c.start_all(slowdown={0: 14.0, 1: 14.0})
     # the first aggregation round (8 steps a worker): in the first of two epochs of 38 batches
     c.wait_for_event(lambda e: e["event"] == "round_done" and e["round"] >= 1)
     c.procs["worker-1"].send_signal(signal.SIGKILL)
@@ -218,11 +218,11 @@ def test_a_killed_worker_in_a_list_field_job_loses_no_batch(cluster, items_tsv, 
 def test_a_din_job_killed_whole_resumes_from_its_checkpoint(cluster, items_tsv, tmp_path):
     job = tmp_path / "din.toml"
     job.write_text(items_job(items_tsv, "din").replace("epochs = 2", "epochs = 3"))
-    c = cluster(job, checkpoint__every_s=1.0, model__hidden=[512, 256])
-    c.start_all(slowdown={0: 4.0, 1: 4.0})
+    c = cluster(job, checkpoint__every_s=1.0)
+    c.start_all(slowdown={0: 14.0, 1: 14.0})
     second = c.wait_for_event(lambda e: e["event"] == "epoch_start" and e["epoch"] == 1)
     trained_past_a_checkpoint(c, second["t"])
-    s = killed_and_resumed(c, 4.0)
+    s = killed_and_resumed(c, 14.0)
     every_row_once(s, text_split_rows(items_tsv, "tsv")[0], 3)
     assert s["checkpoints"]["rollbacks"][0]["retrained_samples"] > 0
     assert s["duplicates_refused"]["embedding_updates"] == 0

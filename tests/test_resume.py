@@ -13,7 +13,7 @@ import signal
 import time
 
 import pytest
-from harness import ADULT_JOB, ADULT_TRAIN_ROWS, REPO, SLOW
+from harness import ADULT_JOB, ADULT_TRAIN_ROWS, REPO
 from resumes import (
     checkpoint_auc,
     every_row_once,
@@ -30,11 +30,11 @@ pytestmark = pytest.mark.inprocess
 
 @pytest.mark.parametrize("sync", ["every", "step", "round"])
 def test_every_process_killed_mid_epoch_the_job_resumes_from_its_checkpoint(cluster, sync):
-    c = cluster(ADULT_JOB, train__epochs=3, train__sync=sync, checkpoint__every_s=1.0, **SLOW)
-    c.start_all(slowdown={0: 4.0, 1: 4.0})
+    c = cluster(ADULT_JOB, train__epochs=3, train__sync=sync, checkpoint__every_s=1.0)
+    c.start_all(slowdown={0: 14.0, 1: 14.0})
     second = c.wait_for_event(lambda e: e["event"] == "epoch_start" and e["epoch"] == 1)
     trained_past_a_checkpoint(c, second["t"])
-    s = killed_and_resumed(c, 4.0)
+    s = killed_and_resumed(c, 14.0)
     assert s["auc"] >= 0.9, s["auc"]
     # every row once per epoch: what was acknowledged after the cut was trained again
     every_row_once(s, ADULT_TRAIN_ROWS, 3)
@@ -77,8 +77,8 @@ def control_frozen_mid_cut(c, first: int) -> tuple[int, list[str]]:
 
 
 def test_killed_while_a_checkpoint_is_taken_the_previous_complete_one_is_used(cluster):
-    c = cluster(ADULT_JOB, train__epochs=2, checkpoint__every_s=0.5, **SLOW)
-    c.start_all(slowdown={0: 6.0, 1: 6.0})
+    c = cluster(ADULT_JOB, train__epochs=2, checkpoint__every_s=0.5)
+    c.start_all(slowdown={0: 20.0, 1: 20.0})
     c.wait_for_event(lambda e: is_complete(e, 2))
     number, parts = control_frozen_mid_cut(c, 4)
     c.kill_all()  # control frozen since: checkpoint `number` has shard parts and no manifest
@@ -88,7 +88,7 @@ def test_killed_while_a_checkpoint_is_taken_the_previous_complete_one_is_used(cl
     done = max(e["number"] for e in c.events() if is_complete(e))
     found = latest_complete(c.run_dir)
     assert found is not None and found[0] == done < number, (found, done, number)
-    c.start_all(resume=True, slowdown={0: 6.0, 1: 6.0})
+    c.start_all(resume=True, slowdown={0: 20.0, 1: 20.0})
     assert c.wait() == 0, c.logs()
     s = c.summary()
     assert s["ok"] and s["checkpoints"]["rollbacks"][0]["checkpoint"] == done
@@ -96,8 +96,8 @@ def test_killed_while_a_checkpoint_is_taken_the_previous_complete_one_is_used(cl
 
 
 def test_a_run_with_no_checkpoint_yet_is_refused_in_one_line(cluster):
-    c = cluster(ADULT_JOB, train__epochs=2, checkpoint__every_s=0, **SLOW)
-    c.start_all(slowdown={0: 3.0, 1: 3.0})
+    c = cluster(ADULT_JOB, train__epochs=2, checkpoint__every_s=0)
+    c.start_all(slowdown={0: 10.0, 1: 10.0})
     c.wait_for_event(lambda e: e["event"] == "epoch_start")
     c.kill_all()
     c.start_all(resume=True)
@@ -108,8 +108,8 @@ def test_a_run_with_no_checkpoint_yet_is_refused_in_one_line(cluster):
 
 def test_an_operator_takes_a_checkpoint_and_a_used_run_directory_is_not_started_over(cluster,
                                                                                     capsys):
-    c = cluster(ADULT_JOB, train__epochs=2, checkpoint__every_s=0, **SLOW)
-    c.start_all(slowdown={0: 3.0, 1: 3.0})
+    c = cluster(ADULT_JOB, train__epochs=2, checkpoint__every_s=0)
+    c.start_all(slowdown={0: 10.0, 1: 10.0})
     c.wait_for_event(lambda e: e["event"] == "epoch_start")
     with pytest.raises(SystemExit) as asked:   # zbus-ctl checkpoint
         ctl.main(["--endpoint", c.job.cluster.endpoint("control_req"), "checkpoint"])

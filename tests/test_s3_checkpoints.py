@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from harness import ADULT_JOB, ADULT_TRAIN_ROWS, REPO, SLOW
+from harness import ADULT_JOB, ADULT_TRAIN_ROWS, REPO
 from resumes import every_row_once, trained_past_a_checkpoint
 
 from roles.algorithms.shard.embedding_table import EmbeddingTable
@@ -58,9 +58,9 @@ def test_a_job_on_s3_killed_whole_resumes_from_s3_with_its_run_directory_gone(cl
     # a cut begins every_s after the last ended: 2.5 s leaves a window for the kill after one
     # (``trained_past_a_checkpoint``) even when the polling of events lags under load
     c = cluster(ADULT_JOB, train__epochs=3, checkpoint__every_s=2.5,
-                checkpoint__dir=checkpoints, checkpoint__export_dir=exports, **SLOW)
+                checkpoint__dir=checkpoints, checkpoint__export_dir=exports)
     c.env.update(aws.env)
-    c.start_all(slowdown={0: 4.0, 1: 4.0})
+    c.start_all(slowdown={0: 14.0, 1: 14.0})
     second = c.wait_for_event(lambda e: e["event"] == "epoch_start" and e["epoch"] == 1)
     trained_past_a_checkpoint(c, second["t"])
     c.kill_all()
@@ -70,7 +70,7 @@ def test_a_job_on_s3_killed_whole_resumes_from_s3_with_its_run_directory_gone(cl
     # the parts were uploaded, not left behind: nothing of a checkpoint stays on the disk
     assert not [p for p in (c.run_dir / "checkpoints").rglob("*") if p.is_file()]
     shutil.rmtree(c.run_dir)          # new machines: no run directory, no shared filesystem
-    c.start_all(resume=True, slowdown={0: 4.0, 1: 4.0})
+    c.start_all(resume=True, slowdown={0: 14.0, 1: 14.0})
     assert c.wait() == 0, c.logs()
     s = c.summary()
     assert s["ok"], s["reason"]
