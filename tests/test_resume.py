@@ -30,14 +30,14 @@ pytestmark = pytest.mark.inprocess
 
 @pytest.mark.parametrize("sync", ["every", "step", "round"])
 def test_every_process_killed_mid_epoch_the_job_resumes_from_its_checkpoint(cluster, sync):
-    c = cluster(ADULT_JOB, train__epochs=3, train__sync=sync, checkpoint__every_s=1.0)
+    c = cluster(ADULT_JOB, train__epochs=2, train__sync=sync, checkpoint__every_s=1.0)
     c.start_all(slowdown={0: 14.0, 1: 14.0})
     second = c.wait_for_event(lambda e: e["event"] == "epoch_start" and e["epoch"] == 1)
     trained_past_a_checkpoint(c, second["t"])
     s = killed_and_resumed(c, 14.0)
     assert s["auc"] >= 0.9, s["auc"]
     # every row once per epoch: what was acknowledged after the cut was trained again
-    every_row_once(s, ADULT_TRAIN_ROWS, 3)
+    every_row_once(s, ADULT_TRAIN_ROWS, 2)
     back = s["checkpoints"]["rollbacks"][0]
     assert back["epoch"] == 1 and back["retrained_samples"] > 0, back
     for node in ("ps-0", "ps-1", "aggregator-0", "feeder-0"):
