@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import gzip
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -15,16 +13,29 @@ import zmq
 from harness import ADULT_JOB, BIN, REPO, recv_within
 
 from roles.protocol.datapath import Idle
+from roles.tools import ctl as zbus_ctl
+from roles.tools import predict as zbus_predict
 from zbus.codec import decode
-
-pytestmark = pytest.mark.integration
 
 ADULT = REPO / "data" / "adult.csv.gz"
 ADULT_TRAIN_ROWS = 39074
 
 
+def tool(main, capsys, *argv: str) -> tuple[int, str, str]:
+    """A command run in this process (its ``main``): its exit status, stdout and stderr."""
+    capsys.readouterr()
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.inprocess
 def test_lazy_matches_step_with_far_fewer_dense_bytes_and_its_export_predicts_the_same(
-        cluster, tmp_path):
+        cluster, tmp_path, capsys):
     step = cluster(ADULT_JOB, train__sync="step")
     assert step.run_job() == 0, step.logs()
     lazy = cluster(ADULT_JOB, train__sync="lazy")
@@ -41,11 +52,10 @@ def test_lazy_matches_step_with_far_fewer_dense_bytes_and_its_export_predicts_th
     assert 1 <= len(backups) <= 3  # backups_kept
     # the export scores the eval split exactly as the job did
     out = tmp_path / "scores.tsv"
-    done = subprocess.run([str(BIN / "zbus-predict"), z["export"], str(ADULT), "--split",
-                           "eval", "--out", str(out), "--json"], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    figures = orjson.loads(done.stdout.strip().splitlines()[-1])
+    code, said, err = tool(zbus_predict.main, capsys, z["export"], str(ADULT), "--split",
+                           "eval", "--out", str(out), "--json")
+    assert code == 0, err
+    figures = orjson.loads(said.strip().splitlines()[-1])
     assert figures["scored"] == z["eval_samples"] == 9768
     assert abs(figures["auc"] - z["auc"]) < 1e-6, (figures, z["auc"])
     assert len(out.read_text().splitlines()) == 9768 + 1
@@ -55,32 +65,32 @@ def test_lazy_matches_step_with_far_fewer_dense_bytes_and_its_export_predicts_th
     whole = gzip.compress(text)
     damaged.write_bytes(whole[:len(whole) // 2])
 
-    def predict(data: Path, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(BIN / "zbus-predict"), z["export"], str(data), *args],
-                              capture_output=True, text=True, timeout=120)
+    def predict(data: Path, *args: str) -> tuple[int, str, str]:
+        return tool(zbus_predict.main, capsys, z["export"], str(data), *args)
 
-    broken = predict(damaged)
-    assert broken.returncode == 2 and "Traceback" not in broken.stderr, broken.stderr
-    assert broken.stderr.count("\n") == 1 and "damaged.csv.gz is damaged" in broken.stderr
+    code, _, err = predict(damaged)   # an exception other than SystemExit fails the test
+    assert code == 2 and "Traceback" not in err, err
+    assert err.count("\n") == 1 and "damaged.csv.gz is damaged" in err, err
     lines = text.decode().splitlines()
     half = tmp_path / "half.csv"  # every other row has a field too few: above the limit
     half.write_text("\n".join([lines[0], *(row if i % 2 else row.rsplit(",", 1)[0]
                                            for i, row in enumerate(lines[1:2001]))]) + "\n")
-    rejected = predict(half)
-    assert rejected.returncode == 3 and "Traceback" not in rejected.stderr, rejected.stderr
-    assert "more than max_rejected_fraction" in rejected.stderr
-    assert rejected.stdout.count("\n") == 1  # the figures, in one line
-    assert "2,000 rows read, 1,000 rejected" in rejected.stdout, rejected.stdout
+    code, said, err = predict(half)
+    assert code == 3 and "Traceback" not in err, err
+    assert "more than max_rejected_fraction" in err, err
+    assert said.count("\n") == 1  # the figures, in one line
+    assert "2,000 rows read, 1,000 rejected" in said, said
 
 
+@pytest.mark.inprocess
 def test_killed_aggregator_restarts_from_the_latest_backup_and_the_job_finishes(cluster):
     c = cluster(ADULT_JOB, train__sync="lazy", train__epochs=3,
                 aggregation__min_local_rounds=2)
     c.start_all()
     c.wait_for_event(lambda e: e["event"] == "round_done" and e["round"] >= 3)
-    os.killpg(c.procs["aggregator-0"].pid, signal.SIGKILL)
+    c.procs["aggregator-0"].kill()
     c.procs["aggregator-0"].wait()
-    c.start("aggregator-0-again", [sys.executable, "-m", "roles.aggregator", "--index", "0"])
+    c.start_role("aggregator", 0, name="aggregator-0-again")
     assert c.wait(timeout=240) == 0, c.logs()
     s = c.summary()
     assert s["ok"] and s["recoveries"] == 1, s["recovery"]
@@ -92,6 +102,7 @@ def test_killed_aggregator_restarts_from_the_latest_backup_and_the_job_finishes(
     assert "Traceback" not in c.log("aggregator-0-again") + c.log("control-0")
 
 
+@pytest.mark.inprocess
 def test_a_killed_worker_blocks_lazy_aggregation_until_the_failure_window_passes(cluster):
     """A worker SIGKILLed mid-epoch is a failed node of the job for failure_window_s after its
     death is found: no round is decided in that time (the failure rate, 1 of 6 nodes, is over
@@ -118,6 +129,7 @@ def test_a_killed_worker_blocks_lazy_aggregation_until_the_failure_window_passes
     assert s["ok"] and s["samples_trained"] == ADULT_TRAIN_ROWS * 2
 
 
+@pytest.mark.inprocess
 def test_hierarchical_aggregation_trains_adult(cluster):
     c = cluster(ADULT_JOB, train__sync="lazy", train__epochs=2, cluster__workers=3,
                 cluster__aggregators=2, cluster__shards=1)
@@ -131,6 +143,7 @@ def test_hierarchical_aggregation_trains_adult(cluster):
                for e in rounds), rounds
 
 
+@pytest.mark.inprocess
 def test_decayed_and_merged_samples_train_once_each(cluster):
     c = cluster(None, data__synthetic__rows=20000, data__synthetic__dense=0,
                 data__synthetic__vocab=[3, 4, 5], data__synthetic__days=60,
@@ -143,15 +156,17 @@ def test_decayed_and_merged_samples_train_once_each(cluster):
     assert s["samples_trained"] == s["samples_in_data"]
 
 
-def test_live_settings_are_validated_applied_and_recorded(cluster):
+@pytest.mark.inprocess
+def test_live_settings_are_validated_applied_and_recorded(cluster, capsys):
     c = cluster(ADULT_JOB)
     c.start_role("control")  # no nodes needed: settings are control's
     endpoint = c.job.cluster.endpoint("control_req")
 
     def ctl(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(BIN / "zbus-ctl"), "--endpoint", endpoint, "--timeout",
-                               "20", *args], capture_output=True, text=True, timeout=60,
-                              env=c.env)
+        """zbus-ctl, run in this process: its status and output, as its process's."""
+        code, out, err = tool(zbus_ctl.main, capsys, "--endpoint", endpoint, "--timeout", "20",
+                              *args)
+        return subprocess.CompletedProcess(args, code, out, err)
 
     ctx = zmq.Context()
     try:  # garbage and a wrong message type on the request endpoint are only counted
@@ -186,11 +201,20 @@ def test_live_settings_are_validated_applied_and_recorded(cluster):
     assert answer["ok"] and answer["settings"]["net_util_max"] == 0.5
     usage = ctl("set", "net_util_max")
     assert usage.returncode == 2 and "is not name=value" in usage.stderr
-    # a reader that has gone away (| true: gone before the answer comes) ends it quietly
+    changes = [e for e in c.events() if e["event"] == "setting"]
+    assert [e["changes"] for e in changes] == [{"net_util_max": 0.5, "max_local_rounds": 20}]
+    assert "[aggregation] net_util_max = 0.5" in (c.run_dir / "config.toml").read_text()
+
+
+@pytest.mark.integration  # zbus-ctl's process: its exit status and what the interpreter says
+@pytest.mark.inprocess    # control, which answers it, in this one
+def test_zbus_ctl_whose_reader_has_gone_away_ends_quietly(cluster):
+    """``zbus-ctl ... | true``: the reader gone before the answer comes, the process exits
+    with status 141 and says nothing (not the interpreter's complaint about its last flush)."""
+    c = cluster(ADULT_JOB)
+    c.start_role("control")
+    endpoint = c.job.cluster.endpoint("control_req")
     piped = subprocess.run(f"'{BIN / 'zbus-ctl'}' --endpoint '{endpoint}' settings | true; "
                            "echo ${PIPESTATUS[0]}", shell=True, executable="/bin/bash",
                            capture_output=True, text=True, timeout=60, env=c.env)
     assert piped.stdout.strip() == "141" and piped.stderr == "", piped.stderr
-    changes = [e for e in c.events() if e["event"] == "setting"]
-    assert [e["changes"] for e in changes] == [{"net_util_max": 0.5, "max_local_rounds": 20}]
-    assert "[aggregation] net_util_max = 0.5" in (c.run_dir / "config.toml").read_text()
