@@ -10,8 +10,6 @@ import time
 import pytest
 from harness import ADULT_JOB, ADULT_TEXT_EVAL_ROWS, ADULT_TEXT_TRAIN_ROWS, adult_text
 
-pytestmark = pytest.mark.integration
-
 ADULT_TRAIN_ROWS = ADULT_TEXT_TRAIN_ROWS   # adult_text: plain text, split by bytes
 ADULT_ROWS = 48842
 SLOW = {"model__hidden": [512, 256]}  # epochs of seconds: long enough to kill a feeder in
@@ -24,6 +22,7 @@ def assert_parts_cover(s: dict, feeders: int) -> None:
         p["parts"] * 8 // 10:]  # consecutive training parts to each feeder
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize("hold_mb", [0, 256])
 def test_two_feeders_train_every_row_exactly_once_per_epoch(cluster, tmp_path, hold_mb):
     """With ``hold_mb`` = 0 every pass reads its parts from the file; with the default, each
@@ -70,6 +69,7 @@ def mid_epoch(e: dict) -> bool:
     return e["event"] == "round_done" and e["round"] >= 3
 
 
+@pytest.mark.inprocess
 def test_a_feeder_lost_while_scoring_has_only_its_eval_part_scored_again(cluster, tmp_path):
     """Killed once its training pass is over (the job syncing or scoring), the feeder's parts
     go to the other one, which scores its eval part again and none of its training parts: the
@@ -93,6 +93,7 @@ def test_a_feeder_lost_while_scoring_has_only_its_eval_part_scored_again(cluster
     assert first["rows_once"] == second["rows_once"] == ADULT_TRAIN_ROWS
 
 
+@pytest.mark.inprocess
 def test_a_lost_feeders_part_is_fed_on_from_its_last_acknowledged_batch(cluster, tmp_path):
     c = cluster(ADULT_JOB, train__epochs=2, cluster__feeders=2, cluster__node_timeout_s=1.5,
                 data__path=adult_text(tmp_path), data__part_mb=0.5, **SLOW)
@@ -128,6 +129,7 @@ def test_a_lost_feeders_part_is_fed_on_from_its_last_acknowledged_batch(cluster,
     assert "Traceback" not in c.log("feeder-0") + c.log("control-0")
 
 
+@pytest.mark.inprocess
 def test_pull_embeddings_train_adult_and_workers_receive_no_keys(cluster):
     c = cluster(ADULT_JOB, train__embeddings="pull", train__epochs=2)
     assert c.run_job() == 0, c.logs()
