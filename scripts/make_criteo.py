@@ -3,7 +3,7 @@
 as 8 hex digits; tab-separated, no header) of N rows from the built-in generator, block by block
 (bounded memory). The rows follow a planted logistic model with Criteo's cardinalities, so a
 model trained on them has something to learn; ``--missing`` of the values are left empty, as in
-the real logs.
+the real logs (``roles.testbed.criteo``, which tests call).
 
     .venv/bin/python scripts/make_criteo.py --rows 10000000 --out /tmp/criteo-10m.tsv [--gz]
 """
@@ -11,41 +11,9 @@ the real logs.
 from __future__ import annotations
 
 import argparse
-import gzip
 import time
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as csv
-
-from roles.data.synthetic import BLOCK_ROWS, CRITEO_VOCAB, Generator
-
-HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-
-
-def hex8(ids: np.ndarray) -> pa.Array:
-    """8 lower-case hex digits of each value's id, scrambled to look like Criteo's; -1 is
-    empty."""
-    scrambled = (ids.astype(np.uint64) * np.uint64(0x9E3779B1) + np.uint64(0x7F4A7C15)) \
-        & np.uint64(0xFFFFFFFF)
-    digits = np.empty((len(ids), 8), dtype=np.uint8)
-    for i in range(8):
-        digits[:, 7 - i] = HEX[((scrambled >> np.uint64(4 * i)) & np.uint64(15)).astype(int)]
-    text = pa.array(digits.view("S8").reshape(-1)).cast(pa.string())
-    return pc.if_else(pa.array(ids < 0), "", text)
-
-
-def table_of(block) -> pa.Table:
-    counts = block.dense
-    columns = {"label": pa.array(block.labels.astype(np.int8))}
-    for j in range(counts.shape[1]):
-        column = counts[:, j]
-        columns[f"I{j + 1}"] = pa.array(np.nan_to_num(column).astype(np.int64),
-                                        mask=np.isnan(column))
-    for f in range(block.values.shape[1]):
-        columns[f"C{f + 1}"] = hex8(block.values[:, f])
-    return pa.table(columns)
+from roles.testbed.criteo import write_criteo
 
 
 def main() -> None:
@@ -58,14 +26,9 @@ def main() -> None:
     parser.add_argument("--signal", type=float, default=0.3)
     parser.add_argument("--zipf", type=float, default=1.1)
     args = parser.parse_args()
-    gen = Generator(args.rows, CRITEO_VOCAB, 13, args.zipf, args.signal, 7, args.seed,
-                    missing=args.missing)
-    options = csv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
     started = time.monotonic()
-    sink = gzip.open(args.out, "wb", compresslevel=1) if args.gz else open(args.out, "wb")
-    with sink:
-        for b in range(-(-args.rows // BLOCK_ROWS)):
-            csv.write_csv(table_of(gen.block(b)), sink, options)
+    write_criteo(args.out, args.rows, gz=args.gz, seed=args.seed, missing=args.missing,
+                 signal=args.signal, zipf=args.zipf)
     print(f"{args.rows} rows written to {args.out} in {time.monotonic() - started:.1f} s")
 
 
