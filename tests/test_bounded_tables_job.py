@@ -5,37 +5,28 @@ placement moves rows with admission on (with checkpoints, restarts and resume:
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
-from harness import BIN, REPO, criteo_data, job_text, text_split_rows
+from harness import REPO, criteo_data, job_text, text_split_rows
 
 from roles.checkpoint.files import checkpoints_dir, latest_complete
 from roles.checkpoint.model_files import embeddings_file, load_default_rows, load_embeddings
 from roles.checkpoint.shard import read_chain
-
-pytestmark = pytest.mark.integration
+from roles.testbed.criteo import write_criteo
+from roles.tools import predict
 
 ZIPF_JOB = REPO / "jobs" / "zipf.toml"   # mode skew, windows of 10 batches
 ADULT_TRAIN_ROWS = 39074
 EMBEDDINGS = "[embeddings]\nmin_count = 3\nexpire_batches = 60\nsketch_mb = 1\n"
 
 
-def criteo_file(tmp_path: Path, rows: int) -> Path:
-    path = tmp_path / f"criteo-{rows}.tsv"
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_criteo.py"), "--rows",
-                    str(rows), "--out", str(path)], check=True, capture_output=True,
-                   timeout=120)
-    return path
-
-
+@pytest.mark.inprocess
 def test_admission_and_expiry_counts_reach_the_summary_and_the_export_scores_the_same(
-        cluster, tmp_path):
-    data = criteo_file(tmp_path, 40_000)
+        cluster, tmp_path, capsys):
+    data = write_criteo(tmp_path / "criteo-40000.tsv", 40_000)
     job = tmp_path / "criteo.toml"
     job.write_text(job_text("criteo-bounded", criteo_data(data), hidden=(32,), epochs=2,
                             batch_size=256, more=EMBEDDINGS))
@@ -65,16 +56,16 @@ def test_admission_and_expiry_counts_reach_the_summary_and_the_export_scores_the
         assert len(keys) == t["shards"][f"ps-{shard}"]["rows"] == len(rows)
         defaults = load_default_rows(export / embeddings_file(shard))
         assert defaults.shape == (26, 8) and np.abs(defaults).sum() > 0   # trained
-    done = subprocess.run([str(BIN / "zbus-predict"), str(export), str(data), "--split",
-                           "eval", "--json"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    figures = orjson.loads(done.stdout.strip().splitlines()[-1])
+    capsys.readouterr()
+    predict.main([str(export), str(data), "--split", "eval", "--json"])   # exit status 0
+    figures = orjson.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert figures["scored"] == s["eval_samples"] == eval_rows
     # an eval look-up makes no row: a key without one scores on its field's default row in
     # the job as in zbus-predict (not to the last digit: batches of other sizes sum otherwise)
     assert abs(figures["auc"] - s["auc"]) < 1e-4, (figures, s["auc"])
 
 
+@pytest.mark.inprocess
 def test_skew_placement_moves_rows_with_admission_and_expiry_on(cluster):
     # the capacities given (ps-1 runs at half speed): placement moves keys from the first
     # windows on, not only once control's predictor is trained in its child process, which on
