@@ -12,8 +12,6 @@ from harness import REPO
 from roles.algorithms.control.capacity import OPERATIONS, Record, filter_outliers, read_records
 from roles.checkpoint.model_files import embeddings_file, load_embeddings
 
-pytestmark = pytest.mark.integration
-
 ZIPF_JOB = REPO / "jobs" / "zipf.toml"   # mode skew, windows of 10 batches
 SLOW_SHARD = {1: 2.0}
 # the job file's 4 left a busy machine one window or none after the first migration, and 8 did
@@ -41,9 +39,16 @@ def exported_rows(s: dict) -> dict[int, np.ndarray]:
     return rows
 
 
+# The skewed job's roles are processes: the capacities are learnt from each shard's CPU time per
+# pair, its own machine's only when the shard has its thread (and caches) to itself. In one
+# process every role's work takes turns on one thread, and the slowed shard, which works in
+# bursts after each rest, measured 1.70-1.81x the other's seconds per pair (2.2-3.0x as a
+# process, the bar below 1.8). The hashed job, which only gives the rows and the quality to
+# compare with, runs in this process.
+@pytest.mark.integration
 def test_the_slow_shard_gets_half_the_load_and_nothing_is_lost(cluster):
     job = ZIPF_JOB
-    hashed = cluster(job, placement__mode="hash", train__epochs=EPOCHS)
+    hashed = cluster(job, in_process=True, placement__mode="hash", train__epochs=EPOCHS)
     assert hashed.run_job(ps_slowdown=SLOW_SHARD) == 0, hashed.logs()
     skewed = cluster(job, placement__mode="skew", train__epochs=EPOCHS)
     assert skewed.run_job(ps_slowdown=SLOW_SHARD) == 0, skewed.logs()
@@ -96,6 +101,7 @@ def test_the_slow_shard_gets_half_the_load_and_nothing_is_lost(cluster):
     assert s["samples_trained"] == h["samples_trained"]
 
 
+@pytest.mark.inprocess
 def test_every_window_of_every_shard_is_recorded_once_when_windows_close_faster_than_heartbeats(
         cluster):
     """Windows of 2 batches close several times per heartbeat (0.25 s here): every shard's work
