@@ -85,7 +85,7 @@ def scrape(port: int) -> dict[str, list] | None:
         return None
 
 
-@pytest.mark.integration
+@pytest.mark.inprocess
 def test_a_job_serves_prometheus_metrics_and_writes_tensorboard_events(cluster):
     (port,) = free_tcp_ports(1)
     # long enough to be scraped while it trains after its first evaluation (5 epochs, slowed)
