@@ -32,8 +32,6 @@ from roles.tools.ctl import request
 from zbus.codec import PROTOCOL_VERSION, decode
 from zbus.messages import Failure, Heartbeat, Hello, Ready, Rejoin, Stop
 
-pytestmark = pytest.mark.integration
-
 GARBAGE = [
     [b"\x00\xff garbage"],
     [b"Lookup", b"{not json"],
@@ -53,6 +51,7 @@ GARBAGE = [
 ]
 
 
+@pytest.mark.inprocess
 def test_control_rejects_garbage_and_strangers_then_admits_a_node(cluster):
     c = cluster()
     control = c.start_role("control")
@@ -89,6 +88,7 @@ def test_control_rejects_garbage_and_strangers_then_admits_a_node(cluster):
     assert sum(counted.values()) == len(GARBAGE) + 1
 
 
+@pytest.mark.inprocess
 def test_shard_and_aggregator_serve_after_garbage(cluster):
     c = cluster(cluster__shards=1, cluster__workers=1)
     fake = FakeControl(c)
@@ -137,6 +137,7 @@ def test_shard_and_aggregator_serve_after_garbage(cluster):
         fake.close()
 
 
+@pytest.mark.inprocess
 def test_feeder_keeps_a_batch_whose_ack_is_malformed(cluster):
     c = cluster(cluster__shards=1, cluster__workers=1, data__synthetic__rows=2000)
     fake = FakeControl(c)
@@ -197,6 +198,7 @@ def test_feeder_keeps_a_batch_whose_ack_is_malformed(cluster):
         fake.close()
 
 
+@pytest.mark.inprocess
 def test_control_sends_away_a_worker_it_declared_failed(cluster):
     c = cluster(cluster__node_timeout_s=1.0)
     c.start_role("control")
@@ -216,6 +218,7 @@ def test_control_sends_away_a_worker_it_declared_failed(cluster):
         ctx.destroy(linger=0)
 
 
+@pytest.mark.inprocess
 def test_after_the_end_a_late_node_is_told_stop_and_a_request_refused_without_a_crash(cluster):
     """The job has ended (summary written, metrics closed) while control waits for the nodes
     to leave: a node saying Hello only now (one slow to start) is told Stop, a request to change
