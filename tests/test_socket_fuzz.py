@@ -20,8 +20,6 @@ from roles.protocol.datapath import BatchKeys, Embeddings, Lookup
 from roles.protocol.operator import ControlReply, ControlRequest
 from zbus.codec import MAX_HEADER_BYTES, PROTOCOL_VERSION, ProtocolError, decode, message_types
 
-pytestmark = pytest.mark.integration
-
 TYPES = sorted(message_types().values(), key=lambda c: c.__name__)
 PER_SOCKET = 60
 
@@ -116,6 +114,7 @@ JOBS = {"plain": ({}, TARGETS),
                            {**TARGETS, **GROUP_TARGETS})}
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize("kind", JOBS)
 @settings(max_examples=1, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -160,6 +159,7 @@ def test_malformed_messages_to_every_bound_socket_are_counted_and_the_job_comple
         assert "Traceback" not in c.log(name), c.log(name)
 
 
+@pytest.mark.inprocess
 def test_an_oversized_message_is_refused_and_the_shard_serves_on(cluster):
     c = cluster(cluster__shards=1, cluster__workers=1, cluster__max_message_mb=0.05)
     fake = FakeControl(c)
