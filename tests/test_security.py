@@ -56,7 +56,7 @@ def intruder(ctx: zmq.Context, endpoint: str, server_key: bytes | None) -> zmq.S
     return sock
 
 
-@pytest.mark.integration
+@pytest.mark.inprocess
 def test_an_authenticated_job_trains_and_a_stranger_gets_nothing_in(cluster, tmp_path):
     keys = tmp_path / "keys"
     settings = dict(cluster__curve="on", cluster__keys_dir=str(keys),
@@ -114,7 +114,7 @@ def test_an_authenticated_job_trains_and_a_stranger_gets_nothing_in(cluster, tmp
     assert keys_seen > 0
 
 
-@pytest.mark.integration
+@pytest.mark.inprocess
 def test_a_node_without_its_key_cannot_start(cluster, tmp_path):
     c = cluster(cluster__curve="on", cluster__keys_dir=str(tmp_path / "none"))
     proc = c.start_role("ps", 0)
@@ -128,7 +128,7 @@ def test_zbus_ctl_without_the_operators_key_says_why(tmp_path):
         request(cl.endpoint("control_req"), "settings", cluster=cl, timeout_s=0.5)
 
 
-@pytest.mark.integration
+@pytest.mark.inprocess
 def test_the_console_authenticates_like_any_node(cluster, tmp_path):
     keys = tmp_path / "keys"
     c = cluster(transport="tcp", cluster__curve="on", cluster__keys_dir=str(keys))
