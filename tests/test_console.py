@@ -1,19 +1,20 @@
-"""The console driven with Pilot against a real control process (and real nodes where the screen
-needs them) on loopback. What control did is asserted from control (its status, its metrics
-and summary, or a zbus-ctl request), not from the widgets."""
+"""The console driven with Pilot against a real control (and real nodes where the screen needs
+them), their roles turned in this process, over real sockets on loopback. What control did is
+asserted from control (its status, its metrics and summary, or a zbus-ctl request), not from
+the widgets."""
 
 from __future__ import annotations
 
 import asyncio
 import io
-import os
 import re
 import signal
-import sys
+import socket
+import threading
 import time
 
 import pytest
-from harness import ADULT_JOB, REPO
+from harness import ADULT_JOB
 from rich.console import Console
 
 from console.app import ZbusConsole
@@ -21,9 +22,9 @@ from console.bus import Endpoints
 from console.nodes import NodeTable
 from console.screens import ConfirmScreen, HelpScreen
 from console.settings_screen import SettingsScreen
+from roles.testbed import sim_nodes
+from roles.testbed.in_process import IN_PROCESS
 from roles.tools.ctl import request
-
-pytestmark = pytest.mark.integration
 
 SIZE = (80, 24)
 
@@ -59,6 +60,7 @@ def control_settings(c) -> dict:
     return request(c.job.cluster.endpoint("control_req"), "settings").settings
 
 
+@pytest.mark.inprocess
 def test_node_table_failed_worker_and_the_actions_reach_control(cluster):
     c = cluster(ADULT_JOB, train__sync="lazy", train__epochs=100, cluster__workers=3,
                 cluster__node_timeout_s=2.0, aggregation__min_local_rounds=10_000,
@@ -77,7 +79,7 @@ def test_node_table_failed_worker_and_the_actions_reach_control(cluster):
                         >= nodes and app.snapshot["phase"] == "training",
                         "every node in the table while training")
             assert all("alive" in state_cell(app, n) for n in nodes)
-            os.killpg(c.procs["worker-2"].pid, signal.SIGKILL)
+            c.procs["worker-2"].kill()
             await until(pilot, lambda: "failed" in state_cell(app, "worker-2"),
                         "worker-2 marked failed")
             assert "alive" in state_cell(app, "worker-0")
@@ -108,7 +110,10 @@ def test_node_table_failed_worker_and_the_actions_reach_control(cluster):
             await pilot.press("x")  # armed only: a single x stops nothing
             await pilot.pause(0.5)
             assert c.procs["control-0"].poll() is None and not events("stop")
-            await pilot.press("x")
+            for _ in range(5):  # a second x within 3 s stops it; one later (the console held
+                await pilot.press("x")  # up that long, its process busy) arms it again
+                if not app.stop_armed_at:
+                    break
             await until(pilot, lambda: events("stop"), "stop reaching control")
 
     asyncio.run(drive())
@@ -118,6 +123,7 @@ def test_node_table_failed_worker_and_the_actions_reach_control(cluster):
     assert "worker-2" in {e["node"] for e in s["membership"] if e["event"] == "failed"}
 
 
+@pytest.mark.inprocess
 def test_settings_screen_changes_control_and_a_refused_value_changes_nothing(cluster):
     c = cluster(ADULT_JOB, cluster__start_timeout_s=600)
     c.start_role("control")
@@ -175,6 +181,7 @@ def test_settings_screen_changes_control_and_a_refused_value_changes_nothing(clu
     assert c.procs["control-0"].poll() is None  # refusals did not hurt control
 
 
+@pytest.mark.inprocess
 def test_help_lists_every_key_and_the_palette_every_action(cluster):
     c = cluster(ADULT_JOB, cluster__start_timeout_s=600)
     c.start_role("control")
@@ -210,6 +217,7 @@ def test_help_lists_every_key_and_the_palette_every_action(cluster):
     asyncio.run(drive())
 
 
+@pytest.mark.inprocess
 def test_console_says_when_control_is_gone_and_reconnects_when_it_is_back(cluster):
     c = cluster(ADULT_JOB, transport="tcp", cluster__start_timeout_s=600)
     first = c.start_role("control")
@@ -218,16 +226,15 @@ def test_console_says_when_control_is_gone_and_reconnects_when_it_is_back(cluste
         app = ZbusConsole(endpoints(c))
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.connected, "connected")
-            os.killpg(first.pid, signal.SIGKILL)
-            first.wait()
+            first.kill()
             await until(pilot, lambda: not app.connected, "the link reported down")
             line = str(app.query_one("#link-line").render())
             assert "no connection" in line and c.job.cluster.endpoint("status") in line, line
             await pilot.press("b")  # a request with nobody to answer it is refused in time
             await until(pilot, lambda: "no answer from control" in str(
                 app.query_one("#notice").render()), "the request timing out", timeout=20)
-            again = c.start("control-again", [sys.executable, "-m", "roles.control",
-                                              "--resume"])  # the killed control's run
+            again = c.start_role("control", 0, "--resume",  # the killed control's run
+                                 name="control-again")
             await until(pilot, lambda: app.connected, "reconnected", timeout=30)
             await until(pilot, lambda: app.snapshot["phase"] == "starting", "a status")
             assert again.poll() is None
@@ -235,11 +242,15 @@ def test_console_says_when_control_is_gone_and_reconnects_when_it_is_back(cluste
     asyncio.run(drive())
 
 
+@pytest.mark.inprocess
 def test_the_table_shows_32_reporting_nodes(cluster):
     c = cluster(ADULT_JOB, cluster__workers=27, cluster__shards=3,
                 train__stall_timeout_s=600)
     c.start_role("control")
-    c.start("sim-nodes", [sys.executable, str(REPO / "scripts" / "sim_nodes.py")])
+    stop = threading.Event()   # 31 stand-in nodes on a thread of their own
+    sim = threading.Thread(target=sim_nodes.run, args=(c.job,), name="sim-nodes", kwargs={
+        "stopped": stop.is_set, "host": socket.gethostname() + IN_PROCESS})
+    sim.start()
 
     async def drive() -> None:
         app = ZbusConsole(endpoints(c))
@@ -259,9 +270,18 @@ def test_the_table_shows_32_reporting_nodes(cluster):
                       if r["samples_per_s"] is not None]
             assert speeds == sorted(speeds, reverse=True) and len(speeds) == 28  # and feeder
 
-    asyncio.run(drive())
+    try:
+        asyncio.run(drive())
+        c.procs["control-0"].terminate()   # its Stop: the stand-ins leave, control exits
+        assert c.wait(timeout=30) == 128 + signal.SIGTERM
+        sim.join(10)
+        assert not sim.is_alive()
+    finally:
+        stop.set()
+        sim.join(10)
 
 
+@pytest.mark.inprocess
 def test_a_checkpoint_then_a_shard_restart_waited_for_then_the_end_after_control_exits(
         cluster):
     c = cluster(ADULT_JOB, train__epochs=4, checkpoint__every_s=0.5,
@@ -282,7 +302,7 @@ def test_a_checkpoint_then_a_shard_restart_waited_for_then_the_end_after_control
                                                  r"paused", str(app.query_one(
                                                      "#cluster-facts").render())),
                         "the newest checkpoint on the Cluster tab")
-            os.killpg(c.procs["ps-1"].pid, signal.SIGKILL)
+            c.procs["ps-1"].kill()
             await until(pilot, lambda: "waiting for ps-1" in line(app), "the wait on top")
             strip = str(app.query_one("#tasks-line").render())
             assert "ps-1 to be restarted: start it with zbus-ps --index 1" in strip, strip
