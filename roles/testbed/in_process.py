@@ -104,6 +104,7 @@ class Driver:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._closing = False
+        self._closed = False                 # close() has been called
         self._thread: threading.Thread | None = None
         self._handlers: list[logging.Handler] = []
         self._root_level = logging.getLogger().level
@@ -255,15 +256,25 @@ class Driver:
     def close(self, grace_s: float = 10.0) -> None:
         """SIGTERM to every live role, ``grace_s`` for them to end, then kill what is left; the
         thread stopped, the logs closed (every file handler a role added under ``run_dir`` too).
+        Control is signalled first and waited for: its Stop has the nodes leave, and it exits
+        once they have. (A node signalled meanwhile would end without a word to control, which,
+        unable to see its process gone as it sees a process's, waited ``CLOSE_WAIT_S`` for it.)
+        Closed once: a second call does nothing.
         """
-        for handle in list(self.roles.values()):
-            handle.terminate()
+        if self._closed:
+            return
+        self._closed = True
         deadline = time.monotonic() + grace_s
-        for handle in list(self.roles.values()):
-            try:
-                handle.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                handle.kill()
+        handles = list(self.roles.values())
+        controls = [h for h in handles if h.loop is not None and not isinstance(h.loop, Node)]
+        for group in (controls, [h for h in handles if h not in controls]):
+            for handle in group:
+                handle.terminate()
+            for handle in group:
+                try:
+                    handle.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    handle.kill()
         self._closing = True
         self.wake()
         if self._thread is not None:
