@@ -1,6 +1,7 @@
 """The console as an operator runs it: zbus-console in a pseudo-terminal of 80x24 against a real
-running job, keys typed into the terminal, figures read from what it draws (escape sequences
-stripped). Pilot and the snapshots test the widgets; this tests the program."""
+running job (its roles turned in the test's process), keys typed into the terminal, figures read
+from what it draws (escape sequences stripped). Pilot and the snapshots test the widgets; this
+tests the program."""
 
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ import time
 
 import pytest
 from harness import ADULT_JOB, BIN
-
-pytestmark = pytest.mark.integration
 
 ESCAPE = re.compile(rb"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
 
@@ -69,13 +68,14 @@ class Terminal:
         os.close(self.master)
 
 
+@pytest.mark.integration  # zbus-console: a program in a terminal
+@pytest.mark.inprocess    # the job it shows: its roles in this process
 def test_the_console_in_a_terminal_shows_live_figures(cluster):
     c = cluster(ADULT_JOB, train__epochs=100, cluster__start_timeout_s=600)
     c.start_all(slowdown={0: 3.0, 1: 3.0})
     cl = c.job.cluster
     term = Terminal([str(BIN / "zbus-console"), "--status", cl.endpoint("status"),
                      "--requests", cl.endpoint("control_req")], c.env)
-    c.procs["console"] = term.proc  # killed with the cluster's processes, pass or fail
     try:
         term.wait_for(r"adult\s+adult|● adult")  # the top line: connected to control
         term.wait_for(r"training\s+epoch \d+/100")
@@ -94,5 +94,8 @@ def test_the_console_in_a_terminal_shows_live_figures(cluster):
         term.type("q")
         assert term.proc.wait(timeout=30) == 0
     finally:
+        if term.proc.poll() is None:   # killed, pass or fail
+            term.proc.kill()
+            term.proc.wait()
         term.close()
     assert c.procs["control-0"].poll() is None  # quitting the console leaves the job running
