@@ -1,7 +1,7 @@
-"""A shard's held batches (a real ``zbus-ps`` process, the test playing control, feeder and
-worker over its sockets): the keys of a straggler's second copy that come after the first copy's
-update, which no gradients follow, are dropped once their epoch is over, so that no checkpoint
-snapshot waits for them."""
+"""A shard's held batches (a real shard, turned in the test's process by the in-process cluster,
+the test playing control, feeder and worker over its sockets): the keys of a straggler's second
+copy that come after the first copy's update, which no gradients follow, are dropped once their
+epoch is over, so that no checkpoint snapshot waits for them."""
 
 from __future__ import annotations
 
@@ -29,13 +29,11 @@ from roles.protocol.datapath import (
 from zbus.codec import Message, decode
 from zbus.messages import Heartbeat
 
-pytestmark = pytest.mark.integration
-
 
 @contextmanager
 def one_shard(cluster, **settings) -> Iterator[tuple[Any, FakeControl, zmq.Socket, int]]:
-    """A real ``zbus-ps`` of a one-shard job, admitted by a fake control: the cluster, the
-    fake control, a DEALER to the shard as worker-0, the rows' dimension."""
+    """A real shard of a one-shard job (in this process), admitted by a fake control: the
+    cluster, the fake control, a DEALER to the shard as worker-0, the rows' dimension."""
     c = cluster(cluster__shards=1, cluster__workers=1, **settings)
     fake = FakeControl(c)
     ctx = zmq.Context()
@@ -85,6 +83,7 @@ def reported(fake: FakeControl, kind: type[Message], timeout_s: float) -> Messag
     return None
 
 
+@pytest.mark.inprocess
 def test_keys_of_a_copy_after_its_update_hold_up_no_checkpoint_two_epochs_on(cluster):
     # the snapshot must not need the drain timeout
     with one_shard(cluster, placement__drain_timeout_s=60.0) as (c, fake, shard, dim):
@@ -104,6 +103,7 @@ def test_keys_of_a_copy_after_its_update_hold_up_no_checkpoint_two_epochs_on(clu
         assert c.procs["ps-0"].poll() is None, c.log("ps-0")
 
 
+@pytest.mark.inprocess
 def test_a_look_up_with_the_gradients_is_answered_after_the_update(cluster):
     """Mode pull: GradsLookup applies the batch's gradients, then answers the next batch's
     look-up with rows read after that update (the rows both batches share have moved)."""
@@ -125,6 +125,7 @@ def test_a_look_up_with_the_gradients_is_answered_after_the_update(cluster):
         assert beat.counters["lookups"] == 2
 
 
+@pytest.mark.inprocess
 def test_an_eval_batch_makes_no_row_and_its_gradients_are_refused(cluster):
     with one_shard(cluster) as (c, fake, shard, dim):
         train_once(shard, make_batch_id(0, 0, 1), dim)   # keys 4, 6, 10 get rows
@@ -146,6 +147,7 @@ def test_an_eval_batch_makes_no_row_and_its_gradients_are_refused(cluster):
         assert c.procs["ps-0"].poll() is None, c.log("ps-0")
 
 
+@pytest.mark.inprocess
 def test_non_finite_gradients_are_refused_and_leave_the_rows_as_they_were(cluster):
     with one_shard(cluster) as (c, fake, shard, dim):
         keys = np.array([3, 5, 3, 9], dtype=np.int64)
