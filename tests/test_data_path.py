@@ -12,7 +12,7 @@ from harness import ADULT_JOB, ADULT_TEXT_EVAL_ROWS, ADULT_TEXT_TRAIN_ROWS, adul
 
 ADULT_TRAIN_ROWS = ADULT_TEXT_TRAIN_ROWS   # adult_text: plain text, split by bytes
 ADULT_ROWS = 48842
-SLOW = {"model__hidden": [512, 256]}  # epochs of seconds: long enough to kill a feeder in
+SLOW = {0: 13.0, 1: 13.0}  # idle workers: epochs of seconds, long enough to kill a feeder in
 
 
 def assert_parts_cover(s: dict, feeders: int) -> None:
@@ -76,8 +76,8 @@ def test_a_feeder_lost_while_scoring_has_only_its_eval_part_scored_again(cluster
     epoch's evaluation counts every eval row once (it had counted the training rows of the
     lost feeder's parts too)."""
     c = cluster(ADULT_JOB, train__epochs=2, cluster__feeders=2, cluster__node_timeout_s=1.5,
-                data__path=adult_text(tmp_path), data__part_mb=0.5, **SLOW)
-    c.start_all(slowdown={0: 4.0, 1: 4.0})
+                data__path=adult_text(tmp_path), data__part_mb=0.5)
+    c.start_all(slowdown=SLOW)
     deadline = time.monotonic() + 120
     while "epoch 1 trained" not in c.log("feeder-1"):  # the log counts epochs from 1
         assert time.monotonic() < deadline and c.procs["feeder-1"].poll() is None, c.logs()
@@ -96,8 +96,8 @@ def test_a_feeder_lost_while_scoring_has_only_its_eval_part_scored_again(cluster
 @pytest.mark.inprocess
 def test_a_lost_feeders_part_is_fed_on_from_its_last_acknowledged_batch(cluster, tmp_path):
     c = cluster(ADULT_JOB, train__epochs=2, cluster__feeders=2, cluster__node_timeout_s=1.5,
-                data__path=adult_text(tmp_path), data__part_mb=0.5, **SLOW)
-    c.start_all(slowdown={0: 4.0, 1: 4.0})
+                data__path=adult_text(tmp_path), data__part_mb=0.5)
+    c.start_all(slowdown=SLOW)
     # a second into the epoch: the feeder has reported progress (it is resumed from its last
     # report)
     started = c.wait_for_event(lambda e: e["event"] == "epoch_start")["t"]

@@ -110,8 +110,8 @@ def test_a_killed_worker_blocks_lazy_aggregation_until_the_failure_window_passes
     window = 6.0
     c = cluster(ADULT_JOB, train__sync="lazy", train__epochs=2,
                 aggregation__min_local_rounds=2, aggregation__failure_window_s=window,
-                cluster__node_timeout_s=1.5, model__hidden=[512, 256])
-    c.start_all(slowdown={0: 3.0, 1: 3.0})
+                cluster__node_timeout_s=1.5)
+    c.start_all(slowdown={0: 10.0, 1: 10.0})   # epochs of seconds
     c.wait_for_event(lambda e: e["event"] == "round_done" and e["round"] >= 2)
     c.procs["worker-1"].send_signal(signal.SIGKILL)
     assert c.wait(timeout=240) == 0, c.logs()
