@@ -135,8 +135,12 @@ def role_main(role_cls: Any, argv: list[str] | None = None) -> None:
         raise SystemExit(CANNOT_START) from None
     # a role that cannot start (a port in use, no CUDA device, a network that cannot run)
     # says why in one line and tells control, whose job fails with it (roles.job.starting)
-    node, failed = make_role(lambda: role_cls(job, args.index, **options), job, role,
-                             args.index)
+    try:
+        node, failed = make_role(lambda: role_cls(job, args.index, **options), job, role,
+                                 args.index)
+    except OSError as exc:   # nor can it tell control (no key pair for the bus): said here only
+        print(f"zbus {role}-{args.index}: cannot start: {exc}", file=sys.stderr)
+        raise SystemExit(CANNOT_START) from None
     if failed and first_to_say(f"cannot start: {failed}"):
         print(f"zbus {role}-{args.index}: cannot start: {failed}", file=sys.stderr)
     # What start-up made (modules, torch's and pyarrow's objects, the job) lives as long as the

@@ -39,7 +39,8 @@ def why(exc: Exception) -> str:
 def make_role(make: Callable[[], Loop], job: Job, role: str, index: int
               ) -> tuple[Loop, str]:
     """``make()``, or an ``Unstarted`` node of the same name that tells control why not; with
-    it, the line that says why ("" when the role started)."""
+    it, the line that says why ("" when the role started). Raises what stops that node too (an
+    ``OSError``: no key pair for an authenticated bus), when no node can reach control."""
     try:
         return make(), ""
     except Exception as exc:

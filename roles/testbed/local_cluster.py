@@ -161,8 +161,11 @@ class LocalCluster:
         cls = _role_class(role)
         options = {"slowdown": args.slowdown} if hasattr(args, "slowdown") else {}
         # one that cannot start says why and tells control, as its process would
-        loop, failed = make_role(lambda: cls(job, args.index, **options), job, role,
-                                 args.index)
+        try:
+            loop, failed = make_role(lambda: cls(job, args.index, **options), job, role,
+                                     args.index)
+        except OSError as exc:   # nor can it tell control (no key pair for the bus)
+            raise StartError(f"zbus {name}: cannot start: {exc}") from None
         if failed:
             logging.getLogger(f"zbus.{name}").error("zbus %s: cannot start: %s", name, failed)
         return loop
