@@ -355,11 +355,15 @@ class Node(Loop):
         log.info("%s: waiting for control at %s (%s)", self.node_id,
                  cluster.endpoint(CONTROL), security.describe(self.curve))
         self.ready_sent = False
+        self.ready_held: Ready | None = None   # Ready said before control admitted the node
         self.reports: dict[type, Message] = {}  # the latest report of each kind
         self._rejoined_at = 0.0
 
     def to_control(self, msg: Message) -> None:
         if isinstance(msg, Ready):
+            if not self.welcomed:   # (a worker is ready at the first weights it hears, which
+                self.ready_held = msg   # a restored aggregator may publish first): control
+                return                  # hears Ready once it has admitted the node
             self.ready_sent = True
         self.send(self.control, msg)
 
@@ -434,6 +438,9 @@ class Node(Loop):
                     log.info("%s joined run %s", self.node_id, w.run_id)
                     self.on_welcome()  # may take long (loading data): count silence anew
                     self._last_heard = time.monotonic()
+                    if self.ready_held is not None:
+                        held, self.ready_held = self.ready_held, None
+                        self.to_control(held)
             case Probe(nonce=nonce) if self.welcomed:
                 self.to_control(ProbeReply(nonce=nonce))
             case Rejoin(run_id=run_id) if self.welcomed:
