@@ -3,7 +3,8 @@
 
 The same job (jobs/adult.toml: 2 workers, 2 shards, a fixed number of epochs) runs (1) with
 every role on this host over TCP 127.0.0.1, and (2) in three network namespaces in the layout of
-the many-hosts walk-through (``tests/test_hosts.py``: control and the aggregator on host a, the
+the many-hosts walk-through (``tests/processes/test_hosts.py``: control and the aggregator on
+host a, the
 feeder and shard 0 on b, shard 1 and both workers on c), the roles started with
 ``scripts/run-<role> --cluster cluster.toml``. The hosts' links meet in a hub namespace: the
 kernel's bridge for RTT 0, else a user-space delay bridge (``roles/testbed/delay_bridge.py``; this

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/soak.py --minutes 60               # the benchmark (one hour)
     .venv/bin/python scripts/soak.py --minutes 0.7 --sample-s 2 --warmup-s 20 \
-        --set data__synthetic__rows=20000                        # CI-sized (tests/test_soak.py)
+        --set data__synthetic__rows=20000          # CI-sized (tests/scripts/test_soak.py)
 
 Every process of the job (control, feeders, shards, workers, aggregators) is its own OS process
 on this host (``roles/testbed/local_cluster.py``); the job is the built-in one (synthetic data,

@@ -28,8 +28,11 @@ from zbus.codec import Message, decode
 from zbus.messages import Heartbeat, Hello, Probe, Welcome
 
 __all__ = ["ADULT_JOB", "ADULT_TEXT_EVAL_ROWS", "ADULT_TEXT_TRAIN_ROWS", "ADULT_TRAIN_ROWS",
-           "BIN", "REPO", "SLOW", "Cluster", "FakeControl", "adult_text", "criteo_data", "dealer",
-           "hosts_or_skip", "job_text", "recv_within", "reply", "text_split_rows"]
+           "BIN", "REPO", "SLOW", "TEST_DATA", "Cluster", "FakeControl", "adult_text",
+           "criteo_data", "dealer", "hosts_or_skip", "job_text", "recv_within", "reply",
+           "text_split_rows"]
+
+TEST_DATA = Path(__file__).resolve().parent / "data"   # files the tests read
 
 
 class Cluster(LocalCluster):

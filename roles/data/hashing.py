@@ -18,7 +18,8 @@ than the space, or are empty, ``?`` or null, is hashed row by row straight from 
 bytes (``_plain_keys``): no value needs trimming. Any other column (a value with whitespace, a
 control or a non-ASCII character at an edge; a dictionary-encoded column) is dictionary-encoded
 as a whole, its distinct values cleaned and hashed, and every row takes its value's key by
-index, as every column was before. Both give the same keys (``tests/test_plain_keys.py``).
+index, as every column was before. Both give the same keys
+(``tests/roles/data/test_plain_keys.py``).
 Measured on a Criteo-layout file (26 columns of 8 hex characters or empty; 8 parts, CPU a row,
 median of 3): parsed as ``string`` and hashed row by row, rather than dictionary-encoded while
 parsed, combined and hashed by distinct value, reading took 1.34 against 2.24 us and hashing

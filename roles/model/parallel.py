@@ -8,7 +8,8 @@ inputs are in; the values it makes that a later stage on another member needs go
 once the gradients of all its outputs are in (from every consuming stage, local or not), and
 sends the gradients of its input leaves to the members that made them. The leader (member 0)
 holds the inputs and the output, computes the loss and starts backward. The result equals the
-unpartitioned network's forward and backward (tests/test_model_parallel.py checks to 1e-5).
+unpartitioned network's forward and backward (tests/roles/model/test_model_parallel.py checks
+to 1e-5).
 
 ``Program`` is one member's share of the network and the state of its step in progress (torch,
 no sockets); ``member_program`` makes it from control's plan. What the members and the leader

@@ -30,7 +30,7 @@ from zbus.endpoints import node_index
 
 WORKER_TIMES = ("compute_s", "lookup_wait_s", "step_wait_s")
 # every channel of roles.protocol's messages but "status" (control's, for consoles only);
-# tests/test_wire.py checks that none is missing
+# tests/zbus/test_wire.py checks that none is missing
 CHANNELS = ("samples", "keys", "lookups", "deliveries", "embeddings", "embedding_grads",
             "dense_sync", "handover", "model_parallel", "acks", "control")
 

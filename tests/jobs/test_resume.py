@@ -4,7 +4,7 @@ and finishes, every row trained once per epoch counted from the cut; a checkpoin
 the kill is not used; the checkpoints serve as a model; an operator takes a checkpoint on
 demand. Every role in the test's process (``roles.testbed.in_process``: a kill drops its
 sockets and frees what the kernel frees of a killed process, leaving its disk as it was); the
-same kill of processes, the whole job's pods, is tests/test_pods.py's."""
+same kill of processes, the whole job's pods, is tests/processes/test_pods.py's."""
 
 from __future__ import annotations
 

@@ -27,11 +27,12 @@ import typing
 from pathlib import Path
 
 import pytest
+from harness import REPO
 
 from roles.job.settings import Job, parse_job
 from roles.tools import wait
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO   # the checkout
 KUBE = ROOT / "deploy" / "kubernetes"
 TARGETS = ["base", *sorted(f"overlays/{p.parent.name}"
                            for p in (KUBE / "overlays").glob("*/kustomization.yaml"))]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 
 import orjson
 import pytest
+from harness import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO   # the checkout
 
 
 def load_soak():

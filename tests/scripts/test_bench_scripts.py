@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
+from harness import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO   # the checkout
 
 
 def script(name: str):

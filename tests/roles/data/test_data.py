@@ -4,9 +4,9 @@ through the shuffle buffer; the shipped Adult data read whole."""
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import numpy as np
+from harness import REPO, TEST_DATA
 
 from roles.algorithms.shared.metrics import auc
 from roles.data.source import DataSource
@@ -16,7 +16,7 @@ from roles.data.synthetic import BLOCK_ROWS, CRITEO_VOCAB, Generator, ZipfLaw
 from roles.data.transforms import DenseTransform, signed_log1p
 from roles.job.settings import load_job, parse_job
 
-ADULT = Path(__file__).resolve().parent.parent / "jobs" / "adult.toml"
+ADULT = REPO / "jobs" / "adult.toml"
 
 
 def test_synthetic_rows_are_the_same_however_they_are_cut_and_have_a_planted_signal():
@@ -42,7 +42,7 @@ def digest(*arrays: np.ndarray) -> str:
     return h.hexdigest()[:16]
 
 
-PINNED = Path(__file__).resolve().parent / "data" / "generator_rows.npz"
+PINNED = TEST_DATA / "generator_rows.npz"
 
 
 def test_without_items_the_generator_gives_the_rows_it_always_gave():

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from harness import REPO
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
@@ -30,7 +31,7 @@ from roles.model.networks import (
 from roles.model.networks.layers import JoinedFields
 from roles.model.sparse_input import SparseInputs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO   # the checkout
 
 ITEMS = """
 [data.synthetic]

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from harness import REPO
 
 from roles.data.index import DataError
 from roles.data.source import DataSource
@@ -23,7 +24,6 @@ from roles.testbed.local_cluster import clean_environ
 from roles.tools.preload import load, train_preloaded
 from roles.tools.reference import train_reference
 
-REPO = Path(__file__).resolve().parent.parent
 BAD_ROWS = {100: "oops,Private,1,HS-grad,9,x,y,z,White,Male,0,0,40,US,<=50K",   # training
             45_000: "30,Private,1,HS-grad,9,x,y,z,White,Male,0,0,40,US,maybe"}   # eval
 

@@ -9,12 +9,11 @@ becomes of the module's own code."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from harness import REPO
 
 import roles.data.readers as readers
 from roles.data.hashing import field_seed, hash_array, hash_lists, hash_value
@@ -24,8 +23,6 @@ from roles.data.source import DataSource
 from roles.data.stream import slot_keys
 from roles.job.fields import PAD
 from roles.job.settings import load_job
-
-REPO = Path(__file__).resolve().parents[1]
 
 # -- the former path (roles/data/hashing.py before row-by-row keys) ------------------------------
 

@@ -7,8 +7,9 @@ status is captured from a real lazy job on Adult at epoch 12 of 20
 (tests/data/console_status.json; worker-1 marked suspect and worker-2 failed by hand, the
 checkpoint figures added by hand); the Nodes tab's history is made of that status
 posted 90 times with figures that change with the clock.
-After an intended change of layout: ``pytest tests/test_console_snapshots.py --snapshot-update``
-and look at the new SVGs before committing them."""
+After an intended change of layout:
+``pytest tests/console/test_console_snapshots.py --snapshot-update``, and look at the new SVGs
+before committing them."""
 
 from __future__ import annotations
 

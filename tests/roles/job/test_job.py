@@ -7,12 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness import REPO
 
 from roles.job.settings import JobError, job_to_toml, load_job, parse_job
 
 SYNTHETIC = "[data]\nsource = 'synthetic'\n"
 
-ADULT = Path(__file__).resolve().parent.parent / "jobs" / "adult.toml"
+ADULT = REPO / "jobs" / "adult.toml"
 
 
 def test_builtin_default_job_is_synthetic():
@@ -146,7 +147,7 @@ def test_a_role_process_runs_numpys_blas_on_one_thread_unless_the_user_says(give
             "print(sum(open(f'/proc/self/task/{t}/comm').read() == main"
             " for t in os.listdir('/proc/self/task')))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True, cwd=Path(__file__).resolve().parent.parent)
+                         check=True, cwd=REPO)
     assert int(out.stdout) == threads, out
 
 

@@ -4,7 +4,7 @@ resumes from ``s3://`` with nothing left of its run directory (a machine, or a p
 back empty); its export goes to ``s3://`` and ``zbus-predict`` scores from there; a
 checkpoint cut off between its files and its manifest is never used. The job's roles run in
 the test's process (a kill drops a role's sockets and frees what the kernel frees); the same
-with processes, each pod on a disk of its own, is tests/test_pods.py's."""
+with processes, each pod on a disk of its own, is tests/processes/test_pods.py's."""
 
 from __future__ import annotations
 

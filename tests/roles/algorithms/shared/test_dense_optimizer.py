@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from harness import REPO
 
 from roles.algorithms.shared.dense_optimizer import DenseAdam
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def nets() -> tuple[torch.nn.Module, torch.nn.Module]:

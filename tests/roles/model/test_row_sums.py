@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from harness import REPO
 
 from roles.data.compiled import AVAILABLE
 from roles.model.row_sums import RowSums
@@ -79,6 +79,6 @@ def test_the_first_calls_of_the_compiled_loops_import_nothing():
         print(sorted(set(sys.modules) - before))
     """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parent.parent, timeout=120)
+                         cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import orjson
 import pytest
+from harness import REPO
 
 from console import format as fmt
 from roles.algorithms.control.membership import FAILED, NodeState
@@ -14,8 +13,6 @@ from roles.algorithms.control.status import StatusBuilder
 from roles.protocol.operator import Status
 from roles.protocol.status import STATUS_LAYOUT
 from zbus.codec import ProtocolError, decode
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def node(role: str, index: int, last_seen: float = 0.0, **counters) -> NodeState:
