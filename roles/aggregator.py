@@ -17,7 +17,9 @@
   since the last backup, and whenever an operator asks (BackupNow); written atomically, the
   newest ``backups_kept`` kept (``roles.checkpoint.model_files``). The initial weights are backup 0.
 - recovery: a restarted root is told by control to Restore the latest backup; it publishes it
-  as round r of a new generation, and workers replace their weights with it.
+  as round r of a new generation, and workers replace their weights with it. A root whose disk
+  no longer holds that backup (its pod made again elsewhere) restores the weights of the newest
+  complete checkpoint (Welcome's ``restore``) instead.
 - WeightsRequest is answered with the current weights (start-up, or a worker that missed some).
 - checkpoints (root): at control's cut (Checkpoint ``write`` of round r, which this aggregator
   has combined) the weights, round, generation, step count and the step-mode Adam state are
@@ -350,11 +352,25 @@ class Aggregator(Node):
     def restore(self, r: Restore) -> None:
         self.generation = r.generation
         self.forget_through(r.round)
+        if self.up is not None and self.moved(self.up):   # the root made again elsewhere
+            self.up = self.renew(self.up)
         if self.is_root:
             backups = self.root_backups()
             on_disk = backups.existing()
             path = Path(r.path) if r.path else on_disk[-1]
-            params, meta = load_dense(path)
+            if path.exists():
+                params, meta = load_dense(path)
+            elif self.restore_dir:   # a new pod's empty disk: the newest checkpoint's weights
+                with Store(self.restore_dir).open(DENSE_PART) as file, np.load(file) as f:
+                    params, meta = f["params"].astype(np.float32), read_meta(f)
+                log.warning("backup %s is not on this disk (the pod was made again on another "
+                            "host): restoring the weights of checkpoint %s instead, older",
+                            path, self.restore_dir)
+                path = Path(DENSE_PART)   # (said as the checkpoint's part)
+            else:
+                self.fail(f"cannot restore the weights: backup {path} is not on this disk and "
+                          "the job has no complete checkpoint")
+                return
             if params.shape != (self.size,):
                 self.fail(f"backup {path} has {params.shape} weights, the model "
                           f"{self.size}")

@@ -93,6 +93,10 @@ ENVIRONMENT = {
                         "(only when set; `zbus-pod` sets `/tmp/zbus-health.json`) "
                         "([pods](operations.md#names-and-binding))",
     "ZBUS_POD_NAME": "`zbus-pod`: the pod's name, whose trailing `-<n>` is the role's index",
+    "ZBUS_SIGTERM": "`restart` (`zbus-pod` sets it for its role): a SIGTERM is this role's "
+                    "restart, its pod going away, not the job's end (control hands its records "
+                    "over to the next control); else a SIGTERM stops the job as Ctrl-C does "
+                    "([when a pod dies or moves](operations.md#when-a-pod-dies-or-moves))",
     "ZBUS_CACHE_DIR": "where the data's index and statistics are cached (overrides "
                       "`[data] cache_dir`)",
     "ZBUS_VENV": "the virtual environment the scripts set up and run (default `.venv`)",

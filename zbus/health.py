@@ -10,7 +10,9 @@ heartbeat interval and whenever the state changes, atomically (``zbus.files.atom
   Welcome);
 - ``ready``: a node welcomed by control; control once it runs the job (its run made or
   resumed, its endpoints bound);
-- ``ended``: the role exited normally (status 0): the job is over for it.
+- ``ended``: the job is over for good (it completed, was stopped, or failed in a way a
+  resume would meet again: Stop without ``resumable``), whatever the role's exit status;
+  ``zbus-pod`` then keeps the pod idle, and a restarted container of the pod stays idle.
 
 ``verdict`` is the probes' rule: *live* when the file was written within ``max_age`` seconds
 and its process lives (or has ended normally); *ready* when live and ``ready``.

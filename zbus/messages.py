@@ -109,7 +109,11 @@ class Finish(Message):
 
 @message()
 class Stop(Message):
-    """The job ended (``ok`` says how); every node exits."""
+    """The job ended (``ok`` says how); every node exits. ``resumable``: the run can be
+    resumed from a checkpoint (control's next start goes back to it, with every node as a new
+    process), so a node's supervisor should start it again; else the job has ended for good
+    and a node's health says ``ended``."""
 
     ok: bool
     reason: str
+    resumable: bool = False

@@ -20,6 +20,10 @@ with its run id and whether it was ready, then sends once more the latest report
 it sent (an epoch trained, a round done, ...), which the dead control may never have read.
 Control handles every report idempotently.
 
+A node that has not heard from control for a few heartbeats looks control's name up again
+(once a second at most): when it points elsewhere (control's pod made again on another host
+while the old one vanished without closing its connections), the node connects anew.
+
 When the job ends, control publishes Stop: a node says it is leaving and exits at once (a
 SIGTERM after that, from honcho or a spawner, ends it quietly); control waits for them, then
 prints the run's summary, so that the summary is the run's last output. A node that says Hello
@@ -133,9 +137,11 @@ class Loop:
 
     def moved(self, sock: sockets.Socket) -> bool:
         """The host name ``sock`` connected to now resolves to another address (a peer made
-        again elsewhere: a rescheduled pod)."""
+        again elsewhere: a rescheduled pod); not while it resolves to none (the pod is gone,
+        and not yet made again: libzmq looks the name up again at each reconnect)."""
         _, endpoint, _, _, at = self._connected[sock]
-        return resolved(endpoint) != at
+        now = resolved(endpoint)
+        return now != at and now != endpoint
 
     def renew(self, sock: sockets.Socket) -> sockets.Socket:
         """``sock`` closed and connected again, as it was (its endpoint looked up anew): a
@@ -235,8 +241,8 @@ class Loop:
             return True
         self.ended = True
         self.close()
-        if self.health_file is not None and self.exit_code == 0:
-            self.health_file.write("ended")
+        if self.health_file is not None and self.health_state() == "ended":
+            self.health_file.write("ended")   # the job is over for good, whatever the status
         return False
 
     def _turn(self, timeout_s: float | None) -> None:
@@ -289,8 +295,8 @@ class Loop:
         """Called after every poll (at least once per heartbeat interval)."""
 
     def health_state(self) -> str:
-        """``starting`` or ``ready``, for the health file (``zbus.health``): a role says
-        when it is ready."""
+        """``starting``, ``ready`` or ``ended`` (the job is over for good), for the health
+        file (``zbus.health``): a role says when it is ready, and when the job has ended."""
         return "starting"
 
     def on_writable(self, sock: sockets.Socket) -> None:
@@ -350,6 +356,8 @@ class Node(Loop):
         self.commands = self.connect(zmq.SUB, cluster.endpoint(CONTROL_PUB), self._on_command)
         self._next_beat = 0.0
         self.job_over = False   # control said Stop: the node leaves, quietly
+        self.ended_for_good = False  # ... and the run cannot be resumed (its health: ended)
+        self._next_lookup = 0.0  # control silent: when its name is looked up again
         self._last_heard = time.monotonic()
         self._waiting_said = self.started
         log.info("%s: waiting for control at %s (%s)", self.node_id,
@@ -449,8 +457,8 @@ class Node(Loop):
                 log.error("%s refused by control: %s", self.node_id, reason)
                 self.exit_code = 2
                 self.stopping = True
-            case Stop(ok=ok):  # the answer to a Hello that came after the job's end
-                self.job_ended(ok)
+            case Stop(ok=ok, resumable=resumable):  # the answer to a Hello after the end
+                self.job_ended(ok, resumable)
             case _ if self.welcomed:
                 self.handle_reply(env)
             case _:
@@ -459,21 +467,23 @@ class Node(Loop):
     def _on_command(self, _identity: bytes | None, env: Envelope) -> None:
         self._last_heard = time.monotonic()
         match env.msg:
-            case Stop(ok=ok):
-                self.job_ended(ok)
+            case Stop(ok=ok, resumable=resumable):
+                self.job_ended(ok, resumable)
             case Finish():
                 if self.welcomed:
                     self.heartbeat(final=True)
             case _ if self.welcomed:
                 self.handle_command(env)
 
-    def job_ended(self, ok: bool) -> None:
+    def job_ended(self, ok: bool, resumable: bool = False) -> None:
         """Control said Stop: leave quietly with the job's status (control states the reason
-        and waits for the nodes)."""
+        and waits for the nodes). A job that cannot be resumed has ended for good: the health
+        file says so (``zbus-pod`` then keeps the pod idle, whatever the status)."""
         if self.job_over:
             return
         log.debug("%s: job %s, exiting", self.node_id, "done" if ok else "failed")
         self.job_over = True   # a signal from the supervisor now changes nothing (quiet_stop)
+        self.ended_for_good = ok or not resumable
         self.exit_code = 0 if ok else 1
         if self.welcomed:
             self.to_control(Leaving(reason="the job is over"))
@@ -490,6 +500,8 @@ class Node(Loop):
         """Called once control admitted this node."""
 
     def health_state(self) -> str:
+        if getattr(self, "ended_for_good", False):   # (asked before __init__ is done too)
+            return "ended"
         return "ready" if self.welcomed else "starting"
 
     def quiet_stop(self) -> bool:
@@ -515,11 +527,29 @@ class Node(Loop):
                     self._waiting_said = now
                     log.info("%s: still waiting for control at %s (%.0f s)", self.node_id,
                              self.cluster.endpoint(CONTROL), now - self.started)
+        if self.welcomed and now - self._last_heard > max(3 * self.heartbeat_s, 1.0) \
+                and now >= self._next_lookup:
+            self._next_lookup = now + max(self.heartbeat_s, 1.0)
+            self.find_control()
         if now - self._last_heard > self.cluster.orphan_timeout_s:
             log.error("%s: nothing from control for %.0f s, giving up", self.node_id,
                       now - self._last_heard)
             self.exit_code = 1
             self.stopping = True
+
+    def find_control(self) -> None:
+        """Control is silent (it publishes every heartbeat): when its name now points at
+        another address (its pod made again elsewhere while the old host vanished, sending no
+        FIN: the connection would look open for minutes), connect anew, and say Hello again
+        with the latest reports, as a rejoin does: what was queued on the old link is dropped
+        (a control that did not move, its name looked up anew, takes them idempotently)."""
+        if self.moved(self.control) or self.moved(self.commands):
+            log.warning("%s: control is silent and its name now points elsewhere: "
+                        "connecting anew", self.node_id)
+            self.control = self.renew(self.control)
+            self.commands = self.renew(self.commands)
+            self._rejoined_at = 0.0
+            self.rejoin(self.run_id)
 
     def close(self) -> None:
         # Let a last Failure or final heartbeat reach control.

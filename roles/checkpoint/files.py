@@ -14,7 +14,11 @@ an ``s3://`` prefix (``roles.storage.store``), by default ``runs/<run>/checkpoin
 - ``LATEST``: the name of the newest complete checkpoint (written after its manifest), for a
   serving system that follows the job (``zbus-predict RUN_DIR/checkpoints`` reads it);
 - ``summary.json`` with ``[checkpoint] dir`` set: the run's summary once it ended (its
-  ``resume_from`` says whether it can be resumed), for a control whose run directory is gone.
+  ``resume_from`` says whether it can be resumed), for a control whose run directory is gone;
+- with ``[checkpoint] dir`` set, what a role of the running job keeps there because its pod's
+  disk may be gone when it is started again: ``acks/feeder-<i>.json``, each feeder's ack log
+  in its compact form (``roles.checkpoint.stored_acks``), and ``control/``, control's records
+  handed over when its pod was stopped (``roles.control.handover``). A new run removes both.
 
 Every file is written to a temporary name, fsynced, renamed and its directory fsynced: a file
 under its final name is whole, also after the machine loses power. In an object store, which
@@ -43,6 +47,8 @@ CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
 SUMMARY = "summary.json"   # with [checkpoint] dir: the run's summary when it ended, beside them
+ACKS = "acks"              # ... the feeders' ack logs, compact (roles.checkpoint.stored_acks)
+HANDOVER = "control"       # ... control's records when its pod was stopped (control.handover)
 CHECKPOINT_FORMAT = 1
 
 

@@ -68,9 +68,14 @@ class Admission:
             return self.refused(said.reason) if said.refuse \
                 else Answer(failure=said.reason, resumable=said.resumable)
         resuming = self.resumption.decision
-        choice = resuming.hello(node_id, hello.role, rejoin=hello.run_id == self.run_id)
+        choice = resuming.hello(node_id, hello.role, rejoin=hello.run_id == self.run_id,
+                                known=node_id in self.members.nodes)
         if choice == "wait":
             return Answer()   # a resumed control, not yet sure whether the nodes live on
+        if choice == "refuse" and not resuming.resumed:
+            return self.refused(f"{node_id} ran an earlier start of run {self.run_id}, whose "
+                                "control's records are gone: this control started the run "
+                                f"anew; start {node_id} again (a new process) to join it")
         if choice == "refuse":
             return self.refused(f"control lost its records and goes back to checkpoint "
                                 f"{resuming.checkpoint}: start {node_id} again (a new "

@@ -13,6 +13,7 @@ from roles.control.state import ResumeError, resumable_run
 from roles.job.cli import load_job_or_exit, parse_role_args
 from roles.job.rundir import shown
 from roles.job.summary import Summary
+from roles.storage.fs import StorageError
 from zbus.endpoints import CONTROL_ID
 from zbus.logs import setup_logging, to_file, to_run_dir
 from zbus.node import install_signals
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         resume = resumable_run(job.name, args.resume, dict(os.environ)) if args.resume \
             else None
         control = Control(job, resume=resume, headline=headline_also_in_log)
-    except (OSError, ResumeError) as exc:
+    except (OSError, ResumeError, StorageError) as exc:
         print(f"zbus control: cannot start: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     to_run_dir(control.run_dir, CONTROL_ID)

@@ -30,7 +30,9 @@ within ``start_timeout_s``, or nothing progresses for ``stall_timeout_s``. A fai
 than a node's Failure, a network that cannot train and a node that cannot start before
 training began, and a SIGINT or SIGTERM (status ``interrupted``), leave the run to be
 resumed from its newest complete checkpoint (``end``); a completed, stopped or so failed job
-has ended for good.
+has ended for good. A SIGTERM in a pod that is going away (``zbus.signals``) is not the job's
+end but control's restart: it hands its records over to the next control and exits, and the
+nodes go on (``hand_over``; ``roles.control.handover``).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from roles.algorithms.control.membership import ALIVE, Members, NodeState, Stall
 from roles.algorithms.control.status import StatusBuilder
 from roles.algorithms.control.summary import feeder_totals, table_figures
 from roles.algorithms.shared.progress import Every, describe, epoch_line, seconds
-from roles.checkpoint.files import checkpoint_store, latest_complete
+from roles.checkpoint.files import ACKS, HANDOVER, checkpoint_store, latest_complete
 from roles.control.admission import Admission
 from roles.control.checkpoints import Checkpoints
 from roles.control.closing import Closing
@@ -58,6 +60,7 @@ from roles.control.commands import Commands, ProgressClock
 from roles.control.course import Course
 from roles.control.exports import Exports
 from roles.control.feeding import Feeding
+from roles.control.handover import hand_over
 from roles.control.health import Health
 from roles.control.interruption import interruption, under_honcho
 from roles.control.model_plan import PlanError, plan_model
@@ -113,7 +116,8 @@ from roles.protocol.lifecycle import (
 )
 from roles.protocol.operator import ControlReply, ControlRequest, Status
 from roles.protocol.placement import Drained, KeyCounts, Moved, WindowWork
-from zbus import security
+from roles.storage.fs import StorageError
+from zbus import security, signals
 from zbus.codec import Envelope, ProtocolError
 from zbus.endpoints import CONTROL_ID
 from zbus.files import atomic_write
@@ -213,6 +217,7 @@ class Control(Loop):
         self.termination: str | None = None  # the signal that interrupted the job
         self.interrupted_by = ""             # and what it means (roles.control.interruption)
         self.under_honcho = under_honcho(os.environ if environ is None else environ)
+        self.handing_over = False  # ... or that restarts control: its pod is going away
         self.resume_from: int | None = None  # ended: the checkpoint a resume goes back to
         self.model_plan: dict | None = None
         cannot_plan = ""  # the network cannot be built or traced: the job fails at once
@@ -232,7 +237,12 @@ class Control(Loop):
 
     def start_run(self) -> str:
         """A new run: the network's partition (model parallelism) or its check, the run's first
-        records; why the job cannot start ("": it can)."""
+        records; why the job cannot start ("": it can). What an earlier run left in
+        ``[checkpoint] dir`` for its restarted roles (the feeders' ack logs, a handover) is not
+        this run's: removed (StorageError: control cannot start)."""
+        if self.job.checkpoint.dir:
+            for name in (ACKS, HANDOVER):
+                self.checkpoints.store.remove(name)
         cannot_plan = ""
         if self.job.cluster.parts > 1:  # model parallelism: the network's partition
             try:
@@ -457,6 +467,9 @@ class Control(Loop):
         if self.closing is not None:
             self.close_down(now, self.closing)
             return
+        if self.termination and self.handing_over:  # its pod is going away
+            self.hand_over()
+            return
         if self.termination:  # Ctrl-C of honcho start (honcho SIGTERMs every role), ...
             self.end("interrupted", self.interrupted_by, resumable=True)
             return
@@ -661,7 +674,7 @@ class Control(Loop):
         self.metrics.write("end", status=status, reason=reason, resume_from=self.resume_from)
         self.metrics.close()
         ok = status in ("completed", "stopped")  # stopped: an operator ended it on purpose
-        stop = Stop(ok=ok, reason=reason or status)
+        stop = Stop(ok=ok, reason=reason or status, resumable=self.resume_from is not None)
         self.send(self.pub, stop)
         self.view.final = final_figures(summary, path)
         self.publish_status(time.monotonic())  # consoles see the end
@@ -690,15 +703,48 @@ class Control(Loop):
             self.stopping = True
 
     def on_signal(self, signum: int) -> None:
-        """SIGINT or SIGTERM: the job is interrupted (``check``), unless it has ended."""
+        """SIGINT or SIGTERM: the job is interrupted (``check``), unless it has ended; a
+        SIGTERM in a pod that is going away (``zbus.signals``): control hands over."""
         if self.course.phase != "done" and not self.termination:
             self.termination = signal.Signals(signum).name
+            self.handing_over = signals.meaning(signum) == signals.RESTART
             self.interrupted_by = interruption(self.termination, self.under_honcho,
                                                self.members.nodes.items())
 
+    def hand_over(self) -> None:
+        """A SIGTERM in a pod that is going away: control's restart, not the job's end. Its
+        records go where the next control finds them (the run directory, and with
+        ``[checkpoint] dir`` the store: ``roles.control.handover``); no Stop is sent, and the
+        nodes go on and join the next control. A control still waiting to hear whether its
+        nodes live on, with records from a checkpoint, hands nothing over: the next one goes
+        back to that checkpoint as it would have."""
+        decision = self.resumption.decision
+        if not (decision.pending and decision.checkpoint):
+            state = capture_state(self.components, self.run_id, self.resumption.started_at,
+                                  self.job.fingerprint())
+            history = capture_history(self.components, self.model_plan)
+            write_state(self.run_dir, state)
+            write_history(self.run_dir, history)
+            if self.job.checkpoint.dir:
+                try:
+                    hand_over(self.checkpoints.store, state, history)
+                except (OSError, StorageError) as exc:
+                    log.error("control's records are not in %s (%s): a control made again "
+                              "on another host goes back to the newest checkpoint",
+                              self.job.checkpoint.dir, exc)
+        self.metrics.write("handover", signal=self.termination)
+        log.warning("control received %s: its pod is going away; its records are handed over "
+                    "to the next control, which the nodes join (the job goes on)",
+                    self.termination)
+        self.exit_code = 128 + signal.SIGTERM
+        self.stopping = True
+
     def health_state(self) -> str:
         """Ready once it runs the job: asked from its loop, which starts once the run is made
-        or resumed and its endpoints are bound (the nodes can join)."""
+        or resumed and its endpoints are bound (the nodes can join); ended once the job has
+        ended for good (it cannot be resumed)."""
+        if self.closing is not None and self.resume_from is None:
+            return "ended"
         return "ready"
 
     def release(self) -> None:

@@ -12,11 +12,20 @@ feeder, shard and aggregator of the job) says Hello anew and none rejoins, the w
 killed: control goes back to the checkpoint, and so does every node (Welcome ``rollback``).
 Until it has decided, control leaves the new nodes' Hellos unanswered (they say it again).
 
-A control whose run directory is gone (a new machine, a rescheduled pod) takes its records from
-the newest complete checkpoint in the checkpoint store (``records_from``): they are older than
-what live nodes hold, so it cannot go on with them. It refuses a node that rejoins (the node
+A control whose run directory is gone (a new machine, a rescheduled pod) takes the records its
+predecessor handed over when its pod was stopped (``roles.control.handover``: as new as the
+nodes', so it goes on with them); without those, it takes its records from the newest
+complete checkpoint in the checkpoint store (``records_from``): they are older than what live
+nodes hold, so it cannot go on with them. It refuses a node that rejoins (the node
 exits; started again, it says Hello anew) and goes back to the checkpoint once every stateful
 node has.
+
+A control that started its run anew (not resumed) does not know a node that says Hello naming
+the run unless it welcomed it itself (the node looked control's name up anew and says Hello
+again, in case control moved): an unknown one belongs to an earlier control of the same name
+whose records are gone (a pod's run directory is always ``run``: control's pod stopped without a
+``[checkpoint] dir`` to hand its records over to, then made again with an empty disk). It is
+refused too, and joins the new run as a new process once started again.
 """
 
 from __future__ import annotations
@@ -28,7 +37,16 @@ from pathlib import Path
 from roles.algorithms.control.membership import ALIVE
 from roles.checkpoint.files import latest_complete
 from roles.control.commands import ProgressClock
-from roles.control.state import STATE_FILE, ControlComponents, ResumeError, read_state, restore
+from roles.control.handover import handed_over, remove_handover
+from roles.control.state import (
+    STATE_FILE,
+    ControlComponents,
+    ResumeError,
+    read_state,
+    restore,
+    write_history,
+    write_state,
+)
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
 from roles.protocol.lifecycle import Membership
@@ -40,6 +58,7 @@ STATEFUL_ROLES = ("feeder", "ps", "aggregator")
 class Resuming:
     def __init__(self, expected: list[str], resumed: bool):
         self.stateful = {n for n in expected if n.rsplit("-", 1)[0] in STATEFUL_ROLES}
+        self.resumed = resumed       # started on a run's records (--resume), not anew
         self.pending = resumed       # a resumed control that has not decided yet
         self.rolled_back = False     # decided: the whole job went back to a checkpoint
         self.fresh: set[str] = set()
@@ -48,12 +67,13 @@ class Resuming:
     def records_from(self, checkpoint: int) -> None:
         self.checkpoint = checkpoint
 
-    def hello(self, node_id: str, role: str, rejoin: bool) -> str:
+    def hello(self, node_id: str, role: str, rejoin: bool, known: bool = True) -> str:
         """``go``: handle the Hello as usual; ``wait``: leave it unanswered for now;
         ``roll back``: every stateful node is new, go back to the checkpoint (then ``go``);
-        ``refuse``: a node of the run rejoins a control whose records came from a checkpoint."""
+        ``refuse``: a node of the run rejoins a control whose records came from a checkpoint,
+        or one (not ``known``) a control that started the run anew."""
         if not self.pending:
-            return "go"
+            return "refuse" if rejoin and not known and not self.resumed else "go"
         if rejoin and self.checkpoint:
             return "refuse"
         if rejoin:
@@ -91,19 +111,33 @@ class Resumption:
 
     def from_disk(self, now: float) -> dict | None:
         """Control's records from its run directory; a run directory without them (a new
-        machine or pod: its disk is gone) takes them from the newest complete checkpoint in
-        the job's checkpoint store, and the whole job goes back to that checkpoint. Returns the
+        machine or pod: its disk is gone) takes the records the control before it handed over
+        (``roles.control.handover``), else those of the newest complete checkpoint in the
+        job's checkpoint store, and the whole job goes back to that checkpoint. Handed-over
+        records are copied into the run directory and removed from the store. Returns the
         run's model plan (None: the network is not partitioned); ResumeError when the records
-        cannot be used."""
+        cannot be used (StorageError: the store cannot be reached)."""
         source: Path | str = self.run_dir
-        if not (self.run_dir / STATE_FILE).exists() and \
-                (found := latest_complete(self.parts.checkpoints.store)) is not None:
-            source = found[1]
-            self.decision.records_from(found[0])
-            log.warning("%s holds no control state: control takes its records from checkpoint "
-                        "%d (%s), and the whole job goes back to it", self.run_dir, found[0],
-                        found[1])
+        store = self.parts.checkpoints.store
+        handed = handed_over(store) if self.job.checkpoint.dir else None
+        if not (self.run_dir / STATE_FILE).exists():
+            if handed is not None:
+                source = handed
+                log.warning("%s holds no control state: control takes the records the control "
+                            "before it handed over when its pod was stopped (%s); the nodes "
+                            "join it again", self.run_dir, handed)
+            elif (found := latest_complete(store)) is not None:
+                source = found[1]
+                self.decision.records_from(found[0])
+                log.warning("%s holds no control state: control takes its records from "
+                            "checkpoint %d (%s), and the whole job goes back to it",
+                            self.run_dir, found[0], found[1])
         state, history = read_state(source, self.job)
+        if handed is not None:   # into the run directory, then out of the store
+            if source == handed:
+                write_state(self.run_dir, state)
+                write_history(self.run_dir, history)
+            remove_handover(store)
         self.started_at = state.started_at
         self.run_before_s = max(0.0, time.time() - self.started_at)
         restore(self.parts, state, history, now)  # ResumeError when it cannot be

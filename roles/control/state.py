@@ -307,6 +307,20 @@ def how_it_ended(run_dir: Path | str) -> str:
     return f" ({said})"
 
 
+def ended_for_good(run_dir: Path) -> str | None:
+    """How the run in ``run_dir`` ended for good (``completed``, ``failed: why``...), or None
+    when it holds no control state or can still be resumed (a run that ended resumable keeps
+    the state it resumes from, whose phase is not ``done``)."""
+    try:
+        raw = orjson.loads((run_dir / STATE_FILE).read_bytes())
+        phase = raw["course"]["phase"]
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+    if phase != "done":
+        return None
+    return how_it_ended(run_dir)[2:-1] or "ended"
+
+
 def resumable_run(job_name: str, given: str, environ: dict) -> Path:
     """The run directory to resume: ``given``, else ZBUS_RUN_DIR, else the newest run of the
     job under runs/ with a control state."""

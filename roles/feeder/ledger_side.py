@@ -9,7 +9,10 @@ asks no shard for them. When control's membership loses a worker, its
 batches and every batch not yet taken are sent again under the same id; at the end of a pass,
 an idle worker gets second copies of batches still untaken elsewhere (see the Ledger).
 A feeder killed and started again on its run resumes from its ack log and reclaims the batches
-its dead process had sent (``roles.algorithms.feeding.reclaim``).
+its dead process had sent (``roles.algorithms.feeding.reclaim``). With ``[checkpoint] dir`` set
+the log is kept in the store too (``roles.checkpoint.stored_acks``): a feeder started on an
+empty disk (its pod made again elsewhere) resumes from that copy, and no new batch goes out
+while more acks than the workers keep for it are missing from the copy.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-from roles.algorithms.feeding.ack_log import AckLog
+from roles.algorithms.feeding.ack_log import AckLog, seed
 from roles.algorithms.feeding.ledger import InFlight, Ledger, PartProgress
 from roles.algorithms.feeding.passes import FeedingPass
 from roles.algorithms.feeding.reclaim import Reclaim
 from roles.algorithms.feeding.tally import FeederTally
 from roles.algorithms.sync.feeder import FeederSync
+from roles.checkpoint.stored_acks import StoredAcks
 from roles.data.stream import Samples
 from roles.job.settings import Job
 from roles.protocol.datapath import Ack, Deliver, Grant, Grants, max_in_flight
@@ -40,16 +44,19 @@ class LedgerSide:
     """``plan`` says the pass under way (None between passes); ``to_worker`` answers a worker
     on the ledger socket, ``to_shards`` sends every shard a message, ``pause_acks`` stops (True)
     or resumes reading the ledger socket, ``pump`` sends what can be sent; ``started``: when
-    the process started."""
+    the process started; ``reclaimed``: called with a batch its dead process had sent that a
+    restarted feeder takes back for a worker to train (its keys may be due again)."""
 
     def __init__(self, job: Job, tally: FeederTally, sync: FeederSync,
                  plan: Callable[[], FeedingPass | None],
                  to_worker: Callable[[bytes, Message], None],
                  to_shards: Callable[[Message], None], pause_acks: Callable[[bool], None],
-                 pump: Callable[[], None], started: float):
+                 pump: Callable[[], None], started: float,
+                 reclaimed: Callable[[int, InFlight], None] = lambda batch_id, entry: None):
         self.job, self.tally, self.sync, self.plan = job, tally, sync, plan
         self.to_worker, self.to_shards = to_worker, to_shards
         self.pause_acks, self.pump = pause_acks, pump
+        self.reclaimed = reclaimed
         self.started = started
         self.ledger = Ledger(self.in_flight_limit(job.cluster.workers))
         self.push = job.train.embeddings == "push"  # grants tell the shards (Deliver)
@@ -61,6 +68,7 @@ class LedgerSide:
         # a feeder killed and started again resumes from its ack log
         # (roles.algorithms.feeding.ack_log)
         self.ack_log: AckLog | None = None
+        self.stored: StoredAcks | None = None   # its copy in the checkpoint store, if any
         self.reclaim = Reclaim(self.ledger)
         self.rolled_back = False     # the whole job went back to a checkpoint: its log is it
 
@@ -68,11 +76,24 @@ class LedgerSide:
         return max_in_flight(workers, self.job.train.prefetch)
 
     # -- the ack log -------------------------------------------------------------------------
-    def open_ack_log(self, directory: Path, node_id: str, rolled_back: bool) -> None:
+    def open_ack_log(self, directory: Path, node_id: str, rolled_back: bool,
+                     stored: StoredAcks | None = None) -> None:
         """Acknowledged training batches are logged; a log already there means this is a
         restart: the job-wide counts come back from it, and the ledger socket waits until the
-        pass under way is rebuilt (the first EpochStart or Evaluate)."""
+        pass under way is rebuilt (the first EpochStart or Evaluate). ``stored``: the log's
+        copy in the checkpoint store, from which a log missing here starts (the store cannot
+        be read: StorageError, ValueError), and which a rolled-back log replaces at once."""
         self.ack_log = AckLog(directory, node_id)
+        self.stored = stored
+        if stored is not None and rolled_back:
+            stored.write_now(self.ack_log)
+        elif stored is not None and self.ack_log.restart() is None \
+                and (position := stored.read()) is not None:
+            self.ack_log.close()
+            seed(directory, node_id, position)
+            self.ack_log = AckLog(directory, node_id)
+            log.warning("no ack log on this disk: it starts from its copy in %s",
+                        stored.store.root)
         self.rolled_back = rolled_back
         done = self.ack_log.restart()
         if done is None:
@@ -161,7 +182,9 @@ class LedgerSide:
             # run a later copy of the batch twice, a refusal drop the batch the ledger counts
             self.repeated_takes += 1
             return None
-        self.reclaim.taking(self.plan(), batch_id)  # restarted: sent by its dead process?
+        if batch_id not in self.ledger.in_flight:   # restarted: sent by its dead process?
+            self.reclaim.taking(self.plan(), batch_id)
+            self.took_back([batch_id])
         granted = self.ledger.take(batch_id, worker)
         entry = self.ledger.peek(batch_id)
         if granted and self.push and entry is not None and node_index(worker) >= 0:
@@ -172,9 +195,19 @@ class LedgerSide:
 
     def holding(self, worker: str, held: list[int]) -> None:
         """A worker's batches granted by the dead process: they stay that worker's."""
+        new = [b for b in held if b not in self.ledger.in_flight]
         self.reclaim.holding(self.plan(), worker, held)
+        self.took_back(new)
         if self.reclaim.recovering:
             self.maybe_recovered()
+
+    def took_back(self, batch_ids: list[int]) -> None:
+        """Of these batches (none in flight before), those the dead process had sent and a
+        worker now trains: ``reclaimed``."""
+        for batch_id in batch_ids:
+            entry = self.ledger.peek(batch_id)
+            if entry is not None:
+                self.reclaimed(batch_id, entry)
 
     def idle(self) -> None:
         """A worker has nothing to run: second copies of stragglers, if the pass is at its
@@ -219,7 +252,19 @@ class LedgerSide:
         return self.reclaim.recovering
 
     def has_room(self) -> bool:
-        return self.ledger.has_room()
+        return self.ledger.has_room() and (
+            self.stored is None or self.ack_log is None
+            or self.stored.room(len(self.ledger.in_flight), self.ack_log))
+
+    def store_acks(self, now: float) -> bool:
+        """The log's copy in the store kept up (``StoredAcks.tick``): True when it moved on."""
+        if self.stored is None or self.ack_log is None:
+            return False
+        return self.stored.tick(now, self.ack_log)
+
+    def storing(self) -> bool:
+        """The copy is being written while feeding waits for it."""
+        return self.stored is not None and self.stored.busy() and not self.has_room()
 
     def in_flight(self) -> int:
         return len(self.ledger.in_flight)
@@ -255,7 +300,9 @@ class LedgerSide:
         return {"requeued_batches": ledger.requeued, "duplicate_acks": ledger.duplicate_acks,
                 "refused_takes": ledger.refused_takes, "repeated_takes": self.repeated_takes,
                 "straggler_copies": ledger.straggler_copies,
-                "max_in_flight": ledger.max_in_flight}
+                "max_in_flight": ledger.max_in_flight,
+                **({"acks_stored": self.stored.stored, "ack_store_writes": self.stored.writes}
+                   if self.stored is not None else {})}
 
     def restart_counters(self) -> dict[str, bool]:
         return {"restarted": self.reclaim.restarted, "recovering": self.reclaim.recovering}

@@ -34,10 +34,12 @@ import numpy as np
 import zmq
 
 from roles.algorithms.feeding.key_routing import KeyRouting
+from roles.algorithms.feeding.ledger import InFlight
 from roles.algorithms.feeding.tally import FeederTally, ListTally
 from roles.algorithms.sync import feeder as sync_modes
 from roles.checkpoint.files import checkpoint_store
 from roles.checkpoint.model_files import ExportAnswers
+from roles.checkpoint.stored_acks import StoredAcks
 from roles.data.compiled import AVAILABLE
 from roles.data.hashing import compiled_loop
 from roles.data.index import DataError
@@ -46,7 +48,7 @@ from roles.feeder.hold import CheckpointHold
 from roles.feeder.ledger_side import LedgerSide
 from roles.feeder.loading import Loading
 from roles.feeder.passes import Passes
-from roles.job.cli import role_main
+from roles.job.cli import MAX_WORKERS, role_main
 from roles.job.settings import Job
 from roles.protocol.checkpoint import Checkpoint
 from roles.protocol.datapath import (
@@ -59,6 +61,7 @@ from roles.protocol.datapath import (
     SampleBatch,
     Taken,
     Taking,
+    max_in_flight,
     sample_batch_bytes,
 )
 from roles.protocol.lifecycle import EpochStart, Evaluate, Export, Membership, ShardBack
@@ -71,6 +74,7 @@ from zbus.messages import Failure, Ready
 from zbus.node import Node
 
 log = logging.getLogger(__name__)
+STORE_POLL_S = 0.02   # feeding waits for the ack log's copy in the store: looked at this often
 
 
 class Feeder(Node):
@@ -99,7 +103,7 @@ class Feeder(Node):
         self.exports = ExportAnswers(self.loading.export_part, self.report)
         self.ledger = LedgerSide(job, self.tally, self.sync, lambda: self.passes.current(),
                                  self.to_worker, self.to_shards, self.pause_acks, self.pump,
-                                 self.started)
+                                 self.started, reclaimed=self.keys_again)
         self.passes = Passes(job, index, self.loading, self.ledger, self.tally, self.sync,
                              self.set_state, self.report, self.pump)
         self.hold = CheckpointHold(index, self.sync, self.loading, self.passes, self.ledger,
@@ -110,6 +114,7 @@ class Feeder(Node):
         self.batches_sent = 0
         self.lists = ListTally(self.layout)   # ids per list field, in the batches sent
         self.batches_resent = 0
+        self.keys_again_sent = 0     # taken back from a dead process, keys sent again
         self.paused = False          # an operator paused feeding: no new batch goes out
 
     def set_state(self, state: str) -> None:
@@ -135,7 +140,17 @@ class Feeder(Node):
                 self.fail(f"cannot restore the checkpoint {self.restore_dir}: {exc}")
                 return
             rolled_back = True
-        self.ledger.open_ack_log(feeders, self.node_id, rolled_back)
+        stored = StoredAcks(store, self.node_id, self.heartbeat_s,
+                            max_in_flight(MAX_WORKERS, self.job.train.prefetch)) \
+            if self.job.checkpoint.dir else None
+        try:
+            self.ledger.open_ack_log(feeders, self.node_id, rolled_back, stored)
+        except (OSError, ValueError, StorageError) as exc:   # started again, it tries again
+            log.error("%s: cannot read or write its ack log in %s: %s", self.node_id,
+                      self.job.checkpoint.dir, exc)
+            self.exit_code = 1
+            self.stopping = True
+            return
         self.state = "ready"
         self.to_control(Ready(info=info))
 
@@ -273,6 +288,15 @@ class Feeder(Node):
             self.send(self.shards[shard], msg)
         return keys, owner
 
+    def keys_again(self, batch_id: int, entry: InFlight) -> None:
+        """A restarted feeder takes back a batch its dead process had sent, for a worker to
+        train: a shard restarted meanwhile (its host gone with the feeder's, say) lost its
+        keys, which the dead process had sent it, so every shard that was restarted gets them
+        again (one that holds them ignores them)."""
+        if self.shards_back:
+            self.send_keys(batch_id, entry.batch, sorted(self.shards_back), entry.eval)
+            self.keys_again_sent += 1
+
     def resend_keys(self, shard: int) -> int:
         """A restarted shard lost the keys of the batches in flight: send them again."""
         in_flight = self.ledger.batches_in_flight()
@@ -337,6 +361,10 @@ class Feeder(Node):
         part = self.hold.poll()
         if part is not None:
             self.report(part)
+        if self.ledger.store_acks(now):   # the ack log's copy moved on: room may be free
+            self.pump()
+        if self.wake_at is None and self.ledger.storing():
+            self.wake_at = now + STORE_POLL_S
         super().on_tick(now)
 
     def heartbeat(self, final: bool = False) -> None:
@@ -347,7 +375,8 @@ class Feeder(Node):
 
     def counters(self) -> dict[str, Any]:
         return {"epoch": self.passes.epoch, "batches_sent": self.batches_sent,
-                "batches_resent": self.batches_resent, **self.tally.counters(),
+                "batches_resent": self.batches_resent, "keys_again": self.keys_again_sent,
+                **self.tally.counters(),
                 "parts_begun_ahead": self.passes.begun_ahead, **self.loading.held_counters(),
                 "in_flight": self.ledger.in_flight(), "paused": self.paused,
                 **self.ledger.counters(),

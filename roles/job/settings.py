@@ -35,7 +35,7 @@ MAX_LEN = 50   # a list field's ids kept by default (the newest)
 DECAY_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
 RESERVED_ENV = {"ZBUS_JOB", "ZBUS_RUN_DIR", "ZBUS_LOG_LEVEL", "ZBUS_VENV", "ZBUS_TORCH_SPEC",
                 "ZBUS_CACHE_DIR", "ZBUS_CLUSTER_FILE", "ZBUS_BIND_INTERFACE", "ZBUS_RESUME",
-                "ZBUS_SUPERVISED", "ZBUS_HEALTH_FILE", "ZBUS_POD_NAME"}
+                "ZBUS_SUPERVISED", "ZBUS_HEALTH_FILE", "ZBUS_POD_NAME", "ZBUS_SIGTERM"}
 
 
 class JobError(ValueError):

@@ -5,15 +5,23 @@ entrypoint; ``deploy/``).
   ``zbus-ps-3``: shard 3); control takes none.
 - ``ZBUS_HEALTH_FILE`` defaults to ``/tmp/zbus-health.json`` (``zbus-probe live|ready`` reads
   it), and ``ZBUS_SUPERVISED`` to 1 (the StatefulSets start every role).
-- The role runs as a child process (``python -m roles.<role> --index N ARGS...``); SIGTERM and
-  SIGINT are passed on to it.
+- The role runs as a child process (``python -m roles.<role> --index N ARGS...``) with
+  ``ZBUS_SIGTERM=restart`` (``zbus.signals``): SIGTERM and SIGINT are passed on to it, and a
+  SIGTERM, which here comes from Kubernetes (an eviction, a drain, a rolling update, a pod
+  deleted), is the role's restart, not the job's end: control hands its records over to the
+  next control, and the nodes go on.
 - Control starts on the run in ``ZBUS_RUN_DIR`` with ``--resume`` when that directory holds
-  control's state (its container restarted in the same pod: the emptyDir survived), else
-  fresh (``control_args``).
-- The role exits 0 (the job is over): the health file says ``ended`` and the pod idles until
-  SIGTERM, then exits 0, so that the StatefulSet does not start a finished job again. The
-  role exits non-zero: so does the pod, with its status, and Kubernetes starts the container
-  again, which is a restart of the role in zbus's recovery
+  control's state (its container restarted in the same pod: the emptyDir survived), or when
+  the ``[checkpoint] dir`` store holds what the next control goes on from (``control_args``),
+  else fresh.
+- The job has ended for good (completed, stopped, or failed in a way a resume would meet
+  again): the role's health file says ``ended``, whatever its exit status, and the pod idles
+  until SIGTERM, then exits 0, so that the StatefulSet does not start a finished job again.
+  A container of the pod started again later (the kubelet restarts it whatever made it exit)
+  finds the health file saying so, or control's ended run, or the run's summary in the
+  ``[checkpoint] dir`` store (a pod made again with an empty disk), and idles at once
+  (``job_over``). Otherwise, when the role exits, so does the pod, with its status, and
+  Kubernetes starts the container again, which is a restart of the role in zbus's recovery
   (docs/architecture.md, "Recovery").
 """
 
@@ -31,7 +39,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from zbus import health
+from zbus import health, signals
 
 ROLES = {"control": "roles.control", "feeder": "roles.feeder", "ps": "roles.ps",
          "worker": "roles.worker", "aggregator": "roles.aggregator", "member": "roles.member"}
@@ -60,34 +68,78 @@ def control_args(env: Mapping[str, str]) -> list[str]:
     """Where control starts from (the one place this is decided):
 
     - the run in ``ZBUS_RUN_DIR`` (``--resume``) when that holds control's state: its
-      container restarted in the same pod, whose emptyDir survived;
-    - else, with ``[checkpoint] dir`` set (a bucket that outlives every pod), the run its
-      newest complete checkpoint belongs to (``--resume``: control takes its records from
-      there, and the whole job goes back to it), unless the summary there says that run
+      container restarted in the same pod, whose emptyDir survived; unless that run has
       ended for good (``JobEnded``: the pod idles);
+    - else, with ``[checkpoint] dir`` set (a bucket that outlives every pod), unless the
+      summary there says that run ended for good (``JobEnded``), the run whose records the
+      control before was handing over when its pod was stopped (``--resume``: the nodes go on
+      with it, ``roles.control.handover``), or the run its newest complete checkpoint belongs
+      to (``--resume``: control takes its records from there, and the whole job goes back
+      to it);
     - else a new run there (or under runs/ without ``ZBUS_RUN_DIR``)."""
     # imported here: the idle pod need not hold them
-    from roles.checkpoint.files import SUMMARY, latest_complete
-    from roles.control.state import STATE_FILE
+    from roles.checkpoint.files import latest_complete
+    from roles.control.handover import handed_over
+    from roles.control.state import STATE_FILE, ended_for_good
     from roles.job.settings import load_job
     from roles.storage.store import Store
 
     run_dir = env.get("ZBUS_RUN_DIR", "")
     if run_dir and (Path(run_dir) / STATE_FILE).is_file():
+        how = ended_for_good(Path(run_dir))
+        if how is not None:
+            raise JobEnded(f"the run in {run_dir} has ended ({how})")
         return ["--resume", run_dir]
     where = load_job(None, environ=env).checkpoint.dir
     if not run_dir or not where:
         return []
     store = Store(where)
-    if store.size(SUMMARY) is not None:
-        summary = json.loads(store.read_bytes(SUMMARY))
-        if summary.get("resume_from") is None:
-            raise JobEnded(f"the run of {where} has ended ({summary.get('status')}"
-                           f"{': ' + summary['reason'] if summary.get('reason') else ''}); "
-                           "give a new job a [checkpoint] dir of its own")
-    if latest_complete(store) is not None:
+    how = ended_in_store(store)
+    if how is not None:
+        raise JobEnded(f"the run of {where} has ended ({how}); give a new job a "
+                       "[checkpoint] dir of its own")
+    if handed_over(store) is not None or latest_complete(store) is not None:
         return ["--resume", run_dir]
     return []
+
+
+def ended_in_store(store: Any) -> str | None:
+    """How the run whose checkpoints ``store`` holds ended for good, from its summary there,
+    or None (no summary, or one that says it can be resumed)."""
+    from roles.checkpoint.files import SUMMARY
+
+    if store.size(SUMMARY) is None:
+        return None
+    summary = json.loads(store.read_bytes(SUMMARY))
+    if summary.get("resume_from") is not None:
+        return None
+    return f"{summary.get('status')}{': ' + summary['reason'] if summary.get('reason') else ''}"
+
+
+def job_over(env: Mapping[str, str]) -> str | None:
+    """Why this pod has nothing to run, or None: its health file says the job ended for good
+    (written by an earlier container of this pod, whose emptyDir survived), or the run's
+    summary in the ``[checkpoint] dir`` store does (a pod made again with an empty disk after
+    the job's end: a node would otherwise wait for a control that idles). A job file or store
+    that cannot be read: None (the role, or ``control_args``, says why)."""
+    record = health.read(env.get(health.ENV, health.DEFAULT_PATH))
+    if record is not None and record.get("state") == "ended":
+        return "the job has ended (this pod's health file says so)"
+    try:
+        from roles.job.settings import load_job
+        from roles.storage.store import Store
+
+        where = load_job(None, environ=env).checkpoint.dir
+        how = ended_in_store(Store(where)) if where else None
+    except Exception:   # the role says what is wrong with the job or the store
+        return None
+    return f"the run of {where} has ended ({how})" if how is not None else None
+
+
+def ended_by(record: dict[str, Any] | None, pid: int) -> bool:
+    """The role's process ``pid`` said in its health file that the job has ended for good (a
+    status of its own aside: a failed job's roles exit 1)."""
+    return record is not None and record.get("state") == "ended" and record.get("pid") == pid
 
 
 def role_argv(role: str, env: Mapping[str, str], extra: list[str] | None = None) -> list[str]:
@@ -107,6 +159,7 @@ def pod_environ(env: Mapping[str, str]) -> dict[str, str]:
     out = dict(env)
     out.setdefault(health.ENV, health.DEFAULT_PATH)
     out.setdefault("ZBUS_SUPERVISED", "1")
+    out.setdefault(signals.ENV, signals.RESTART)   # a SIGTERM here: the pod goes away
     return out
 
 
@@ -131,13 +184,11 @@ class Pod:
         code = self.child.wait()
         if code < 0:
             code = 128 - code   # killed by a signal: as a shell reports it
-        if code != 0:
-            say(f"{self.node} exited with status {code}")
-            return code
-        if self.signalled:   # stopped on purpose (the pod is going away)
-            self.health.write("ended")
-            return 0
-        return self.idle()
+        if ended_by(health.read(self.health.path), self.child.pid):
+            return self.idle()   # (at once when a SIGTERM came meanwhile)
+        say(f"{self.node} exited with status {code}" + (
+            " (the pod is being stopped: a restart of the role)" if self.signalled else ""))
+        return code
 
     def idle(self) -> int:
         """The job is over for this pod: say so, and wait for SIGTERM."""
@@ -163,16 +214,20 @@ def main(argv: list[str] | None = None) -> None:
                         help="passed on to the role (e.g. --slowdown 2)")
     args = parser.parse_args(argv)
     env = pod_environ(os.environ)
+    node = args.role
     try:
-        command = role_argv(args.role, env, args.args)
         node = "control-0" if args.role == "control" else \
             f"{args.role}-{pod_index(env.get('ZBUS_POD_NAME', ''))}"
+        over = job_over(env) if args.role in ROLES else None
+        if over is not None:
+            raise JobEnded(over)
+        command = role_argv(args.role, env, args.args)
     except PodError as exc:
         say(str(exc))
         raise SystemExit(2) from None
     except JobEnded as exc:   # nothing to run: as a pod whose role has ended
         say(str(exc))
-        raise SystemExit(Pod("control-0", [], env).idle()) from None
+        raise SystemExit(Pod(node, [], env).idle()) from None
     except Exception as exc:  # the job file, the store: said in one line, then restarted
         say(f"cannot start control: {exc}")
         raise SystemExit(2) from None

@@ -61,6 +61,13 @@ class DenseSide:
             return self.replica.version >= s.min_round
         return self.sync.due(self.replica, s.round)
 
+    def reconnect(self, reconnect: Callable[[zmq.Socket], zmq.Socket]) -> None:
+        """The aggregator restarted: its links connected anew where it was made again
+        elsewhere (``reconnect``: the worker's, a socket renewed if its peer moved)."""
+        same = self.group_aggregator is self.aggregator
+        self.aggregator = reconnect(self.aggregator)
+        self.group_aggregator = self.aggregator if same else reconnect(self.group_aggregator)
+
     # -- weights in ------------------------------------------------------------------------------
     def request_weights(self) -> None:
         self.rounds.asked_at = time.monotonic()

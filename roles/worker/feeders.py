@@ -8,7 +8,8 @@ the take window (``roles.algorithms.worker.window``) are asked ahead of the one 
 order; the rest stay untaken, so that at the end of a pass the feeder can hand copies of them to
 an idle worker. The ack of a batch goes at the start of the loop's next turn (``flush_acks``),
 with the takes that follow it to the same feeder (AckTaking). A restarted feeder is told what its
-dead process may have lost, a moved part's batches are asked of its new feeder
+dead process may have lost, after connecting anew to it if it was made again elsewhere (a pod
+rescheduled: ``relink``), a moved part's batches are asked of its new feeder
 (``roles.algorithms.worker.feeder_links``), and the queue is widened for a long link
 (``widen``).
 """
@@ -49,11 +50,14 @@ Send = Callable[[zmq.Socket, Message], object]
 class FeederSide:
     def __init__(self, job: Job, name: str, pipeline: Pipeline, samples: zmq.Socket,
                  feeders: list[zmq.Socket], send: Send,
-                 pause: Callable[[zmq.Socket, bool], None]):
+                 pause: Callable[[zmq.Socket, bool], None],
+                 moved: Callable[[zmq.Socket], bool] = lambda sock: False,
+                 renew: Callable[[zmq.Socket], zmq.Socket] = lambda sock: sock):
         c, t = job.cluster, job.train
         self.name, self.prefetch = name, t.prefetch
         self.pipeline, self.samples, self.feeders = pipeline, samples, feeders
         self.send, self.pause = send, pause
+        self.moved, self.renew = moved, renew   # the loop's (zbus.node.Loop)
         self.push = t.embeddings == "push"
         # connected to every feeder's queue, as many times as ``widen`` says
         self.sample_queues = [c.endpoint(c.feeder_endpoint_name("samples", f))
@@ -166,17 +170,33 @@ class FeederSide:
         """Idle for ``after_s`` (the end of a pass)."""
         return self.idle_since is not None and now - self.idle_since >= after_s
 
-    def restarted(self, feeder: int, generation: int) -> None:
+    def restarted(self, feeder: int, generation: int) -> bool:
         """FeederBack: tell a restarted feeder what its dead process may have lost
-        (``FeederLinks.restarted``)."""
+        (``FeederLinks.restarted``); True when its links were connected anew (``relink``: the
+        caller gates the sample queue again)."""
         if not self.links.restart(feeder, generation):
-            return
+            return False
+        relinked = self.moved(self.feeders[feeder])
+        if relinked:
+            self.relink(feeder)
         messages = self.links.restarted(feeder, self.pipeline)
         for msg in messages:
             self.send(self.feeders[feeder], msg)
         held = next(m for m in messages if isinstance(m, Holding))
         log.warning("feeder-%d restarted: sent it %d acks again and %d batches held",
                     feeder, len(self.links.acks_kept[feeder]), len(held.held))
+        return relinked
+
+    def relink(self, feeder: int) -> None:
+        """The feeder was made again elsewhere (its host gone without closing the connections,
+        which then look open for minutes): its ledger link and the sample queues connected
+        anew. What was queued from the dead process is dropped: the new one sends again
+        whatever nobody holds."""
+        self.feeders[feeder] = self.renew(self.feeders[feeder])
+        self.samples = self.renew(self.samples)   # connected to the first queue again
+        for link in range(self.sample_links):
+            for endpoint in self.sample_queues[1 if link == 0 else 0:]:
+                self.samples.connect(endpoint)
 
     def part_map(self, m: PartMap) -> bool:
         """Control's PartMap: False when it is not newer; the batches of a moved part are

@@ -113,7 +113,7 @@ class Worker(Node):
             job, self.node_id, self.pipeline, samples,
             [self.connect(zmq.DEALER, c.endpoint(c.feeder_endpoint_name("ledger", f)),
                           self.on_feeder) for f in range(c.feeders)],
-            self.send, self.pause)
+            self.send, self.pause, self.moved, self.renew)
         for endpoint in self.feeders.sample_queues[1:]:
             samples.connect(endpoint)
         self.pause(samples, True)  # until the first weights are here
@@ -128,7 +128,7 @@ class Worker(Node):
             index, t.embeddings == "push", self.pipeline,
             [self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"), functools.partial(self.on_shard, i))
              for i in range(c.shards)], self.send, self.reconnect, self.dense.due)
-        self.connect(zmq.SUB, c.endpoint("aggregator_pub"), self.on_broadcast)
+        self.weights = self.connect(zmq.SUB, c.endpoint("aggregator_pub"), self.on_broadcast)
         self.runner = Runner(job, self.node_id, network, self.device, slowdown, self.dense,
                              self.shards, self.group, self.send_ack, self.to_control,
                              self.set_state, self.wake, self.advance)
@@ -168,13 +168,16 @@ class Worker(Node):
             case ShardBack(shard=i, generation=g):
                 self.shards.restarted(i, g)
             case FeederBack(feeder=i, generation=g):
-                self.feeders.restarted(i, g)
+                if self.feeders.restarted(i, g):   # connected anew: pull as the gate says
+                    self.feeders.gate(self.leaving)
             case PartMap() as m:
                 if self.feeders.part_map(m) and self.state != "starting":
                     self.feeders.gate(self.leaving)
             case Settings() as m if self.settings.take(m):
                 self.advance()  # max_local_rounds may have risen
             case Restore(generation=g) if self.dense.rounds.restore(g):
+                self.dense.reconnect(self.reconnect)   # the aggregator made again elsewhere?
+                self.weights = self.reconnect(self.weights)
                 self.request_weights()  # until the restored weights are here: their
                                         # broadcast may leave before this SUB reconnects
             case Aggregate(round=r, participants=who) if self.node_id in who:

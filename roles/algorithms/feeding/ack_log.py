@@ -9,12 +9,22 @@ no fsync per ack). A partial record at the end (a machine crash mid-write) is cu
 log is read again. When an epoch starts, the files of the epochs before it are folded into one
 small totals file (written atomically, naming the epochs it holds) and removed: the log's
 memory and disk stay bounded by one epoch's batches, whatever the job's length.
+
+The log's *compact form* (``position``) is that totals file with everything folded in: the
+job-wide sums and samples per worker, and for each epoch not folded yet, per part, the batches
+acknowledged as ``PartProgress`` does (every number below a mark, and the few above it), kept up
+to date in memory as acks come. Its size depends on the parts and the batches in flight, not
+on how many batches were acknowledged. Written as the totals file of an empty log
+(``seed``), it is that log's *base*: the log goes on from it with record files as usual
+(``roles.checkpoint.stored_acks`` keeps it in the checkpoint store, for a feeder whose disk is
+gone).
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +32,10 @@ import numpy as np
 import orjson
 
 from roles.algorithms.feeding.ledger import PartProgress
-from roles.protocol.datapath import split_batch_id
+from roles.protocol.datapath import MAX_PARTS, MAX_SEQ, split_batch_id
 from zbus.files import atomic_write
 
+SETTLE_EVERY = 1024   # records appended are taken into the compact form this many at a time
 RECORD = np.dtype([("batch_id", "<i8"), ("samples", "<i4"), ("loss_sum", "<f8"),
                    ("weight_sum", "<f8"), ("worker", "<u2")])
 
@@ -39,6 +50,17 @@ class AckLog:
         for epoch in self.epochs_on_disk():
             if epoch in self.totals["epochs"]:  # folded, but not yet removed: a crash then
                 self._file(epoch).unlink(missing_ok=True)
+        self.appended = 0   # acks appended by this process
+        # the compact form of what is not folded (the base's parts, then the records)
+        self.live: dict[int, dict[int, PartProgress]] = {
+            epoch: {part: replace(p, above=set(p.above)) for part, p in parts.items()}
+            for epoch, parts in self.totals["parts"].items()}
+        self.live_sums = {"batches": 0, "samples": 0, "loss_sum": 0.0, "weight_sum": 0.0}
+        self.live_by: Counter[str] = Counter()
+        self.pending: list[tuple[int, int, float, float, int]] = []   # appended, not yet in
+                                                                         # the compact form
+        for epoch in self.epochs_on_disk():
+            self._count(self.records(epoch))
 
     # -- files ------------------------------------------------------------------------------
     def _file(self, epoch: int) -> Path:
@@ -58,7 +80,11 @@ class AckLog:
         return {"epochs": totals.get("epochs", []), "batches": totals.get("batches", 0),
                 "samples": totals.get("samples", 0), "loss_sum": totals.get("loss_sum", 0.0),
                 "weight_sum": totals.get("weight_sum", 0.0),
-                "acked_by": totals.get("acked_by", {})}
+                "acked_by": totals.get("acked_by", {}),
+                "parts": {int(e): {int(part): PartProgress(int(e), int(low), set(above),
+                                                           int(n), float(loss), float(weight))
+                                   for part, (low, above, n, loss, weight) in parts.items()}
+                          for e, parts in totals.get("parts", {}).items()}}
 
     def records(self, epoch: int) -> np.ndarray:
         """The whole records of one epoch's file (none when there is none)."""
@@ -80,51 +106,117 @@ class AckLog:
                 if path.exists() else 0
             fd = self.fds[epoch] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             os.ftruncate(fd, whole)  # a torn last record
-        record = np.array([(batch_id, samples, loss_sum, weight_sum, worker)], dtype=RECORD)
-        os.write(fd, record.tobytes())
+        record = (batch_id, samples, loss_sum, weight_sum, worker)
+        os.write(fd, np.array([record], dtype=RECORD).tobytes())
+        self.appended += 1
+        self.pending.append(record)   # (taken in by the thousand: off the ack's own cost)
+        if len(self.pending) >= SETTLE_EVERY:
+            self._settle()
+
+    def _settle(self) -> None:
+        if self.pending:
+            records, self.pending = np.array(self.pending, dtype=RECORD), []
+            self._count(records)
+
+    def _count(self, r: np.ndarray) -> None:
+        """Records into the compact form (the sums count every record, as folding does)."""
+        if not len(r):
+            return
+        ids = r["batch_id"]
+        keys = (ids >> 27).tolist()   # epoch and part
+        seqs = (ids & (MAX_SEQ - 1)).tolist()
+        at, p = -1, PartProgress(0)
+        for key, seq, samples, loss_sum, weight_sum in zip(
+                keys, seqs, r["samples"].tolist(), r["loss_sum"].tolist(),
+                r["weight_sum"].tolist(), strict=True):
+            if key != at:   # (consecutive acks are mostly of one part)
+                at, epoch = key, key >> 24
+                p = self.live.setdefault(epoch, {}).setdefault(key & (MAX_PARTS - 1),
+                                                               PartProgress(epoch))
+            if seq == p.low and not p.above:   # in order: the common case
+                p.low += 1
+                p.samples += samples
+                p.loss_sum += loss_sum
+                p.weight_sum += weight_sum
+            elif not p.done(seq):
+                p.acked(seq, samples, loss_sum, weight_sum)
+        sums = self.live_sums
+        sums["batches"] += len(r)
+        sums["samples"] += int(r["samples"].sum())
+        sums["loss_sum"] += float(r["loss_sum"].sum())
+        sums["weight_sum"] += float(r["weight_sum"].sum())
+        self.live_by.update(_by_worker(r))
 
     def fold(self, before: int) -> None:
         """Fold the epochs before ``before`` into the totals, then remove their files."""
+        self._settle()
         old = [e for e in self.epochs_on_disk() if e < before]
-        if not old:
+        based = [e for e in self.totals["parts"] if e < before]
+        if not old and not based:
             return
         t = self.totals
         acked_by: Counter[str] = Counter(t["acked_by"])
         for epoch in old:
-            _add(t, acked_by, self.records(epoch))
+            r = self.records(epoch)
+            _add(t, acked_by, r)
+            self._uncount(r)
+        for epoch in {*old, *based}:
             t["epochs"] = sorted({*t["epochs"], epoch})
+            t["parts"].pop(epoch, None)   # its sums are in the totals already
+            self.live.pop(epoch, None)
         t["acked_by"] = dict(acked_by)
-        atomic_write(self.totals_path, orjson.dumps(t), durable=False)
+        atomic_write(self.totals_path, _totals_bytes(t), durable=False)
         for epoch in old:
             fd = self.fds.pop(epoch, None)
             if fd is not None:
                 os.close(fd)
             self._file(epoch).unlink(missing_ok=True)
 
+    def _uncount(self, r: np.ndarray) -> None:
+        """Records folded into the totals leave the live sums."""
+        sums = self.live_sums
+        sums["batches"] -= len(r)
+        sums["samples"] -= int(r["samples"].sum())
+        sums["loss_sum"] -= float(r["loss_sum"].sum())
+        sums["weight_sum"] -= float(r["weight_sum"].sum())
+        self.live_by.subtract(_by_worker(r))
+
     # -- reading back -------------------------------------------------------------------------
     def restart(self) -> dict[str, Any] | None:
         """What a restarted feeder's previous process had done over the job: batches, samples,
         loss and weight sums, samples per worker, its last epoch; None for a new log."""
-        epochs = self.epochs_on_disk()
-        if not epochs and not self.totals["epochs"]:
+        epochs = [*self.epochs_on_disk(), *self.totals["parts"], *self.totals["epochs"]]
+        if not epochs:
             return None
-        t = dict(self.totals)
-        acked_by: Counter[str] = Counter(t["acked_by"])
-        for epoch in epochs:
-            _add(t, acked_by, self.records(epoch))
-        t["acked_by"] = dict(acked_by)
-        t["last_epoch"] = max([*epochs, *t["epochs"]])
+        t = self.position()
+        del t["parts"]
+        t["last_epoch"] = max(epochs)
         return t
 
     def progress(self, epoch: int) -> dict[int, PartProgress]:
         """Per part, the training pass of ``epoch`` as the log has it."""
-        found: dict[int, PartProgress] = {}
-        for batch_id, samples, loss_sum, weight_sum, _ in self.records(epoch).tolist():
-            _, part, seq = split_batch_id(batch_id)
-            p = found.setdefault(part, PartProgress(epoch))
-            if not p.done(seq):
-                p.acked(seq, samples, loss_sum, weight_sum)
-        return found
+        self._settle()
+        return {part: replace(p, above=set(p.above))
+                for part, p in self.live.get(epoch, {}).items()}
+
+    def position(self) -> dict[str, Any]:
+        """The compact form (see the module's docstring): the totals file's fields, with
+        everything acknowledged so far folded into them."""
+        self._settle()
+        t = self.totals
+        sums = self.live_sums
+        acked_by = Counter(t["acked_by"])
+        acked_by.update(self.live_by)
+        return {"epochs": list(t["epochs"]), "batches": t["batches"] + sums["batches"],
+                "samples": t["samples"] + sums["samples"],
+                "loss_sum": t["loss_sum"] + sums["loss_sum"],
+                "weight_sum": t["weight_sum"] + sums["weight_sum"],
+                "acked_by": {w: n for w, n in acked_by.items() if n},
+                "parts": {epoch: dict(parts) for epoch, parts in self.live.items()}}
+
+    def position_bytes(self) -> bytes:
+        """The compact form as the bytes of a totals file (``seed`` writes them)."""
+        return _totals_bytes(self.position())
 
     def close(self) -> None:
         for fd in self.fds.values():
@@ -135,7 +227,7 @@ class AckLog:
     def snapshot(self) -> dict[str, bytes]:
         """The log as it stands, file name -> bytes (whole records only): a checkpoint's copy,
         from which ``replace_files`` puts it back."""
-        files = {self.totals_path.name: orjson.dumps(self.totals)}
+        files = {self.totals_path.name: _totals_bytes(self.totals)}
         for epoch in self.epochs_on_disk():
             files[self._file(epoch).name] = self.records(epoch).tobytes()
         return files
@@ -152,6 +244,38 @@ def replace_files(directory: Path, node: str, files: dict[str, bytes]) -> None:
         if not name.startswith(f"{node}.") or "/" in name:
             raise ValueError(f"{name} is not a file of {node}'s ack log")
         (directory / name).write_bytes(data)
+
+
+def seed(directory: Path, node: str, position: bytes) -> None:
+    """Start an empty log from a compact form (``AckLog.position_bytes``): its base."""
+    replace_files(directory, node, {f"{node}.totals.json": position})
+
+
+def read_position(data: bytes) -> dict[str, Any]:
+    """A compact form, checked (ValueError when it is not one)."""
+    try:
+        t = orjson.loads(data)
+        out = {"epochs": [int(e) for e in t["epochs"]], "batches": int(t["batches"]),
+               "samples": int(t["samples"]), "loss_sum": float(t["loss_sum"]),
+               "weight_sum": float(t["weight_sum"]),
+               "acked_by": {str(w): int(n) for w, n in t["acked_by"].items()},
+               "parts": {int(e): {int(part): (int(low), [int(a) for a in above], int(n),
+                                              float(loss), float(weight))
+                                  for part, (low, above, n, loss, weight) in parts.items()}
+                         for e, parts in t.get("parts", {}).items()}}
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"not an ack log's compact form ({type(exc).__name__}: {exc})") \
+            from None
+    return out
+
+
+def _totals_bytes(t: dict[str, Any]) -> bytes:
+    """A totals file: the parts of the epochs not folded as [low, above, samples, loss sum,
+    weight sum] (the totals' sums include them)."""
+    return orjson.dumps({**t, "parts": {
+        str(e): {str(part): [p.low, sorted(p.above), p.samples, p.loss_sum, p.weight_sum]
+                 for part, p in sorted(parts.items())}
+        for e, parts in sorted(t.get("parts", {}).items())}})
 
 
 def _add(totals: dict[str, Any], acked_by: Counter[str], r: np.ndarray) -> None:

@@ -220,6 +220,20 @@ def test_a_resumed_control_goes_on_with_live_nodes_or_rolls_back_when_all_are_ne
     assert fresh.hello("ps-0", "ps", rejoin=False) == "go" and not fresh.rolled_back
 
 
+def test_a_control_that_started_its_run_anew_refuses_a_node_of_an_earlier_start():
+    """A pod's run directory is always ``run``: control's pod stopped with no [checkpoint] dir
+    to hand its records over to, its new pod starts the run anew; a node that lived on names
+    the same run, yet its state is the earlier start's: refused, it joins anew once started
+    again. A resumed control takes such rejoins."""
+    fresh = Resuming(["feeder-0", "ps-0", "worker-0"], resumed=False)
+    assert fresh.hello("ps-0", "ps", rejoin=True, known=False) == "refuse"
+    assert fresh.hello("ps-0", "ps", rejoin=False, known=False) == "go"
+    assert fresh.hello("ps-0", "ps", rejoin=True, known=True) == "go"   # its own, again
+    resumed = Resuming(["feeder-0", "ps-0", "worker-0"], resumed=True)
+    assert resumed.hello("worker-0", "worker", rejoin=True, known=False) == "go"
+    assert resumed.hello("ps-0", "ps", rejoin=True, known=False) == "go"   # they live on
+
+
 def test_the_old_shard_checkpoint_key_says_where_it_went():
     with pytest.raises(JobError, match=r"\[train\] checkpoint_s is now \[checkpoint\] every_s"):
         parse_job('name = "x"\n[train]\ncheckpoint_s = 5\n', "job.toml", None, {})

@@ -194,6 +194,39 @@ def test_a_restarted_feeder_reclaims_what_its_dead_process_sent():
     assert not r.recovering and r.deferred_takes == [] and r.recovered({"worker-1"}) is None
 
 
+def test_a_restarted_feeder_says_which_of_its_dead_processs_batches_it_takes_back(tmp_path):
+    """A batch the dead process had sent that a worker holds or asks for, during the recovery
+    or after it, is taken back for that worker to train: ``reclaimed`` is told, so that the
+    feeder sends its keys again to a shard restarted meanwhile (the dead process had sent them
+    to the shard's dead process: a worker's look-up there would wait for ever). Not for an
+    ack (the batch is trained), nor for a batch this process sent."""
+    from roles.algorithms.feeding.ack_log import AckLog
+    from roles.algorithms.sync.feeder import for_mode
+    from roles.feeder.ledger_side import LedgerSide
+
+    job = parse_job('[data]\nsource = "synthetic"\n')
+    pass_ = FeedingPass(0, False, [stream(0, [10, 10, 10, 10])])
+    log = AckLog(tmp_path, "feeder-0")
+    log.append(make_batch_id(0, 0, 0), 10, 1.0, 10.0, 0)   # the dead process's ack log
+    log.close()
+    seen = []
+    side = LedgerSide(job, FeederTally(), for_mode(job), lambda: pass_, lambda *_: None,
+                      lambda *_: None, lambda paused: None, lambda: None, 0.0,
+                      reclaimed=lambda batch_id, entry: seen.append(batch_id))
+    side.open_ack_log(tmp_path, "feeder-0", rolled_back=False)
+    assert side.recovering()
+    side.membership(1, {"worker-0", "worker-1"})
+    side.taken(b"worker-0", make_batch_id(0, 0, 2))   # asked of the dead process: deferred
+    side.holding("worker-0", [])
+    side.holding("worker-1", [make_batch_id(0, 0, 3)])   # granted by the dead process
+    assert not side.recovering()
+    assert seen == [make_batch_id(0, 0, 3), make_batch_id(0, 0, 2)]
+    side.taken(b"worker-1", make_batch_id(0, 0, 1))   # pulled from the dead one, asked now
+    assert seen[-1] == make_batch_id(0, 0, 1) and len(seen) == 3
+    side.taken(b"worker-0", make_batch_id(0, 0, 1))   # in flight already: not again
+    assert len(seen) == 3
+
+
 def test_an_ack_the_dead_process_never_saw_is_reclaimed_as_the_workers():
     ledger = Ledger(max_in_flight=8)
     pass_ = FeedingPass(0, False, [stream(0, [10, 10])])
