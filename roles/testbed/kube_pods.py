@@ -1,5 +1,5 @@
-"""The job's pods as a kubelet runs them, on the hosts of ``roles/testbed/netns.py``, for tests: each
-pod's container command, environment, mounts and probes are taken from the rendered
+"""The job's pods as a kubelet runs them, on the hosts of ``roles/testbed/netns.py``, for
+tests: each pod's container command, environment, mounts and probes are taken from the rendered
 manifests (``kubectl kustomize deploy/kubernetes/base``, offline), not written out again here.
 
 - A pod runs its container in its host's network namespace, found by name (every namespace's

@@ -18,7 +18,6 @@ import time
 import tomllib
 from pathlib import Path
 
-
 import orjson
 import pytest
 from harness import ADULT_JOB, ADULT_TRAIN_ROWS, REPO, hosts_or_skip
@@ -27,9 +26,9 @@ from roles.checkpoint.files import SUMMARY, write_manifest
 from roles.control import handover
 from roles.protocol.topology import ClusterConfig
 from roles.storage.store import Store
+from roles.testbed import kube_pods
 from roles.testbed.local_cluster import clean_environ
 from roles.testbed.netns import Hosts
-from roles.testbed import kube_pods
 from roles.testbed.s3 import S3Server
 from roles.tools import pod, probe
 from roles.tools.keys import make_keys
