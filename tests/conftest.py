@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import resource
 import subprocess
 import sys
 import threading
@@ -11,6 +13,29 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import Cluster  # noqa: E402
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """With ``ZBUS_TEST_CPU=<file>``: each test's wall seconds, then its CPU seconds in this
+    process and in its waited-for children, and its id, appended to the file as one
+    tab-separated line: what the suite's time goes on (``sort -t$'\t' -k3 -rn <file>``). The
+    suite on 2 cores is bound by CPU: docs/architecture.md, "Tests"."""
+    path = os.environ.get("ZBUS_TEST_CPU")
+    if not path:
+        yield
+        return
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    yield
+    me2, kids2 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    cpu_self = me2.ru_utime + me2.ru_stime - me.ru_utime - me.ru_stime
+    cpu_children = kids2.ru_utime + kids2.ru_stime - kids.ru_utime - kids.ru_stime
+    with open(path, "a") as f:
+        f.write(f"{time.monotonic() - started:.2f}\t{cpu_self:.2f}\t{cpu_children:.2f}\t"
+                f"{item.nodeid}\n")
 
 
 def _integration(request: pytest.FixtureRequest) -> bool:

@@ -24,6 +24,8 @@ from textual.widgets import Input
 
 from console.app import ZbusConsole
 from console.bus import LinkChanged, StatusArrived
+from console.nodes import NodesPanel
+from console.panels import ClusterPanel
 
 STATUS = orjson.loads((REPO / "tests" / "data" / "console_status.json").read_bytes())
 # a Zipf job with skew-aware placement, shard 1 slowed 2x, caught while draining for map v26
@@ -57,8 +59,17 @@ def steady_cursor(monkeypatch):
 
 
 async def connected(pilot, status: dict = STATUS, history: int = HISTORY) -> None:
+    """Connected, ``history`` statuses received. The last three arrive as control's do (the
+    Nodes tab draws one of its three charts per status); the earlier ones only go into the
+    histories, as each status does first (``ZbusConsole.on_status_arrived``), without drawing
+    a screen no snapshot sees (90 drawn screens took most of a snapshot's time)."""
     pilot.app.post_message(LinkChanged(True, "control at tcp://10.0.0.1:47107"))
-    for second in range(-history + 1, 1):
+    seconds = range(-history + 1, 1)
+    for second in seconds[:-3]:
+        snap = at(status, second)
+        pilot.app.query_one(ClusterPanel).record(snap)
+        pilot.app.query_one(NodesPanel).record(snap)
+    for second in seconds[-3:]:
         pilot.app.post_message(StatusArrived(at(status, second)))
     await pilot.pause()
 

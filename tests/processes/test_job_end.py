@@ -85,8 +85,26 @@ def run_script(code: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def assert_each_role_logged_under_the_run_directory_the_lines_it_printed(c) -> None:
+    """Each role's log in the run directory: the lines it printed, each with its time."""
+    stamp = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
+    for name in c.procs:
+        path = log_path(c.run_dir, name)
+        assert path.exists(), name
+        printed = [line for line in c.log(name).splitlines() if line]
+        written = path.read_text().splitlines()
+        assert all(stamp.match(line) for line in written), name
+        assert printed and printed == [stamp.sub("", line) for line in written], name
+        assert "waiting for control at" in written[0] or name == "control-0", written[0]
+    control = log_path(c.run_dir, "control-0").read_text().splitlines()
+    assert any(" epoch 1: train loss " in line for line in control), control
+    assert control[-1].endswith("zbus: summary in run/summary.json"), control[-3:]
+
+
 @pytest.mark.integration
 def test_once_a_job_has_ended_no_process_of_it_is_left_and_every_port_binds_again(cluster):
+    """... and each role wrote its log under the run directory, the same lines it printed
+    (one job of real processes shows both)."""
     c = cluster(ZIPF_JOB, transport="tcp", train__epochs=2, checkpoint__every_s=0.5)
     c.start_role("control", 0)
     c.start_role("feeder", 0)
@@ -120,6 +138,7 @@ def test_once_a_job_has_ended_no_process_of_it_is_left_and_every_port_binds_agai
     # writer began: then the second is the one it is writing)
     assert re.search(r"exiting while it wrote checkpoint [12]: the writer is stopped",
                      c.log("ps-0")), c.log("ps-0")
+    assert_each_role_logged_under_the_run_directory_the_lines_it_printed(c)
 
 
 @pytest.mark.integration
@@ -146,24 +165,6 @@ def test_a_bind_on_a_held_port_fails_in_one_line_naming_the_process_that_holds_i
     finally:
         holder.kill()
         holder.wait()
-
-
-@pytest.mark.integration
-def test_each_role_writes_its_log_under_the_run_directory_the_same_lines_it_prints(cluster):
-    c = cluster(train__epochs=1, data__synthetic__rows=20000)
-    assert c.run_job() == 0, c.logs()
-    stamp = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
-    for name in c.procs:
-        path = log_path(c.run_dir, name)
-        assert path.exists(), name
-        printed = [line for line in c.log(name).splitlines() if line]
-        written = path.read_text().splitlines()
-        assert all(stamp.match(line) for line in written), name
-        assert printed and printed == [stamp.sub("", line) for line in written], name
-        assert "waiting for control at" in written[0] or name == "control-0", written[0]
-    control = log_path(c.run_dir, "control-0").read_text().splitlines()
-    assert any(" epoch 1: train loss " in line for line in control), control
-    assert control[-1].endswith("zbus: summary in run/summary.json"), control[-3:]
 
 
 @pytest.mark.integration

@@ -4,6 +4,7 @@ after the end, and a real job followed to its end over control's status."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -64,12 +65,21 @@ def test_a_supervised_waiter_waits_through_a_resumable_end_until_it_cannot_tell(
 @pytest.mark.integration
 def test_a_waiter_follows_a_job_to_its_end_over_controls_status(cluster):
     """zbus-ctl wait, started before the job, exits 0 once control says it completed (the
-    final status it publishes before it exits)."""
-    c = cluster(data__synthetic__rows=20000, train__epochs=1)
-    waiter = c.start("wait", [sys.executable, "-m", "roles.tools.ctl", "wait"])
-    assert c.run_job() == 0
-    assert waiter.wait(timeout=60) == 0, c.log("wait")
-    lines = c.log("wait").splitlines()
+    final status it publishes before it exits). The command is a process; the job's roles run
+    in this one (what the waiter hears is control's status socket either way)."""
+    c = cluster(data__synthetic__rows=20000, train__epochs=1, in_process=True)
+    said = c.workdir / "wait.log"
+    with open(said, "wb") as out:
+        waiter = subprocess.Popen([sys.executable, "-m", "roles.tools.ctl", "wait"],
+                                  cwd=c.workdir, env=c.env, stdout=out,
+                                  stderr=subprocess.STDOUT)
+    try:
+        assert c.run_job() == 0, c.logs()
+        assert waiter.wait(timeout=60) == 0, said.read_text()
+    finally:
+        waiter.kill()
+        waiter.wait()
+    lines = said.read_text().splitlines()
     assert lines[0].startswith("zbus ctl: waiting for job synthetic to end")
     assert lines[-1].startswith("zbus ctl: job synthetic completed in ")
     assert f"auc {c.summary()['auc']:.4f}" in lines[-1]
