@@ -29,10 +29,13 @@ RUN ZBUS_VENV=/opt/zbus ZBUS_TORCH_INDEX="${TORCH_INDEX}" ZBUS_TORCH_SPEC="${TOR
         ZBUS_SETUP_EXTRAS= scripts/setup.sh \
     && /opt/zbus/bin/python -m compileall -q /opt/zbus-src/zbus /opt/zbus-src/roles \
         /opt/zbus-src/console \
+    && /opt/zbus/bin/python -m compileall -q -j 0 /opt/zbus/lib \
     && /opt/zbus/bin/python -c "from roles.algorithms.shard.kernels import loops; \
 from roles.data.hashing import compiled_loop; from roles.model.row_sums import loop; \
 loops(); compiled_loop(); loop()"
-# (the compiled loops of the shards, the feeder's keys and the workers' gradient sums, into
+# (the venv's bytecode: setup.sh installs torch without it, and a pod's root is read-only, so
+# without it every role's start would compile torch's Python again, seconds of CPU each.
+# The compiled loops of the shards, the feeder's keys and the workers' gradient sums, into
 # NUMBA_CACHE_DIR, so that no role starts the compiler. numba takes a cache directory only
 # where it can write: the image's is owned by uid 10001, and a pod, whose root is read-only,
 # mounts an emptyDir at that path that an init container filled with the image's copy

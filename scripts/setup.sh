@@ -58,6 +58,17 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "zbus setup: installing zbus into $venv failed (pip's message above)" >&2
     exit 1
   fi
-  "$venv/bin/python" -c 'import zbus, roles, console, zmq, msgspec, numba, torch, honcho, textual' # fails loudly if incomplete
+  # Fails loudly if incomplete. It also imports every role once, so that the bytecode of what
+  # they import (torch above all, installed with --no-compile) is written now, once, rather
+  # than compiled by each of the first processes a job or the test suite starts at once.
+  "$venv/bin/python" -c 'import zbus, roles, console.app, zmq, msgspec, numba, torch, honcho
+import roles.control.main, roles.feeder.process, roles.ps, roles.worker.process, roles.aggregator
+import roles.tools.spawn, roles.tools.ctl, roles.tools.reference, roles.algorithms.shared.dense_optimizer'
+  # numba's cache of the compiled loops (beside their modules, or in NUMBA_CACHE_DIR), as the
+  # image builds it: made once here, not by each of the first shards and feeders at once
+  "$venv/bin/python" -c 'from roles.algorithms.shard.kernels import loops
+from roles.data.hashing import compiled_loop
+from roles.model.row_sums import loop
+loops(); compiled_loop(); loop()'
   echo "$want" > "$stamp"
 fi

@@ -8,10 +8,10 @@ Every process of the job (control, feeders, shards, workers, aggregators) is its
 on this host (``roles/testbed/local_cluster.py``); the job is the built-in one (synthetic data,
 ``roles/job/default_job.toml``) unless ``--job`` names another, with the most epochs a job may have
 (4,095: more than any soak lasts); the soak stops it with ``zbus-ctl stop``. Every ``--sample-s``
-seconds it records, per process, its resident memory, open file descriptors, sockets and threads
-(psutil), and per node the queue control's status shows (the console's "queue" column: a feeder's
-batches in flight, a worker's batches in its pipeline, a shard's training batches waiting for their
-gradients plus look-ups waiting for their keys).
+seconds from the start of training it records, per process, its resident memory, open file
+descriptors, sockets and threads (psutil), and per node the queue control's status shows (the
+console's "queue" column: a feeder's batches in flight, a worker's batches in its pipeline, a
+shard's training batches waiting for their gradients plus look-ups waiting for their keys).
 
 The verdict, after ``--warmup`` (a fraction of the run, or ``--warmup-s``):
   * memory: every process's largest RSS after warm-up within ``--rss-bound`` (10 %) of its
@@ -120,6 +120,10 @@ def queues_of(status: dict[str, Any] | None) -> dict[str, int]:
             if row.get("backlog") is not None}
 
 
+START_TIMEOUT_S = 300.0    # from the processes' start to training
+TRAINING = ("training", "syncing", "evaluating")   # the course's phases of a running job
+
+
 def verdict(samples: list[dict[str, Any]], warmup_s: float, rss_bound: float,
             fd_slack: int) -> tuple[list[dict[str, Any]], list[str]]:
     """Per process and per queue, the figures and the bounds broken (pure: tests use it)."""
@@ -170,6 +174,17 @@ def soak(args: argparse.Namespace, workdir: Path) -> tuple[list[dict[str, Any]],
         try:
             cluster.start_all()
             procs = {name: psutil.Process(p.pid) for name, p in cluster.procs.items()}
+            # the soak's clock starts with training: every role has started, made its
+            # sockets and said Ready (a busy machine, or numba compiling a fresh clone's
+            # loops, can take tens of seconds to get there, which is no part of a soak)
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while ((status := reader.poll()) or {}).get("phase") not in TRAINING:
+                if cluster.procs["control-0"].poll() is not None:
+                    return samples, "the job ended before it trained:\n" + cluster.logs()
+                if time.monotonic() > deadline:
+                    return samples, (f"the job did not start training within "
+                                     f"{START_TIMEOUT_S:g} s:\n" + cluster.logs())
+                time.sleep(0.1)
             started, end = time.monotonic(), time.monotonic() + args.minutes * 60
             next_sample = started
             while time.monotonic() < end:

@@ -50,8 +50,9 @@ def _adopt(p: CapacityPredictor, state: Weights) -> CapacityPredictor:
 
 def _warm(shards: int) -> None:
     """In the child, once: torch's import and the optimiser's (seconds on a busy machine)."""
+    from roles.algorithms.shared.dense_optimizer import DenseAdam
     p = CapacityPredictor(shards)
-    p.torch.optim.Adam(p.model.parameters())
+    DenseAdam(list(p.model.parameters()), 0.02)
 
 
 def _train(shards: int, start: Weights | None, records: list[Record], steps: int,

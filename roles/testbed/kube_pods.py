@@ -192,6 +192,11 @@ class Pods:
         """``argv`` in the pod: its host's network namespace, its volumes mounted."""
         script = ["set -e"]
         for source, target, read_only in self.mounts(pod):
+            for ours in (REPO, BIN):   # a mount over the checkout would hide its commands
+                if str(ours).startswith(target.rstrip("/") + "/"):
+                    raise RuntimeError(f"{ours} lies under {target}, which the pod {pod.name} "
+                                       "mounts a volume over: run the pod tests from a "
+                                       "checkout elsewhere")
             self.mount_point(Path(target), source.is_dir())
             script.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
             if read_only:

@@ -131,7 +131,10 @@ class CapacityPredictor:
                 y[i, shard], mask[i, shard] = value, 1.0
         self.offset = float((y * mask).sum() / mask.sum())
         y = y - self.offset
-        opt = torch.optim.Adam(self.model.parameters(), lr=lr)
+        # Adam as torch.optim.Adam steps it, without its constructor's import of torch._dynamo
+        # (seconds of the trainer's start: roles.algorithms.shared.dense_optimizer)
+        from roles.algorithms.shared.dense_optimizer import DenseAdam
+        opt = DenseAdam(list(self.model.parameters()), lr)
         for _ in range(steps if not self.trained_on else max(1, steps // 5)):
             opt.zero_grad()
             loss = (((self.model(x) - y) ** 2) * mask).sum() / mask.sum()
