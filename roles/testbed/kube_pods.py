@@ -42,6 +42,21 @@ BACKOFF_S = 1.0          # before a container that exited is started again
 KUBE = REPO / "deploy" / "kubernetes"
 
 
+def write_hosts(h: Hosts, names: dict[str, str]) -> None:
+    """Each namespace's /etc/hosts (``ip netns exec`` bind-mounts /etc/netns/<ns>/hosts over
+    it): ``names`` (name -> host a, b or c). Rewritten in place, the same inode: a bind mount
+    keeps the old file when a new one is renamed over it."""
+    text = "127.0.0.1 localhost\n" + "".join(f"{h.address[host]} {name}\n"
+                                             for name, host in names.items())
+    for host in ("a", "b", "c"):
+        path = Path(f"/etc/netns/{h.names[host]}/hosts")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "r+" if path.exists() else "w") as f:
+            f.seek(0)
+            f.truncate()
+            f.write(text)
+
+
 def render(target: str = "base") -> list[dict]:
     """The manifests as ``kubectl kustomize`` renders them (offline)."""
     import yaml
@@ -132,16 +147,8 @@ class Pods:
         """Every host's DNS (its /etc/hosts, rewritten in place: a bind mount keeps the inode)
         says ``node`` is on ``host``."""
         self.placed[node] = host
-        text = "127.0.0.1 localhost\n" + "".join(
-            f"{self.hosts.address[h]} {self.node_host.format(node=n)}\n"
-            for n, h in self.placed.items())
-        for h in ("a", "b", "c"):
-            path = Path(f"/etc/netns/{self.hosts.names[h]}/hosts")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "r+" if path.exists() else "w") as f:
-                f.seek(0)
-                f.truncate()
-                f.write(text)
+        write_hosts(self.hosts, {self.node_host.format(node=n): h
+                                 for n, h in self.placed.items()})
 
     def template(self, node: str) -> Template:
         return self.templates[node.rsplit("-", 1)[0]]

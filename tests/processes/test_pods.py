@@ -243,21 +243,6 @@ def hosts():
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
 
 
-def write_hosts(h: Hosts, names: dict[str, str]) -> None:
-    """Each namespace's /etc/hosts (``ip netns exec`` bind-mounts /etc/netns/<ns>/hosts over
-    it): ``names`` (name -> host a, b or c). Rewritten in place, the same inode: a bind mount
-    keeps the old file when a new one is renamed over it."""
-    text = "127.0.0.1 localhost\n" + "".join(f"{h.address[host]} {name}\n"
-                                             for name, host in names.items())
-    for host in ("a", "b", "c"):
-        path = Path(f"/etc/netns/{h.names[host]}/hosts")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "r+" if path.exists() else "w") as f:
-            f.seek(0)
-            f.truncate()
-            f.write(text)
-
-
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     try:
         os.killpg(proc.pid, sig)
@@ -306,7 +291,7 @@ def test_a_socket_connected_by_name_finds_its_peer_again_at_a_new_address(hosts,
     env = {**clean_environ(), "PYTHONPATH": str(REPO)}
     script = tmp_path / "peer.py"
     script.write_text(PEER)
-    write_hosts(hosts, {"peer.zbus": "a"})
+    kube_pods.write_hosts(hosts, {"peer.zbus": "a"})
     procs = []
     try:
         def start(host: str, *args: str) -> subprocess.Popen:
@@ -323,7 +308,7 @@ def test_a_socket_connected_by_name_finds_its_peer_again_at_a_new_address(hosts,
         else:
             subprocess.run(["ip", "-n", hosts.names["hub"], "link", "set",
                             hosts.hub_port("a"), "down"], check=True, timeout=30)
-        write_hosts(hosts, {"peer.zbus": "b"})
+        kube_pods.write_hosts(hosts, {"peer.zbus": "b"})
         assert start("b", "server", "B").stdout.readline() == b"up\n"
         said = [client.stdout.readline() for _ in range(1 if gone == "process" else 2)]
         assert said == ([b"B\n"] if gone == "process" else [b"renewed\n", b"B\n"]), said
