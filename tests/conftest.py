@@ -86,8 +86,18 @@ def _in_process_jobs_leave_no_thread(request):
     assert not left, f"{request.node.nodeid} left threads running: {left}"
 
 
+@pytest.fixture(scope="session")
+def zygote():
+    """The process the clusters' role processes are forked from (``roles.testbed.zygote``),
+    one per test process, started at its first fork; its children are killed at the end."""
+    from roles.testbed.zygote import Zygote
+    forks = Zygote()
+    yield forks
+    forks.close()
+
+
 @pytest.fixture
-def cluster(request, tmp_path):
+def cluster(request, tmp_path, zygote):
     """Factory of Clusters; every process they started is killed at teardown, pass or fail. A
     test marked ``inprocess`` gets clusters whose roles run in this process
     (``roles.testbed.in_process``), one marked ``integration`` clusters of processes."""
@@ -100,6 +110,7 @@ def cluster(request, tmp_path):
 
     def make(*args, **kwargs) -> Cluster:
         kwargs.setdefault("in_process", in_process)
+        kwargs.setdefault("zygote", None if in_process else zygote)
         c = Cluster(tmp_path / f"cluster{len(made)}", *args, **kwargs)
         made.append(c)
         return c

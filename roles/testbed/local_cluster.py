@@ -9,6 +9,10 @@ the whole job. Its roles answer as processes do (``procs[name]``: poll, wait, se
 kill); what only processes can show (a signal to a process group, a memory budget, a
 supervisor) is refused there.
 
+``zygote`` forks the roles' processes from one that has imported them
+(``roles.testbed.zygote``: one Python start-up for the job's processes, as the tests run
+them); a process a fork cannot be is started afresh.
+
 ``budgets`` gives a process a memory limit the kernel enforces as a container's
 (``roles.testbed.memory_budget``): a cgroup of its own, which it joins before it runs, its
 figures in ``cgroups`` while the cluster lives, removed at ``close``.
@@ -35,6 +39,7 @@ from roles.job.starting import abandon, make_role
 from roles.job.summary import Summary, read_summary
 from roles.testbed.in_process import Driver, RoleHandle, StartError
 from roles.testbed.memory_budget import MemoryCgroup
+from roles.testbed.zygote import ForkedProcess, Zygote
 from zbus.sockets import free_tcp_ports
 
 BIN = Path(sys.executable).parent
@@ -77,10 +82,12 @@ def toml_value(value: object) -> str:
 
 class LocalCluster:
     def __init__(self, workdir: Path, job: Path | None = None, transport: str = "ipc",
-                 in_process: bool = False, **settings: object):
+                 in_process: bool = False, zygote: Zygote | None = None, **settings: object):
         """``settings`` become ZBUS_<SECTION>__<KEY> overrides (``train__epochs=1``);
-        ``in_process``: every role in this process (the module's docstring)."""
+        ``in_process``: every role in this process, ``zygote``: its processes forked from
+        that one (the module's docstring)."""
         self.workdir = workdir
+        self.zygote = zygote
         workdir.mkdir(parents=True, exist_ok=True)
         self.ipc_dir = tempfile.mkdtemp(prefix="zb-", dir="/tmp")  # short: ipc paths are
         self.env = clean_environ()                                  # limited to ~100 bytes
@@ -92,7 +99,7 @@ class LocalCluster:
         names = load_job(None, environ=self.env).cluster.endpoint_names()
         self.env["ZBUS_CLUSTER__ENDPOINTS"] = endpoint_overrides(names, transport, self.ipc_dir)
         self.job: Job = load_job(None, environ=self.env)
-        self.procs: dict[str, subprocess.Popen | RoleHandle] = {}
+        self.procs: dict[str, subprocess.Popen | ForkedProcess | RoleHandle] = {}
         self.driver = Driver(workdir, self.env.get("ZBUS_LOG_LEVEL", "INFO")) \
             if in_process else None
         self._children_before = _children()
@@ -110,7 +117,8 @@ class LocalCluster:
     def in_process(self) -> bool:
         return self.driver is not None
 
-    def start(self, name: str, argv: list[str], group: int | None = None) -> subprocess.Popen:
+    def start(self, name: str, argv: list[str], group: int | None = None
+              ) -> subprocess.Popen | ForkedProcess:
         """``group``: the process group to start it in (0: a new one; as a shell's job
         control would), rather than a session of its own."""
         if self.driver is not None:
@@ -121,6 +129,12 @@ class LocalCluster:
             if name not in self.cgroups:   # (started again: the same cgroup)
                 self.cgroups[name] = MemoryCgroup(name, self.budgets[name])
             join = self.cgroups[name].join
+        if self.zygote is not None and self.zygote.can_fork(argv, self.env, group, join):
+            path = self.workdir / f"{name}.log"
+            path.write_bytes(b"")
+            forked = self.procs[name] = self.zygote.start(argv, self.workdir, self.env, path,
+                                                          group)
+            return forked
         with open(self.workdir / f"{name}.log", "wb") as log:
             proc = subprocess.Popen(argv, cwd=self.workdir, env=self.env, stdout=log,
                                     stderr=subprocess.STDOUT,
@@ -130,7 +144,7 @@ class LocalCluster:
         return proc
 
     def start_role(self, role: str, index: int = 0, *args: str, group: int | None = None,
-                   name: str | None = None) -> subprocess.Popen | RoleHandle:
+                   name: str | None = None) -> subprocess.Popen | ForkedProcess | RoleHandle:
         """``name``: of its process (its log, ``procs``), when not ``<role>-<index>`` (a
         node started again beside its first process's log)."""
         node = f"{role}-{index}"
@@ -207,7 +221,7 @@ class LocalCluster:
         slowdown, ps_slowdown = slowdown or {}, ps_slowdown or {}
         control = self.start_role("control", 0, *(["--resume"] if resume else []),
                                   group=0 if one_group else None)  # 0: a group of its own
-        group = control.pid if isinstance(control, subprocess.Popen) and one_group else None
+        group = control.pid if not isinstance(control, RoleHandle) and one_group else None
         start_role = functools.partial(self.start_role, group=group)
         for i in range(c.feeders):
             start_role("feeder", i)
@@ -304,15 +318,23 @@ class LocalCluster:
         self.cgroups.clear()
 
     def strays(self) -> list[psutil.Process]:
-        """Live processes started for this cluster (they carry its run directory)."""
-        found = []
+        """Live processes started for this cluster: those that carry its run directory, and
+        the forks of its forked processes (whose environment shows the zygote's)."""
+        found = {}
         for proc in psutil.process_iter():
             try:
                 if proc.environ().get("ZBUS_RUN_DIR") == self.env["ZBUS_RUN_DIR"]:
-                    found.append(proc)
+                    found[proc.pid] = proc
             except (psutil.Error, OSError):
                 continue
-        return found
+        for forked in self.procs.values():
+            if isinstance(forked, ForkedProcess) and forked.poll() is None:
+                try:
+                    found.update((p.pid, p) for p in psutil.Process(forked.pid).children(
+                        recursive=True))
+                except psutil.Error:
+                    continue
+        return list(found.values())
 
     def __enter__(self) -> LocalCluster:
         return self
@@ -321,7 +343,7 @@ class LocalCluster:
         self.close()
 
 
-    def _signal(self, proc: subprocess.Popen | RoleHandle, sig: int) -> None:
+    def _signal(self, proc: subprocess.Popen | ForkedProcess | RoleHandle, sig: int) -> None:
         if isinstance(proc, RoleHandle):
             proc.send_signal(sig)
         else:
@@ -369,7 +391,7 @@ def _children() -> set[int]:
         return set()
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+def _signal_group(proc: subprocess.Popen | ForkedProcess, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
