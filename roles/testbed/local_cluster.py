@@ -129,13 +129,13 @@ class LocalCluster:
             if name not in self.cgroups:   # (started again: the same cgroup)
                 self.cgroups[name] = MemoryCgroup(name, self.budgets[name])
             join = self.cgroups[name].join
+        path = self.workdir / f"{name}.log"
         if self.zygote is not None and self.zygote.can_fork(argv, self.env, group, join):
-            path = self.workdir / f"{name}.log"
             path.write_bytes(b"")
             forked = self.procs[name] = self.zygote.start(argv, self.workdir, self.env, path,
                                                           group)
             return forked
-        with open(self.workdir / f"{name}.log", "wb") as log:
+        with open(path, "wb") as log:
             proc = subprocess.Popen(argv, cwd=self.workdir, env=self.env, stdout=log,
                                     stderr=subprocess.STDOUT,
                                     start_new_session=group is None, process_group=group,

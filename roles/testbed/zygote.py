@@ -17,7 +17,8 @@ pages the zygote imported are charged to its own cgroup, so the budget would mea
 an environment whose variables act before ``main`` (the C library's allocator, the loader,
 Python's own start-up, BLAS threads, numba), when they differ from the zygote's. Two things
 differ from a fresh process, both harmless to the roles: ``/proc/<pid>/environ`` and
-``cmdline`` show the zygote's (``LocalCluster.strays`` asks the zygote for its children), and
+``cmdline`` show the zygote's (``LocalCluster.strays`` finds the forks of a forked process by
+its descendants, not by their environment), and
 numpy's legacy global random state is reseeded in each child.
 
 Only the zygote is single-threaded Python here: it imports, reads commands and forks; no
@@ -31,6 +32,7 @@ from __future__ import annotations
 import importlib
 import os
 import runpy
+import selectors
 import signal
 import socket
 import subprocess
@@ -208,29 +210,27 @@ class Zygote:
 
 
 # -- the zygote ----------------------------------------------------------------------------------
-def serve(fd: int) -> tuple[list[str], dict] | None:
-    """Read commands from ``fd`` until it closes; in a forked child, return what it runs."""
+def serve(fd: int) -> dict | None:
+    """Read commands from ``fd`` until it closes; in a forked child, return its command."""
     sock = socket.socket(fileno=fd)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
     reader = sock.makefile("rb")
-    import selectors
     selector = selectors.DefaultSelector()
     selector.register(sock, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
-    running = True
-    while running:
+    while True:
         for key, _ in selector.select():
             if key.fileobj == wake_r:
                 os.read(wake_r, 4096)
                 _reap(sock)
                 continue
             line = reader.readline()
-            if not line:
-                running = False
-                break
+            if not line:   # the client has gone: its children are its to kill
+                signal.set_wakeup_fd(-1)
+                return None
             command = orjson.loads(line)
             ready_r, ready_w = os.pipe()
             try:
@@ -248,14 +248,11 @@ def serve(fd: int) -> tuple[list[str], dict] | None:
                     os.close(fd)
                 _own_group(command["group"])
                 os.close(ready_w)    # its session or group is made: the zygote answers
-                return command["argv"], command
+                return command
             os.close(ready_w)
             os.read(ready_r, 1)      # (an end of file, once the child has closed its end)
             os.close(ready_r)
             sock.sendall(orjson.dumps({"pid": pid}) + b"\n")
-    # the client has gone: wait for the children still running, reporting nothing more
-    signal.set_wakeup_fd(-1)
-    return None
 
 
 def _reap(sock: socket.socket) -> None:
@@ -281,7 +278,7 @@ def _own_group(group: int | None) -> None:
         os.setpgid(0, group)
 
 
-def become(argv: list[str], command: dict) -> None:
+def become(command: dict) -> None:
     """In the forked child: become ``python ARGV`` as the command says, and exit as it does."""
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
@@ -299,7 +296,7 @@ def become(argv: list[str], command: dict) -> None:
     os.close(log)
     import numpy
     numpy.random.seed()
-    flag, target, *args = argv
+    flag, target, *args = command["argv"]
     if flag == "-m":
         sys.argv = [target, *args]
         preloaded = sys.modules.get(target)
@@ -320,7 +317,7 @@ def main() -> None:
         importlib.import_module(name)
     forked = serve(int(sys.argv[1]))
     if forked is not None:
-        become(*forked)
+        become(forked)
         return
     while True:   # no command can come: the children left are the client's to kill
         try:
