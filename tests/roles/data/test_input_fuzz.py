@@ -71,14 +71,20 @@ def check(job_text: str, header: list[str] | None, table: list[list[str]], sep: 
         prepare = source.preparer(parts)
         tally = Tally()
         batches = []
+        rejected = []
+
+        def blocks(part):   # each block read once: its rejected rows kept as it goes by
+            for block in source.blocks(part):
+                rejected.extend(block.rejected)
+                yield block
+
         for part in parts:
             if part.eval:
-                batches += list(eval_batches(source.blocks(part), prepare, tally, 7))
+                batches += list(eval_batches(blocks(part), prepare, tally, 7))
             else:
-                batches += list(training_batches(source.blocks(part), prepare, tally,
+                batches += list(training_batches(blocks(part), prepare, tally,
                                                  buffer_rows=16, batch_size=7, seed=1,
                                                  epoch=0, part=part.number, by_label=False))
-        rejected = [r for part in parts for b in source.blocks(part) for r in b.rejected]
     # every line read is accepted or set aside with its line number
     assert tally.samples + tally.dropped + tally.merged + tally.rejected == tally.rows_read
     assert sum(len(b) for b in batches) == tally.samples
