@@ -88,8 +88,7 @@ from roles.control.state import (
     capture_history,
     capture_state,
     cut_files,
-    write_history,
-    write_state,
+    write_records,
 )
 from roles.control.summary import run_summary, write_summary
 from roles.control.sync_modes import sync_mode
@@ -627,16 +626,16 @@ class Control(Loop):
     def save_state(self) -> None:
         if self.course.phase == "done" and self.resume_from is not None:
             return  # ended resumable: the state on disk is the one to resume
-        write_state(self.run_dir, capture_state(self.components, self.run_id,
-                                                self.resumption.started_at,
-                                                self.job.fingerprint()))
+        write_records(self.run_dir, capture_state(self.components, self.run_id,
+                                                  self.resumption.started_at,
+                                                  self.job.fingerprint()),
+                      capture_history(self.components, self.model_plan))
 
     def save_now(self, now: float) -> None:
         """Once per heartbeat interval (called from the clock)."""
         if now >= self.next_save and self.course.phase != "done":
             self.next_save = now + self.heartbeat_s
             self.save_state()
-            write_history(self.run_dir, capture_history(self.components, self.model_plan))
 
     # -- the end ---------------------------------------------------------------------------------
     def fail(self, reason: str, resumable: bool = True) -> None:
@@ -723,8 +722,7 @@ class Control(Loop):
             state = capture_state(self.components, self.run_id, self.resumption.started_at,
                                   self.job.fingerprint())
             history = capture_history(self.components, self.model_plan)
-            write_state(self.run_dir, state)
-            write_history(self.run_dir, history)
+            write_records(self.run_dir, state, history)
             if self.job.checkpoint.dir:
                 try:
                     hand_over(self.checkpoints.store, state, history)

@@ -44,8 +44,7 @@ from roles.control.state import (
     ResumeError,
     read_state,
     restore,
-    write_history,
-    write_state,
+    write_records,
 )
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
@@ -135,8 +134,7 @@ class Resumption:
         state, history = read_state(source, self.job)
         if handed is not None:   # into the run directory, then out of the store
             if source == handed:
-                write_state(self.run_dir, state)
-                write_history(self.run_dir, history)
+                write_records(self.run_dir, state, history)
             remove_handover(store)
         self.started_at = state.started_at
         self.run_before_s = max(0.0, time.time() - self.started_at)

@@ -211,13 +211,15 @@ def cut_files(p: ControlComponents, state: ControlState, history: ControlHistory
             HISTORY_FILE: orjson.dumps(history, option=orjson.OPT_SERIALIZE_NUMPY)}
 
 
-def write_state(run_dir: Path, state: ControlState) -> None:
-    atomic_write(run_dir / STATE_FILE, orjson.dumps(state), durable=False)
-
-
-def write_history(run_dir: Path, history: ControlHistory) -> None:
+def write_records(run_dir: Path, state: ControlState, history: ControlHistory) -> None:
+    """Control's records into its run directory, the history first: the state file is what
+    says that a run directory holds records to resume (``roles.tools.pod.control_args``,
+    ``Resumption.from_disk``), so it is written last, and a directory that has it has the
+    history too. (A state written alone, by a control that failed before its first save of
+    both, left a pod's control unable to start again: "control-history.json missing".)"""
     atomic_write(run_dir / HISTORY_FILE,
                  orjson.dumps(history, option=orjson.OPT_SERIALIZE_NUMPY), durable=False)
+    atomic_write(run_dir / STATE_FILE, orjson.dumps(state), durable=False)
 
 
 def read_state(run_dir: Path | str, job: Job) -> tuple[ControlState, ControlHistory]:

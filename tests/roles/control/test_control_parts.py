@@ -28,13 +28,14 @@ from roles.control.recovery import Recovery, recovery_counts
 from roles.control.rounds import Rounds
 from roles.control.settings import LiveSettings
 from roles.control.state import (
+    HISTORY_FILE,
+    STATE_FILE,
     ControlComponents,
     ControlHistory,
     ControlState,
     ResumeError,
     read_state,
-    write_history,
-    write_state,
+    write_records,
 )
 from roles.control.summary import run_summary, write_summary
 from roles.control.sync_modes import EveryMode, LazyMode, RoundMode, SyncMode, sync_mode
@@ -525,10 +526,10 @@ def test_the_state_records_round_trip_and_refuse_another_job(tmp_path):
                          settings=SettingsState({"net_util_max": 0.3}, 2), export_request=1,
                          members_version=3, nodes={"ps-1": ["ps", 1, "h", 9, "alive", True]},
                          standing={})
-    write_state(tmp_path, state)
-    write_history(tmp_path, ControlHistory(epochs=[{"epoch": 0}], round_samples={"w": [1]}))
-    got, history = read_state(tmp_path, job)
-    assert got == state and history.round_samples == {"w": [1]}
+    history = ControlHistory(epochs=[{"epoch": 0}], round_samples={"w": [1]})
+    write_records(tmp_path, state, history)
+    got, got_history = read_state(tmp_path, job)
+    assert got == state and got_history.round_samples == {"w": [1]}
     # another job: the refusal names the settings that differ from the run's config.toml
     other = Job(data=DataConfig(source="synthetic"), train=TrainConfig(epochs=2, batch_size=64))
     with pytest.raises(ResumeError, match="another job") as refused:
@@ -541,7 +542,7 @@ def test_the_state_records_round_trip_and_refuse_another_job(tmp_path):
     with pytest.raises(ResumeError, match="incomplete"):
         read_state(tmp_path, job)
     # a run that ended: the refusal says how, and an interrupted one why it cannot go on
-    write_state(tmp_path, dataclasses.replace(state, course=CourseState("done", 2)))
+    write_records(tmp_path, dataclasses.replace(state, course=CourseState("done", 2)), history)
     (tmp_path / "summary.json").write_bytes(orjson.dumps(
         {"status": "interrupted", "reason": "control received SIGINT", "resume_from": None}))
     with pytest.raises(ResumeError) as ended:
@@ -549,6 +550,14 @@ def test_the_state_records_round_trip_and_refuse_another_job(tmp_path):
     assert str(ended.value) == ("run r has ended; there is nothing to resume (interrupted: "
                                 "control received SIGINT, before its first complete "
                                 "checkpoint)")
+    # the state file says a run directory holds records to resume: written after the history,
+    # so that a write that fails leaves no state without its history (a pod's control that
+    # failed before its first save of both could not start again)
+    torn = tmp_path / "torn"
+    (torn / HISTORY_FILE).mkdir(parents=True)   # the history cannot be written there
+    with pytest.raises(OSError):
+        write_records(torn, state, history)
+    assert not (torn / STATE_FILE).exists()
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
