@@ -58,17 +58,18 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "zbus setup: installing zbus into $venv failed (pip's message above)" >&2
     exit 1
   fi
-  # The installed packages' bytecode, written now, once: torch is installed without it, and
-  # where PYTHONDONTWRITEBYTECODE is set no import writes it, so that every process would
-  # compile torch's Python again (7 s of CPU for `import torch` on a 2-core host, 3.5 s
-  # with it). Some packages ship files that do not compile (templates, old examples): ignored.
-  echo "zbus setup: compiling the installed packages' bytecode" >&2
-  "$venv/bin/python" -m compileall -q -j 0 "$venv/lib" >/dev/null 2>&1 || true
-  # Fails loudly if incomplete. It also imports every role once, so that the bytecode of what
-  # they import is in place (where imports write it) before a job's processes start at once.
-  "$venv/bin/python" -c 'import zbus, roles, console.app, zmq, msgspec, numba, torch, honcho
+  # The bytecode of everything the roles import, written now, once, and only that (not the
+  # whole venv: 50 s more on a 2-core host): torch is installed without it, and where
+  # PYTHONDONTWRITEBYTECODE is set no import writes it, so that every process would compile
+  # torch's Python again (7 s of CPU for `import torch` on a 2-core host, 3.5 s with it).
+  # scripts/test and scripts/start let imports write the rest (test tools, modules imported
+  # later). This import fails loudly if the install is incomplete, and the bytecode is in
+  # place before a job's processes start at once.
+  echo "zbus setup: writing the roles' bytecode" >&2
+  env -u PYTHONDONTWRITEBYTECODE "$venv/bin/python" -c 'import zbus, roles, console.app, zmq, msgspec, numba, torch, honcho
 import roles.control.main, roles.feeder.process, roles.ps, roles.worker.process, roles.aggregator
-import roles.tools.spawn, roles.tools.ctl, roles.tools.reference, roles.algorithms.shared.dense_optimizer'
+import roles.tools.spawn, roles.tools.ctl, roles.tools.reference, roles.algorithms.shared.dense_optimizer
+import roles.tools.pod, roles.tools.predict, roles.member, pyarrow.csv, pyarrow.parquet'
   # numba's cache of the compiled loops (beside their modules, or in NUMBA_CACHE_DIR), as the
   # image builds it: made once here, not by each of the first shards and feeders at once
   "$venv/bin/python" -c 'from roles.algorithms.shard.kernels import loops

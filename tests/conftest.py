@@ -27,15 +27,31 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         return
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
         resource.RUSAGE_CHILDREN)
+    reaped = _reaped_by_children()
     started = time.monotonic()
     yield
     me2, kids2 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
         resource.RUSAGE_CHILDREN)
     cpu_self = me2.ru_utime + me2.ru_stime - me.ru_utime - me.ru_stime
     cpu_children = kids2.ru_utime + kids2.ru_stime - kids.ru_utime - kids.ru_stime
+    after = _reaped_by_children()   # the zygote's forks: reaped by it, not by this process
+    cpu_children += sum(t - reaped.get(pid, 0.0) for pid, t in after.items())
     with open(path, "a") as f:
         f.write(f"{time.monotonic() - started:.2f}\t{cpu_self:.2f}\t{cpu_children:.2f}\t"
                 f"{item.nodeid}\n")
+
+
+def _reaped_by_children() -> dict[int, float]:
+    """CPU seconds of the descendants each live child of this process has waited for."""
+    import psutil
+    out = {}
+    for child in psutil.Process().children():
+        try:
+            t = child.cpu_times()
+        except psutil.Error:
+            continue
+        out[child.pid] = t.children_user + t.children_system
+    return out
 
 
 def _integration(request: pytest.FixtureRequest) -> bool:
