@@ -119,7 +119,8 @@ def port_holder(port: int) -> str:
         return f"pid {conn.pid} ({command[:200]})"
     if any(c.status == psutil.CONN_LISTEN for c in held):
         return "a process this user cannot see (another user's)"
-    return "no process listening now (it may have exited since)"
+    return ("no process listening now (one that has exited since, or a connection's own "
+            "local port: reserve the job's ports, docs/operations.md \"Ports\")")
 
 
 def connect(ctx: Context, kind: int, endpoint: str, **options: Any) -> Socket:

@@ -36,6 +36,14 @@ GROUP_OFFSET = 300         # member p of model-parallel group g binds 300 + g * 
 MAX_PARTS = 8
 FEEDER_OFFSET = 2400       # feeder i >= 1 binds samples-i at 2400 + 2i, ledger-i at 2401 + 2i
 MAX_FEEDERS = 16
+DEFAULT_BASE_PORT = 47100
+
+
+def reserved_ports(base_port: int = DEFAULT_BASE_PORT) -> str:
+    """The ports a job's roles may bind, as ``net.ipv4.ip_local_reserved_ports`` takes them:
+    reserved, no outgoing connection takes one as its local port (docs/operations.md,
+    "Ports")."""
+    return f"{base_port}-{base_port + FEEDER_OFFSET + 2 * MAX_FEEDERS - 1}"
 
 
 @dataclass(frozen=True)
@@ -60,7 +68,7 @@ class ClusterConfig:
         "`zbus-ps-3.zbus` for shard 3's; `control-0`, `feeder-<i>`, `aggregator-<i>`, "
         "`ps-<i>`, `worker-<i>`, `member-<i>`), e.g. a Kubernetes StatefulSet's pod names; "
         "a role then binds every interface (`*`) unless `ZBUS_BIND_INTERFACE` says which")})
-    base_port: int = field(default=47100, metadata={"min": 1024, "max": 65000, "doc": (
+    base_port: int = field(default=DEFAULT_BASE_PORT, metadata={"min": 1024, "max": 65000, "doc": (
         "first port of the default endpoints (each endpoint at a fixed offset from it)")})
     endpoints: dict[str, str] = field(default_factory=dict, metadata={"doc": (
         "the `[cluster.endpoints]` table: per-endpoint address overrides, `tcp://` or "

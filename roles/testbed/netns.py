@@ -21,6 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+from roles.protocol.topology import reserved_ports
+
+ZBUS_PORTS = reserved_ports()   # the default base_port's
 HOSTS = {"a": "10.77.0.1", "b": "10.77.0.2", "c": "10.77.0.3"}
 BRIDGE = Path(__file__).resolve().parent / "delay_bridge.py"
 PROBE = Path(__file__).resolve().parent / "netprobe.py"
@@ -99,6 +102,10 @@ class Hosts:
             ip("-n", self.names[h], "addr", "add", f"{address}/24", "dev", inside)
             ip("-n", self.names[h], "link", "set", inside, "up")
             ip("-n", self.names[h], "link", "set", "lo", "up")
+            # as docs/operations.md ("Ports") has a host configured: no outgoing connection
+            # takes a port a role binds as its local port (a restarted role could not bind it)
+            self.run_in(self.names[h], ["sysctl", "-q", "-w",
+                                        f"net.ipv4.ip_local_reserved_ports={ZBUS_PORTS}"])
             if self.rate:
                 for ns, dev in ((hub, outside), (self.names[h], inside)):
                     self.run_in(ns, ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
