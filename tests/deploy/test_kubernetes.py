@@ -30,6 +30,7 @@ import pytest
 from harness import REPO
 
 from roles.job.settings import Job, parse_job
+from roles.protocol.topology import reserved_ports
 from roles.tools import wait
 
 ROOT = REPO   # the checkout
@@ -270,6 +271,21 @@ def test_the_configmap_holds_the_job_mounted_where_zbus_job_says(target):
         assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
         if workload["kind"] == "StatefulSet":
             assert "emptyDir" in volumes[mounts["/var/lib/zbus"]["name"]]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_role_pod_reserves_the_ports_its_job_binds(target):
+    """The component's sysctl is a literal beside the job's base_port: they must agree
+    (docs/operations.md, "Ports"), else a restarted role may find its port taken."""
+    objects = render(target)
+    want = reserved_ports(job_of(objects).cluster.base_port)
+    for name, workload in workloads(objects).items():
+        if workload["kind"] != "StatefulSet":
+            continue
+        sysctls = {s["name"]: s["value"]
+                   for s in workload["spec"]["template"]["spec"]["securityContext"]["sysctls"]}
+        assert sysctls["net.ipv4.ip_local_reserved_ports"] == want, name
 
 
 def test_the_base_job_needs_no_bucket_no_keys_and_no_data():
