@@ -1,7 +1,8 @@
 """The base node messages: how any node joins, reports its health and leaves (the transport's
 own protocol; the application's messages are in ``roles.protocol``).
 
-Node <-> control is DEALER -> ROUTER on channel "control"; Finish and Stop come on control's PUB.
+Node <-> control is DEALER -> ROUTER on channel "control"; Deciding, Finish and Stop come on
+control's PUB.
 """
 
 from __future__ import annotations
@@ -100,6 +101,15 @@ class ProbeReply(Message):
     """A node's answer to control's Probe."""
 
     nonce: int
+
+
+@message()
+class Deciding(Message):
+    """Control, started again on its run (``--resume``), has not decided yet whether the nodes
+    live on or the whole job goes back to a checkpoint: until it has, it publishes this every
+    heartbeat interval in place of its standing commands (which a roll back replaces: one of
+    the dead run's, read by a node after its Welcome, would be taken as the new run's), so that
+    a node waiting for its Welcome hears control and does not give up. Nodes ignore it."""
 
 
 @message()

@@ -49,6 +49,7 @@ from zbus.codec import Envelope, Message, ProtocolError
 from zbus.endpoints import CONTROL, CONTROL_PUB, BusConfig, bind_address, resolved
 from zbus.load import LoadSampler
 from zbus.messages import (
+    Deciding,
     Failure,
     Finish,
     Heartbeat,
@@ -472,6 +473,8 @@ class Node(Loop):
             case Finish():
                 if self.welcomed:
                     self.heartbeat(final=True)
+            case Deciding():   # a resumed control, not decided yet: only heard
+                pass
             case _ if self.welcomed:
                 self.handle_command(env)
 
@@ -490,7 +493,7 @@ class Node(Loop):
         self.stopping = True
 
     def handle_command(self, env: Envelope) -> None:
-        """The application's commands from control's PUB (all but Stop and Finish)."""
+        """The application's commands from control's PUB (all but Stop, Finish and Deciding)."""
 
     def handle_reply(self, env: Envelope) -> None:
         """The application's answers from control on this node's own link (to its reports)."""

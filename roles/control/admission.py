@@ -84,6 +84,7 @@ class Admission:
             failure = self.resumption.roll_back(now)
             if failure:
                 return Answer(failure=failure, resumable=False)
+        self.resumption.decided()
         known = self.members.nodes.get(node_id)
         reason = self.refusal(node_id, hello)
         if reason:

@@ -10,7 +10,8 @@ the nodes live on, and control goes on from its own latest records (a new proces
 is a restarted node, recovered as usual). If instead every node that holds state (every
 feeder, shard and aggregator of the job) says Hello anew and none rejoins, the whole job was
 killed: control goes back to the checkpoint, and so does every node (Welcome ``rollback``).
-Until it has decided, control leaves the new nodes' Hellos unanswered (they say it again).
+Until it has decided, control leaves the new nodes' Hellos unanswered (they say it again),
+and publishes none of its records' commands, only ``Deciding`` (``roles.control.commands``).
 
 A control whose run directory is gone (a new machine, a rescheduled pod) takes the records its
 predecessor handed over when its pod was stopped (``roles.control.handover``: as new as the
@@ -107,6 +108,8 @@ class Resumption:
         self.run_before_s = 0.0        # resumed: how long the run had been going
         self.awaiting_rejoin: set[str] = set()  # resumed: nodes that have not said Hello
         self.restarting = False  # back at a checkpoint: no worker has joined since
+        if resumed:   # its records' commands go out once it has decided (``decided``)
+            parts.commands.hold()
 
     def from_disk(self, now: float) -> dict | None:
         """Control's records from its run directory; a run directory without them (a new
@@ -184,6 +187,13 @@ class Resumption:
                     "(epoch %d, round %d); what was trained after it is trained again", number,
                     state.course.epoch + 1, manifest["round"])
         return ""
+
+    def decided(self) -> None:
+        """Once the first decision is taken (go on with the nodes, or back to the checkpoint,
+        whose records then stand): control's commands go out, before any Welcome does
+        (``roles.control.commands``)."""
+        if not self.decision.pending:
+            self.parts.commands.release()
 
     def waiting(self) -> bool:
         """Not every node of the run is known to be back yet (no checkpoint is cut)."""
