@@ -1,0 +1,65 @@
+"""Event sources of a stream job: a broker's messages as ``Delivery`` values, told ``done``
+once every event of a message is trained (docs/streams.md).
+
+``open_consumer`` picks the client by the URL's scheme: ``nats://`` (NATS JetStream, the
+``nats-py`` client: ``nats_js``) or ``kafka://`` (Kafka, ``confluent-kafka``: ``kafka``). A
+consumer's ``fetch`` gives the next messages in the broker's order for each partition,
+``done`` acknowledges messages to the broker (a JetStream ack, a Kafka commit of the offset
+after the done prefix: ``watermark``), ``lag`` is the events the broker holds that are not
+acknowledged, per partition. Acknowledging is the broker's side of exactly once; the job's
+own record of what is trained (the ledger, in checkpoints) is the other: a message trained and
+not yet acknowledged when its feeder dies comes again, and the ledger knows it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class BrokerError(Exception):
+    """A broker that cannot be reached, a topic or subject it does not have, an option its
+    client refuses: one line, naming what was asked."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One message: ``partition`` (Kafka's; 0 for a JetStream stream, whose sequence is one),
+    ``position`` (Kafka's offset, JetStream's stream sequence), ``payload``, the broker's
+    ``time_s`` for it (seconds since the epoch), and how many times it was delivered."""
+
+    partition: int
+    position: int
+    payload: bytes
+    time_s: float
+    deliveries: int = 1
+
+
+class Consumer(Protocol):
+    def fetch(self, max_messages: int, timeout_s: float) -> list[Delivery]: ...
+
+    def done(self, deliveries: list[Delivery]) -> None: ...
+
+    def lag(self) -> dict[int, int]: ...
+
+    def close(self) -> None: ...
+
+
+def open_consumer(url: str, topic: str, group: str, start: str = "earliest",
+                  options: dict[str, object] | None = None) -> Consumer:
+    """A consumer of ``topic`` for ``group`` (a durable consumer, a consumer group) at
+    ``url``: ``nats://host:port[,host:port...]`` or ``kafka://host:port[,...]``; ``start``
+    (``earliest`` or ``latest``) where a new group begins; ``options`` the client's own
+    settings (credentials, TLS)."""
+    if start not in ("earliest", "latest"):
+        raise BrokerError(f"start must be 'earliest' or 'latest', got {start!r}")
+    scheme, sep, hosts = url.partition("://")
+    if not sep or not hosts:
+        raise BrokerError(f"a stream url is nats://host:port or kafka://host:port, got {url!r}")
+    if scheme == "nats":
+        from roles.data.brokers.nats_js import JetStreamConsumer
+        return JetStreamConsumer(hosts.split(","), topic, group, start, options or {})
+    if scheme == "kafka":
+        from roles.data.brokers.kafka import KafkaConsumer
+        return KafkaConsumer(hosts, topic, group, start, options or {})
+    raise BrokerError(f"a stream url is nats:// or kafka://, got {scheme}://")

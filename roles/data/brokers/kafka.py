@@ -1,0 +1,113 @@
+"""Kafka as a stream job's source (``confluent-kafka``, librdkafka).
+
+The job's feeders are one consumer group: Kafka spreads the topic's partitions over them and
+moves a partition to another feeder when its feeder leaves or dies (a rebalance). Offsets are
+committed by hand (``enable.auto.commit`` off), synchronously, and only past the done prefix of
+each partition (``watermark``): a commit says "everything before this offset is trained", so a
+message trained ahead of an earlier one waits for it. When a partition is taken away, what is
+done of it is committed first; what was delivered and is not done goes, with the partition, to
+its next owner, from the committed offset.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from roles.data.brokers import BrokerError, Delivery
+from roles.data.brokers.watermark import Watermark
+
+OWN_SETTINGS = ("bootstrap.servers", "group.id", "enable.auto.commit", "auto.offset.reset")
+
+
+class KafkaConsumer:
+    def __init__(self, servers: str, topic: str, group: str, start: str,
+                 options: dict[str, object], timeout_s: float = 10.0):
+        from confluent_kafka import Consumer, KafkaException
+        ours = sorted(set(options) & set(OWN_SETTINGS))
+        if ours:
+            raise BrokerError(f"[stream.options] {', '.join(ours)}: set by the job "
+                              "([stream] url, group, start)")
+        config = {"bootstrap.servers": servers, "group.id": group, "enable.auto.commit": False,
+                  "auto.offset.reset": start, **{k: v for k, v in options.items()}}
+        try:
+            self._consumer = Consumer(config)
+        except KafkaException as exc:
+            raise BrokerError(f"Kafka at {servers}: {exc.args[0].str()}") from None
+        self.topic, self._servers, self._timeout_s = topic, servers, timeout_s
+        self._marks: dict[int, Watermark] = {}
+        try:
+            topics = self._consumer.list_topics(topic, timeout=timeout_s).topics
+        except KafkaException as exc:
+            self._consumer.close()
+            raise BrokerError(f"Kafka at {servers}: {exc.args[0].str()}") from None
+        if topic not in topics or topics[topic].error is not None:
+            self._consumer.close()
+            raise BrokerError(f"Kafka at {servers}: no topic {topic!r}")
+        self._consumer.subscribe([topic], on_assign=self._assigned, on_revoke=self._revoked,
+                                 on_lost=self._lost)
+
+    def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
+        for tp in partitions:
+            self._marks[tp.partition] = Watermark()
+
+    def _revoked(self, consumer: Any, partitions: list[Any]) -> None:
+        self._commit([tp.partition for tp in partitions])
+        for tp in partitions:
+            self._marks.pop(tp.partition, None)
+
+    def _lost(self, consumer: Any, partitions: list[Any]) -> None:
+        for tp in partitions:        # another feeder owns them already: commit nothing
+            self._marks.pop(tp.partition, None)
+
+    def fetch(self, max_messages: int, timeout_s: float) -> list[Delivery]:
+        out = []
+        for m in self._consumer.consume(max_messages, timeout_s):
+            if m.error() is not None:   # end of partition, a broker going: the client goes on
+                continue
+            partition, offset = m.partition(), m.offset()
+            assert partition is not None and offset is not None   # (a message, not an event)
+            self._marks.setdefault(partition, Watermark()).delivered(offset)
+            out.append(Delivery(partition, offset, m.value() or b"", m.timestamp()[1] / 1000.0))
+        return out
+
+    def done(self, deliveries: list[Delivery]) -> None:
+        """Commit, per partition, the offset after its done prefix (synchronously)."""
+        moved = {d.partition for d in deliveries
+                 if d.partition in self._marks and self._marks[d.partition].done(d.position)}
+        self._commit(sorted(moved))
+
+    def _commit(self, partitions: list[int]) -> None:
+        from confluent_kafka import KafkaException, TopicPartition
+        floors = {p: self._marks[p].floor for p in partitions if p in self._marks}
+        offsets = [TopicPartition(self.topic, p, floor) for p, floor in floors.items()
+                   if floor is not None]
+        if not offsets:
+            return
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            from confluent_kafka import KafkaError
+            if exc.args[0].code() in (KafkaError.REBALANCE_IN_PROGRESS,
+                                      KafkaError.ILLEGAL_GENERATION):
+                return   # the group is rebalancing: committed at the revoke, or the next done
+            raise BrokerError(f"Kafka at {self._servers}: commit: {exc.args[0].str()}") \
+                from None
+
+    def lag(self) -> dict[int, int]:
+        """Per partition this feeder owns: the messages after its committed offset."""
+        from confluent_kafka import TopicPartition
+        owned = [TopicPartition(self.topic, p) for p in sorted(self._marks)]
+        if not owned:
+            return {}
+        committed = self._consumer.committed(owned, timeout=self._timeout_s)
+        out = {}
+        for tp in committed:
+            low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(self.topic, tp.partition), timeout=self._timeout_s)
+            out[tp.partition] = high - (tp.offset if tp.offset >= 0 else low)
+        return out
+
+    def close(self) -> None:
+        """Leave the group (its partitions go to the other feeders); nothing is committed
+        that is not done."""
+        self._consumer.close()

@@ -1,0 +1,145 @@
+"""NATS JetStream as a stream job's source (the ``nats-py`` client).
+
+A job's feeders share one durable pull consumer on the stream that holds the subject: each
+message goes to one feeder (JetStream spreads a pull consumer's messages over its pullers, so
+several feeders need no partitions, and one that dies needs no rebalance), and a message not
+acknowledged within ``ack_wait_s`` (default 30) is delivered again, to whichever feeder pulls
+next. Acknowledgement is explicit, per message (``AckExplicit``: with feeders sharing the
+consumer, ``AckAll`` would acknowledge another feeder's messages); ``done`` sends the acks and
+flushes the connection, so that they have reached the server when it returns. The client is
+asyncio's: it runs on a thread of its own, and this class's methods wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from roles.data.brokers import BrokerError, Delivery
+
+ACK_WAIT_S = 30.0
+MAX_ACK_PENDING = 100_000   # messages delivered to the group and not acknowledged
+
+
+class _Loop:
+    """An asyncio event loop on a thread of its own."""
+
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Any, timeout_s: float) -> Any:
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout_s)
+        except FutureTimeout:
+            future.cancel()
+            raise
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+class JetStreamConsumer:
+    def __init__(self, servers: list[str], subject: str, group: str, start: str,
+                 options: dict[str, object], ack_wait_s: float = ACK_WAIT_S,
+                 connect_timeout_s: float = 10.0):
+        import nats
+        from nats.aio.client import Client
+        known = set(inspect.signature(Client.connect).parameters) - {"self", "servers"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise BrokerError(f"[stream.options] {', '.join(unknown)}: not options of the NATS "
+                              f"client (it takes: {', '.join(sorted(known))})")
+        self.subject, self.group = subject, group
+        self._urls = [f"nats://{s}" for s in servers]
+        self._messages: dict[int, Any] = {}   # position -> its message, until done
+        self._loop = _Loop(f"nats-{group}")
+        try:
+            self._nc, self._sub = self._loop.run(
+                self._open(nats, options, start, ack_wait_s, connect_timeout_s),
+                connect_timeout_s * 2)   # (the client tries again for as long as it is let)
+        except BaseException as exc:
+            self._loop.close()
+            if isinstance(exc, BrokerError):
+                raise
+            raise BrokerError(f"NATS at {','.join(self._urls)}: {type(exc).__name__}: "
+                              f"{exc or f'no answer within {connect_timeout_s * 2:g} s'}"
+                              ) from None
+
+    async def _open(self, nats: Any, options: dict[str, object], start: str,
+                    ack_wait_s: float, connect_timeout_s: float) -> tuple[Any, Any]:
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+        from nats.js.errors import NotFoundError
+        nc = await nats.connect(servers=self._urls, connect_timeout=connect_timeout_s,
+                                max_reconnect_attempts=-1, allow_reconnect=True, **options)
+        js = nc.jetstream()
+        try:
+            stream = await js.find_stream_name_by_subject(self.subject)
+        except NotFoundError:
+            await nc.close()
+            raise BrokerError(f"NATS at {','.join(self._urls)}: no JetStream stream holds "
+                              f"the subject {self.subject!r}") from None
+        config = ConsumerConfig(
+            durable_name=self.group, ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait_s,
+            deliver_policy=DeliverPolicy.ALL if start == "earliest" else DeliverPolicy.NEW,
+            max_ack_pending=MAX_ACK_PENDING, filter_subject=self.subject)
+        sub = await js.pull_subscribe(self.subject, durable=self.group, stream=stream,
+                                      config=config)
+        return nc, sub
+
+    def fetch(self, max_messages: int, timeout_s: float) -> list[Delivery]:
+        """Up to ``max_messages`` messages, waiting at most ``timeout_s`` for the first."""
+        return self._loop.run(self._fetch(max_messages, timeout_s), timeout_s + 10)
+
+    async def _fetch(self, max_messages: int, timeout_s: float) -> list[Delivery]:
+        import nats.errors
+        try:
+            # the client's own wait, bounded: a pull request that the server answered for
+            # another puller of the group can leave it waiting (what it had taken stays in
+            # the subscription's queue, the next fetch's first)
+            messages = await asyncio.wait_for(
+                self._sub.fetch(batch=max_messages, timeout=timeout_s), timeout_s + 1.0)
+        except (TimeoutError, nats.errors.TimeoutError):
+            return []
+        out = []
+        for m in messages:
+            meta = m.metadata
+            self._messages[meta.sequence.stream] = m
+            out.append(Delivery(0, meta.sequence.stream, m.data, meta.timestamp.timestamp(),
+                                meta.num_delivered))
+        return out
+
+    def done(self, deliveries: list[Delivery]) -> None:
+        """Acknowledge these messages (every event of each trained); returns once the server
+        has them."""
+        messages = [self._messages.pop(d.position) for d in deliveries
+                    if d.position in self._messages]
+        if messages:
+            self._loop.run(self._ack(messages), 30)
+
+    async def _ack(self, messages: list[Any]) -> None:
+        for m in messages:
+            await m.ack()
+        await self._nc.flush()
+
+    def lag(self) -> dict[int, int]:
+        """Messages the stream holds for the group and not acknowledged (pending delivery, and
+        delivered but not acknowledged)."""
+        info = self._loop.run(self._sub.consumer_info(), 30)
+        return {0: int(info.num_pending) + int(info.num_ack_pending)}
+
+    def close(self) -> None:
+        """Leaves what is not acknowledged to be delivered again (after ``ack_wait_s``)."""
+        try:
+            self._loop.run(self._nc.close(), 10)
+        except Exception:   # closing a connection that is already gone
+            pass
+        self._loop.close()

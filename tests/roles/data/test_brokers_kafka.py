@@ -1,0 +1,83 @@
+"""The Kafka consumer against librdkafka's mock cluster on loopback: commits only past the done
+prefix of a partition, the group's next consumer going on from the commit, a partition of a
+consumer that leaves going to the one left, and one line for what cannot be consumed."""
+
+from __future__ import annotations
+
+import pytest
+
+from roles.data.brokers import BrokerError, open_consumer
+
+
+@pytest.fixture
+def kafka():
+    from roles.testbed.kafka_mock import MockKafka
+    cluster = MockKafka()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+# the mock cluster's group coordinator, quick: a consumer that leaves is noticed in seconds
+QUICK = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
+
+
+def drain(consumer, want: int, rounds: int = 40) -> list:
+    got: list = []
+    for _ in range(rounds):
+        if len(got) >= want:
+            break
+        got += consumer.fetch(want - len(got), 0.5)
+    return got
+
+
+@pytest.mark.integration
+def test_a_commit_covers_only_the_done_prefix_and_the_next_consumer_goes_on_from_it(kafka):
+    kafka.produce("clicks", [f"{i}".encode() for i in range(10)], partition=0)
+    first = open_consumer(kafka.url, "clicks", "job", options=QUICK)
+    got = drain(first, 10)
+    assert [(d.partition, d.position) for d in got] == [(0, i) for i in range(10)]
+    assert [d.payload for d in got] == [f"{i}".encode() for i in range(10)]
+    first.done(got[:3] + got[5:8])   # 3 and 4 not trained: the commit stops at 3
+    assert first.lag()[0] == 7
+    first.close()
+    second = open_consumer(kafka.url, "clicks", "job", options=QUICK)
+    try:
+        again = drain(second, 7)
+        assert [d.position for d in again] == list(range(3, 10))
+        second.done(again)
+        assert second.lag()[0] == 0
+    finally:
+        second.close()
+
+
+@pytest.mark.integration
+def test_the_partitions_of_a_consumer_that_leaves_go_to_the_one_left(kafka):
+    kafka.produce("views", [b"x"] * 4)   # made with 4 partitions
+    for partition in range(4):
+        kafka.produce("views", [f"{partition}-{i}".encode() for i in range(5)], partition)
+    a = open_consumer(kafka.url, "views", "job", options=QUICK)
+    b = open_consumer(kafka.url, "views", "job", options=QUICK)
+    got_a = drain(a, 1)
+    got_b = drain(b, 1)
+    a.done(got_a)   # (mid-rebalance: committed when its partitions are taken away)
+    b.done(got_b)   # what is not done is delivered again, from the last commit
+    a.close()       # leaves: its partitions go to b
+    try:
+        rest = drain(b, 24 - len(got_a) - len(got_b), rounds=80)
+        seen = sorted((d.partition, d.position) for d in got_a + got_b + rest)
+        assert len(seen) == len(set(seen)) == 24
+    finally:
+        b.close()
+
+
+@pytest.mark.integration
+def test_what_cannot_be_consumed_is_one_line(kafka):
+    kafka.produce("clicks", [b"x"])
+    with pytest.raises(BrokerError, match="no topic 'nowhere'"):
+        open_consumer(kafka.url, "nowhere", "job")
+    with pytest.raises(BrokerError, match="group.id: set by the job"):
+        open_consumer(kafka.url, "clicks", "job", options={"group.id": "x"})
+    with pytest.raises(BrokerError, match="No such configuration property"):
+        open_consumer(kafka.url, "clicks", "job", options={"sasl.mechanismz": "PLAIN"})

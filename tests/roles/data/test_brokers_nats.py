@@ -1,0 +1,90 @@
+"""The JetStream consumer against a real nats-server (``-js``) on loopback: messages in stream
+order, acknowledged ones never delivered again, unacknowledged ones delivered again to the
+group's next puller, a shared durable consumer giving each message to one puller, and one
+line for what cannot be consumed."""
+
+from __future__ import annotations
+
+import pytest
+
+from roles.data.brokers import BrokerError, open_consumer
+from roles.data.brokers.nats_js import JetStreamConsumer
+
+
+@pytest.fixture
+def nats(tmp_path):
+    from roles.testbed.nats_server import NatsServer
+    server = NatsServer(tmp_path / "nats")
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def drain(consumer, want: int, rounds: int = 50) -> list:
+    got: list = []
+    for _ in range(rounds):
+        if len(got) >= want:
+            break
+        got += consumer.fetch(want - len(got), 0.2)
+    return got
+
+
+@pytest.mark.integration
+def test_what_is_acknowledged_never_comes_again_and_the_rest_does(nats):
+    seqs = nats.publish("events", "clicks", [f"{i}".encode() for i in range(10)])
+    first = JetStreamConsumer([f"127.0.0.1:{nats.port}"], "clicks", "job", "earliest", {},
+                              ack_wait_s=1.0)
+    try:
+        got = drain(first, 10)
+        assert [d.position for d in got] == seqs
+        assert [d.payload for d in got] == [f"{i}".encode() for i in range(10)]
+        assert all(d.deliveries == 1 and d.time_s > 0 for d in got)
+        first.done(got[:6])
+        assert first.lag() == {0: 4}
+    finally:
+        first.close()   # a feeder gone with 4 messages trained or not: never acknowledged
+    second = open_consumer(nats.url, "clicks", "job")
+    try:
+        again = drain(second, 4)
+        assert [d.position for d in again] == seqs[6:]
+        assert all(d.deliveries == 2 for d in again)
+        second.done(again)
+        assert second.lag() == {0: 0}
+        assert second.fetch(10, 0.3) == []
+    finally:
+        second.close()
+
+
+@pytest.mark.integration
+def test_feeders_sharing_the_group_get_each_message_once_and_latest_starts_at_the_end(nats):
+    nats.publish("events", "clicks", [b"old"] * 5)
+    url = nats.url
+    a, b = open_consumer(url, "clicks", "shared"), open_consumer(url, "clicks", "shared")
+    late = open_consumer(url, "clicks", "late", start="latest")
+    try:
+        seqs = nats.publish("events", "clicks", [f"{i}".encode() for i in range(40)])
+        got_a = a.fetch(15, 1.0)
+        got_b = drain(b, 45 - len(got_a))
+        positions = sorted(d.position for d in got_a + got_b)
+        assert positions == list(range(1, 6)) + seqs    # each once, none lost
+        assert got_a and got_b
+        assert [d.payload for d in drain(late, 40)] == [f"{i}".encode() for i in range(40)]
+    finally:
+        for c in (a, b, late):
+            c.close()
+
+
+@pytest.mark.integration
+def test_what_cannot_be_consumed_is_one_line(nats):
+    nats.publish("events", "clicks", [b"x"])
+    with pytest.raises(BrokerError, match="no JetStream stream holds the subject 'views'"):
+        open_consumer(nats.url, "views", "job")
+    with pytest.raises(BrokerError, match="tls_hostnam: not options of the NATS client"):
+        open_consumer(nats.url, "clicks", "job", options={"tls_hostnam": "x"})
+    with pytest.raises(BrokerError, match="start must be 'earliest' or 'latest'"):
+        open_consumer(nats.url, "clicks", "job", start="newest")
+    nats.close()
+    with pytest.raises(BrokerError, match=f"NATS at nats://127.0.0.1:{nats.port}: "):
+        JetStreamConsumer([f"127.0.0.1:{nats.port}"], "clicks", "job", "earliest", {},
+                          connect_timeout_s=1.0)
