@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from roles.data.brokers import BrokerError, Delivery
-from roles.data.brokers.watermark import Watermark
+from roles.events import BrokerError, Delivery
+from roles.events.watermark import Watermark
 
 OWN_SETTINGS = ("bootstrap.servers", "group.id", "enable.auto.commit", "auto.offset.reset")
 

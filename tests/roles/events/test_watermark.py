@@ -1,7 +1,7 @@
-"""The done prefix of a partition (``roles.data.brokers.watermark``): what a Kafka commit may
+"""The done prefix of a partition (``roles.events.watermark``): what a Kafka commit may
 say is trained."""
 
-from roles.data.brokers.watermark import Watermark
+from roles.events.watermark import Watermark
 
 
 def test_the_floor_moves_only_over_a_done_prefix_with_gaps_and_redeliveries():

@@ -18,7 +18,7 @@ import threading
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from roles.data.brokers import BrokerError, Delivery
+from roles.events import BrokerError, Delivery
 
 ACK_WAIT_S = 30.0
 MAX_ACK_PENDING = 100_000   # messages delivered to the group and not acknowledged

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from roles.data.brokers import BrokerError, open_consumer
-from roles.data.brokers.nats_js import JetStreamConsumer
+from roles.events import BrokerError, open_consumer
+from roles.events.nats_js import JetStreamConsumer
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from roles.data.brokers import BrokerError, open_consumer
+from roles.events import BrokerError, open_consumer
 
 
 @pytest.fixture

@@ -57,9 +57,9 @@ def open_consumer(url: str, topic: str, group: str, start: str = "earliest",
     if not sep or not hosts:
         raise BrokerError(f"a stream url is nats://host:port or kafka://host:port, got {url!r}")
     if scheme == "nats":
-        from roles.data.brokers.nats_js import JetStreamConsumer
+        from roles.events.nats_js import JetStreamConsumer
         return JetStreamConsumer(hosts.split(","), topic, group, start, options or {})
     if scheme == "kafka":
-        from roles.data.brokers.kafka import KafkaConsumer
+        from roles.events.kafka import KafkaConsumer
         return KafkaConsumer(hosts, topic, group, start, options or {})
     raise BrokerError(f"a stream url is nats:// or kafka://, got {scheme}://")

@@ -1,0 +1,186 @@
+"""A stream's messages as rows of the job's schema (``EventDecoder``): the same checks as a data
+file's rows (``roles.data.readers``), so that an event trains exactly as the same row read from a
+file would, and a malformed event is set aside with where it came from, never raised.
+
+Formats (``[stream] format``):
+
+- ``json``: one object per event keyed by column name; a message may hold several, one per
+  line. A value is a string, a number, a boolean (a label: true is 1) or null (missing); a list
+  field's value a JSON array of ids, or one string of ids with the field's separator, as in a
+  file. Keys that are not columns of the job are ignored; a column missing from the object is
+  missing, as an empty field of a file is.
+- ``tsv`` / ``csv``: one line per event, its fields in the order of ``[stream] columns``
+  (CSV quoting as Python's csv module reads it).
+
+A rejected event is a ``Rejected`` whose ``file`` names the message
+(``<topic>[<partition>]@<position>``) and whose ``line`` is the event's line in it (from 1).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from roles.data.readers import RawBlock, Rejected, Schema, _block
+from roles.events import Delivery
+
+FORMATS = ("json", "tsv", "csv")
+MAX_SHOWN = 500   # characters of a rejected event kept with its reason
+
+
+@dataclass
+class Decoded:
+    """A batch of messages decoded: the accepted events as a block, and for each of them the
+    message it came from (``message``: an index into the deliveries decoded, ``line``: its line
+    in that message, from 0) and its event time in seconds (the timestamp column, else the
+    broker's time of its message); ``events`` counts every event read, rejected ones too."""
+
+    block: RawBlock
+    message: np.ndarray     # int64 [accepted]
+    line: np.ndarray        # int64 [accepted]
+    event_time_s: np.ndarray  # float64 [accepted]
+    events: int
+
+    @property
+    def rejected(self) -> list[Rejected]:
+        return self.block.rejected
+
+
+class EventDecoder:
+    """``schema`` the job's columns; ``fmt`` one of ``FORMATS``; ``columns`` the fields of a
+    tsv/csv line, in order (unused for json); ``topic`` names the messages in rejections."""
+
+    def __init__(self, schema: Schema, fmt: str, topic: str, columns: Sequence[str] = ()):
+        if fmt not in FORMATS:
+            raise ValueError(f"[stream] format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+        self.schema, self.fmt, self.topic = schema, fmt, topic
+        self.wanted = schema.columns()
+        if fmt != "json":
+            missing = [c for c in self.wanted if c not in columns]
+            if missing:
+                raise ValueError(f"[stream] columns lacks {', '.join(missing)} (the job's "
+                                 f"[data] columns; a {fmt} event's fields are named by "
+                                 "[stream] columns, in order)")
+            self.columns = list(columns)
+            self.at = [self.columns.index(c) for c in self.wanted]
+
+    def where(self, d: Delivery) -> str:
+        return f"{self.topic}[{d.partition}]@{d.position}"
+
+    def decode(self, deliveries: Sequence[Delivery]) -> Decoded:
+        values: list[list[object]] = [[] for _ in self.wanted]
+        texts: list[str] = []
+        origin: list[tuple[int, int]] = []
+        rejected: list[Rejected] = []
+        events = 0
+        nbytes = 0
+        for m, d in enumerate(deliveries):
+            nbytes += len(d.payload)
+            for n, raw in enumerate(_lines(d.payload)):
+                events += 1
+                row, why = self._row(raw)
+                if row is None:
+                    rejected.append(Rejected(self.where(d), n + 1, why, _shown(raw)))
+                    continue
+                for column, value in zip(values, row, strict=True):
+                    column.append(value)
+                texts.append(_shown(raw))
+                origin.append((m, n))
+        block = self._block(values, texts, origin, deliveries, nbytes)
+        kept = np.ones(len(origin), dtype=bool)
+        for r in block.rejected:
+            kept[r.line] = False
+        block.rejected = sorted(rejected + [self._located(r, origin, deliveries)
+                                            for r in block.rejected],
+                                key=lambda r: (r.file, r.line))
+        where = np.asarray(origin, dtype=np.int64).reshape(-1, 2)[kept]
+        if block.timestamps is not None:
+            event_time = block.timestamps.astype(np.float64)
+        else:
+            times = np.array([d.time_s for d in deliveries], dtype=np.float64)
+            event_time = times[where[:, 0]] if len(where) else np.zeros(0)
+        block.rows_read = events
+        return Decoded(block, where[:, 0].copy(), where[:, 1].copy(), event_time, events)
+
+    def _located(self, r: Rejected, origin: list[tuple[int, int]],
+                 deliveries: Sequence[Delivery]) -> Rejected:
+        m, n = origin[r.line]
+        return Rejected(self.where(deliveries[m]), n + 1, r.reason, r.text)
+
+    def _block(self, values: list[list[object]], texts: list[str],
+               origin: list[tuple[int, int]], deliveries: Sequence[Delivery],
+               nbytes: int) -> RawBlock:
+        arrays = []
+        for name, column in zip(self.wanted, values, strict=True):
+            if name in self.schema.lists and any(isinstance(v, list) for v in column):
+                sep = self.schema.lists[name]
+                arrays.append(pa.array([v if isinstance(v, list) or v is None else
+                                        _split_ids(str(v), sep) for v in column],
+                                       pa.list_(pa.string())))
+            else:
+                arrays.append(pa.array(column, pa.string()))
+        table = pa.table(arrays, names=self.wanted) if self.wanted else pa.table({})
+        # _block names each rejected row by its index here (``line``); decode relocates it
+        return _block(self.schema, table, len(origin),
+                      lambda: list(enumerate(texts)), "", [], nbytes)
+
+    def _row(self, raw: bytes) -> tuple[list[object] | None, str]:
+        if self.fmt == "json":
+            return _json_row(raw, self.wanted, self.schema.lists)
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None, "not UTF-8"
+        fields = line.split("\t") if self.fmt == "tsv" else next(csv.reader([line]), [])
+        if len(fields) != len(self.columns):
+            return None, f"{len(fields)} fields, [stream] columns names {len(self.columns)}"
+        return [fields[i] for i in self.at], ""
+
+
+def _lines(payload: bytes) -> list[bytes]:
+    """The events of one message: its non-blank lines (a trailing newline or CR ends a line)."""
+    return [line.rstrip(b"\r") for line in payload.split(b"\n") if line.strip()]
+
+
+def _json_row(raw: bytes, wanted: list[str], lists: dict[str, str]
+              ) -> tuple[list[object] | None, str]:
+    try:
+        event = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return None, f"not JSON ({str(exc).split(':')[0]})"
+    if not isinstance(event, dict):
+        return None, f"a JSON {type(event).__name__}, not an object keyed by column name"
+    row: list[object] = []
+    for name in wanted:
+        value = event.get(name)
+        if value is None or isinstance(value, str):
+            row.append(value)
+        elif isinstance(value, bool):
+            row.append("1" if value else "0")
+        elif isinstance(value, int | float):
+            row.append(repr(value) if isinstance(value, float) else str(value))
+        elif isinstance(value, list) and name in lists:
+            if not all(isinstance(v, str | int) and not isinstance(v, bool) for v in value):
+                return None, f"column {name!r}: a list of ids holds something else"
+            row.append([str(v) for v in value])
+        else:
+            return None, f"column {name!r}: a JSON {type(value).__name__} where one value is " \
+                         "expected"
+    return row, ""
+
+
+def _split_ids(text: str, sep: str) -> list[str]:
+    """A list field's text as a file gives it (``roles.data.readers._split``), for a batch in
+    which other events give that field as a JSON array."""
+    text = text.strip()
+    return [] if text in ("", "?") else [s.strip() for s in text.split(sep)]
+
+
+def _shown(raw: bytes) -> str:
+    text = raw.decode("utf-8", "replace")
+    return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "..."
