@@ -1,0 +1,91 @@
+"""Progressive validation of a stream job (test-then-train): each event is scored by the model
+as it is when the event comes, before the event is trained on; those scores, in the order
+events are trained, give the job's lifetime AUC and log loss and those of each window of
+``window_events`` events (``[stream] window_events``). A window holds exactly that many events
+(a batch that crosses a boundary is split there); at most ``keep`` closed windows are held
+(the newest), each with the event times it spans.
+
+Bounded memory: two score histograms (``ScoreHistogram``, the lifetime and the open window)
+and the windows kept, whatever the length of the stream.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from roles.algorithms.shared.metrics import ScoreHistogram
+
+
+@dataclass(frozen=True)
+class Window:
+    index: int          # 0 for the first window of the job
+    events: int
+    auc: float
+    logloss: float
+    positives: int
+    first_time_s: float  # event times, the window's oldest and newest
+    last_time_s: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {"window": self.index, "events": self.events, "auc": self.auc,
+                "logloss": self.logloss, "positives": self.positives,
+                "first_time_s": self.first_time_s, "last_time_s": self.last_time_s}
+
+
+class Progressive:
+    def __init__(self, window_events: int = 10_000, keep: int = 1000):
+        if window_events < 1:
+            raise ValueError(f"[stream] window_events must be at least 1, got {window_events}")
+        self.window_events, self.keep = window_events, keep
+        self.lifetime = ScoreHistogram()
+        self.open = ScoreHistogram()
+        self.open_times = (np.inf, -np.inf)
+        self.windows: deque[Window] = deque(maxlen=keep)
+        self.closed = 0   # windows closed since the start (more than ``keep`` may have been)
+
+    @property
+    def events(self) -> int:
+        return self.lifetime.samples
+
+    def add(self, labels: np.ndarray, probs: np.ndarray,
+            times: np.ndarray | None = None) -> list[Window]:
+        """Scores of events just trained, in the order trained: the windows they closed."""
+        labels = np.asarray(labels, dtype=np.float64).ravel()
+        probs = np.asarray(probs, dtype=np.float64).ravel()
+        times = np.zeros(len(labels)) if times is None else \
+            np.asarray(times, dtype=np.float64).ravel()
+        closed = []
+        at = 0
+        while at < len(labels):
+            room = self.window_events - self.open.samples
+            part = slice(at, min(len(labels), at + room))
+            self.open.add(labels[part], probs[part])
+            self.lifetime.add(labels[part], probs[part])
+            if part.stop > part.start:
+                t = times[part]
+                self.open_times = (min(self.open_times[0], float(t.min())),
+                                   max(self.open_times[1], float(t.max())))
+            at = part.stop
+            if self.open.samples == self.window_events:
+                closed.append(self._close())
+        return closed
+
+    def _close(self) -> Window:
+        w = Window(self.closed, self.open.samples, self.open.auc(), self.open.logloss(),
+                   int(self.open.counts[1].sum()), *self.open_times)
+        self.windows.append(w)
+        self.closed += 1
+        self.open = ScoreHistogram()
+        self.open_times = (np.inf, -np.inf)
+        return w
+
+    def summary(self) -> dict[str, object]:
+        """``progressive_auc``, ``progressive_logloss`` (lifetime), ``events_scored``,
+        ``windows`` (those kept, oldest first) and ``windows_closed``."""
+        return {"progressive_auc": self.lifetime.auc(),
+                "progressive_logloss": self.lifetime.logloss(),
+                "events_scored": self.events, "windows_closed": self.closed,
+                "windows": [w.as_dict() for w in self.windows]}

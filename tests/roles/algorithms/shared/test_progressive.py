@@ -1,0 +1,53 @@
+"""Progressive validation (``roles.algorithms.shared.progressive``): windows of exactly
+``window_events`` events however the batches fall, their figures those of the exact AUC and log
+loss on the same scores, the lifetime figures over every event, a bounded number kept."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from roles.algorithms.shared.metrics import auc, logloss
+from roles.algorithms.shared.progressive import Progressive
+
+
+def stream(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    signal = rng.normal(size=n)
+    labels = (rng.random(n) < 1 / (1 + np.exp(-2 * signal))).astype(np.float64)
+    probs = 1 / (1 + np.exp(-(signal + rng.normal(scale=0.5, size=n))))
+    return labels, probs, np.arange(n, dtype=np.float64) + 1000.0
+
+
+def test_windows_hold_exactly_their_events_and_agree_with_the_exact_figures():
+    labels, probs, times = stream(10_500)
+    p = Progressive(window_events=1000)
+    closed = []
+    at = 0
+    rng = np.random.default_rng(1)
+    while at < len(labels):   # batches of uneven sizes, crossing the boundaries
+        n = int(rng.integers(1, 700))
+        closed += p.add(labels[at:at + n], probs[at:at + n], times[at:at + n])
+        at += n
+    assert [w.index for w in closed] == list(range(10))
+    for w in closed:
+        part = slice(1000 * w.index, 1000 * (w.index + 1))
+        assert w.events == 1000 and w.positives == int(labels[part].sum())
+        assert w.auc == pytest.approx(auc(labels[part], probs[part]), abs=2e-4)
+        assert w.logloss == pytest.approx(logloss(labels[part], probs[part]), abs=1e-6)
+        assert (w.first_time_s, w.last_time_s) == (times[part][0], times[part][-1])
+    s = p.summary()
+    assert s["events_scored"] == 10_500 and s["windows_closed"] == 10
+    assert s["progressive_auc"] == pytest.approx(auc(labels, probs), abs=2e-4)
+    assert s["progressive_logloss"] == pytest.approx(logloss(labels, probs), abs=1e-6)
+
+
+def test_only_the_newest_windows_are_kept():
+    labels, probs, times = stream(5000)
+    p = Progressive(window_events=100, keep=7)
+    p.add(labels, probs, times)
+    s = p.summary()
+    assert s["windows_closed"] == 50
+    assert [w["window"] for w in s["windows"]] == list(range(43, 50))
+    with pytest.raises(ValueError, match="window_events must be at least 1"):
+        Progressive(window_events=0)
