@@ -54,8 +54,8 @@ class Waiting:
         return len(self.ids)
 
     def nbytes(self) -> int:
-        return (self.ids.nbytes + self.times.nbytes + self.values.nbytes + self.live.nbytes
-                + self.index.nbytes())
+        return int(self.ids.nbytes + self.times.nbytes + self.values.nbytes
+                   + self.live.nbytes + self.index.nbytes)
 
     def find(self, ids: np.ndarray) -> np.ndarray:
         """Each id's row, -1 where it is not held."""

@@ -108,6 +108,7 @@ def test_the_join_holds_one_window_however_long_the_stream():
         peak = max(peak, j.impressions.capacity, j.resolved.capacity)
     assert j.counts.joined == 20_000 and j.counts.expired_negative > 170_000
     assert peak <= 8192, peak   # a window holds ~1,000 waiting and ~1,000 resolved
+    assert j.nbytes() < 1 << 20
 
 
 def test_what_waits_survives_a_checkpoint():
