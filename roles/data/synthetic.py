@@ -30,6 +30,13 @@ item. The planted model adds to the logit
 candidate with each history item, what an attention of the candidate over the history (DIN)
 finds and a pooled history barely shows. The probabilities stay exact, so ``oracle_auc`` holds.
 
+Drift (``drift`` = d radians a day; 0, the default, leaves the rows above bit for bit): the
+planted weights of the categorical values and of the candidate item turn with event time, each
+w(t) = cos(d t) w0 + sin(d t) w1 (w0, w1 ~ N(0, signal^2), pure functions of the value; t the
+row's day, its nominal place in the rows), so any instant's weights are distributed as without
+drift (the bias holds) while two instants k days apart correlate cos(d k): a model that stops
+learning falls behind, and the true probabilities still give each window's oracle AUC.
+
 Rows come in blocks of ``BLOCK_ROWS``; block b is drawn from its own random stream (seed, b),
 so rows [a, b) are the same whichever process generates them and however the rows are cut.
 """
@@ -47,6 +54,7 @@ POSITIVE_RATE = 0.25
 BLOCK_ROWS = 1 << 16
 CALIBRATION_ROWS = 1 << 17   # rows whose logits set the bias (and the dense standardisation)
 ITEM_STREAM = 0x17E45        # the items' random stream of block b: (seed, b, ITEM_STREAM)
+DRIFT_SEED = 0xD51F7         # the second weights (w1) a value's weight turns towards
 HISTORY_IN_INTEREST = 0.8    # a history item is of the user's genre of interest this often
 CANDIDATE_IN_INTEREST = 0.5  # and the candidate this often
 MAX_GENRES = 3               # genres of one item, at most
@@ -165,12 +173,13 @@ class Generator:
 
     def __init__(self, rows: int, vocab: list[int], dense: int, zipf: float, signal: float,
                  days: int, seed: int, missing: float = 0.0, items: int = 0, history: int = 20,
-                 genres: int = 40, affinity: float = AFFINITY):
+                 genres: int = 40, affinity: float = AFFINITY, drift: float = 0.0):
         self.rows, self.vocab, self.n_dense = rows, list(vocab), dense
         self.zipf, self.signal, self.days, self.seed = zipf, signal, days, seed
         self.missing = missing
         self.items, self.max_history, self.n_genres = items, history, genres
         self.affinity = affinity
+        self.drift = drift
         base = splitmix64(np.array([seed], dtype=np.uint64))[0]
         if items:
             self.item_stride = self._stride(items, len(vocab))
@@ -205,6 +214,24 @@ class Generator:
             step += 1
         return step % size if size > 1 else 0
 
+    def _weights(self, seed: np.uint64, ids: np.ndarray, angle: np.ndarray | None
+                 ) -> np.ndarray:
+        """The planted weight (before ``signal``) of each id, turned by ``angle`` (radians,
+        per row) with drift."""
+        w0 = hashed_normal(seed, ids)
+        if angle is None:
+            return w0
+        return np.cos(angle) * w0 + np.sin(angle) * hashed_normal(seed ^ np.uint64(DRIFT_SEED),
+                                                                  ids)
+
+    def angles(self, start: int, n: int) -> np.ndarray | None:
+        """The drift's angle of rows [start, start + n): drift x the row's day (0 at the
+        last row), None without drift."""
+        if not self.drift:
+            return None
+        position = (start + np.arange(n) + 0.5) / max(self.rows, 1)
+        return self.drift * self.days * (position - 1.0)
+
     def _blocks(self, rows: int) -> int:
         return -(-rows // BLOCK_ROWS)
 
@@ -237,7 +264,7 @@ class Generator:
         ranks = (k - 1) * self.primary + genre + 1
         return np.where(ranks > self.items, ranks - self.primary, ranks)
 
-    def _items(self, b: int) -> _Items:
+    def _items(self, b: int, angle: np.ndarray | None = None) -> _Items:
         """Block ``b``'s item fields and their terms of the logit (module docstring)."""
         n = BLOCK_ROWS
         rng = np.random.default_rng([self.seed, b, ITEM_STREAM])
@@ -259,7 +286,7 @@ class Generator:
         present = genres >= 0
         genre_w = np.where(present, hashed_normal(self.genre_seed, np.maximum(genres, 0)), 0.0)
         ids = self.item_ids(candidate)
-        logit = self.signal * (hashed_normal(self.item_seed, ids)
+        logit = self.signal * (self._weights(self.item_seed, ids, angle)
                                + genre_w.sum(axis=1) / present.sum(axis=1)) \
             + self.affinity * sharing
         return _Items(ids, genres, lengths, self.item_ids(history), logit)
@@ -271,15 +298,16 @@ class Generator:
         rng = np.random.default_rng([self.seed, b])
         values = np.empty((n, len(self.vocab)), dtype=np.int64)
         logit = np.zeros(n)
+        angle = self.angles(b * BLOCK_ROWS, n)
         for f, size in enumerate(self.vocab):
             rank = self.laws[f].ranks(rng.random(n))
             ids = ((rank - 1) * self.strides[f] + f) % size
             values[:, f] = ids
-            logit += self.signal * hashed_normal(self.field_seeds[f], ids)
+            logit += self.signal * self._weights(self.field_seeds[f], ids, angle)
         counts = np.floor(np.exp(rng.normal(1.5, 1.0, size=(n, self.n_dense))))
         if self.n_dense:
             logit += ((np.log1p(counts) - self.z_mean) / self.z_std) @ self.dense_weights
-        items = self._items(b) if self.items else None
+        items = self._items(b, angle) if self.items else None
         if items is not None:
             logit += items.logit
         return logit, values, counts, rng, items

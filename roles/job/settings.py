@@ -76,6 +76,10 @@ class SyntheticConfig:
         "the longest `history` generated (with `items`)")})
     genres: int = field(default=40, metadata={"min": 1, "doc": (
         "distinct genres (with `items`)")})
+    drift: float = field(default=0.0, metadata={"min": 0.0, "doc": (
+        "radians a day the planted weights of the values (and items) turn with event time: "
+        "two days k apart correlate cos(drift × k), so the best model changes and one that "
+        "stops learning falls behind; 0: the same model throughout")})
 
     def __post_init__(self) -> None:
         if not self.vocab or min(self.vocab) < 1:

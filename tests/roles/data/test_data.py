@@ -219,3 +219,28 @@ def test_a_feeder_makes_about_16k_rows_of_batches_ahead_per_open_part_at_least_t
     assert ROWS_AHEAD == 16_384
     assert batches_ahead(1024) == 16 and batches_ahead(1000) == 17 and batches_ahead(256) == 64
     assert batches_ahead(16_384) == 2 and batches_ahead(65_536) == 2
+
+
+def test_with_drift_the_planted_model_turns_with_event_time_and_stays_as_strong():
+    """``drift`` d: the planted weight of a value is cos(d t) w0 + sin(d t) w1 at day t, so the
+    rows of two instants k days apart are scored by weights that correlate cos(d k); each
+    instant's model is as strong as without drift (same positive rate, same oracle AUC)."""
+    still = Generator(200_000, [2000], 0, 1.1, 1.0, 30, seed=5)
+    moving = Generator(200_000, [2000], 0, 1.1, 1.0, 30, seed=5, drift=np.pi / 30)
+    a, b = still.rows_between(0, 200_000), moving.rows_between(0, 200_000)
+    assert np.array_equal(a.values, b.values)   # the same values; only their weights move
+    ids = np.arange(2000)
+    seed = moving.field_seeds[0]
+    start = moving._weights(seed, ids, moving.angles(0, 1))
+    end = moving._weights(seed, ids, moving.angles(199_999, 1))
+    # 30 days at pi/30 a day: half a turn apart, the first and last days' weights are opposite
+    assert np.corrcoef(start, end)[0, 1] < -0.99
+    assert np.allclose(end, still._weights(seed, ids, None), atol=1e-4)   # the last day: w0
+    for rows in (a, b):
+        assert abs(rows.labels.mean() - 0.25) < 0.02
+    first, last = slice(0, 20_000), slice(180_000, 200_000)
+    oracle = [auc(b.labels[part], b.probs[part]) for part in (first, last)]
+    assert all(abs(x - auc(a.labels, a.probs)) < 0.02 for x in oracle), oracle
+    # a model of the first days (the true probabilities of day 0) on the last days' rows
+    frozen = moving._weights(seed, b.values[last, 0], moving.angles(0, 1))
+    assert auc(b.labels[last], frozen) < 0.5 < oracle[1]
