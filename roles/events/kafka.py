@@ -93,6 +93,10 @@ class KafkaConsumer:
             raise BrokerError(f"Kafka at {self._servers}: commit: {exc.args[0].str()}") \
                 from None
 
+    def working(self, deliveries: list[Delivery]) -> None:
+        """Nothing to say: a partition's messages are not delivered to another member of the
+        group while this one holds the partition."""
+
     def lag(self) -> dict[int, int]:
         """Per partition this feeder owns: the messages after its committed offset."""
         from confluent_kafka import TopicPartition

@@ -130,6 +130,19 @@ class JetStreamConsumer:
             await m.ack()
         await self._nc.flush()
 
+    def working(self, deliveries: list[Delivery]) -> None:
+        """These messages are still being worked on: their ack wait starts again (an
+        in-progress ack), so that the server does not deliver them to another puller."""
+        messages = [self._messages[d.position] for d in deliveries
+                    if d.position in self._messages]
+        if messages:
+            self._loop.run(self._progress(messages), 30)
+
+    async def _progress(self, messages: list[Any]) -> None:
+        for m in messages:
+            await m.in_progress()
+        await self._nc.flush()
+
     def lag(self) -> dict[int, int]:
         """Messages the stream holds for the group and not acknowledged (pending delivery, and
         delivered but not acknowledged)."""

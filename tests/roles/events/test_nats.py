@@ -88,3 +88,22 @@ def test_what_cannot_be_consumed_is_one_line(nats):
     with pytest.raises(BrokerError, match=f"NATS at nats://127.0.0.1:{nats.port}: "):
         JetStreamConsumer([f"127.0.0.1:{nats.port}"], "clicks", "job", "earliest", {},
                           connect_timeout_s=1.0)
+
+
+@pytest.mark.integration
+def test_a_message_said_in_progress_is_not_delivered_again_while_it_is_worked_on(nats):
+    nats.publish("events", "clicks", [b"slow"])
+    consumer = JetStreamConsumer([f"127.0.0.1:{nats.port}"], "clicks", "job", "earliest", {},
+                                 ack_wait_s=1.0)
+    other = JetStreamConsumer([f"127.0.0.1:{nats.port}"], "clicks", "job", "earliest", {},
+                              ack_wait_s=1.0)
+    try:
+        (got,) = drain(consumer, 1)
+        for _ in range(4):   # 2 s of work, in progress every half second: past its ack wait
+            consumer.working([got])
+            assert other.fetch(1, 0.5) == []
+        consumer.done([got])
+        assert other.fetch(1, 1.5) == []   # acknowledged: never again
+    finally:
+        consumer.close()
+        other.close()

@@ -1,0 +1,88 @@
+"""Which of a stream's messages are wholly trained (``MessageTracker``): pure bookkeeping, owned
+by a feeder. The unit the broker acknowledges is a message; the unit trained is an event; a
+message may hold many events, split over several batches, and an event set aside (malformed)
+counts as done at once. A message is told to the broker as done only when every one of its
+events is: so a feeder that dies leaves the broker to deliver again exactly the messages with
+some event not yet trained.
+
+A message delivered again while it is still held (JetStream delivers it again once its ack wait
+passes without an ack; a Kafka rebalance) is a duplicate: ``add`` leaves it out, so no event of
+it is trained twice here. ``overdue`` lists the held messages delivered longest ago, for the
+feeder to tell the broker they are still being worked on (JetStream's in-progress ack) before
+their ack wait passes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from roles.events import Delivery
+
+
+@dataclass
+class _Held:
+    delivery: Delivery
+    left: int          # events not yet trained
+    since: float       # when it was delivered, or last said to be in progress
+
+
+class MessageTracker:
+    def __init__(self) -> None:
+        self._held: OrderedDict[tuple[int, int], _Held] = OrderedDict()
+        self.duplicates = 0      # deliveries left out: already held
+        self.events_held = 0     # events of held messages not yet trained
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def add(self, deliveries: list[Delivery], now: float) -> list[int]:
+        """New deliveries: the indices (into ``deliveries``) of those to decode and train; a
+        message already held, or twice in the list, is left out."""
+        fresh = []
+        for i, d in enumerate(deliveries):
+            key = (d.partition, d.position)
+            if key in self._held:
+                self.duplicates += 1
+                continue
+            self._held[key] = _Held(d, -1, now)   # its events counted by ``events``
+            fresh.append(i)
+        return fresh
+
+    def events(self, delivery: Delivery, trained: int) -> None:
+        """How many of ``delivery``'s events go to training (the rest were set aside)."""
+        held = self._held[(delivery.partition, delivery.position)]
+        held.left = trained
+        self.events_held += trained
+
+    def trained(self, where: list[tuple[int, int]], counts: list[int]) -> None:
+        """``counts[i]`` events of message ``where[i]`` (partition, position) were trained."""
+        for key, n in zip(where, counts, strict=True):
+            held = self._held.get(key)
+            if held is not None:
+                held.left -= n
+                self.events_held -= n
+
+    def done(self) -> list[Delivery]:
+        """The held messages every event of which is trained (or set aside), now released:
+        acknowledge them to the broker."""
+        out = [h.delivery for h in self._held.values() if h.left == 0]
+        for d in out:
+            del self._held[(d.partition, d.position)]
+        return out
+
+    def overdue(self, now: float, after_s: float) -> list[Delivery]:
+        """Held messages delivered (or said in progress) more than ``after_s`` ago; their
+        clock starts again."""
+        out = []
+        for held in self._held.values():
+            if now - held.since > after_s:
+                out.append(held.delivery)
+                held.since = now
+        return out
+
+    def oldest_time_s(self) -> float | None:
+        """The broker's time of the oldest message held (None if none)."""
+        if not self._held:
+            return None
+        return min(h.delivery.time_s for h in self._held.values())
