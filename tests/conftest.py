@@ -136,6 +136,18 @@ def cluster(request, tmp_path, zygote):
         c.close()
 
 
+@pytest.fixture
+def nats(tmp_path):
+    """A real nats-server with JetStream on a loopback port (``roles.testbed.nats_server``),
+    killed at teardown."""
+    from roles.testbed.nats_server import NatsServer
+    server = NatsServer(tmp_path / "nats")
+    try:
+        yield server
+    finally:
+        server.close()
+
+
 @pytest.fixture(scope="module")
 def s3():
     """A local S3 server (moto) on a loopback port, with the bucket ``zbus-test``; one per

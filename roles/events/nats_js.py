@@ -40,6 +40,18 @@ class _Loop:
             future.cancel()
             raise
 
+    def open(self, coro: Any, urls: list[str], timeout_s: float) -> Any:
+        """``coro``'s result (it connects to ``urls``); what fails as one BrokerError line,
+        the loop closed."""
+        try:
+            return self.run(coro, timeout_s)
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, BrokerError):
+                raise
+            raise BrokerError(f"NATS at {','.join(urls)}: {type(exc).__name__}: "
+                              f"{exc or f'no answer within {timeout_s:g} s'}") from None
+
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
@@ -62,17 +74,9 @@ class JetStreamConsumer:
         self._urls = [f"nats://{s}" for s in servers]
         self._messages: dict[int, Any] = {}   # position -> its message, until done
         self._loop = _Loop(f"nats-{group}")
-        try:
-            self._nc, self._sub = self._loop.run(
-                self._open(nats, options, start, ack_wait_s, connect_timeout_s),
-                connect_timeout_s * 2)   # (the client tries again for as long as it is let)
-        except BaseException as exc:
-            self._loop.close()
-            if isinstance(exc, BrokerError):
-                raise
-            raise BrokerError(f"NATS at {','.join(self._urls)}: {type(exc).__name__}: "
-                              f"{exc or f'no answer within {connect_timeout_s * 2:g} s'}"
-                              ) from None
+        self._nc, self._sub = self._loop.open(   # (the client tries again as long as let)
+            self._open(nats, options, start, ack_wait_s, connect_timeout_s), self._urls,
+            connect_timeout_s * 2)
 
     async def _open(self, nats: Any, options: dict[str, object], start: str,
                     ack_wait_s: float, connect_timeout_s: float) -> tuple[Any, Any]:

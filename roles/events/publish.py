@@ -47,16 +47,9 @@ class NatsPublisher:
         self.subject = subject
         self._urls = [f"nats://{s}" for s in servers]
         self._loop = _Loop(f"nats-publish-{subject}")
-        try:
-            self._nc, self._js = self._loop.run(
-                self._open(nats, options, create, connect_timeout_s), connect_timeout_s * 2)
-        except BaseException as exc:
-            self._loop.close()
-            if isinstance(exc, BrokerError):
-                raise
-            raise BrokerError(f"NATS at {','.join(self._urls)}: {type(exc).__name__}: "
-                              f"{exc or f'no answer within {connect_timeout_s * 2:g} s'}"
-                              ) from None
+        self._nc, self._js = self._loop.open(
+            self._open(nats, options, create, connect_timeout_s), self._urls,
+            connect_timeout_s * 2)
 
     async def _open(self, nats: Any, options: dict[str, object], create: bool,
                     connect_timeout_s: float) -> tuple[Any, Any]:

@@ -4,9 +4,12 @@ consumer that leaves going to the one left, and one line for what cannot be cons
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from roles.events import BrokerError, open_consumer
+from roles.testbed import consuming
 
 
 @pytest.fixture
@@ -20,16 +23,8 @@ def kafka():
 
 
 # the mock cluster's group coordinator, quick: a consumer that leaves is noticed in seconds
+drain = partial(consuming.drain, wait_s=0.5)   # the mock's group coordinator answers slower
 QUICK = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
-
-
-def drain(consumer, want: int, rounds: int = 40) -> list:
-    got: list = []
-    for _ in range(rounds):
-        if len(got) >= want:
-            break
-        got += consumer.fetch(want - len(got), 0.5)
-    return got
 
 
 @pytest.mark.integration

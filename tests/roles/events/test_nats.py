@@ -9,25 +9,7 @@ import pytest
 
 from roles.events import BrokerError, open_consumer
 from roles.events.nats_js import JetStreamConsumer
-
-
-@pytest.fixture
-def nats(tmp_path):
-    from roles.testbed.nats_server import NatsServer
-    server = NatsServer(tmp_path / "nats")
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-def drain(consumer, want: int, rounds: int = 50) -> list:
-    got: list = []
-    for _ in range(rounds):
-        if len(got) >= want:
-            break
-        got += consumer.fetch(want - len(got), 0.2)
-    return got
+from roles.testbed.consuming import drain
 
 
 @pytest.mark.integration

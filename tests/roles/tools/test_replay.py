@@ -12,6 +12,7 @@ import pytest
 from roles.data.readers import Schema
 from roles.events import open_consumer
 from roles.events.decode import EventDecoder
+from roles.testbed.consuming import drain
 from roles.tools import replay
 
 ROWS = [f"{i % 2},{20 + i},city{i % 3},t{i % 5}|u" for i in range(25)]
@@ -23,25 +24,6 @@ def data(tmp_path):
     with gzip.open(path, "wt") as f:
         f.write("y,age,city,tags\n" + "".join(r + "\n" for r in ROWS))
     return path
-
-
-@pytest.fixture
-def nats(tmp_path):
-    from roles.testbed.nats_server import NatsServer
-    server = NatsServer(tmp_path / "nats")
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-def drain(consumer, want: int, rounds: int = 60) -> list:
-    got: list = []
-    for _ in range(rounds):
-        if len(got) >= want:
-            break
-        got += consumer.fetch(want - len(got), 0.3)
-    return got
 
 
 @pytest.mark.integration
