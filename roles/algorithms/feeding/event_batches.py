@@ -1,0 +1,89 @@
+"""A stream's events cut into training batches (``EventBatcher``): pure, owned by a feeder.
+
+Events come prepared (``Samples``), each with the message it came from (partition, position),
+in the order they were read. A batch leaves when ``batch_size`` events wait, or, partial, once
+its oldest event has waited ``linger_s`` (``[stream] linger_ms``): a quiet stream's events are
+not held back for a batch that fills slowly. Each batch says which messages its events came
+from and how many of each (``Batch.messages``, ``Batch.counts``): what the feeder tells its
+``MessageTracker`` once the batch is trained. Events stay in arrival order (a stream is not
+shuffled: its order is its time).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from roles.data.stream import Samples
+
+
+@dataclass(frozen=True)
+class Batch:
+    samples: Samples
+    messages: list[tuple[int, int]]   # (partition, position) of the messages it draws on
+    counts: list[int]                 # its events from each
+    event_time_s: np.ndarray          # float64 [n]: each event's time
+
+
+@dataclass
+class _Chunk:
+    samples: Samples
+    origin: np.ndarray   # int64 [n, 2]: (partition, position)
+    times: np.ndarray    # float64 [n]
+    arrived: float       # when it was added (the loop's clock)
+    at: int = 0          # events of it already batched
+
+
+class EventBatcher:
+    def __init__(self, batch_size: int, linger_s: float):
+        if batch_size < 1 or linger_s < 0:
+            raise ValueError("a batch holds at least one event; linger_s is not negative")
+        self.batch_size, self.linger_s = batch_size, linger_s
+        self._chunks: deque[_Chunk] = deque()
+        self._waiting = 0
+
+    def __len__(self) -> int:
+        return self._waiting
+
+    def add(self, samples: Samples, origin: np.ndarray, times: np.ndarray, now: float) -> None:
+        """Events read, in order: ``origin`` [n, 2] (partition, position), ``times`` their
+        event times."""
+        if len(samples) != len(origin) or len(samples) != len(times):
+            raise ValueError("one origin and one time per event")
+        if len(samples):
+            self._chunks.append(_Chunk(samples, np.asarray(origin, np.int64).reshape(-1, 2),
+                                       np.asarray(times, np.float64), now))
+            self._waiting += len(samples)
+
+    def due(self) -> float | None:
+        """When the waiting events' partial batch leaves (None: nothing waits)."""
+        return self._chunks[0].arrived + self.linger_s if self._chunks else None
+
+    def take(self, now: float, flush: bool = False) -> Batch | None:
+        """The next batch: full, or partial once due (or whatever waits with ``flush``)."""
+        if not self._waiting:
+            return None
+        due = self.due()
+        if self._waiting < self.batch_size and not flush and due is not None and now < due:
+            return None
+        want = min(self.batch_size, self._waiting)
+        parts, origins, times = [], [], []
+        while want:
+            chunk = self._chunks[0]
+            n = min(want, len(chunk.samples) - chunk.at)
+            rows = slice(chunk.at, chunk.at + n)
+            parts.append(chunk.samples.take(rows))
+            origins.append(chunk.origin[rows])
+            times.append(chunk.times[rows])
+            chunk.at += n
+            want -= n
+            if chunk.at == len(chunk.samples):
+                self._chunks.popleft()
+        samples = parts[0] if len(parts) == 1 else Samples.join(parts)
+        self._waiting -= len(samples)
+        origin = np.concatenate(origins)
+        where, counts = np.unique(origin, axis=0, return_counts=True)
+        return Batch(samples, [(int(p), int(q)) for p, q in where], counts.tolist(),
+                     np.concatenate(times))
