@@ -105,6 +105,9 @@ class JetStreamConsumer:
 
     async def _fetch(self, max_messages: int, timeout_s: float) -> list[Delivery]:
         import nats.errors
+        if not self._nc.is_connected:   # the client reconnects by itself meanwhile
+            await asyncio.sleep(min(timeout_s, 0.2))
+            raise BrokerError(f"NATS at {','.join(self._urls)}: disconnected, reconnecting")
         try:
             # the client's own wait, bounded: a pull request that the server answered for
             # another puller of the group can leave it waiting (what it had taken stays in

@@ -20,9 +20,15 @@ class NatsServer:
     def __init__(self, store: Path):
         self.port = free_tcp_ports(1)[0]
         self.url = f"nats://127.0.0.1:{self.port}"
+        self.store = store
         self.log = store / "nats-server.log"
         store.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "wb") as log:
+        self.start()
+
+    def start(self) -> None:
+        """The server on its port and store (again, after ``close``: what it stored is kept)."""
+        store = self.store
+        with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [str(BIN / "nats-server"), "-js", "-a", "127.0.0.1", "-p", str(self.port),
                  "-sd", str(store / "js")], stdout=log, stderr=subprocess.STDOUT,
