@@ -1,0 +1,71 @@
+"""The training pass of a stream job (``StreamPass``): what a feeder's ledger takes its batches
+from, as it takes a file pass's (``roles.algorithms.feeding.passes.FeedingPass``, the same
+interface), but one that does not end by itself: ``take`` gives None while no batch is ready
+(the loop tries again when events come or a partial batch is due), and the pass is exhausted
+only once the stream is ended (``end``: ``[train] until_events`` reached, ``until_s`` past, or
+control's word) and every event read has been batched.
+
+Batch ids are (epoch, this feeder's part, seq). Each batch's composition (its messages and
+their counts, ``Batch``) is kept until its ack (``acked``), for the tracker. A stream batch
+cannot be made again (its events are the broker's, not a file's): ``peek`` finds none, so a
+restarted feeder reclaims nothing by peeking; its dead process's messages come again from the
+broker, and the log of sent batches says which of their events were trained (docs/streams.md).
+"""
+
+from __future__ import annotations
+
+from roles.algorithms.feeding.event_batches import Batch, EventBatcher
+from roles.data.stream import Samples
+from roles.protocol.datapath import make_batch_id, split_batch_id
+
+
+class StreamPass:
+    eval = False
+
+    def __init__(self, epoch: int, part: int, batcher: EventBatcher):
+        self.epoch, self.part, self.batcher = epoch, part, batcher
+        self.next_seq = 0
+        self.ended = False
+        self.now = 0.0                      # the loop's clock, set before each take
+        self.sent: dict[int, Batch] = {}    # seq -> its composition, until acknowledged
+
+    @property
+    def parts(self) -> list[int]:
+        return [self.part]
+
+    def add(self, stream: object) -> None:
+        raise ValueError("a stream job's parts are not handed over: the broker gives a lost "
+                         "feeder's messages to the feeders left")
+
+    def end(self) -> None:
+        """No more events: what waits goes out in a last, partial batch."""
+        self.ended = True
+
+    def take(self) -> tuple[int, Samples] | None:
+        batch = self.batcher.take(self.now, flush=self.ended)
+        if batch is None:
+            return None
+        seq = self.next_seq
+        self.next_seq += 1
+        self.sent[seq] = batch
+        return make_batch_id(self.epoch, self.part, seq), batch.samples
+
+    def exhausted(self) -> bool:
+        return self.ended and not len(self.batcher)
+
+    def acked(self, batch_id: int) -> Batch | None:
+        """The composition of an acknowledged batch of this pass (None: not one of its, or
+        told already)."""
+        epoch, part, seq = split_batch_id(batch_id)
+        if epoch != self.epoch or part != self.part:
+            return None
+        return self.sent.pop(seq, None)
+
+    def stream_of(self, batch_id: int) -> None:
+        return None
+
+    def peek(self, batch_id: int) -> Samples | None:
+        return None
+
+    def claim(self, batch_id: int) -> None:
+        pass
