@@ -25,11 +25,14 @@ class _Held:
     delivery: Delivery
     left: int          # events not yet trained
     since: float       # when it was delivered, or last said to be in progress
+    order: int         # its place among the deliveries added
 
 
 class MessageTracker:
     def __init__(self) -> None:
         self._held: OrderedDict[tuple[int, int], _Held] = OrderedDict()
+        self._ready: set[tuple[int, int]] = set()   # held, every event trained: to release
+        self._added = 0
         self.duplicates = 0      # deliveries left out: already held
         self.events_held = 0     # events of held messages not yet trained
 
@@ -45,15 +48,19 @@ class MessageTracker:
             if key in self._held:
                 self.duplicates += 1
                 continue
-            self._held[key] = _Held(d, -1, now)   # its events counted by ``events``
+            self._held[key] = _Held(d, -1, now, self._added)   # events: told by ``events``
+            self._added += 1
             fresh.append(i)
         return fresh
 
     def events(self, delivery: Delivery, trained: int) -> None:
         """How many of ``delivery``'s events go to training (the rest were set aside)."""
-        held = self._held[(delivery.partition, delivery.position)]
+        key = (delivery.partition, delivery.position)
+        held = self._held[key]
         held.left = trained
         self.events_held += trained
+        if trained == 0:
+            self._ready.add(key)
 
     def trained(self, where: list[tuple[int, int]], counts: list[int]) -> None:
         """``counts[i]`` events of message ``where[i]`` (partition, position) were trained."""
@@ -62,14 +69,15 @@ class MessageTracker:
             if held is not None:
                 held.left -= n
                 self.events_held -= n
+                if held.left == 0:
+                    self._ready.add(key)
 
     def done(self) -> list[Delivery]:
         """The held messages every event of which is trained (or set aside), now released:
         acknowledge them to the broker."""
-        out = [h.delivery for h in self._held.values() if h.left == 0]
-        for d in out:
-            del self._held[(d.partition, d.position)]
-        return out
+        keys = sorted(self._ready, key=lambda k: self._held[k].order)   # in delivery order
+        self._ready.clear()
+        return [self._held.pop(k).delivery for k in keys]
 
     def overdue(self, now: float, after_s: float) -> list[Delivery]:
         """Held messages delivered (or said in progress) more than ``after_s`` ago; their
