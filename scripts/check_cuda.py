@@ -96,7 +96,7 @@ def arithmetic(template: str, networks: list[str]) -> bool:
         got = {}
         for device, net in (("cpu", cpu_net), ("cuda", gpu_net)):
             compute = BatchCompute(job.layout(), torch.device(device))
-            loss, _, grads = compute.train(net, batch)
+            loss, _, grads, _ = compute.train(net, batch)
             params = [p.grad.detach().cpu() for p in net.parameters()]
             got[device] = (loss, grads[0], params)
         (l_cpu, g_cpu, p_cpu), (l_gpu, g_gpu, p_gpu) = got["cpu"], got["cuda"]

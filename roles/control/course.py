@@ -17,6 +17,7 @@ from roles.control.commands import Commands, ProgressClock
 from roles.control.exports import Exports
 from roles.control.feeding import Feeding
 from roles.control.rounds import Rounds
+from roles.control.streaming import StreamCourse
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
 from roles.protocol.lifecycle import EpochStart, EpochTrained, EvalReport, Evaluate, Exported
@@ -51,6 +52,7 @@ class Course:
         self.finish_status = ("completed", "")
         self.finish_deadline = 0.0
         self.epochs: list[dict] = []      # one record per epoch: training, then evaluation
+        self.stream = StreamCourse(job, commands)   # a stream job's end and figures
 
     @property
     def running(self) -> bool:
@@ -66,7 +68,10 @@ class Course:
         self.feeding.new_epoch()
         self.progress.touch(now)
         self.metrics.write("epoch_start", epoch=epoch)
-        log.info("epoch %d of %d starts", epoch + 1, self.job.train.epochs)
+        if self.job.streaming:
+            log.info("training on the stream starts")
+        else:
+            log.info("epoch %d of %d starts", epoch + 1, self.job.train.epochs)
         self.commands.publish(EpochStart(epoch=epoch), "data")
 
     def trained(self, m: EpochTrained, now: float) -> None:
@@ -78,6 +83,13 @@ class Course:
         self.epochs.append({"epoch": m.epoch, "train_samples": figures.samples,
                             "train_loss": figures.loss, "train_s": figures.seconds,
                             **figures.rows})
+        if self.job.streaming:   # no evaluation pass: the stream's scores are progressive
+            self.metrics.write("epoch", **self.epochs[-1])
+            log.info("the stream trained %d events in %.1f s, loss %.4f", figures.samples,
+                     figures.seconds, figures.loss or float("nan"))
+            self.progress.touch(now)
+            self.last_pass_done(now)
+            return
         self.phase = "syncing"
         self.sync_for_eval()
 
@@ -105,7 +117,12 @@ class Course:
         self.progress.touch(now)
         if m.epoch + 1 < self.job.train.epochs:
             self.start_epoch(m.epoch + 1, now)
-        elif not self.job.checkpoint.export:   # [checkpoint] export = false: nothing to write
+        else:
+            self.last_pass_done(now)
+
+    def last_pass_done(self, now: float) -> None:
+        """The job's last pass is done: the export, else the end."""
+        if not self.job.checkpoint.export:   # [checkpoint] export = false: nothing to write
             self.finish(now)
         else:
             self.phase = "exporting"

@@ -22,7 +22,16 @@ from zbus.node import install_signals
 def headline(s: Summary, path: Any) -> list[str]:
     """The run's last lines: how it ended, what it recovered from, how to resume it."""
     lines = []
-    if s["ok"]:
+    st = s.get("stream")
+    if s["ok"] and st is not None:
+        auc, loss = st["progressive_auc"], st["progressive_logloss"]
+        scored = f"progressive auc {auc:.4f}, logloss {loss:.4f}" if auc is not None \
+            else "no event scored"
+        lag = "unknown" if st["lag_events"] is None else f"{st['lag_events']} events"
+        lines.append(f"zbus: job {s['job']} completed in {s['wall_s']:.1f} s: {scored}")
+        lines.append(f"zbus: {st['events_trained']} events trained, {st['events_rejected']} "
+                     f"rejected, lag {lag}; ended: {st['ended_by'] or 'stopped'}")
+    elif s["ok"]:
         oracle = f" (oracle {s['oracle_auc']:.4f})" if s["oracle_auc"] else ""
         lines.append(f"zbus: job {s['job']} completed in {s['wall_s']:.1f} s: auc "
                      f"{s['auc']:.4f}{oracle}, logloss {s['logloss']:.4f}")

@@ -115,6 +115,7 @@ from roles.protocol.lifecycle import (
 )
 from roles.protocol.operator import ControlReply, ControlRequest, Status
 from roles.protocol.placement import Drained, KeyCounts, Moved, WindowWork
+from roles.protocol.stream import StreamScores
 from roles.storage.fs import StorageError
 from zbus import security, signals
 from zbus.codec import Envelope, ProtocolError
@@ -330,6 +331,8 @@ class Control(Loop):
                 if self.recovery.restored(m, now, self.rounds.in_flight):
                     self.rounds.over()  # a round in flight is void: its contributions died
                     self.after_round()
+            case StreamScores() as m:
+                self.course.stream.scored(node_id, m)
             case EpochTrained() as m:
                 self.course.trained(m, now)
             case EvalReport() as m:
@@ -487,6 +490,8 @@ class Control(Loop):
         self.checkpoints.tick(now, self.checkpoint_blocker())
         if self.course.paused:
             self.progress.touch(now)  # an operator paused feeding: nothing is stalled
+        if self.job.streaming:
+            self.stream_tick(now)
         if now >= self.next_throughput:
             self.record_throughput(now)
         if self.tasks_log.due(now):  # control's own long tasks (the feeders log theirs)
@@ -522,6 +527,19 @@ class Control(Loop):
                 log.warning("no final counters from %s: the summary has their last "
                             "heartbeat's", ", ".join(late))
             self.end(*self.course.finish_status)
+
+    def stream_tick(self, now: float) -> None:
+        """A stream job: its pass ends at its limit; a stream with no event waiting is idle,
+        not stalled."""
+        training = self.course.phase == "training"
+        self.course.stream.tick(now, training, self.course.epoch, self.feeding.reported)
+        feeders = [s.counters.get("stream") for s in self.members.nodes.values()
+                   if s.role == "feeder"]
+        if training and feeders and all(
+                isinstance(f, dict) and not f.get("messages_held") and
+                f.get("events_taken") == f.get("events_trained", 0) + f.get(
+                    "events_rejected", 0) for f in feeders):
+            self.progress.touch(now)
 
     def wait_for_nodes(self, now: float) -> None:
         """A resumed control that has heard from no node of its run yet: it neither probes

@@ -5,10 +5,12 @@ once every event of a message is trained (docs/streams.md).
 ``nats-py`` client: ``nats_js``) or ``kafka://`` (Kafka, ``confluent-kafka``: ``kafka``). A
 consumer's ``fetch`` gives the next messages in the broker's order for each partition,
 ``done`` acknowledges messages to the broker (a JetStream ack, a Kafka commit of the offset
-after the done prefix: ``watermark``), ``lag`` is the events the broker holds that are not
-acknowledged, per partition. Acknowledging is the broker's side of exactly once; the job's
-own record of what is trained (the ledger, in checkpoints) is the other: a message trained and
-not yet acknowledged when its feeder dies comes again, and the ledger knows it.
+after the done prefix: ``watermark``; Kafka's asynchronous, ``settle`` waits for them),
+``lag`` is the events the broker holds that are not acknowledged, per partition. A feeder
+calls its consumer from one thread only, its reader's (``roles.events.reader``).
+Acknowledging is the broker's side of exactly once; the job's own record of what is trained
+(the ledger, in checkpoints) is the other: a message trained and not yet acknowledged when
+its feeder dies comes again.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class Consumer(Protocol):
     def fetch(self, max_messages: int, timeout_s: float) -> list[Delivery]: ...
 
     def done(self, deliveries: list[Delivery]) -> None: ...
+
+    def settle(self) -> None: ...
 
     def working(self, deliveries: list[Delivery]) -> None: ...
 

@@ -28,8 +28,8 @@ import pyarrow as pa
 
 from roles.data.readers import RawBlock, Rejected, Schema, _block
 from roles.events import Delivery
+from roles.job.stream_settings import FORMATS
 
-FORMATS = ("json", "tsv", "csv")
 MAX_SHOWN = 500   # characters of a rejected event kept with its reason
 
 

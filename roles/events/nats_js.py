@@ -137,6 +137,9 @@ class JetStreamConsumer:
             await m.ack()
         await self._nc.flush()
 
+    def settle(self) -> None:
+        """Nothing waits: ``done`` returns once the server has the acks."""
+
     def working(self, deliveries: list[Delivery]) -> None:
         """These messages are still being worked on: their ack wait starts again (an
         in-progress ack), so that the server does not deliver them to another puller."""

@@ -21,7 +21,8 @@ from roles.events import BrokerError, Consumer, Delivery
 from roles.events.decode import Decoded, EventDecoder
 
 log = logging.getLogger(__name__)
-FETCH_WAIT_S = 0.2   # a fetch waits this long for a first message (and the thread's stop)
+FETCH_WAIT_S = 0.05  # a fetch waits this long for a first message (acks wait as long)
+LAG_EVERY_S = 1.0    # the broker is asked for the group's lag this often
 
 
 class EventReader:
@@ -38,6 +39,13 @@ class EventReader:
         self.last_error = ""
         self.messages_read = 0
         self.events_read = 0
+        self.lag_messages: int | None = None   # the broker's, asked every LAG_EVERY_S
+        self._lag_at = 0.0
+        # the loop's calls on the consumer, made here: a Kafka consumer called from two
+        # threads at once blocked (a commit behind a committed(), measured)
+        self._calls: queue.Queue[tuple[str, list[Delivery]]] = queue.Queue()
+        self._fetching = True
+        self._final: queue.Queue[int | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="event-reader", daemon=True)
         self._thread.start()
 
@@ -49,6 +57,10 @@ class EventReader:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._serve()
+            if not self._fetching:
+                self._stop.wait(FETCH_WAIT_S)
+                continue
             room = self._room()
             if room <= 0 or self._stop.is_set():
                 continue
@@ -65,6 +77,7 @@ class EventReader:
                 log.info("the stream's broker answers again after %.0f s",
                          time.time() - self.broker_down_since)
                 self.broker_down_since = None
+            self._ask_lag()
             if got:
                 decoded = self.decoder.decode(got)
                 with self._changed:
@@ -72,6 +85,57 @@ class EventReader:
                 self.messages_read += len(got)
                 self.events_read += decoded.events
                 self._queue.put((got, decoded))
+
+    def _serve(self) -> None:
+        """The loop's acknowledgements, in-progress acks and its last question."""
+        while True:
+            try:
+                what, deliveries = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                if what == "done":
+                    self.consumer.done(deliveries)
+                elif what == "working":
+                    self.consumer.working(deliveries)
+                else:   # "final": every ack settled, then the lag
+                    self.consumer.settle()
+                    self._final.put(sum(self.consumer.lag().values()))
+            except BrokerError as exc:   # not acknowledged: the broker delivers it again
+                log.warning("the stream's broker: %s", exc)
+                if what == "final":
+                    self._final.put(None)
+
+    def done(self, deliveries: list[Delivery]) -> None:
+        """Acknowledge these messages to the broker (on this thread, within a fetch's wait)."""
+        self._calls.put(("done", deliveries))
+
+    def working(self, deliveries: list[Delivery]) -> None:
+        self._calls.put(("working", deliveries))
+
+    def stop_fetching(self) -> None:
+        """No more messages are read (those read and not taken are left unacknowledged);
+        acknowledgements go on."""
+        self._fetching = False
+
+    def final_lag(self, timeout_s: float = 30.0) -> int | None:
+        """Once every acknowledgement asked for is settled with the broker: its lag (None: it
+        did not say)."""
+        self._calls.put(("final", []))
+        try:
+            return self._final.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def _ask_lag(self) -> None:
+        now = time.monotonic()
+        if now - self._lag_at < LAG_EVERY_S:
+            return
+        self._lag_at = now
+        try:
+            self.lag_messages = sum(self.consumer.lag().values())
+        except BrokerError:
+            pass   # said at the next fetch
 
     def take(self) -> list[tuple[list[Delivery], Decoded]]:
         """What has been read since the last take (never waits); its room is free again."""
@@ -94,3 +158,4 @@ class EventReader:
         with self._changed:
             self._changed.notify_all()
         self._thread.join(timeout=10)
+        self._serve()   # acknowledgements asked for before the stop

@@ -26,7 +26,7 @@ import numpy as np
 
 from roles.algorithms.feeding.ack_log import AckLog, seed
 from roles.algorithms.feeding.ledger import InFlight, Ledger, PartProgress
-from roles.algorithms.feeding.passes import FeedingPass
+from roles.algorithms.feeding.passes import Pass
 from roles.algorithms.feeding.reclaim import Reclaim
 from roles.algorithms.feeding.tally import FeederTally
 from roles.algorithms.sync.feeder import FeederSync
@@ -48,7 +48,7 @@ class LedgerSide:
     restarted feeder takes back for a worker to train (its keys may be due again)."""
 
     def __init__(self, job: Job, tally: FeederTally, sync: FeederSync,
-                 plan: Callable[[], FeedingPass | None],
+                 plan: Callable[[], Pass | None],
                  to_worker: Callable[[bytes, Message], None],
                  to_shards: Callable[[Message], None], pause_acks: Callable[[bool], None],
                  pump: Callable[[], None], started: float,

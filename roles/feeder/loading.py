@@ -64,6 +64,7 @@ class Loading:
         self.preparer: Preparer | None = None          # once control's DataStats are in
         self.progress: Progress | None = None          # indexing, then the statistics pass
         self.progress_log = Every(PROGRESS_LOG_S, 0.0)
+        self.stream_opened = False   # a stream job's: no files (``open_stream``)
 
     # -- start-up ----------------------------------------------------------------------------
     def open(self, run_dir: Path, node_id: str) -> str | None:
@@ -95,6 +96,18 @@ class Loading:
             return f"cannot read the data: {exc}"
         self.progress = None
         return None
+
+    def open_stream(self, run_dir: Path, node_id: str) -> None:
+        """A stream job's data: no files; feeder 0 tells control there is one part per
+        feeder, none for evaluation (the stream's own scores are progressive)."""
+        self.rejected_rows = RejectedRows(run_dir / "rejected.tsv",
+                                          run_dir / "feeders" / f"{node_id}.rejected-parts")
+        self.stream_opened = True
+        if self.index == 0:
+            feeders = self.job.cluster.feeders
+            parts = [Part(i, 0, 0, 0).as_list() for i in range(feeders)]
+            self.report(DataIndex(n_train=0, oracle_auc=-1.0, body=PartMap.body_of([]),
+                                  parts=np.array(parts, dtype=np.int64).reshape(-1, 7)))
 
     def held_parts(self) -> HeldParts | None:
         """The parts held between passes: only when a part is read more than once."""
@@ -137,7 +150,7 @@ class Loading:
         return advance
 
     def opened(self) -> bool:
-        return self.source is not None
+        return self.source is not None or self.stream_opened
 
     def adopt(self, m: PartMap) -> None:
         """The files of control's first PartMap (raises DataError where they differ)."""

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from roles.algorithms.feeding.ledger import PartProgress
 from roles.algorithms.feeding.parts import FeederParts
-from roles.algorithms.feeding.passes import FeedingPass, PartStream
+from roles.algorithms.feeding.passes import FeedingPass, PartStream, Pass
+from roles.algorithms.feeding.stream_pass import StreamPass
 from roles.algorithms.feeding.tally import FeederTally
 from roles.algorithms.sync.feeder import FeederSync
 from roles.data.index import Part
@@ -47,12 +48,15 @@ class Passes:
 
     def __init__(self, job: Job, index: int, loading: Loading, ledger: LedgerSide,
                  tally: FeederTally, sync: FeederSync, set_state: Callable[[str], None],
-                 report: Callable[[Message], None], pump: Callable[[], None]):
+                 report: Callable[[Message], None], pump: Callable[[], None],
+                 trained: Callable[[], None] = lambda: None):
+        """``trained`` is called as a training pass ends, before its report."""
+        self.trained = trained
         self.job, self.loading, self.ledger, self.tally, self.sync = \
             job, loading, ledger, tally, sync
         self.set_state, self.report, self.pump = set_state, report, pump
         self.parts = FeederParts(index)  # control's assignment of the parts
-        self.plan: FeedingPass | None = None
+        self.plan: Pass | None = None
         self.phase = ""           # the last state set here: training, evaluating, waiting, ready
         self.epoch = -1
         self.evaluated = -1
@@ -65,7 +69,7 @@ class Passes:
         self.phase = phase
         self.set_state(phase)
 
-    def current(self) -> FeedingPass | None:
+    def current(self) -> Pass | None:
         """The pass under way (None between passes)."""
         return self.plan
 
@@ -114,6 +118,7 @@ class Passes:
         """Parts of a lost feeder: feed what it had left of the pass under way (or of the
         pass just reported, which control still waits for), from where it had got to."""
         plan = self.plan
+        assert plan is None or isinstance(plan, FeedingPass), "a stream's parts stay put"
         training = [i for i in new if self.parts.handed_over(i) and not self.parts.parts[i].eval]
         scoring = [i for i in new if self.parts.scoring(i) and self.evaluated == self.epoch]
         log.warning("took over part(s) %s of a lost feeder", new)
@@ -239,6 +244,20 @@ class Passes:
         self.pump()
         self.maybe_pass_done()
 
+    def begin_stream(self, pass_: StreamPass) -> None:
+        """A stream job's one training pass (its part this feeder's own: ``pass_.part``)."""
+        self.epoch = pass_.epoch
+        self.tally.new_epoch(pass_.epoch)
+        self.ledger.new_epoch(pass_.epoch)
+        self.enter("training")
+        self.tally.new_pass()
+        self.tally.part_planned(pass_.part, PartProgress(pass_.epoch))
+        self.epoch_started = time.monotonic()
+        self.plan = pass_
+        log.info("training on the stream")
+        self.ledger.pass_rebuilt()
+        self.pump()
+
     def start_evaluation(self, epoch: int, round_: int) -> None:
         self.epoch = epoch
         self.evaluated, self.eval_round = epoch, round_
@@ -290,4 +309,5 @@ class Passes:
             log.info("epoch %d trained: %d samples in %.1f s", plan.epoch + 1,
                      self.tally.epoch_samples, seconds)
             self.enter("waiting")
+            self.trained()
             self.report(self.tally.epoch_trained(plan, seconds))

@@ -48,6 +48,7 @@ from roles.feeder.hold import CheckpointHold
 from roles.feeder.ledger_side import LedgerSide
 from roles.feeder.loading import Loading
 from roles.feeder.passes import Passes
+from roles.feeder.stream_side import StreamSide
 from roles.job.cli import MAX_WORKERS, role_main
 from roles.job.settings import Job
 from roles.protocol.checkpoint import Checkpoint
@@ -67,6 +68,7 @@ from roles.protocol.datapath import (
 from roles.protocol.lifecycle import EpochStart, Evaluate, Export, Membership, ShardBack
 from roles.protocol.operator import FeedingPaused
 from roles.protocol.placement import Placement
+from roles.protocol.stream import StreamEnd
 from roles.storage.fs import StorageError
 from zbus import sockets
 from zbus.codec import Envelope, Message
@@ -105,7 +107,8 @@ class Feeder(Node):
                                  self.to_worker, self.to_shards, self.pause_acks, self.pump,
                                  self.started, reclaimed=self.keys_again)
         self.passes = Passes(job, index, self.loading, self.ledger, self.tally, self.sync,
-                             self.set_state, self.report, self.pump)
+                             self.set_state, self.report, self.pump, self.stream_trained)
+        self.stream: StreamSide | None = None   # a stream job's events (docs/streams.md)
         self.hold = CheckpointHold(index, self.sync, self.loading, self.passes, self.ledger,
                                    self.report, self.pump)
         self.layout = job.layout()
@@ -124,7 +127,10 @@ class Feeder(Node):
     def on_welcome(self) -> None:
         run_dir = Path(self.run_dir)
         feeders = run_dir / "feeders"
-        failed = self.loading.open(run_dir, self.node_id)
+        if self.job.streaming:
+            failed = self.open_stream(run_dir)
+        else:
+            failed = self.loading.open(run_dir, self.node_id)
         if failed is not None:
             self.fail(failed)
             return
@@ -154,6 +160,21 @@ class Feeder(Node):
         self.state = "ready"
         self.to_control(Ready(info=info))
 
+    def open_stream(self, run_dir: Path) -> str | None:
+        self.loading.open_stream(run_dir, self.node_id)
+        assert self.loading.rejected_rows is not None
+        self.stream = StreamSide(self.job, self.index, self.loading.rejected_rows)
+        failed = self.stream.open()
+        self.wake_at = time.monotonic()
+        return failed
+
+    def stream_trained(self) -> None:
+        """A stream job's pass ends: the feeder's scores go to control before its report."""
+        if self.stream is not None:
+            self.tally.data.rows_read += self.stream.events_taken
+            self.tally.data.rejected += self.stream.events_rejected
+            self.report(self.stream.scores())
+
     # -- commands from control -------------------------------------------------------------
     def handle_command(self, env: Envelope) -> None:
         match env.msg:
@@ -165,10 +186,21 @@ class Feeder(Node):
                 self.take_parts(m)
             case DataStats() as m if not self.loading.prepared() and self.passes.has_map():
                 self.loading.take_stats(m)
-                if not self.tally.batches_acked:   # a first start, not a restarted feeder
+                if self.stream is not None:
+                    assert self.loading.preparer is not None
+                    self.stream.prepared(self.loading.preparer)
+                elif not self.tally.batches_acked:   # a first start, not a restarted feeder
                     self.passes.warm(0)
+            case EpochStart(epoch=e) if self.passes.may_train(e) and self.stream is not None:
+                self.passes.begin_stream(self.stream.begin(e))
             case EpochStart(epoch=e) if self.passes.may_train(e):
                 self.passes.start_training(e)
+            case StreamEnd(epoch=e, reason=why) if self.stream is not None \
+                    and not self.stream.ended and e == self.passes.epoch:
+                log.info("the stream ends: %s", why)
+                self.stream.end()
+                self.pump()
+                self.passes.maybe_pass_done()
             case Evaluate(epoch=e, round=r) if self.passes.may_evaluate(e):
                 self.passes.start_evaluation(e, r)
             case Placement() as msg if self.routing.newer(msg):
@@ -199,6 +231,8 @@ class Feeder(Node):
             self.fail(str(exc))
             return
         new = self.passes.take_parts(m)
+        if self.stream is not None:   # one part, this feeder's own: its stats from its events
+            return
         self.loading.hold_only(self.passes.parts.mine())
         if not self.loading.prepared():  # the statistics are still being gathered: summarise
             self.loading.want_statistics(*self.passes.training_parts())
@@ -235,7 +269,8 @@ class Feeder(Node):
         return (self.passes.current() is not None and not self.paused
                 and self.routing.placing is None and not self.hold.holding()
                 and not self.ledger.recovering() and not self.passes.at_tail()
-                and self.ledger.has_room())
+                and self.ledger.has_room()
+                and (self.stream is None or self.stream.ready(time.monotonic())))
 
     def pump(self) -> None:
         """Send batches again, then new ones (or, at the end of a pass or round, second copies
@@ -263,7 +298,7 @@ class Feeder(Node):
                 if not plan.eval and (counts := self.routing.count(keys, owner, last)) \
                         is not None:
                     self.to_control(counts)
-                if last:
+                if last and self.stream is None:
                     self.passes.all_taken()
                 self.ledger.sent(batch_id, batch, plan.eval, round_)
                 self.batches_sent += 1
@@ -347,6 +382,8 @@ class Feeder(Node):
 
     def acked(self, worker: str, ack: Ack) -> None:
         if self.ledger.ack(worker, ack):
+            if self.stream is not None:
+                self.stream.acked(ack.batch_id, ack.preds)
             self.passes.maybe_drained()
             self.maybe_placement_drained()
             self.hold.maybe_drained()
@@ -365,7 +402,22 @@ class Feeder(Node):
             self.pump()
         if self.wake_at is None and self.ledger.storing():
             self.wake_at = now + STORE_POLL_S
+        if self.stream is not None:
+            self.stream_tick(now)
         super().on_tick(now)
+
+    def stream_tick(self, now: float) -> None:
+        """A stream job: the statistics once its first events are in, then the events read
+        into batches; the loop looks again in a few milliseconds."""
+        assert self.stream is not None
+        stats = self.stream.statistics_due(now) if self.passes.has_map() else None
+        if stats is not None:   # after control's part map, as a file's statistics are
+            self.to_control(stats)
+        if self.stream.poll(now) or self.stream.ready(now):
+            self.pump()
+        wake = self.stream.wake()
+        if wake is not None:
+            self.wake_at = wake if self.wake_at is None else min(self.wake_at, wake)
 
     def heartbeat(self, final: bool = False) -> None:
         """The heartbeat, then how far the training pass has got (control hands a lost
@@ -385,7 +437,8 @@ class Feeder(Node):
                 "placing": self.routing.placing is not None,
                 **self.ledger.restart_counters(),
                 "bytes_read": self.loading.bytes_read(), **self.lists.counters(),
-                "progress": self.loading.figures(time.monotonic())}
+                "progress": self.loading.figures(time.monotonic()),
+                **(self.stream.counters() if self.stream is not None else {})}
 
     def on_crash(self, exc: Exception) -> None:
         if isinstance(exc, DataError):
@@ -396,6 +449,8 @@ class Feeder(Node):
     def release(self) -> None:
         self.ledger.close()    # the ack log's files
         self.loading.close()   # the reader threads
+        if self.stream is not None:
+            self.stream.close()
         super().release()
 
 

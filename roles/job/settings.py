@@ -26,6 +26,7 @@ import orjson
 
 from roles.job.fields import SYNTHETIC_ITEM_FIELDS, FieldLayout, LayoutError
 from roles.job.module_file import module_at, module_path
+from roles.job.stream_settings import StreamConfig
 from roles.job.sync_rules import SYNC_MODES, cluster_refusal
 from roles.protocol.topology import ClusterConfig
 
@@ -175,8 +176,6 @@ class DataConfig:
             return
         if self.decay_base > 1.0 and not self.timestamp:
             raise ValueError("[data] decay_base > 1 needs a timestamp column ([data] timestamp)")
-        if not self.path:
-            raise ValueError("[data] path is required when source = \"file\"")
         if self.format != "criteo" and not self.sparse:
             raise ValueError("[data] sparse must name at least one categorical column")
         names = [self.label, *self.dense, *self.sparse] + ([self.timestamp]
@@ -242,8 +241,9 @@ class TrainConfig:
         "samples per evaluation batch; 0: four times `batch_size`, at most 16,384 (but never "
         "below `batch_size`): scoring has no backward pass and no update, so a bigger batch "
         "spreads each batch's messages over more rows")})
-    sync: str = field(default="every", metadata={"choices": tuple(SYNC_MODES),
-                                                 "doc": "dense synchronisation"})
+    sync: str = field(default="every", metadata={"choices": tuple(SYNC_MODES), "doc": (
+        "dense synchronisation; a stream job ([stream]) that does not set it gets `step`: "
+        "each event is scored by the weights every earlier batch trained (docs/streams.md)")})
     sync_every: int = field(default=8, metadata={"min": 1, "doc": (
         "local steps per worker before it is ready for a round (`every`); steps in a local "
         "round (`lazy`)")})
@@ -295,6 +295,12 @@ class TrainConfig:
     stall_timeout_s: float = field(default=300.0, metadata={"min": 1.0, "doc": (
         "fail the job when nothing progresses this long (the reason names the last "
         "aggregation decision)")})
+    until_events: int = field(default=0, metadata={"min": 0, "doc": (
+        "a stream job ([stream]) ends once this many events are trained (the batches in "
+        "flight then finish too); 0: no such end")})
+    until_s: float = field(default=0.0, metadata={"min": 0.0, "doc": (
+        "a stream job ends once it has trained this many seconds; 0: no such end (without "
+        "either it runs until `zbus-ctl stop` or Ctrl-C)")})
     recovery_timeout_s: float = field(default=120.0, metadata={"min": 1.0, "doc": (
         "how long the job waits for a killed aggregator, shard or (last) feeder to be "
         "started again")})
@@ -520,6 +526,9 @@ class Job:
         "where embedding keys live")})
     partition: PartitionConfig = field(default_factory=PartitionConfig, metadata={"doc": (
         "how the network is split over a model-parallel group (`roles/model/partitioner.py`)")})
+    stream: StreamConfig = field(default_factory=StreamConfig, metadata={"doc": (
+        "learning from a broker's topic (NATS JetStream, Kafka) instead of `[data] path`: no "
+        "epochs, each event scored before it is trained (docs/streams.md)")})
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"doc": (
         "whole-job checkpoints and exports: where, how often, how many kept")})
     monitoring: MonitoringConfig = field(default_factory=MonitoringConfig, metadata={"doc": (
@@ -529,6 +538,11 @@ class Job:
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
             raise ValueError("name must be non-empty letters, digits, '-', '_' or '.'")
+        if self.data.source == "file" and not self.data.path and not self.streaming:
+            raise ValueError("[data] path is required when source = \"file\" (or a [stream] "
+                             "url)")
+        if self.streaming:
+            self.check_stream()
         refusal = cluster_refusal(self.train.sync, self.cluster)
         if refusal:
             raise ValueError(refusal)
@@ -550,6 +564,36 @@ class Job:
                 "run directory would leave each part on its node's disk; set [checkpoint] "
                 "export_dir or dir to an s3:// prefix (or export_dir to a directory every node "
                 "shares), or export = false")
+
+    @property
+    def streaming(self) -> bool:
+        """A stream job: it learns from ``[stream]``'s topic, not from passes over files."""
+        return bool(self.stream.url)
+
+    def check_stream(self) -> None:
+        d = self.data
+        if d.source != "file" or d.path or d.eval_path:
+            raise ValueError("[stream] url replaces [data] path: give one or the other (a "
+                             "stream job reads its rows from the topic; [data] says their "
+                             "columns)")
+        if d.format not in ("csv", "tsv"):
+            raise ValueError(f"[data] format = \"{d.format}\" is a file's; a stream's events "
+                             "are [stream] format (json, tsv or csv)")
+        if d.merge:
+            raise ValueError("[data] merge is not for stream jobs: an event is trained as it "
+                             "comes")
+        if d.decay_base > 1.0 and not d.timestamp:
+            raise ValueError("[data] decay_base > 1 needs a timestamp column ([data] timestamp)")
+        if self.train.epochs != 1 and self.train.epochs != TrainConfig.epochs:
+            raise ValueError("[train] epochs: a stream job has none; it ends at [train] "
+                             "until_events or until_s, or when stopped")
+        if self.cluster.parts > 1:
+            raise ValueError("[cluster] parts > 1: a stream job does not run model-parallel "
+                             "groups yet (docs/limits.md)")
+        if self.stream.labels.topic:
+            raise ValueError("[stream.labels] topic: labels on a topic of their own are not "
+                             "joined in a running job yet (docs/limits.md); put the label in "
+                             "each event")
 
     @property
     def sparse_fields(self) -> list[str]:
@@ -744,6 +788,18 @@ def _env_overrides(table: dict, environ: typing.Mapping[str, str]) -> None:
                 node = node.setdefault(key, {})
 
 
+def _stream_defaults(table: dict) -> None:
+    """A stream job's own defaults, where its file and the environment leave them: dense
+    synchronisation ``step`` (test-then-train as one process does it: docs/streams.md)."""
+    stream, train = table.get("stream"), table.get("train")
+    if not isinstance(stream, dict) or not stream.get("url"):
+        return
+    if train is None:
+        train = table["train"] = {}
+    if isinstance(train, dict):
+        train.setdefault("sync", "step")
+
+
 def parse_job(text: str, origin: str = "<job>", base_dir: Path | None = None,
               environ: typing.Mapping[str, str] | None = None) -> Job:
     try:
@@ -760,6 +816,7 @@ def parse_job(text: str, origin: str = "<job>", base_dir: Path | None = None,
             and base_dir is not None:
         model["module"] = module_at(model["module"], base_dir)
     _env_overrides(table, os.environ if environ is None else environ)
+    _stream_defaults(table)
     job = _build(Job, table)
     return dataclasses.replace(job, origin=origin)
 

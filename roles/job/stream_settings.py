@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from roles.events.decode import FORMATS
+FORMATS = ("json", "tsv", "csv")   # a message's events: json objects or text lines
 
 
 @dataclass(frozen=True)

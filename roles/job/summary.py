@@ -156,6 +156,32 @@ class ExactlyOnce(TypedDict):
     duplicates_refused: Duplicates
 
 
+class StreamFigures(TypedDict):
+    """A stream job's (docs/streams.md): events read (taken by the feeders), trained, trained
+    twice (always 0), set aside; the broker's lag at the end (messages of the group not
+    acknowledged, and in events at the mean events a message) and the seconds from the newest
+    event trained to the job's end; progressive validation (each event scored by the model
+    before it trained on it): the lifetime AUC and log loss over every feeder's events, and
+    each feeder's closed windows."""
+
+    events_read: int
+    events_trained: int
+    events_trained_twice: int
+    events_rejected: int
+    messages_acked: int
+    lag_events: int | None
+    lag_messages: int | None
+    lag_s: float | None
+    progressive_auc: float | None
+    progressive_logloss: float | None
+    windows: list[dict[str, Any]]
+    ended_by: str
+
+
+class Streaming(TypedDict):
+    stream: StreamFigures | None     # None: the job read files
+
+
 class Nodes(TypedDict):
     membership: list[dict[str, Any]]   # every worker joined, left, failed
     counters_not_final: list[str]      # figures of their last heartbeat, not their final
@@ -225,7 +251,7 @@ class Shards(TypedDict):
 
 
 class Summary(Outcome, Results, DataRows, Throughput, Feeding, Workers, Load, Aggregation,
-              ExactlyOnce, Nodes, Settings, Recoveries, Exports, Traffic, Shards):
+              ExactlyOnce, Nodes, Settings, Recoveries, Exports, Traffic, Shards, Streaming):
     """summary.json: every part above."""
 
 

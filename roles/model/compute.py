@@ -82,7 +82,12 @@ class GroupBatch:
 
 
 class BatchCompute:
-    def __init__(self, layout: FieldLayout, device: torch.device, precision: str = "fp32"):
+    def __init__(self, layout: FieldLayout, device: torch.device, precision: str = "fp32",
+                 score_training: bool = False):
+        """``score_training``: a training batch's probabilities, from the forward pass that
+        trains on it (the model before the batch: a stream job's progressive validation),
+        come back with its loss."""
+        self.score_training = score_training
         self.layout, self.device, self.precision = layout, device, precision
         self.dim = layout.row_dim
         self.sparse = SparseInputs(layout, device)
@@ -90,18 +95,23 @@ class BatchCompute:
         self.sequences = layout.sequence_fields
         self.row_sums = RowSums(device)   # its compiled loop loaded now, at the start
 
-    def train(self, model: torch.nn.Module,
-              batch: PulledBatch) -> tuple[float, float, list[np.ndarray]]:
-        """Forward and backward of a training batch: its loss sum, its sample weight sum and
-        the gradient rows for each shard (the dense gradients stay in the parameters)."""
+    def train(self, model: torch.nn.Module, batch: PulledBatch
+              ) -> tuple[float, float, list[np.ndarray], np.ndarray | None]:
+        """Forward and backward of a training batch: its loss sum, its sample weight sum, the
+        gradient rows for each shard (the dense gradients stay in the parameters) and, with
+        ``score_training``, its probabilities before the step (else None)."""
         s = batch.sample
         rows = self.gathered(s, *arrived(batch))
         flat = self.grid(rows)
         flat.requires_grad_(True)
         dense, labels, weights = self.tensors(s)
         weight_sum = float(weights.sum())
-        loss_sum = self.forward_backward(model, flat, s, dense, labels, weights, weight_sum)
-        return float(loss_sum.detach()), weight_sum, self.shard_grads(gradient(flat), rows)
+        loss_sum, logits = self.forward_backward(model, flat, s, dense, labels, weights,
+                                                 weight_sum)
+        probs = torch.sigmoid(logits.detach().float()).cpu().numpy() \
+            if self.score_training else None
+        return float(loss_sum.detach()), weight_sum, self.shard_grads(gradient(flat), rows), \
+            probs
 
     def score(self, model: torch.nn.Module, batch: PulledBatch) -> np.ndarray:
         """The predicted probabilities of an evaluation batch."""
@@ -171,13 +181,14 @@ class BatchCompute:
 
     def forward_backward(self, model: torch.nn.Module, flat: torch.Tensor, s: SampleBatch,
                          dense: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-                         weight_sum: float) -> torch.Tensor:
-        """Loss sum of the batch; the gradients land in flat.grad and ``model``'s
-        parameters."""
-        loss_sum = weighted_loss_sum(self.logits(model, flat, s, dense), labels, weights)
+                         weight_sum: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Loss sum of the batch and its logits; the gradients land in flat.grad and
+        ``model``'s parameters."""
+        logits = self.logits(model, flat, s, dense)
+        loss_sum = weighted_loss_sum(logits, labels, weights)
         model.zero_grad(set_to_none=True)
         (loss_sum / max(weight_sum, 1e-12)).backward()
-        return loss_sum
+        return loss_sum, logits
 
     # -- over a model-parallel group -------------------------------------------------------------
     def group_batch(self, batch: PulledBatch, train: bool) -> GroupBatch:

@@ -13,5 +13,6 @@ from roles.protocol import (  # noqa: F401  (registers every message type)
     model_parallel,
     operator,
     placement,
+    stream,
     topology,
 )

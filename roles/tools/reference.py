@@ -10,7 +10,7 @@ loaded once into memory, embeddings as a sparse ``nn.Embedding`` with sparse Ada
 sliced from a permutation, all cores by default; its figures add the time to load, train and
 evaluate, end to end from the command's start, and the peak RSS.
 
-    zbus-reference [--job FILE] [--threads N] [--preload]
+    zbus-reference [--job FILE] [--threads N] [--preload | --events FILE]
 """
 
 from __future__ import annotations
@@ -140,6 +140,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="zbus-reference", description=__doc__.splitlines()[0])
     parser.add_argument("--job", help="job file (default: ZBUS_JOB or the built-in job)")
     parser.add_argument("--threads", type=integer, default=0, help="torch threads (default: all)")
+    parser.add_argument("--events", metavar="FILE",
+                        help="a stream job's comparator: FILE's rows as its events, in file "
+                        "order, each batch scored and then trained on in this process "
+                        "(test-then-train; roles/tools/stream_reference.py)")
     parser.add_argument("--preload", action="store_true",
                         help="load the data into memory once and train from it (the strong "
                         "single process; --threads also caps its loading threads)")
@@ -147,8 +151,13 @@ def main(argv: list[str] | None = None) -> None:
     job = load_job_or_exit(args.job, "reference")
     keep_heap()   # as every role does: the yardstick gets what the cluster gets
     try:
-        result = train_preloaded(job, args.threads, psutil.Process().create_time()) \
-            if args.preload else train_reference(job, args.threads)
+        if args.events:
+            from roles.tools.stream_reference import score_then_train
+            result = score_then_train(job, args.events, args.threads)
+        elif args.preload:
+            result = train_preloaded(job, args.threads, psutil.Process().create_time())
+        else:
+            result = train_reference(job, args.threads)
     except DataError as exc:   # a missing file or object, a bad row count: one line
         print(f"zbus reference: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

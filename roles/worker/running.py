@@ -44,6 +44,7 @@ class Done:
     grads: list[np.ndarray] | None = None   # training: each shard's gradient rows
     step: StepGrad | None = None            # mode step: the gradient the aggregator answers
     probs: np.ndarray | None = None         # evaluation: the scores
+    train_probs: np.ndarray | None = None   # training, a stream job's: scores before the step
 
 
 class Runner:
@@ -59,7 +60,8 @@ class Runner:
         self.wake, self.advance = wake, advance
         self.n_dense = len(job.dense_fields)
         self.slowdown = max(1.0, slowdown)
-        self.compute = BatchCompute(job.layout(), device, t.precision)
+        self.compute = BatchCompute(job.layout(), device, t.precision,
+                                    score_training=job.streaming)
         if t.precision == "bf16" and not bf16_is_native(device):
             log.warning("%s: [train] precision = \"bf16\" but %s has no bfloat16 arithmetic: "
                         "autocast emulates it, slower than fp32", name, device)
@@ -121,15 +123,16 @@ class Runner:
         logits = yield from group.forward(b.inputs, train)
         if train:
             yield from group.backward(self.compute.group_loss(b, logits))
-            self.trained(batch, *self.compute.group_result(b), started)
+            self.trained(batch, *self.compute.group_result(b), None, started)
         else:
             self.scored(batch, self.compute.group_scores(logits), started)
         self.advance()
 
     def trained(self, batch: PulledBatch, loss: float, weight_sum: float,
-                grads: list[np.ndarray], started: float) -> None:
+                grads: list[np.ndarray], probs: np.ndarray | None, started: float) -> None:
         step = self.dense.sync.after_backward(self.dense.replica, weight_sum)
-        self.release(Done(batch, loss, weight_sum, grads=grads, step=step),
+        self.release(Done(batch, loss, weight_sum, grads=grads, step=step,
+                          train_probs=None if probs is None else probs.astype(np.float32)),
                      time.monotonic() - started)
 
     def scored(self, batch: PulledBatch, probs: np.ndarray, started: float) -> None:
@@ -184,7 +187,9 @@ class Runner:
         """A training batch is over: its ack, the replica's count, the mode's report."""
         n = len(done.batch.sample.labels)
         self.ack(Ack(batch_id=done.batch.sample.batch_id, samples=n, loss_sum=done.loss,
-                     weight_sum=done.weight_sum, preds=np.zeros(0, dtype=np.float32)))
+                     weight_sum=done.weight_sum,
+                     preds=np.zeros(0, dtype=np.float32) if done.train_probs is None
+                     else done.train_probs))
         self.counts["samples_trained"] += n
         self.counts["batches_trained"] += 1
         self.dense.replica.trained(n, done.weight_sum)

@@ -26,7 +26,33 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from roles.algorithms.shard.key_index import KeyIndex
+
+class _IdRows:
+    """Each held id's row (a dict: the shards' hashed ``KeyIndex`` is theirs to own; the ids
+    held are one window's)."""
+
+    BYTES_PER_ID = 100   # a dict entry of two ints, about
+
+    def __init__(self) -> None:
+        self.rows: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.rows) * self.BYTES_PER_ID
+
+    def find(self, ids: np.ndarray) -> np.ndarray:
+        get = self.rows.get
+        return np.fromiter((get(i, -1) for i in ids.tolist()), dtype=np.int64, count=len(ids))
+
+    def insert(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        self.rows.update(zip(ids.tolist(), rows.tolist(), strict=True))
+
+    def delete(self, ids: np.ndarray) -> None:
+        for i in ids.tolist():
+            self.rows.pop(i, None)
 
 
 class Waiting:
@@ -43,8 +69,7 @@ class Waiting:
         self.times = np.zeros(capacity, dtype=np.float64)
         self.values = np.zeros(capacity, dtype=np.float64)
         self.live = np.zeros(capacity, dtype=bool)
-        self.index = KeyIndex(capacity)
-        self.index.reserve_rows(capacity)
+        self.index = _IdRows()
 
     def __len__(self) -> int:
         return len(self.index)

@@ -13,6 +13,7 @@ batches before it wait, made, to be sent in their turn — and ``claim`` takes i
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from roles.algorithms.feeding.ledger import PartProgress
 from roles.data.stream import Samples
@@ -91,6 +92,25 @@ class PartStream:
     def claim(self, seq: int) -> None:
         """Batch ``seq`` (peeked) leaves the pass: it was sent by a previous process."""
         self.ahead.pop(seq, None)
+
+
+class Pass(Protocol):
+    """What the ledger, a restart's reclaiming and the tally use of the pass under way: a
+    ``FeedingPass`` over files' parts, or a stream job's ``StreamPass``."""
+
+    epoch: int
+    eval: bool
+
+    @property
+    def parts(self) -> list[int]: ...
+
+    def take(self) -> tuple[int, Samples] | None: ...
+
+    def exhausted(self) -> bool: ...
+
+    def peek(self, batch_id: int) -> Samples | None: ...
+
+    def claim(self, batch_id: int) -> None: ...
 
 
 class FeedingPass:

@@ -12,7 +12,7 @@ process goes to a second worker.
 from __future__ import annotations
 
 from roles.algorithms.feeding.ledger import TAKEN, InFlight, Ledger
-from roles.algorithms.feeding.passes import FeedingPass
+from roles.algorithms.feeding.passes import Pass
 
 
 class Reclaim:
@@ -26,7 +26,7 @@ class Reclaim:
     def restart(self) -> None:
         self.restarted = self.recovering = True
 
-    def reclaimable(self, pass_: FeedingPass | None, batch_id: int) -> InFlight | None:
+    def reclaimable(self, pass_: Pass | None, batch_id: int) -> InFlight | None:
         """The batch, when it is of the pass under way and this process has not sent it (so
         its dead predecessor did; it is made now if the stream had not got to it); None when
         it is not of the pass or was sent (or acknowledged) here already, or this process is
@@ -36,7 +36,7 @@ class Reclaim:
         batch = pass_.peek(batch_id)
         return None if batch is None else InFlight(batch, pass_.eval, 0)
 
-    def reclaim(self, pass_: FeedingPass | None, batch_id: int, entry: InFlight,
+    def reclaim(self, pass_: Pass | None, batch_id: int, entry: InFlight,
                 worker: str | None = None) -> InFlight:
         """Take a reclaimable batch out of the pass into the ledger (``worker``'s)."""
         assert pass_ is not None, "only a reclaimable batch is reclaimed"
@@ -46,14 +46,14 @@ class Reclaim:
             entry.state, entry.worker = TAKEN, worker
         return entry
 
-    def taking(self, pass_: FeedingPass | None, batch_id: int) -> None:
+    def taking(self, pass_: Pass | None, batch_id: int) -> None:
         """A worker asks to take the batch: a reclaimable one is reclaimed first."""
         if batch_id not in self.ledger.in_flight:
             entry = self.reclaimable(pass_, batch_id)
             if entry is not None:
                 self.reclaim(pass_, batch_id, entry)
 
-    def holding(self, pass_: FeedingPass | None, worker: str, held: list[int]) -> None:
+    def holding(self, pass_: Pass | None, worker: str, held: list[int]) -> None:
         """A worker's batches granted by the dead process: they stay that worker's."""
         for batch_id in held:
             entry = self.ledger.peek(batch_id)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from roles.algorithms.feeding.ledger import PartProgress
-from roles.algorithms.feeding.passes import FeedingPass
+from roles.algorithms.feeding.passes import Pass
 from roles.algorithms.shared.metrics import ScoreHistogram
 from roles.data.stream import Tally
 from roles.job.fields import FieldLayout
@@ -154,7 +154,7 @@ class FeederTally:
         if progress is not None:
             progress.acked(seq, samples, loss_sum, weight_sum)
 
-    def epoch_trained(self, pass_: FeedingPass, seconds: float) -> EpochTrained:
+    def epoch_trained(self, pass_: Pass, seconds: float) -> EpochTrained:
         """The report of a finished training pass."""
         rows = self.batches.rows()
         d = self.made_of_rows()
@@ -164,7 +164,7 @@ class FeederTally:
             weight_sum=self.weight_sum, seconds=seconds, parts=pass_.parts, **rows,
             rows_read=d.rows_read, rejected=d.rejected, dropped=d.dropped, merged=d.merged)
 
-    def eval_report(self, pass_: FeedingPass) -> EvalReport:
+    def eval_report(self, pass_: Pass) -> EvalReport:
         """The scores of a finished evaluation pass."""
         d = self.made_of_rows()
         return EvalReport(epoch=pass_.epoch, parts=pass_.parts,

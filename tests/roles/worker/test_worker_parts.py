@@ -322,7 +322,7 @@ def test_a_batch_trains_on_its_grid_and_each_shard_gets_the_gradients_of_its_row
     assert flat.shape == (2 * FIELDS, DIM)
     grid = flat.reshape(2, FIELDS, DIM)   # every field single-valued: sample by sample
     assert grid[:, 0].eq(1).all() and grid[1, 1].tolist() == [3.0, 4.0, 5.0]
-    loss, weight_sum, grads = compute.train(net, batch)
+    loss, weight_sum, grads, _ = compute.train(net, batch)
     assert weight_sum == 2.0 and loss > 0
     w = model[1].weight.detach().reshape(FIELDS, DIM)
     with torch.no_grad():

@@ -1,0 +1,362 @@
+"""A stream job's feeder part (``StreamSide``): the broker's events into the training pass's
+batches, and each message acknowledged to the broker once every event of it is trained
+(docs/streams.md).
+
+The reader thread (``roles.events.reader``) fetches and decodes; the feeder's loop, woken every
+``POLL_S`` while it streams, takes what is read (``poll``): a message the tracker already holds
+(delivered again while held) is left out; the rest's malformed events are set aside in
+rejected.tsv as ``<topic>[<partition>]@<position>`` and their line; the accepted events are
+prepared (the dense transform, time-decay weights counted from the newest event time seen) into
+the ``EventBatcher`` the ``StreamPass`` takes batches from. Before control's statistics are in,
+the first ``[stream] warmup_events`` events are held and summarised (``PartStats`` of this
+feeder's one part): they make the dense transform as a file's first rows do, and are trained
+first.
+
+At each training ack (``acked``) the batch's events are told to the ``MessageTracker`` and the
+messages it releases are acknowledged to the broker; the worker's scores of the batch, made by
+the model before the batch trained it, go to the ``Progressive`` validation. Messages held
+longer than half the broker's ack wait are said to be in progress. The broker's lag (messages
+not acknowledged) is asked by the reader thread, never by the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from roles.algorithms.feeding.event_batches import EventBatcher
+from roles.algorithms.feeding.stream_pass import StreamPass
+from roles.algorithms.shared.progressive import Progressive
+from roles.data.readers import RawBlock, Schema
+from roles.data.rejected import RejectedRows
+from roles.data.stats import Moments
+from roles.data.stream import Preparer, Samples
+from roles.data.transforms import signed_log1p
+from roles.events import BrokerError, Delivery, open_consumer
+from roles.events.decode import Decoded, EventDecoder
+from roles.events.reader import EventReader
+from roles.events.tracker import MessageTracker
+from roles.job.settings import DECAY_UNITS, Job
+from roles.protocol.datapath import PartStats
+from roles.protocol.stream import StreamScores
+
+log = logging.getLogger(__name__)
+POLL_S = 0.005         # the loop looks for events read this often while it streams
+WARMUP_IDLE_S = 1.0    # the statistics are made from fewer events once none came this long
+WARMUP_EMPTY_S = 10.0  # ... or from none, when none came at all this long
+WORKING_EVERY_S = 5.0  # held messages older than this are said in progress (ack wait: 30 s)
+HELD_BATCHES = 8       # events waiting in the batcher, in batches, before the loop takes more
+
+
+@dataclass
+class _Held:
+    """Events read before the statistics were in: prepared once they are."""
+
+    block: RawBlock
+    origin: np.ndarray   # int64 [n, 2]
+    times: np.ndarray    # float64 [n]
+
+
+def select_rows(block: RawBlock, rows: np.ndarray) -> RawBlock:
+    """The block's rows ``rows`` (its rejected rows stay with it)."""
+    at = pa.array(rows, type=pa.int64())
+    return RawBlock(block.labels[rows], block.dense[rows], [c.take(at) for c in block.sparse],
+                    None if block.timestamps is None else block.timestamps[rows],
+                    block.rows_read, block.rejected, block.bytes_read)
+
+
+class StreamSide:
+    """``index``: this feeder's; ``rejected``: where malformed events are set aside."""
+
+    def __init__(self, job: Job, index: int, rejected: RejectedRows):
+        self.job, self.index, self.rejected = job, index, rejected
+        s = job.stream
+        self.config = s
+        self.group = s.group or job.name
+        self.batcher = EventBatcher(job.train.batch_size, s.linger_ms / 1000.0)
+        self.tracker = MessageTracker()
+        self.progressive = Progressive(s.window_events)
+        self.reader: EventReader | None = None
+        self.preparer: Preparer | None = None
+        self.held: list[_Held] = []           # before the statistics
+        self.moments = Moments.empty(len(job.dense_fields))
+        self.warm_read = self.warm_rejected = 0
+        self.newest_ts: int | None = None
+        self.warm_started = 0.0
+        self.last_event_at = 0.0
+        self.stats_sent = False
+        self.plan: StreamPass | None = None
+        self.ended = False
+        self.working_at = 0.0
+        self.events_rejected = 0
+        self.events_taken = 0            # read and taken by the loop (rejected ones too)
+        self.events_trained = 0
+        self.messages_acked = 0
+        self.newest_trained_s = 0.0       # event time of the newest event trained
+        self.newest_read_s = 0.0
+        self.decay_newest = -np.inf      # decay counts from the newest event time seen
+        self.started_at = time.monotonic()
+
+    # -- opening ---------------------------------------------------------------------------
+    def open(self) -> str | None:
+        """Connect to the broker and start reading; why not, in one line."""
+        s, d = self.config, self.job.data
+        schema = Schema(label=d.label, dense=self.job.dense_fields,
+                        sparse=self.job.sparse_fields, positive=tuple(d.positive),
+                        negative=tuple(d.negative), timestamp=d.timestamp,
+                        lists=self.job.list_fields)
+        try:
+            decoder = EventDecoder(schema, s.format, s.topic, s.columns)
+            consumer = open_consumer(s.url, s.topic, self.group, s.start,
+                                     dict(s.options) or None)
+        except (BrokerError, ValueError) as exc:
+            return f"cannot read the stream {s.url} {s.topic}: {exc}"
+        self.reader = EventReader(consumer, decoder, max_messages=1000, fetch_messages=100)
+        self.warm_started = time.monotonic()
+        log.info("reading %s %s as %s (%s), from %s", s.url, s.topic, self.group, s.format,
+                 s.start)
+        return None
+
+    # -- the statistics --------------------------------------------------------------------
+    def statistics_due(self, now: float) -> PartStats | None:
+        """This feeder's PartStats once its first ``warmup_events`` events are read (or fewer,
+        once none came for a while)."""
+        if self.stats_sent:
+            return None
+        enough = self.warm_read >= self.config.warmup_events
+        idle = self.warm_read and now - self.last_event_at >= WARMUP_IDLE_S
+        empty = not self.warm_read and now - self.warm_started >= WARMUP_EMPTY_S
+        if not (enough or idle or empty):
+            return None
+        self.stats_sent = True
+        m = self.moments
+        accepted = sum(len(h.block) for h in self.held)
+        log.info("statistics of the stream's first %d event(s) (%d rejected)", self.warm_read,
+                 self.warm_rejected)
+        return PartStats(
+            first_rejected="", parts=np.array([self.index], dtype=np.int64),
+            counts=np.array([[self.warm_read, accepted, self.warm_rejected, 0,
+                              -1 if self.newest_ts is None else self.newest_ts]],
+                            dtype=np.int64),
+            moments=np.array([[m.count, m.mean, m.m2]], dtype=np.float64).reshape(
+                1, 3, len(self.job.dense_fields)))
+
+    def prepared(self, preparer: Preparer) -> None:
+        """Control's statistics are in: the events held are prepared, to be trained first."""
+        self.preparer = preparer
+        held, self.held = self.held, []
+        now = time.monotonic()
+        for h in held:
+            self.batcher.add(self.prepare(h.block), h.origin, h.times, now)
+
+    # -- reading ---------------------------------------------------------------------------
+    def poll(self, now: float) -> bool:
+        """Take what the reader has read (while the batcher has room); whether any event
+        came. Held messages due an in-progress ack get one."""
+        if self.reader is None or self.ended:
+            return False
+        if self.preparer is not None and \
+                len(self.batcher) >= HELD_BATCHES * self.job.train.batch_size:
+            return False
+        came = False
+        for deliveries, decoded in self.reader.take():
+            came |= self.take(deliveries, decoded, now)
+        if now - self.working_at >= WORKING_EVERY_S:
+            self.working_at = now
+            overdue = self.tracker.overdue(now, WORKING_EVERY_S)
+            if overdue:
+                self.reader.working(overdue)
+        return came
+
+    def take(self, deliveries: list[Delivery], decoded: Decoded, now: float) -> bool:
+        fresh = self.tracker.add(deliveries, now)
+        rejected = decoded.rejected
+        if not fresh:   # every message delivered again while held
+            return False
+        if len(fresh) < len(deliveries):   # delivered again while held: left out
+            keep_msgs = np.zeros(len(deliveries), dtype=bool)
+            keep_msgs[fresh] = True
+            rows = np.flatnonzero(keep_msgs[decoded.message])
+            fresh_where = {f"{self.config.topic}[{deliveries[i].partition}]@"
+                           f"{deliveries[i].position}" for i in fresh}
+            rejected = [r for r in rejected if r.file in fresh_where]
+            block = select_rows(decoded.block, rows)
+            message, times = decoded.message[rows], decoded.event_time_s[rows]
+        else:
+            block, message, times = decoded.block, decoded.message, decoded.event_time_s
+        self.events_taken += len(block) + len(rejected)
+        if rejected:
+            self.rejected.append(rejected)
+            self.events_rejected += len(rejected)
+        per_message = np.bincount(message, minlength=len(deliveries))
+        for i in fresh:
+            self.tracker.events(deliveries[i], int(per_message[i]))
+        released = self.tracker.done()   # messages whose every event was set aside
+        if released:
+            self.acknowledge(released)
+        if not len(block):
+            return bool(rejected)
+        origin = np.array([(deliveries[i].partition, deliveries[i].position) for i in message],
+                          dtype=np.int64).reshape(-1, 2)
+        self.last_event_at = now
+        self.newest_read_s = max(self.newest_read_s, float(times.max()))
+        if self.preparer is None:   # before the statistics: summarised and held
+            self.summarise(block, len(rejected))
+            self.held.append(_Held(block, origin, times))
+        else:
+            self.batcher.add(self.prepare(block), origin, times, now)
+        return True
+
+    def summarise(self, block: RawBlock, rejected: int) -> None:
+        values = block.dense
+        if len(values):
+            self.moments = self.moments.merge(Moments.of(
+                signed_log1p(values) if self.job.data.log1p else values))
+        self.warm_read += len(block) + rejected
+        self.warm_rejected += rejected
+        if block.timestamps is not None and len(block.timestamps):
+            top = int(block.timestamps.max())
+            self.newest_ts = top if self.newest_ts is None else max(self.newest_ts, top)
+
+    def prepare(self, block: RawBlock) -> Samples:
+        """Events to samples: keys hashed as a file's rows, the dense transform, and with
+        ``[data] decay_base`` > 1 the weight decay_base^-age, age counted in ``decay_unit``
+        from the newest event time seen so far (nothing is dropped nor merged: each event is
+        trained once as it comes)."""
+        assert self.preparer is not None
+        keys = self.preparer.keys(block)
+        dense = self.preparer.transform.apply(block.dense)
+        labels = block.labels.astype(np.float32)
+        weights = np.ones(len(labels), dtype=np.float32)
+        d = self.job.data
+        if d.decay_base > 1.0 and block.timestamps is not None and len(block.timestamps):
+            t = block.timestamps.astype(np.float64)
+            self.decay_newest = max(self.decay_newest, float(t.max()))
+            age = (self.decay_newest - t) / DECAY_UNITS[d.decay_unit]
+            weights = np.power(d.decay_base, -age).astype(np.float32)
+        return Samples(keys, dense, labels, weights)
+
+    # -- the pass --------------------------------------------------------------------------
+    def begin(self, epoch: int) -> StreamPass:
+        self.plan = StreamPass(epoch, self.index, self.batcher)
+        return self.plan
+
+    def end(self) -> None:
+        """Control's word: no more events are taken (those read and not taken are left to
+        the broker, unacknowledged); what waits goes out."""
+        if self.ended:
+            return
+        self.ended = True
+        if self.plan is not None:
+            self.plan.end()
+        if self.reader is not None:
+            self.reader.stop_fetching()
+        log.info("the stream ends here: %d event(s) trained, %d wait in batches",
+                 self.events_trained, len(self.batcher))
+
+    def ready(self, now: float) -> bool:
+        """A batch can be taken now."""
+        if self.plan is None:
+            return False
+        self.plan.now = now
+        waiting = len(self.batcher)
+        if not waiting:
+            return False
+        due = self.batcher.due()
+        return waiting >= self.job.train.batch_size or self.ended or \
+            (due is not None and now >= due)
+
+    def wake(self) -> float | None:
+        """When the loop must look again (None: only on messages)."""
+        if self.reader is None or (self.ended and not len(self.batcher)):
+            return None
+        return time.monotonic() + POLL_S
+
+    def acked(self, batch_id: int, preds: np.ndarray) -> None:
+        """A training batch was acknowledged: its events are trained."""
+        if self.plan is None:
+            return
+        batch = self.plan.acked(batch_id)
+        if batch is None:
+            return
+        self.tracker.trained(batch.messages, batch.counts)
+        released = self.tracker.done()
+        if released:
+            self.acknowledge(released)
+        n = len(batch.samples)
+        self.events_trained += n
+        if len(batch.event_time_s):
+            self.newest_trained_s = max(self.newest_trained_s, float(batch.event_time_s.max()))
+        if preds.shape == (n,):
+            self.progressive.add(batch.samples.labels, preds, batch.event_time_s)
+
+    def acknowledge(self, released: list[Delivery]) -> None:
+        """To the broker, by the reader's thread (the consumer's calls all on one thread)."""
+        if self.reader is not None:
+            self.reader.done(released)
+            self.messages_acked += len(released)
+
+    # -- figures -----------------------------------------------------------------------------
+    def counters(self) -> dict[str, object]:
+        r = self.reader
+        lag_messages = r.lag_messages if r is not None else None
+        per_message = (r.events_read / r.messages_read) if r is not None and r.messages_read \
+            else 1.0
+        lifetime = self.progressive.lifetime
+        last = self.progressive.windows[-1] if self.progressive.windows else None
+        return {"stream": {
+            "events_read": r.events_read if r is not None else 0,
+            "messages_read": r.messages_read if r is not None else 0,
+            "events_taken": self.events_taken,
+            "events_trained": self.events_trained, "events_rejected": self.events_rejected,
+            "messages_acked": self.messages_acked, "messages_held": len(self.tracker),
+            "duplicates_left_out": self.tracker.duplicates,
+            "lag_messages": lag_messages,
+            "lag_events": None if lag_messages is None else round(lag_messages * per_message),
+            "lag_s": (0.0 if not lag_messages else
+                      round(max(0.0, time.time() - self.newest_trained_s), 3))
+            if self.newest_trained_s and lag_messages is not None else None,
+            "broker_down_since": r.broker_down_since if r is not None else None,
+            "progressive_auc": lifetime.auc() if lifetime.samples else None,
+            "progressive_logloss": lifetime.logloss() if lifetime.samples else None,
+            "window_auc": last.auc if last is not None else None,
+            "windows_closed": self.progressive.closed, "ended": self.ended}}
+
+    def final_lag(self) -> tuple[int, int, float]:
+        """The broker's lag as the pass ends (messages, events, seconds; -1: unknown), once
+        every acknowledgement is settled (the loop waits for it, once). Nothing waiting is a
+        lag of 0 seconds; otherwise the seconds since the newest event trained."""
+        r = self.reader
+        if r is None:
+            return -1, -1, -1.0
+        lag = r.final_lag()
+        if lag is None:
+            return -1, -1, -1.0
+        per_message = r.events_read / r.messages_read if r.messages_read else 1.0
+        seconds = 0.0 if not lag else max(0.0, time.time() - self.newest_trained_s)
+        return lag, round(lag * per_message), round(seconds, 3)
+
+    def scores(self) -> StreamScores:
+        """This feeder's scores and counts for control's summary (at the pass's end)."""
+        h = self.progressive.lifetime
+        bins = np.flatnonzero(h.counts.reshape(-1))
+        lag_messages, lag_events, lag_s = self.final_lag()
+        return StreamScores(
+            events_read=self.events_taken,
+            events_trained=self.events_trained, events_rejected=self.events_rejected,
+            messages_acked=self.messages_acked, lag_messages=lag_messages,
+            lag_events=lag_events, lag_s=lag_s, loss_sum=h.loss_sum,
+            windows=[w.as_dict() for w in self.progressive.windows],
+            bins=bins.astype(np.int64), counts=h.counts.reshape(-1)[bins].astype(np.int64))
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            try:
+                self.reader.consumer.close()
+            except BrokerError:
+                pass

@@ -1,0 +1,75 @@
+"""Stream jobs end to end (docs/streams.md): the roles in this process, the events on a real
+nats-server with JetStream (the ``nats`` fixture), published by ``zbus-replay``'s code."""
+
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import orjson
+import pytest
+from harness import REPO
+
+from roles.events.publish import open_publisher
+from roles.job.settings import load_job
+from roles.tools.replay import replay
+from roles.tools.stream_reference import score_then_train
+
+ADULT_DATA = """[data]
+format = "csv"
+label = "income"
+positive = [">50K", ">50K."]
+negative = ["<=50K", "<=50K."]
+dense = ["age", "fnlwgt", "educational-num", "capital-gain", "capital-loss", "hours-per-week"]
+sparse = ["workclass", "education", "marital-status", "occupation", "relationship", "race",
+          "gender", "native-country"]
+"""
+
+
+def stream_job(tmp_path, url: str, topic: str, more: str = "") -> str:
+    path = tmp_path / "stream.toml"
+    path.write_text(f'name = "adult-stream"\n{ADULT_DATA}\n'
+                    f'[stream]\nurl = "{url}"\ntopic = "{topic}"\nwindow_events = 5000\n'
+                    f"warmup_events = 2000\n{more}\n"
+                    "[model]\nembedding_dim = 8\nhidden = [64, 32]\n"
+                    "[train]\nbatch_size = 256\n[cluster]\nworkers = 2\nshards = 2\n")
+    return str(path)
+
+
+def adult_csv(tmp_path):
+    path = tmp_path / "adult.csv"
+    path.write_bytes(gzip.decompress((REPO / "data" / "adult.csv.gz").read_bytes()))
+    return path
+
+
+@pytest.mark.integration   # the broker is a process
+@pytest.mark.inprocess      # the roles run in this one
+def test_a_nats_stream_trains_every_event_once_scored_before_it_is_trained(
+        cluster, nats, tmp_path):
+    data = adult_csv(tmp_path)
+    out = open_publisher(nats.url, "adult.events")
+    try:
+        events, messages, _ = replay(data, out, per_message=100)
+    finally:
+        out.close()
+    assert events == 48842 and messages == 489
+    job = stream_job(tmp_path, nats.url, "adult.events")
+    c = cluster(job, train__until_events=events)
+    assert c.job.train.sync == "step"   # a stream job's default
+    assert c.run_job() == 0, c.logs()
+    s = c.summary()
+    st = s["stream"]
+    assert st is not None, s
+    assert st["events_trained"] == events and st["events_read"] == events, st
+    assert st["events_trained_twice"] == 0 and st["events_rejected"] == 0, st
+    assert st["messages_acked"] == messages, st
+    assert st["lag_messages"] == 0 and st["lag_events"] == 0 and st["lag_s"] == 0.0, st
+    assert s["samples_trained"] == events
+    assert len(st["windows"]) == events // 5000
+    aucs = [w["auc"] for w in st["windows"]]
+    assert np.mean(aucs[-3:]) > aucs[0] + 0.2, aucs   # it learns as it goes
+    # against one process training the same events in the same order, test-then-train
+    alone = score_then_train(load_job(job, environ={}), str(data))
+    assert alone["events"] == events
+    assert abs(st["progressive_auc"] - alone["progressive_auc"]) <= 0.01, (st, alone)
+    assert orjson.loads((c.run_dir / "summary.json").read_bytes())["stream"] == st
