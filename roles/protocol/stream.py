@@ -38,7 +38,7 @@ as the pass ends (-1: the broker did not say)."""
     lag_events: int
     lag_s: float
     loss_sum: float
-    windows: Any
+    windows: list[dict[str, Any]]
     bins: np.ndarray = array("int64", 1)
     counts: np.ndarray = array("int64", 1)
 

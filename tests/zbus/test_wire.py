@@ -38,6 +38,7 @@ from roles.protocol.dense_sync import (
 from roles.protocol.lifecycle import EpochTrained, EvalReport
 from roles.protocol.model_parallel import MemberCall, MemberReply, MemberTensors
 from roles.protocol.placement import Handover, KeyCounts, Placement, WindowWork
+from roles.protocol.stream import StreamScores
 from zbus import sockets
 from zbus.codec import (
     MAX_HEADER_BYTES,
@@ -61,7 +62,8 @@ def sample(cls: type) -> Message:
         t = {s: k for s, k in cls._scalars}[f.name]
         values[f.name] = {int: 3, float: 0.5, str: "x", bool: True, dict[str, Any]: {"a": 1},
                           dict[str, int]: {"a": 1}, list[str]: ["worker-0"], list[int]: [7],
-                          list[float]: [0.5], list[list[int]]: [[3]]}[t]
+                          list[float]: [0.5], list[list[int]]: [[3]],
+                          list[dict[str, Any]]: [{"window": 0, "auc": 0.5}]}[t]
     if cls is BatchKeys:
         values.update(samples=2, bounds=[0, 2, 4], positions=np.array([0, 3], np.int32),
                       keys=np.array([-5, 2**62], np.int64))
@@ -71,6 +73,8 @@ def sample(cls: type) -> Message:
     if cls is Placement:
         values.update(phase="move", keys=np.array([-5, 9], np.int64),
                       owners=np.array([1, 0], np.int64))
+    if cls is StreamScores:
+        values.update(bins=np.array([1, 70_000], np.int64), counts=np.array([2, 1], np.int64))
     if cls is KeyCounts:
         values.update(counts=np.array([4, 2, 1], np.int64), errors=np.array([1, 0, 0], np.int64))
     if cls is WindowWork:
