@@ -10,7 +10,7 @@ from textual.widgets import ProgressBar, Static
 
 from console import format as fmt
 from console.charts import Chart, robust_limits, series
-from roles.protocol.status import EpochFigures, StatusSnapshot
+from roles.protocol.status import EpochFigures, StatusSnapshot, StreamView
 
 
 class TrainingPanel(Vertical):
@@ -28,10 +28,14 @@ class TrainingPanel(Vertical):
     def show(self, snap: StatusSnapshot) -> None:
         t = snap["training"]
         epoch = snap["epoch"]
+        stream = snap.get("stream")
         shown = f"epoch {epoch + 1} of {snap['epochs']}" if epoch >= 0 else "not started"
-        self.query_one("#epoch-line", Static).update(
-            f"{shown}   phase {snap['phase']}   ETA epoch {fmt.duration(t['eta_epoch_s'])}, "
-            f"job {fmt.duration(t['eta_job_s'])}")
+        if stream is not None:
+            self.query_one("#epoch-line", Static).update(stream_line(stream, snap["phase"]))
+        else:
+            self.query_one("#epoch-line", Static).update(
+                f"{shown}   phase {snap['phase']}   ETA epoch "
+                f"{fmt.duration(t['eta_epoch_s'])}, job {fmt.duration(t['eta_job_s'])}")
         bar = self.query_one("#epoch-progress", ProgressBar)
         bar.update(total=max(1, t["samples_per_epoch"]),
                    progress=min(t["epoch_samples"], t["samples_per_epoch"]))
@@ -46,11 +50,37 @@ class TrainingPanel(Vertical):
             note="the loss of each interval's acknowledged samples")
         self.query_one("#speed-plot", Chart).show(
             [series("samples/s", h["t"], h["samples_per_s"])])
-        done = [(e["epoch"] + 1, e["auc"]) for e in t["epochs"] if e["auc"] is not None]
-        self.query_one("#auc-plot", Chart).show(
-            [series("auc", [x for x, _ in done], [y for _, y in done])],
-            note="no epoch evaluated yet")
+        if stream is not None:   # the lag over time in place of each epoch's eval AUC
+            sh = stream["history"]
+            self.query_one("#auc-plot", Chart).show(
+                [series("lag (events)", sh["t"], sh["lag_events"])],
+                title="stream lag, events" + ("  GROWING" if stream["growing"] else ""),
+                note="the broker has not said its lag yet")
+        else:
+            done = [(e["epoch"] + 1, e["auc"]) for e in t["epochs"] if e["auc"] is not None]
+            self.query_one("#auc-plot", Chart).show(
+                [series("auc", [x for x, _ in done], [y for _, y in done])],
+                note="no epoch evaluated yet")
         self.query_one(EpochsTable).show(t["epochs"])
+
+
+def stream_line(stream: StreamView, phase: str) -> Text:
+    """A stream job's line: events trained, the lag (red while it grows), the progressive
+    AUC."""
+    lag = fmt.DASH if stream["lag_events"] is None else fmt.count(stream["lag_events"])
+    lag_s = fmt.DASH if stream["lag_s"] is None else f"{stream['lag_s']:.1f} s"
+    aucs = [r["progressive_auc"] for r in stream["feeders"] if r["progressive_auc"] is not None]
+    auc = f"{min(aucs):.4f}" if len(aucs) == 1 else (
+        f"{min(aucs):.4f}–{max(aucs):.4f}" if aucs else fmt.DASH)
+    down = any(r["broker_down_since"] is not None for r in stream["feeders"])
+    text = Text(f"stream   phase {phase}   {fmt.count(stream['events_trained'])} events "
+                "trained   ")
+    text.append(f"lag {lag} events ({lag_s})",
+                style="bold red" if stream["growing"] or down else "")
+    if down:
+        text.append("   broker unreachable", style="bold red")
+    text.append(f"   progressive AUC {auc}")
+    return text
 
 
 class EpochsTable(Static):

@@ -18,6 +18,7 @@ from typing import cast
 
 from roles.algorithms.control.membership import ALIVE
 from roles.algorithms.control.status import StatusBuilder
+from roles.algorithms.control.stream_status import StreamStatus
 from roles.algorithms.control.summary import field_figures
 from roles.algorithms.shared import live
 from roles.control.commands import ProgressClock
@@ -122,6 +123,7 @@ class StatusView:
         self.run_dir = str(parts.exports.run_dir)
         self.members = parts.members
         self.builder = builder
+        self.stream = StreamStatus() if parts.course.job.streaming else None
         self.course = parts.course
         self.rounds = parts.rounds
         self.feeding = parts.feeding
@@ -223,6 +225,8 @@ class StatusView:
             "checkpoint": self.checkpoints.status(now, course.phase == "training"),
             "waiting": [] if self.final else self.waits(now, uptime_s),
             "final": self.final,
+            "stream": None if self.stream is None else self.stream.view(
+                uptime_s, {n: st.counters for n, st in nodes.items() if st.role == "feeder"}),
         }
 
 

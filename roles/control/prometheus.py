@@ -22,7 +22,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from roles.protocol.status import EmbeddingsView, NodeRow, StatusSnapshot
+from roles.protocol.status import EmbeddingsView, NodeRow, StatusSnapshot, StreamView
 
 PHASES = ("starting", "preparing", "training", "syncing", "evaluating", "exporting",
           "finishing", "done")
@@ -80,6 +80,9 @@ def families(snap: StatusSnapshot) -> Families:
                   "pass, an export) has got, 0 to 1", labels, (_num(t.get("done")) or 0) / total)
         f.add("zbus_task_eta_seconds", "Seconds a long task still needs, at its rate so far",
               labels, t.get("eta_s"))
+    stream = snap.get("stream")
+    if stream:
+        _stream(f, job, stream)
     for w in snap.get("waiting", []):
         f.add("zbus_waiting_seconds_left", "The job waits for this node (to join, or to be "
               "restarted): seconds before it gives up", {"node": str(w["node"])}, w["left_s"])
@@ -158,6 +161,32 @@ def _job(f: Families, job: dict[str, str], snap: StatusSnapshot) -> None:
     if final:
         f.add("zbus_job_ended", "1 once the job has ended, by how", {
             **job, "status": str(final.get("status"))}, 1)
+
+
+def _stream(f: Families, job: dict[str, str], s: StreamView) -> None:
+    f.add("zbus_stream_lag_events", "A stream job: events the broker holds for the job and "
+          "that are not acknowledged", job, s["lag_events"])
+    f.add("zbus_stream_lag_seconds", "A stream job: seconds from the newest event trained to "
+          "now (0 when nothing waits)", job, s["lag_s"])
+    f.add("zbus_stream_lag_growing", "1 while the stream's lag rises status after status",
+          job, s["growing"])
+    for r in s["feeders"]:
+        labels = {**job, "node": r["node"]}
+        f.add("zbus_stream_events_trained", "Events of the stream trained", labels,
+              r["events_trained"], counter=True)
+        f.add("zbus_stream_events_read", "Events of the stream read", labels,
+              r["events_read"], counter=True)
+        f.add("zbus_stream_events_rejected", "Events of the stream set aside (malformed)",
+              labels, r["events_rejected"], counter=True)
+        f.add("zbus_stream_feeder_lag_events", "A feeder's share of the lag, in events", labels,
+              r["lag_events"])
+        f.add("zbus_stream_progressive_auc", "Progressive validation: the AUC of every event "
+              "scored before it was trained, over the feeder's events", labels,
+              r["progressive_auc"])
+        f.add("zbus_stream_window_auc", "Progressive validation: the AUC of the newest closed "
+              "window", labels, r["window_auc"])
+        f.add("zbus_stream_broker_down", "1 while the feeder cannot reach the broker", labels,
+              r["broker_down_since"] is not None)
 
 
 def _node(f: Families, labels: dict[str, str], n: NodeRow) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any, NotRequired, TypedDict
 
-# 2: tasks, waiting, final, checkpoint
-STATUS_LAYOUT = 2
+# 3: stream; 2: tasks, waiting, final, checkpoint
+STATUS_LAYOUT = 3
 
 
 class TaskFigures(TypedDict):
@@ -194,6 +194,32 @@ class CheckpointView(TypedDict):
     rollbacks: list[dict[str, Any]]         # checkpoint, round, epoch, at_s, retrained_samples
 
 
+class StreamRow(TypedDict):
+    """A stream job's feeder (docs/streams.md, "Figures"), from its last heartbeat."""
+
+    node: str
+    events_read: int
+    events_trained: int
+    events_rejected: int
+    lag_events: int | None
+    lag_s: float | None
+    progressive_auc: float | None
+    window_auc: float | None
+    broker_down_since: float | None
+
+
+class StreamView(TypedDict):
+    """A stream job's figures: each feeder's, the job's totals, and the recent lag (one point
+    per status, the newest ``HISTORY_POINTS``; ``growing``: the lag rose over the last few)."""
+
+    feeders: list[StreamRow]
+    events_trained: int
+    lag_events: int | None
+    lag_s: float | None
+    growing: bool
+    history: dict[str, list[float | None]]   # t, lag_events, lag_s, events_per_s
+
+
 class Wait(TypedDict):
     """A node the job waits for (to join, to be restarted), the command that starts it ("" when
     it is not to be started by hand, or not yet: it runs, or a supervisor is starting it), how
@@ -245,3 +271,4 @@ class StatusSnapshot(TypedDict):
     checkpoint: CheckpointView
     waiting: list[Wait]
     final: Final | None
+    stream: StreamView | None

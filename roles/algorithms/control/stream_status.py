@@ -1,0 +1,70 @@
+"""A stream job's part of the status (pure): each feeder's stream figures from its last
+heartbeat's counters, the job's totals, and the recent lag, one point per status
+(``StreamStatus``; docs/streams.md, "Figures")."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from roles.protocol.status import StreamRow, StreamView
+
+HISTORY_POINTS = 120
+GROWING_POINTS = 4   # the lag rose at each of this many statuses in a row: it grows
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
+
+
+class StreamStatus:
+    def __init__(self) -> None:
+        self.history: deque[tuple[float, int | None, float | None, float | None]] = \
+            deque(maxlen=HISTORY_POINTS)
+        self.last: tuple[float, int] | None = None   # (t, events trained) of the last point
+
+    def view(self, t: float, counters: dict[str, dict[str, Any]]) -> StreamView:
+        """``counters``: each feeder's last heartbeat counters, by node; ``t``: seconds since
+        control started."""
+        rows: list[StreamRow] = []
+        for node, c in sorted(counters.items()):
+            st = c.get("stream")
+            if not isinstance(st, dict):
+                continue
+            rows.append({"node": node, "events_read": _int(st.get("events_read")) or 0,
+                         "events_trained": _int(st.get("events_trained")) or 0,
+                         "events_rejected": _int(st.get("events_rejected")) or 0,
+                         "lag_events": _int(st.get("lag_events")),
+                         "lag_s": _float(st.get("lag_s")),
+                         "progressive_auc": _float(st.get("progressive_auc")),
+                         "window_auc": _float(st.get("window_auc")),
+                         "broker_down_since": _float(st.get("broker_down_since"))})
+        trained = sum(r["events_trained"] for r in rows)
+        lags = [r["lag_events"] for r in rows]
+        lag = None if not rows or any(v is None for v in lags) else sum(
+            v for v in lags if v is not None)
+        seconds = [r["lag_s"] for r in rows if r["lag_s"] is not None]
+        lag_s = max(seconds) if seconds else None
+        rate = None
+        if self.last is not None and t > self.last[0]:
+            rate = round(max(0.0, (trained - self.last[1]) / (t - self.last[0])), 1)
+        if self.last is None or t > self.last[0]:
+            self.history.append((round(t, 2), lag, lag_s, rate))
+            self.last = (t, trained)
+        recent = [p[1] for p in list(self.history)[-GROWING_POINTS - 1:]]
+        growing = len(recent) == GROWING_POINTS + 1 and all(
+            a is not None and b is not None and b > a for a, b in zip(recent, recent[1:], strict=False))
+        points = list(self.history)
+        return {"feeders": rows, "events_trained": trained, "lag_events": lag, "lag_s": lag_s,
+                "growing": growing,
+                "history": {"t": [p[0] for p in points],
+                            "lag_events": [None if p[1] is None else float(p[1])
+                                           for p in points],
+                            "lag_s": [p[2] for p in points],
+                            "events_per_s": [p[3] for p in points]}}

@@ -1,0 +1,47 @@
+"""A stream job's part of the status (``roles.algorithms.control.stream_status``), its
+Prometheus figures and the console's line of it."""
+
+from __future__ import annotations
+
+from console.training import stream_line
+from roles.algorithms.control.stream_status import GROWING_POINTS, StreamStatus
+from roles.control.prometheus import Families, _stream
+
+
+def feeder(trained: int, lag: int | None, auc: float | None = 0.8, down: float | None = None):
+    return {"stream": {"events_read": trained + 10, "events_trained": trained,
+                       "events_rejected": 1, "lag_events": lag, "lag_s": 0.5,
+                       "progressive_auc": auc, "window_auc": auc, "broker_down_since": down}}
+
+
+def test_the_jobs_lag_adds_the_feeders_up_and_is_unknown_while_one_has_not_said():
+    s = StreamStatus()
+    v = s.view(1.0, {"feeder-0": feeder(100, 20), "feeder-1": feeder(50, 5)})
+    assert v["events_trained"] == 150 and v["lag_events"] == 25 and v["lag_s"] == 0.5
+    assert [r["node"] for r in v["feeders"]] == ["feeder-0", "feeder-1"]
+    v = s.view(2.0, {"feeder-0": feeder(300, 20), "feeder-1": feeder(50, None)})
+    assert v["lag_events"] is None
+    assert v["history"]["events_per_s"][-1] == 200.0   # (350 - 150) / 1 s
+
+
+def test_a_lag_that_rises_at_every_status_is_growing_and_one_that_falls_is_not():
+    s = StreamStatus()
+    for i in range(GROWING_POINTS):
+        assert not s.view(float(i), {"feeder-0": feeder(10 * i, 100 * i)})["growing"]
+    v = s.view(float(GROWING_POINTS), {"feeder-0": feeder(99, 100 * GROWING_POINTS)})
+    assert v["growing"]
+    assert "red" in str(stream_line(v, "training").spans)
+    v = s.view(GROWING_POINTS + 1.0, {"feeder-0": feeder(120, 0)})
+    assert not v["growing"]
+    assert "red" not in str(stream_line(v, "training").spans)
+
+
+def test_prometheus_has_the_lag_and_each_feeders_figures():
+    v = StreamStatus().view(1.0, {"feeder-0": feeder(100, 7, down=12.0)})
+    f = Families()
+    _stream(f, {"job": "j"}, v)
+    assert f.made["zbus_stream_lag_events"].samples[0].value == 7
+    assert f.made["zbus_stream_broker_down"].samples[0].value == 1
+    assert f.made["zbus_stream_progressive_auc"].samples[0].labels == {"job": "j",
+                                                                        "node": "feeder-0"}
+    assert "broker unreachable" in stream_line(v, "training").plain
