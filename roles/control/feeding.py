@@ -236,10 +236,13 @@ class Feeding:
         live = [n.index for n in self.members.nodes.values()
                 if n.role == "feeder" and n.status == ALIVE and n.index != lost]
         m = self.part_map
-        if m is None or (not live and not restarts):
+        # a stream job's part stays its feeder's: the broker holds what it had not
+        # acknowledged, for it (or the feeders left) to read again
+        alone = not live or self.job.streaming
+        if m is None or (alone and not restarts):
             return False
         self.members.fail(node_id, now, reason)
-        if not live:
+        if alone:
             log.warning("%s; waiting up to %.0f s for it to restart from its ack log", reason,
                         self.job.train.recovery_timeout_s)
             self.feeder_down(node_id, now, epoch=epoch, phase=phase)

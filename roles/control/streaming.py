@@ -8,6 +8,7 @@ job's progressive AUC and log loss) and their last counters.
 from __future__ import annotations
 
 import logging
+import math
 
 from roles.algorithms.shared.metrics import ScoreHistogram
 from roles.control.commands import Commands
@@ -64,7 +65,9 @@ class StreamCourse:
             lifetime.merge(ScoreHistogram(m.histogram_counts(), m.loss_sum))
             windows += [{"feeder": node_id, **w} for w in m.windows]
         scores = list(self.scores.values())
-        known = bool(scores) and all(m.lag_messages >= 0 for m in scores)
+        # every feeder's, or the lag is not known (a feeder that never reported its end)
+        known = len(scores) == self.job.cluster.feeders and all(
+            m.lag_messages >= 0 for m in scores)
         return StreamFigures(
             events_read=sum(m.events_read for m in scores),
             events_trained=sum(m.events_trained for m in scores),
@@ -74,6 +77,11 @@ class StreamCourse:
             lag_events=sum(m.lag_events for m in scores) if known else None,
             lag_messages=sum(m.lag_messages for m in scores) if known else None,
             lag_s=max(m.lag_s for m in scores) if known else None,
-            progressive_auc=float(lifetime.auc()) if lifetime.samples else None,
-            progressive_logloss=float(lifetime.logloss()) if lifetime.samples else None,
+            progressive_auc=_finite(lifetime.auc()) if lifetime.samples else None,
+            progressive_logloss=_finite(lifetime.logloss()) if lifetime.samples else None,
             windows=windows, ended_by=self.ended_by)
+
+
+def _finite(x: float) -> float | None:
+    """None for an AUC of one class only (NaN)."""
+    return float(x) if math.isfinite(x) else None

@@ -109,17 +109,21 @@ class KafkaConsumer:
         group while this one holds the partition."""
 
     def lag(self) -> dict[int, int]:
-        """Per partition this feeder owns: the messages after its committed offset."""
+        """Per partition this feeder owns: the messages after its done prefix (what it
+        commits), against the partition's end as the last fetch saw it (librdkafka's cached
+        watermarks: no round trip; one of at most a second when none is cached). Asking the
+        group coordinator for the committed offsets each second held the reader's fetches
+        up for seconds at a time against the mock cluster."""
         from confluent_kafka import TopicPartition
-        owned = [TopicPartition(self.topic, p) for p in sorted(self._marks)]
-        if not owned:
-            return {}
-        committed = self._consumer.committed(owned, timeout=self._timeout_s)
         out = {}
-        for tp in committed:
-            low, high = self._consumer.get_watermark_offsets(
-                TopicPartition(self.topic, tp.partition), timeout=self._timeout_s)
-            out[tp.partition] = high - (tp.offset if tp.offset >= 0 else low)
+        for p, mark in sorted(self._marks.items()):
+            tp = TopicPartition(self.topic, p)
+            low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            if high < 0:
+                low, high = self._consumer.get_watermark_offsets(
+                    tp, timeout=min(1.0, self._timeout_s))
+            floor = mark.floor if mark.floor is not None else low
+            out[p] = max(0, high - floor)
         return out
 
     def close(self) -> None:

@@ -4,10 +4,12 @@ waits on the broker; the loop takes what is read (``take``) when it has room for
 
 At most ``max_messages`` messages wait decoded and not taken (the loop's batches in flight are
 bounded by its ledger): memory does not grow with the stream. A broker that stops answering
-(``BrokerError`` from a fetch) is retried every ``retry_s`` (the clients reconnect by
+(``BrokerError``, or a client's own exception, from a fetch) is retried every ``retry_s`` (the
+clients reconnect by
 themselves); ``broker_down_since`` says since when, for the status and the console, and the
 lag grows meanwhile. The consumer itself is the loop's for acknowledging (``done``,
-``working``): the clients are safe to call from two threads.
+``working``) through this thread: every call on the consumer is made here (a Kafka consumer
+called from two threads blocked).
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ import queue
 import threading
 import time
 
-from roles.events import BrokerError, Consumer, Delivery
+from roles.events import Consumer, Delivery
 from roles.events.decode import Decoded, EventDecoder
 
 log = logging.getLogger(__name__)
 FETCH_WAIT_S = 0.05  # a fetch waits this long for a first message (acks wait as long)
 LAG_EVERY_S = 1.0    # the broker is asked for the group's lag this often
+WORKING_S = 5.0      # messages read and not taken this long are said in progress
 
 
 class EventReader:
@@ -45,6 +48,7 @@ class EventReader:
         # threads at once blocked (a commit behind a committed(), measured)
         self._calls: queue.Queue[tuple[str, list[Delivery]]] = queue.Queue()
         self._fetching = True
+        self._queued: list[tuple[float, list[Delivery]]] = []   # read, not taken: since when
         self._final: queue.Queue[int | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="event-reader", daemon=True)
         self._thread.start()
@@ -66,7 +70,7 @@ class EventReader:
                 continue
             try:
                 got = self.consumer.fetch(room, FETCH_WAIT_S)
-            except BrokerError as exc:
+            except Exception as exc:   # BrokerError, or a client's own on a reconnect
                 if self.broker_down_since is None:
                     self.broker_down_since = time.time()
                     log.warning("the stream's broker: %s (trying again)", exc)
@@ -82,12 +86,15 @@ class EventReader:
                 decoded = self.decoder.decode(got)
                 with self._changed:
                     self._held += len(got)
+                    self._queued.append((time.monotonic(), got))
                 self.messages_read += len(got)
                 self.events_read += decoded.events
                 self._queue.put((got, decoded))
 
     def _serve(self) -> None:
-        """The loop's acknowledgements, in-progress acks and its last question."""
+        """The loop's acknowledgements, in-progress acks and its last question; messages read
+        and not yet taken that have waited ``WORKING_S`` are said in progress."""
+        self._keep_queued()
         while True:
             try:
                 what, deliveries = self._calls.get_nowait()
@@ -101,10 +108,30 @@ class EventReader:
                 else:   # "final": every ack settled, then the lag
                     self.consumer.settle()
                     self._final.put(sum(self.consumer.lag().values()))
-            except BrokerError as exc:   # not acknowledged: the broker delivers it again
+            except Exception as exc:   # not acknowledged: the broker delivers it again
                 log.warning("the stream's broker: %s", exc)
                 if what == "final":
                     self._final.put(None)
+
+    def _keep_queued(self) -> None:
+        now = time.monotonic()
+        with self._changed:
+            due = [d for at, d in self._queued if now - at >= WORKING_S]
+            self._queued = [(now if now - at >= WORKING_S else at, d)
+                            for at, d in self._queued]
+        if due:
+            try:
+                self.consumer.working([x for d in due for x in d])
+            except Exception as exc:
+                log.warning("the stream's broker: %s", exc)
+
+    def stopped(self) -> bool:
+        """Closed, and the thread has ended (the consumer may be closed)."""
+        return self._stop.is_set() and not self._thread.is_alive()
+
+    def alive(self) -> bool:
+        """The thread runs (it ends only when closed)."""
+        return self._thread.is_alive() or self._stop.is_set()
 
     def done(self, deliveries: list[Delivery]) -> None:
         """Acknowledge these messages to the broker (on this thread, within a fetch's wait)."""
@@ -134,8 +161,8 @@ class EventReader:
         self._lag_at = now
         try:
             self.lag_messages = sum(self.consumer.lag().values())
-        except BrokerError:
-            pass   # said at the next fetch
+        except Exception:   # a broker away: said at the next fetch
+            pass
 
     def take(self) -> list[tuple[list[Delivery], Decoded]]:
         """What has been read since the last take (never waits); its room is free again."""
@@ -148,6 +175,7 @@ class EventReader:
         if out:
             with self._changed:
                 self._held -= sum(len(d) for d, _ in out)
+                self._queued = self._queued[len(out):]   # taken in the order queued
                 self._changed.notify_all()
         return out
 
@@ -158,4 +186,7 @@ class EventReader:
         with self._changed:
             self._changed.notify_all()
         self._thread.join(timeout=10)
+        if self._thread.is_alive():   # inside a broker call: the consumer is still its own
+            log.warning("the stream's reader did not stop within 10 s")
+            return
         self._serve()   # acknowledgements asked for before the stop

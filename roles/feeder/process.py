@@ -410,6 +410,9 @@ class Feeder(Node):
         """A stream job: the statistics once its first events are in, then the events read
         into batches; the loop looks again in a few milliseconds."""
         assert self.stream is not None
+        if self.stream.reader_failed():
+            self.fail("the stream's reader thread ended (its log says why)")
+            return
         stats = self.stream.statistics_due(now) if self.passes.has_map() else None
         if stats is not None:   # after control's part map, as a file's statistics are
             self.to_control(stats)

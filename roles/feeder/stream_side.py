@@ -61,6 +61,11 @@ class _Held:
     times: np.ndarray    # float64 [n]
 
 
+def finite(x: float) -> float | None:
+    """A figure, None when it is not one (an AUC of one class only is NaN)."""
+    return float(x) if np.isfinite(x) else None
+
+
 def select_rows(block: RawBlock, rows: np.ndarray) -> RawBlock:
     """The block's rows ``rows`` (its rejected rows stay with it)."""
     at = pa.array(rows, type=pa.int64())
@@ -157,20 +162,28 @@ class StreamSide:
     def poll(self, now: float) -> bool:
         """Take what the reader has read (while the batcher has room); whether any event
         came. Held messages due an in-progress ack get one."""
-        if self.reader is None or self.ended:
+        if self.reader is None:
             return False
-        if self.preparer is not None and \
-                len(self.batcher) >= HELD_BATCHES * self.job.train.batch_size:
-            return False
-        came = False
-        for deliveries, decoded in self.reader.take():
-            came |= self.take(deliveries, decoded, now)
-        if now - self.working_at >= WORKING_EVERY_S:
+        if now - self.working_at >= WORKING_EVERY_S:   # held, waiting or ended alike
             self.working_at = now
             overdue = self.tracker.overdue(now, WORKING_EVERY_S)
             if overdue:
                 self.reader.working(overdue)
+        if self.ended or self.full():
+            return False
+        came = False
+        for deliveries, decoded in self.reader.take():
+            came |= self.take(deliveries, decoded, now)
         return came
+
+    def full(self) -> bool:
+        """Enough waits: before the statistics, the warm-up's events; after, 8 batches."""
+        if self.preparer is None:
+            return self.warm_read >= self.config.warmup_events
+        return len(self.batcher) >= HELD_BATCHES * self.job.train.batch_size
+
+    def reader_failed(self) -> bool:
+        return self.reader is not None and not self.reader.alive()
 
     def take(self, deliveries: list[Delivery], decoded: Decoded, now: float) -> bool:
         fresh = self.tracker.add(deliveries, now)
@@ -321,9 +334,9 @@ class StreamSide:
                       round(max(0.0, time.time() - self.newest_trained_s), 3))
             if self.newest_trained_s and lag_messages is not None else None,
             "broker_down_since": r.broker_down_since if r is not None else None,
-            "progressive_auc": lifetime.auc() if lifetime.samples else None,
-            "progressive_logloss": lifetime.logloss() if lifetime.samples else None,
-            "window_auc": last.auc if last is not None else None,
+            "progressive_auc": finite(lifetime.auc()) if lifetime.samples else None,
+            "progressive_logloss": finite(lifetime.logloss()) if lifetime.samples else None,
+            "window_auc": finite(last.auc) if last is not None else None,
             "windows_closed": self.progressive.closed, "ended": self.ended}}
 
     def final_lag(self) -> tuple[int, int, float]:
@@ -356,7 +369,8 @@ class StreamSide:
     def close(self) -> None:
         if self.reader is not None:
             self.reader.close()
-            try:
-                self.reader.consumer.close()
-            except BrokerError:
-                pass
+            if self.reader.stopped():   # else the thread is still inside a broker call
+                try:
+                    self.reader.consumer.close()
+                except Exception as exc:   # a broker gone: nothing more to say to it
+                    log.info("closing the stream's consumer: %s", exc)

@@ -74,24 +74,3 @@ def test_a_nats_stream_trains_every_event_once_scored_before_it_is_trained(
     assert abs(st["progressive_auc"] - alone["progressive_auc"]) <= 0.01, (st, alone)
     assert orjson.loads((c.run_dir / "summary.json").read_bytes())["stream"] == st
 
-
-@pytest.mark.inprocess   # librdkafka's mock cluster runs in this process too
-def test_a_kafka_stream_trains_every_event_once_and_commits_every_offset(cluster, tmp_path):
-    from roles.testbed.kafka_mock import MockKafka
-    data = adult_csv(tmp_path)
-    kafka = MockKafka()
-    try:
-        out = open_publisher(kafka.url, "adult")
-        try:
-            events, messages, _ = replay(data, out, per_message=100)
-        finally:
-            out.close()
-        c = cluster(stream_job(tmp_path, kafka.url, "adult"), train__until_events=events)
-        assert c.run_job() == 0, c.logs()
-        st = c.summary()["stream"]
-        assert st is not None
-        assert st["events_trained"] == events == 48842 and st["events_trained_twice"] == 0
-        assert st["messages_acked"] == messages and st["lag_messages"] == 0, st
-        assert st["progressive_auc"] > 0.84, st   # the NATS test compares with one process
-    finally:
-        kafka.close()

@@ -59,7 +59,8 @@ class StreamStatus:
             self.last = (t, trained)
         recent = [p[1] for p in list(self.history)[-GROWING_POINTS - 1:]]
         growing = len(recent) == GROWING_POINTS + 1 and all(
-            a is not None and b is not None and b > a for a, b in zip(recent, recent[1:], strict=False))
+            a is not None and b is not None and b > a
+            for a, b in zip(recent, recent[1:], strict=False))
         points = list(self.history)
         return {"feeders": rows, "events_trained": trained, "lag_events": lag, "lag_s": lag_s,
                 "growing": growing,

@@ -22,6 +22,8 @@ url = "nats://127.0.0.1:4222"
 topic = "t"
 [train]
 until_events = 1000
+[cluster]
+feeders = 2
 """
 
 
@@ -81,6 +83,20 @@ def test_the_jobs_progressive_auc_is_that_of_every_feeders_scores_together():
     assert s["events_trained"] == 4000 and s["lag_events"] == 0
     assert abs(s["progressive_auc"] - exact_auc(labels, probs)) < 1e-3
     assert [w["feeder"] for w in s["windows"]] == ["feeder-0", "feeder-1"]
+
+
+def test_the_lag_is_not_known_while_a_feeder_has_not_reported_its_end():
+    course = StreamCourse(parse_job(JOB, environ={}), Commands(lambda m: None))
+    course.scored("feeder-0", scores(np.array([0.0, 1.0]), np.array([0.2, 0.7]), 2))
+    s = course.summary(rows_repeated=0)
+    assert s is not None and s["lag_events"] is None and s["events_trained"] == 2
+
+
+def test_an_auc_of_one_class_only_is_none_not_nan():
+    course = StreamCourse(parse_job(JOB, environ={}), Commands(lambda m: None))
+    course.scored("feeder-0", scores(np.zeros(5), np.full(5, 0.3), 5))
+    s = course.summary(rows_repeated=0)
+    assert s is not None and s["progressive_auc"] is None and s["progressive_logloss"] > 0
 
 
 def test_a_job_that_reads_files_has_no_stream_figures():
