@@ -66,6 +66,15 @@ def finite(x: float) -> float | None:
     return float(x) if np.isfinite(x) else None
 
 
+def event_samples(preparer: Preparer, block: RawBlock,
+                  weights: np.ndarray | None = None) -> Samples:
+    """Events to samples, one each (none dropped nor merged): keys hashed as a file's rows,
+    the dense transform, ``weights`` (None: 1)."""
+    return Samples(preparer.keys(block), preparer.transform.apply(block.dense),
+                   block.labels.astype(np.float32),
+                   np.ones(len(block), dtype=np.float32) if weights is None else weights)
+
+
 def select_rows(block: RawBlock, rows: np.ndarray) -> RawBlock:
     """The block's rows ``rows`` (its rejected rows stay with it)."""
     at = pa.array(rows, type=pa.int64())
@@ -241,17 +250,14 @@ class StreamSide:
         from the newest event time seen so far (nothing is dropped nor merged: each event is
         trained once as it comes)."""
         assert self.preparer is not None
-        keys = self.preparer.keys(block)
-        dense = self.preparer.transform.apply(block.dense)
-        labels = block.labels.astype(np.float32)
-        weights = np.ones(len(labels), dtype=np.float32)
+        weights = None
         d = self.job.data
         if d.decay_base > 1.0 and block.timestamps is not None and len(block.timestamps):
             t = block.timestamps.astype(np.float64)
             self.decay_newest = max(self.decay_newest, float(t.max()))
             age = (self.decay_newest - t) / DECAY_UNITS[d.decay_unit]
             weights = np.power(d.decay_base, -age).astype(np.float32)
-        return Samples(keys, dense, labels, weights)
+        return event_samples(self.preparer, block, weights)
 
     # -- the pass --------------------------------------------------------------------------
     def begin(self, epoch: int) -> StreamPass:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
-
-import numpy as np
+from functools import partial
 
 from roles.algorithms.shared.progressive import Progressive
 from roles.data.readers import RawBlock
@@ -21,6 +20,7 @@ from roles.data.source import DataSource
 from roles.data.stats import Moments
 from roles.data.stream import Preparer, Samples
 from roles.data.transforms import DenseTransform, signed_log1p
+from roles.feeder.stream_side import event_samples
 from roles.job.settings import Job
 from roles.job.stream_settings import StreamConfig
 from roles.model.network import set_threads
@@ -57,15 +57,6 @@ def batches(blocks: Iterator[RawBlock], prepare: Callable[[RawBlock], Samples],
         yield Samples.join(waiting) if len(waiting) > 1 else waiting[0]
 
 
-def unweighted(preparer: Preparer) -> Callable[[RawBlock], Samples]:
-    """Events to samples as a stream job's feeder makes them without decay: keys, the dense
-    transform, weight 1."""
-    def prepare(block: RawBlock) -> Samples:
-        return Samples(preparer.keys(block), preparer.transform.apply(block.dense),
-                       block.labels.astype(np.float32), np.ones(len(block), dtype=np.float32))
-    return prepare
-
-
 def warmup_transform(job: Job, source: DataSource) -> DenseTransform:
     """The dense transform of the first ``warmup_events`` events, as a stream job makes it."""
     moments, seen = Moments.empty(len(job.dense_fields)), 0
@@ -87,7 +78,7 @@ def score_then_train(job: Job, path: str, threads: int = 0) -> dict:
     fjob = file_job(job, path)
     source = DataSource(fjob)
     transform = warmup_transform(job, source)
-    prepare = unweighted(Preparer(fjob.layout(), transform, None))
+    prepare = partial(event_samples, Preparer(fjob.layout(), transform, None))  # no decay
     ref = Reference(fjob)
     progressive = Progressive(job.stream.window_events)
     started = time.perf_counter()
