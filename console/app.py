@@ -238,9 +238,6 @@ class ZbusConsole(App):
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         self.show_tab()
-        # and again once laid out: a progress bar rounds its fill to its width when it is set
-        # (set in a tab not yet laid out, it kept a fill that its width does not round to)
-        self.call_after_refresh(self.show_tab)
         if event.pane.id == "nodes":  # the arrow keys select a node at once
             self.query_one(NodeTable).focus()
 

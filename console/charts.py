@@ -97,11 +97,18 @@ class Chart(PlotextPlot):
         self.shown = 0   # times the series changed (tests look at what is shown, not pixels)
 
     def show(self, lines: Sequence[Series], *, title: str | None = None,
-             ylim: tuple[float, float] | None = None, note: str = "") -> None:
+             ylim: tuple[float, float] | None = None, note: str = "",
+             xlabel: str | None = None, whole_x: bool | None = None) -> None:
+        """The series (``title``, ``xlabel``, ``whole_x``: in place of the chart's own, for a
+        chart that shows one thing or another: an epoch's AUC, or a stream's lag)."""
         lines, title = tuple(lines), self.title if title is None else title
-        if (lines, title, ylim, note) == (self.lines, self.title, self.ylim, self.note):
+        xlabel = self.xlabel if xlabel is None else xlabel
+        whole_x = self.whole_x if whole_x is None else whole_x
+        if (lines, title, ylim, note, xlabel, whole_x) == \
+                (self.lines, self.title, self.ylim, self.note, self.xlabel, self.whole_x):
             return
         self.lines, self.title, self.ylim, self.note = lines, title, ylim, note
+        self.xlabel, self.whole_x = xlabel, whole_x
         self.shown += 1
         self.refresh()
 

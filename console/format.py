@@ -248,7 +248,10 @@ def top_line(s: StatusSnapshot | None, connected: bool, detail: str,
     epoch = f"epoch {s['epoch'] + 1}/{s['epochs']}" if s["epoch"] >= 0 else "epoch -"
     t = s["training"]
     share = ""
-    if s["epoch"] >= 0 and t.get("samples_per_epoch"):
+    stream = s.get("stream")
+    if stream is not None:   # no epochs: the events trained so far
+        epoch = f"stream {count(stream['events_trained'])} events"
+    elif s["epoch"] >= 0 and t.get("samples_per_epoch"):
         share = f" {min(1.0, t['epoch_samples'] / t['samples_per_epoch']):.0%}"
     waiting = [w["node"] for w in s.get("waiting") or []] if s["phase"] != "starting" else []
     parts: list[Part] = [

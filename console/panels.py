@@ -12,10 +12,11 @@ from collections import Counter, deque
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widgets import DataTable, ProgressBar, Static
+from textual.widgets import DataTable, Static
 
 from console import format as fmt
 from console.charts import Chart, series
+from console.fill import FillBar
 from roles.protocol.status import StatusSnapshot
 
 CLUSTER_POINTS = 300   # the Cluster tab's charts: one point per second of control's clock
@@ -125,7 +126,7 @@ class TasksPanel(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(id="tasks-line")
-        yield ProgressBar(total=100, show_eta=False, id="tasks-bar")
+        yield FillBar(id="tasks-bar")
 
     def show(self, snap: StatusSnapshot) -> None:
         tasks = snap.get("tasks") or []
@@ -140,12 +141,12 @@ class TasksPanel(Vertical):
             text.append(f"{task['node']} {fmt.task_line(task)}\n")
         text.rstrip()  # in place
         self.query_one("#tasks-line", Static).update(text)
-        bar = self.query_one("#tasks-bar", ProgressBar)
+        bar = self.query_one("#tasks-bar", FillBar)
         known = [(t["done"] or 0.0, total) for t in tasks if (total := t["total"])]
         bar.display = bool(known)
         if known:
-            bar.update(total=sum(total for _, total in known),
-                       progress=sum(min(done, total) for done, total in known))
+            bar.show(sum(min(done, total) for done, total in known),
+                     sum(total for _, total in known))
 
 
 class PartitionPanel(Vertical):

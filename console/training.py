@@ -1,22 +1,25 @@
 """The Training tab: the epoch's progress and ETAs, then charts of the training loss and
-samples per second over the job's time, and of each epoch's eval AUC. Display only."""
+samples per second over the job's time, and of each epoch's eval AUC beside a table of the
+epochs; a stream job's line, and its lag and progressive AUC (the newest window's and every
+event's) over time in place of the epochs'. Display only."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widgets import ProgressBar, Static
+from textual.widgets import Static
 
 from console import format as fmt
 from console.charts import Chart, robust_limits, series
+from console.fill import FillBar
 from roles.protocol.status import EpochFigures, StatusSnapshot, StreamView
 
 
 class TrainingPanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(id="epoch-line")
-        yield ProgressBar(total=100, show_eta=False, id="epoch-progress")
+        yield FillBar(id="epoch-progress")
         yield Static(id="throughput-line")
         with Horizontal(classes="chart-row"):
             yield Chart("training loss", "s since start", id="loss-plot")
@@ -24,6 +27,7 @@ class TrainingPanel(Vertical):
         with Horizontal(classes="chart-row"):
             yield Chart("eval AUC", "epoch", id="auc-plot", whole_x=True)
             yield EpochsTable(id="epochs-table")
+            yield Chart("progressive AUC", "s since start", id="progressive-plot")
 
     def show(self, snap: StatusSnapshot) -> None:
         t = snap["training"]
@@ -36,9 +40,9 @@ class TrainingPanel(Vertical):
             self.query_one("#epoch-line", Static).update(
                 f"{shown}   phase {snap['phase']}   ETA epoch "
                 f"{fmt.duration(t['eta_epoch_s'])}, job {fmt.duration(t['eta_job_s'])}")
-        bar = self.query_one("#epoch-progress", ProgressBar)
-        bar.update(total=max(1, t["samples_per_epoch"]),
-                   progress=min(t["epoch_samples"], t["samples_per_epoch"]))
+        bar = self.query_one("#epoch-progress", FillBar)
+        bar.display = stream is None   # a stream has no epoch to be part way through
+        bar.show(t["epoch_samples"], max(1, t["samples_per_epoch"]))
         h = t["history"]
         losses = [x for x in h["loss"] if x is not None]
         last = f"{losses[-1]:.4f}" if losses else fmt.DASH
@@ -50,17 +54,24 @@ class TrainingPanel(Vertical):
             note="the loss of each interval's acknowledged samples")
         self.query_one("#speed-plot", Chart).show(
             [series("samples/s", h["t"], h["samples_per_s"])])
-        if stream is not None:   # the lag over time in place of each epoch's eval AUC
+        self.query_one(EpochsTable).display = stream is None
+        self.query_one("#progressive-plot", Chart).display = stream is not None
+        if stream is not None:   # the lag, and the progressive AUC, in place of the epochs'
             sh = stream["history"]
             self.query_one("#auc-plot", Chart).show(
                 [series("lag (events)", sh["t"], sh["lag_events"])],
                 title="stream lag, events" + ("  GROWING" if stream["growing"] else ""),
-                note="the broker has not said its lag yet")
-        else:
-            done = [(e["epoch"] + 1, e["auc"]) for e in t["epochs"] if e["auc"] is not None]
-            self.query_one("#auc-plot", Chart).show(
-                [series("auc", [x for x, _ in done], [y for _, y in done])],
-                note="no epoch evaluated yet")
+                note="the broker has not said its lag yet", xlabel="s since start",
+                whole_x=False)
+            self.query_one("#progressive-plot", Chart).show(
+                [series("window", sh["t"], sh.get("window_auc", [])),
+                 series("every event", sh["t"], sh.get("progressive_auc", []))],
+                note="no window of events scored yet")
+            return
+        done = [(e["epoch"] + 1, e["auc"]) for e in t["epochs"] if e["auc"] is not None]
+        self.query_one("#auc-plot", Chart).show(
+            [series("auc", [x for x, _ in done], [y for _, y in done])],
+            title="eval AUC", note="no epoch evaluated yet", xlabel="epoch", whole_x=True)
         self.query_one(EpochsTable).show(t["epochs"])
 
 

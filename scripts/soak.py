@@ -1,8 +1,8 @@
 """A soak: run a job for a set time and check that no role's memory, queues or descriptors grow.
 
     .venv/bin/python scripts/soak.py --minutes 60               # the benchmark (one hour)
-    .venv/bin/python scripts/soak.py --minutes 0.7 --sample-s 2 --warmup-s 20 \
-        --set data__synthetic__rows=20000          # CI-sized (tests/scripts/test_soak.py)
+    .venv/bin/python scripts/soak.py --minutes 0.3 --epochs 20 --sample-s 1 --warmup-s 12 \
+        --set data__synthetic__rows=10000          # CI-sized (tests/scripts/test_soak.py)
 
 Every process of the job (control, feeders, shards, workers, aggregators) is its own OS process
 on this host (``roles/testbed/local_cluster.py``); the job is the built-in one (synthetic data,
@@ -122,6 +122,7 @@ def queues_of(status: dict[str, Any] | None) -> dict[str, int]:
 
 START_TIMEOUT_S = 300.0    # from the processes' start to training
 TRAINING = ("training", "syncing", "evaluating")   # the course's phases of a running job
+EPOCHS_CAP = 10   # --epochs: a soak that has not seen them within 10x its minutes fails
 
 
 def verdict(samples: list[dict[str, Any]], warmup_s: float, rss_bound: float,
@@ -166,7 +167,15 @@ def verdict(samples: list[dict[str, Any]], warmup_s: float, rss_bound: float,
     return rows, broken
 
 
-def soak(args: argparse.Namespace, workdir: Path) -> tuple[list[dict[str, Any]], str]:
+def epochs_short(samples: list[dict[str, Any]], warmup_s: float, epochs: int) -> bool:
+    """Fewer than ``epochs`` epochs passed between the first sample after warm-up and the
+    last (what grows by the epoch shows in epochs, whatever the machine's speed)."""
+    after = [s["epoch"] for s in samples if s["t"] >= warmup_s and s["epoch"] is not None]
+    return epochs > 0 and (not after or after[-1] - after[0] < epochs)
+
+
+def soak(args: argparse.Namespace, workdir: Path,
+         warmup_s: float) -> tuple[list[dict[str, Any]], str]:
     settings = {"train__epochs": 4095, **dict(setting_pair(p) for p in args.set)}
     samples: list[dict[str, Any]] = []
     with LocalCluster(workdir, job=args.job, **settings) as cluster:
@@ -186,8 +195,13 @@ def soak(args: argparse.Namespace, workdir: Path) -> tuple[list[dict[str, Any]],
                                      f"{START_TIMEOUT_S:g} s:\n" + cluster.logs())
                 time.sleep(0.1)
             started, end = time.monotonic(), time.monotonic() + args.minutes * 60
+            cap = started + max(args.minutes * 60, warmup_s) * EPOCHS_CAP
             next_sample = started
-            while time.monotonic() < end:
+            while time.monotonic() < end or epochs_short(samples, warmup_s, args.epochs):
+                if time.monotonic() > cap:
+                    return samples, (f"fewer than {args.epochs} epochs after warm-up within "
+                                     f"{cap - started:.0f} s (reached epoch "
+                                     f"{samples[-1]['epoch'] if samples else None})")
                 status = reader.poll()
                 if cluster.procs["control-0"].poll() is not None:
                     return samples, "the job ended before the soak did:\n" + cluster.logs()
@@ -211,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-s", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=0.25, help="fraction of the run")
     parser.add_argument("--warmup-s", type=float, help="warm-up in seconds (instead)")
+    parser.add_argument("--epochs", type=int, default=0,
+                        help="go on past --minutes until this many epochs after warm-up")
     parser.add_argument("--rss-bound", type=float, default=0.10)
     parser.add_argument("--fd-slack", type=int, default=4)
     parser.add_argument("--job", type=Path, help="job file (default: the built-in job)")
@@ -221,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warmup_s = args.warmup_s if args.warmup_s is not None else args.warmup * args.minutes * 60
     with tempfile.TemporaryDirectory(prefix="zbus-soak-") as tmp:
-        samples, failed = soak(args, args.workdir or Path(tmp))
+        samples, failed = soak(args, args.workdir or Path(tmp), warmup_s)
     if failed:
         print(failed, file=sys.stderr)
         return 2

@@ -217,7 +217,8 @@ class StreamView(TypedDict):
     lag_events: int | None
     lag_s: float | None
     growing: bool
-    history: dict[str, list[float | None]]   # t, lag_events, lag_s, events_per_s
+    history: dict[str, list[float | None]]   # t, lag_events, lag_s, events_per_s,
+    #                                          window_auc, progressive_auc (lowest feeder's)
 
 
 class Wait(TypedDict):

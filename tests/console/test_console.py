@@ -284,7 +284,7 @@ def test_the_table_shows_32_reporting_nodes(cluster):
 @pytest.mark.inprocess
 def test_a_checkpoint_then_a_shard_restart_waited_for_then_the_end_after_control_exits(
         cluster):
-    c = cluster(ADULT_JOB, train__epochs=4, checkpoint__every_s=0.5,
+    c = cluster(ADULT_JOB, train__epochs=2, checkpoint__every_s=0.5,
                 cluster__node_timeout_s=2.0)
     c.start_all(slowdown={0: 2.0, 1: 2.0})
 

@@ -263,3 +263,41 @@ def test_partition_with_bounded_tables(snap_compare):
 
     assert snap_compare(ZbusConsole(None), press=("4",), terminal_size=SMALL,
                         run_before=bounded)
+
+
+def streaming(lag_growing: bool) -> dict:
+    """A stream job of two feeders: the captured status with its stream part made by control's
+    own ``StreamStatus`` from 60 statuses of feeder counters (lag, events trained and the
+    progressive AUC moving with the clock; the newest window's AUC drifting down and back, as
+    after a change in the stream), the lag rising at the end when ``lag_growing``."""
+    from roles.algorithms.control.stream_status import StreamStatus
+
+    view = StreamStatus()
+    s = copy.deepcopy(STATUS)
+    for second in range(60):
+        counters = {}
+        for i in (0, 1):
+            lag = 400 + 50 * i + (40 * (second - 50) if lag_growing and second > 50 else
+                                  round(120 * math.sin(second / 7 + i)))
+            counters[f"feeder-{i}"] = {"stream": {
+                "events_read": 1_200 * second + 40 * i + lag,
+                "events_trained": 1_200 * second + 40 * i, "events_rejected": 3 * i,
+                "lag_events": lag, "lag_s": round(0.2 + lag / 4_000, 3),
+                "progressive_auc": round(0.84 + 0.01 * i + second / 6_000, 4),
+                "window_auc": round(0.85 - 0.03 * math.exp(-((second - 30) / 8) ** 2)
+                                    - 0.004 * i, 4),
+                "broker_down_since": None}}
+        s["stream"] = view.view(float(second * 2), counters)
+    s.update(phase="training", epochs=1, epoch=0)
+    return s
+
+
+@pytest.mark.parametrize("growing", [False, True], ids=["steady", "lag-growing"])
+def test_a_stream_jobs_training_tab_shows_its_lag_and_progressive_auc(snap_compare, growing):
+    """The stream line (the lag in red while it grows), the lag chart, and the progressive
+    AUC chart (the newest window's and every event's) in place of the epochs' table."""
+    async def stream(pilot) -> None:
+        await connected(pilot, streaming(growing), history=1)
+        await pilot.press("3")
+
+    assert snap_compare(ZbusConsole(None), terminal_size=LARGE, run_before=stream)

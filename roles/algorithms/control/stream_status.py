@@ -1,5 +1,6 @@
 """A stream job's part of the status (pure): each feeder's stream figures from its last
-heartbeat's counters, the job's totals, and the recent lag, one point per status
+heartbeat's counters, the job's totals, and one point per status of the recent lag, rate and
+progressive AUC (of the newest closed window and of every event so far, the lowest feeder's)
 (``StreamStatus``; docs/streams.md, "Figures")."""
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ def _float(value: Any) -> float | None:
 
 class StreamStatus:
     def __init__(self) -> None:
-        self.history: deque[tuple[float, int | None, float | None, float | None]] = \
-            deque(maxlen=HISTORY_POINTS)
+        self.history: deque[tuple[float, int | None, float | None, float | None,
+                                  float | None, float | None]] = deque(maxlen=HISTORY_POINTS)
         self.last: tuple[float, int] | None = None   # (t, events trained) of the last point
 
     def view(self, t: float, counters: dict[str, dict[str, Any]]) -> StreamView:
@@ -54,8 +55,12 @@ class StreamStatus:
         rate = None
         if self.last is not None and t > self.last[0]:
             rate = round(max(0.0, (trained - self.last[1]) / (t - self.last[0])), 1)
-        if self.last is None or t > self.last[0]:
-            self.history.append((round(t, 2), lag, lag_s, rate))
+        windows = [r["window_auc"] for r in rows if r["window_auc"] is not None]
+        lifetimes = [r["progressive_auc"] for r in rows if r["progressive_auc"] is not None]
+        if self.last is None or t > self.last[0]:   # the lowest feeder's: what an operator
+            self.history.append((round(t, 2), lag, lag_s, rate,   # watches is the worst
+                                 min(windows) if windows else None,
+                                 min(lifetimes) if lifetimes else None))
             self.last = (t, trained)
         recent = [p[1] for p in list(self.history)[-GROWING_POINTS - 1:]]
         growing = len(recent) == GROWING_POINTS + 1 and all(
@@ -68,4 +73,6 @@ class StreamStatus:
                             "lag_events": [None if p[1] is None else float(p[1])
                                            for p in points],
                             "lag_s": [p[2] for p in points],
-                            "events_per_s": [p[3] for p in points]}}
+                            "events_per_s": [p[3] for p in points],
+                            "window_auc": [p[4] for p in points],
+                            "progressive_auc": [p[5] for p in points]}}

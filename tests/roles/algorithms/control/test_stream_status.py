@@ -24,6 +24,17 @@ def test_the_jobs_lag_adds_the_feeders_up_and_is_unknown_while_one_has_not_said(
     assert v["history"]["events_per_s"][-1] == 200.0   # (350 - 150) / 1 s
 
 
+def test_the_history_keeps_the_lowest_feeders_progressive_auc_and_a_gap_while_none_has_one():
+    s = StreamStatus()
+    s.view(1.0, {"feeder-0": feeder(10, 5, auc=None), "feeder-1": feeder(10, 5, auc=None)})
+    a, b = feeder(100, 5, auc=0.81), feeder(90, 5, auc=0.79)
+    b["stream"]["window_auc"] = 0.74   # its newest window fell below its lifetime's
+    v = s.view(2.0, {"feeder-0": a, "feeder-1": b})
+    assert v["history"]["window_auc"] == [None, 0.74]
+    assert v["history"]["progressive_auc"] == [None, 0.79]
+    assert len(v["history"]["t"]) == len(v["history"]["window_auc"]) == 2
+
+
 def test_a_lag_that_rises_at_every_status_is_growing_and_one_that_falls_is_not():
     s = StreamStatus()
     for i in range(GROWING_POINTS):
