@@ -46,7 +46,7 @@ def run_job(workdir: Path, job: Path, url: str, events: int, settings: dict) -> 
     return {"events": st["events_trained"], "twice": st["events_trained_twice"],
             "events_per_s": st["events_trained"] / train_s, "wall_s": s["wall_s"],
             "auc": st["progressive_auc"], "logloss": st["progressive_logloss"],
-            "lag": st["lag_events"]}
+            "lag": st["lag_events"], "windows": st["windows"]}
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ loaded once into memory, embeddings as a sparse ``nn.Embedding`` with sparse Ada
 sliced from a permutation, all cores by default; its figures add the time to load, train and
 evaluate, end to end from the command's start, and the peak RSS.
 
-    zbus-reference [--job FILE] [--threads N] [--preload | --events FILE]
+    zbus-reference [--job FILE] [--threads N] [--preload | --events FILE [--freeze-after N]]
 """
 
 from __future__ import annotations
@@ -144,6 +144,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="a stream job's comparator: FILE's rows as its events, in file "
                         "order, each batch scored and then trained on in this process "
                         "(test-then-train; roles/tools/stream_reference.py)")
+    parser.add_argument("--freeze-after", metavar="N", type=integer, default=0,
+                        help="with --events: train on the first N events only, then score "
+                        "the rest with the model as it is then (a model that stops learning: "
+                        "what online training is measured against on drifting data)")
     parser.add_argument("--preload", action="store_true",
                         help="load the data into memory once and train from it (the strong "
                         "single process; --threads also caps its loading threads)")
@@ -153,7 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.events:
             from roles.tools.stream_reference import score_then_train
-            result = score_then_train(job, args.events, args.threads)
+            result = score_then_train(job, args.events, args.threads,
+                                      freeze_after=args.freeze_after or None)
         elif args.preload:
             result = train_preloaded(job, args.threads, psutil.Process().create_time())
         else:

@@ -71,8 +71,11 @@ def warmup_transform(job: Job, source: DataSource) -> DenseTransform:
     return moments.transform(job.data.log1p)
 
 
-def score_then_train(job: Job, path: str, threads: int = 0) -> dict:
-    """Progressive validation of the events of ``path`` in one process."""
+def score_then_train(job: Job, path: str, threads: int = 0,
+                     freeze_after: int | None = None) -> dict:
+    """Progressive validation of the events of ``path`` in one process; with
+    ``freeze_after``, trained on the batches that start before that many events only (every
+    event is still scored): a model that stopped learning."""
     from roles.tools.reference import Reference
     set_threads(threads or 1)
     fjob = file_job(job, path)
@@ -85,11 +88,12 @@ def score_then_train(job: Job, path: str, threads: int = 0) -> dict:
     events = 0
     for batch in batches(event_blocks(source), prepare, job.train.batch_size):
         progressive.add(batch.labels, ref.score(batch))
-        ref.train(batch)
+        if freeze_after is None or events < freeze_after:
+            ref.train(batch)
         events += len(batch)
     seconds = time.perf_counter() - started
     summary = progressive.summary()
-    return {"events": events, "seconds": seconds,
+    return {"events": events, "seconds": seconds, "frozen_after": freeze_after,
             "events_per_s": events / seconds if seconds else None,
             "progressive_auc": summary["progressive_auc"],
             "progressive_logloss": summary["progressive_logloss"],
