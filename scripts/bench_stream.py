@@ -5,9 +5,10 @@ Publishes ``--file``'s rows as JSON events (``--per-message`` a message) to a lo
 ``nats-server -js``, then runs the stream job ``--job`` over them, every role its own process
 over loopback TCP, until every event is trained; and trains the same events in the same order
 in one process (``zbus-reference --events``: ``roles.tools.stream_reference``), the comparator
-a user would pick. Each ``--repeats`` times; the table gives medians: events a second while
-training (the feeders' pass), the progressive AUC and log loss, the lag at the end, and the
-ratios against the one process. Defaults: UCI Adult's 48,842 rows (``jobs/adult_stream.toml``:
+a user would pick; and runs the same job over the same rows read from the file (one epoch):
+what the stream costs against a file. Each ``--repeats`` times; the table gives medians:
+events a second while training (the feeders' pass), the progressive AUC and log loss, the lag
+at the end, and the ratios. Defaults: UCI Adult's 48,842 rows (``jobs/adult_stream.toml``:
 2 workers, 2 shards, batch 256, sync step).
 
     .venv/bin/python scripts/bench_stream.py [--repeats 3] [--job jobs/adult_stream.toml]
@@ -49,6 +50,20 @@ def run_job(workdir: Path, job: Path, url: str, events: int, settings: dict) -> 
             "lag": st["lag_events"], "windows": st["windows"]}
 
 
+def run_file_job(workdir: Path, job: Path, path: Path, settings: dict) -> dict:
+    """The same job over the same rows read from the file: one epoch, sync step as the stream
+    job's, the smallest eval split (1 %)."""
+    with LocalCluster(workdir, job, transport="tcp", stream__url="", data__path=str(path),
+                      data__eval_fraction=0.01, train__until_events=0, train__epochs=1,
+                      train__sync="step", **settings) as c:
+        if c.run_job(timeout=1800) != 0:
+            raise SystemExit(f"the file job failed:\n{c.logs()}")
+        s = c.summary()
+    epoch = s["per_epoch"][0]
+    return {"events": s["samples_trained"],
+            "events_per_s": s["samples_trained"] / epoch["train_s"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -61,7 +76,7 @@ def main() -> None:
     settings = dict(args.set)
     job = load_job(str(args.job), environ={})
     cores = os.cpu_count() or 1
-    dist, alone = [], []
+    dist, alone, files = [], [], []
     with tempfile.TemporaryDirectory(prefix="bench-stream-") as tmp:
         nats = NatsServer(Path(tmp) / "nats")
         try:
@@ -74,11 +89,14 @@ def main() -> None:
             for r in range(args.repeats):
                 got = run_job(Path(tmp) / f"job-{r}", args.job, nats.url, events, settings)
                 dist.append(got)
+                files.append(run_file_job(Path(tmp) / f"file-{r}", args.job, args.file,
+                                          settings))
                 one = score_then_train(job, str(args.file), cores)
                 one["events_per_s"] = one["events"] / one["seconds"]
                 alone.append(one)
                 print(f"run {r + 1}: stream job {got['events_per_s']:,.0f} events/s, auc "
-                      f"{got['auc']:.4f}, lag {got['lag']}, twice {got['twice']}; one process "
+                      f"{got['auc']:.4f}, lag {got['lag']}, twice {got['twice']}; from the file "
+                      f"{files[-1]['events_per_s']:,.0f} samples/s; one process "
                       f"{one['events_per_s']:,.0f} events/s, auc "
                       f"{one['progressive_auc']:.4f}", flush=True)
         finally:
@@ -95,10 +113,15 @@ def main() -> None:
     print("|---|---|---|---|---|")
     print(f"| stream job ({shown}) | {d_rate:,.0f} | {d_auc:.4f} | {med(dist, 'logloss'):.4f} "
           f"| {med(dist, 'lag'):.0f} events |")
+    f_rate = med(files, "events_per_s")
+    paired = statistics.median(d["events_per_s"] / f["events_per_s"]
+                               for d, f in zip(dist, files, strict=True))
+    print(f"| the same job over the file (1 epoch) | {f_rate:,.0f} | - | - | - |")
     print(f"| one process, test-then-train ({cores} threads) | {a_rate:,.0f} | {a_auc:.4f} | "
           f"{med(alone, 'progressive_logloss'):.4f} | - |")
     print(f"\nstream job / one process: {d_rate / a_rate:.2f}x events/s, AUC "
-          f"{d_auc - a_auc:+.4f}")
+          f"{d_auc - a_auc:+.4f}; stream job / the same job over the file: {paired:.2f}x "
+          "(paired)")
 
 if __name__ == "__main__":
     main()

@@ -74,6 +74,7 @@ MAX_TIMESTAMP = 2.0 ** 53  # seconds either side of 1970 that a float holds exac
 NUMBER = (r"^[+-]?((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[Nn][Aa][Nn]|[Ii][Nn][Ff]"
           r"([Ii][Nn][Ii][Tt][Yy])?)$")
 NULLS = ["", "?"]
+NANS = pa.array(["nan", "+nan", "-nan"])   # a NaN written out: present, so not finite
 CATEGORICAL = pa.dictionary(pa.int32(), pa.string())  # a list column, encoded while parsed:
 #                                                       each distinct value split once
 TEXT = pa.string()   # a single-valued categorical column on the fast path, kept in the chunks
@@ -182,8 +183,8 @@ def _numbers(name: str, col: pa.Array, reasons: _Reasons, label: bool = False) -
                     else (lambda i: f"column {name!r}: cannot parse {raw[i].strip()!r} as a "
                           "number"))
     values = np.asarray(values, dtype=np.float64)
-    present = ~np.isnan(values) if raw is None else ~np.isnan(values) | np.array(
-        [r.strip().lower() in ("nan", "+nan", "-nan") for r in raw], dtype=bool)
+    present = ~np.isnan(values) if raw is None else ~np.isnan(values) | pc.fill_null(
+        pc.is_in(pc.utf8_lower(trimmed), NANS), False).to_numpy(zero_copy_only=False)
     finite = np.isfinite(values)
 
     def text(i: int) -> str:

@@ -31,6 +31,7 @@ from roles.events import Delivery
 from roles.job.stream_settings import FORMATS
 
 MAX_SHOWN = 500   # characters of a rejected event kept with its reason
+_TEXT = {str, type(None)}   # an event's values that go to the columns as they are
 
 
 @dataclass
@@ -73,25 +74,27 @@ class EventDecoder:
         return f"{self.topic}[{d.partition}]@{d.position}"
 
     def decode(self, deliveries: Sequence[Delivery]) -> Decoded:
-        values: list[list[object]] = [[] for _ in self.wanted]
-        texts: list[str] = []
+        rows: list[list[object]] = []
+        raws: list[bytes] = []          # each accepted event's text, shown if _block rejects it
         origin: list[tuple[int, int]] = []
         rejected: list[Rejected] = []
         events = 0
         nbytes = 0
+        row_of = self._row
         for m, d in enumerate(deliveries):
             nbytes += len(d.payload)
             for n, raw in enumerate(_lines(d.payload)):
                 events += 1
-                row, why = self._row(raw)
+                row, why = row_of(raw)
                 if row is None:
                     rejected.append(Rejected(self.where(d), n + 1, why, _shown(raw)))
                     continue
-                for column, value in zip(values, row, strict=True):
-                    column.append(value)
-                texts.append(_shown(raw))
+                rows.append(row)
+                raws.append(raw)
                 origin.append((m, n))
-        block = self._block(values, texts, origin, deliveries, nbytes)
+        values = [list(column) for column in zip(*rows, strict=True)] if rows else \
+            [[] for _ in self.wanted]
+        block = self._block(values, raws, origin, deliveries, nbytes)
         kept = np.ones(len(origin), dtype=bool)
         for r in block.rejected:
             kept[r.line] = False
@@ -112,7 +115,7 @@ class EventDecoder:
         m, n = origin[r.line]
         return Rejected(self.where(deliveries[m]), n + 1, r.reason, r.text)
 
-    def _block(self, values: list[list[object]], texts: list[str],
+    def _block(self, values: list[list[object]], raws: list[bytes],
                origin: list[tuple[int, int]], deliveries: Sequence[Delivery],
                nbytes: int) -> RawBlock:
         arrays = []
@@ -127,7 +130,7 @@ class EventDecoder:
         table = pa.table(arrays, names=self.wanted) if self.wanted else pa.table({})
         # _block names each rejected row by its index here (``line``); decode relocates it
         return _block(self.schema, table, len(origin),
-                      lambda: list(enumerate(texts)), "", [], nbytes)
+                      lambda: [(i, _shown(raw)) for i, raw in enumerate(raws)], "", [], nbytes)
 
     def _row(self, raw: bytes) -> tuple[list[object] | None, str]:
         if self.fmt == "json":
@@ -155,7 +158,10 @@ def _json_row(raw: bytes, wanted: list[str], lists: dict[str, str]
         return None, f"not JSON ({str(exc).split(':')[0]})"
     if not isinstance(event, dict):
         return None, f"a JSON {type(event).__name__}, not an object keyed by column name"
-    row: list[object] = []
+    row: list[object] = list(map(event.get, wanted))
+    if set(map(type, row)) <= _TEXT:   # text, as a file holds it: as it is
+        return row, ""
+    row = []
     for name in wanted:
         value = event.get(name)
         if value is None or isinstance(value, str):
