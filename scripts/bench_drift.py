@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_stream import TOPIC, run_job  # noqa: E402  (scripts/ beside this one)
 
 from roles.algorithms.shared.metrics import auc  # noqa: E402
-from roles.data.synthetic import BLOCK_ROWS, Generator  # noqa: E402
+from roles.data.synthetic import BLOCK_ROWS, Generator, SyntheticBlock  # noqa: E402
 from roles.events.publish import open_publisher  # noqa: E402
 from roles.job.settings import load_job  # noqa: E402
 from roles.testbed.nats_server import NatsServer  # noqa: E402
@@ -47,6 +47,26 @@ from roles.tools.stream_reference import score_then_train  # noqa: E402
 
 VOCAB = [10, 20, 50, 100, 200, 500, 1000, 2000]   # the built-in job's
 DENSE = 4
+
+
+def block_table(block: SyntheticBlock) -> pa.Table:
+    """A generated block as the columns the job below reads: label, I1.., C1.., ts."""
+    columns = {"label": pa.array(block.labels.astype(np.int8))}
+    for j in range(DENSE):
+        columns[f"I{j + 1}"] = pa.array(np.nan_to_num(block.dense[:, j]))
+    for f in range(len(VOCAB)):
+        columns[f"C{f + 1}"] = pa.array(block.values[:, f])
+    columns["ts"] = pa.array(block.timestamps)
+    return pa.table(columns)
+
+
+def job_text(topic: str, window: int, timestamp: bool = True) -> str:
+    """The stream job over those columns (without ``timestamp``: an event's time is its
+    message's, the broker's)."""
+    text = JOB.format(dense=", ".join(f'"I{j + 1}"' for j in range(DENSE)),
+                      sparse=", ".join(f'"C{f + 1}"' for f in range(len(VOCAB))),
+                      topic=topic, window=window)
+    return text if timestamp else text.replace('timestamp = "ts"\n', "")
 
 
 def write_drifting(path: Path, rows: int, drift: float, days: int, window: int,
@@ -60,13 +80,7 @@ def write_drifting(path: Path, rows: int, drift: float, days: int, window: int,
     with open(path, "wb") as sink:
         for b in range(-(-rows // BLOCK_ROWS)):
             block = gen.block(b)
-            columns = {"label": pa.array(block.labels.astype(np.int8))}
-            for j in range(DENSE):
-                columns[f"I{j + 1}"] = pa.array(np.nan_to_num(block.dense[:, j]))
-            for f in range(len(VOCAB)):
-                columns[f"C{f + 1}"] = pa.array(block.values[:, f])
-            columns["ts"] = pa.array(block.timestamps)
-            pacsv.write_csv(pa.table(columns), sink,
+            pacsv.write_csv(block_table(block), sink,
                             pacsv.WriteOptions(include_header=b == 0, quoting_style="none"))
             labels.append(block.labels)
             probs.append(block.probs)
@@ -117,10 +131,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-drift-") as tmp:
         data, job_file = Path(tmp) / "drift.csv", Path(tmp) / "drift.toml"
         oracle = write_drifting(data, args.rows, args.drift, args.days, args.window)
-        job_file.write_text(JOB.format(
-            dense=", ".join(f'"I{j + 1}"' for j in range(DENSE)),
-            sparse=", ".join(f'"C{f + 1}"' for f in range(len(VOCAB))), topic=TOPIC,
-            window=args.window))
+        job_file.write_text(job_text(TOPIC, args.window))
         job = load_job(str(job_file), environ={})
         nats = NatsServer(Path(tmp) / "nats")
         try:

@@ -29,9 +29,10 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_drift import DENSE, JOB, VOCAB  # noqa: E402  (scripts/ beside this one)
+from bench_drift import DENSE, VOCAB, block_table, job_text  # noqa: E402  (scripts/ beside it)
 from bench_stream import TOPIC, run_job  # noqa: E402
 from soak import StatusReader  # noqa: E402
 
@@ -42,15 +43,11 @@ from roles.testbed.nats_server import NatsServer  # noqa: E402
 
 
 def messages(per_message: int) -> list[bytes]:
-    """One block of synthetic rows as JSON events, ``per_message`` a message."""
-    block = Generator(65_536, VOCAB, DENSE, 1.1, 0.6, 30, 1).block(0)
-    events = [orjson.dumps({"label": str(int(block.labels[i])),
-                            **{f"I{j + 1}": repr(float(np.nan_to_num(block.dense[i, j])))
-                               for j in range(DENSE)},
-                            **{f"C{f + 1}": str(int(block.values[i, f]))
-                               for f in range(len(VOCAB))},
-                            "ts": str(int(block.timestamps[i]))})
-              for i in range(len(block.labels))]
+    """One block of synthetic rows as JSON events of text values (as ``zbus-replay`` writes a
+    text file's rows), ``per_message`` a message."""
+    table = block_table(Generator(65_536, VOCAB, DENSE, 1.1, 0.6, 30, 1).block(0))
+    text = pa.table({name: table[name].cast(pa.string()) for name in table.column_names})
+    events = [orjson.dumps(row) for row in text.to_pylist()]
     whole = len(events) - len(events) % per_message   # full messages only: counted as such
     return [b"\n".join(events[i:i + per_message]) for i in range(0, whole, per_message)]
 
@@ -97,10 +94,7 @@ def main() -> None:
     payloads = messages(args.per_message)
     with tempfile.TemporaryDirectory(prefix="bench-lag-") as tmp:
         job_file = Path(tmp) / "lag.toml"
-        job_file.write_text(JOB.format(
-            dense=", ".join(f'"I{j + 1}"' for j in range(DENSE)),
-            sparse=", ".join(f'"C{f + 1}"' for f in range(len(VOCAB))), topic="probe",
-            window=10_000).replace('timestamp = "ts"\n', ""))   # event time: the broker's
+        job_file.write_text(job_text("probe", 10_000, timestamp=False))   # time: the broker's
         nats = NatsServer(Path(tmp) / "nats")
         try:
             rate = args.rate
