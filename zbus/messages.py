@@ -83,9 +83,13 @@ class Failure(Message):
 
 @message()
 class Leaving(Message):
-    """A worker stops (SIGTERM) after finishing the batches it was granted."""
+    """A node leaves the job: the job is over, or a worker stops after finishing the batches
+    it was granted. ``signal``: the signal that stopped it (``SIGTERM``), if one did; a node
+    stopped by a signal says so as it goes, so that control can tell a process that ended on
+    its own from one stopped with it (``roles.control.interruption``)."""
 
     reason: str
+    signal: str = ""
 
 
 @message()

@@ -357,6 +357,8 @@ class Node(Loop):
         self.commands = self.connect(zmq.SUB, cluster.endpoint(CONTROL_PUB), self._on_command)
         self._next_beat = 0.0
         self.job_over = False   # control said Stop: the node leaves, quietly
+        self.signalled = ""     # the signal that stopped the node (SIGTERM), said as it leaves
+        self.said_leaving = False
         self.ended_for_good = False  # ... and the run cannot be resumed (its health: ended)
         self._next_lookup = 0.0  # control silent: when its name is looked up again
         self._last_heard = time.monotonic()
@@ -374,6 +376,8 @@ class Node(Loop):
                 self.ready_held = msg   # a restored aggregator may publish first): control
                 return                  # hears Ready once it has admitted the node
             self.ready_sent = True
+        if isinstance(msg, Leaving):
+            self.said_leaving = True
         self.send(self.control, msg)
 
     def report(self, msg: Message) -> None:
@@ -554,8 +558,18 @@ class Node(Loop):
             self._rejoined_at = 0.0
             self.rejoin(self.run_id)
 
+    def on_signal(self, signum: int) -> None:
+        if not self.stopping and not self.job_over and not self.signalled:
+            self.signalled = signal.Signals(signum).name
+        super().on_signal(signum)
+
     def close(self) -> None:
-        # Let a last Failure or final heartbeat reach control.
+        if self.signalled and self.welcomed and not self.said_leaving and not self.job_over:
+            # stopped by a signal, which control may have got too (honcho SIGTERMs every
+            # process at once): this node did not end on its own
+            self.to_control(Leaving(reason=f"received {self.signalled}",
+                                    signal=self.signalled))
+        # Let a last Failure, Leaving or final heartbeat reach control.
         self.control.setsockopt(zmq.LINGER, 500)
         self.control.close()
         super().close()

@@ -62,7 +62,7 @@ from roles.control.exports import Exports
 from roles.control.feeding import Feeding
 from roles.control.handover import hand_over
 from roles.control.health import Health
-from roles.control.interruption import interruption, under_honcho
+from roles.control.interruption import Interruption, under_honcho
 from roles.control.model_plan import PlanError, plan_model
 from roles.control.monitoring import Monitoring, final_figures
 from roles.control.network_check import network_refusal
@@ -215,7 +215,7 @@ class Control(Loop):
         self.last_acked = (self.started, 0)
         self.no_workers_since: float | None = None
         self.termination: str | None = None  # the signal that interrupted the job
-        self.interrupted_by = ""             # and what it means (roles.control.interruption)
+        self.interruption: Interruption | None = None   # and what it means
         self.under_honcho = under_honcho(os.environ if environ is None else environ)
         self.handing_over = False  # ... or that restarts control: its pod is going away
         self.resume_from: int | None = None  # ended: the checkpoint a resume goes back to
@@ -297,9 +297,13 @@ class Control(Loop):
                 self.handle_ready(node_id, node, info, now)
             case Failure(reason=reason):  # bad data, a job it cannot run: again if resumed
                 self.fail(f"{node_id}: {reason}", resumable=False)
-            case Leaving(reason=reason):
+            case Leaving(reason=reason, signal=signal_name):
                 log.info("%s left: %s", node_id, reason)
-                if self.members.leave(node_id, now, reason):
+                node.signalled = signal_name
+                # a worker hands its batches back first; any other node a signal stopped is
+                # found silent, as a crashed one (a restart, a pod moved: it comes back)
+                if (node.role == "worker" or not signal_name) \
+                        and self.members.leave(node_id, now, reason):
                     self.membership_changed()
             case ProbeReply():
                 node.probe_pending_since = None
@@ -360,6 +364,7 @@ class Control(Loop):
             case Hello():
                 self.send(self.router, self.closing.stop, identity=identity)
             case Leaving(reason=reason) if node_id in self.members.nodes:
+                self.members.nodes[node_id].signalled = msg.signal
                 self.members.nodes[node_id].last_seen = now
                 self.members.leave(node_id, now, reason)
             case _:
@@ -473,7 +478,11 @@ class Control(Loop):
             self.hand_over()
             return
         if self.termination:  # Ctrl-C of honcho start (honcho SIGTERMs every role), ...
-            self.end("interrupted", self.interrupted_by, resumable=True)
+            assert self.interruption is not None
+            if self.interruption.settled(now):   # (a node stopped by it has said so)
+                self.end("interrupted", self.interruption.reason(), resumable=True)
+            else:
+                self.wake_at = now + 0.02
             return
         if now >= self.next_publish:
             self.next_publish = now + self.heartbeat_s
@@ -671,7 +680,8 @@ class Control(Loop):
         if self.course.phase == "done":
             return
         if self.termination and status == "failed":  # whatever failed as the roles stop
-            status, reason, resumable = "interrupted", self.interrupted_by, True
+            assert self.interruption is not None
+            status, reason, resumable = "interrupted", self.interruption.reason(), True
         found = latest_complete(self.checkpoints.store) if resumable else None
         self.resume_from = found[0] if found else None
         if self.resume_from is not None:
@@ -725,8 +735,8 @@ class Control(Loop):
         if self.course.phase != "done" and not self.termination:
             self.termination = signal.Signals(signum).name
             self.handing_over = signals.meaning(signum) == signals.RESTART
-            self.interrupted_by = interruption(self.termination, self.under_honcho,
-                                               self.members.nodes.items())
+            self.interruption = Interruption.begin(self.termination, self.under_honcho,
+                                                   self.members.nodes, time.monotonic())
 
     def hand_over(self) -> None:
         """A SIGTERM in a pod that is going away: control's restart, not the job's end. Its

@@ -99,8 +99,12 @@ class KafkaConsumer:
         except KafkaException as exc:
             from confluent_kafka import KafkaError
             if exc.args[0].code() in (KafkaError.REBALANCE_IN_PROGRESS,
-                                      KafkaError.ILLEGAL_GENERATION):
-                return   # the group is rebalancing: committed at the revoke, or the next done
+                                      KafkaError.ILLEGAL_GENERATION,
+                                      KafkaError.UNKNOWN_MEMBER_ID):
+                # the group is rebalancing, or dropped this member and it joins again:
+                # committed at the revoke, or the next done (the new owner of a partition
+                # this member lost starts at the last commit: nothing is acked that was not)
+                return
             raise BrokerError(f"Kafka at {self._servers}: commit: {exc.args[0].str()}") \
                 from None
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import signal
 import time
 
 import torch
@@ -357,6 +358,7 @@ class Worker(Node):
             super().on_signal(signum)  # nothing to hand back, or asked twice
             return
         log.info("%s: asked to stop; finishing its batches, then leaving", self.node_id)
+        self.signalled = signal.Signals(signum).name
         self.leaving = True
         self.leave_by = time.monotonic() + LEAVE_TIMEOUT_S
 
@@ -382,7 +384,8 @@ class Worker(Node):
 
     def leave(self, unfinished: int | None = None) -> None:
         self.to_control(Leaving(reason="stopped" if unfinished is None else
-                                f"stopped with {unfinished} batch(es) unfinished"))
+                                f"stopped with {unfinished} batch(es) unfinished",
+                                signal=self.signalled))
         self.stopping = True
 
     def close(self) -> None:

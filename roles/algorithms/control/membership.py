@@ -34,6 +34,7 @@ class NodeState:
     load: dict[str, Any] = field(default_factory=dict)
     counters: dict[str, Any] = field(default_factory=dict)
     probe_pending_since: float | None = None  # oldest probe not answered yet
+    signalled: str = ""   # the signal that stopped the process, as it said leaving
 
 
 class Members:

@@ -14,7 +14,7 @@ import pytest
 from harness import REPO
 
 from roles.algorithms.control.membership import FAILED, NodeState
-from roles.control.interruption import interruption
+from roles.control.interruption import SETTLE_S, Interruption
 from roles.control.main import headline
 from roles.job.settings import job_to_toml, load_job
 
@@ -32,16 +32,32 @@ def node(pid: int, status: str = "alive") -> NodeState:
 
 
 def test_a_sigterm_under_honcho_is_a_ctrl_c_unless_a_node_had_exited():
-    here = [("ps-0", node(os.getpid())), ("worker-1", node(gone_pid(), FAILED))]
-    assert interruption("SIGTERM", True, here) == \
+    here = {"ps-0": node(os.getpid()), "worker-1": node(gone_pid(), FAILED)}
+    assert Interruption.begin("SIGTERM", True, here, 0.0).reason() == \
         "Ctrl-C: honcho stopped every process (SIGTERM) before the job finished"
-    died = [*here, ("worker-0", node(gone_pid()))]   # gone, and control had not heard of it
-    assert interruption("SIGTERM", True, died) == \
+    died = {**here, "worker-0": node(gone_pid())}   # gone, and control had not heard of it
+    assert Interruption.begin("SIGTERM", True, died, 0.0).reason() == \
         "honcho stopped every process (SIGTERM) after worker-0 exited, before the job finished"
-    assert interruption("SIGTERM", False, died) == \
+    assert Interruption.begin("SIGTERM", False, died, 0.0).reason() == \
         "control received SIGTERM before the job finished"
-    assert interruption("SIGINT", True, here) == \
+    assert Interruption.begin("SIGINT", True, here, 0.0).reason() == \
         "control received SIGINT before the job finished"
+
+
+def test_a_node_the_same_sigterm_stopped_first_is_not_why_honcho_stopped_the_job():
+    """honcho SIGTERMs every process at once: a node may exit before control's handler runs.
+    It says a signal stopped it as it leaves, and control waits a moment for those words."""
+    nodes = {"ps-0": node(gone_pid()), "feeder-0": node(gone_pid()), "worker-0": node(os.getpid())}
+    stopped = Interruption.begin("SIGTERM", True, nodes, 10.0)
+    assert not stopped.settled(10.0) and stopped.settled(10.0 + SETTLE_S)
+    nodes["ps-0"].signalled = "SIGTERM"   # its Leaving came after control's signal
+    assert stopped.reason() == \
+        "honcho stopped every process (SIGTERM) after feeder-0 exited, before the job finished"
+    nodes["feeder-0"].signalled = "SIGTERM"
+    assert stopped.reason() == \
+        "Ctrl-C: honcho stopped every process (SIGTERM) before the job finished"
+    nobody_gone = Interruption.begin("SIGTERM", True, {"worker-0": node(os.getpid())}, 10.0)
+    assert nobody_gone.settled(10.0)   # nothing to wait for
 
 
 def summary(run_dir: str, resume_from: int | None) -> Any:
