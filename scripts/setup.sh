@@ -69,7 +69,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   env -u PYTHONDONTWRITEBYTECODE "$venv/bin/python" -c 'import zbus, roles, console.app, zmq, msgspec, numba, torch, honcho
 import roles.control.main, roles.feeder.process, roles.ps, roles.worker.process, roles.aggregator
 import roles.tools.spawn, roles.tools.ctl, roles.tools.reference, roles.algorithms.shared.dense_optimizer
-import roles.tools.pod, roles.tools.predict, roles.member, pyarrow.csv, pyarrow.parquet'
+import roles.tools.pod, roles.tools.predict, roles.member, pyarrow.csv, pyarrow.parquet
+import roles.serving.main, roles.serving.app, uvicorn'
   # numba's cache of the compiled loops (beside their modules, or in NUMBA_CACHE_DIR), as the
   # image builds it: made once here, not by each of the first shards and feeders at once
   "$venv/bin/python" -c 'from roles.algorithms.shard.kernels import loops

@@ -10,7 +10,8 @@ from pathlib import Path
 from harness import REPO
 
 from roles.checkpoint.files import latest_complete
-from roles.tools.predict import ExportedModel, predict
+from roles.serving.model import ExportedModel
+from roles.tools.predict import predict
 
 
 def is_complete(e: dict, at_least: int = 1) -> bool:

@@ -24,7 +24,7 @@ LAYERS = ["zbus", "roles.protocol", "roles.storage", "roles.job", "roles.data",
           "roles.algorithms", "roles.model", "roles.checkpoint", "process", "roles.tools",
           "roles.testbed"]
 PROCESSES = ("roles.control", "roles.feeder", "roles.ps", "roles.worker", "roles.aggregator",
-             "roles.member")
+             "roles.member", "roles.serving")
 ALGORITHM_GROUPS = ("feeding", "shard", "worker", "control")
 CONSOLE_MAY_IMPORT = ("zbus", "roles.protocol", "roles.job.cli",
                       "roles.algorithms.shared.progress", "console")

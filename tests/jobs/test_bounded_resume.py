@@ -22,7 +22,7 @@ from roles.checkpoint.files import (
     read_meta,
 )
 from roles.checkpoint.shard import read_chain
-from roles.tools.predict import ExportedModel
+from roles.serving.model import ExportedModel
 
 pytestmark = pytest.mark.inprocess
 

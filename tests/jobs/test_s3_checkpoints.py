@@ -27,8 +27,8 @@ from roles.checkpoint.files import (
     write_manifest,
 )
 from roles.checkpoint.shard import ShardCheckpoints, read_chain
+from roles.serving.model import ExportedModel, fetched
 from roles.storage.store import Store
-from roles.tools.predict import ExportedModel, fetched
 from roles.tools.predict import predict as score
 
 

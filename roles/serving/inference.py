@@ -1,0 +1,185 @@
+"""The Open Inference Protocol (KServe v2, also Triton's and Seldon's) for a zbus model: what a
+model says of itself (``metadata``), an infer request's inputs as rows of the job's schema
+(``rows_of``), and the response (``response``). Pure code: no sockets, no server.
+
+One input per field of the job, named as its column: ``BYTES`` for a sparse field (a list
+field's ids in one string, with the field's separator, as in the data), a number type
+(``FP32``, or any other the protocol names) for a dense field; each of shape ``[n]`` (or
+``[n, 1]``), one value per row, ``null`` for a missing value (an empty field of a file). The
+values are hashed and transformed exactly as in training (``roles.data.readers``: the same
+checks, so a value a data file could not hold is refused with the same words). The output is
+``probability``, one per row.
+
+Anything wrong with a request raises ``InferError`` with the protocol's status and its error
+body's text: a missing or unknown input, a wrong type or shape, an unknown model, malformed
+JSON, more rows than the server takes in one request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from roles.data.readers import RawBlock, Schema, _block
+from roles.job.settings import Job
+
+OUTPUT = "probability"
+NUMBER_TYPES = frozenset({"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16",
+                          "INT32", "INT64", "FP16", "FP32", "FP64"})
+
+
+class InferError(ValueError):
+    """A request the server cannot answer: ``status`` (400 bad request, 404 no such model)
+    and the error body's text."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+    def body(self) -> bytes:
+        return orjson.dumps({"error": str(self)})
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A job's inputs as the protocol names them: its dense fields (numbers) and its sparse
+    fields (BYTES, a list field's separator beside it)."""
+
+    name: str
+    dense: tuple[str, ...]
+    sparse: tuple[str, ...]
+    lists: dict[str, str]
+
+    @classmethod
+    def of(cls, job: Job) -> Signature:
+        return cls(job.name, tuple(job.dense_fields), tuple(job.sparse_fields),
+                   dict(job.list_fields))
+
+    def schema(self) -> Schema:
+        return Schema(label="", dense=list(self.dense), sparse=list(self.sparse),
+                      lists=dict(self.lists))
+
+    def metadata(self, version: str) -> dict[str, Any]:
+        """``GET /v2/models/<name>``."""
+        inputs = [{"name": f, "datatype": "FP32", "shape": [-1]} for f in self.dense] + \
+                 [{"name": f, "datatype": "BYTES", "shape": [-1],
+                   **({"parameters": {"separator": self.lists[f]}} if f in self.lists else {})}
+                  for f in self.sparse]
+        return {"name": self.name, "versions": [version] if version else [],
+                "platform": "zbus", "inputs": inputs,
+                "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1]}]}
+
+
+@dataclass
+class Request:
+    """An infer request read: its id (echoed), its rows as a block of the job's schema."""
+
+    id: str | None
+    block: RawBlock
+
+    def __len__(self) -> int:
+        return len(self.block)
+
+
+def rows_of(body: bytes, sig: Signature, max_rows: int) -> Request:
+    """An infer request's body as rows (``InferError`` when it is not one the model takes)."""
+    try:
+        request = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InferError(f"malformed JSON: {exc}") from None
+    if not isinstance(request, dict):
+        raise InferError("an infer request is a JSON object with 'inputs'")
+    inputs = request.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise InferError("the request has no 'inputs' (a list of tensors, one per field)")
+    given: dict[str, list] = {}
+    for tensor in inputs:
+        name, values = _tensor(tensor, sig)
+        if name in given:
+            raise InferError(f"input {name!r} is given twice")
+        given[name] = values
+    wanted = [*sig.dense, *sig.sparse]
+    missing = [f for f in wanted if f not in given]
+    if missing:
+        raise InferError(f"missing input(s) {', '.join(map(repr, missing))}: the model takes "
+                         f"one per field ({', '.join(wanted)})")
+    rows = {len(v) for v in given.values()}
+    if len(rows) != 1:
+        raise InferError("the inputs have different numbers of rows: "
+                         + ", ".join(f"{k} {len(v)}" for k, v in given.items()))
+    n = rows.pop()
+    if n == 0:
+        raise InferError("the inputs hold no row")
+    if n > max_rows:
+        raise InferError(f"{n} rows in one request, more than this server takes "
+                         f"(--max-batch {max_rows}): send them in several")
+    table = pa.table([pa.array(given[f], pa.float64()) for f in sig.dense]
+                     + [pa.array(given[f], pa.string()) for f in sig.sparse],
+                     names=[*sig.dense, *sig.sparse])
+    block = _block(sig.schema(), table, n, lambda: [(i, _row_text(given, i)) for i in range(n)],
+                   "request", [], len(body))
+    if block.rejected:
+        r = block.rejected[0]
+        raise InferError(f"row {r.line}: {r.reason}")
+    request_id = request.get("id")
+    return Request(request_id if isinstance(request_id, str) else None, block)
+
+
+def empty_row(sig: Signature) -> RawBlock:
+    """One row of missing values (every field null)."""
+    table = pa.table([pa.array([None], pa.float64()) for _ in sig.dense]
+                     + [pa.array([None], pa.string()) for _ in sig.sparse],
+                     names=[*sig.dense, *sig.sparse])
+    return _block(sig.schema(), table, 1, lambda: [(0, "")], "warm-up", [], 0)
+
+
+def _tensor(tensor: Any, sig: Signature) -> tuple[str, list]:
+    """One input tensor's name and values, checked against the field it names."""
+    if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
+        raise InferError("each input is an object with 'name', 'datatype', 'shape' and 'data'")
+    name = tensor["name"]
+    if name not in sig.dense and name not in sig.sparse:
+        raise InferError(f"unknown input {name!r}: the model's inputs are its fields "
+                         f"({', '.join([*sig.dense, *sig.sparse])})")
+    datatype, shape, data = tensor.get("datatype"), tensor.get("shape"), tensor.get("data")
+    dense = name in sig.dense
+    if dense and datatype not in NUMBER_TYPES:
+        raise InferError(f"input {name!r} is a dense field: its datatype is a number type "
+                         f"(FP32), not {datatype!r}")
+    if not dense and datatype != "BYTES":
+        raise InferError(f"input {name!r} is a sparse field: its datatype is BYTES (its value "
+                         f"as in the data), not {datatype!r}")
+    if not isinstance(data, list):
+        raise InferError(f"input {name!r} has no 'data' list")
+    if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape) \
+            or not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
+        raise InferError(f"input {name!r}: shape {shape!r}; a field's shape is [rows] or "
+                         "[rows, 1]")
+    values = [v[0] if isinstance(v, list) and len(v) == 1 else v for v in data]  # [[x], ...]
+    if len(values) != shape[0]:
+        raise InferError(f"input {name!r}: shape {shape!r} but {len(values)} value(s)")
+    for i, v in enumerate(values):
+        ok = v is None or (isinstance(v, int | float) if dense else isinstance(v, str))
+        if not ok:
+            want = "a number" if dense else "a string"
+            raise InferError(f"input {name!r}, row {i}: {v!r} is not {want}")
+    return name, values
+
+
+def _row_text(given: dict[str, list], i: int) -> str:
+    return orjson.dumps({k: v[i] for k, v in given.items()}).decode()
+
+
+def response(sig: Signature, version: str, request_id: str | None,
+             probabilities: np.ndarray) -> bytes:
+    """The infer response: one probability per row, with the version that computed them."""
+    out: dict[str, Any] = {"model_name": sig.name, "model_version": version}
+    if request_id is not None:
+        out["id"] = request_id
+    out["outputs"] = [{"name": OUTPUT, "datatype": "FP32", "shape": [len(probabilities)],
+                       "data": probabilities.astype(np.float64).tolist()}]
+    return orjson.dumps(out)
