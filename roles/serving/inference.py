@@ -96,7 +96,7 @@ def rows_of(body: bytes, sig: Signature, max_rows: int) -> Request:
     inputs = request.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise InferError("the request has no 'inputs' (a list of tensors, one per field)")
-    given: dict[str, list] = {}
+    given: dict[str, pa.Array] = {}
     for tensor in inputs:
         name, values = _tensor(tensor, sig)
         if name in given:
@@ -117,9 +117,7 @@ def rows_of(body: bytes, sig: Signature, max_rows: int) -> Request:
     if n > max_rows:
         raise InferError(f"{n} rows in one request, more than this server takes "
                          f"(--max-batch {max_rows}): send them in several")
-    table = pa.table([pa.array(given[f], pa.float64()) for f in sig.dense]
-                     + [pa.array(given[f], pa.string()) for f in sig.sparse],
-                     names=[*sig.dense, *sig.sparse])
+    table = pa.table([given[f] for f in wanted], names=wanted)
     block = _block(sig.schema(), table, n, lambda: [(i, _row_text(given, i)) for i in range(n)],
                    "request", [], len(body))
     if block.rejected:
@@ -137,8 +135,9 @@ def empty_row(sig: Signature) -> RawBlock:
     return _block(sig.schema(), table, 1, lambda: [(0, "")], "warm-up", [], 0)
 
 
-def _tensor(tensor: Any, sig: Signature) -> tuple[str, list]:
-    """One input tensor's name and values, checked against the field it names."""
+def _tensor(tensor: Any, sig: Signature) -> tuple[str, pa.Array]:
+    """One input tensor's name and values (float64 or string), checked against the field it
+    names."""
     if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
         raise InferError("each input is an object with 'name', 'datatype', 'shape' and 'data'")
     name = tensor["name"]
@@ -159,19 +158,24 @@ def _tensor(tensor: Any, sig: Signature) -> tuple[str, list]:
             or not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
         raise InferError(f"input {name!r}: shape {shape!r}; a field's shape is [rows] or "
                          "[rows, 1]")
-    values = [v[0] if isinstance(v, list) and len(v) == 1 else v for v in data]  # [[x], ...]
-    if len(values) != shape[0]:
-        raise InferError(f"input {name!r}: shape {shape!r} but {len(values)} value(s)")
-    for i, v in enumerate(values):
+    if len(shape) == 2:   # [[x], [y], ...] or flat, as the protocol allows
+        data = [v[0] if isinstance(v, list) and len(v) == 1 else v for v in data]
+    if len(data) != shape[0]:
+        raise InferError(f"input {name!r}: shape {shape!r} but {len(data)} value(s)")
+    try:   # checked in C; a value of another type makes arrow refuse the whole list
+        return name, pa.array(data, pa.float64() if dense else pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        pass
+    for i, v in enumerate(data):   # which value, in words
         ok = v is None or (isinstance(v, int | float) if dense else isinstance(v, str))
         if not ok:
-            want = "a number" if dense else "a string"
-            raise InferError(f"input {name!r}, row {i}: {v!r} is not {want}")
-    return name, values
+            raise InferError(f"input {name!r}, row {i}: {v!r} is not "
+                             f"{'a number' if dense else 'a string'}")
+    return name, pa.array([None if v is None else float(v) for v in data], pa.float64())
 
 
-def _row_text(given: dict[str, list], i: int) -> str:
-    return orjson.dumps({k: v[i] for k, v in given.items()}).decode()
+def _row_text(given: dict[str, pa.Array], i: int) -> str:
+    return orjson.dumps({k: v[i].as_py() for k, v in given.items()}).decode()
 
 
 def response(sig: Signature, version: str, request_id: str | None,

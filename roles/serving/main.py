@@ -112,22 +112,30 @@ def serve(args: argparse.Namespace, sock: socket.socket, served, threads: int) -
             follower.close()
 
 
-def bound(host: str, port: int) -> socket.socket:
+def bound(host: str, port: int, shared: bool = False, listen: bool = True) -> socket.socket:
+    """A TCP socket bound to (host, port); ``shared``: one of several processes' on the same
+    port (SO_REUSEPORT: the kernel spreads the connections among those that listen, by each
+    connection's addresses, so that no process takes them all while the others wait); not
+    ``listen``ing, it only keeps the port for them."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named: asyncio turns Nagle off (TCP_NODELAY) only on connections of a
     # socket that says it is TCP; with proto 0 each response's body waited for the client's
     # delayed ACK (measured: 44 ms a request against 0.4)
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
+    if listen:
+        sock.listen(2048)
     return sock
 
 
 def supervise(args: argparse.Namespace, sock: socket.socket, served, threads: int) -> int:
     """``--workers`` processes forked from this one (the model loaded once, its pages shared
-    until written); one that dies is started again; SIGTERM or SIGINT stops them all."""
+    until written), each listening on a socket of its own on ``sock``'s port (which this
+    process keeps, not listening); one that dies is started again; SIGTERM or SIGINT stops
+    them all."""
     from prometheus_client import multiprocess
     children: dict[int, int] = {}
     stopping = False
@@ -138,7 +146,8 @@ def supervise(args: argparse.Namespace, sock: socket.socket, served, threads: in
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             try:
-                serve(args, sock, served, threads)
+                host, port = sock.getsockname()[:2]
+                serve(args, bound(host, port, shared=True), served, threads)
             finally:
                 os._exit(0)
         children[pid] = slot
@@ -182,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     from roles.storage.fs import StorageError
     try:
         served = load(args.model) if args.model else None
-        sock = bound(args.host, args.port)
+        sock = bound(args.host, args.port, shared=args.workers > 1, listen=args.workers == 1)
     except (ExportError, OSError, KeyError, StorageError) as exc:
         print(f"zbus-serve: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -728,3 +728,49 @@ def test_the_docs_never_change_the_readers_kube_context():
     for line in re.findall(r"^\s*kubectl (?:apply|wait|logs|exec|scale|cp|create secret|"
                            r"delete|port-forward)\b.*$", k8s, re.M):
         assert " -n " in line or "overlays/criteo-s3" in line or "-n <" in line, line
+
+
+# ---- zbus-serve: a Deployment and its Service (deploy/kubernetes/serving) -------------------
+
+@pytest.mark.integration
+def test_the_serving_deployment_is_valid_follows_the_s3_jobs_checkpoints_and_is_ready_on_a_model():
+    import kubernetes_validate
+
+    from roles.serving.main import parse
+    objects = render("serving")
+    assert {o["kind"] for o in objects} == {"Deployment", "Service"}
+    for version in newest_versions():
+        for obj in objects:
+            kubernetes_validate.validate(obj, version, strict=True)
+    deployment = by_kind(objects, "Deployment")["zbus-serve"]
+    pod = deployment["spec"]["template"]["spec"]
+    container = only_container(deployment)
+    assert container["command"] == ["zbus-serve"]
+    args = parse(container["args"])   # what zbus-serve makes of them: no error
+    s3_job = job_of(render("overlays/criteo-s3"))
+    assert args.follow == s3_job.checkpoint.dir, "serving follows the job's checkpoints"
+    assert args.host == "0.0.0.0"   # the pod's address, not only its loopback
+    port = container["ports"][0]
+    assert port["containerPort"] == args.port and port["name"] == "http"
+    # ready once a model is loaded: the Service sends a pod nothing before
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    service = by_kind(objects, "Service")["zbus-serve"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert deployment["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(args.port)
+    # as every zbus pod: not root, no privileges, a read-only root with /tmp and numba's
+    # cache on the pod's own disks
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == UID
+    for c in [*pod["containers"], *pod["initContainers"]]:
+        ctx = c["securityContext"]
+        assert ctx["readOnlyRootFilesystem"] is True and ctx["capabilities"]["drop"] == ["ALL"]
+        assert ctx["allowPrivilegeEscalation"] is False
+        assert "memory" in c["resources"]["limits"]
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/tmp", "/opt/zbus-numba"} <= mounts
