@@ -52,11 +52,12 @@ class Consumer(Protocol):
 
 
 def open_consumer(url: str, topic: str, group: str, start: str = "earliest",
-                  options: dict[str, object] | None = None) -> Consumer:
+                  options: dict[str, object] | None = None,
+                  ack_wait_s: float = 30.0) -> Consumer:
     """A consumer of ``topic`` for ``group`` (a durable consumer, a consumer group) at
     ``url``: ``nats://host:port[,host:port...]`` or ``kafka://host:port[,...]``; ``start``
     (``earliest`` or ``latest``) where a new group begins; ``options`` the client's own
-    settings (credentials, TLS)."""
+    settings (credentials, TLS); ``ack_wait_s`` JetStream's AckWait."""
     if start not in ("earliest", "latest"):
         raise BrokerError(f"start must be 'earliest' or 'latest', got {start!r}")
     scheme, sep, hosts = url.partition("://")
@@ -64,7 +65,8 @@ def open_consumer(url: str, topic: str, group: str, start: str = "earliest",
         raise BrokerError(f"a stream url is nats://host:port or kafka://host:port, got {url!r}")
     if scheme == "nats":
         from roles.events.nats_js import JetStreamConsumer
-        return JetStreamConsumer(hosts.split(","), topic, group, start, options or {})
+        return JetStreamConsumer(hosts.split(","), topic, group, start, options or {},
+                                 ack_wait_s=ack_wait_s)
     if scheme == "kafka":
         from roles.events.kafka import KafkaConsumer
         return KafkaConsumer(hosts, topic, group, start, options or {})

@@ -3,11 +3,12 @@
 A job's feeders share one durable pull consumer on the stream that holds the subject: each
 message goes to one feeder (JetStream spreads a pull consumer's messages over its pullers, so
 several feeders need no partitions, and one that dies needs no rebalance), and a message not
-acknowledged within ``ack_wait_s`` (default 30) is delivered again, to whichever feeder pulls
-next. Acknowledgement is explicit, per message (``AckExplicit``: with feeders sharing the
-consumer, ``AckAll`` would acknowledge another feeder's messages); ``done`` sends the acks and
-flushes the connection, so that they have reached the server when it returns. The client is
-asyncio's: it runs on a thread of its own, and this class's methods wait for it.
+acknowledged within ``ack_wait_s`` (``[stream] ack_wait_s``, default 30) is delivered again,
+to whichever feeder pulls next. Acknowledgement is explicit, per message (``AckExplicit``:
+with feeders sharing the consumer, ``AckAll`` would acknowledge another feeder's messages);
+``done`` sends the acks and flushes the connection, so that they have reached the server when
+it returns. The client is asyncio's: it runs on a thread of its own, and this class's methods
+wait for it.
 """
 
 from __future__ import annotations

@@ -25,13 +25,16 @@ from roles.events.decode import Decoded, EventDecoder
 log = logging.getLogger(__name__)
 FETCH_WAIT_S = 0.05  # a fetch waits this long for a first message (acks wait as long)
 LAG_EVERY_S = 1.0    # the broker is asked for the group's lag this often
-WORKING_S = 5.0      # messages read and not taken this long are said in progress
+WORKING_S = 5.0      # messages read and not taken this long are said in progress (or less:
+                     # ``working_s``, a third of a shorter ack wait)
 
 
 class EventReader:
     def __init__(self, consumer: Consumer, decoder: EventDecoder, max_messages: int = 10_000,
-                 fetch_messages: int = 500, retry_s: float = 1.0):
+                 fetch_messages: int = 500, retry_s: float = 1.0,
+                 working_s: float = WORKING_S):
         self.consumer, self.decoder = consumer, decoder
+        self.working_s = working_s
         self.max_messages, self.fetch_messages, self.retry_s = \
             max_messages, fetch_messages, retry_s
         self._queue: queue.Queue[tuple[list[Delivery], Decoded]] = queue.Queue()
@@ -93,7 +96,7 @@ class EventReader:
 
     def _serve(self) -> None:
         """The loop's acknowledgements, in-progress acks and its last question; messages read
-        and not yet taken that have waited ``WORKING_S`` are said in progress."""
+        and not yet taken that have waited ``working_s`` are said in progress."""
         self._keep_queued()
         while True:
             try:
@@ -116,8 +119,8 @@ class EventReader:
     def _keep_queued(self) -> None:
         now = time.monotonic()
         with self._changed:
-            due = [d for at, d in self._queued if now - at >= WORKING_S]
-            self._queued = [(now if now - at >= WORKING_S else at, d)
+            due = [d for at, d in self._queued if now - at >= self.working_s]
+            self._queued = [(now if now - at >= self.working_s else at, d)
                             for at, d in self._queued]
         if due:
             try:

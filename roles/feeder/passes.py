@@ -25,8 +25,9 @@ from roles.data.index import Part
 from roles.data.stream import Tally
 from roles.feeder.ledger_side import LedgerSide
 from roles.feeder.loading import Loading
+from roles.job.cli import MAX_WORKERS
 from roles.job.settings import Job
-from roles.protocol.datapath import PartMap
+from roles.protocol.datapath import PartMap, max_in_flight
 from zbus.codec import Message
 
 log = logging.getLogger(__name__)
@@ -248,10 +249,17 @@ class Passes:
         """A stream job's one training pass (its part this feeder's own: ``pass_.part``)."""
         self.epoch = pass_.epoch
         self.tally.new_epoch(pass_.epoch)
-        self.ledger.new_epoch(pass_.epoch)
+        logged = self.ledger.new_epoch(pass_.epoch).get(pass_.part)
+        # a restarted feeder: its batches are numbered above any its dead process sent
+        first = pass_.resume(logged, max_in_flight(MAX_WORKERS, self.job.train.prefetch))
+        if logged is not None and first is not None:
+            log.warning("restarted: the stream's batches go on from number %d (%d acked by "
+                        "its previous processes)", first, logged.low + len(logged.above))
+            logged.skip_below(first)
+            self.ledger.log().skip_below(pass_.epoch, pass_.part, first)
         self.enter("training")
         self.tally.new_pass()
-        self.tally.part_planned(pass_.part, PartProgress(pass_.epoch))
+        self.tally.part_planned(pass_.part, logged or PartProgress(pass_.epoch))
         self.epoch_started = time.monotonic()
         self.plan = pass_
         log.info("training on the stream")

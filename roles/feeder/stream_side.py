@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 POLL_S = 0.005         # the loop looks for events read this often while it streams
 WARMUP_IDLE_S = 1.0    # the statistics are made from fewer events once none came this long
 WARMUP_EMPTY_S = 10.0  # ... or from none, when none came at all this long
-WORKING_EVERY_S = 5.0  # held messages older than this are said in progress (ack wait: 30 s)
+WORKING_EVERY_S = 5.0  # held messages older than this are said in progress (or a third of
+                       # [stream] ack_wait_s, when that is less)
 HELD_BATCHES = 8       # events waiting in the batcher, in batches, before the loop takes more
 
 
@@ -126,10 +127,11 @@ class StreamSide:
         try:
             decoder = EventDecoder(schema, s.format, s.topic, s.columns)
             consumer = open_consumer(s.url, s.topic, self.group, s.start,
-                                     dict(s.options) or None)
+                                     dict(s.options) or None, s.ack_wait_s)
         except (BrokerError, ValueError) as exc:
             return f"cannot read the stream {s.url} {s.topic}: {exc}"
-        self.reader = EventReader(consumer, decoder, max_messages=1000, fetch_messages=100)
+        self.reader = EventReader(consumer, decoder, max_messages=1000, fetch_messages=100,
+                                  working_s=self.working_every())
         self.warm_started = time.monotonic()
         log.info("reading %s %s as %s (%s), from %s", s.url, s.topic, self.group, s.format,
                  s.start)
@@ -168,14 +170,20 @@ class StreamSide:
             self.batcher.add(self.prepare(h.block), h.origin, h.times, now)
 
     # -- reading ---------------------------------------------------------------------------
+    def working_every(self) -> float:
+        """How long a message is held (read, or taken) before it is said in progress: well
+        within the broker's ack wait."""
+        return min(WORKING_EVERY_S, self.config.ack_wait_s / 3)
+
     def poll(self, now: float) -> bool:
         """Take what the reader has read (while the batcher has room); whether any event
         came. Held messages due an in-progress ack get one."""
         if self.reader is None:
             return False
-        if now - self.working_at >= WORKING_EVERY_S:   # held, waiting or ended alike
+        every = self.working_every()
+        if now - self.working_at >= every:   # held, waiting or ended alike
             self.working_at = now
-            overdue = self.tracker.overdue(now, WORKING_EVERY_S)
+            overdue = self.tracker.overdue(now, every)
             if overdue:
                 self.reader.working(overdue)
         if self.ended or self.full():

@@ -45,6 +45,11 @@ class StreamConfig:
     warmup_events: int = field(default=10_000, metadata={"min": 1, "doc": (
         "the first events whose dense statistics make the dense transform (each feeder's "
         "share; trained first)")})
+    ack_wait_s: float = field(default=30.0, metadata={"min": 1.0, "doc": (
+        "NATS: a message not acknowledged this long after its delivery is delivered again "
+        "(JetStream's AckWait: how soon a dead feeder's messages come back; a feeder says the "
+        "messages it holds are in progress every third of it). Kafka: unused (a dead "
+        "feeder's partitions go to the others when its session ends)")})
     options: dict[str, str] = field(default_factory=dict, metadata={"doc": (
         "the client's own settings, passed on as they are: NATS `user_credentials`, `token`, "
         "`user`, `password`, ...; librdkafka's `sasl.*`, `ssl.*`, `security.protocol`, ...")})

@@ -193,6 +193,15 @@ class AckLog:
         t["last_epoch"] = max(epochs)
         return t
 
+    def skip_below(self, epoch: int, part: int, first: int) -> None:
+        """Batches of ``part`` numbered below ``first`` will not be acked
+        (``PartProgress.skip_below``): the compact form leaves their holes. (Read again after a
+        restart, the records make the holes again; the restarted feeder skips them again.)"""
+        self._settle()
+        progress = self.live.get(epoch, {}).get(part)
+        if progress is not None:
+            progress.skip_below(first)
+
     def progress(self, epoch: int) -> dict[int, PartProgress]:
         """Per part, the training pass of ``epoch`` as the log has it."""
         self._settle()

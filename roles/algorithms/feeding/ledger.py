@@ -140,6 +140,14 @@ class PartProgress:
     def done(self, number: int) -> bool:
         return number < self.low or number in self.above
 
+    def skip_below(self, first: int) -> None:
+        """Numbers below ``first`` will never be acknowledged (a restarted stream feeder: its
+        dead processes' batches not acked are the broker's again), so they are no hole that
+        keeps ``low`` back and ``above`` growing with every ack after it."""
+        if first > self.low:
+            self.low = first
+            self.above = {n for n in self.above if n >= first}
+
     @classmethod
     def of(cls, resume: dict[str, Any]) -> PartProgress:
         """From what PartMap's ``resume`` (or FeederProgress) carries."""

@@ -5,7 +5,11 @@ interface), but one that does not end by itself: ``take`` gives None while no ba
 only once the stream is ended (``end``: ``[train] until_events`` reached, ``until_s`` past, or
 control's word) and every event read has been batched.
 
-Batch ids are (epoch, this feeder's part, seq). Each batch's composition (its messages and
+Batch ids are (epoch, this feeder's part, seq), and no two processes of a feeder give one id to
+two batches: a restarted feeder numbers its batches on from above every seq its dead process can
+have handed out (``resume``), so that a shard never takes a new batch for one it applied (and
+refuses its rows' gradients) and a late ack of a dead process's batch never counts for a new
+one. Each batch's composition (its messages and
 their counts, ``Batch``) is kept until its ack (``acked``), for the tracker. A stream batch
 cannot be made again (its events are the broker's, not a file's): ``peek`` finds none, so a
 restarted feeder reclaims nothing by peeking; its dead process's messages come again from the
@@ -15,6 +19,7 @@ broker, and the log of sent batches says which of their events were trained (doc
 from __future__ import annotations
 
 from roles.algorithms.feeding.event_batches import Batch, EventBatcher
+from roles.algorithms.feeding.ledger import PartProgress
 from roles.data.stream import Samples
 from roles.protocol.datapath import make_batch_id, split_batch_id
 
@@ -40,6 +45,19 @@ class StreamPass:
     def end(self) -> None:
         """No more events: what waits goes out in a last, partial batch."""
         self.ended = True
+
+    def resume(self, logged: PartProgress | None, in_flight: int) -> int | None:
+        """A restarted feeder: its dead processes' acked batches are ``logged`` (the ack log's
+        progress of this pass, None when none was acked); at most ``in_flight`` of the batches
+        they handed out were unacknowledged at any time (the ledger's bound, at the most
+        workers a job can have). So every seq handed out is below the highest acked one plus
+        ``in_flight`` plus one: the numbering goes on from there. Returns the first seq of
+        this process (None: not a restart)."""
+        if logged is None:
+            return None
+        highest = max([logged.low - 1, *logged.above])
+        self.next_seq = max(self.next_seq, highest + 1 + in_flight)
+        return self.next_seq
 
     def take(self) -> tuple[int, Samples] | None:
         batch = self.batcher.take(self.now, flush=self.ended)

@@ -279,7 +279,8 @@ def test_workers_behind_one_port_a_killed_one_comes_back_and_sigterm_ends_them(t
         assert len(workers) == 2, workers
         ask_all(20)
         workers[0].kill()   # SIGKILL: the others serve on, and the supervisor starts another
-        ask_all(10)
+        workers[0].wait(timeout=30)   # (a connection queued to it as it died is reset: each
+        ask_all(10)                   # worker has its own socket; clients retry those)
         for _ in range(400):
             now = psutil.Process(proc.pid).children()
             if len(now) == 2 and workers[0].pid not in {p.pid for p in now}:
