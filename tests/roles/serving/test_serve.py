@@ -303,3 +303,46 @@ def test_workers_behind_one_port_a_killed_one_comes_back_and_sigterm_ends_them(t
                 p.kill()
             proc.kill()
             proc.wait()
+
+
+def test_every_answer_while_following_a_training_job_is_its_named_versions_own(
+        tmp_path, rows):
+    """A job trains and checkpoints every half second while the server follows it and is
+    asked the same rows over and over: each answer must be exactly what the checkpoint of the
+    version it names computes offline (no answer from a model half swapped in, none named
+    after another version than the one that computed it)."""
+    _, table = rows
+    c = LocalCluster(tmp_path / "job", ADULT_JOB, in_process=True, train__epochs=3,
+                     checkpoint__every_s=0.5, checkpoint__keep=1000)
+    answers: list[tuple[str, list[float]]] = []
+    try:
+        (c.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        with ServerThread(follow=str(c.run_dir), poll_s=0.02) as server:
+            c.start_all()
+            client, meta = Client(server.url), None
+            while c.procs["control-0"].poll() is None:
+                if meta is None:
+                    status, got = client.call("GET", "/v2/models/adult")
+                    meta = got if status == 200 else None
+                    time.sleep(0.01)
+                    continue
+                status, reply = client.infer("adult", request_body(meta, table[:8]))
+                assert status == 200, reply
+                answers.append((reply["model_version"], reply["outputs"][0]["data"]))
+            assert c.wait() == 0, c.logs()
+            client.close()
+    finally:
+        c.close()
+    by_round = {}
+    for manifest in (c.run_dir / "checkpoints").glob("*/manifest.json"):
+        by_round[str(orjson.loads(manifest.read_bytes())["round"])] = manifest.parent
+    versions = {v for v, _ in answers}
+    assert len(versions) >= 3, versions   # it did follow the job
+    path = tmp_path / "rows.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(table[0]))
+        w.writeheader()
+        w.writerows(table[:8])
+    expected = {v: predicted(ExportedModel(by_round[v]), path) for v in versions}
+    for version, got in answers:
+        np.testing.assert_allclose(got, expected[version], rtol=0, atol=1e-6)
