@@ -54,9 +54,10 @@ class StreamCourse:
     def scored(self, node_id: str, m: StreamScores) -> None:
         self.scores[node_id] = m
 
-    def summary(self, rows_repeated: int) -> StreamFigures | None:
+    def summary(self, rows_repeated: int, feeder_restarted: bool) -> StreamFigures | None:
         """The stream's figures (None for a job that read files); ``rows_repeated``: the
-        events of batches acknowledged more than once (the pass's report)."""
+        events of batches acknowledged more than once (the pass's report); after a feeder's
+        restart the events trained twice are not known (docs/streams.md, exactly once)."""
         if not self.job.streaming:
             return None
         lifetime = ScoreHistogram()
@@ -71,7 +72,7 @@ class StreamCourse:
         return StreamFigures(
             events_read=sum(m.events_read for m in scores),
             events_trained=sum(m.events_trained for m in scores),
-            events_trained_twice=rows_repeated,
+            events_trained_twice=None if feeder_restarted else rows_repeated,
             events_rejected=sum(m.events_rejected for m in scores),
             messages_acked=sum(m.messages_acked for m in scores),
             lag_events=sum(m.lag_events for m in scores) if known else None,

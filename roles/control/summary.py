@@ -54,7 +54,8 @@ def run_summary(p: ControlComponents, job: Job, status: str, reason: str, *,
         **figures.traffic(counters),
         **figures.shards(job, counters, p.placement.summary(), model_plan),
         "stream": p.course.stream.summary(
-            sum(e.get("rows_repeated", 0) for e in p.course.epochs)),
+            sum(e.get("rows_repeated", 0) for e in p.course.epochs),
+            feeder_restarted=bool(p.feeding.recoveries)),
     }
 
 

@@ -158,15 +158,17 @@ class ExactlyOnce(TypedDict):
 
 class StreamFigures(TypedDict):
     """A stream job's (docs/streams.md): events read (taken by the feeders), trained, trained
-    twice (always 0), set aside; the broker's lag at the end (messages of the group not
-    acknowledged, and in events at the mean events a message) and the seconds from the newest
-    event trained to the job's end; progressive validation (each event scored by the model
-    before it trained on it): the lifetime AUC and log loss over every feeder's events, and
-    each feeder's closed windows."""
+    twice (the events of batches acknowledged twice: 0; None, not known, once a feeder was
+    restarted mid-stream: its dead process's trained events whose messages were not
+    acknowledged were delivered and trained again under new batches), set aside; the broker's
+    lag at the end (messages of the group not acknowledged, and in events at the mean events a
+    message) and the seconds from the newest event trained to the job's end; progressive
+    validation (each event scored by the model before it trained on it): the lifetime AUC and
+    log loss over every feeder's events, and each feeder's closed windows."""
 
     events_read: int
     events_trained: int
-    events_trained_twice: int
+    events_trained_twice: int | None
     events_rejected: int
     messages_acked: int
     lag_events: int | None

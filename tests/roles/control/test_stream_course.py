@@ -78,27 +78,30 @@ def test_the_jobs_progressive_auc_is_that_of_every_feeders_scores_together():
     course = StreamCourse(parse_job(JOB, environ={}), Commands(lambda m: None))
     course.scored("feeder-0", scores(labels[:2500], probs[:2500], 2500))
     course.scored("feeder-1", scores(labels[2500:], probs[2500:], 1500))
-    s = course.summary(rows_repeated=0)
+    s = course.summary(rows_repeated=0, feeder_restarted=False)
     assert s is not None
     assert s["events_trained"] == 4000 and s["lag_events"] == 0
     assert abs(s["progressive_auc"] - exact_auc(labels, probs)) < 1e-3
     assert [w["feeder"] for w in s["windows"]] == ["feeder-0", "feeder-1"]
+    assert s["events_trained_twice"] == 0
+    # a feeder restarted mid-stream: what it trained again is not known, and not said 0
+    assert course.summary(rows_repeated=0, feeder_restarted=True)["events_trained_twice"] is None
 
 
 def test_the_lag_is_not_known_while_a_feeder_has_not_reported_its_end():
     course = StreamCourse(parse_job(JOB, environ={}), Commands(lambda m: None))
     course.scored("feeder-0", scores(np.array([0.0, 1.0]), np.array([0.2, 0.7]), 2))
-    s = course.summary(rows_repeated=0)
+    s = course.summary(rows_repeated=0, feeder_restarted=False)
     assert s is not None and s["lag_events"] is None and s["events_trained"] == 2
 
 
 def test_an_auc_of_one_class_only_is_none_not_nan():
     course = StreamCourse(parse_job(JOB, environ={}), Commands(lambda m: None))
     course.scored("feeder-0", scores(np.zeros(5), np.full(5, 0.3), 5))
-    s = course.summary(rows_repeated=0)
+    s = course.summary(rows_repeated=0, feeder_restarted=False)
     assert s is not None and s["progressive_auc"] is None and s["progressive_logloss"] > 0
 
 
 def test_a_job_that_reads_files_has_no_stream_figures():
     job = parse_job('[data]\npath = "x.csv"\nlabel = "y"\nsparse = ["c"]\n', environ={})
-    assert StreamCourse(job, Commands(lambda m: None)).summary(0) is None
+    assert StreamCourse(job, Commands(lambda m: None)).summary(0, False) is None
