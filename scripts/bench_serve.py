@@ -7,7 +7,8 @@ alternative a user would pick: the same model scored in the caller's own process
 For each number of connections (``--connections``, closed loop: each sends its next request
 when the last is answered, so the load rises with them) wrk reports requests/s and the
 latency's p50 and p99; the server's CPU (its processes' user + system time over the run)
-gives the CPU per 1,000 rows. Batched: ``--batch`` rows a request. The model: the Adult
+gives the CPU per 1,000 rows. Batched: ``--batch`` rows a request over 4 connections a
+worker process. The model: the Adult
 job's export, trained first (1 epoch, in this process), or ``--export``.
 
     .venv/bin/python scripts/bench_serve.py [--seconds 10] [--workers 1]
@@ -150,10 +151,11 @@ def main() -> None:
                     got["rps"] * args.seconds) * 1000
                 results.append((c, 1, got))
             cpu = server_cpu(proc)
-            got = wrk(url, many, 4, args.seconds)
+            batched = 4 * args.workers   # (several: the kernel spreads them by address)
+            got = wrk(url, many, batched, args.seconds)
             got["cpu_per_1k_rows_s"] = (server_cpu(proc) - cpu) / (
                 got["rps"] * args.batch * args.seconds) * 1000
-            results.append((4, args.batch, got))
+            results.append((batched, args.batch, got))
         finally:
             server.terminate()
             server.wait(timeout=30)

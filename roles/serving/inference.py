@@ -17,6 +17,7 @@ JSON, more rows than the server takes in one request.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,11 @@ class Signature:
     def schema(self) -> Schema:
         return Schema(label="", dense=list(self.dense), sparse=list(self.sparse),
                       lists=dict(self.lists))
+
+    @functools.cached_property
+    def sparse_schema(self) -> Schema:
+        """The schema of the fields the readers check (the dense ones arrive as numbers)."""
+        return Schema(label="", dense=[], sparse=list(self.sparse), lists=dict(self.lists))
 
     def metadata(self, version: str) -> dict[str, Any]:
         """``GET /v2/models/<name>``."""
@@ -117,9 +123,15 @@ def rows_of(body: bytes, sig: Signature, max_rows: int) -> Request:
     if n > max_rows:
         raise InferError(f"{n} rows in one request, more than this server takes "
                          f"(--max-batch {max_rows}): send them in several")
-    table = pa.table([given[f] for f in wanted], names=wanted)
-    block = _block(sig.schema(), table, n, lambda: [(i, _row_text(given, i)) for i in range(n)],
-                   "request", [], len(body))
+    # the sparse and list fields through the readers' checks; the dense ones are numbers
+    # already, finite (JSON has no infinity: orjson refuses 1e999), null where missing (NaN)
+    table = pa.table([given[f] for f in sig.sparse], names=list(sig.sparse))
+    block = _block(sig.sparse_schema, table, n,
+                   lambda: [(i, _row_text(given, i)) for i in range(n)], "request", [],
+                   len(body))
+    block.dense = np.column_stack([given[f].to_numpy(zero_copy_only=False)
+                                   for f in sig.dense]) if sig.dense \
+        else np.zeros((n, 0), dtype=np.float64)
     if block.rejected:
         r = block.rejected[0]
         raise InferError(f"row {r.line}: {r.reason}")
