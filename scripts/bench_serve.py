@@ -131,13 +131,7 @@ def main() -> None:
             line = server.stdout.readline()
             url = line.split(" on ")[1].split()[0]
             client = Client(url)
-            for _ in range(600):
-                try:
-                    if client.call("GET", "/v2/health/ready")[0] == 200:
-                        break
-                except OSError:
-                    client = Client(url)
-                time.sleep(0.05)
+            client.wait_ready()
             meta = client.metadata("adult")
             one, many = work / "one.json", work / "many.json"
             one.write_bytes(request_body(meta, rows[:1]))

@@ -6,6 +6,7 @@ the benchmarks and a user's own code speak to the server with it."""
 from __future__ import annotations
 
 import http.client
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -53,6 +54,21 @@ class Client:
             return reply.status, orjson.loads(data)
         except orjson.JSONDecodeError:
             return reply.status, data.decode("utf-8", "replace")
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Until the server says it is ready (a model loaded); a refused or reset connection
+        meanwhile (a server starting) is tried again. TimeoutError past ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if self.call("GET", "/v2/health/ready")[0] == 200:
+                    return
+            except OSError:
+                self.conn.close()   # (http.client connects again at the next request)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the server at {self.conn.host}:{self.conn.port} was not "
+                                   f"ready within {timeout_s:g} s")
+            time.sleep(0.05)
 
     def metadata(self, model: str) -> dict[str, Any]:
         status, body = self.call("GET", f"/v2/models/{model}")

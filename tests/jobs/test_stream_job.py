@@ -43,16 +43,22 @@ def adult_csv(tmp_path):
     return path
 
 
+def published(url: str, data) -> tuple[int, int]:
+    """The Adult rows as JSON events on ``adult.events``, 100 a message: (events, messages)."""
+    out = open_publisher(url, "adult.events")
+    try:
+        events, messages, _ = replay(data, out, per_message=100)
+    finally:
+        out.close()
+    return events, messages
+
+
 @pytest.mark.integration   # the broker is a process
 @pytest.mark.inprocess      # the roles run in this one
 def test_a_nats_stream_trains_every_event_once_scored_before_it_is_trained(
         cluster, nats, tmp_path):
     data = adult_csv(tmp_path)
-    out = open_publisher(nats.url, "adult.events")
-    try:
-        events, messages, _ = replay(data, out, per_message=100)
-    finally:
-        out.close()
+    events, messages = published(nats.url, data)
     assert events == 48842 and messages == 489
     job = stream_job(tmp_path, nats.url, "adult.events")
     c = cluster(job, train__until_events=events)
@@ -86,12 +92,7 @@ def test_a_killed_stream_feeder_restarted_numbers_its_batches_above_its_dead_pro
     new one (before, both processes numbered from 0). The dead process's unacknowledged
     messages come back from the broker (after ``ack_wait_s``) and are trained again: the
     documented limit (docs/limits.md), which this test does not hide."""
-    data = adult_csv(tmp_path)
-    out = open_publisher(nats.url, "adult.events")
-    try:
-        events, _, _ = replay(data, out, per_message=100)
-    finally:
-        out.close()
+    events, _ = published(nats.url, adult_csv(tmp_path))
     job = stream_job(tmp_path, nats.url, "adult.events", more="ack_wait_s = 2")
     c = cluster(job, train__until_events=events)
     c.start_all(slowdown={0: 10.0, 1: 10.0})   # (slowed: the stream is half read when killed)

@@ -263,13 +263,7 @@ def test_workers_behind_one_port_a_killed_one_comes_back_and_sigterm_ends_them(t
                 client.close()
 
         client = Client(url)
-        for _ in range(600):
-            try:
-                if client.call("GET", "/v2/health/ready")[0] == 200:
-                    break
-            except OSError:
-                client = Client(url)
-            time.sleep(0.05)
+        client.wait_ready()
         meta = client.metadata("adult")
         for _ in range(400):   # (forked once the port is bound: a moment after the line)
             workers = psutil.Process(proc.pid).children()
