@@ -35,6 +35,9 @@ class KafkaConsumer:
             raise BrokerError(f"Kafka at {servers}: {exc.args[0].str()}") from None
         self.topic, self._servers, self._timeout_s = topic, servers, timeout_s
         self._marks: dict[int, Watermark] = {}
+        # commits the group refused in a rebalance: their messages are delivered again to the
+        # partitions' next owner (Kafka's at-least-once: a member fenced out cannot commit)
+        self.commits_refused = 0
         try:
             topics = self._consumer.list_topics(topic, timeout=timeout_s).topics
         except KafkaException as exc:
@@ -104,6 +107,7 @@ class KafkaConsumer:
                 # the group is rebalancing, or dropped this member and it joins again:
                 # committed at the revoke, or the next done (the new owner of a partition
                 # this member lost starts at the last commit: nothing is acked that was not)
+                self.commits_refused += 1
                 return
             raise BrokerError(f"Kafka at {self._servers}: commit: {exc.args[0].str()}") \
                 from None

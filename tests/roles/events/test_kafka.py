@@ -62,7 +62,14 @@ def test_the_partitions_of_a_consumer_that_leaves_go_to_the_one_left(kafka):
     try:
         rest = drain(b, 24 - len(got_a) - len(got_b), rounds=80)
         seen = sorted((d.partition, d.position) for d in got_a + got_b + rest)
-        assert len(seen) == len(set(seen)) == 24
+        assert len(set(seen)) == 24   # every message, b taking a's partitions
+        # none twice, unless the group refused a commit (a member fenced out mid-rebalance,
+        # as a loaded host makes it: Kafka then delivers its done messages again, and only
+        # those)
+        again = [m for m in set(seen) if seen.count(m) > 1]
+        first = {(d.partition, d.position) for d in got_a + got_b}
+        refused = a.commits_refused + b.commits_refused
+        assert (not again) if not refused else set(again) <= first, (again, refused)
     finally:
         b.close()
 
