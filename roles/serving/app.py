@@ -38,7 +38,7 @@ class Holder:
 
     def replace(self, served: Served) -> None:
         self.served = served
-        self.metrics.loaded(served.version, served.trained_at)
+        self.metrics.loaded(served.round, served.trained_at)
 
 
 class ServeApp:

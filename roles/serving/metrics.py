@@ -43,10 +43,9 @@ class ServeMetrics:
                            multiprocess_mode="livemin")
         self.versions = Counter("zbus_serve_model_loads", "Model versions loaded", registry=r)
 
-    def loaded(self, round_: str, saved_at: float | None) -> None:
+    def loaded(self, round_: int, saved_at: float | None) -> None:
         self.versions.inc()
-        if round_.isdigit():
-            self.round.set(int(round_))
+        self.round.set(round_)
         if saved_at is not None:
             self.saved.set(saved_at)
 

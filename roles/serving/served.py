@@ -16,9 +16,17 @@ from roles.serving.inference import Signature, empty_row
 from roles.serving.model import ExportedModel
 
 
+def version_of(manifest: dict) -> str:
+    """The version a model's answers name: its training round; a checkpoint's also its number
+    (``round.number``), since a job may checkpoint twice in one round (a stream job in sync
+    mode step, say) with other rows."""
+    round_ = str(manifest.get("round", 0))
+    return f"{round_}.{manifest['number']}" if "number" in manifest else round_
+
+
 @dataclass
 class Served:
-    """``model`` at ``version`` (the training round it was saved at), ``trained_at`` the
+    """``model`` at ``version`` (``version_of`` its manifest), ``trained_at`` the
     wall-clock time its parameters were saved (what the version lag counts from)."""
 
     model: ExportedModel
@@ -34,7 +42,11 @@ class Served:
     def of(cls, model: ExportedModel) -> Served:
         m = model.manifest
         saved = m.get("created")   # the export's or the checkpoint's manifest, when written
-        return cls(model, str(m.get("round", 0)), float(saved) if saved else None).warm()
+        return cls(model, version_of(m), float(saved) if saved else None).warm()
+
+    @property
+    def round(self) -> int:
+        return int(self.model.manifest.get("round", 0))
 
     def warm(self) -> Served:
         """Score one row of missing values, so that the first request does not pay for

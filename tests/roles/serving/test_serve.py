@@ -25,7 +25,7 @@ from roles.data.readers import read_part
 from roles.data.stream import Preparer, Tally, eval_batches
 from roles.serving.client import Client, request_body
 from roles.serving.model import ExportedModel
-from roles.serving.served import Served
+from roles.serving.served import Served, version_of
 from roles.testbed.jobs import ADULT_JOB, REPO
 from roles.testbed.local_cluster import BIN, LocalCluster
 from roles.testbed.serving import ServerThread
@@ -214,7 +214,8 @@ def test_following_a_run_serves_each_complete_checkpoint_as_it_comes(trained, ro
             shutil.copytree(source / number, run / "checkpoints" / number)
             (run / "checkpoints" / LATEST).write_text(number)
             model = ExportedModel(source / number)
-            want = str(model.manifest["round"])
+            want = version_of(model.manifest)
+            assert want == f"{model.manifest['round']}.{int(number)}"
             for _ in range(600):   # (it polls every 0.05 s, and loads it whole)
                 if server.holder.served is not None and server.holder.served.version == want:
                     break
@@ -327,9 +328,9 @@ def test_every_answer_while_following_a_training_job_is_its_named_versions_own(
             client.close()
     finally:
         c.close()
-    by_round = {}
+    by_version = {}
     for manifest in (c.run_dir / "checkpoints").glob("*/manifest.json"):
-        by_round[str(orjson.loads(manifest.read_bytes())["round"])] = manifest.parent
+        by_version[version_of(orjson.loads(manifest.read_bytes()))] = manifest.parent
     versions = {v for v, _ in answers}
     assert len(versions) >= 3, versions   # it did follow the job
     path = tmp_path / "rows.csv"
@@ -337,6 +338,6 @@ def test_every_answer_while_following_a_training_job_is_its_named_versions_own(
         w = csv.DictWriter(f, fieldnames=list(table[0]))
         w.writeheader()
         w.writerows(table[:8])
-    expected = {v: predicted(ExportedModel(by_round[v]), path) for v in versions}
+    expected = {v: predicted(ExportedModel(by_version[v]), path) for v in versions}
     for version, got in answers:
         np.testing.assert_allclose(got, expected[version], rtol=0, atol=1e-6)
