@@ -12,14 +12,13 @@ in an object store (``s3://bucket/prefix``): what ``LATEST`` names there is poll
 from __future__ import annotations
 
 import logging
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from roles.checkpoint.files import LATEST
 from roles.checkpoint.serving import checkpoint_of
-from roles.serving.model import ExportedModel, ExportError, fetched
+from roles.serving.model import ExportError, read_model
 from roles.serving.served import Served
 from roles.storage.fs import StorageError, is_uri
 from roles.storage.store import Store
@@ -55,12 +54,7 @@ class Follower:
         newest = self.newest()
         if newest is None or newest == self.loaded:
             return False
-        if is_uri(newest):
-            with tempfile.TemporaryDirectory(prefix="zbus-serve-") as copy:
-                model = ExportedModel(fetched(newest, Path(copy)))
-        else:
-            model = ExportedModel(Path(newest))
-        served = Served.of(model)
+        served = Served.of(read_model(newest))
         self.replace(served)
         self.loaded = newest
         log.info("zbus-serve: serving %s (round %s)", newest, served.version)

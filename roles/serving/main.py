@@ -28,7 +28,6 @@ import socket
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from roles.serving.model import ExportError
 
@@ -81,12 +80,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def load(model: str):
     """The Served of MODEL (``ExportError`` and the like when it cannot be read)."""
-    from roles.serving.model import ExportedModel, fetched
+    from roles.serving.model import read_model
     from roles.serving.served import Served
-    from roles.storage.fs import is_uri
-    with tempfile.TemporaryDirectory(prefix="zbus-serve-") as copy:
-        where = fetched(model, Path(copy)) if is_uri(model) else Path(model).expanduser()
-        return Served.of(ExportedModel(where))
+    return Served.of(read_model(model))
 
 
 def serve(args: argparse.Namespace, sock: socket.socket, served, threads: int) -> None:

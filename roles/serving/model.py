@@ -7,6 +7,7 @@ samples (keys and transformed dense values); ``ExportedModel.prepare`` makes the
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ from roles.job.fields import field_of
 from roles.job.settings import Job, JobError, parse_job
 from roles.model.network import build_network
 from roles.model.sparse_input import SparseInputs
+from roles.storage.fs import is_uri
 from roles.storage.store import Store, basename, parent
 
 
@@ -157,6 +159,15 @@ def not_a_model(where: Path) -> str:
             f": score its export, {export}" if (export / MANIFEST).is_file() else "")
     return (f"{where} is neither an export (it has no {MANIFEST}: another directory, or an "
             f"export not finished) nor a run or checkpoint directory: EXPORT is {expected}")
+
+
+def read_model(where: str) -> ExportedModel:
+    """The model at ``where``: a local path, or an ``s3://`` URI copied to a temporary
+    directory first (removed once the model is read: it is held in memory)."""
+    if not is_uri(where):
+        return ExportedModel(Path(where).expanduser())
+    with tempfile.TemporaryDirectory(prefix="zbus-model-") as copy:
+        return ExportedModel(fetched(where, Path(copy)))
 
 
 def fetched(where: str, into: Path) -> Path:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,8 +40,8 @@ from roles.data.index import DataError, index_files, plan_parts, resolve_paths
 from roles.data.readers import Rejected, Schema, read_part
 from roles.data.stream import Preparer, Tally, eval_batches
 from roles.job.settings import Job
-from roles.serving.model import ExportedModel, ExportError, fetched
-from roles.storage.fs import StorageError, is_uri
+from roles.serving.model import ExportedModel, ExportError, read_model
+from roles.storage.fs import StorageError
 from roles.tools.output import quiet_broken_pipe
 
 CHUNK = 65_536
@@ -136,10 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     try:
-        with tempfile.TemporaryDirectory(prefix="zbus-model-") as copy:
-            where = fetched(args.export, Path(copy)) if is_uri(args.export) \
-                else Path(args.export).expanduser()
-            model = ExportedModel(where)
+        model = read_model(args.export)
         with progress_bar(not args.quiet and sys.stderr.isatty()) as advance:
             result = predict(model, args.data, args.format or model.job.data.format,
                              args.split, Path(args.out) if args.out else None, advance)
