@@ -84,6 +84,9 @@ class Admission:
             failure = self.resumption.roll_back(now)
             if failure:
                 return Answer(failure=failure, resumable=False)
+        if choice == "go" and resuming.resumed and not resuming.rolled_back \
+                and (stuck := self.resumption.cannot_go_on()):
+            return Answer(failure=stuck, resumable=True)
         self.resumption.decided()
         known = self.members.nodes.get(node_id)
         reason = self.refusal(node_id, hello)

@@ -105,6 +105,7 @@ class PlacementKeeper:
             self.trainer = BackgroundFit(c.shards, p.predictor_steps, run_dir / "placement",
                                          train_in)
         self.migration: Migration | None = None
+        self.interrupted: int | None = None  # resumed mid-migration: that placement's version
         self.deferred = Deferred.nothing(c.shards, len(self.keymap.buckets))
         self.windows: list[dict] = []        # partition state per closed window (newest last)
         self.migrations: list[dict] = []
@@ -336,15 +337,26 @@ class PlacementKeeper:
         return summary
 
     def from_state(self) -> None:
-        """A resumed control: the key map comes back with the standing commands; a migration
-        under way cannot be resumed (ValueError)."""
+        """A resumed control: the key map comes back with the standing commands. A migration
+        under way is not taken up again (``interrupted`` names it): the job can go back to its
+        newest checkpoint (cut only between migrations), not on with its live nodes."""
         placement = self.commands.get("placement")
+        self.interrupted = None
         if isinstance(placement, Placement):
             if placement.phase != "active":
-                raise ValueError(f"a key migration (placement {placement.version}) was under "
-                                  "way; it cannot be resumed")
+                self.interrupted = placement.version
+                return
             self.keymap = self.keymap.from_message(placement, self.job.cluster.shards,
                                                    self.job.placement.buckets_per_shard)
+
+    def cannot_go_on(self) -> str:
+        """Why a resumed control cannot go on with the nodes that lived through its death
+        ("": it can)."""
+        if self.interrupted is None:
+            return ""
+        return (f"a key migration (placement {self.interrupted}) was under way when control "
+                "died, and the nodes that lived on cannot take it up again: stop every node "
+                "and resume the run, to go back to its newest checkpoint")
 
     def close(self) -> None:
         if self.trainer is not None:

@@ -141,7 +141,7 @@ class Resumption:
             remove_handover(store)
         self.started_at = state.started_at
         self.run_before_s = max(0.0, time.time() - self.started_at)
-        restore(self.parts, state, history, now)  # ResumeError when it cannot be
+        restore(self.parts, state, history, now)
         m = self.parts.members
         self.awaiting_rejoin = {n for n, s in m.nodes.items() if s.status == ALIVE}
         self.progress.touch(now)
@@ -194,6 +194,11 @@ class Resumption:
         (``roles.control.commands``)."""
         if not self.decision.pending:
             self.parts.commands.release()
+
+    def cannot_go_on(self) -> str:
+        """Why this control cannot go on with the nodes that lived through its predecessor's
+        death ("": it can): a key migration was under way."""
+        return self.parts.placement.cannot_go_on()
 
     def waiting(self) -> bool:
         """Not every node of the run is known to be back yet (no checkpoint is cut)."""

@@ -21,7 +21,8 @@ latest reports, which the dead control may never have read (``zbus.node``). Node
 come back within ``node_timeout_s`` are declared failed as usual. What was timed from the dead
 process's clock (a shard, feeder or aggregator waiting to restart) is timed again from the
 resume. An export under way is started again; a key migration under way
-(``[placement] mode = "skew"``) cannot be resumed, and the job fails saying so.
+(``[placement] mode = "skew"``) is not: the whole job can go back to its newest checkpoint
+(no cut is taken during a migration), but a control whose nodes lived on fails saying so.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def capture_history(p: ControlComponents, model_plan: dict | None) -> ControlHis
 
 def restore(p: ControlComponents, state: ControlState, h: ControlHistory, now: float) -> None:
     """Put the records back into the components (all but the course, which a resumed control
-    restores last: it may start an export again); ResumeError when it cannot be."""
+    restores last: it may start an export again)."""
     p.commands.standing = {k: decode_message(v) for k, v in state.standing.items()}
     m = p.members
     m.version, m.events = state.members_version, h.membership_events
@@ -165,10 +166,7 @@ def restore(p: ControlComponents, state: ControlState, h: ControlHistory, now: f
     p.exports.exports = h.exports
     p.settings.from_state(state.settings)
     p.settings.changes = h.settings_changes
-    try:
-        p.placement.from_state()
-    except ValueError as exc:
-        raise ResumeError(str(exc)) from None
+    p.placement.from_state()
     p.placement.migrations = h.migrations
     p.course.epochs = h.epochs
     ck = p.checkpoints

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import time
 
+import orjson
 import pytest
 
+from roles.algorithms.shared.key_map import KeyMap
 from roles.checkpoint.files import number_name, write_manifest
+from roles.control.placement import Migration
 from roles.control.process import Control
 from roles.protocol.dense_sync import Aggregate
 from roles.protocol.lifecycle import Membership
+from roles.testbed.jobs import REPO
 from zbus.codec import Message, decode
 from zbus.messages import Deciding, Hello, Welcome
 
@@ -68,3 +72,69 @@ def test_a_resumed_control_publishes_none_of_the_dead_runs_commands_before_it_go
     assert out[welcome][1].rollback and resumed.rounds.round == 25
     assert not resumed.rounds.in_flight
     resumed.close()
+
+
+def killed_mid_migration(c) -> None:
+    """A dead control's records: checkpoint 9 cut with placement 0 active, then a key migration
+    (placement 1) begun and the control killed while the feeders drained."""
+    dead = Control(c.job, environ=c.env)
+    store = dead.checkpoints.store
+    names = []
+    for name, data in dead.capture_cut(9).items():
+        names.append(f"{number_name(9)}/{name}")
+        store.put_bytes(names[-1], data)
+    write_manifest(store, 9, {"parts": {"control": names}, "round": 0})
+    old = dead.placement.keymap
+    moved = KeyMap(1, old.shards, (old.buckets + 1) % old.shards)
+    dead.placement.migration = Migration(moved, time.monotonic(), 3)
+    dead.commands.publish(moved.message("drain"), "placement")   # written ahead: on disk
+    dead.close()
+
+
+def say_hello(control: Control, node: str, pid: int, run_id: str = "") -> None:
+    role, index = node.rsplit("-", 1)
+    hello = Hello(role=role, index=int(index), host="h", pid=pid, run_id=run_id,
+                  fingerprint=control.job.fingerprint())
+    control.on_node(node.encode(), decode(hello.to_frames(node)))
+
+
+@pytest.mark.inprocess
+def test_a_job_killed_whole_during_a_key_migration_goes_back_to_its_checkpoint(cluster):
+    """Fresh CI: the whole skew-placement job SIGKILLed while keys moved; the resumed control
+    refused its own records ("a key migration was under way") before hearing that every node
+    was new, so the job could not go back to a checkpoint cut before the migration began."""
+    c = cluster(REPO / "jobs" / "zipf.toml")
+    killed_mid_migration(c)
+    resumed = Control(c.job, resume=c.run_dir)
+    try:
+        assert resumed.placement.interrupted == 1
+        stateful = [n for n in c.job.cluster.expected_nodes() if not n.startswith("worker")]
+        for i, node in enumerate(stateful):
+            say_hello(resumed, node, 2000 + i)
+        assert resumed.resumption.decision.rolled_back
+        assert resumed.course.phase != "done", resumed.course.phase
+        assert resumed.placement.interrupted is None and resumed.placement.migration is None
+        assert resumed.placement.keymap.version == 0
+        standing = resumed.commands.get("placement")
+        assert standing is None or standing.phase == "active", standing
+    finally:
+        resumed.close()
+
+
+@pytest.mark.inprocess
+def test_a_control_killed_during_a_key_migration_fails_saying_so_when_its_nodes_live_on(
+        cluster):
+    """Only control died mid-migration: the nodes that lived on cannot take the migration up
+    again, so the resumed control fails at the first of them, naming the way out (a resume of
+    the whole job, back to its checkpoint)."""
+    c = cluster(REPO / "jobs" / "zipf.toml")
+    killed_mid_migration(c)
+    resumed = Control(c.job, resume=c.run_dir)
+    try:
+        say_hello(resumed, "feeder-0", 3000, run_id=resumed.run_id)
+        assert resumed.course.phase == "done" or resumed.resume_from is not None
+        summary = orjson.loads((c.run_dir / "summary.json").read_bytes())
+        assert "a key migration (placement 1) was under way" in summary["reason"], summary
+        assert "resume the run" in summary["reason"]
+    finally:
+        resumed.close()
