@@ -70,7 +70,9 @@ from roles.protocol.dense_sync import (
 )
 from roles.protocol.lifecycle import Export, Membership
 from roles.protocol.operator import Settings
+from roles.protocol.serving import ServingCut
 from roles.protocol.topology import ClusterConfig
+from roles.serving.publishing import DensePublisher
 from roles.storage.fs import StorageError
 from roles.storage.store import Store
 from zbus.codec import ProtocolError
@@ -94,6 +96,10 @@ class Aggregator(Node):
         self.router = self.bind(zmq.ROUTER, c.aggregator_endpoint(index), self.on_peer)
         self.pub = self.bind(zmq.PUB, c.endpoint("aggregator_pub"), sndhwm=64) \
             if self.is_root else None
+        # live serving: the dense weights at each ServingCut, on a PUB of their own
+        serves = self.is_root and job.serving.publish_ms > 0
+        self.dense = DensePublisher() if serves else None
+        self.dense_pub = self.bind(zmq.PUB, c.endpoint("dense"), sndhwm=16) if serves else None
         self.up = None if self.is_root else self.connect(zmq.DEALER, c.aggregator_endpoint(0))
         model = build_network(job)
         self.layout = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
@@ -266,6 +272,11 @@ class Aggregator(Node):
                 self.back_up(force=True)
             case Checkpoint(phase="write") as m if self.is_root and m.number > self.checkpointed:
                 self.handle_cut(m)
+            case ServingCut(number=n) if self.dense_pub is not None and self.state == "ready":
+                assert self.dense is not None
+                delta = self.dense.cut(n, self.round, self.steps, self.generation, self.params)
+                if delta is not None:
+                    self.send(self.dense_pub, delta)
             case _:
                 pass
 

@@ -71,6 +71,8 @@ from roles.protocol.datapath import (
 )
 from roles.protocol.lifecycle import Export
 from roles.protocol.placement import Handover, Moved, Placement, WorkRecorded
+from roles.protocol.serving import RowsSince, ServingCut
+from roles.serving.publishing import RowPublisher
 from roles.storage.fs import StorageError
 from roles.storage.store import Store, parent
 from zbus.codec import ProtocolError
@@ -148,6 +150,11 @@ class Shard(Node):
         self.cut: Checkpoint | None = None   # a cut waiting for gradients on their way
         self.cut_since = 0.0
         self.applied_log: AppliedLog | None = None  # batches applied after each snapshot
+        self.snapshot = 0    # the newest checkpoint snapshot taken (or restored)
+        # live serving: the rows changed at each ServingCut, on a PUB of the shard's own
+        self.rows = RowPublisher(index, self.table) if job.serving.publish_ms else None
+        self.rows_pub = self.bind(zmq.PUB, c.endpoint(f"rows-{index}"), sndhwm=64) \
+            if self.rows is not None else None
 
     def on_welcome(self) -> None:
         try:
@@ -192,6 +199,7 @@ class Shard(Node):
         meta = {"updates": self.counts["updates"], "newest_epoch": self.newest_epoch,
                 "version": self.version, "table": self.table_totals()}
         pause = self.checkpoints.begin(m.number, self.store(), self.applied, meta)
+        self.snapshot = m.number
         self.counts["checkpoints"] += 1
         self.counts["checkpoint_pause_s"] = round(pause + waited, 6)
         self.report(Snapshotted(number=m.number, pause_s=round(pause + waited, 6),
@@ -223,6 +231,7 @@ class Shard(Node):
         self.admission.restore_counts(meta.get("table", {}))
         self.expiry.restore_counts(meta.get("table", {}))
         self.newest_epoch, self.version = meta["newest_epoch"], meta["version"]
+        self.snapshot = meta["number"]
         self.moved_version = self.version
         age = max(0.0, time.time() - meta["time"])
         log.warning("restored checkpoint %d of %.1f s ago: %d keys, %d updates (the updates "
@@ -265,6 +274,8 @@ class Shard(Node):
                     self.handle_lookup(identity, lookup)
             case Handover() as msg if self.skew:
                 self.handle_handover(msg)
+            case RowsSince(checkpoint=k) if self.rows is not None:   # a serving process
+                self.send(self.sock, self.rows.caught_up(k, self.snapshot), identity=identity)
             case _:
                 self.unexpected(env, "shard socket")
 
@@ -281,6 +292,11 @@ class Shard(Node):
                                                   self.job.placement.buckets_per_shard)
                 self.moving_since = time.monotonic()
                 self.try_handover()
+            case ServingCut(number=n) if self.rows_pub is not None and self.state == "ready":
+                assert self.rows is not None
+                delta = self.rows.cut(n)
+                if delta is not None:
+                    self.send(self.rows_pub, delta)
             case _:
                 pass
 
@@ -488,7 +504,8 @@ class Shard(Node):
                 "held_batches": waiting_grads, "eval_kept": len(self.held) - waiting_grads,
                 "table": self.table_counters(),
                 "waiting_lookups": len(self.waiting), "placement_version": self.version,
-                "slowdown": self.slowdown, **self.work.counters()}
+                "slowdown": self.slowdown, **self.work.counters(),
+                **(self.rows.counters() if self.rows is not None else {})}
 
     def close(self) -> None:
         stopped = self.checkpoints.close()

@@ -80,6 +80,7 @@ from roles.control.placement import PlacementKeeper
 from roles.control.recovery import Recovery
 from roles.control.resuming import Resumption
 from roles.control.rounds import Rounds
+from roles.control.serving_cuts import ServingCuts
 from roles.control.settings import LiveSettings
 from roles.control.state import (
     STATE_FILE,
@@ -231,6 +232,8 @@ class Control(Loop):
         self.tasks_log = Every(TASK_LOG_S, self.started)
         self.closing: Closing | None = None
         self.monitoring = Monitoring(job, self.run_dir)  # Prometheus, TensorBoard
+        self.serving_cuts = ServingCuts(job.serving.publish_ms,
+                                        lambda cut: self.send(self.pub, cut))
         self.network_files = NetworkFiles(job, c.max_message_bytes)  # for nodes that lack it
         if cannot_plan:
             self.fail(cannot_plan, resumable=False)
@@ -494,6 +497,9 @@ class Control(Loop):
         if now >= self.next_status:
             self.publish_status(now)
         self.save_now(now)
+        due = self.serving_cuts.tick(now, self.course.running)
+        if due is not None:
+            self.wake_at = due
         if self.course.phase == "training":
             self.checkpoints.training_started(now)
         self.checkpoints.tick(now, self.checkpoint_blocker())

@@ -505,6 +505,19 @@ class MonitoringConfig:
 
 
 @dataclass(frozen=True)
+class ServingConfig:
+    """What the training roles publish for serving processes that follow the job
+    (``zbus-serve --follow``: ``roles.protocol.serving``, docs/serving.md)."""
+
+    publish_ms: int = field(default=200, metadata={"min": 0, "max": 60_000, "doc": (
+        "every this many milliseconds control cuts a serving version: each shard publishes "
+        "the rows changed since the previous cut (with tombstones for keys expired, evicted "
+        "or moved) and the aggregator its dense weights when they changed; a following "
+        "`zbus-serve` serves each cut once all its parts are in. 0: nothing is published "
+        "(servers follow the checkpoints only)")})
+
+
+@dataclass(frozen=True)
 class Job:
     name: str = field(default="job", metadata={"doc": (
         "names the run directory (letters, digits, `-`, `_` or `.`)")})
@@ -533,6 +546,8 @@ class Job:
         "whole-job checkpoints and exports: where, how often, how many kept")})
     monitoring: MonitoringConfig = field(default_factory=MonitoringConfig, metadata={"doc": (
         "Prometheus metrics and TensorBoard events")})
+    serving: ServingConfig = field(default_factory=ServingConfig, metadata={"doc": (
+        "live parameters for serving processes that follow the job (`zbus-serve --follow`)")})
     origin: str = field(default="", metadata={"internal": True})  # where the job was read
 
     def __post_init__(self) -> None:

@@ -13,6 +13,7 @@ from roles.protocol import (  # noqa: F401  (registers every message type)
     model_parallel,
     operator,
     placement,
+    serving,
     stream,
     topology,
 )

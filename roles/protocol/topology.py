@@ -28,6 +28,7 @@ FIXED_ENDPOINTS = {
     "aggregator_pub": 5,   # aggregator PUB: new dense weights
     "control_req": 6,      # control ROUTER: requests of operators (zbus-ctl, the console)
     "status": 7,           # control PUB: the job's status for consoles (nodes never see it)
+    "dense": 8,            # aggregator PUB: dense weights for serving processes
 }
 PS_OFFSET = 10             # ps shard i binds base_port + 10 + i
 AGGREGATOR_OFFSET = 280    # aggregator i >= 1 (hierarchical aggregation) binds 280 + i
@@ -36,6 +37,8 @@ GROUP_OFFSET = 300         # member p of model-parallel group g binds 300 + g * 
 MAX_PARTS = 8
 FEEDER_OFFSET = 2400       # feeder i >= 1 binds samples-i at 2400 + 2i, ledger-i at 2401 + 2i
 MAX_FEEDERS = 16
+ROWS_OFFSET = 2440         # shard i's PUB of changed rows for serving processes (rows-i)
+MAX_SHARDS = 255
 DEFAULT_BASE_PORT = 47100
 
 
@@ -43,7 +46,7 @@ def reserved_ports(base_port: int = DEFAULT_BASE_PORT) -> str:
     """The ports a job's roles may bind, as ``net.ipv4.ip_local_reserved_ports`` takes them:
     reserved, no outgoing connection takes one as its local port (docs/operations.md,
     "Ports")."""
-    return f"{base_port}-{base_port + FEEDER_OFFSET + 2 * MAX_FEEDERS - 1}"
+    return f"{base_port}-{base_port + ROWS_OFFSET + MAX_SHARDS - 1}"
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class ClusterConfig:
 
     workers: int = field(default=2, metadata={"min": 1, "max": 255, "doc": (
         "worker processes the job starts with (more may join)")})
-    shards: int = field(default=2, metadata={"min": 1, "max": 255, "doc": "ps shards"})
+    shards: int = field(default=2, metadata={"min": 1, "max": MAX_SHARDS, "doc": "ps shards"})
     aggregators: int = field(default=1, metadata={"min": 1, "max": MAX_AGGREGATORS, "doc": (
         "aggregator processes; more than one: hierarchical aggregation")})
     parts: int = field(default=1, metadata={"min": 1, "max": MAX_PARTS, "doc": (
@@ -74,7 +77,8 @@ class ClusterConfig:
         "the `[cluster.endpoints]` table: per-endpoint address overrides, `tcp://` or "
         "`ipc://`, for `control`, `control_pub`, `control_req`, `status`, `samples`, "
         "`ledger`, `samples-<i>`, `ledger-<i>`, `aggregator`, `aggregator_pub`, "
-        "`aggregator-<i>`, `ps-<i>`, `group-<g>-<p>`")})
+        "`aggregator-<i>`, `ps-<i>`, `group-<g>-<p>`, and the serving PUBs `dense` and "
+        "`rows-<i>`")})
     heartbeat_s: float = field(default=1.0, metadata={"min": 0.05, "max": 60.0, "doc": (
         "heartbeat interval, and the longest a role's poll waits")})
     status_s: float = field(default=0.25, metadata={"min": 0.05, "max": 10.0, "doc": (
@@ -128,6 +132,7 @@ class ClusterConfig:
 
     def endpoint_names(self) -> list[str]:
         return [*FIXED_ENDPOINTS, *(f"ps-{i}" for i in range(self.shards)),
+                *(f"rows-{i}" for i in range(self.shards)),
                 *(f"{kind}-{i}" for i in range(1, self.feeders) for kind in ("samples", "ledger")),
                 *(f"aggregator-{i}" for i in range(1, self.aggregators)),
                 *(self.group_endpoint_name(g, p) for g in range(self.workers)
@@ -161,6 +166,8 @@ class ClusterConfig:
             offset = FIXED_ENDPOINTS[name]
         elif name.startswith("ps-") and name[3:].isdigit() and int(name[3:]) < self.shards:
             offset = PS_OFFSET + int(name[3:])
+        elif name.startswith("rows-") and name[5:].isdigit() and int(name[5:]) < self.shards:
+            offset = ROWS_OFFSET + int(name[5:])
         elif (name.startswith(("samples-", "ledger-")) and name.split("-")[1].isdigit()
               and 0 < int(name.split("-")[1]) < self.feeders):
             offset = FEEDER_OFFSET + 2 * int(name.split("-")[1]) + name.startswith("ledger")
@@ -198,7 +205,7 @@ class ClusterConfig:
         """The node that binds endpoint ``name`` (whose public key a client checks)."""
         if name in ("control", "control_pub", "control_req", "status"):
             return "control-0"
-        if name in ("aggregator", "aggregator_pub"):
+        if name in ("aggregator", "aggregator_pub", "dense"):
             return "aggregator-0"
         if name in ("samples", "ledger"):
             return "feeder-0"
@@ -207,6 +214,8 @@ class ClusterConfig:
             return f"feeder-{rest}"
         if kind in ("ps", "aggregator"):
             return name
+        if kind == "rows":
+            return f"ps-{rest}"
         if kind == "group":
             group, member = (int(x) for x in rest.split("-"))
             return f"worker-{group}" if member == 0 else \

@@ -91,12 +91,12 @@ def serve(args: argparse.Namespace, sock: socket.socket, served, threads: int) -
     import uvicorn
 
     from roles.serving.app import Holder, ServeApp
-    from roles.serving.following import Follower
+    from roles.serving.following import follower
     from roles.serving.metrics import ServeMetrics
 
     torch.set_num_threads(threads)
     holder = Holder(served, ServeMetrics())
-    follower = Follower(args.follow, holder.replace, args.poll_ms / 1000).start() \
+    following = follower(args.follow, holder.replace, args.poll_ms / 1000).start() \
         if args.follow else None
     app = ServeApp(holder, args.max_batch, args.max_wait_ms / 1000)
     config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False,
@@ -104,8 +104,8 @@ def serve(args: argparse.Namespace, sock: socket.socket, served, threads: int) -
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
-        if follower is not None:
-            follower.close()
+        if following is not None:
+            following.close()
 
 
 def bound(host: str, port: int, shared: bool = False, listen: bool = True) -> socket.socket:

@@ -8,6 +8,7 @@ samples (keys and transformed dense values); ``ExportedModel.prepare`` makes the
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,8 @@ from roles.model.network import build_network
 from roles.model.sparse_input import SparseInputs
 from roles.storage.fs import is_uri
 from roles.storage.store import Store, basename, parent
+
+Finder = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 class ExportError(ValueError):
@@ -118,30 +121,43 @@ class ExportedModel:
         order = np.argsort(keys)
         self.keys, self.rows = keys[order], rows[order]
 
-    def embeddings(self, keys: np.ndarray) -> np.ndarray:
-        """The rows of a batch's keys (samples x slots) as its grid (``roles.job.fields``):
-        [grid, row_dim]."""
-        flat, bounds = self.layout.grid(keys)
-        at = np.searchsorted(self.keys, flat).clip(0, max(len(self.keys) - 1, 0))
-        found = self.keys[at] == flat if len(self.keys) else np.zeros(len(flat), dtype=bool)
-        t = self.job.train
-        out = np.empty((len(flat), self.layout.row_dim), dtype=np.float32)
+    def find(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Whether each key has a row, and its row (zero where it has none)."""
+        out = np.zeros((len(flat), self.layout.row_dim), dtype=np.float32)
+        if not len(self.keys):
+            return np.zeros(len(flat), dtype=bool), out
+        at = np.searchsorted(self.keys, flat).clip(0, len(self.keys) - 1)
+        found = self.keys[at] == flat
         out[found] = self.rows[at[found]]
-        if self.defaults is not None:
+        return found, out
+
+    def embeddings(self, keys: np.ndarray, find: Finder | None = None,
+                   defaults: np.ndarray | None = None) -> np.ndarray:
+        """The rows of a batch's keys (samples x slots) as its grid (``roles.job.fields``):
+        [grid, row_dim]; ``find`` and ``defaults`` in place of this model's (a live version's,
+        ``roles.serving.live``)."""
+        flat, bounds = self.layout.grid(keys)
+        found, out = (find or self.find)(flat)
+        defaults = self.defaults if find is None else defaults
+        if defaults is not None:
             missing = np.flatnonzero(~found)
             field = field_of(missing, bounds)
-            out[missing] = self.defaults[self.owners.owner_of(flat[missing]), field]
+            out[missing] = defaults[self.owners.owner_of(flat[missing]), field]
         else:
+            t = self.job.train
             out[~found] = initial_rows(flat[~found], self.layout.row_dim, t.embedding_init,
                                        t.seed)
         return out
 
-    def score(self, keys: np.ndarray, dense: np.ndarray) -> np.ndarray:
+    def score(self, keys: np.ndarray, dense: np.ndarray, net: torch.nn.Module | None = None,
+              find: Finder | None = None, defaults: np.ndarray | None = None) -> np.ndarray:
+        """Click probabilities; ``net``, ``find`` and ``defaults``: a live version's."""
         with torch.no_grad():
-            grid = self.inputs.sample_order(self.embeddings(keys), len(keys))
+            grid = self.inputs.sample_order(self.embeddings(keys, find, defaults), len(keys))
             sparse, lengths = self.inputs.inputs(torch.from_numpy(grid), len(keys),
                                                  self.layout.lengths(keys))
-            return torch.sigmoid(self.net(sparse, torch.from_numpy(dense), lengths)).numpy()
+            return torch.sigmoid((net or self.net)(sparse, torch.from_numpy(dense),
+                                                   lengths)).numpy()
 
 
 def not_a_model(where: Path) -> str:

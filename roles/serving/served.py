@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from roles.data.readers import RawBlock
 from roles.data.stream import Preparer, Samples, Tally
+from roles.data.transforms import DenseTransform
+from roles.job.settings import Job
 from roles.serving.inference import Signature, empty_row
 from roles.serving.model import ExportedModel
 
@@ -24,12 +27,23 @@ def version_of(manifest: dict) -> str:
     return f"{round_}.{manifest['number']}" if "number" in manifest else round_
 
 
+class Scorer(Protocol):
+    """What a version scores with: a checkpoint's or an export's model, or a live version
+    (``roles.serving.live.LiveModel``)."""
+
+    job: Job
+    transform: DenseTransform
+    manifest: dict
+
+    def score(self, keys: np.ndarray, dense: np.ndarray) -> np.ndarray: ...
+
+
 @dataclass
 class Served:
     """``model`` at ``version`` (``version_of`` its manifest), ``trained_at`` the
     wall-clock time its parameters were saved (what the version lag counts from)."""
 
-    model: ExportedModel
+    model: Scorer
     version: str
     trained_at: float | None = None
     loaded_at: float = field(default_factory=time.time)

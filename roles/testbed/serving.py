@@ -7,14 +7,21 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
+import numpy as np
 import uvicorn
 
+from roles.data.index import index_files, plan_parts, resolve_paths
+from roles.data.readers import read_part
+from roles.data.stream import Preparer, Tally, eval_batches
 from roles.serving.app import Holder, ServeApp
-from roles.serving.following import Follower
+from roles.serving.following import follower
 from roles.serving.main import bound
 from roles.serving.metrics import ServeMetrics
+from roles.serving.model import ExportedModel
 from roles.serving.served import Served
+from roles.tools.predict import schema_of
 
 
 class ServerThread:
@@ -23,7 +30,7 @@ class ServerThread:
     def __init__(self, served: Served | None = None, follow: str | None = None,
                  max_batch: int = 1024, max_wait_s: float = 0.0, poll_s: float = 0.1):
         self.holder = Holder(served, ServeMetrics())
-        self.follower = Follower(follow, self.holder.replace, poll_s).start() if follow \
+        self.follower = follower(follow, self.holder.replace, poll_s).start() if follow \
             else None
         self.app = ServeApp(self.holder, max_batch, max_wait_s)
         self.sock = bound("127.0.0.1", 0)
@@ -52,3 +59,16 @@ class ServerThread:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def predicted(model: ExportedModel, path: Path) -> np.ndarray:
+    """What ``zbus-predict`` computes for the file's rows (``roles.tools.predict.predict``,
+    at full precision: its output file rounds them)."""
+    files = index_files(resolve_paths(str(path), "csv", "DATA"), "csv")
+    parts, _ = plan_parts(files, 0.0, model.job.data.part_mb)
+    prepare = Preparer(model.job.layout(), model.transform, None)
+    out = [model.score(b.keys, b.dense)
+           for p in parts for b in eval_batches(read_part(files, p, "csv",
+                                                          schema_of(model.job, True)),
+                                                prepare, Tally(), 65_536)]
+    return np.concatenate(out)

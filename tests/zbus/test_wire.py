@@ -38,6 +38,7 @@ from roles.protocol.dense_sync import (
 from roles.protocol.lifecycle import EpochTrained, EvalReport
 from roles.protocol.model_parallel import MemberCall, MemberReply, MemberTensors
 from roles.protocol.placement import Handover, KeyCounts, Placement, WindowWork
+from roles.protocol.serving import DenseDelta, RowDelta
 from roles.protocol.stream import StreamScores
 from zbus import sockets
 from zbus.codec import (
@@ -79,6 +80,8 @@ def sample(cls: type) -> Message:
         values.update(counts=np.array([4, 2, 1], np.int64), errors=np.array([1, 0, 0], np.int64))
     if cls is WindowWork:
         values.update(windows=np.array([0, 4, 5], np.int64), figures=np.ones((3, 4)))
+    if cls in (RowDelta, DenseDelta):
+        values.update(cut=9, previous=3)
     if cls is MemberTensors:
         values.update(phase="forward", names=["mlp_0"], values=np.zeros(3, np.float32))
     parts = np.array([[0, 0, 0, 5, 0, 90, 0], [1, 0, 5, 2, 90, 130, 1]], np.int64)

@@ -32,7 +32,7 @@ WORKER_TIMES = ("compute_s", "lookup_wait_s", "step_wait_s")
 # every channel of roles.protocol's messages but "status" (control's, for consoles only);
 # tests/zbus/test_wire.py checks that none is missing
 CHANNELS = ("samples", "keys", "lookups", "deliveries", "embeddings", "embedding_grads",
-            "dense_sync", "handover", "model_parallel", "acks", "control")
+            "dense_sync", "handover", "model_parallel", "acks", "serving", "control")
 
 
 def _num(value: Any) -> float:

@@ -37,6 +37,13 @@ What a checkpoint (or an export, or a handover) needs:
   ``renumbered`` says ``release`` compacted the rows since (a handover), so that the next
   checkpoint must hold the whole table. ``key_of_row()``: each row's key and whether it is
   live.
+
+What serving processes need (``roles.protocol.serving``), once ``follow()`` was called:
+``changes()``, the live keys changed (created, trained, accepted) and the keys dropped since
+the previous ``changes()``, with their current rows. It records the row numbers each operation
+touched (one array per batch, not a scan of the table), so its cost follows the updates, not
+the table's size; ``since_snapshot()`` is the same since the latest ``clear_dirty``/``mark``
+(a checkpoint), for a serving process that starts late.
 """
 
 from __future__ import annotations
@@ -84,6 +91,8 @@ class EmbeddingTable:
         self._dropped: list[np.ndarray] | None = None   # since the mark; None: not recording
         self.dirty = np.zeros(capacity, dtype=bool)  # changed since the last checkpoint
         self.renumbered = False
+        self._changed: list[np.ndarray] | None = None  # rows touched since changes(); None: off
+        self._gone: list[np.ndarray] = []              # keys dropped since changes()
 
     def __len__(self) -> int:
         """Live keys (default and free rows not counted)."""
@@ -123,6 +132,7 @@ class EmbeddingTable:
         self.accum[rows] = 0.0
         self.last_seen[rows] = self.clock
         self.dirty[rows] = True
+        self._touched(rows)
         self.index.insert(keys, rows)
         self.created += n
         return rows
@@ -170,6 +180,7 @@ class EmbeddingTable:
                                 np.ascontiguousarray(grads, np.float32), np.float32(self.lr),
                                 np.float32(self.eps))
             self.dirty[rows] = True
+            self._touched(rows)
             return
         acc = np.take(self.accum, rows, axis=0)
         step = np.multiply(grads, grads)
@@ -183,6 +194,7 @@ class EmbeddingTable:
         w -= step
         self.weights[rows] = w
         self.dirty[rows] = True
+        self._touched(rows)
 
     # -- dropping keys ------------------------------------------------------------------------
     def live(self) -> tuple[np.ndarray, np.ndarray]:
@@ -198,6 +210,8 @@ class EmbeddingTable:
         self._free_rows(rows)
         if self._dropped is not None:
             self._dropped.append(keys)
+        if self._changed is not None:
+            self._gone.append(keys)
 
     def drop(self, keys: np.ndarray) -> int:
         """Remove distinct keys (absent ones are ignored); how many were here."""
@@ -272,6 +286,7 @@ class EmbeddingTable:
             self.weights[rows] = weights
             self.accum[rows] = accum
             self.dirty[rows] = True
+            self._touched(rows)
 
     def release(self, leaving: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Remove the keys whose rows are marked in ``leaving`` (bool per row); return their
@@ -282,6 +297,10 @@ class EmbeddingTable:
         out = (keys[gone], self.weights[rows[gone]].copy(), self.accum[rows[gone]].copy())
         if self._dropped is not None:
             self._dropped.append(keys[gone])
+        touched = None
+        if self._changed is not None:   # by key: the row numbers change below
+            self._gone.append(keys[gone])
+            touched = self._touched_keys()
         stay_keys, stay_rows = keys[~gone], rows[~gone]
         order = np.argsort(stay_rows)
         stay_keys, stay_rows = stay_keys[order], stay_rows[order]
@@ -295,7 +314,52 @@ class EmbeddingTable:
         self.size = d + n
         self._free_count = 0
         self.renumbered = True
+        if touched is not None:
+            defaults, keys_touched = touched
+            found = self.index.find(keys_touched)
+            self._changed = [defaults, found[found >= 0]]
         return out
+
+    # -- serving: what changed ---------------------------------------------------------------
+    def follow(self) -> None:
+        """From now on record what changes, for ``changes()`` (not before: nothing grows in a
+        job no serving process follows)."""
+        if self._changed is None:
+            self._changed = []
+
+    def _touched(self, rows: np.ndarray) -> None:
+        if self._changed is not None and len(rows):
+            self._changed.append(np.asarray(rows, dtype=np.int64))
+
+    def _touched_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """The default rows touched, and the keys of the live rows touched, since changes()."""
+        rows = np.unique(np.concatenate(self._changed)) if self._changed \
+            else np.zeros(0, np.int64)
+        rows = rows[rows < self.size]
+        defaults = rows[rows < self.defaults]
+        rows = rows[rows >= self.defaults]
+        rows = rows[self.last_seen[rows] != FREE]
+        return defaults, self.index.keys_of(rows)
+
+    def changes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Since the previous call (or ``follow()``): the live keys whose rows changed, those
+        rows as they are now, and the keys dropped (a key dropped and made again is in both:
+        apply the drops first). Default rows are not among them (``weights[:defaults]``)."""
+        if self._changed is None:
+            raise RuntimeError("changes() before follow()")
+        _, keys = self._touched_keys()
+        rows = self.index.find(keys)
+        dropped = np.unique(np.concatenate(self._gone)) if self._gone \
+            else np.zeros(0, np.int64)
+        self._changed, self._gone = [], []
+        return keys, np.take(self.weights, rows, axis=0), dropped
+
+    def since_snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What ``changes()`` would give since the latest checkpoint snapshot
+        (``clear_dirty`` and ``mark``): a scan of the table, for the rare late joiner."""
+        by_row, live = self.key_of_row()   # renumbered since: every row (dirty is stale)
+        rows = np.flatnonzero(live if self.renumbered else self.dirty[:self.size] & live)
+        return by_row[rows], np.take(self.weights, rows, axis=0), self.dropped_since_mark()
 
     def clear_dirty(self) -> None:
         """A checkpoint took the table as it is: nothing has changed since."""

@@ -20,16 +20,12 @@ import psutil
 import pytest
 
 from roles.checkpoint.files import LATEST
-from roles.data.index import index_files, plan_parts, resolve_paths
-from roles.data.readers import read_part
-from roles.data.stream import Preparer, Tally, eval_batches
 from roles.serving.client import Client, request_body
 from roles.serving.model import ExportedModel
 from roles.serving.served import Served, version_of
 from roles.testbed.jobs import ADULT_JOB, REPO
 from roles.testbed.local_cluster import BIN, LocalCluster
-from roles.testbed.serving import ServerThread
-from roles.tools.predict import schema_of
+from roles.testbed.serving import ServerThread, predicted
 
 pytestmark = pytest.mark.inprocess
 
@@ -64,19 +60,6 @@ def rows(tmp_path_factory) -> tuple[Path, list[dict[str, str]]]:
         table = list(csv.DictReader(f))
     assert any("?" in r.values() for r in table)
     return path, table
-
-
-def predicted(model: ExportedModel, path: Path) -> np.ndarray:
-    """What ``zbus-predict`` computes for the file's rows (``roles.tools.predict.predict``,
-    at full precision: its output file rounds them)."""
-    files = index_files(resolve_paths(str(path), "csv", "DATA"), "csv")
-    parts, _ = plan_parts(files, 0.0, model.job.data.part_mb)
-    prepare = Preparer(model.job.layout(), model.transform, None)
-    out = [model.score(b.keys, b.dense)
-           for p in parts for b in eval_batches(read_part(files, p, "csv",
-                                                          schema_of(model.job, True)),
-                                                prepare, Tally(), 65_536)]
-    return np.concatenate(out)
 
 
 def probabilities(reply: dict) -> np.ndarray:
@@ -302,13 +285,14 @@ def test_workers_behind_one_port_a_killed_one_comes_back_and_sigterm_ends_them(t
 
 def test_every_answer_while_following_a_training_job_is_its_named_versions_own(
         tmp_path, rows):
-    """A job trains and checkpoints every half second while the server follows it and is
+    """A job that publishes no live parameters ([serving] publish_ms = 0) trains and
+    checkpoints every half second while the server follows it and is
     asked the same rows over and over: each answer must be exactly what the checkpoint of the
     version it names computes offline (no answer from a model half swapped in, none named
     after another version than the one that computed it)."""
     _, table = rows
     c = LocalCluster(tmp_path / "job", ADULT_JOB, in_process=True, train__epochs=3,
-                     checkpoint__every_s=0.5, checkpoint__keep=1000)
+                     checkpoint__every_s=0.5, checkpoint__keep=1000, serving__publish_ms=0)
     answers: list[tuple[str, list[float]]] = []
     try:
         (c.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)

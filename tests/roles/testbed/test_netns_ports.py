@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 from harness import hosts_or_skip
 
-from roles.protocol.topology import FEEDER_OFFSET, MAX_FEEDERS, reserved_ports
+from roles.protocol.topology import MAX_SHARDS, ROWS_OFFSET, reserved_ports
 
 
 def test_the_reserved_range_covers_every_port_a_role_binds():
-    assert reserved_ports() == "47100-49531"
-    assert reserved_ports(20000) == f"20000-{20000 + FEEDER_OFFSET + 2 * MAX_FEEDERS - 1}"
+    assert reserved_ports() == "47100-49794"
+    assert reserved_ports(20000) == f"20000-{20000 + ROWS_OFFSET + MAX_SHARDS - 1}"
 
 
 @pytest.mark.integration

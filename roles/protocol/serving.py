@@ -1,0 +1,114 @@
+"""Live parameters for serving processes (``zbus-serve --follow``; ``roles.serving.live``).
+
+Every ``[serving] publish_ms`` control publishes a ``ServingCut`` (control PUB). At each cut,
+every shard publishes on its own PUB (endpoint ``rows-<i>``) one ``RowDelta``: the rows that
+changed since its previous cut (created, trained, handed in), the keys that left it since
+(expired, evicted, handed out: tombstones) and its default rows; the root aggregator publishes
+on its (endpoint ``dense``) one ``DenseDelta``: the dense weights when they changed since its
+previous cut, else only the (round, step, generation) they are at. A serving process serves
+cut ``n`` once every shard's and the aggregator's part of ``n`` is in: one version, named by
+the cut.
+
+A server that starts late, or that missed a message (each part names the cut before it:
+``previous``), loads the newest complete checkpoint and asks each shard for the rows changed
+since that checkpoint (``RowsSince`` on the shard's ROUTER, answered with ``RowsCaughtUp``) and
+the aggregator for its weights (``WeightsRequest``); the deltas after those answers follow.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zbus.codec import Message, array, finite, message, require
+
+
+@message()
+class ServingCut(Message):
+    """Control PUB: every shard and the root aggregator publish their part of cut ``number``
+    (milliseconds since the epoch on control's clock: rises across a resumed control, and says
+    when the version was cut)."""
+
+    number: int
+
+
+def check_rows(keys: np.ndarray, rows: np.ndarray, defaults: np.ndarray) -> None:
+    require(rows.ndim == 2 and rows.shape[0] == keys.shape[0], "rows and keys differ")
+    require(defaults.ndim == 2 and (not len(defaults) or defaults.shape[1] == rows.shape[1]),
+            "default rows of another width")
+
+
+@message("serving")
+class RowDelta(Message):
+    """Shard ``shard``'s part of cut ``cut`` (its PUB, ``rows-<i>``): the current ``rows`` of
+    ``keys`` changed since cut ``previous`` (0: the first this process publishes), the keys
+    ``dropped`` since (apply them first: a key dropped and made again is in both), and its
+    default rows (admission's, one per field; none without admission). ``incarnation`` names
+    the shard's process: a restarted shard's rows went back to a checkpoint."""
+
+    shard: int
+    cut: int
+    previous: int
+    incarnation: str
+    keys: np.ndarray = array("int64", 1)
+    rows: np.ndarray = array("float32", 2)
+    dropped: np.ndarray = array("int64", 1)
+    defaults: np.ndarray = array("float32", 2)
+
+    def check(self) -> None:
+        require(self.shard >= 0 and self.cut > self.previous >= 0, "bad shard or cut numbers")
+        check_rows(self.keys, self.rows, self.defaults)
+
+    def require_finite(self) -> None:
+        require(finite(self.rows) and finite(self.defaults), "non-finite rows")
+
+
+@message("serving")
+class DenseDelta(Message):
+    """The root aggregator's part of cut ``cut`` (its PUB, ``dense``): its weights at
+    (``round``, ``step``, ``generation``), in ``params`` when they changed since cut ``previous``
+    (empty: unchanged)."""
+
+    cut: int
+    previous: int
+    round: int
+    step: int
+    generation: int
+    params: np.ndarray = array("float32", 1)
+
+    def check(self) -> None:
+        require(self.cut > self.previous >= 0, "bad cut numbers")
+
+    def require_finite(self) -> None:
+        require(finite(self.params), "non-finite weights")
+
+
+@message("serving")
+class RowsSince(Message):
+    """A serving process -> a shard's ROUTER: the rows changed since checkpoint
+    ``checkpoint`` (the one it loaded)."""
+
+    checkpoint: int
+
+
+@message("serving")
+class RowsCaughtUp(Message):
+    """The shard's answer to RowsSince: the rows changed and keys dropped since its newest
+    snapshot, ``checkpoint`` (when it is not the one asked for, the server loads that one once
+    it is complete, and asks again; ``keys`` are then empty), as they are after its cut
+    ``cut`` (the deltas of later cuts follow), with its default rows and ``incarnation``."""
+
+    shard: int
+    checkpoint: int
+    cut: int
+    incarnation: str
+    keys: np.ndarray = array("int64", 1)
+    rows: np.ndarray = array("float32", 2)
+    dropped: np.ndarray = array("int64", 1)
+    defaults: np.ndarray = array("float32", 2)
+
+    def check(self) -> None:
+        require(self.shard >= 0 and self.cut >= 0, "bad shard or cut number")
+        check_rows(self.keys, self.rows, self.defaults)
+
+    def require_finite(self) -> None:
+        require(finite(self.rows) and finite(self.defaults), "non-finite rows")

@@ -1,0 +1,343 @@
+"""``zbus-serve --follow RUN`` of a job that publishes live parameters (``[serving]
+publish_ms``, ``roles.protocol.serving``): each ServingCut becomes a version served as soon as
+every shard's and the aggregator's part of it is in, on top of the newest complete checkpoint.
+
+``LiveState`` (pure: no socket) is one join: the checkpoint loaded (``base``), each shard's
+catch-up (its rows changed since that checkpoint, as of its cut ``last``) and the dense weights;
+then every part of every cut, in order. A cut is served once each shard's chain of deltas and
+the aggregator's reach it (``advance``): the overlay of rows changed since the checkpoint
+(``roles.serving.overlay``) takes each delta, drops first; the version is
+``<round>.<checkpoint>.<cut>``. A shard's delta that does not follow the one before it (a
+message lost) or that comes from another process (a restarted shard went back to a
+checkpoint) ends the join (``Resync``): the follower joins again, serving the last version
+meanwhile.
+
+``LiveFollower`` owns the sockets, on a thread of its own: one SUB to every ``rows-<i>`` and to
+``dense``, and per join one DEALER to each shard (``RowsSince``) and to the aggregator
+(``WeightsRequest``), with the operator's CURVE keys when the job's bus is secured.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import zmq
+
+from roles.job.settings import Job
+from roles.protocol.dense_sync import Weights, WeightsRequest
+from roles.protocol.serving import DenseDelta, RowDelta, RowsCaughtUp, RowsSince
+from roles.serving.model import ExportedModel, read_model
+from roles.serving.overlay import Overlay
+from roles.serving.served import Served
+from roles.storage.store import basename
+from zbus import security
+from zbus.codec import Message, ProtocolError, decode
+
+log = logging.getLogger("zbus.serve")
+JOIN_TIMEOUT_S = 5.0      # answers to a join's requests not all in: join again
+REBASE_ROWS = 50_000      # an overlay this large (and a quarter of the checkpoint's rows) ...
+                          # ... is folded into a newer checkpoint by joining on it
+
+
+def number_of(where: str) -> int:
+    """The number of the checkpoint at ``where`` (its directory's or prefix's name)."""
+    return int(basename(where.rstrip("/")))
+
+
+class Resync(Exception):
+    """The join cannot go on (said in words): join again."""
+
+
+class LiveModel:
+    """One live version: the checkpoint's model with the rows changed since it (``overlay``),
+    each shard's default rows and the dense network; scored as the checkpoint's model is."""
+
+    def __init__(self, base: ExportedModel, overlay: Overlay, defaults: np.ndarray | None,
+                 net: torch.nn.Module, manifest: dict):
+        self.base, self.overlay, self.defaults, self.net = base, overlay, defaults, net
+        self.job, self.transform, self.manifest = base.job, base.transform, manifest
+
+    def find(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        found, rows, live = self.overlay.find(flat)
+        rest = np.flatnonzero(~found)
+        if len(rest):
+            here, base_rows = self.base.find(flat[rest])
+            rows[rest], live[rest] = base_rows, here
+        return live, rows
+
+    def score(self, keys: np.ndarray, dense: np.ndarray) -> np.ndarray:
+        return self.base.score(keys, dense, self.net, self.find, self.defaults)
+
+
+def dense_key(round_: int, step: int, generation: int) -> tuple[int, int, int]:
+    """Dense weights' order: a newer generation (a restore) first, then rounds, then steps."""
+    return generation, round_, step
+
+
+class LiveState:
+    """One join on checkpoint ``checkpoint`` (its model ``base``) of a job with ``shards``."""
+
+    def __init__(self, base: ExportedModel, checkpoint: int, shards: int):
+        self.base, self.checkpoint, self.shards = base, checkpoint, shards
+        self.overlay = Overlay.empty(base.layout.row_dim)
+        self.last: dict[int, int] = {}          # shard -> its newest cut in the overlay
+        self.incarnation: dict[int, str] = {}
+        self.defaults: dict[int, np.ndarray] = {}
+        self.rows: dict[int, dict[int, RowDelta]] = {i: {} for i in range(shards)}
+        self.dense_parts: dict[int, DenseDelta] = {}
+        self.dense: tuple[int, int, int] | None = None   # dense_key of ``params``
+        self.params: np.ndarray | None = None
+        self.net: torch.nn.Module | None = None
+        self.round = 0
+        self.cut = 0                              # the newest cut served
+        self.wants_weights = False                # the aggregator is asked again
+
+    # -- the join ------------------------------------------------------------------------------
+    def caught_up(self, m: RowsCaughtUp) -> bool:
+        """A shard's answer; False when it is of another checkpoint (join again, on it)."""
+        if not 0 <= m.shard < self.shards:
+            raise ProtocolError("inconsistent", f"shard {m.shard} of {self.shards}")
+        if m.checkpoint != self.checkpoint:
+            return False
+        m.require_finite()
+        self.overlay = self.overlay.merged(m.keys, m.rows, m.dropped)
+        self.last[m.shard], self.incarnation[m.shard] = m.cut, m.incarnation
+        self.defaults[m.shard] = m.defaults
+        for cut in [c for c in self.rows[m.shard] if c <= m.cut]:   # in the catch-up
+            del self.rows[m.shard][cut]
+        return True
+
+    def weights(self, m: Weights) -> None:
+        key = dense_key(m.round, m.step, m.generation)
+        if self.dense is None or key >= self.dense:
+            m.require_finite()
+            self.dense, self.params, self.round = key, m.params.copy(), m.round
+            self.net = None
+        self.wants_weights = False
+
+    @property
+    def joined(self) -> bool:
+        return len(self.last) == self.shards and self.dense is not None
+
+    # -- the parts of each cut -------------------------------------------------------------------
+    def add_rows(self, m: RowDelta) -> None:
+        if not 0 <= m.shard < self.shards:
+            raise ProtocolError("inconsistent", f"shard {m.shard} of {self.shards}")
+        if m.shard in self.last and m.cut <= self.last[m.shard]:
+            return   # in its catch-up already
+        if m.shard in self.incarnation and m.incarnation != self.incarnation[m.shard]:
+            raise Resync(f"ps-{m.shard} was started again")
+        self.rows[m.shard][m.cut] = m
+
+    def add_dense(self, m: DenseDelta) -> None:
+        self.dense_parts[m.cut] = m
+
+    def complete(self) -> int | None:
+        """The newest cut whose every part is in, once joined."""
+        if not self.joined:
+            return None
+        cuts = set(self.dense_parts)
+        for parts in self.rows.values():
+            cuts &= set(parts)
+        cuts = {c for c in cuts if c > max(self.cut, *self.last.values())}
+        return max(cuts) if cuts else None
+
+    def advance(self) -> Served | None:
+        """The newest complete cut as a version to serve (None: none newer is complete);
+        Resync when a shard's deltas do not follow on from each other."""
+        n = self.complete()
+        if n is None:
+            return None
+        for shard, parts in self.rows.items():
+            for cut in sorted(c for c in parts if c <= n):
+                m = parts.pop(cut)
+                if m.previous != self.last[shard]:
+                    raise Resync(f"ps-{shard}'s part of cut {m.cut} follows cut {m.previous}, "
+                                 f"not {self.last[shard]}: a part was lost")
+                m.require_finite()
+                self.overlay = self.overlay.merged(m.keys, m.rows, m.dropped)
+                self.last[shard], self.defaults[shard] = cut, m.defaults
+        for cut in sorted(c for c in self.dense_parts if c <= n):
+            self.dense_step(self.dense_parts.pop(cut))
+        if self.wants_weights:
+            return None
+        self.cut = n
+        return self.served(n)
+
+    def dense_step(self, m: DenseDelta) -> None:
+        key = dense_key(m.round, m.step, m.generation)
+        assert self.dense is not None
+        if len(m.params):
+            m.require_finite()
+            self.dense, self.params, self.round, self.net = key, m.params.copy(), m.round, None
+        elif key > self.dense:   # weights we have not seen (their cut's part was lost)
+            self.wants_weights = True
+
+    def served(self, n: int) -> Served:
+        if self.net is None:
+            assert self.params is not None
+            net = copy.deepcopy(self.base.net)
+            torch.nn.utils.vector_to_parameters(torch.from_numpy(self.params), net.parameters())
+            self.net = net.eval()
+        present = [self.defaults[i] for i in range(self.shards) if len(self.defaults.get(
+            i, ()))]
+        defaults = np.stack(present) if len(present) == self.shards else None
+        manifest = {**self.base.manifest, "round": self.round, "number": self.checkpoint,
+                    "cut": n}
+        model = LiveModel(self.base, self.overlay, defaults, self.net, manifest)
+        return Served(model, f"{self.round}.{self.checkpoint}.{n}", n / 1000.0)
+
+    def wants_rebase(self) -> bool:
+        return len(self.overlay) > max(REBASE_ROWS, len(self.base.keys) // 4)
+
+
+class LiveFollower:
+    """Follows the job of run directory ``run`` (its ``job``, from the run's ``config.toml``);
+    ``newest()`` says where its newest complete checkpoint is; ``replace`` gets each version."""
+
+    def __init__(self, job: Job, newest: Callable[[], str | None],
+                 replace: Callable[[Served], None], poll_s: float):
+        self.job, self.newest, self.replace, self.poll_s = job, newest, replace, poll_s
+        self.stop = threading.Event()
+        self.state: LiveState | None = None
+        self.served_cut = 0
+        self.joins = 0
+        self.resyncs: list[str] = []
+        self.ctx = zmq.Context()
+        c = job.cluster
+        self.curve = security.for_process(self.ctx, c, security.OPERATOR, authenticate=False)
+        self.sub = self.socket(zmq.SUB, [*(c.endpoint(f"rows-{i}") for i in range(c.shards)),
+                                         c.endpoint("dense")])
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.askers: list[zmq.Socket] = []
+        self.loaded: tuple[str, ExportedModel] | None = None   # the checkpoint read last
+        self.wanted = 0   # the newest snapshot a shard answered with
+        self.thread = threading.Thread(target=self.run, name="zbus-live", daemon=True)
+
+    def socket(self, kind: int, endpoints: list[str]) -> zmq.Socket:
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.job.cluster.max_message_bytes)
+        for address in endpoints:
+            if self.curve is not None:
+                self.curve.client(sock, address)
+            sock.connect(address)
+        return sock
+
+    def start(self) -> LiveFollower:
+        self.thread.start()
+        return self
+
+    # -- joining -------------------------------------------------------------------------------
+    def join(self) -> LiveState | None:
+        """Load the newest complete checkpoint and ask every shard for the rows changed since
+        and the aggregator for its weights (None: no checkpoint yet)."""
+        where = self.newest()
+        if where is None or number_of(where) < self.wanted:
+            return None   # (a shard has taken a newer snapshot: wait until it is complete)
+        if self.loaded is None or self.loaded[0] != where:
+            self.loaded = (where, read_model(where))
+        base = self.loaded[1]
+        number = number_of(where)
+        if self.state is None:   # the checkpoint alone is one consistent version
+            self.replace(Served.of(base))
+        for sock in self.askers:
+            sock.close(0)
+        c = self.job.cluster
+        self.askers = [self.socket(zmq.DEALER, [c.endpoint(f"ps-{i}")])
+                       for i in range(c.shards)]
+        self.askers.append(self.socket(zmq.DEALER, [c.endpoint("aggregator")]))
+        for sock in self.askers[:-1]:
+            sock.send_multipart(RowsSince(checkpoint=number).encode("serve", 0)[0])
+        self.askers[-1].send_multipart(WeightsRequest().encode("serve", 0)[0])
+        self.joins += 1
+        return LiveState(base, number, c.shards)
+
+    def handle(self, state: LiveState, msg: Message) -> bool:
+        """One message into the join; False when a shard answered for another checkpoint."""
+        match msg:
+            case RowDelta() as m:
+                state.add_rows(m)
+            case DenseDelta() as m:
+                state.add_dense(m)
+            case RowsCaughtUp() as m:
+                if state.caught_up(m):
+                    return True
+                self.wanted = max(self.wanted, m.checkpoint)
+                return False
+            case Weights() as m:
+                state.weights(m)
+        return True
+
+    def run(self) -> None:
+        state: LiveState | None = None
+        began = 0.0
+        poller = zmq.Poller()
+        poller.register(self.sub, zmq.POLLIN)
+        next_look = 0.0
+        while not self.stop.is_set():
+            now = time.monotonic()
+            try:
+                if state is None or (not state.joined and now - began > JOIN_TIMEOUT_S):
+                    state, began = self.join(), now
+                    if state is None:
+                        self.stop.wait(self.poll_s)
+                        continue
+                    for sock in self.askers:
+                        poller.register(sock, zmq.POLLIN)
+                if state.wants_weights:
+                    self.askers[-1].send_multipart(WeightsRequest().encode("serve", 0)[0])
+                    state.wants_weights = False
+                for sock, _ in poller.poll(100):
+                    while True:
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        if not self.handle(state, decode(frames).msg):
+                            state = None   # another checkpoint: join again, on the newest
+                            self.stop.wait(self.poll_s)
+                            break
+                    if state is None:
+                        break
+                if state is None:
+                    continue
+                served = state.advance()
+                if served is not None:
+                    self.replace(served)
+                    self.state, self.served_cut = state, state.cut
+                if now >= next_look:
+                    next_look = now + self.poll_s
+                    if state.joined and state.wants_rebase() and self.newer_than(state):
+                        state = None
+            except Resync as exc:
+                self.resyncs.append(str(exc))
+                log.warning("zbus-serve: joining the job again: %s", exc)
+                state = None
+            except ProtocolError as exc:
+                log.warning("zbus-serve: a malformed message refused: %s", exc)
+            except (OSError, ValueError, KeyError) as exc:
+                log.warning("zbus-serve: cannot load the newest checkpoint: %s", exc)
+                state = None
+                self.stop.wait(self.poll_s)
+
+    def newer_than(self, state: LiveState) -> bool:
+        where = self.newest()
+        return where is not None and number_of(where) > state.checkpoint
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=30)
+        for sock in [*self.askers, self.sub]:
+            sock.close(0)
+        if self.curve is not None:
+            self.curve.stop()
+        self.ctx.term()

@@ -1,0 +1,174 @@
+"""The pure parts of live serving, without sockets: a shard table's change log
+(``EmbeddingTable.changes``), the overlay of rows changed since a checkpoint (tombstones), and
+one join's state (``LiveState``): a cut served only once every part is in, a lost part or a
+restarted shard a resync, weights not seen asked for again."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from roles.algorithms.shard.embedding_table import EmbeddingTable
+from roles.protocol.dense_sync import Weights
+from roles.protocol.serving import DenseDelta, RowDelta, RowsCaughtUp
+from roles.serving.live import LiveState, Resync
+from roles.serving.overlay import Overlay
+from roles.serving.publishing import DensePublisher, RowPublisher
+
+DIM = 4
+
+
+def test_the_change_log_gives_the_rows_changed_and_the_keys_dropped_since_the_last_cut():
+    t = EmbeddingTable(DIM, 0.1, 0.5, capacity=8)
+    t.create(np.array([1, 2, 3], np.int64))   # before follow(): not recorded
+    pub = RowPublisher(0, t)
+    first = pub.cut(10)
+    assert first.previous == 0 and len(first.keys) == 0 and len(first.dropped) == 0
+    rows = t.lookup(np.array([2, 3], np.int64))
+    t.adagrad(rows, np.ones((2, DIM), np.float32))
+    t.drop(np.array([3], np.int64))
+    t.create(np.array([3, 4], np.int64))      # 3 dropped and made again: in both
+    t.drop(np.array([1], np.int64))
+    d = pub.cut(20)
+    assert d.previous == 10 and d.cut == 20
+    assert sorted(d.keys.tolist()) == [2, 3, 4] and sorted(d.dropped.tolist()) == [1, 3]
+    for k, row in zip(d.keys.tolist(), d.rows, strict=True):
+        np.testing.assert_array_equal(row, t.weights[t.index.find(np.array([k]))[0]])
+    empty = pub.cut(30)
+    assert len(empty.keys) == 0 and len(empty.dropped) == 0   # nothing since
+    assert pub.cut(30) is None and pub.cut(25) is None         # repeated or old cuts
+
+
+def test_a_handover_renumbering_the_rows_keeps_the_changes_by_key():
+    t = EmbeddingTable(DIM, 0.1, 0.5, capacity=8)
+    pub = RowPublisher(0, t)
+    t.create(np.array([5, 6, 7, 8], np.int64))
+    leaving = np.zeros(t.size, bool)
+    leaving[t.index.find(np.array([5, 7], np.int64))] = True
+    t.release(leaving)
+    d = pub.cut(1)
+    assert sorted(d.keys.tolist()) == [6, 8] and sorted(d.dropped.tolist()) == [5, 7]
+    np.testing.assert_array_equal(d.rows[np.argsort(d.keys)],
+                                  t.weights[t.index.find(np.array([6, 8], np.int64))])
+
+
+def test_a_late_joiner_is_answered_with_what_changed_since_the_snapshot_it_loaded():
+    t = EmbeddingTable(DIM, 0.1, 0.5, capacity=8)
+    pub = RowPublisher(2, t)
+    t.create(np.array([1, 2], np.int64))
+    t.clear_dirty()
+    t.mark()                                   # checkpoint 7's snapshot
+    t.create(np.array([3], np.int64))
+    t.drop(np.array([1], np.int64))
+    pub.cut(40)
+    answer = pub.caught_up(7, 7)
+    assert answer.cut == 40 and answer.checkpoint == 7 and answer.shard == 2
+    assert answer.keys.tolist() == [3] and answer.dropped.tolist() == [1]
+    other = pub.caught_up(6, 7)                # not the snapshot it has: only which it is
+    assert other.checkpoint == 7 and len(other.keys) == 0
+
+
+def test_the_overlay_applies_drops_first_and_serves_tombstones_as_keys_without_rows():
+    o = Overlay.empty(2)
+    o = o.merged(np.array([5, 1], np.int64), np.array([[5, 5], [1, 1]], np.float32),
+                 np.zeros(0, np.int64))
+    o = o.merged(np.array([9], np.int64), np.array([[9, 9]], np.float32),
+                 np.array([5, 3, 9], np.int64))   # 9 dropped and made again: its row stands
+    assert o.keys.tolist() == [1, 3, 5, 9] and o.live.tolist() == [True, False, False, True]
+    found, rows, live = o.find(np.array([9, 3, 2, 1], np.int64))
+    assert found.tolist() == [True, True, False, True]
+    assert live.tolist() == [True, False, False, True]
+    np.testing.assert_array_equal(rows, [[9, 9], [0, 0], [0, 0], [1, 1]])
+    before = o.rows.copy()
+    o.merged(np.array([1], np.int64), np.array([[7, 7]], np.float32), np.zeros(0, np.int64))
+    np.testing.assert_array_equal(o.rows, before)   # immutable: a version never changes
+
+
+class Base:
+    """The little of a checkpoint's model a LiveState reads before serving."""
+
+    def __init__(self):
+        from roles.job.settings import load_job
+        self.job = load_job(None, environ={})   # the built-in synthetic job
+        self.layout = self.job.layout()
+        self.keys = np.zeros(0, np.int64)
+        self.manifest = {"number": 3, "round": 1}
+
+
+def delta(shard: int, cut: int, previous: int, keys=(), incarnation="a") -> RowDelta:
+    k = np.array(keys, np.int64)
+    dim = Base().layout.row_dim
+    return RowDelta(shard=shard, cut=cut, previous=previous, incarnation=incarnation, keys=k,
+                    rows=np.ones((len(k), dim), np.float32), dropped=np.zeros(0, np.int64),
+                    defaults=np.zeros((0, dim), np.float32))
+
+
+def joined_state(monkeypatch) -> LiveState:
+    s = LiveState(Base(), 3, 2)   # type: ignore[arg-type]
+    monkeypatch.setattr(LiveState, "served", lambda self, n: f"served {n}")
+    dim = Base().layout.row_dim
+    s.add_rows(delta(0, 100, 90))                    # before the answer: in the catch-up
+    for shard in (0, 1):
+        assert s.caught_up(RowsCaughtUp(shard=shard, checkpoint=3, cut=100, incarnation="a",
+                                        keys=np.zeros(0, np.int64),
+                                        rows=np.zeros((0, dim), np.float32),
+                                        dropped=np.zeros(0, np.int64),
+                                        defaults=np.zeros((0, dim), np.float32)))
+    assert not s.joined and s.advance() is None     # no weights yet
+    s.weights(Weights(round=4, step=0, generation=0, params=np.zeros(3, np.float32)))
+    assert s.joined
+    return s
+
+
+def test_a_cut_is_served_once_every_shard_and_the_aggregator_sent_their_parts(monkeypatch):
+    s = joined_state(monkeypatch)
+    dense = DensePublisher()
+    s.add_rows(delta(0, 110, 100, [1]))
+    s.add_dense(dense.cut(110, 4, 0, 0, np.zeros(3, np.float32)))
+    assert s.advance() is None                       # ps-1's part of 110 is not in
+    s.add_rows(delta(1, 110, 100, [2]))
+    assert s.advance() == "served 110" and s.overlay.keys.tolist() == [1, 2]
+    s.add_rows(delta(0, 120, 110))                   # ps-1 missed cut 120: 130 follows 110
+    s.add_dense(dense.cut(120, 4, 0, 0, np.zeros(3, np.float32)))
+    s.add_rows(delta(0, 130, 120, [3]))
+    s.add_rows(delta(1, 130, 110, [4]))
+    s.add_dense(dense.cut(130, 5, 0, 0, np.ones(3, np.float32)))
+    assert s.advance() == "served 130" and s.round == 5
+    assert s.overlay.keys.tolist() == [1, 2, 3, 4]
+
+
+def test_a_lost_part_or_a_restarted_shard_ends_the_join(monkeypatch):
+    s = joined_state(monkeypatch)
+    s.add_rows(delta(0, 120, 110))                   # 110 never came
+    s.add_rows(delta(1, 120, 100))
+    s.add_dense(DensePublisher().cut(120, 4, 0, 0, np.zeros(3, np.float32)))
+    with pytest.raises(Resync, match="a part was lost"):
+        s.advance()
+    s = joined_state(monkeypatch)
+    with pytest.raises(Resync, match="started again"):
+        s.add_rows(delta(1, 110, 0, incarnation="b"))
+
+
+def test_weights_not_seen_are_asked_for_and_the_cut_waits_for_them(monkeypatch):
+    s = joined_state(monkeypatch)
+    s.add_rows(delta(0, 110, 100))
+    s.add_rows(delta(1, 110, 100))
+    s.add_dense(DenseDelta(cut=110, previous=105, round=6, step=0, generation=0,
+                           params=np.zeros(0, np.float32)))   # round 6's weights were lost
+    assert s.advance() is None and s.wants_weights
+    s.weights(Weights(round=6, step=0, generation=0, params=np.ones(3, np.float32)))
+    s.add_rows(delta(0, 120, 110))
+    s.add_rows(delta(1, 120, 110))
+    s.add_dense(DenseDelta(cut=120, previous=110, round=6, step=0, generation=0,
+                           params=np.zeros(0, np.float32)))
+    assert s.advance() == "served 120" and s.round == 6
+
+
+def test_an_answer_for_another_checkpoint_is_refused():
+    s = LiveState(Base(), 3, 1)   # type: ignore[arg-type]
+    dim = Base().layout.row_dim
+    assert not s.caught_up(RowsCaughtUp(shard=0, checkpoint=4, cut=0, incarnation="a",
+                                        keys=np.zeros(0, np.int64),
+                                        rows=np.zeros((0, dim), np.float32),
+                                        dropped=np.zeros(0, np.int64),
+                                        defaults=np.zeros((0, dim), np.float32)))
