@@ -276,22 +276,27 @@ class LiveFollower:
                 state.weights(m)
         return True
 
+    def poller(self) -> zmq.Poller:
+        """The SUB and this join's askers."""
+        poller = zmq.Poller()
+        for sock in (self.sub, *self.askers):
+            poller.register(sock, zmq.POLLIN)
+        return poller
+
     def run(self) -> None:
         state: LiveState | None = None
         began = 0.0
-        poller = zmq.Poller()
-        poller.register(self.sub, zmq.POLLIN)
+        poller = self.poller()
         next_look = 0.0
         while not self.stop.is_set():
             now = time.monotonic()
             try:
                 if state is None or (not state.joined and now - began > JOIN_TIMEOUT_S):
                     state, began = self.join(), now
+                    poller = self.poller()   # (the askers of an earlier join are closed)
                     if state is None:
                         self.stop.wait(self.poll_s)
                         continue
-                    for sock in self.askers:
-                        poller.register(sock, zmq.POLLIN)
                 if state.wants_weights:
                     self.askers[-1].send_multipart(WeightsRequest().encode("serve", 0)[0])
                     state.wants_weights = False

@@ -15,6 +15,7 @@ import torch
 import zmq
 
 from roles.protocol.serving import DenseDelta, RowDelta
+from roles.serving import live as live_module
 from roles.serving.client import Client, request_body
 from roles.serving.model import ExportedModel
 from roles.serving.served import version_of
@@ -90,20 +91,27 @@ def scored(model: ExportedModel, table: list[dict[str, str]], path: Path) -> np.
     return predicted(model, path)
 
 
-def test_every_live_answer_is_the_parameters_of_the_cut_it_names(tmp_path):
+def test_every_live_answer_is_the_parameters_of_the_cut_it_names(tmp_path, monkeypatch):
     """A job trains with a cut every 50 ms and a checkpoint every 2 s while the server follows
-    it and is asked the same rows over and over. Each answer names ``round.checkpoint.cut``;
-    rebuilt from the deltas alone, that cut's rows and weights give exactly the answer."""
+    it and is asked the same rows over and over; a second server starts mid-job (it loads the
+    newest checkpoint and asks the shards for the rows changed since). Each answer of either
+    names ``round.checkpoint.cut``; rebuilt from the deltas alone, that cut's rows and weights
+    give exactly the answer. The servers fold their overlays into each newer checkpoint
+    (joining again on it) as soon as it holds a quarter of the checkpoint's rows: on Adult's
+    ~100 keys, every checkpoint, so the joins run again and again."""
+    monkeypatch.setattr(live_module, "REBASE_ROWS", 0)
     c = LocalCluster(tmp_path / "job", ADULT_JOB, in_process=True, train__epochs=2,
                      checkpoint__every_s=2.0, checkpoint__keep=1000, serving__publish_ms=50)
     recorder = Recorder(c.job.cluster)
     answers: list[tuple[str, list[float]]] = []
+    late_answers: list[tuple[str, list[float]]] = []
     table = adult_rows(8)
     try:
         (c.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         with ServerThread(follow=str(c.run_dir), poll_s=0.05) as server:
             c.start_all()
             client, meta = Client(server.url), None
+            late, late_client = None, None   # a second server, started mid-job
             while c.procs["control-0"].poll() is None:
                 if meta is None:
                     status, got = client.call("GET", "/v2/models/adult")
@@ -112,26 +120,39 @@ def test_every_live_answer_is_the_parameters_of_the_cut_it_names(tmp_path):
                 status, reply = client.infer("adult", request_body(meta, table))
                 assert status == 200, reply
                 answers.append((reply["model_version"], reply["outputs"][0]["data"]))
+                if late is None and len({v for v, _ in answers}) >= 20:
+                    late = ServerThread(follow=str(c.run_dir), poll_s=0.05)
+                    late_client = Client(late.url)
+                if late_client is not None:
+                    status, reply = late_client.infer("adult", request_body(meta, table))
+                    if status == 200:
+                        late_answers.append((reply["model_version"],
+                                             reply["outputs"][0]["data"]))
             assert c.wait() == 0, c.logs()
             follower = getattr(server.follower, "inner", None) or server.follower
             client.close()
+            if late is not None:
+                late_client.close()
+                late.close()
     finally:
         recorder.close()
         c.close()
     live = sorted({v for v, _ in answers if v.count(".") == 2}, key=lambda v: int(v.split(".")[2]))
     assert len(live) >= 10, (live, follower.resyncs)   # it followed the job cut by cut
-    print("LIVE", len(live), len(answers), follower.joins, follower.resyncs, live[:3], live[-3:])
+    late_live = {v for v, _ in late_answers if v.count(".") == 2}
+    assert len(late_live) >= 3, late_live   # the late server caught up, and followed
+    assert follower.joins >= 2 and not follower.resyncs, (follower.joins, follower.resyncs)
     export = c.run_dir / "export"
     checkpoints = {version_of(ExportedModel(p).manifest): p
                    for p in (c.run_dir / "checkpoints").iterdir() if p.name.isdigit()}
     expected = {}
-    for version in {v for v, _ in answers}:
+    for version in {v for v, _ in answers + late_answers}:
         if version.count(".") == 2:
             model = recorder.version(ExportedModel(export), int(version.split(".")[2]))
         else:   # the checkpoint served before the first cut was in
             model = ExportedModel(checkpoints[version])
         expected[version] = scored(model, table, tmp_path / "rows.csv")
-    for version, got in answers:
+    for version, got in answers + late_answers:
         np.testing.assert_allclose(got, expected[version], rtol=0, atol=1e-6)
     assert not np.allclose(expected[live[0]], expected[live[-1]])   # it did train meanwhile
 
