@@ -9,7 +9,8 @@ the aggregator's reach it (``advance``): the overlay of rows changed since the c
 (``roles.serving.overlay``) takes each delta, drops first; the version is
 ``<round>.<checkpoint>.<cut>``. A shard's delta that does not follow the one before it (a
 message lost) or that comes from another process (a restarted shard went back to a
-checkpoint) ends the join (``Resync``): the follower joins again, serving the last version
+checkpoint), or parts of ``MAX_WAITING_CUTS`` cuts waiting for another role's (one that is
+down), ends the join (``Resync``): the follower joins again, serving the last version
 meanwhile.
 
 ``LiveFollower`` owns the sockets, on a thread of its own: one SUB to every ``rows-<i>`` and to
@@ -41,6 +42,7 @@ from zbus.codec import Message, ProtocolError, decode
 
 log = logging.getLogger("zbus.serve")
 JOIN_TIMEOUT_S = 5.0      # answers to a join's requests not all in: join again
+MAX_WAITING_CUTS = 600    # a shard's parts kept for cuts not complete (2 min at 200 ms)
 REBASE_ROWS = 50_000      # an overlay this large (and a quarter of the checkpoint's rows) ...
                           # ... is folded into a newer checkpoint by joining on it
 
@@ -133,7 +135,10 @@ class LiveState:
             return   # in its catch-up already
         if m.shard in self.incarnation and m.incarnation != self.incarnation[m.shard]:
             raise Resync(f"ps-{m.shard} was started again")
-        self.rows[m.shard][m.cut] = m
+        parts = self.rows[m.shard]
+        parts[m.cut] = m
+        if len(parts) > MAX_WAITING_CUTS:   # another part of them never comes (a role down)
+            raise Resync(f"ps-{m.shard}'s parts of {len(parts)} cuts wait for the others'")
 
     def add_dense(self, m: DenseDelta) -> None:
         self.dense_parts[m.cut] = m

@@ -40,9 +40,9 @@ What a checkpoint (or an export, or a handover) needs:
 
 What serving processes need (``roles.protocol.serving``), once ``follow()`` was called:
 ``changes()``, the live keys changed (created, trained, accepted) and the keys dropped since
-the previous ``changes()``, with their current rows. It records the row numbers each operation
-touched (one array per batch, not a scan of the table), so its cost follows the updates, not
-the table's size; ``since_snapshot()`` is the same since the latest ``clear_dirty``/``mark``
+the previous ``changes()``, with their current rows. It lists each row an operation touched
+once (a mark per row: no scan of the table, no sort), so its cost follows the updates, not the
+table's size; ``since_snapshot()`` is the same since the latest ``clear_dirty``/``mark``
 (a checkpoint), for a serving process that starts late.
 """
 
@@ -92,6 +92,7 @@ class EmbeddingTable:
         self.dirty = np.zeros(capacity, dtype=bool)  # changed since the last checkpoint
         self.renumbered = False
         self._changed: list[np.ndarray] | None = None  # rows touched since changes(); None: off
+        self._marked = np.zeros(capacity, dtype=bool)  # in _changed already
         self._gone: list[np.ndarray] = []              # keys dropped since changes()
 
     def __len__(self) -> int:
@@ -106,7 +107,8 @@ class EmbeddingTable:
     def nbytes(self) -> int:
         """Memory the table's arrays hold (allocated, not only used)."""
         return (self.weights.nbytes + self.accum.nbytes + self.last_seen.nbytes
-                + self.dirty.nbytes + self._free.nbytes + self.index.nbytes)
+                + self.dirty.nbytes + self._marked.nbytes + self._free.nbytes
+                + self.index.nbytes)
 
     # -- look-ups -----------------------------------------------------------------------------
     def lookup(self, keys: np.ndarray) -> np.ndarray:
@@ -164,7 +166,8 @@ class EmbeddingTable:
             return
         size = max(needed, 2 * len(self.weights))
         self.index.reserve_rows(size)
-        for name, fill in (("weights", 0), ("accum", 0), ("last_seen", FREE), ("dirty", 0)):
+        for name, fill in (("weights", 0), ("accum", 0), ("last_seen", FREE), ("dirty", 0),
+                           ("_marked", 0)):
             old = getattr(self, name)
             grown = np.zeros((size, *old.shape[1:]), dtype=old.dtype) if fill == 0 else \
                 np.full(size, fill, dtype=old.dtype)
@@ -317,7 +320,8 @@ class EmbeddingTable:
         if touched is not None:
             defaults, keys_touched = touched
             found = self.index.find(keys_touched)
-            self._changed = [defaults, found[found >= 0]]
+            self._touched(defaults)
+            self._touched(found[found >= 0])
         return out
 
     # -- serving: what changed ---------------------------------------------------------------
@@ -328,13 +332,24 @@ class EmbeddingTable:
             self._changed = []
 
     def _touched(self, rows: np.ndarray) -> None:
+        """Distinct rows changed: those not marked yet join the list (no sort at the cut)."""
         if self._changed is not None and len(rows):
-            self._changed.append(np.asarray(rows, dtype=np.int64))
+            rows = np.asarray(rows, dtype=np.int64)
+            new = rows[~self._marked[rows]]
+            self._marked[new] = True
+            self._changed.append(new)
+
+    def _take_touched(self) -> np.ndarray:
+        """The distinct rows touched since the last take, unmarked."""
+        rows = np.concatenate(self._changed) if self._changed else np.zeros(0, np.int64)
+        self._marked[rows] = False
+        self._changed = []
+        return rows
 
     def _touched_keys(self) -> tuple[np.ndarray, np.ndarray]:
-        """The default rows touched, and the keys of the live rows touched, since changes()."""
-        rows = np.unique(np.concatenate(self._changed)) if self._changed \
-            else np.zeros(0, np.int64)
+        """The default rows touched, and the keys of the live rows touched, since changes()
+        (taken: the list starts anew)."""
+        rows = self._take_touched()
         rows = rows[rows < self.size]
         defaults = rows[rows < self.defaults]
         rows = rows[rows >= self.defaults]

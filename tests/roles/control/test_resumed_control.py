@@ -38,12 +38,7 @@ def test_a_resumed_control_publishes_none_of_the_dead_runs_commands_before_it_go
     monkeypatch.setattr(Control, "send", send)
     dead = Control(c.job, environ=c.env)
     dead.rounds.round = 25                      # checkpoint 9 is cut at round 25
-    store = dead.checkpoints.store
-    names = []
-    for name, data in dead.capture_cut(9).items():
-        names.append(f"{number_name(9)}/{name}")
-        store.put_bytes(names[-1], data)
-    write_manifest(store, 9, {"parts": {"control": names}, "round": 25})
+    cut_control_part(dead, 9)
     dead.rounds.call("every worker did 8 local steps")   # round 26 in flight at the kill
     assert dead.commands.get("round") == Aggregate(round=26, participants=[],
                                                   reason="every worker did 8 local steps")
@@ -74,16 +69,22 @@ def test_a_resumed_control_publishes_none_of_the_dead_runs_commands_before_it_go
     resumed.close()
 
 
+def cut_control_part(control: Control, number: int) -> None:
+    """Checkpoint ``number`` complete with control's part only, at control's round."""
+    store = control.checkpoints.store
+    names = []
+    for name, data in control.capture_cut(number).items():
+        names.append(f"{number_name(number)}/{name}")
+        store.put_bytes(names[-1], data)
+    write_manifest(store, number, {"parts": {"control": names},
+                                   "round": control.rounds.round})
+
+
 def killed_mid_migration(c) -> None:
     """A dead control's records: checkpoint 9 cut with placement 0 active, then a key migration
     (placement 1) begun and the control killed while the feeders drained."""
     dead = Control(c.job, environ=c.env)
-    store = dead.checkpoints.store
-    names = []
-    for name, data in dead.capture_cut(9).items():
-        names.append(f"{number_name(9)}/{name}")
-        store.put_bytes(names[-1], data)
-    write_manifest(store, 9, {"parts": {"control": names}, "round": 0})
+    cut_control_part(dead, 9)
     old = dead.placement.keymap
     moved = KeyMap(1, old.shards, (old.buckets + 1) % old.shards)
     dead.placement.migration = Migration(moved, time.monotonic(), 3)

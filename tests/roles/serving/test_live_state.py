@@ -39,6 +39,51 @@ def test_the_change_log_gives_the_rows_changed_and_the_keys_dropped_since_the_la
     assert pub.cut(30) is None and pub.cut(25) is None         # repeated or old cuts
 
 
+def table_now(t: EmbeddingTable) -> dict[int, np.ndarray]:
+    keys, rows = t.live()
+    return {int(k): t.weights[r].copy() for k, r in zip(keys, rows, strict=True)}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_deltas_applied_in_order_rebuild_the_table_whatever_it_went_through(seed):
+    """Random creates, updates (a row in several batches between two cuts), drops and
+    re-creations, handovers in and out: the table as a follower rebuilds it from the deltas
+    (drops first) is the table, at every cut."""
+    rng = np.random.default_rng(seed)
+    t = EmbeddingTable(DIM, 0.1, 0.5, capacity=4)
+    pub = RowPublisher(0, t)
+    served: dict[int, np.ndarray] = {}
+    for cut in range(1, 40):
+        for _ in range(rng.integers(1, 5)):
+            op = rng.integers(0, 5)
+            keys = np.unique(rng.integers(0, 60, rng.integers(1, 12))).astype(np.int64)
+            rows = t.lookup(keys)
+            if op == 0:
+                t.create(keys[rows < 0])
+            elif op == 1 and (rows >= 0).any():
+                here = rows[rows >= 0]
+                t.adagrad(here, rng.normal(size=(len(here), DIM)).astype(np.float32))
+            elif op == 2:
+                t.drop(keys)
+            elif op == 3:
+                t.accept(keys, rng.normal(size=(len(keys), DIM)).astype(np.float32),
+                         np.ones((len(keys), DIM), np.float32))
+            elif op == 4 and len(t):
+                leaving = np.zeros(t.size, bool)
+                live_rows = t.live()[1]
+                leaving[live_rows[rng.random(len(live_rows)) < 0.3]] = True
+                t.release(leaving)
+        d = pub.cut(cut)
+        for k in d.dropped.tolist():
+            served.pop(k, None)
+        for k, row in zip(d.keys.tolist(), d.rows, strict=True):
+            served[k] = row
+        now = table_now(t)
+        assert served.keys() == now.keys()
+        for k, row in now.items():
+            np.testing.assert_array_equal(served[k], row)
+
+
 def test_a_handover_renumbering_the_rows_keeps_the_changes_by_key():
     t = EmbeddingTable(DIM, 0.1, 0.5, capacity=8)
     pub = RowPublisher(0, t)
@@ -147,6 +192,13 @@ def test_a_lost_part_or_a_restarted_shard_ends_the_join(monkeypatch):
     s = joined_state(monkeypatch)
     with pytest.raises(Resync, match="started again"):
         s.add_rows(delta(1, 110, 0, incarnation="b"))
+    s = joined_state(monkeypatch)   # the aggregator is down: its parts never come
+    monkeypatch.setattr("roles.serving.live.MAX_WAITING_CUTS", 3)
+    with pytest.raises(Resync, match="wait for the others"):
+        for cut in range(110, 150, 10):
+            s.add_rows(delta(0, cut, cut - 10))
+            s.add_rows(delta(1, cut, cut - 10))
+            s.advance()
 
 
 def test_weights_not_seen_are_asked_for_and_the_cut_waits_for_them(monkeypatch):
