@@ -303,7 +303,8 @@ class EmbeddingTable:
         touched = None
         if self._changed is not None:   # by key: the row numbers change below
             self._gone.append(keys[gone])
-            touched = self._touched_keys()
+            defaults, rows_touched = self._touched_rows()
+            touched = defaults, self.index.keys_of(rows_touched)
         stay_keys, stay_rows = keys[~gone], rows[~gone]
         order = np.argsort(stay_rows)
         stay_keys, stay_rows = stay_keys[order], stay_rows[order]
@@ -340,21 +341,24 @@ class EmbeddingTable:
             self._changed.append(new)
 
     def _take_touched(self) -> np.ndarray:
-        """The distinct rows touched since the last take, unmarked."""
+        """The distinct rows touched since the last take, unmarked. (Read off the marks in
+        row order instead, for sorted gathers after: no faster on 280,000 rows of 10 million,
+        scripts/bench_cut.py.)"""
         rows = np.concatenate(self._changed) if self._changed else np.zeros(0, np.int64)
         self._marked[rows] = False
         self._changed = []
         return rows
 
-    def _touched_keys(self) -> tuple[np.ndarray, np.ndarray]:
-        """The default rows touched, and the keys of the live rows touched, since changes()
-        (taken: the list starts anew)."""
+    def _touched_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """The default rows touched, and the live rows touched, since changes() (taken: the
+        list starts anew)."""
         rows = self._take_touched()
         rows = rows[rows < self.size]
         defaults = rows[rows < self.defaults]
         rows = rows[rows >= self.defaults]
-        rows = rows[self.last_seen[rows] != FREE]
-        return defaults, self.index.keys_of(rows)
+        if not self._gone:   # no key dropped since: every row touched holds its key
+            return defaults, rows
+        return defaults, rows[self.last_seen[rows] != FREE]
 
     def changes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Since the previous call (or ``follow()``): the live keys whose rows changed, those
@@ -362,8 +366,8 @@ class EmbeddingTable:
         apply the drops first). Default rows are not among them (``weights[:defaults]``)."""
         if self._changed is None:
             raise RuntimeError("changes() before follow()")
-        _, keys = self._touched_keys()
-        rows = self.index.find(keys)
+        _, rows = self._touched_rows()
+        keys = self.index.keys_of(rows)
         dropped = np.unique(np.concatenate(self._gone)) if self._gone \
             else np.zeros(0, np.int64)
         self._changed, self._gone = [], []
