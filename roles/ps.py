@@ -225,6 +225,7 @@ class Shard(Node):
         if got.default_weights is not None and got.default_accum is not None:
             self.table.restore_defaults(got.default_weights, got.default_accum)
         self.table.clear_dirty()
+        self.table.forget_changes()   # servers join this process on the checkpoint
         self.checkpoints.restored(files)
         self.applied = set(got.applied.tolist())
         meta = got.meta

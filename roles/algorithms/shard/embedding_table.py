@@ -332,6 +332,14 @@ class EmbeddingTable:
         if self._changed is None:
             self._changed = []
 
+    def forget_changes(self) -> None:
+        """Publish nothing of what changed so far: the table was restored from a checkpoint,
+        and a serving process joins this new process on that checkpoint (the first cut would
+        otherwise send the whole table)."""
+        if self._changed is not None:
+            self._take_touched()
+        self._gone = []
+
     def _touched(self, rows: np.ndarray) -> None:
         """Distinct rows changed: those not marked yet join the list (no sort at the cut)."""
         if self._changed is not None and len(rows):

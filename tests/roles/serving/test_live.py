@@ -46,17 +46,25 @@ class Recorder:
                 return delta
             monkeypatch.setattr(cls, "cut", cut)
 
-    def version(self, model: ExportedModel, cut: int) -> ExportedModel:
+    def incarnations(self, shard: int) -> list[str]:
+        """Shard ``shard``'s processes, in the order they published."""
+        return list(dict.fromkeys(m.incarnation for m in self.rows if m.shard == shard))
+
+    def version(self, model: ExportedModel, cut: int,
+                bases: dict[str, dict[int, np.ndarray]] | None = None) -> ExportedModel:
         """``model`` (the job's export: its network and transform) with the rows and dense
-        weights of cut ``cut``, rebuilt from every delta up to it."""
+        weights of cut ``cut``, rebuilt from every delta up to it; ``bases``: the rows a
+        restarted shard's process restored, by its incarnation (its deltas are the changes
+        since)."""
         table: dict[int, np.ndarray] = {}
         by_shard: dict[int, list[RowDelta]] = {}
         for m in self.rows:
             by_shard.setdefault(m.shard, []).append(m)
         for shard, deltas in by_shard.items():
             # the process that published this shard's part of the cut: its chain, whole from
-            # its first cut (a restarted shard's first part holds every row it restored)
+            # its first cut, on the rows it restored
             (mine,) = [m.incarnation for m in deltas if m.cut == cut]
+            table.update((bases or {}).get(mine, {}))
             previous = 0
             for m in [m for m in deltas if m.incarnation == mine]:
                 assert m.previous == previous, (shard, m.cut, m.previous, previous)
@@ -206,7 +214,7 @@ def test_answers_while_a_shard_and_the_aggregator_are_killed_are_their_versions_
             c.procs["ps-1"].kill()
             c.wait_for_event(lambda e: e["event"] == "shard_lost" and e["node"] == "ps-1")
             c.start_role("ps", 1, name="ps-1-again")
-            c.wait_for_event(lambda e: e["event"] == "shard_recovered")
+            recovered = c.wait_for_event(lambda e: e["event"] == "shard_recovered")
             more_versions(10)
             c.procs["aggregator-0"].kill()
             c.start_role("aggregator", 0, name="aggregator-0-again")
@@ -220,13 +228,18 @@ def test_answers_while_a_shard_and_the_aggregator_are_killed_are_their_versions_
         done.set()
         c.close()
     assert any("ps-1 was started again" in r for r in follower.resyncs), follower.resyncs
+    first, again = recorder.incarnations(1)   # ps-1's rows went back to this checkpoint:
+    restored = ExportedModel(c.run_dir / "checkpoints" / f"{recovered['checkpoint']:06d}")
+    theirs = restored.owners.owner_of(restored.keys) == 1
+    bases = {again: dict(zip(restored.keys[theirs].tolist(), restored.rows[theirs],
+                             strict=True))}
     export = c.run_dir / "export"
     checkpoints = {version_of(ExportedModel(p).manifest): p
                    for p in (c.run_dir / "checkpoints").iterdir() if p.name.isdigit()}
     expected = {}
     for version in {v for v, _ in answers}:
         if version.count(".") == 2:
-            model = recorder.version(ExportedModel(export), int(version.split(".")[2]))
+            model = recorder.version(ExportedModel(export), int(version.split(".")[2]), bases)
         else:
             model = ExportedModel(checkpoints[version])
         expected[version] = scored(model, table, tmp_path / "rows.csv")

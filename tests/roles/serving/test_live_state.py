@@ -84,6 +84,20 @@ def test_the_deltas_applied_in_order_rebuild_the_table_whatever_it_went_through(
             np.testing.assert_array_equal(served[k], row)
 
 
+def test_a_restored_table_publishes_the_changes_after_the_restore_only():
+    """A restarted shard's first cut is not its whole table (servers join it on the
+    checkpoint it restored)."""
+    t = EmbeddingTable(DIM, 0.1, 0.5, capacity=8)
+    pub = RowPublisher(0, t)
+    t.accept(np.arange(100, dtype=np.int64), np.ones((100, DIM), np.float32),
+             np.ones((100, DIM), np.float32))   # the checkpoint's rows
+    t.drop(np.array([5], np.int64))
+    t.forget_changes()
+    t.create(np.array([500], np.int64))
+    d = pub.cut(1)
+    assert d.keys.tolist() == [500] and len(d.dropped) == 0
+
+
 def test_a_handover_renumbering_the_rows_keeps_the_changes_by_key():
     t = EmbeddingTable(DIM, 0.1, 0.5, capacity=8)
     pub = RowPublisher(0, t)
