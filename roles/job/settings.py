@@ -509,12 +509,12 @@ class ServingConfig:
     """What the training roles publish for serving processes that follow the job
     (``zbus-serve --follow``: ``roles.protocol.serving``, docs/serving.md)."""
 
-    publish_ms: int = field(default=200, metadata={"min": 0, "max": 60_000, "doc": (
-        "every this many milliseconds control cuts a serving version: each shard publishes "
-        "the rows changed since the previous cut (with tombstones for keys expired, evicted "
-        "or moved) and the aggregator its dense weights when they changed; a following "
-        "`zbus-serve` serves each cut once all its parts are in. 0: nothing is published "
-        "(servers follow the checkpoints only)")})
+    publish_ms: int = field(default=0, metadata={"min": 0, "max": 60_000, "doc": (
+        "every this many milliseconds (200 is a good start) control cuts a serving version: "
+        "each shard publishes the rows changed since the previous cut (with tombstones for "
+        "keys expired, evicted or moved) and the aggregator its dense weights when they "
+        "changed; a following `zbus-serve` serves each cut once all its parts are in. 0: "
+        "nothing is published (servers follow the checkpoints only)")})
 
 
 @dataclass(frozen=True)
