@@ -1,7 +1,8 @@
 """``zbus-serve --follow RUN`` of a job that publishes its parameters at each serving cut
-(``[serving] publish_ms``, the default): a training job followed live, every answer checked
-against an oracle that rebuilds the version it names from the published deltas alone (a dict of
-rows from the job's first cut on, not the server's checkpoint and overlay)."""
+(``[serving] publish_ms``): a training job followed live, every answer checked against an
+oracle that rebuilds the version it names from the published deltas alone (a dict of rows from
+each shard process's first cut on, not the server's checkpoint and overlay), also while a shard
+and the aggregator are killed and started again."""
 
 from __future__ import annotations
 
