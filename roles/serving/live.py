@@ -77,6 +77,18 @@ class LiveModel:
         return self.base.score(keys, dense, self.net, self.find, self.defaults)
 
 
+def merged(overlay: Overlay, parts: list[RowDelta] | list[RowsCaughtUp]) -> Overlay:
+    """``overlay`` after the parts of one cut from every shard (or every shard's catch-up),
+    in one copy of it: their dropped keys first, then their rows."""
+    dim = overlay.rows.shape[1]
+    keys = np.concatenate([m.keys for m in parts])
+    rows = np.concatenate([m.rows.reshape(-1, dim) for m in parts])
+    # a key is one shard's at a cut; two catch-ups taken either side of a handover may both
+    # hold it (the next cut's parts settle which): one of them
+    keys, first = np.unique(keys, return_index=True)
+    return overlay.merged(keys, rows[first], np.concatenate([m.dropped for m in parts]))
+
+
 def dense_key(round_: int, step: int, generation: int) -> tuple[int, int, int]:
     """Dense weights' order: a newer generation (a restore) first, then rounds, then steps."""
     return generation, round_, step
@@ -92,6 +104,7 @@ class LiveState:
         self.incarnation: dict[int, str] = {}
         self.defaults: dict[int, np.ndarray] = {}
         self.rows: dict[int, dict[int, RowDelta]] = {i: {} for i in range(shards)}
+        self.answers: dict[int, RowsCaughtUp] = {}   # the join's catch-ups, by shard
         self.dense_parts: dict[int, DenseDelta] = {}
         self.dense: tuple[int, int, int] | None = None   # dense_key of ``params``
         self.params: np.ndarray | None = None
@@ -108,11 +121,13 @@ class LiveState:
         if m.checkpoint != self.checkpoint:
             return False
         m.require_finite()
-        self.overlay = self.overlay.merged(m.keys, m.rows, m.dropped)
+        self.answers[m.shard] = m
         self.last[m.shard], self.incarnation[m.shard] = m.cut, m.incarnation
         self.defaults[m.shard] = m.defaults
         for cut in [c for c in self.rows[m.shard] if c <= m.cut]:   # in the catch-up
             del self.rows[m.shard][cut]
+        if len(self.answers) == self.shards:   # all at once: a key moved between two shards
+            self.overlay = merged(self.overlay, list(self.answers.values()))   # since is live
         return True
 
     def weights(self, m: Weights) -> None:
@@ -159,6 +174,7 @@ class LiveState:
         n = self.complete()
         if n is None:
             return None
+        by_cut: dict[int, list[RowDelta]] = {}
         for shard, parts in self.rows.items():
             for cut in sorted(c for c in parts if c <= n):
                 m = parts.pop(cut)
@@ -166,8 +182,10 @@ class LiveState:
                     raise Resync(f"ps-{shard}'s part of cut {m.cut} follows cut {m.previous}, "
                                  f"not {self.last[shard]}: a part was lost")
                 m.require_finite()
-                self.overlay = self.overlay.merged(m.keys, m.rows, m.dropped)
+                by_cut.setdefault(cut, []).append(m)
                 self.last[shard], self.defaults[shard] = cut, m.defaults
+        for cut in sorted(by_cut):   # cut by cut, each whole: a key one shard dropped and
+            self.overlay = merged(self.overlay, by_cut[cut])   # another took in it is live
         for cut in sorted(c for c in self.dense_parts if c <= n):
             self.dense_step(self.dense_parts.pop(cut))
         if self.wants_weights:

@@ -196,6 +196,22 @@ def test_a_cut_is_served_once_every_shard_and_the_aggregator_sent_their_parts(mo
     assert s.overlay.keys.tolist() == [1, 2, 3, 4]
 
 
+def test_a_key_that_moved_between_shards_in_a_cut_stays_served(monkeypatch):
+    """ps-1 hands key 7 to ps-0 at cut 110: ps-0's part has its row, ps-1's drops it. Taken
+    shard by shard, ps-1's drop came after ps-0's row and made the key a tombstone."""
+    s = joined_state(monkeypatch)
+    dim = Base().layout.row_dim
+    s.add_rows(delta(0, 110, 100, [7]))
+    moved_out = delta(1, 110, 100)
+    s.add_rows(RowDelta(shard=1, cut=110, previous=100, incarnation="a", keys=moved_out.keys,
+                        rows=moved_out.rows, dropped=np.array([7], np.int64),
+                        defaults=np.zeros((0, dim), np.float32)))
+    s.add_dense(DensePublisher().cut(110, 4, 0, 0, np.zeros(3, np.float32)))
+    assert s.advance() == "served 110"
+    found, _, live = s.overlay.find(np.array([7], np.int64))
+    assert found.tolist() == [True] and live.tolist() == [True]
+
+
 def test_a_lost_part_or_a_restarted_shard_ends_the_join(monkeypatch):
     s = joined_state(monkeypatch)
     s.add_rows(delta(0, 120, 110))                   # 110 never came
