@@ -92,7 +92,7 @@ class EmbeddingTable:
         self.dirty = np.zeros(capacity, dtype=bool)  # changed since the last checkpoint
         self.renumbered = False
         self._changed: list[np.ndarray] | None = None  # rows touched since changes(); None: off
-        self._marked = np.zeros(capacity, dtype=bool)  # in _changed already
+        self._marked = np.zeros(0, dtype=bool)  # in _changed already (a row each once followed)
         self._gone: list[np.ndarray] = []              # keys dropped since changes()
 
     def __len__(self) -> int:
@@ -166,8 +166,9 @@ class EmbeddingTable:
             return
         size = max(needed, 2 * len(self.weights))
         self.index.reserve_rows(size)
+        followed = ("_marked",) if self._changed is not None else ()
         for name, fill in (("weights", 0), ("accum", 0), ("last_seen", FREE), ("dirty", 0),
-                           ("_marked", 0)):
+                           *((n, 0) for n in followed)):
             old = getattr(self, name)
             grown = np.zeros((size, *old.shape[1:]), dtype=old.dtype) if fill == 0 else \
                 np.full(size, fill, dtype=old.dtype)
@@ -331,6 +332,7 @@ class EmbeddingTable:
         job no serving process follows)."""
         if self._changed is None:
             self._changed = []
+            self._marked = np.zeros(len(self.weights), dtype=bool)
 
     def forget_changes(self) -> None:
         """Publish nothing of what changed so far: the table was restored from a checkpoint,
