@@ -59,10 +59,14 @@ def follower(run: str, replace: Callable[[Served], None], poll_s: float):
     """What follows ``run``: its live parameters (``roles.serving.live``) when ``run`` is the
     run directory of a job that publishes them, else its checkpoints. A run directory that
     holds neither its job (``config.toml``) nor a checkpoint yet is watched until one comes."""
-    if is_uri(run) or (Path(run) / "config.toml").is_file() \
-            or newest_checkpoint(run) is not None:
+    if is_uri(run) or decidable(run):
         return chosen(run, replace, poll_s)
     return Undecided(run, replace, poll_s)
+
+
+def decidable(run: str) -> bool:
+    """The local ``run`` holds its job file or a checkpoint: what follows it can be chosen."""
+    return (Path(run) / "config.toml").is_file() or newest_checkpoint(run) is not None
 
 
 def chosen(run: str, replace: Callable[[Served], None], poll_s: float):
@@ -90,8 +94,7 @@ class Undecided:
 
     def wait(self) -> None:
         while not self.stop.wait(self.poll_s):
-            if (Path(self.run) / "config.toml").is_file() \
-                    or newest_checkpoint(self.run) is not None:
+            if decidable(self.run):
                 try:
                     self.inner = chosen(self.run, self.replace, self.poll_s).start()
                 except ExportError as exc:

@@ -39,6 +39,7 @@ from roles.serving.served import Served
 from roles.storage.store import basename
 from zbus import security
 from zbus.codec import Message, ProtocolError, decode
+from zbus.sockets import make_socket
 
 log = logging.getLogger("zbus.serve")
 JOIN_TIMEOUT_S = 5.0      # answers to a join's requests not all in: join again
@@ -237,17 +238,16 @@ class LiveFollower:
         self.curve = security.for_process(self.ctx, c, security.OPERATOR, authenticate=False)
         self.sub = self.socket(zmq.SUB, [*(c.endpoint(f"rows-{i}") for i in range(c.shards)),
                                          c.endpoint("dense")])
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.askers: list[zmq.Socket] = []
         self.loaded: tuple[str, ExportedModel] | None = None   # the checkpoint read last
         self.wanted = 0   # the newest snapshot a shard answered with
         self.thread = threading.Thread(target=self.run, name="zbus-live", daemon=True)
 
     def socket(self, kind: int, endpoints: list[str]) -> zmq.Socket:
-        sock = self.ctx.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, 100_000)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.job.cluster.max_message_bytes)
+        """The bus's socket options (``zbus.sockets``), a CURVE client per endpoint (each has
+        its own server key)."""
+        sock = make_socket(self.ctx, kind, rcvhwm=100_000,
+                           max_bytes=self.job.cluster.max_message_bytes)
         for address in endpoints:
             if self.curve is not None:
                 self.curve.client(sock, address)

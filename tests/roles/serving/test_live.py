@@ -93,6 +93,39 @@ def scored(model: ExportedModel, table: list[dict[str, str]], path: Path) -> np.
     return predicted(model, path)
 
 
+def ask(client: Client, meta: dict | None,
+        table: list[dict[str, str]]) -> tuple[dict | None, tuple[str, list[float]] | None]:
+    """One request of ``table`` (until a model is served, its metadata instead): the metadata,
+    and the version and probabilities answered."""
+    if meta is None:
+        status, got = client.call("GET", "/v2/models/adult")
+        return (got if status == 200 else None), None
+    status, reply = client.infer("adult", request_body(meta, table))
+    assert status == 200, reply
+    return meta, (reply["model_version"], reply["outputs"][0]["data"])
+
+
+def expected_answers(c: LocalCluster, recorder: Recorder, versions: set[str],
+                     table: list[dict[str, str]], path: Path,
+                     bases: dict[str, dict[int, np.ndarray]] | None = None
+                     ) -> dict[str, np.ndarray]:
+    """What each version computes for ``table`` offline: a live one (``round.checkpoint.cut``)
+    rebuilt from the deltas into the job's export, a checkpoint (served before the first cut
+    was in) read from its files."""
+    checkpoints = {version_of(ExportedModel(p).manifest): p   # (complete ones: an abandoned
+                   for p in (c.run_dir / "checkpoints").iterdir()   # cut has no manifest)
+                   if p.name.isdigit() and (p / "manifest.json").is_file()}
+    expected = {}
+    for version in versions:
+        if version.count(".") == 2:
+            model = recorder.version(ExportedModel(c.run_dir / "export"),
+                                     int(version.split(".")[2]), bases)
+        else:
+            model = ExportedModel(checkpoints[version])
+        expected[version] = scored(model, table, path)
+    return expected
+
+
 def test_every_live_answer_is_the_parameters_of_the_cut_it_names(tmp_path, monkeypatch):
     """A job trains with a cut every 50 ms and a checkpoint every 2 s while the server follows
     it and is asked the same rows over and over; a second server starts mid-job (it loads the
@@ -115,13 +148,10 @@ def test_every_live_answer_is_the_parameters_of_the_cut_it_names(tmp_path, monke
             client, meta = Client(server.url), None
             late, late_client = None, None   # a second server, started mid-job
             while c.procs["control-0"].poll() is None:
-                if meta is None:
-                    status, got = client.call("GET", "/v2/models/adult")
-                    meta = got if status == 200 else None
+                meta, answer = ask(client, meta, table)
+                if answer is None:
                     continue
-                status, reply = client.infer("adult", request_body(meta, table))
-                assert status == 200, reply
-                answers.append((reply["model_version"], reply["outputs"][0]["data"]))
+                answers.append(answer)
                 if late is None and len({v for v, _ in answers}) >= 20:
                     late = ServerThread(follow=str(c.run_dir), poll_s=0.05)
                     late_client = Client(late.url)
@@ -143,16 +173,8 @@ def test_every_live_answer_is_the_parameters_of_the_cut_it_names(tmp_path, monke
     late_live = {v for v, _ in late_answers if v.count(".") == 2}
     assert len(late_live) >= 3, late_live   # the late server caught up, and followed
     assert follower.joins >= 2 and not follower.resyncs, (follower.joins, follower.resyncs)
-    export = c.run_dir / "export"
-    checkpoints = {version_of(ExportedModel(p).manifest): p
-                   for p in (c.run_dir / "checkpoints").iterdir() if p.name.isdigit()}
-    expected = {}
-    for version in {v for v, _ in answers + late_answers}:
-        if version.count(".") == 2:
-            model = recorder.version(ExportedModel(export), int(version.split(".")[2]))
-        else:   # the checkpoint served before the first cut was in
-            model = ExportedModel(checkpoints[version])
-        expected[version] = scored(model, table, tmp_path / "rows.csv")
+    expected = expected_answers(c, recorder, {v for v, _ in answers + late_answers}, table,
+                                tmp_path / "rows.csv")
     for version, got in answers + late_answers:
         np.testing.assert_allclose(got, expected[version], rtol=0, atol=1e-6)
     assert not np.allclose(expected[live[0]], expected[live[-1]])   # it did train meanwhile
@@ -182,16 +204,12 @@ def test_answers_while_a_shard_and_the_aggregator_are_killed_are_their_versions_
     table = adult_rows(8)
     done = threading.Event()
 
-    def ask(url: str) -> None:
+    def asking(url: str) -> None:
         client, meta = Client(url), None
         while not done.is_set():
-            if meta is None:
-                status, got = client.call("GET", "/v2/models/adult")
-                meta = got if status == 200 else None
-                continue
-            status, reply = client.infer("adult", request_body(meta, table))
-            assert status == 200, reply
-            answers.append((reply["model_version"], reply["outputs"][0]["data"]))
+            meta, answer = ask(client, meta, table)
+            if answer is not None:
+                answers.append(answer)
         client.close()
 
     def live_versions() -> int:
@@ -208,7 +226,7 @@ def test_answers_while_a_shard_and_the_aggregator_are_killed_are_their_versions_
     try:
         (c.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         with ServerThread(follow=str(c.run_dir), poll_s=0.05) as server:
-            asker = threading.Thread(target=ask, args=(server.url,), daemon=True)
+            asker = threading.Thread(target=asking, args=(server.url,), daemon=True)
             asker.start()
             c.start_all(slowdown={0: 6.0, 1: 6.0})
             more_versions(10)
@@ -234,15 +252,7 @@ def test_answers_while_a_shard_and_the_aggregator_are_killed_are_their_versions_
     theirs = restored.owners.owner_of(restored.keys) == 1
     bases = {again: dict(zip(restored.keys[theirs].tolist(), restored.rows[theirs],
                              strict=True))}
-    export = c.run_dir / "export"
-    checkpoints = {version_of(ExportedModel(p).manifest): p
-                   for p in (c.run_dir / "checkpoints").iterdir() if p.name.isdigit()}
-    expected = {}
-    for version in {v for v, _ in answers}:
-        if version.count(".") == 2:
-            model = recorder.version(ExportedModel(export), int(version.split(".")[2]), bases)
-        else:
-            model = ExportedModel(checkpoints[version])
-        expected[version] = scored(model, table, tmp_path / "rows.csv")
+    expected = expected_answers(c, recorder, {v for v, _ in answers}, table,
+                                tmp_path / "rows.csv", bases)
     for version, got in answers:
         np.testing.assert_allclose(got, expected[version], rtol=0, atol=1e-6)
