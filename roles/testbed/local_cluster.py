@@ -20,6 +20,7 @@ figures in ``cgroups`` while the cluster lives, removed at ``close``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -40,6 +42,7 @@ from roles.job.summary import Summary, read_summary
 from roles.testbed.in_process import Driver, RoleHandle, StartError
 from roles.testbed.memory_budget import MemoryCgroup
 from roles.testbed.zygote import ForkedProcess, Zygote
+from roles.tools.ctl import request
 from zbus.sockets import free_tcp_ports
 
 BIN = Path(sys.executable).parent
@@ -108,6 +111,7 @@ class LocalCluster:
         # module's docstring); beyond it the kernel kills it, and the job fails
         self.budgets: dict[str, int] = {}
         self.cgroups: dict[str, MemoryCgroup] = {}
+        self._paused = False   # feeding paused by ``paused``
 
     @property
     def run_dir(self) -> Path:
@@ -263,6 +267,54 @@ class LocalCluster:
                 ps_slowdown: dict[int, float] | None = None) -> int:
         self.start_all(slowdown, ps_slowdown)
         return self.wait(timeout=timeout)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Feeding paused (``zbus-ctl pause``) while the block runs, resumed after unless the
+        job has ended: the job cannot end meanwhile, however fast this host trains (the
+        batches out are trained; serving cuts go on)."""
+        if self._paused:
+            yield
+            return
+        endpoint = self.job.cluster.endpoint("control_req")
+        assert request(endpoint, "pause", timeout_s=20).ok, "control refused to pause"
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+            if self.procs[self.watched].poll() is None:
+                request(endpoint, "resume", timeout_s=20)
+
+    def checkpoint(self, timeout: float = 60.0) -> int:
+        """A whole-job checkpoint taken now, feeding paused around it (``paused``): a test
+        that needs checkpoints during a job asks for them instead of counting on
+        ``every_s``. Its number once complete; a request refused or a cut abandoned (the job
+        between epochs) is asked again until ``timeout``."""
+        endpoint = self.job.cluster.endpoint("control_req")
+        deadline = time.monotonic() + timeout
+
+        def ended() -> dict[int, str]:
+            return {e["number"]: e["status"] for e in self.events()
+                    if e["event"] == "checkpoint" and e.get("status") in ("complete", "aborted")}
+
+        with self.paused():
+            while time.monotonic() < deadline:
+                before = ended()
+                if not request(endpoint, "checkpoint", timeout_s=20).ok:
+                    time.sleep(0.1)   # not now (between epochs; another cut under way)
+                    continue
+                while time.monotonic() < deadline:
+                    new = {n: s for n, s in ended().items() if n not in before}
+                    if "complete" in new.values():
+                        return max(n for n, s in new.items() if s == "complete")
+                    if new:
+                        break   # abandoned: ask again
+                    if self.procs[self.watched].poll() is not None:
+                        raise AssertionError("the job ended before its checkpoint:\n"
+                                             + self.logs())
+                    time.sleep(0.05)
+        raise AssertionError(f"no checkpoint completed within {timeout} s:\n{self.logs()}")
 
     def kill_all(self) -> None:
         """SIGKILL every process of the cluster (their process groups), as a power cut would

@@ -104,8 +104,9 @@ class Pace:
 
 def replay(path: Path, out: Publisher, per_message: int = 1, rate: float = 0.0,
            id_field: str = "event_id", labels: Publisher | None = None, label: str = "",
-           label_delay_s: float = 0.0) -> tuple[int, int, int]:
-    """Publishes the file's rows; (events, messages, labels) sent."""
+           label_delay_s: float = 0.0, first_id: int = 0) -> tuple[int, int, int]:
+    """Publishes the file's rows, a row without ``id_field`` numbered from ``first_id``;
+    (events, messages, labels) sent."""
     pace = Pace(rate)
     waiting: collections.deque[tuple[float, bytes]] = collections.deque()  # due, label event
     events = messages = labels_sent = 0
@@ -131,7 +132,7 @@ def replay(path: Path, out: Publisher, per_message: int = 1, rate: float = 0.0,
 
     for block in rows(path):
         for row in block:
-            row.setdefault(id_field, events)
+            row.setdefault(id_field, first_id + events)
             if labels is not None:
                 if label not in row:
                     raise ReplayError(f"{path}: no column {label!r} (--label)")
@@ -159,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-message", type=int, default=1, help="events in one message")
     p.add_argument("--rate", type=float, default=0.0, help="events a second (0: no pacing)")
     p.add_argument("--id-field", default="event_id")
+    p.add_argument("--first-id", type=int, default=0,
+                   help="number the rows without an id from this one (a file replayed in parts)")
     p.add_argument("--labels-topic", default="")
     p.add_argument("--label", default="", help="the label column (with --labels-topic)")
     p.add_argument("--label-delay-s", type=float, default=0.0)
@@ -174,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.labels_topic:
             labels = open_publisher(a.to, a.labels_topic)
         events, messages, label_events = replay(
-            a.file, out, a.per_message, a.rate, a.id_field, labels, a.label, a.label_delay_s)
+            a.file, out, a.per_message, a.rate, a.id_field, labels, a.label, a.label_delay_s,
+            a.first_id)
     except (ReplayError, BrokerError) as exc:
         print(f"zbus-replay: {exc}", file=sys.stderr)
         return 2

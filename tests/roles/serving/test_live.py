@@ -127,51 +127,83 @@ def expected_answers(c: LocalCluster, recorder: Recorder, versions: set[str],
 
 
 def test_every_live_answer_is_the_parameters_of_the_cut_it_names(tmp_path, monkeypatch):
-    """A job trains with a cut every 50 ms and a checkpoint every 2 s while the server follows
-    it and is asked the same rows over and over; a second server starts mid-job (it loads the
-    newest checkpoint and asks the shards for the rows changed since). Each answer of either
-    names ``round.checkpoint.cut``; rebuilt from the deltas alone, that cut's rows and weights
-    give exactly the answer. The servers fold their overlays into each newer checkpoint
-    (joining again on it) as soon as it holds a quarter of the checkpoint's rows: on Adult's
-    ~100 keys, every checkpoint, so the joins run again and again."""
+    """A job trains with a cut every 50 ms while the server follows it and is asked the same
+    rows over and over; a second server starts mid-job (it loads the newest checkpoint and
+    asks the shards for the rows changed since). Each answer of either names
+    ``round.checkpoint.cut``; rebuilt from the deltas alone, that cut's rows and weights give
+    exactly the answer. The servers fold their overlays into each newer checkpoint (joining
+    again on it) as soon as it holds a quarter of the checkpoint's rows: on Adult's ~100
+    keys, every checkpoint, so the joins run again and again. (The checkpoints are asked for,
+    and the waits for versions hold feeding paused, so that the job lasts what the test needs
+    however fast the host trains; the cuts go on while it is paused.)"""
     monkeypatch.setattr(live_module, "REBASE_ROWS", 0)
     c = LocalCluster(tmp_path / "job", ADULT_JOB, in_process=True, train__epochs=2,
-                     checkpoint__every_s=2.0, checkpoint__keep=1000, serving__publish_ms=50)
+                     checkpoint__every_s=0, checkpoint__keep=1000, serving__publish_ms=50)
     recorder = Recorder(monkeypatch)
     answers: list[tuple[str, list[float]]] = []
     late_answers: list[tuple[str, list[float]]] = []
     table = adult_rows(8)
+    done = threading.Event()
+    askers: list[threading.Thread] = []
+
+    def asking(url: str, into: list) -> None:
+        client, meta = Client(url), None
+        while not done.is_set():
+            meta, answer = ask(client, meta, table)
+            if answer is not None:
+                into.append(answer)
+        client.close()
+
+    def start_asking(url: str, into: list) -> None:
+        askers.append(threading.Thread(target=asking, args=(url, into), daemon=True))
+        askers[-1].start()
+
+    def live_versions(of: list) -> int:
+        return len({v for v, _ in list(of) if v.count(".") == 2})
+
+    def more_versions(of: list, n: int) -> None:
+        want = live_versions(of) + n
+        for _ in range(1200):
+            if live_versions(of) >= want:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"no {n} more versions served\n{c.logs()}")
+
+    late = None
     try:
         (c.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         with ServerThread(follow=str(c.run_dir), poll_s=0.05) as server:
+            start_asking(server.url, answers)
             c.start_all()
-            client, meta = Client(server.url), None
-            late, late_client = None, None   # a second server, started mid-job
-            while c.procs["control-0"].poll() is None:
-                meta, answer = ask(client, meta, table)
-                if answer is None:
-                    continue
-                answers.append(answer)
-                if late is None and len({v for v, _ in answers}) >= 20:
-                    late = ServerThread(follow=str(c.run_dir), poll_s=0.05)
-                    late_client = Client(late.url)
-                if late_client is not None:
-                    status, reply = late_client.infer("adult", request_body(meta, table))
-                    if status == 200:
-                        late_answers.append((reply["model_version"],
-                                             reply["outputs"][0]["data"]))
+            c.wait_for_event(lambda e: e["event"] == "epoch_start" and e["epoch"] == 0)
+            c.checkpoint()
+            with c.paused():
+                more_versions(answers, 10)
+                late = ServerThread(follow=str(c.run_dir), poll_s=0.05)
+                start_asking(late.url, late_answers)
+                more_versions(late_answers, 3)   # the late server caught up, and followed
+            c.wait_for_event(lambda e: e["event"] == "epoch_start" and e["epoch"] == 1)
+            c.checkpoint()
+            with c.paused():
+                more_versions(answers, 5)
+                more_versions(late_answers, 3)
+            c.checkpoint()
+            with c.paused():
+                more_versions(answers, 5)
             assert c.wait() == 0, c.logs()
+            done.set()
+            for t in askers:
+                t.join(timeout=30)
             follower = getattr(server.follower, "inner", None) or server.follower
-            client.close()
-            if late is not None:
-                late_client.close()
-                late.close()
     finally:
+        done.set()
+        if late is not None:
+            late.close()
         c.close()
     live = sorted({v for v, _ in answers if v.count(".") == 2}, key=lambda v: int(v.split(".")[2]))
     assert len(live) >= 10, (live, follower.resyncs)   # it followed the job cut by cut
     late_live = {v for v, _ in late_answers if v.count(".") == 2}
-    assert len(late_live) >= 3, late_live   # the late server caught up, and followed
+    assert len(late_live) >= 3, late_live
     assert follower.joins >= 2 and not follower.resyncs, (follower.joins, follower.resyncs)
     expected = expected_answers(c, recorder, {v for v, _ in answers + late_answers}, table,
                                 tmp_path / "rows.csv")
@@ -229,16 +261,20 @@ def test_answers_while_a_shard_and_the_aggregator_are_killed_are_their_versions_
             asker = threading.Thread(target=asking, args=(server.url,), daemon=True)
             asker.start()
             c.start_all(slowdown={0: 6.0, 1: 6.0})
+            c.wait_for_event(lambda e: e["event"] == "epoch_start")
+            c.checkpoint()   # (every_s may not come round on a fast host before the kill)
             more_versions(10)
             c.procs["ps-1"].kill()
             c.wait_for_event(lambda e: e["event"] == "shard_lost" and e["node"] == "ps-1")
             c.start_role("ps", 1, name="ps-1-again")
             recovered = c.wait_for_event(lambda e: e["event"] == "shard_recovered")
-            more_versions(10)
+            with c.paused():   # (the job cannot end meanwhile; the cuts go on)
+                more_versions(10)
             c.procs["aggregator-0"].kill()
             c.start_role("aggregator", 0, name="aggregator-0-again")
             c.wait_for_event(lambda e: e["event"] == "restore")
-            more_versions(10)
+            with c.paused():
+                more_versions(10)
             assert c.wait() == 0, c.logs()
             done.set()
             asker.join(timeout=30)

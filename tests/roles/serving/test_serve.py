@@ -34,13 +34,17 @@ ROWS = 300
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """A run of the Adult job (2 epochs, a checkpoint every second, all kept): its
+    """A run of the Adult job (2 epochs, a checkpoint as each begins, all kept): its
     directory, with ``export`` and ``checkpoints``."""
     work = tmp_path_factory.mktemp("adult")
     c = LocalCluster(work, ADULT_JOB, in_process=True, train__epochs=2,
-                     checkpoint__every_s=1, checkpoint__keep=20)
+                     checkpoint__every_s=0, checkpoint__keep=20)
     try:
-        assert c.run_job(timeout=300) == 0, c.logs()
+        c.start_all()
+        for epoch in range(2):   # (asked, feeding paused: however fast the host trains)
+            c.wait_for_event(lambda e, k=epoch: e["event"] == "epoch_start" and e["epoch"] == k)
+            c.checkpoint()
+        assert c.wait(timeout=300) == 0, c.logs()
     finally:
         c.close()
     return c.run_dir
