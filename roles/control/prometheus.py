@@ -187,6 +187,14 @@ def _stream(f: Families, job: dict[str, str], s: StreamView) -> None:
               "window", labels, r["window_auc"])
         f.add("zbus_stream_broker_down", "1 while the feeder cannot reach the broker", labels,
               r["broker_down_since"] is not None)
+        join = r.get("join")
+        if join:
+            for outcome in ("joined", "expired_negative", "labels_late", "labels_unmatched"):
+                f.add("zbus_stream_join_total", "Labels from their own topic: impressions "
+                      "joined or trained as negatives, labels late or unmatched",
+                      {**labels, "outcome": outcome}, join.get(outcome, 0), counter=True)
+            f.add("zbus_stream_join_waiting", "Impressions waiting in the join for their label",
+                  labels, join.get("impressions_waiting", 0))
 
 
 def _node(f: Families, labels: dict[str, str], n: NodeRow) -> None:

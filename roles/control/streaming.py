@@ -80,7 +80,18 @@ class StreamCourse:
             lag_s=max(m.lag_s for m in scores) if known else None,
             progressive_auc=_finite(lifetime.auc()) if lifetime.samples else None,
             progressive_logloss=_finite(lifetime.logloss()) if lifetime.samples else None,
-            windows=windows, ended_by=self.ended_by)
+            windows=windows, ended_by=self.ended_by,
+            join=_added([m.join for m in scores]) if self.job.stream.labels.topic else None)
+
+
+def _added(counts: list[dict]) -> dict[str, int]:
+    """The feeders' join counts, added up key by key."""
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            if isinstance(v, int):
+                out[k] = out.get(k, 0) + v
+    return out
 
 
 def _finite(x: float) -> float | None:

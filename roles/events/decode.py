@@ -14,11 +14,16 @@ Formats (``[stream] format``):
 
 A rejected event is a ``Rejected`` whose ``file`` names the message
 (``<topic>[<partition>]@<position>``) and whose ``line`` is the event's line in it (from 1).
+
+With ``id_field`` (``[stream.labels] id_field``: impressions and their labels share it) each
+accepted event's id is decoded too (``Decoded.ids``): an integer as it is, any other text
+hashed to 64 bits (``event_id``); an event without one is rejected.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -46,6 +51,7 @@ class Decoded:
     line: np.ndarray        # int64 [accepted]
     event_time_s: np.ndarray  # float64 [accepted]
     events: int
+    ids: np.ndarray | None = None   # int64 [accepted]: with ``id_field``
 
     @property
     def rejected(self) -> list[Rejected]:
@@ -54,13 +60,20 @@ class Decoded:
 
 class EventDecoder:
     """``schema`` the job's columns; ``fmt`` one of ``FORMATS``; ``columns`` the fields of a
-    tsv/csv line, in order (unused for json); ``topic`` names the messages in rejections."""
+    tsv/csv line, in order (unused for json); ``topic`` names the messages in rejections;
+    ``id_field`` an event's id (the module's docstring)."""
 
-    def __init__(self, schema: Schema, fmt: str, topic: str, columns: Sequence[str] = ()):
+    def __init__(self, schema: Schema, fmt: str, topic: str, columns: Sequence[str] = (),
+                 id_field: str = ""):
         if fmt not in FORMATS:
             raise ValueError(f"[stream] format must be one of {', '.join(FORMATS)}, got {fmt!r}")
         self.schema, self.fmt, self.topic = schema, fmt, topic
-        self.wanted = schema.columns()
+        self.schema_columns = schema.columns()
+        self.id_field = id_field
+        # the fields read: the schema's, then the id (when it is not one of them)
+        self.wanted = self.schema_columns + ([id_field] if id_field and
+                                       id_field not in self.schema_columns else [])
+        self.id_at = self.wanted.index(id_field) if id_field else -1
         if fmt != "json":
             missing = [c for c in self.wanted if c not in columns]
             if missing:
@@ -86,6 +99,8 @@ class EventDecoder:
             for n, raw in enumerate(_lines(d.payload)):
                 events += 1
                 row, why = row_of(raw)
+                if row is not None and self.id_at >= 0 and row[self.id_at] in (None, ""):
+                    row, why = None, f"no {self.id_field!r} (the id its label is joined by)"
                 if row is None:
                     rejected.append(Rejected(self.where(d), n + 1, why, _shown(raw)))
                     continue
@@ -94,7 +109,7 @@ class EventDecoder:
                 origin.append((m, n))
         values = [list(column) for column in zip(*rows, strict=True)] if rows else \
             [[] for _ in self.wanted]
-        block = self._block(values, raws, origin, deliveries, nbytes)
+        block = self._block(values[:len(self.schema_columns)], raws, origin, deliveries, nbytes)
         kept = np.ones(len(origin), dtype=bool)
         for r in block.rejected:
             kept[r.line] = False
@@ -108,7 +123,11 @@ class EventDecoder:
             times = np.array([d.time_s for d in deliveries], dtype=np.float64)
             event_time = times[where[:, 0]] if len(where) else np.zeros(0)
         block.rows_read = events
-        return Decoded(block, where[:, 0].copy(), where[:, 1].copy(), event_time, events)
+        ids = None
+        if self.id_at >= 0:
+            ids = np.fromiter(map(event_id, values[self.id_at]), dtype=np.int64,
+                              count=len(kept))[kept]
+        return Decoded(block, where[:, 0].copy(), where[:, 1].copy(), event_time, events, ids)
 
     def _located(self, r: Rejected, origin: list[tuple[int, int]],
                  deliveries: Sequence[Delivery]) -> Rejected:
@@ -119,7 +138,7 @@ class EventDecoder:
                origin: list[tuple[int, int]], deliveries: Sequence[Delivery],
                nbytes: int) -> RawBlock:
         arrays = []
-        for name, column in zip(self.wanted, values, strict=True):
+        for name, column in zip(self.schema_columns, values, strict=True):
             if name in self.schema.lists and any(isinstance(v, list) for v in column):
                 sep = self.schema.lists[name]
                 arrays.append(pa.array([v if isinstance(v, list) or v is None else
@@ -127,7 +146,7 @@ class EventDecoder:
                                        pa.list_(pa.string())))
             else:
                 arrays.append(pa.array(column, pa.string()))
-        table = pa.table(arrays, names=self.wanted) if self.wanted else pa.table({})
+        table = pa.table(arrays, names=self.schema_columns) if self.schema_columns else pa.table({})
         # _block names each rejected row by its index here (``line``); decode relocates it
         return _block(self.schema, table, len(origin),
                       lambda: [(i, _shown(raw)) for i, raw in enumerate(raws)], "", [], nbytes)
@@ -143,6 +162,20 @@ class EventDecoder:
         if len(fields) != len(self.columns):
             return None, f"{len(fields)} fields, [stream] columns names {len(self.columns)}"
         return [fields[i] for i in self.at], ""
+
+
+def event_id(value: object) -> int:
+    """An event's id as an int64: an integer as it is (when it fits), other text its 64-bit
+    BLAKE2b hash (the same in every process, unlike ``hash``)."""
+    text = str(value).strip()
+    try:
+        n = int(text)
+        if -(1 << 63) <= n < (1 << 63):
+            return n
+    except ValueError:
+        pass
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little",
+                          signed=True)
 
 
 def _lines(payload: bytes) -> list[bytes]:

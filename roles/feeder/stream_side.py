@@ -40,6 +40,7 @@ from roles.events import BrokerError, Delivery, open_consumer
 from roles.events.decode import Decoded, EventDecoder
 from roles.events.reader import EventReader
 from roles.events.tracker import MessageTracker
+from roles.feeder.joining import LabelSide
 from roles.job.settings import DECAY_UNITS, Job
 from roles.protocol.datapath import PartStats
 from roles.protocol.stream import StreamScores
@@ -60,6 +61,7 @@ class _Held:
     block: RawBlock
     origin: np.ndarray   # int64 [n, 2]
     times: np.ndarray    # float64 [n]
+    ids: np.ndarray | None   # int64 [n]: with labels on a topic of their own
 
 
 def finite(x: float) -> float | None:
@@ -95,6 +97,8 @@ class StreamSide:
         self.batcher = EventBatcher(job.train.batch_size, s.linger_ms / 1000.0)
         self.tracker = MessageTracker()
         self.progressive = Progressive(s.window_events)
+        # labels on a topic of their own, joined here (roles.feeder.joining)
+        self.labels = LabelSide(job, rejected) if s.labels.topic else None
         self.reader: EventReader | None = None
         self.preparer: Preparer | None = None
         self.held: list[_Held] = []           # before the statistics
@@ -120,12 +124,13 @@ class StreamSide:
     def open(self) -> str | None:
         """Connect to the broker and start reading; why not, in one line."""
         s, d = self.config, self.job.data
-        schema = Schema(label=d.label, dense=self.job.dense_fields,
+        schema = Schema(label="" if self.labels else d.label, dense=self.job.dense_fields,
                         sparse=self.job.sparse_fields, positive=tuple(d.positive),
                         negative=tuple(d.negative), timestamp=d.timestamp,
                         lists=self.job.list_fields)
         try:
-            decoder = EventDecoder(schema, s.format, s.topic, s.columns)
+            decoder = EventDecoder(schema, s.format, s.topic, s.columns,
+                                   s.labels.id_field if self.labels else "")
             consumer = open_consumer(s.url, s.topic, self.group, s.start,
                                      dict(s.options) or None, s.ack_wait_s)
         except (BrokerError, ValueError) as exc:
@@ -135,6 +140,8 @@ class StreamSide:
         self.warm_started = time.monotonic()
         log.info("reading %s %s as %s (%s), from %s", s.url, s.topic, self.group, s.format,
                  s.start)
+        if self.labels is not None:
+            return self.labels.open(self.group, self.working_every())
         return None
 
     # -- the statistics --------------------------------------------------------------------
@@ -167,7 +174,7 @@ class StreamSide:
         held, self.held = self.held, []
         now = time.monotonic()
         for h in held:
-            self.batcher.add(self.prepare(h.block), h.origin, h.times, now)
+            self.admit(self.prepare(h.block), h.origin, h.times, h.ids, now)
 
     # -- reading ---------------------------------------------------------------------------
     def working_every(self) -> float:
@@ -186,9 +193,17 @@ class StreamSide:
             overdue = self.tracker.overdue(now, every)
             if overdue:
                 self.reader.working(overdue)
-        if self.ended or self.full():
-            return False
+            if self.labels is not None:
+                self.labels.overdue(now, every)
         came = False
+        if self.labels is not None and not self.ended:
+            ready = self.labels.poll(now, running=self.preparer is not None)
+            if ready is not None:
+                self.batcher.add(ready.samples, ready.origin, ready.times, now,
+                                 ready.label_origin)
+                came = True
+        if self.ended or self.full():
+            return came
         for deliveries, decoded in self.reader.take():
             came |= self.take(deliveries, decoded, now)
         return came
@@ -200,7 +215,8 @@ class StreamSide:
         return len(self.batcher) >= HELD_BATCHES * self.job.train.batch_size
 
     def reader_failed(self) -> bool:
-        return self.reader is not None and not self.reader.alive()
+        return (self.reader is not None and not self.reader.alive()) or \
+            (self.labels is not None and self.labels.failed())
 
     def take(self, deliveries: list[Delivery], decoded: Decoded, now: float) -> bool:
         fresh = self.tracker.add(deliveries, now)
@@ -216,8 +232,10 @@ class StreamSide:
             rejected = [r for r in rejected if r.file in fresh_where]
             block = select_rows(decoded.block, rows)
             message, times = decoded.message[rows], decoded.event_time_s[rows]
+            ids = None if decoded.ids is None else decoded.ids[rows]
         else:
             block, message, times = decoded.block, decoded.message, decoded.event_time_s
+            ids = decoded.ids
         self.events_taken += len(block) + len(rejected)
         if rejected:
             self.rejected.append(rejected)
@@ -234,12 +252,32 @@ class StreamSide:
                           dtype=np.int64).reshape(-1, 2)
         self.last_event_at = now
         self.newest_read_s = max(self.newest_read_s, float(times.max()))
+        if self.labels is not None:
+            self.labels.saw(times, now)
         if self.preparer is None:   # before the statistics: summarised and held
             self.summarise(block, len(rejected))
-            self.held.append(_Held(block, origin, times))
+            self.held.append(_Held(block, origin, times, ids))
         else:
-            self.batcher.add(self.prepare(block), origin, times, now)
+            self.admit(self.prepare(block), origin, times, ids, now)
         return True
+
+    def admit(self, samples: Samples, origin: np.ndarray, times: np.ndarray,
+              ids: np.ndarray | None, now: float) -> None:
+        """Prepared events to the batcher; with labels on a topic of their own, to the join
+        first (what leaves it goes on to the batcher; a second impression of an id is done
+        with, untrained)."""
+        if self.labels is None or ids is None:
+            self.batcher.add(samples, origin, times, now)
+            return
+        ready, duplicates = self.labels.impressions(samples, origin, times, ids, now)
+        if len(duplicates):
+            where, counts = np.unique(duplicates, axis=0, return_counts=True)
+            self.tracker.trained([(int(p), int(q)) for p, q in where], counts.tolist())
+            released = self.tracker.done()
+            if released:
+                self.acknowledge(released)
+        if ready is not None:
+            self.batcher.add(ready.samples, ready.origin, ready.times, now, ready.label_origin)
 
     def summarise(self, block: RawBlock, rejected: int) -> None:
         values = block.dense
@@ -282,6 +320,8 @@ class StreamSide:
             self.plan.end()
         if self.reader is not None:
             self.reader.stop_fetching()
+        if self.labels is not None:
+            self.labels.end()
         log.info("the stream ends here: %d event(s) trained, %d wait in batches",
                  self.events_trained, len(self.batcher))
 
@@ -314,6 +354,8 @@ class StreamSide:
         released = self.tracker.done()
         if released:
             self.acknowledge(released)
+        if self.labels is not None:
+            self.labels.trained(batch)
         n = len(batch.samples)
         self.events_trained += n
         if len(batch.event_time_s):
@@ -351,7 +393,8 @@ class StreamSide:
             "progressive_auc": finite(lifetime.auc()) if lifetime.samples else None,
             "progressive_logloss": finite(lifetime.logloss()) if lifetime.samples else None,
             "window_auc": finite(last.auc) if last is not None else None,
-            "windows_closed": self.progressive.closed, "ended": self.ended}}
+            "windows_closed": self.progressive.closed, "ended": self.ended,
+            "join": self.labels.counts() if self.labels is not None else None}}
 
     def final_lag(self) -> tuple[int, int, float]:
         """The broker's lag as the pass ends (messages, events, seconds; -1: unknown), once
@@ -378,9 +421,12 @@ class StreamSide:
             messages_acked=self.messages_acked, lag_messages=lag_messages,
             lag_events=lag_events, lag_s=lag_s, loss_sum=h.loss_sum,
             windows=[w.as_dict() for w in self.progressive.windows],
-            bins=bins.astype(np.int64), counts=h.counts.reshape(-1)[bins].astype(np.int64))
+            bins=bins.astype(np.int64), counts=h.counts.reshape(-1)[bins].astype(np.int64),
+            join=self.labels.counts() if self.labels is not None else {})
 
     def close(self) -> None:
+        if self.labels is not None:
+            self.labels.close()
         if self.reader is not None:
             self.reader.close()
             if self.reader.stopped():   # else the thread is still inside a broker call

@@ -605,10 +605,10 @@ class Job:
         if self.cluster.parts > 1:
             raise ValueError("[cluster] parts > 1: a stream job does not run model-parallel "
                              "groups yet (docs/limits.md)")
-        if self.stream.labels.topic:
-            raise ValueError("[stream.labels] topic: labels on a topic of their own are not "
-                             "joined in a running job yet (docs/limits.md); put the label in "
-                             "each event")
+        if self.stream.labels.topic and self.cluster.feeders > 1:
+            raise ValueError("[stream.labels] topic: labels on a topic of their own are joined "
+                             "by one feeder ([cluster] feeders = 1; docs/limits.md): a label "
+                             "and its impression must reach the same feeder")
 
     @property
     def sparse_fields(self) -> list[str]:

@@ -164,7 +164,8 @@ class StreamFigures(TypedDict):
     lag at the end (messages of the group not acknowledged, and in events at the mean events a
     message) and the seconds from the newest event trained to the job's end; progressive
     validation (each event scored by the model before it trained on it): the lifetime AUC and
-    log loss over every feeder's events, and each feeder's closed windows."""
+    log loss over every feeder's events, and each feeder's closed windows; the label join's
+    counts, added up over the feeders."""
 
     events_read: int
     events_trained: int
@@ -178,6 +179,9 @@ class StreamFigures(TypedDict):
     progressive_logloss: float | None
     windows: list[dict[str, Any]]
     ended_by: str
+    join: dict[str, int] | None   # labels from a topic of their own (docs/streams.md): joined,
+                                  # expired_negative, labels_late, labels_unmatched, ...; None:
+                                  # the labels came with the events
 
 
 class Streaming(TypedDict):

@@ -206,6 +206,7 @@ class StreamRow(TypedDict):
     progressive_auc: float | None
     window_auc: float | None
     broker_down_since: float | None
+    join: dict[str, int] | None   # labels from a topic of their own (roles.feeder.joining)
 
 
 class StreamView(TypedDict):

@@ -27,8 +27,9 @@ class StreamEnd(Message):
 class StreamScores(Message):
     """A feeder's progressive validation at the end of its pass: its lifetime score histogram
     (``ScoreHistogram``'s counts, flattened, only the cells ``bins`` that are not zero), log
-    loss sum, its closed windows (``Window.as_dict``, the newest kept), its counts, and its lag
-as the pass ends (-1: the broker did not say)."""
+    loss sum, its closed windows (``Window.as_dict``, the newest kept), its counts, its lag
+as the pass ends (-1: the broker did not say), and with labels on a topic of their own the
+join's counts (``roles.feeder.joining``)."""
 
     events_read: int
     events_trained: int
@@ -39,6 +40,7 @@ as the pass ends (-1: the broker did not say)."""
     lag_s: float
     loss_sum: float
     windows: list[dict[str, Any]]
+    join: dict[str, Any]   # the label join's counts ({}: labels came with the events)
     bins: np.ndarray = array("int64", 1)
     counts: np.ndarray = array("int64", 1)
 

@@ -117,3 +117,60 @@ def test_a_killed_stream_feeder_restarted_numbers_its_batches_above_its_dead_pro
     st = s["stream"]
     assert s["samples_trained"] >= events and st["events_trained"] > 0, (s["samples_trained"], st)
     assert st["events_trained_twice"] is None   # not known: not said to be 0
+
+
+def messages_of(events: list[dict], per_message: int = 100) -> list[bytes]:
+    return [b"\n".join(orjson.dumps(e) for e in events[i:i + per_message])
+            for i in range(0, len(events), per_message)]
+
+
+@pytest.mark.integration   # the broker is a process
+@pytest.mark.inprocess      # the roles run in this one
+def test_labels_from_their_own_topic_are_joined_and_every_impression_trained_once(
+        cluster, nats, tmp_path):
+    """Impressions without their label on one subject, labels ({event_id, income}) on
+    another: 5,000 labels (and 300 for ids never shown) published before their impressions,
+    the rest after them; 1,500 impressions get no label, 100 get two. Every impression is
+    trained once, joined with its label or, after ``window_s`` of event time, as a negative;
+    the counts are exact, and every message of both subjects is acknowledged (those of the
+    labels once their impressions trained, or once they are done with)."""
+    n, window = 20_000, 5.0
+    with gzip.open(REPO / "data" / "adult.csv.gz", "rt") as f:
+        import csv
+        rows = [r for _, r in zip(range(n), csv.DictReader(f), strict=False)]
+    impressions = [{**{k: v for k, v in r.items() if k != "income"}, "event_id": i}
+                   for i, r in enumerate(rows)]
+    label = [{"event_id": i, "income": r["income"]} for i, r in enumerate(rows)]
+    early = label[:5_000] + [{"event_id": 1_000_000 + k, "income": "<=50K"} for k in range(300)]
+    later = [e for e in label[5_000:] if e["event_id"] % 10]            # 1,500 never labelled
+    twice = [e for e in label[5_000:5_200] if e["event_id"] % 10][:100]   # a second label
+    job = stream_job(tmp_path, nats.url, "adult.events",
+                     more=f'[stream.labels]\ntopic = "adult.labels"\nwindow_s = {window}\n')
+    c = cluster(job, train__until_events=n)
+    labels_out = open_publisher(nats.url, "adult.labels")
+    events_out = open_publisher(nats.url, "adult.events")
+    try:
+        label_messages = messages_of(early)
+        labels_out.publish(label_messages)
+        events_out.publish(messages_of(impressions))
+        c.start_all()
+        more = messages_of(later) + messages_of(twice)
+        labels_out.publish(more)
+        label_messages += more
+    finally:
+        labels_out.close()
+        events_out.close()
+    assert c.wait(timeout=240) == 0, c.logs()
+    s = c.summary()
+    st = s["stream"]
+    assert st["events_trained"] == n and s["samples_trained"] == n, st
+    assert st["events_trained_twice"] == 0 and st["events_rejected"] == 0, st
+    j = st["join"]
+    assert j["joined"] == n - 1_500 and j["expired_negative"] == 1_500, j
+    assert j["labels_unmatched"] == 300, j
+    assert j["duplicate_labels"] + j["labels_late"] == 100, j   # (late: the first trained)
+    assert j["duplicate_impressions"] == 0 and j["labels_rejected"] == 0, j
+    assert j["label_messages_acked"] == len(label_messages), (j, len(label_messages))
+    assert st["messages_acked"] == n // 100, st
+    # the joined labels are the data's: the job learns (its AUC well above chance)
+    assert st["progressive_auc"] > 0.75, st

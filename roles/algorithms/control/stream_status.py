@@ -24,6 +24,13 @@ def _float(value: Any) -> float | None:
         else None
 
 
+def _counts(value: Any) -> dict[str, int] | None:
+    """A feeder's label join counts (None: no join)."""
+    if not isinstance(value, dict):
+        return None
+    return {str(k): v for k, v in value.items() if _int(v) is not None}
+
+
 class StreamStatus:
     def __init__(self) -> None:
         self.history: deque[tuple[float, int | None, float | None, float | None,
@@ -45,7 +52,8 @@ class StreamStatus:
                          "lag_s": _float(st.get("lag_s")),
                          "progressive_auc": _float(st.get("progressive_auc")),
                          "window_auc": _float(st.get("window_auc")),
-                         "broker_down_since": _float(st.get("broker_down_since"))})
+                         "broker_down_since": _float(st.get("broker_down_since")),
+                         "join": _counts(st.get("join"))})
         trained = sum(r["events_trained"] for r in rows)
         lags = [r["lag_events"] for r in rows]
         lag = None if not rows or any(v is None for v in lags) else sum(

@@ -5,14 +5,16 @@ in the order they were read. A batch leaves when ``batch_size`` events wait, or,
 its oldest event has waited ``linger_s`` (``[stream] linger_ms``): a quiet stream's events are
 not held back for a batch that fills slowly. Each batch says which messages its events came
 from and how many of each (``Batch.messages``, ``Batch.counts``): what the feeder tells its
-``MessageTracker`` once the batch is trained. Events stay in arrival order (a stream is not
-shuffled: its order is its time).
+``MessageTracker`` once the batch is trained. An event whose label came in a message of its
+own (``[stream.labels]``) also names that message (``label_origin``; -1 where none): a batch
+says those too (``Batch.label_messages``, ``label_counts``). Events stay in arrival order (a
+stream is not shuffled: its order is its time).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,6 +27,8 @@ class Batch:
     messages: list[tuple[int, int]]   # (partition, position) of the messages it draws on
     counts: list[int]                 # its events from each
     event_time_s: np.ndarray          # float64 [n]: each event's time
+    label_messages: list[tuple[int, int]] = field(default_factory=list)   # the labels' messages
+    label_counts: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -32,6 +36,7 @@ class _Chunk:
     samples: Samples
     origin: np.ndarray   # int64 [n, 2]: (partition, position)
     times: np.ndarray    # float64 [n]
+    label_origin: np.ndarray | None   # int64 [n, 2], -1 where the label came with the event
     arrived: float       # when it was added (the loop's clock)
     at: int = 0          # events of it already batched
 
@@ -47,14 +52,19 @@ class EventBatcher:
     def __len__(self) -> int:
         return self._waiting
 
-    def add(self, samples: Samples, origin: np.ndarray, times: np.ndarray, now: float) -> None:
+    def add(self, samples: Samples, origin: np.ndarray, times: np.ndarray, now: float,
+            label_origin: np.ndarray | None = None) -> None:
         """Events read, in order: ``origin`` [n, 2] (partition, position), ``times`` their
-        event times."""
-        if len(samples) != len(origin) or len(samples) != len(times):
+        event times, ``label_origin`` [n, 2] their labels' messages (-1: none)."""
+        if len(samples) != len(origin) or len(samples) != len(times) or \
+                (label_origin is not None and len(label_origin) != len(samples)):
             raise ValueError("one origin and one time per event")
         if len(samples):
-            self._chunks.append(_Chunk(samples, np.asarray(origin, np.int64).reshape(-1, 2),
-                                       np.asarray(times, np.float64), now))
+            self._chunks.append(_Chunk(
+                samples, np.asarray(origin, np.int64).reshape(-1, 2),
+                np.asarray(times, np.float64),
+                None if label_origin is None else np.asarray(label_origin, np.int64).reshape(
+                    -1, 2), now))
             self._waiting += len(samples)
 
     def due(self) -> float | None:
@@ -69,7 +79,7 @@ class EventBatcher:
         if self._waiting < self.batch_size and not flush and due is not None and now < due:
             return None
         want = min(self.batch_size, self._waiting)
-        parts, origins, times = [], [], []
+        parts, origins, times, labelled = [], [], [], []
         while want:
             chunk = self._chunks[0]
             n = min(want, len(chunk.samples) - chunk.at)
@@ -77,6 +87,8 @@ class EventBatcher:
             parts.append(chunk.samples.take(rows))
             origins.append(chunk.origin[rows])
             times.append(chunk.times[rows])
+            if chunk.label_origin is not None:
+                labelled.append(chunk.label_origin[rows])
             chunk.at += n
             want -= n
             if chunk.at == len(chunk.samples):
@@ -85,5 +97,13 @@ class EventBatcher:
         self._waiting -= len(samples)
         origin = np.concatenate(origins)
         where, counts = np.unique(origin, axis=0, return_counts=True)
+        label_where, label_counts = _messages(np.concatenate(labelled)) if labelled else ([], [])
         return Batch(samples, [(int(p), int(q)) for p, q in where], counts.tolist(),
-                     np.concatenate(times))
+                     np.concatenate(times), label_where, label_counts)
+
+
+def _messages(origin: np.ndarray) -> tuple[list[tuple[int, int]], list[int]]:
+    """The messages named (rows of -1 name none), and their events in ``origin``."""
+    origin = origin[origin[:, 0] >= 0]
+    where, counts = np.unique(origin, axis=0, return_counts=True)
+    return [(int(p), int(q)) for p, q in where], counts.tolist()

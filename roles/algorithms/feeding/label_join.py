@@ -208,6 +208,7 @@ class LabelJoin:
         self.resolved = Waiting()      # ids that left this window: a label for one is late
         self.now = -np.inf
         self.counts = JoinCounts()
+        self._unmatched: list[np.ndarray] = []   # ids of labels expired unmatched, not yet told
 
     def waiting(self) -> int:
         return len(self.impressions) + len(self.labels)
@@ -256,6 +257,12 @@ class LabelJoin:
         expired = self.advance(float(times.max()) if len(times) else self.now)
         return Joined.of([joined, (expired.handles, expired.labels)])
 
+    def unmatched_ids(self) -> np.ndarray:
+        """The ids of the labels that waited a window for their impression in vain, since the
+        last call (their messages are done with)."""
+        gone, self._unmatched = self._unmatched, []
+        return np.concatenate(gone) if gone else np.zeros(0, dtype=np.int64)
+
     def advance(self, now: float) -> Joined:
         """The clock moved to ``now`` (never back): impressions older than the window leave as
         negatives, labels older than it are unmatched, resolved ids are forgotten."""
@@ -266,5 +273,6 @@ class LabelJoin:
         self.resolved.add(ids, np.full(len(ids), self.now), np.zeros(len(ids)))
         unmatched, _ = self.labels.expire(before)
         self.counts.labels_unmatched += len(unmatched)
+        self._unmatched.append(unmatched)
         self.resolved.expire(before)
         return Joined(handles.astype(np.int64), np.zeros(len(handles), dtype=np.float32))

@@ -39,7 +39,7 @@ def scores(labels: np.ndarray, probs: np.ndarray, trained: int) -> StreamScores:
     bins = np.flatnonzero(flat)
     return StreamScores(events_read=trained, events_trained=trained, events_rejected=0,
                         messages_acked=trained // 10, lag_messages=0, lag_events=0, lag_s=0.0,
-                        loss_sum=h.loss_sum, windows=[{"window": 0, "auc": 0.5}],
+                        loss_sum=h.loss_sum, windows=[{"window": 0, "auc": 0.5}], join={},
                         bins=bins.astype(np.int64), counts=flat[bins].astype(np.int64))
 
 

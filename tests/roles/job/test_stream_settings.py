@@ -37,3 +37,16 @@ def test_each_mistake_is_one_line_naming_it(text, said):
     with pytest.raises(JobError, match=None) as exc:
         read("[stream]\n" + text)
     assert said in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_labels_of_their_own_topic_are_joined_by_one_feeder(tmp_path):
+    from roles.job.settings import load_job
+    path = tmp_path / "job.toml"
+    path.write_text('name = "j"\n[data]\nlabel = "y"\nsparse = ["c"]\n'
+                    '[stream]\nurl = "nats://127.0.0.1:4222"\ntopic = "imp"\n'
+                    '[stream.labels]\ntopic = "clicks"\n[cluster]\nfeeders = 2\n')
+    with pytest.raises(JobError) as exc:
+        load_job(path, environ={})
+    assert "joined by one feeder" in str(exc.value) and "\n" not in str(exc.value)
+    path.write_text(path.read_text().replace("feeders = 2", "feeders = 1"))
+    assert load_job(path, environ={}).stream.labels.topic == "clicks"

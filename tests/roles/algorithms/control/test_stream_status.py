@@ -56,3 +56,19 @@ def test_prometheus_has_the_lag_and_each_feeders_figures():
     assert f.made["zbus_stream_progressive_auc"].samples[0].labels == {"job": "j",
                                                                         "node": "feeder-0"}
     assert "broker unreachable" in stream_line(v, "training").plain
+
+
+def test_a_label_join_s_counts_reach_the_status_and_prometheus():
+    a = feeder(100, 7)
+    a["stream"]["join"] = {"joined": 90, "expired_negative": 10, "labels_late": 2,
+                           "labels_unmatched": 3, "impressions_waiting": 40, "bad": "x"}
+    v = StreamStatus().view(1.0, {"feeder-0": a, "feeder-1": feeder(5, 0)})
+    assert v["feeders"][0]["join"]["joined"] == 90 and "bad" not in v["feeders"][0]["join"]
+    assert v["feeders"][1]["join"] is None
+    f = Families()
+    _stream(f, {"job": "j"}, v)
+    got = {s.labels["outcome"]: s.value for s in f.made["zbus_stream_join_total"].samples
+           if s.name.endswith("_total")}
+    assert got == {"joined": 90, "expired_negative": 10, "labels_late": 2,
+                   "labels_unmatched": 3}
+    assert f.made["zbus_stream_join_waiting"].samples[0].value == 40
