@@ -53,11 +53,13 @@ class Consumer(Protocol):
 
 def open_consumer(url: str, topic: str, group: str, start: str = "earliest",
                   options: dict[str, object] | None = None,
-                  ack_wait_s: float = 30.0) -> Consumer:
+                  ack_wait_s: float = 30.0, rewind: dict[int, int] | None = None) -> Consumer:
     """A consumer of ``topic`` for ``group`` (a durable consumer, a consumer group) at
     ``url``: ``nats://host:port[,host:port...]`` or ``kafka://host:port[,...]``; ``start``
     (``earliest`` or ``latest``) where a new group begins; ``options`` the client's own
-    settings (credentials, TLS); ``ack_wait_s`` JetStream's AckWait."""
+    settings (credentials, TLS); ``ack_wait_s`` JetStream's AckWait; ``rewind`` (a job gone
+    back to a checkpoint): the group reads again from these positions, by partition (a
+    partition not named: from ``start``), whatever it acknowledged since."""
     if start not in ("earliest", "latest"):
         raise BrokerError(f"start must be 'earliest' or 'latest', got {start!r}")
     scheme, sep, hosts = url.partition("://")
@@ -66,8 +68,8 @@ def open_consumer(url: str, topic: str, group: str, start: str = "earliest",
     if scheme == "nats":
         from roles.events.nats_js import JetStreamConsumer
         return JetStreamConsumer(hosts.split(","), topic, group, start, options or {},
-                                 ack_wait_s=ack_wait_s)
+                                 ack_wait_s=ack_wait_s, rewind=rewind)
     if scheme == "kafka":
         from roles.events.kafka import KafkaConsumer
-        return KafkaConsumer(hosts, topic, group, start, options or {})
+        return KafkaConsumer(hosts, topic, group, start, options or {}, rewind=rewind)
     raise BrokerError(f"a stream url is nats:// or kafka://, got {scheme}://")

@@ -6,7 +6,8 @@ committed by hand (``enable.auto.commit`` off), synchronously, and only past the
 each partition (``watermark``): a commit says "everything before this offset is trained", so a
 message trained ahead of an earlier one waits for it. When a partition is taken away, what is
 done of it is committed first; what was delivered and is not done goes, with the partition, to
-its next owner, from the committed offset.
+its next owner, from the committed offset. A job gone back to a checkpoint reads each partition
+again from the checkpoint's first offset not done (``rewind``, at the first assignment).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ OWN_SETTINGS = ("bootstrap.servers", "group.id", "enable.auto.commit", "auto.off
 
 class KafkaConsumer:
     def __init__(self, servers: str, topic: str, group: str, start: str,
-                 options: dict[str, object], timeout_s: float = 10.0):
+                 options: dict[str, object], timeout_s: float = 10.0,
+                 rewind: dict[int, int] | None = None):
         from confluent_kafka import Consumer, KafkaException
         ours = sorted(set(options) & set(OWN_SETTINGS))
         if ours:
@@ -34,6 +36,7 @@ class KafkaConsumer:
         except KafkaException as exc:
             raise BrokerError(f"Kafka at {servers}: {exc.args[0].str()}") from None
         self.topic, self._servers, self._timeout_s = topic, servers, timeout_s
+        self._rewind, self._start = rewind, start   # (rewind: at the first assignment)
         self._marks: dict[int, Watermark] = {}
         # commits the group refused in a rebalance: their messages are delivered again to the
         # partitions' next owner (Kafka's at-least-once: a member fenced out cannot commit)
@@ -52,6 +55,13 @@ class KafkaConsumer:
     def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
         for tp in partitions:
             self._marks[tp.partition] = Watermark()
+        if self._rewind is not None:   # a job gone back to a checkpoint: read from there
+            from confluent_kafka import OFFSET_BEGINNING, OFFSET_END
+            default = OFFSET_BEGINNING if self._start == "earliest" else OFFSET_END
+            for tp in partitions:
+                tp.offset = int(self._rewind.get(tp.partition, default))
+            self._rewind = None
+            consumer.assign(partitions)
 
     def _revoked(self, consumer: Any, partitions: list[Any]) -> None:
         self._commit([tp.partition for tp in partitions])

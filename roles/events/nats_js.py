@@ -8,7 +8,8 @@ to whichever feeder pulls next. Acknowledgement is explicit, per message (``AckE
 with feeders sharing the consumer, ``AckAll`` would acknowledge another feeder's messages);
 ``done`` sends the acks and flushes the connection, so that they have reached the server when
 it returns. The client is asyncio's: it runs on a thread of its own, and this class's methods
-wait for it.
+wait for it. A job gone back to a checkpoint makes the group's consumer anew, delivering from
+the checkpoint's first position not done (``rewind``): what was acknowledged since comes again.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class _Loop:
 class JetStreamConsumer:
     def __init__(self, servers: list[str], subject: str, group: str, start: str,
                  options: dict[str, object], ack_wait_s: float = ACK_WAIT_S,
-                 connect_timeout_s: float = 10.0):
+                 connect_timeout_s: float = 10.0, rewind: dict[int, int] | None = None):
         import nats
         from nats.aio.client import Client
         known = set(inspect.signature(Client.connect).parameters) - {"self", "servers"}
@@ -76,11 +77,12 @@ class JetStreamConsumer:
         self._messages: dict[int, Any] = {}   # position -> its message, until done
         self._loop = _Loop(f"nats-{group}")
         self._nc, self._sub = self._loop.open(   # (the client tries again as long as let)
-            self._open(nats, options, start, ack_wait_s, connect_timeout_s), self._urls,
-            connect_timeout_s * 2)
+            self._open(nats, options, start, ack_wait_s, connect_timeout_s, rewind),
+            self._urls, connect_timeout_s * 2)
 
     async def _open(self, nats: Any, options: dict[str, object], start: str,
-                    ack_wait_s: float, connect_timeout_s: float) -> tuple[Any, Any]:
+                    ack_wait_s: float, connect_timeout_s: float,
+                    rewind: dict[int, int] | None) -> tuple[Any, Any]:
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
         from nats.js.errors import NotFoundError
         nc = await nats.connect(servers=self._urls, connect_timeout=connect_timeout_s,
@@ -92,9 +94,18 @@ class JetStreamConsumer:
             await nc.close()
             raise BrokerError(f"NATS at {','.join(self._urls)}: no JetStream stream holds "
                               f"the subject {self.subject!r}") from None
+        policy = DeliverPolicy.ALL if start == "earliest" else DeliverPolicy.NEW
+        first = None
+        if rewind is not None:   # read again from there: the group's consumer made anew
+            try:
+                await js.delete_consumer(stream, self.group)
+            except NotFoundError:
+                pass
+            if 0 in rewind:
+                policy, first = DeliverPolicy.BY_START_SEQUENCE, max(1, int(rewind[0]))
         config = ConsumerConfig(
             durable_name=self.group, ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait_s,
-            deliver_policy=DeliverPolicy.ALL if start == "earliest" else DeliverPolicy.NEW,
+            deliver_policy=policy, opt_start_seq=first,
             max_ack_pending=MAX_ACK_PENDING, filter_subject=self.subject)
         sub = await js.pull_subscribe(self.subject, durable=self.group, stream=stream,
                                       config=config)

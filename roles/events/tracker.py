@@ -24,6 +24,7 @@ from roles.events import Delivery
 class _Held:
     delivery: Delivery
     left: int          # events not yet trained
+    total: int         # events to train (told by ``events``)
     since: float       # when it was delivered, or last said to be in progress
     order: int         # its place among the deliveries added
 
@@ -48,7 +49,7 @@ class MessageTracker:
             if key in self._held:
                 self.duplicates += 1
                 continue
-            self._held[key] = _Held(d, -1, now, self._added)   # events: told by ``events``
+            self._held[key] = _Held(d, -1, -1, now, self._added)   # events: by ``events``
             self._added += 1
             fresh.append(i)
         return fresh
@@ -57,7 +58,7 @@ class MessageTracker:
         """How many of ``delivery``'s events go to training (the rest were set aside)."""
         key = (delivery.partition, delivery.position)
         held = self._held[key]
-        held.left = trained
+        held.left = held.total = trained
         self.events_held += trained
         if trained == 0:
             self._ready.add(key)
@@ -88,6 +89,12 @@ class MessageTracker:
                 out.append(held.delivery)
                 held.since = now
         return out
+
+    def partly_trained(self) -> list[tuple[int, int, int]]:
+        """(partition, position, events trained) of the held messages some of whose events
+        are trained."""
+        return [(h.delivery.partition, h.delivery.position, h.total - h.left)
+                for h in self._held.values() if h.total > 0 and 0 < h.total - h.left]
 
     def oldest_time_s(self) -> float | None:
         """The broker's time of the oldest message held (None if none)."""

@@ -39,6 +39,10 @@ class Watermark:
             moved = True
         return moved
 
+    def done_above(self) -> list[int]:
+        """The positions done above the floor (delivered out of order, done before it)."""
+        return sorted(self._done)
+
     def pending(self) -> int:
         """Delivered and not done."""
         return len(set(self._open))

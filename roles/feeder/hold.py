@@ -6,8 +6,9 @@ checkpoint at start-up.
 Control's Checkpoint ``drain`` holds new batches (batches in flight are still granted and
 acknowledged) and the feeder reports CheckpointDrained once nothing is in flight; at ``write``
 it takes its part (Snapshotted, then CheckpointPart once written); ``resume`` or ``abort``
-releases the hold. The position is the epoch and what the sync mode adds
-(``roles.algorithms.sync.feeder``).
+releases the hold. The position is the epoch, what the sync mode adds
+(``roles.algorithms.sync.feeder``) and a stream job's place in its stream
+(``StreamSide.position``), from which it is read again after a roll-back.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from roles.checkpoint.files import read_manifest
 from roles.feeder.ledger_side import LedgerSide
 from roles.feeder.loading import Loading
 from roles.feeder.passes import Passes
+from roles.feeder.stream_side import StreamSide
 from roles.protocol.checkpoint import Checkpoint, CheckpointDrained, CheckpointPart, Snapshotted
 from roles.storage.store import Store, parent
 from zbus.codec import Message
@@ -42,6 +44,9 @@ class CheckpointHold:
         self.checkpoints: FeederCheckpoints | None = None
         self.hold = 0      # a checkpoint being cut: no new batch goes out
         self.drained = 0   # the newest cut reported drained
+        self.stream: StreamSide | None = None      # a stream job's source: its position too
+        self.stream_at: dict[str, Any] | None = None   # the stream's, at the checkpoint
+                                                       # the job went back to
 
     def open(self, store: Store, node_id: str) -> None:
         self.checkpoints = FeederCheckpoints(store, node_id)
@@ -59,6 +64,7 @@ class CheckpointHold:
         files = manifest["parts"].get(node_id, [])
         position, retrained = self.files().roll_back(Store(parent(where)), files, feeders)
         self.sync.restore(position)
+        self.stream_at = position.get("stream")
         log.warning("back to checkpoint %d: the %d samples acknowledged after it are trained "
                     "again", manifest["number"], retrained)
         return {"checkpoint": manifest["number"], "retrained_samples": retrained}
@@ -96,7 +102,9 @@ class CheckpointHold:
     def position(self) -> dict[str, Any]:
         """Where the feeder is, written with its part: the epoch, and what the sync mode
         adds."""
-        return {"epoch": self.passes.epoch, **self.sync.position()}
+        at = self.stream.position() if self.stream is not None else None
+        return {"epoch": self.passes.epoch, **self.sync.position(),
+                **({"stream": at} if at is not None else {})}
 
     def poll(self) -> CheckpointPart | None:
         """The part written, once its thread is done."""

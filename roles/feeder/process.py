@@ -127,10 +127,7 @@ class Feeder(Node):
     def on_welcome(self) -> None:
         run_dir = Path(self.run_dir)
         feeders = run_dir / "feeders"
-        if self.job.streaming:
-            failed = self.open_stream(run_dir)
-        else:
-            failed = self.loading.open(run_dir, self.node_id)
+        failed = None if self.job.streaming else self.loading.open(run_dir, self.node_id)
         if failed is not None:
             self.fail(failed)
             return
@@ -146,6 +143,11 @@ class Feeder(Node):
                 self.fail(f"cannot restore the checkpoint {self.restore_dir}: {exc}")
                 return
             rolled_back = True
+        if self.job.streaming:   # (after the roll-back: the stream is read from its position)
+            failed = self.open_stream(run_dir, self.hold.stream_at if rolled_back else None)
+            if failed is not None:
+                self.fail(failed)
+                return
         stored = StoredAcks(store, self.node_id, self.heartbeat_s,
                             max_in_flight(MAX_WORKERS, self.job.train.prefetch)) \
             if self.job.checkpoint.dir else None
@@ -160,11 +162,20 @@ class Feeder(Node):
         self.state = "ready"
         self.to_control(Ready(info=info))
 
-    def open_stream(self, run_dir: Path) -> str | None:
+    def open_stream(self, run_dir: Path, rewind: dict[str, Any] | None) -> str | None:
+        """A stream job's source; ``rewind``: where the stream stood at the checkpoint the
+        job went back to (one feeder only: several share the group's positions, which no
+        one feeder's part records; docs/limits.md)."""
         self.loading.open_stream(run_dir, self.node_id)
         assert self.loading.rejected_rows is not None
         self.stream = StreamSide(self.job, self.index, self.loading.rejected_rows)
-        failed = self.stream.open()
+        self.hold.stream = self.stream
+        if rewind is not None and self.job.cluster.feeders > 1:
+            log.warning("back to a checkpoint with %d feeders: the stream is not read again "
+                        "from its positions (events acknowledged since are not trained "
+                        "again; docs/limits.md)", self.job.cluster.feeders)
+            rewind = None
+        failed = self.stream.open(rewind)
         self.wake_at = time.monotonic()
         return failed
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +41,7 @@ from roles.events import BrokerError, Delivery, open_consumer
 from roles.events.decode import Decoded, EventDecoder
 from roles.events.reader import EventReader
 from roles.events.tracker import MessageTracker
+from roles.events.watermark import Watermark
 from roles.feeder.joining import LabelSide
 from roles.job.settings import DECAY_UNITS, Job
 from roles.protocol.datapath import PartStats
@@ -96,6 +98,9 @@ class StreamSide:
         self.group = s.group or job.name
         self.batcher = EventBatcher(job.train.batch_size, s.linger_ms / 1000.0)
         self.tracker = MessageTracker()
+        self.marks: dict[int, Watermark] = {}   # per partition: what is acknowledged
+        self.skip: dict[tuple[int, int], int] = {}   # gone back to a checkpoint: trained then
+                                                     # (a message's first events; -1: all)
         self.progressive = Progressive(s.window_events)
         # labels on a topic of their own, joined here (roles.feeder.joining)
         self.labels = LabelSide(job, rejected) if s.labels.topic else None
@@ -121,9 +126,12 @@ class StreamSide:
         self.started_at = time.monotonic()
 
     # -- opening ---------------------------------------------------------------------------
-    def open(self) -> str | None:
-        """Connect to the broker and start reading; why not, in one line."""
+    def open(self, rewind: dict[str, Any] | None = None) -> str | None:
+        """Connect to the broker and start reading; why not, in one line. ``rewind``: the
+        job went back to a checkpoint, where the stream stood as ``position`` gave it: read
+        again from its first position not done, leaving out what was trained then."""
         s, d = self.config, self.job.data
+        positions = None if rewind is None else self.rewind(rewind)
         schema = Schema(label="" if self.labels else d.label, dense=self.job.dense_fields,
                         sparse=self.job.sparse_fields, positive=tuple(d.positive),
                         negative=tuple(d.negative), timestamp=d.timestamp,
@@ -132,7 +140,7 @@ class StreamSide:
             decoder = EventDecoder(schema, s.format, s.topic, s.columns,
                                    s.labels.id_field if self.labels else "")
             consumer = open_consumer(s.url, s.topic, self.group, s.start,
-                                     dict(s.options) or None, s.ack_wait_s)
+                                     dict(s.options) or None, s.ack_wait_s, positions)
         except (BrokerError, ValueError) as exc:
             return f"cannot read the stream {s.url} {s.topic}: {exc}"
         self.reader = EventReader(consumer, decoder, max_messages=1000, fetch_messages=100,
@@ -143,6 +151,44 @@ class StreamSide:
         if self.labels is not None:
             return self.labels.open(self.group, self.working_every())
         return None
+
+    def position(self) -> dict[str, Any] | None:
+        """Where the stream stands at a checkpoint's cut (nothing is in flight then): per
+        partition the first position not acknowledged, those acknowledged above it, and the
+        held messages partly trained (their first events: batches keep the stream's order),
+        with the counts so far. None with labels on a topic of their own (the join trains out
+        of order: not recorded, docs/limits.md)."""
+        if self.labels is not None:
+            return None
+        partitions: dict[str, dict[str, Any]] = {
+            str(p): {"floor": m.floor, "done": m.done_above(), "partial": []}
+            for p, m in self.marks.items()}
+        for p, position, trained in self.tracker.partly_trained():
+            partitions.setdefault(str(p), {"floor": None, "done": [], "partial": []})[
+                "partial"].append([position, trained])
+        return {"partitions": partitions, "events_trained": self.events_trained,
+                "events_taken": self.events_taken, "events_rejected": self.events_rejected,
+                "messages_acked": self.messages_acked}
+
+    def rewind(self, at: dict[str, Any]) -> dict[int, int]:
+        """The counts and the events to leave out, as ``position`` gave them; the positions
+        to read again from, by partition."""
+        self.events_trained = int(at.get("events_trained", 0))
+        self.events_taken = int(at.get("events_taken", 0))
+        self.events_rejected = int(at.get("events_rejected", 0))
+        self.messages_acked = int(at.get("messages_acked", 0))
+        start: dict[int, int] = {}
+        for key, part in at.get("partitions", {}).items():
+            p = int(key)
+            if part.get("floor") is not None:
+                start[p] = int(part["floor"])
+            self.skip.update(((p, int(q)), -1) for q in part.get("done", []))
+            self.skip.update(((p, int(q)), int(k)) for q, k in part.get("partial", []))
+        log.warning("back to a checkpoint: the stream is read again from %s (%d message(s) "
+                    "above it trained then, whole or in part)",
+                    ", ".join(f"[{p}]@{q}" for p, q in sorted(start.items())) or
+                    "its start", len(self.skip))
+        return start
 
     # -- the statistics --------------------------------------------------------------------
     def statistics_due(self, now: float) -> PartStats | None:
@@ -223,16 +269,21 @@ class StreamSide:
         rejected = decoded.rejected
         if not fresh:   # every message delivered again while held
             return False
-        if len(fresh) < len(deliveries):   # delivered again while held: left out
-            keep_msgs = np.zeros(len(deliveries), dtype=bool)
-            keep_msgs[fresh] = True
-            rows = np.flatnonzero(keep_msgs[decoded.message])
-            fresh_where = {f"{self.config.topic}[{deliveries[i].partition}]@"
-                           f"{deliveries[i].position}" for i in fresh}
-            rejected = [r for r in rejected if r.file in fresh_where]
-            block = select_rows(decoded.block, rows)
-            message, times = decoded.message[rows], decoded.event_time_s[rows]
-            ids = None if decoded.ids is None else decoded.ids[rows]
+        for i in fresh:
+            d = deliveries[i]
+            self.marks.setdefault(d.partition, Watermark()).delivered(d.position)
+        keep = np.zeros(len(deliveries), dtype=bool)
+        keep[fresh] = True            # delivered again while held: left out
+        rows = keep[decoded.message]
+        skipped = self.skipped(deliveries, fresh, decoded.message, rows)
+        if not rows.all():
+            kept = {f"{self.config.topic}[{deliveries[i].partition}]@{deliveries[i].position}"
+                    for i in fresh if i not in skipped}
+            rejected = [r for r in rejected if r.file in kept]
+            at = np.flatnonzero(rows)
+            block = select_rows(decoded.block, at)
+            message, times = decoded.message[at], decoded.event_time_s[at]
+            ids = None if decoded.ids is None else decoded.ids[at]
         else:
             block, message, times = decoded.block, decoded.message, decoded.event_time_s
             ids = decoded.ids
@@ -278,6 +329,25 @@ class StreamSide:
                 self.acknowledge(released)
         if ready is not None:
             self.batcher.add(ready.samples, ready.origin, ready.times, now, ready.label_origin)
+
+    def skipped(self, deliveries: list[Delivery], fresh: list[int], message: np.ndarray,
+                rows: np.ndarray) -> set[int]:
+        """A job gone back to a checkpoint: the events of ``fresh`` messages that it had
+        trained (all of a message done then, a message's first events) are left out of
+        ``rows`` (in place); the messages left out whole (their rejected events too)."""
+        whole: set[int] = set()
+        if not self.skip:
+            return whole
+        for i in fresh:
+            d = deliveries[i]
+            k = self.skip.pop((d.partition, d.position), None)
+            if k is None:
+                continue
+            mine = np.flatnonzero(message == i)
+            rows[mine if k < 0 else mine[:k]] = False
+            if k < 0:
+                whole.add(i)
+        return whole
 
     def summarise(self, block: RawBlock, rejected: int) -> None:
         values = block.dense
@@ -367,7 +437,11 @@ class StreamSide:
         """To the broker, by the reader's thread (the consumer's calls all on one thread)."""
         if self.reader is not None:
             self.reader.done(released)
-            self.messages_acked += len(released)
+        self.messages_acked += len(released)
+        for d in released:
+            mark = self.marks.get(d.partition)
+            if mark is not None:
+                mark.done(d.position)
 
     # -- figures -----------------------------------------------------------------------------
     def counters(self) -> dict[str, object]:

@@ -290,7 +290,8 @@ class LocalCluster:
         """A whole-job checkpoint taken now, feeding paused around it (``paused``): a test
         that needs checkpoints during a job asks for them instead of counting on
         ``every_s``. Its number once complete; a request refused or a cut abandoned (the job
-        between epochs) is asked again until ``timeout``."""
+        between epochs) is asked again until ``timeout``. (Control's state in it says feeding
+        was paused: a job resumed from it starts paused, as an operator's pause is kept.)"""
         endpoint = self.job.cluster.endpoint("control_req")
         deadline = time.monotonic() + timeout
 

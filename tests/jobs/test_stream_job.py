@@ -13,6 +13,7 @@ from harness import REPO
 
 from roles.events.publish import open_publisher
 from roles.job.settings import load_job
+from roles.tools.ctl import request
 from roles.tools.replay import replay
 from roles.tools.stream_reference import score_then_train
 
@@ -174,3 +175,47 @@ def test_labels_from_their_own_topic_are_joined_and_every_impression_trained_onc
     assert st["messages_acked"] == n // 100, st
     # the joined labels are the data's: the job learns (its AUC well above chance)
     assert st["progressive_auc"] > 0.75, st
+
+
+@pytest.mark.integration   # the broker is a process
+@pytest.mark.inprocess      # the roles run in this one
+def test_a_stream_job_killed_whole_resumes_from_its_checkpoint_s_positions(
+        cluster, nats, tmp_path):
+    """A checkpoint mid-stream, more events trained and acknowledged after it, then every
+    role SIGKILLed (a power cut) and the job resumed: it goes back to the checkpoint, and the
+    stream is read again from the positions the checkpoint recorded, leaving out what was
+    trained by then, so that counted from the checkpoint every event is trained exactly once
+    (before, what was acknowledged after the cut was never delivered again: the resumed job
+    never reached ``until_events``)."""
+    lines = adult_csv(tmp_path).read_text().splitlines(keepends=True)
+    events = len(lines) - 1
+    cuts = [0, 15_000, 30_000, events]
+    files = []
+    for k in range(3):
+        part = tmp_path / f"part{k}.csv"
+        part.write_text(lines[0] + "".join(lines[1 + cuts[k]:1 + cuts[k + 1]]))
+        files.append(part)
+    job = stream_job(tmp_path, nats.url, "adult.events")
+    c = cluster(job, train__until_events=events, checkpoint__every_s=0)
+    published(nats.url, files[0])
+    c.start_all()
+    c.wait_for_event(lambda e: e["event"] == "throughput" and e["samples"] >= 10_000)
+    number = c.checkpoint()
+    at_cut = next(e for e in c.events() if e["event"] == "checkpoint" and e["number"] == number)
+    published(nats.url, files[1], first_id=cuts[1])
+    c.wait_for_event(lambda e: e["event"] == "throughput" and e["samples"] >= 25_000)
+    c.kill_all()
+    c.start_all(resume=True)
+    c.wait_for_event(lambda e: e["event"] == "resume" and "phase" in e)   # (cut paused)
+    assert request(c.job.cluster.endpoint("control_req"), "resume", timeout_s=20).ok
+    published(nats.url, files[2], first_id=cuts[2])
+    assert c.wait(timeout=240) == 0, c.logs()
+    s = c.summary()
+    (back,) = s["checkpoints"]["rollbacks"]
+    assert back["checkpoint"] == number and back["retrained_samples"] > 0, (back, at_cut)
+    assert "the stream is read again from [0]@" in c.log("feeder-0")
+    st = s["stream"]
+    assert s["samples_trained"] == events and st["events_trained"] == events, \
+        (s["samples_trained"], st)
+    assert st["lag_events"] == 0 and st["events_trained_twice"] == 0, st
+    assert s["duplicates_refused"]["embedding_updates"] == 0, s["duplicates_refused"]

@@ -1,0 +1,73 @@
+"""A stream job's place in its stream at a checkpoint (``StreamSide.position``) and the
+reading again from it after the whole job went back to that checkpoint (``rewind``): without
+a broker, messages decoded by the real decoder."""
+
+from __future__ import annotations
+
+import orjson
+
+from roles.data.rejected import RejectedRows
+from roles.events import Delivery
+from roles.feeder.stream_side import StreamSide
+from roles.job.settings import load_job
+
+JOB = """name = "clicks"
+[data]
+label = "click"
+dense = ["x"]
+sparse = ["c"]
+[stream]
+url = "nats://127.0.0.1:4222"
+topic = "clicks"
+"""
+
+
+def side(tmp_path) -> StreamSide:
+    path = tmp_path / "job.toml"
+    path.write_text(JOB)
+    return StreamSide(load_job(path, environ={}), 0,
+                      RejectedRows(tmp_path / "rejected.tsv", tmp_path / ".parts"))
+
+
+def messages(*positions: int, events: int = 10) -> list[Delivery]:
+    return [Delivery(0, p, b"\n".join(orjson.dumps({"click": i % 2, "x": i, "c": f"v{i}"})
+                                      for i in range(events)), 100.0) for p in positions]
+
+
+def taken(s: StreamSide, deliveries: list[Delivery]) -> None:
+    from roles.data.readers import Schema
+    from roles.events.decode import EventDecoder
+    decoder = EventDecoder(Schema(label="click", dense=["x"], sparse=["c"]), "json", "clicks")
+    s.take(deliveries, decoder.decode(deliveries), now=0.0)
+
+
+def trained(s: StreamSide, position: int, events: int) -> None:
+    s.tracker.trained([(0, position)], [events])
+    s.events_trained += events
+    s.acknowledge(s.tracker.done())
+
+
+def test_the_position_says_what_was_trained_and_a_rewind_leaves_it_out(tmp_path):
+    s = side(tmp_path)
+    taken(s, messages(7, 8, 9, 10))
+    trained(s, 7, 10)    # done: the floor moves past it
+    trained(s, 9, 10)    # done above an open message
+    trained(s, 8, 4)     # partly: its first 4 events
+    at = s.position()
+    assert at is not None
+    assert at["partitions"] == {"0": {"floor": 8, "done": [9], "partial": [[8, 4]]}}
+    assert at["events_trained"] == 24 and at["messages_acked"] == 2
+    # the job went back there: read again from 8, 9 left out whole, 8's first 4 events too
+    again = side(tmp_path)
+    assert again.rewind(orjson.loads(orjson.dumps(at))) == {0: 8}
+    taken(again, messages(8, 9, 10))
+    assert sum(len(h.block) for h in again.held) == 6 + 10   # 8's last 6, all of 10
+    assert again.messages_acked == 2 + 1     # 9 acknowledged at once: trained before
+    assert again.events_trained == 24 and not again.skip
+    assert again.position()["partitions"]["0"]["floor"] == 8
+
+
+def test_a_job_joining_labels_records_no_position(tmp_path):
+    s = side(tmp_path)
+    s.labels = object()   # (the join trains out of order: not recorded)
+    assert s.position() is None
