@@ -88,3 +88,19 @@ def test_what_cannot_be_consumed_is_one_line(kafka):
         open_consumer(kafka.url, "clicks", "job", options={"group.id": "x"})
     with pytest.raises(BrokerError, match="No such configuration property"):
         open_consumer(kafka.url, "clicks", "job", options={"sasl.mechanismz": "PLAIN"})
+
+
+@pytest.mark.integration
+def test_a_rewind_seeks_each_partition_back_whatever_was_committed(kafka):
+    kafka.produce("clicks", [f"{i}".encode() for i in range(10)], partition=0)
+    first = open_consumer(kafka.url, "clicks", "job", options=QUICK)
+    got = drain(first, 10)
+    first.done(got)
+    first.settle()
+    first.close()
+    again = open_consumer(kafka.url, "clicks", "job", options=QUICK, rewind={0: 6})
+    try:
+        back = drain(again, 4)
+        assert [(d.partition, d.position) for d in back] == [(0, i) for i in range(6, 10)]
+    finally:
+        again.close()

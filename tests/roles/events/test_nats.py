@@ -89,3 +89,23 @@ def test_a_message_said_in_progress_is_not_delivered_again_while_it_is_worked_on
     finally:
         consumer.close()
         other.close()
+
+
+@pytest.mark.integration
+def test_a_rewind_delivers_again_from_its_position_what_was_acknowledged(nats):
+    """A job gone back to a checkpoint: the group reads again from the position the checkpoint
+    recorded, though everything was acknowledged since."""
+    seqs = nats.publish("events", "clicks", [f"{i}".encode() for i in range(10)])
+    first = open_consumer(nats.url, "clicks", "job")
+    try:
+        first.done(drain(first, 10))
+        assert first.lag() == {0: 0}
+    finally:
+        first.close()
+    again = open_consumer(nats.url, "clicks", "job", rewind={0: seqs[6]})
+    try:
+        got = drain(again, 4)
+        assert [d.position for d in got] == seqs[6:] and again.fetch(10, 0.3) == []
+        again.done(got)
+    finally:
+        again.close()
