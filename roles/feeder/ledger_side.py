@@ -33,11 +33,12 @@ from roles.algorithms.sync.feeder import FeederSync
 from roles.checkpoint.stored_acks import StoredAcks
 from roles.data.stream import Samples
 from roles.job.settings import Job
-from roles.protocol.datapath import Ack, Deliver, Grant, Grants, max_in_flight
+from roles.protocol.datapath import Ack, Deliver, Grant, Grants, max_in_flight, split_batch_id
 from zbus.codec import Message, ProtocolError
 from zbus.endpoints import node_index
 
 log = logging.getLogger(__name__)
+COMPACT_EVERY = 65_536   # a stream's acks taken into the log's totals this often (2 MiB)
 
 
 class LedgerSide:
@@ -235,8 +236,11 @@ class LedgerSide:
         if entry.eval:
             self.tally.eval_acked(entry.batch.labels, ack.preds)
         else:
-            self.log().append(ack.batch_id, ack.samples, ack.loss_sum, ack.weight_sum,
-                              max(0, node_index(worker)))
+            acks = self.log()
+            acks.append(ack.batch_id, ack.samples, ack.loss_sum, ack.weight_sum,
+                        max(0, node_index(worker)))
+            if self.job.streaming and acks.appended % COMPACT_EVERY == 0:
+                acks.compact(split_batch_id(ack.batch_id)[0])   # (a stream's one epoch)
             self.tally.train_acked(worker, ack.batch_id, ack.samples, ack.loss_sum,
                                    ack.weight_sum)
             self.sync.acked(ack.samples)

@@ -14,10 +14,17 @@ The log's *compact form* (``position``) is that totals file with everything fold
 job-wide sums and samples per worker, and for each epoch not folded yet, per part, the batches
 acknowledged as ``PartProgress`` does (every number below a mark, and the few above it), kept up
 to date in memory as acks come. Its size depends on the parts and the batches in flight, not
-on how many batches were acknowledged. Written as the totals file of an empty log
-(``seed``), it is that log's *base*: the log goes on from it with record files as usual
+on how many batches were acknowledged. Written as the totals file of an empty log (``seed``),
+it is that log's *base*: the log goes on from it with record files as usual
 (``roles.checkpoint.stored_acks`` keeps it in the checkpoint store, for a feeder whose disk is
 gone).
+
+A stream job has one epoch for its whole life: its file is *compacted* (``compact``) as it
+grows: the compact form written as the totals file, naming how many of the epoch file's first
+records it holds (``skip``), then the file replaced by an empty one and ``skip`` set back to 0.
+A crash between two steps leaves either the file with at least ``skip`` records (their first
+``skip`` are left out when read) or an emptied file with a ``skip`` it cannot hold, which the
+next process takes for 0 (and writes so) before it appends anything.
 """
 
 from __future__ import annotations
@@ -50,6 +57,11 @@ class AckLog:
         for epoch in self.epochs_on_disk():
             if epoch in self.totals["epochs"]:  # folded, but not yet removed: a crash then
                 self._file(epoch).unlink(missing_ok=True)
+        emptied = [e for e, n in self.totals["skip"].items() if len(self._whole(e)) < n]
+        if emptied:   # a crash after a compaction emptied the file: nothing is left out
+            for epoch in emptied:
+                self.totals["skip"].pop(epoch)
+            atomic_write(self.totals_path, _totals_bytes(self.totals), durable=False)
         self.appended = 0   # acks appended by this process
         # the compact form of what is not folded (the base's parts, then the records)
         self.live: dict[int, dict[int, PartProgress]] = {
@@ -81,13 +93,18 @@ class AckLog:
                 "samples": totals.get("samples", 0), "loss_sum": totals.get("loss_sum", 0.0),
                 "weight_sum": totals.get("weight_sum", 0.0),
                 "acked_by": totals.get("acked_by", {}),
+                "skip": {int(e): int(n) for e, n in totals.get("skip", {}).items()},
                 "parts": {int(e): {int(part): PartProgress(int(e), int(low), set(above),
                                                            int(n), float(loss), float(weight))
                                    for part, (low, above, n, loss, weight) in parts.items()}
                           for e, parts in totals.get("parts", {}).items()}}
 
     def records(self, epoch: int) -> np.ndarray:
-        """The whole records of one epoch's file (none when there is none)."""
+        """The whole records of one epoch's file not already in the totals (none when there
+        is no file)."""
+        return self._whole(epoch)[self.totals["skip"].get(epoch, 0):]
+
+    def _whole(self, epoch: int) -> np.ndarray:
         try:
             raw = self._file(epoch).read_bytes()
         except FileNotFoundError:
@@ -172,6 +189,29 @@ class AckLog:
                 os.close(fd)
             self._file(epoch).unlink(missing_ok=True)
 
+    def compact(self, epoch: int) -> None:
+        """Take ``epoch``'s records into the totals file and empty its file (the module's
+        docstring): a stream's one epoch stays as small as its compact form."""
+        self._settle()
+        n = len(self._whole(epoch))
+        if not n:
+            return
+        position = self.position()
+        t = {**position, "parts": {e: {part: replace(p, above=set(p.above))
+                                       for part, p in parts.items()}
+                                   for e, parts in self.live.items()},
+             "skip": {**self.totals["skip"], epoch: n}}
+        atomic_write(self.totals_path, _totals_bytes(t), durable=False)
+        fd = self.fds.pop(epoch, None)
+        if fd is not None:
+            os.close(fd)
+        atomic_write(self._file(epoch), b"", durable=False)
+        t["skip"].pop(epoch)
+        atomic_write(self.totals_path, _totals_bytes(t), durable=False)
+        self.totals = t
+        self.live_sums = {"batches": 0, "samples": 0, "loss_sum": 0.0, "weight_sum": 0.0}
+        self.live_by = Counter()
+
     def _uncount(self, r: np.ndarray) -> None:
         """Records folded into the totals leave the live sums."""
         sums = self.live_sums
@@ -236,7 +276,7 @@ class AckLog:
     def snapshot(self) -> dict[str, bytes]:
         """The log as it stands, file name -> bytes (whole records only): a checkpoint's copy,
         from which ``replace_files`` puts it back."""
-        files = {self.totals_path.name: _totals_bytes(self.totals)}
+        files = {self.totals_path.name: _totals_bytes({**self.totals, "skip": {}})}
         for epoch in self.epochs_on_disk():
             files[self._file(epoch).name] = self.records(epoch).tobytes()
         return files
@@ -284,7 +324,8 @@ def _totals_bytes(t: dict[str, Any]) -> bytes:
     return orjson.dumps({**t, "parts": {
         str(e): {str(part): [p.low, sorted(p.above), p.samples, p.loss_sum, p.weight_sum]
                  for part, p in sorted(parts.items())}
-        for e, parts in sorted(t.get("parts", {}).items())}})
+        for e, parts in sorted(t.get("parts", {}).items())},
+        "skip": {str(e): n for e, n in sorted(t.get("skip", {}).items()) if n}})
 
 
 def _add(totals: dict[str, Any], acked_by: Counter[str], r: np.ndarray) -> None:

@@ -62,3 +62,59 @@ def test_a_restarted_feeders_stream_pass_numbers_its_batches_above_any_its_dead_
     logged.skip_below(11)
     assert (logged.low, logged.above) == (11, set())
     log.close()
+
+
+def acked(log: AckLog, seqs, worker: int = 0) -> None:
+    for seq in seqs:
+        log.append(make_batch_id(0, 3, seq), 256, 0.5, 256.0, worker)
+
+
+def test_a_stream_s_ack_log_compacts_to_its_compact_form_and_reads_back_the_same(tmp_path):
+    """A stream's one epoch: compacting takes its records into the totals and empties its
+    file; read again, the log is what it was, and acks after it count on."""
+    log = AckLog(tmp_path, "feeder-0")
+    acked(log, [*range(0, 100), 102, 105], worker=0)
+    acked(log, range(106, 120), worker=1)
+    before = log.restart()
+    log.compact(0)
+    assert log._file(0).stat().st_size == 0 and log.restart() == before
+    acked(log, [100, 101])
+    log.close()
+    again = AckLog(tmp_path, "feeder-0")
+    done = again.restart()
+    assert done["batches"] == before["batches"] + 2 == 118
+    assert done["acked_by"] == {"worker-0": 256 * 104, "worker-1": 256 * 14}
+    p = again.progress(0)[3]
+    assert (p.low, p.above) == (103, {105, *range(106, 120)})
+    assert len(again.snapshot()) == 2   # its totals and its one (short) epoch file
+    again.close()
+
+
+@pytest.mark.parametrize("crash", ["after_the_totals", "after_emptying"])
+def test_a_compaction_cut_short_by_a_crash_loses_nothing_and_counts_nothing_twice(
+        tmp_path, crash, monkeypatch):
+    from roles.algorithms.feeding import ack_log
+    log = AckLog(tmp_path, "feeder-0")
+    acked(log, range(50))
+    before = log.restart()
+    writes = []
+    real = ack_log.atomic_write
+
+    def dies(path, data, durable=True):
+        writes.append(path)
+        if len(writes) == {"after_the_totals": 2, "after_emptying": 3}[crash]:
+            raise SystemExit("killed")
+        real(path, data, durable=durable)
+
+    monkeypatch.setattr(ack_log, "atomic_write", dies)
+    with pytest.raises(SystemExit):
+        log.compact(0)
+    monkeypatch.setattr(ack_log, "atomic_write", real)
+    log.close()
+    again = AckLog(tmp_path, "feeder-0")   # the next process
+    assert again.restart() == before
+    acked(again, range(50, 60))
+    again.close()
+    last = AckLog(tmp_path, "feeder-0")
+    assert last.restart()["batches"] == 60 and last.progress(0)[3].low == 60
+    last.close()
