@@ -31,33 +31,26 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.csv as pacsv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_stream import TOPIC, run_job  # noqa: E402  (scripts/ beside this one)
 
 from roles.algorithms.shared.metrics import auc  # noqa: E402
-from roles.data.synthetic import BLOCK_ROWS, Generator, SyntheticBlock  # noqa: E402
+from roles.data.synthetic import BLOCK_ROWS  # noqa: E402
 from roles.events.publish import open_publisher  # noqa: E402
 from roles.job.settings import load_job  # noqa: E402
 from roles.testbed.nats_server import NatsServer  # noqa: E402
-from roles.tools.replay import replay  # noqa: E402
+from roles.tools.replay import (  # noqa: E402
+    SYNTHETIC_DENSE,
+    SYNTHETIC_VOCAB,
+    replay,
+    synthetic_generator,
+    synthetic_table,
+)
 from roles.tools.stream_reference import score_then_train  # noqa: E402
 
-VOCAB = [10, 20, 50, 100, 200, 500, 1000, 2000]   # the built-in job's
-DENSE = 4
-
-
-def block_table(block: SyntheticBlock) -> pa.Table:
-    """A generated block as the columns the job below reads: label, I1.., C1.., ts."""
-    columns = {"label": pa.array(block.labels.astype(np.int8))}
-    for j in range(DENSE):
-        columns[f"I{j + 1}"] = pa.array(np.nan_to_num(block.dense[:, j]))
-    for f in range(len(VOCAB)):
-        columns[f"C{f + 1}"] = pa.array(block.values[:, f])
-    columns["ts"] = pa.array(block.timestamps)
-    return pa.table(columns)
+VOCAB, DENSE = SYNTHETIC_VOCAB, SYNTHETIC_DENSE
 
 
 def job_text(topic: str, window: int, timestamp: bool = True) -> str:
@@ -72,7 +65,7 @@ def job_text(topic: str, window: int, timestamp: bool = True) -> str:
 def write_drifting(path: Path, rows: int, drift: float, days: int, window: int,
                    seed: int = 1) -> list[float]:
     """The rows to ``path`` (CSV, a header); each whole window's oracle AUC."""
-    gen = Generator(rows, VOCAB, DENSE, 1.1, 0.6, days, seed, drift=drift)
+    gen = synthetic_generator(rows, drift, days, seed)
     oracle: list[float] = []
     labels: list[np.ndarray] = []
     probs: list[np.ndarray] = []
@@ -80,7 +73,7 @@ def write_drifting(path: Path, rows: int, drift: float, days: int, window: int,
     with open(path, "wb") as sink:
         for b in range(-(-rows // BLOCK_ROWS)):
             block = gen.block(b)
-            pacsv.write_csv(block_table(block), sink,
+            pacsv.write_csv(synthetic_table(block), sink,
                             pacsv.WriteOptions(include_header=b == 0, quoting_style="none"))
             labels.append(block.labels)
             probs.append(block.probs)

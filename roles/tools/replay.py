@@ -8,6 +8,10 @@ file's typed), with an id (``--id-field``, default ``event_id``: the row's numbe
 unless the file has that column); ``--per-message K`` events go in one message, one per line.
 ``--rate N`` paces it to N events per second (default: as fast as the broker takes them).
 
+``--synthetic ROWS`` publishes the built-in generator's rows instead of a file's (columns
+``label``, ``I1``-``I4``, ``C1``-``C8``, ``ts``; ``--drift`` radians a day turns its planted
+model, ``--days`` spreads ``ts`` over that many days): what ``jobs/online.toml`` trains on.
+
 ``--labels-topic L --label COLUMN --label-delay-s D``: impressions without their label on the
 topic, and each label as its own event (``{id: ..., COLUMN: value}``) on ``L``, D seconds after
 its impression: the late labels a stream job's join (``[stream.labels]``) waits for.
@@ -25,18 +29,22 @@ import collections
 import gzip
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from roles.data.synthetic import BLOCK_ROWS, Generator, SyntheticBlock
 from roles.events import BrokerError
 from roles.events.publish import Publisher, open_publisher
 
 BLOCK_BYTES = 1 << 20
+SYNTHETIC_VOCAB = [10, 20, 50, 100, 200, 500, 1000, 2000]   # the built-in job's fields
+SYNTHETIC_DENSE = 4
 
 
 class ReplayError(Exception):
@@ -102,7 +110,32 @@ class Pace:
                 time.sleep(ahead)
 
 
-def replay(path: Path, out: Publisher, per_message: int = 1, rate: float = 0.0,
+def synthetic_table(block: SyntheticBlock) -> pa.Table:
+    """A generated block as columns: label, I1.., C1.., ts."""
+    columns = {"label": pa.array(block.labels.astype(np.int8))}
+    for j in range(SYNTHETIC_DENSE):
+        columns[f"I{j + 1}"] = pa.array(np.nan_to_num(block.dense[:, j]))
+    for f in range(len(SYNTHETIC_VOCAB)):
+        columns[f"C{f + 1}"] = pa.array(block.values[:, f])
+    columns["ts"] = pa.array(block.timestamps)
+    return pa.table(columns)
+
+
+def synthetic_generator(rows: int, drift: float = 0.0, days: int = 30,
+                        seed: int = 1) -> Generator:
+    return Generator(rows, SYNTHETIC_VOCAB, SYNTHETIC_DENSE, 1.1, 0.6, days, seed, drift=drift)
+
+
+def synthetic_rows(rows: int, drift: float = 0.0, days: int = 30,
+                   seed: int = 1) -> Iterator[list[dict[str, object]]]:
+    """The built-in generator's rows, a block at a time."""
+    gen = synthetic_generator(rows, drift, days, seed)
+    for b in range(-(-rows // BLOCK_ROWS)):
+        yield synthetic_table(gen.block(b)).to_pylist()
+
+
+def replay(path: Path | Iterable[list[dict[str, object]]], out: Publisher,
+           per_message: int = 1, rate: float = 0.0,
            id_field: str = "event_id", labels: Publisher | None = None, label: str = "",
            label_delay_s: float = 0.0, first_id: int = 0) -> tuple[int, int, int]:
     """Publishes the file's rows, a row without ``id_field`` numbered from ``first_id``;
@@ -130,12 +163,13 @@ def replay(path: Path, out: Publisher, per_message: int = 1, rate: float = 0.0,
         pace(len(batch))
         send_due(time.monotonic())
 
-    for block in rows(path):
+    for block in rows(path) if isinstance(path, Path) else path:
         for row in block:
             row.setdefault(id_field, first_id + events)
             if labels is not None:
                 if label not in row:
-                    raise ReplayError(f"{path}: no column {label!r} (--label)")
+                    raise ReplayError(f"{path if isinstance(path, Path) else 'the rows'}: "
+                                      f"no column {label!r} (--label)")
                 value = row.pop(label)
                 waiting.append((time.monotonic() + label_delay_s,
                                 orjson.dumps({id_field: row[id_field], label: value})))
@@ -152,9 +186,31 @@ def replay(path: Path, out: Publisher, per_message: int = 1, rate: float = 0.0,
     return events, messages, labels_sent
 
 
+def opened(url: str, topic: str, wait_s: float) -> Publisher:
+    """A publisher, the broker tried again every 0.2 s for ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return open_publisher(url, topic)
+        except BrokerError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="zbus-replay", description=__doc__.split("\n\n")[0])
-    p.add_argument("file", type=Path)
+    p.add_argument("file", type=Path, nargs="?", help="a .csv, .tsv (optionally .gz) or "
+                   ".parquet file (or --synthetic)")
+    p.add_argument("--synthetic", type=int, metavar="ROWS",
+                   help="the built-in generator's rows instead of a file's")
+    p.add_argument("--drift", type=float, default=0.0,
+                   help="with --synthetic: radians a day the planted model turns")
+    p.add_argument("--days", type=int, default=30, help="with --synthetic: days of event time")
+    p.add_argument("--seed", type=int, default=1, help="with --synthetic")
+    p.add_argument("--wait-s", type=float, default=0.0,
+                   help="try the broker again this long while it cannot be reached (a broker "
+                        "started beside this command)")
     p.add_argument("--to", required=True, help="nats://host:port or kafka://host:port")
     p.add_argument("--topic", required=True, help="the JetStream subject or Kafka topic")
     p.add_argument("--per-message", type=int, default=1, help="events in one message")
@@ -168,16 +224,22 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.per_message < 1:
         p.error("--per-message must be at least 1")
+    if (a.file is None) == (a.synthetic is None):
+        p.error("give a FILE or --synthetic ROWS (one of them)")
+    if a.synthetic is not None and a.synthetic < 1:
+        p.error("--synthetic takes at least 1 row")
     if bool(a.labels_topic) != bool(a.label):
         p.error("--labels-topic and --label go together")
     out = labels = None
     started = time.monotonic()
     try:
-        out = open_publisher(a.to, a.topic)
+        out = opened(a.to, a.topic, a.wait_s)
         if a.labels_topic:
             labels = open_publisher(a.to, a.labels_topic)
+        source = a.file if a.file is not None else synthetic_rows(a.synthetic, a.drift, a.days,
+                                                                  a.seed)
         events, messages, label_events = replay(
-            a.file, out, a.per_message, a.rate, a.id_field, labels, a.label, a.label_delay_s,
+            source, out, a.per_message, a.rate, a.id_field, labels, a.label, a.label_delay_s,
             a.first_id)
     except (ReplayError, BrokerError) as exc:
         print(f"zbus-replay: {exc}", file=sys.stderr)

@@ -69,3 +69,23 @@ def test_honcho_exits_non_zero_when_the_job_fails(cluster, tmp_path):
                        "start"])
     assert c.wait("honcho", timeout=120) != 0
     assert "missing.csv' does not exist" in c.summary()["reason"]
+
+
+def test_the_online_job_is_one_command_a_broker_a_replay_and_the_job(cluster):
+    """``ZBUS_JOB=jobs/online.toml scripts/start``: its Procfile starts a nats-server, replays
+    the generator's rows onto it and runs the stream job on them to the end (here 20,000
+    events, on a port of its own)."""
+    from zbus.sockets import free_tcp_ports
+    (port,) = free_tcp_ports(1)
+    c = cluster(REPO / "jobs" / "online.toml", train__until_events=20_000,
+                stream__url=f"nats://127.0.0.1:{port}")
+    c.env.update(ZBUS_ONLINE_ROWS="20000", ZBUS_NATS_PORT=str(port))
+    c.start("start", [str(REPO / "scripts" / "start")])
+    assert c.wait("start", timeout=300) == 0, c.logs()
+    s = c.summary()
+    st = s["stream"]
+    assert s["ok"] and s["job"] == "online", s["reason"]
+    assert st["events_trained"] == 20_000 and st["events_rejected"] == 0, st
+    assert st["events_trained_twice"] == 0 and len(st["windows"]) == 2, st
+    assert st["progressive_auc"] > 0.6, st   # it learns (the oracle's is about 0.86)
+    assert "zbus-replay: 20,000 events" in c.log("start"), c.log("start")[-3000:]

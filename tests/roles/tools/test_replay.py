@@ -104,3 +104,17 @@ def test_what_cannot_be_replayed_is_one_line(tmp_path, capsys):
         next(replay.rows(bad))
     with pytest.raises(replay.ReplayError, match="no such file"):
         next(replay.rows(tmp_path / "none.csv"))
+    for argv in ([], [str(bad), "--synthetic", "10"], ["--synthetic", "0"]):
+        with pytest.raises(SystemExit) as exit_:
+            replay.main([*argv, "--to", "nats://127.0.0.1:1", "--topic", "x"])
+        assert exit_.value.code == 2, argv
+
+
+def test_the_synthetic_rows_are_the_generator_s_in_blocks():
+    blocks = list(replay.synthetic_rows(70_000, drift=0.1, days=3))
+    rows = [r for b in blocks for r in b]
+    assert len(rows) == 70_000 and len(blocks) > 1
+    assert set(rows[0]) == {"label", "ts", *(f"I{j}" for j in range(1, 5)),
+                            *(f"C{f}" for f in range(1, 9))}
+    assert {r["label"] for r in rows} == {0, 1}
+    assert rows == [r for b in replay.synthetic_rows(70_000, drift=0.1, days=3) for r in b]
