@@ -11,8 +11,13 @@ events a second while training (the feeders' pass), the progressive AUC and log 
 at the end, and the ratios. Defaults: UCI Adult's 48,842 rows (``jobs/adult_stream.toml``:
 2 workers, 2 shards, batch 256, sync step).
 
+``--labels``: the impressions without their label, and the labels as events of their own on a
+second subject (published just after each block of impressions), joined by the job's feeder
+(``[stream.labels]``, a window of 10 s): what the join costs against the same job's labels in
+the events (run both, and compare the ratios to the file job, each paired in its run).
+
     .venv/bin/python scripts/bench_stream.py [--repeats 3] [--job jobs/adult_stream.toml]
-        [--file data/adult.csv.gz] [--per-message 100] [--set train__sync=every ...]
+        [--file data/adult.csv.gz] [--per-message 100] [--labels] [--set train__sync=every ...]
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from roles.tools.stream_reference import score_then_train
 
 REPO = Path(__file__).resolve().parent.parent
 TOPIC = "bench.events"
+LABELS = "bench.labels"
 
 
 def run_job(workdir: Path, job: Path, url: str, events: int, settings: dict) -> dict:
@@ -43,6 +49,8 @@ def run_job(workdir: Path, job: Path, url: str, events: int, settings: dict) -> 
         s = c.summary()
     st = s["stream"]
     assert st is not None
+    if st["join"] is not None:
+        print(f"  the join: {st['join']}", flush=True)
     train_s = s["per_epoch"][0]["train_s"]
     return {"events": st["events_trained"], "twice": st["events_trained_twice"],
             "events_per_s": st["events_trained"] / train_s, "wall_s": s["wall_s"],
@@ -70,21 +78,29 @@ def main() -> None:
     parser.add_argument("--job", type=Path, default=REPO / "jobs" / "adult_stream.toml")
     parser.add_argument("--file", type=Path, default=REPO / "data" / "adult.csv.gz")
     parser.add_argument("--per-message", type=int, default=100)
+    parser.add_argument("--labels", action="store_true",
+                        help="labels on a subject of their own, joined by the feeder")
     parser.add_argument("--set", action="append", default=[], type=setting_pair,
                         metavar="SECTION__KEY=VALUE", help="a job setting for the stream job")
     args = parser.parse_args()
     settings = dict(args.set)
     job = load_job(str(args.job), environ={})
+    if args.labels:
+        settings.update(stream__labels__topic=LABELS, stream__labels__window_s=10.0)
     cores = os.cpu_count() or 1
     dist, alone, files = [], [], []
     with tempfile.TemporaryDirectory(prefix="bench-stream-") as tmp:
         nats = NatsServer(Path(tmp) / "nats")
         try:
             out = open_publisher(nats.url, TOPIC)
+            labels = open_publisher(nats.url, LABELS) if args.labels else None
             try:
-                events, messages, _ = replay(args.file, out, per_message=args.per_message)
+                events, messages, _ = replay(args.file, out, per_message=args.per_message,
+                                             labels=labels, label=job.data.label)
             finally:
                 out.close()
+                if labels is not None:
+                    labels.close()
             print(f"{events} events in {messages} messages on {nats.url}", flush=True)
             for r in range(args.repeats):
                 got = run_job(Path(tmp) / f"job-{r}", args.job, nats.url, events, settings)
