@@ -40,6 +40,7 @@ from roles.job.settings import Job
 
 log = logging.getLogger(__name__)
 IDLE_S = 1.0   # no event on either topic this long: the join's clock follows the wall clock
+LABELS_FETCHED = 1000   # label messages asked for in one fetch
 
 
 @dataclass
@@ -147,8 +148,9 @@ class LabelSide:
                                      dict(s.options) or None, s.ack_wait_s)
         except (BrokerError, ValueError) as exc:
             return f"cannot read the labels {s.url} {self.config.topic}: {exc}"
-        self.reader = EventReader(consumer, decoder, max_messages=1000, fetch_messages=100,
-                                  working_s=working_s)
+        # a label is a message of its own, as clicks come: fetched a thousand at a time
+        self.reader = EventReader(consumer, decoder, max_messages=10_000,
+                                  fetch_messages=LABELS_FETCHED, working_s=working_s)
         log.info("joining labels from %s %s by %r within %g s of event time", s.url,
                  self.config.topic, self.config.id_field, self.config.window_s)
         return None
