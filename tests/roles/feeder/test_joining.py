@@ -110,3 +110,17 @@ def test_an_event_id_is_its_integer_or_a_stable_hash():
     assert event_id("42") == 42 and event_id(" -7 ") == -7
     assert event_id("abc") == event_id("abc") != event_id("abd")
     assert event_id(str(1 << 70)) == event_id(str(1 << 70))   # too big: hashed
+
+
+def test_malformed_labels_are_set_aside_with_their_message_and_line_and_counted(side, tmp_path):
+    s, decoder = side
+    d = [Delivery(0, 5, b'{"event_id": 1, "click": 1}\nnot json\n{"click": 1}\n'
+                        b'{"event_id": 2, "click": "maybe"}', 100.0)]
+    assert s._labels(d, decoder.decode(d), now=0.0) is None
+    assert s.labels_rejected == 3 and s.join.counts.duplicate_labels == 0
+    lines = (tmp_path / "rejected.tsv").read_text().splitlines()
+    assert [line.split("\t")[:2] for line in lines[1:]] == [
+        ["clicks[0]@5", "2"], ["clicks[0]@5", "3"], ["clicks[0]@5", "4"]], lines
+    assert "no 'event_id'" in lines[2]
+    # the good label waits for its impression: its message is not done before
+    assert s.messages_acked == 0 and s.counts()["labels_waiting"] == 1
