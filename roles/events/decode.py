@@ -84,7 +84,7 @@ class EventDecoder:
             self.at = [self.columns.index(c) for c in self.wanted]
 
     def where(self, d: Delivery) -> str:
-        return f"{self.topic}[{d.partition}]@{d.position}"
+        return message_name(self.topic, d)
 
     def decode(self, deliveries: Sequence[Delivery]) -> Decoded:
         rows: list[list[object]] = []
@@ -162,6 +162,11 @@ class EventDecoder:
         if len(fields) != len(self.columns):
             return None, f"{len(fields)} fields, [stream] columns names {len(self.columns)}"
         return [fields[i] for i in self.at], ""
+
+
+def message_name(topic: str, d: Delivery) -> str:
+    """A message as rejected.tsv names it: ``<topic>[<partition>]@<position>``."""
+    return f"{topic}[{d.partition}]@{d.position}"
 
 
 def event_id(value: object) -> int:

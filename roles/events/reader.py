@@ -193,3 +193,14 @@ class EventReader:
             log.warning("the stream's reader did not stop within 10 s")
             return
         self._serve()   # acknowledgements asked for before the stop
+
+    def shut(self, what: str) -> None:
+        """``close``, then the consumer's own close once the thread has ended (else the thread
+        is still inside a broker call, and the consumer is still its own); ``what`` names it
+        in the line said when a broker already gone cannot be told."""
+        self.close()
+        if self.stopped():
+            try:
+                self.consumer.close()
+            except Exception as exc:   # a broker gone: nothing more to say to it
+                log.info("closing %s consumer: %s", what, exc)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import numpy as np
+
 from roles.events import Delivery
 
 
@@ -72,6 +74,14 @@ class MessageTracker:
                 self.events_held -= n
                 if held.left == 0:
                     self._ready.add(key)
+
+    def trained_rows(self, origin: np.ndarray) -> None:
+        """One event trained (or done with) per row of ``origin`` [n, 2] (partition,
+        position)."""
+        if len(origin):
+            where, counts = np.unique(np.asarray(origin, np.int64).reshape(-1, 2), axis=0,
+                                      return_counts=True)
+            self.trained([(int(p), int(q)) for p, q in where], counts.tolist())
 
     def done(self) -> list[Delivery]:
         """The held messages every event of which is trained (or set aside), now released:

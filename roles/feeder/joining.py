@@ -33,7 +33,7 @@ from roles.data.readers import Schema
 from roles.data.rejected import RejectedRows
 from roles.data.stream import Samples
 from roles.events import BrokerError, Delivery, open_consumer
-from roles.events.decode import EventDecoder
+from roles.events.decode import EventDecoder, message_name
 from roles.events.reader import EventReader
 from roles.events.tracker import MessageTracker
 from roles.job.settings import Job
@@ -189,7 +189,7 @@ class LabelSide:
         keep[fresh] = True
         self.labels_read += decoded.events
         rows = keep[decoded.message]
-        named = {decoded_where(self.job.stream.labels.topic, deliveries[i]) for i in fresh}
+        named = {message_name(self.config.topic, deliveries[i]) for i in fresh}
         rejected = [r for r in decoded.rejected if r.file in named]
         if rejected:
             self.rejected.append(rejected)
@@ -254,10 +254,7 @@ class LabelSide:
                     if (o := self.waiting.pop(i, None)) is not None])
 
     def _done(self, messages: list[tuple[int, int]]) -> None:
-        if messages:
-            where, counts = np.unique(np.asarray(messages, np.int64).reshape(-1, 2), axis=0,
-                                      return_counts=True)
-            self.tracker.trained([(int(p), int(q)) for p, q in where], counts.tolist())
+        self.tracker.trained_rows(np.asarray(messages, np.int64).reshape(-1, 2))
         self._acknowledge()
 
     # -- out -----------------------------------------------------------------------------------
@@ -299,16 +296,7 @@ class LabelSide:
 
     def close(self) -> None:
         if self.reader is not None:
-            self.reader.close()
-            if self.reader.stopped():
-                try:
-                    self.reader.consumer.close()
-                except Exception as exc:   # a broker gone: nothing more to say to it
-                    log.info("closing the labels' consumer: %s", exc)
-
-
-def decoded_where(topic: str, d: Delivery) -> str:
-    return f"{topic}[{d.partition}]@{d.position}"
+            self.reader.shut("the labels'")
 
 
 def _joined(parts: list[Ready]) -> Ready | None:

@@ -38,7 +38,7 @@ from roles.data.stats import Moments
 from roles.data.stream import Preparer, Samples
 from roles.data.transforms import signed_log1p
 from roles.events import BrokerError, Delivery, open_consumer
-from roles.events.decode import Decoded, EventDecoder
+from roles.events.decode import Decoded, EventDecoder, message_name
 from roles.events.reader import EventReader
 from roles.events.tracker import MessageTracker
 from roles.events.watermark import Watermark
@@ -277,7 +277,7 @@ class StreamSide:
         rows = keep[decoded.message]
         skipped = self.skipped(deliveries, fresh, decoded.message, rows)
         if not rows.all():
-            kept = {f"{self.config.topic}[{deliveries[i].partition}]@{deliveries[i].position}"
+            kept = {message_name(self.config.topic, deliveries[i])
                     for i in fresh if i not in skipped}
             rejected = [r for r in rejected if r.file in kept]
             at = np.flatnonzero(rows)
@@ -322,8 +322,7 @@ class StreamSide:
             return
         ready, duplicates = self.labels.impressions(samples, origin, times, ids, now)
         if len(duplicates):
-            where, counts = np.unique(duplicates, axis=0, return_counts=True)
-            self.tracker.trained([(int(p), int(q)) for p, q in where], counts.tolist())
+            self.tracker.trained_rows(duplicates)
             released = self.tracker.done()
             if released:
                 self.acknowledge(released)
@@ -502,9 +501,4 @@ class StreamSide:
         if self.labels is not None:
             self.labels.close()
         if self.reader is not None:
-            self.reader.close()
-            if self.reader.stopped():   # else the thread is still inside a broker call
-                try:
-                    self.reader.consumer.close()
-                except Exception as exc:   # a broker gone: nothing more to say to it
-                    log.info("closing the stream's consumer: %s", exc)
+            self.reader.shut("the stream's")
