@@ -148,6 +148,18 @@ def nats(tmp_path):
         server.close()
 
 
+@pytest.fixture
+def kafka():
+    """librdkafka's mock cluster on loopback (``roles.testbed.kafka_mock``), in this process;
+    closed at teardown."""
+    from roles.testbed.kafka_mock import MockKafka
+    cluster = MockKafka()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
 @pytest.fixture(scope="module")
 def s3():
     """A local S3 server (moto) on a loopback port, with the bucket ``zbus-test``; one per

@@ -228,16 +228,6 @@ def test_a_stream_job_killed_whole_resumes_from_its_checkpoint_s_positions(
     assert s["duplicates_refused"]["embedding_updates"] == 0, s["duplicates_refused"]
 
 
-@pytest.fixture
-def kafka():
-    from roles.testbed.kafka_mock import MockKafka
-    cluster = MockKafka()
-    try:
-        yield cluster
-    finally:
-        cluster.close()
-
-
 @pytest.mark.inprocess      # the roles run in this one; the mock cluster too (librdkafka's)
 def test_a_kafka_stream_trains_every_event_once_over_its_partitions(cluster, kafka, tmp_path):
     """The same job on Kafka (librdkafka's mock cluster, 4 partitions): every event of every

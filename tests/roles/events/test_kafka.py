@@ -11,17 +11,6 @@ import pytest
 from roles.events import BrokerError, open_consumer
 from roles.testbed import consuming
 
-
-@pytest.fixture
-def kafka():
-    from roles.testbed.kafka_mock import MockKafka
-    cluster = MockKafka()
-    try:
-        yield cluster
-    finally:
-        cluster.close()
-
-
 # the mock cluster's group coordinator, quick: a consumer that leaves is noticed in seconds
 drain = partial(consuming.drain, wait_s=0.5)   # the mock's group coordinator answers slower
 QUICK = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}

@@ -11,25 +11,10 @@ import pytest
 from roles.algorithms.feeding.event_batches import EventBatcher
 from roles.algorithms.feeding.label_join import Joined
 from roles.data.readers import Schema
-from roles.data.rejected import RejectedRows
 from roles.data.stream import Samples
 from roles.events import Delivery
 from roles.events.decode import EventDecoder, event_id
 from roles.feeder.joining import LabelSide, PendingImpressions
-from roles.job.settings import load_job
-
-JOB = """name = "clicks"
-[data]
-label = "click"
-dense = ["x"]
-sparse = ["c"]
-[stream]
-url = "nats://127.0.0.1:4222"
-topic = "impressions"
-[stream.labels]
-topic = "clicks"
-window_s = 10
-"""
 
 
 def samples(n: int, first: int = 0) -> Samples:
@@ -66,11 +51,8 @@ def label_messages(decoder: EventDecoder, *messages: list[dict], first: int = 1,
 
 
 @pytest.fixture
-def side(tmp_path):
-    path = tmp_path / "job.toml"
-    path.write_text(JOB)
-    job = load_job(path, environ={})
-    s = LabelSide(job, RejectedRows(tmp_path / "rejected.tsv", tmp_path / ".parts"))
+def side(stream_job):
+    s = LabelSide(*stream_job('[stream.labels]\ntopic = "clicks"\nwindow_s = 10\n'))
     decoder = EventDecoder(Schema(label="click", dense=[], sparse=[], timestamp=""), "json",
                            "clicks", id_field="event_id")
     return s, decoder

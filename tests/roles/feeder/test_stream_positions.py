@@ -6,27 +6,13 @@ from __future__ import annotations
 
 import orjson
 
-from roles.data.rejected import RejectedRows
 from roles.events import Delivery
 from roles.feeder.stream_side import StreamSide
-from roles.job.settings import load_job
-
-JOB = """name = "clicks"
-[data]
-label = "click"
-dense = ["x"]
-sparse = ["c"]
-[stream]
-url = "nats://127.0.0.1:4222"
-topic = "clicks"
-"""
 
 
-def side(tmp_path) -> StreamSide:
-    path = tmp_path / "job.toml"
-    path.write_text(JOB)
-    return StreamSide(load_job(path, environ={}), 0,
-                      RejectedRows(tmp_path / "rejected.tsv", tmp_path / ".parts"))
+def side(stream_job) -> StreamSide:
+    job, rejected = stream_job()
+    return StreamSide(job, 0, rejected)
 
 
 def messages(*positions: int, events: int = 10) -> list[Delivery]:
@@ -37,7 +23,8 @@ def messages(*positions: int, events: int = 10) -> list[Delivery]:
 def taken(s: StreamSide, deliveries: list[Delivery]) -> None:
     from roles.data.readers import Schema
     from roles.events.decode import EventDecoder
-    decoder = EventDecoder(Schema(label="click", dense=["x"], sparse=["c"]), "json", "clicks")
+    decoder = EventDecoder(Schema(label="click", dense=["x"], sparse=["c"]), "json",
+                           "impressions")
     s.take(deliveries, decoder.decode(deliveries), now=0.0)
 
 
@@ -47,8 +34,8 @@ def trained(s: StreamSide, position: int, events: int) -> None:
     s.acknowledge(s.tracker.done())
 
 
-def test_the_position_says_what_was_trained_and_a_rewind_leaves_it_out(tmp_path):
-    s = side(tmp_path)
+def test_the_position_says_what_was_trained_and_a_rewind_leaves_it_out(stream_job):
+    s = side(stream_job)
     taken(s, messages(7, 8, 9, 10))
     trained(s, 7, 10)    # done: the floor moves past it
     trained(s, 9, 10)    # done above an open message
@@ -58,7 +45,7 @@ def test_the_position_says_what_was_trained_and_a_rewind_leaves_it_out(tmp_path)
     assert at["partitions"] == {"0": {"floor": 8, "done": [9], "partial": [[8, 4]]}}
     assert at["events_trained"] == 24 and at["messages_acked"] == 2
     # the job went back there: read again from 8, 9 left out whole, 8's first 4 events too
-    again = side(tmp_path)
+    again = side(stream_job)
     assert again.rewind(orjson.loads(orjson.dumps(at))) == {0: 8}
     taken(again, messages(8, 9, 10))
     assert sum(len(h.block) for h in again.held) == 6 + 10   # 8's last 6, all of 10
@@ -67,7 +54,7 @@ def test_the_position_says_what_was_trained_and_a_rewind_leaves_it_out(tmp_path)
     assert again.position()["partitions"]["0"]["floor"] == 8
 
 
-def test_a_job_joining_labels_records_no_position(tmp_path):
-    s = side(tmp_path)
+def test_a_job_joining_labels_records_no_position(stream_job):
+    s = side(stream_job)
     s.labels = object()   # (the join trains out of order: not recorded)
     assert s.position() is None

@@ -105,6 +105,50 @@ def ask(client: Client, meta: dict | None,
     return meta, (reply["model_version"], reply["outputs"][0]["data"])
 
 
+class Asking:
+    """Threads that ask a server the same rows over and over until ``stop``, each server's
+    answers (version, probabilities) in a list of its own (``start``'s)."""
+
+    def __init__(self, table: list[dict[str, str]]):
+        self.table = table
+        self.done = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def start(self, url: str) -> list[tuple[str, list[float]]]:
+        answers: list[tuple[str, list[float]]] = []
+        self.threads.append(threading.Thread(target=self._ask, args=(url, answers),
+                                             daemon=True))
+        self.threads[-1].start()
+        return answers
+
+    def _ask(self, url: str, into: list) -> None:
+        client, meta = Client(url), None
+        while not self.done.is_set():
+            meta, answer = ask(client, meta, self.table)
+            if answer is not None:
+                into.append(answer)
+        client.close()
+
+    def stop(self) -> None:
+        self.done.set()
+        for t in self.threads:
+            t.join(timeout=30)
+
+
+def live_versions(answers: list) -> int:
+    return len({v for v, _ in list(answers) if v.count(".") == 2})
+
+
+def more_versions(c: LocalCluster, answers: list, n: int, wait_s: float) -> None:
+    """Return once ``n`` more live versions are among ``answers`` (within ``wait_s``)."""
+    want = live_versions(answers) + n
+    for _ in range(int(wait_s / 0.05)):
+        if live_versions(answers) >= want:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no {n} more versions served\n{c.logs()}")
+
+
 def expected_answers(c: LocalCluster, recorder: Recorder, versions: set[str],
                      table: list[dict[str, str]], path: Path,
                      bases: dict[str, dict[int, np.ndarray]] | None = None
@@ -140,63 +184,35 @@ def test_every_live_answer_is_the_parameters_of_the_cut_it_names(tmp_path, monke
     c = LocalCluster(tmp_path / "job", ADULT_JOB, in_process=True, train__epochs=2,
                      checkpoint__every_s=0, checkpoint__keep=1000, serving__publish_ms=50)
     recorder = Recorder(monkeypatch)
-    answers: list[tuple[str, list[float]]] = []
-    late_answers: list[tuple[str, list[float]]] = []
     table = adult_rows(8)
-    done = threading.Event()
-    askers: list[threading.Thread] = []
-
-    def asking(url: str, into: list) -> None:
-        client, meta = Client(url), None
-        while not done.is_set():
-            meta, answer = ask(client, meta, table)
-            if answer is not None:
-                into.append(answer)
-        client.close()
-
-    def start_asking(url: str, into: list) -> None:
-        askers.append(threading.Thread(target=asking, args=(url, into), daemon=True))
-        askers[-1].start()
-
-    def live_versions(of: list) -> int:
-        return len({v for v, _ in list(of) if v.count(".") == 2})
-
-    def more_versions(of: list, n: int) -> None:
-        want = live_versions(of) + n
-        for _ in range(1200):
-            if live_versions(of) >= want:
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"no {n} more versions served\n{c.logs()}")
-
+    asking = Asking(table)
+    late_answers: list[tuple[str, list[float]]] = []
     late = None
     try:
         (c.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         with ServerThread(follow=str(c.run_dir), poll_s=0.05) as server:
-            start_asking(server.url, answers)
+            answers = asking.start(server.url)
             c.start_all()
             c.wait_for_event(lambda e: e["event"] == "epoch_start" and e["epoch"] == 0)
             c.checkpoint()
             with c.paused():
-                more_versions(answers, 10)
+                more_versions(c, answers, 10, 60)
                 late = ServerThread(follow=str(c.run_dir), poll_s=0.05)
-                start_asking(late.url, late_answers)
-                more_versions(late_answers, 3)   # the late server caught up, and followed
+                late_answers = asking.start(late.url)
+                more_versions(c, late_answers, 3, 60)   # the late server caught up, followed
             c.wait_for_event(lambda e: e["event"] == "epoch_start" and e["epoch"] == 1)
             c.checkpoint()
             with c.paused():
-                more_versions(answers, 5)
-                more_versions(late_answers, 3)
+                more_versions(c, answers, 5, 60)
+                more_versions(c, late_answers, 3, 60)
             c.checkpoint()
             with c.paused():
-                more_versions(answers, 5)
+                more_versions(c, answers, 5, 60)
             assert c.wait() == 0, c.logs()
-            done.set()
-            for t in askers:
-                t.join(timeout=30)
+            asking.stop()
             follower = getattr(server.follower, "inner", None) or server.follower
     finally:
-        done.set()
+        asking.stop()
         if late is not None:
             late.close()
         c.close()
@@ -232,55 +248,32 @@ def test_answers_while_a_shard_and_the_aggregator_are_killed_are_their_versions_
                      checkpoint__every_s=1.0, checkpoint__keep=1000, serving__publish_ms=50,
                      cluster__node_timeout_s=2.0)
     recorder = Recorder(monkeypatch)
-    answers: list[tuple[str, list[float]]] = []
     table = adult_rows(8)
-    done = threading.Event()
-
-    def asking(url: str) -> None:
-        client, meta = Client(url), None
-        while not done.is_set():
-            meta, answer = ask(client, meta, table)
-            if answer is not None:
-                answers.append(answer)
-        client.close()
-
-    def live_versions() -> int:
-        return len({v for v, _ in list(answers) if v.count(".") == 2})
-
-    def more_versions(n: int) -> None:
-        want = live_versions() + n
-        for _ in range(600):
-            if live_versions() >= want:
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"no {n} more versions served\n{c.logs()}")
-
+    asking = Asking(table)
     try:
         (c.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         with ServerThread(follow=str(c.run_dir), poll_s=0.05) as server:
-            asker = threading.Thread(target=asking, args=(server.url,), daemon=True)
-            asker.start()
+            answers = asking.start(server.url)
             c.start_all(slowdown={0: 6.0, 1: 6.0})
             c.wait_for_event(lambda e: e["event"] == "epoch_start")
             c.checkpoint()   # (every_s may not come round on a fast host before the kill)
-            more_versions(10)
+            more_versions(c, answers, 10, 30)
             c.procs["ps-1"].kill()
             c.wait_for_event(lambda e: e["event"] == "shard_lost" and e["node"] == "ps-1")
             c.start_role("ps", 1, name="ps-1-again")
             recovered = c.wait_for_event(lambda e: e["event"] == "shard_recovered")
             with c.paused():   # (the job cannot end meanwhile; the cuts go on)
-                more_versions(10)
+                more_versions(c, answers, 10, 30)
             c.procs["aggregator-0"].kill()
             c.start_role("aggregator", 0, name="aggregator-0-again")
             c.wait_for_event(lambda e: e["event"] == "restore")
             with c.paused():
-                more_versions(10)
+                more_versions(c, answers, 10, 30)
             assert c.wait() == 0, c.logs()
-            done.set()
-            asker.join(timeout=30)
+            asking.stop()
             follower = getattr(server.follower, "inner", None) or server.follower
     finally:
-        done.set()
+        asking.stop()
         c.close()
     assert any("ps-1 was started again" in r for r in follower.resyncs), follower.resyncs
     first, again = recorder.incarnations(1)   # ps-1's rows went back to this checkpoint:
