@@ -40,6 +40,7 @@ from roles.testbed.netns import Hosts
 
 BACKOFF_S = 1.0          # before a container that exited is started again
 KUBE = REPO / "deploy" / "kubernetes"
+STAGE = Path("/zbus-pod-checkout")   # a checkout a pod's volume would hide, kept in view here
 
 
 def write_hosts(h: Hosts, names: dict[str, str]) -> None:
@@ -196,18 +197,27 @@ class Pods:
                                              for s, _, _ in out))
 
     def in_pod(self, pod: Pod, argv: list[str]) -> list[str]:
-        """``argv`` in the pod: its host's network namespace, its volumes mounted."""
+        """``argv`` in the pod: its host's network namespace, its volumes mounted. A checkout
+        (and its commands) under a volume's mount path (a clone in /tmp, where the pods mount
+        an emptyDir) is put back at its path over that volume, as the image has it."""
+        mounts = self.mounts(pod)
+        hidden = [ours for ours in dict.fromkeys((REPO, BIN))
+                  if any(str(ours).startswith(target.rstrip("/") + "/")
+                         for _, target, _ in mounts)]
+        hidden = [h for h in hidden if not any(h != o and o in h.parents for o in hidden)]
         script = ["set -e"]
-        for source, target, read_only in self.mounts(pod):
-            for ours in (REPO, BIN):   # a mount over the checkout would hide its commands
-                if str(ours).startswith(target.rstrip("/") + "/"):
-                    raise RuntimeError(f"{ours} lies under {target}, which the pod {pod.name} "
-                                       "mounts a volume over: run the pod tests from a "
-                                       "checkout elsewhere")
+        stages = [STAGE / str(i) for i in range(len(hidden))]
+        for ours, stage in zip(hidden, stages, strict=True):   # kept in view before the mounts
+            self.mount_point(stage, True)
+            script.append(f"mount --bind {shlex.quote(str(ours))} {shlex.quote(str(stage))}")
+        for source, target, read_only in mounts:
             self.mount_point(Path(target), source.is_dir())
             script.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
             if read_only:
                 script.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
+        for ours, stage in zip(hidden, stages, strict=True):   # and back where it was
+            script.append(f"mkdir -p {shlex.quote(str(ours))}")
+            script.append(f"mount --bind {shlex.quote(str(stage))} {shlex.quote(str(ours))}")
         script.append('exec "$@"')
         return ["ip", "netns", "exec", self.hosts.names[pod.host], "sh", "-c",
                 "\n".join(script), "sh", *argv]
