@@ -111,12 +111,21 @@ class EpochsTable(Static):
 
 
 def epochs_table(epochs: list[EpochFigures], last: int = 12) -> Text:
-    """The last epochs' figures, one line each."""
-    text = Text("epoch  train loss  eval auc  logloss\n", style="bold")
+    """The last epochs' figures, one line each; with several labels, each task's AUC and
+    calibration after the first's (its figures are the eval auc and logloss)."""
+    more = [t for t in (epochs[-1].get("tasks") or {})][1:] if epochs else []
+    head = "".join(f"  {t[:10]:>10} auc  calib" for t in more)
+    text = Text(f"epoch  train loss  eval auc  logloss{head}\n", style="bold")
     if not epochs:
         text.append("no epoch trained yet", style="dim")
     for e in epochs[-last:]:
         loss, auc, logloss = (fmt.DASH if v is None else f"{v:.4f}"
                               for v in (e["train_loss"], e["auc"], e["logloss"]))
-        text.append(f"{e['epoch'] + 1:>5}  {loss:>10}  {auc:>8}  {logloss:>7}\n")
+        line = f"{e['epoch'] + 1:>5}  {loss:>10}  {auc:>8}  {logloss:>7}"
+        for t in more:
+            f = (e.get("tasks") or {}).get(t, {})
+            a, c = (fmt.DASH if f.get(k) is None else f"{f[k]:.4f}"
+                    for k in ("auc", "calibration"))
+            line += f"  {a:>14}  {c:>5}"
+        text.append(line + "\n")
     return text

@@ -45,6 +45,7 @@ from roles.algorithms.shared.metrics import auc
 from roles.data.source import DataSource
 from roles.data.synthetic import BLOCK_ROWS
 from roles.job.settings import NETWORKS, load_job
+from roles.model.networks.registry import SEVERAL_LABELS
 from roles.tools.reference import train_reference
 
 REPO = Path(__file__).resolve().parent.parent
@@ -313,7 +314,8 @@ def main() -> None:
     parser.add_argument("--criteo-rows", type=int, default=1_000_000, help="Part B's rows")
     parser.add_argument("--criteo-file", default="",
                         help="Part B's file (made if absent; default /tmp/criteo-ROWS.tsv)")
-    parser.add_argument("--networks", default=",".join(NETWORKS))
+    parser.add_argument("--networks", default=",".join(   # (its jobs have one label)
+        n for n in NETWORKS if n not in SEVERAL_LABELS))
     parser.add_argument("--parts", default="A,B")
     parser.add_argument("--epochs", type=int, default=2, help="Part A's epochs")
     parser.add_argument("--repeats", type=int, default=1)

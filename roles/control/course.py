@@ -107,9 +107,11 @@ class Course:
         result = self.feeding.evaluated(m, now)
         if result is None:
             return
-        auc, logloss, samples = result
+        scores, grouped = result
+        figures = scores.record(self.job.tasks, grouped)
+        auc, logloss = figures["auc"], figures["logloss"]
         record = self.epochs[-1]
-        record.update(auc=auc, logloss=logloss, eval_samples=samples)
+        record.update(**figures, eval_samples=scores.samples)
         self.metrics.write("epoch", **record)
         log.info("epoch %d: train loss %.4f, eval auc %.4f, logloss %.4f (%d samples in "
                  "%.1f s)", m.epoch + 1, record["train_loss"] or float("nan"), auc, logloss,

@@ -40,7 +40,8 @@ import numpy as np
 
 from roles.algorithms.control.membership import ALIVE, Members
 from roles.algorithms.feeding.parts import assign_parts, estimated_files
-from roles.algorithms.shared.metrics import ScoreHistogram
+from roles.algorithms.shared.grouped import GroupScores
+from roles.algorithms.shared.metrics import TaskScores
 from roles.control.commands import Commands, ProgressClock
 from roles.data.stats import Moments
 from roles.job.rundir import MetricsLog
@@ -48,6 +49,7 @@ from roles.job.settings import Job
 from roles.job.summary import PartsFigures
 from roles.protocol.datapath import DataIndex, DataStats, FeederProgress, PartMap, PartStats
 from roles.protocol.lifecycle import EpochTrained, EvalReport, FeederBack
+from zbus.codec import ProtocolError
 from zbus.endpoints import node_index
 
 log = logging.getLogger(__name__)
@@ -208,15 +210,24 @@ class Feeding:
                             if weight_sum else None,
                             seconds=round(max(r.seconds for r in reports), 3), rows=rows)
 
-    def evaluated(self, m: EvalReport, now: float) -> tuple[float, float, int] | None:
-        """A feeder's scores of the eval pass; (AUC, logloss, samples) once every part's are
-        in."""
+    def evaluated(self, m: EvalReport, now: float
+                  ) -> tuple[TaskScores, GroupScores | None] | None:
+        """A feeder's scores of the eval pass; every task's, added up, once every part's are
+        in, and the GAUC's rows of every feeder (with ``[metrics] group_by``)."""
+        tasks = len(self.job.tasks)
+        if len(m.loss_sums) != tasks:   # (before it counts: nothing of it is kept)
+            raise ProtocolError("inconsistent", f"scores of {len(m.loss_sums)} task(s) for a "
+                                                f"job of {tasks}")
         reports = self._collected(self.eval_reports, m, now)
         if reports is None:
             return None
-        scores = ScoreHistogram()
+        scores = TaskScores(tasks)
+        grouped = GroupScores(tasks, 0) if self.job.metrics.group_by else None
         for r in reports:
-            scores.merge(ScoreHistogram(r.counts, r.loss_sum))
+            scores.merge(TaskScores.of(r.counts, r.loss_sums, r.prob_sums))
+            if grouped is not None:
+                grouped.merge(GroupScores.of(tasks, 0, r.group_level, r.groups, r.group_labels,
+                                             r.group_probs))
         if not self.data.get("eval_counted"):
             self.data["eval_counted"] = True
             self.data["eval_samples"] = scores.samples
@@ -224,7 +235,7 @@ class Feeding:
                 sum(r.rows_read for r in reports)
             self.data["rejected_rows"] = (self.data.get("rejected_rows") or 0) + \
                 sum(r.rejected for r in reports)
-        return scores.auc(), scores.logloss(), scores.samples
+        return scores, grouped
 
     # -- a lost feeder ----------------------------------------------------------------------
     def feeder_lost(self, node_id: str, reason: str, now: float, *, epoch: int, phase: str,

@@ -28,6 +28,11 @@ PHASES = ("starting", "preparing", "training", "syncing", "evaluating", "exporti
           "finishing", "done")
 
 
+TASK_FIGURES = {"auc": "AUC", "logloss": "log loss", "ne": "normalized entropy",
+                "calibration": "calibration (mean predicted / observed rate)",
+                "gauc": "group AUC ([metrics] group_by)"}
+
+
 def _num(value: Any) -> float | None:
     if isinstance(value, bool):
         return float(value)
@@ -110,6 +115,11 @@ def _job(f: Families, job: dict[str, str], snap: StatusSnapshot) -> None:
         f.add("zbus_eval_auc", "Eval AUC of the last evaluated epoch", job, done[-1]["auc"])
         f.add("zbus_eval_logloss", "Eval log loss of the last evaluated epoch", job,
               done[-1]["logloss"])
+        for task, figures in done[-1].get("tasks", {}).items():
+            for figure, number in figures.items():
+                f.add(f"zbus_eval_task_{figure}", f"Eval {TASK_FIGURES.get(figure, figure)} of "
+                      "each label ([data] labels), the last evaluated epoch",
+                      {**job, "task": task}, number)
     f.add("zbus_samples_trained", "Training samples acknowledged, all epochs", job,
           t.get("samples_acked"), counter=True)
     f.add("zbus_samples_per_second", "Training samples acknowledged per second", job,

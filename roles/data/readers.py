@@ -95,10 +95,18 @@ class Schema:
     negative: tuple[str, ...] = ()
     timestamp: str = ""
     lists: dict[str, str] = field(default_factory=dict)  # list field -> its separator in text
+    more_labels: tuple[str, ...] = ()   # the other tasks' label columns ([data] labels)
+    weight: str = ""   # a column of sample weights ([data] weight)
+
+    @property
+    def label_columns(self) -> list[str]:
+        """Every task's label column: one, several ([data] labels) or none."""
+        return [self.label, *self.more_labels] if self.label else []
 
     def columns(self) -> list[str]:
-        return [*([self.label] if self.label else []), *self.dense, *self.sparse,
-                *([self.timestamp] if self.timestamp else [])]
+        return [*self.label_columns, *self.dense, *self.sparse,
+                *([self.timestamp] if self.timestamp else []),
+                *([self.weight] if self.weight else [])]
 
 
 @dataclass(frozen=True)
@@ -121,7 +129,8 @@ def write_rejected(path: Path, rejected: list[Rejected]) -> None:
 
 @dataclass
 class RawBlock:
-    """Accepted rows of a chunk, in file order: label 0/1 (NaN without a label column), dense
+    """Accepted rows of a chunk, in file order: label 0/1 (NaN without a label column; with
+    several, ``[rows, tasks]``, NaN where a row has no value for a task), dense
     values (NaN = missing), one column per categorical field (a string or dictionary column,
     chunked or not; a ``list<string>`` column for a list field), timestamps (or None); and the
     rejected rows."""
@@ -133,6 +142,7 @@ class RawBlock:
     rows_read: int
     rejected: list[Rejected] = field(default_factory=list)
     bytes_read: int = 0   # of the file (text: the chunk's bytes, as read or decompressed)
+    weights: np.ndarray | None = None   # float64, each row's [data] weight (or None)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -202,7 +212,10 @@ def _numbers(name: str, col: pa.Array, reasons: _Reasons, label: bool = False) -
     return values
 
 
-def _labels(schema: Schema, col: pa.Array, reasons: _Reasons) -> np.ndarray:
+def _labels(schema: Schema, col: pa.Array, reasons: _Reasons, name: str = "",
+            missing: bool = False) -> np.ndarray:
+    """0/1 of one label column; a missing value rejects the row, or is NaN with ``missing``
+    (one of several labels)."""
     if schema.positive:
         raw = pc.utf8_trim_whitespace(col.cast(pa.string()))
         pos = pc.fill_null(pc.is_in(raw, pa.array(list(schema.positive))), False)
@@ -213,12 +226,37 @@ def _labels(schema: Schema, col: pa.Array, reasons: _Reasons) -> np.ndarray:
         pos_np = pos.to_numpy(zero_copy_only=False)
         neg_np = neg.to_numpy(zero_copy_only=False)
         text = _text(raw)
-        reasons.add(~pos_np & ~neg_np, lambda i: f"label {text[i]!r} is not a known value")
-        return pos_np.astype(np.float32)
-    values = _numbers(schema.label, col, reasons, label=True)
-    reasons.add(np.isnan(values), lambda i: "missing label")
+        absent = pc.fill_null(pc.is_in(raw, pa.array(NULLS)), True).to_numpy(
+            zero_copy_only=False) if missing else np.zeros(len(pos_np), dtype=bool)
+        reasons.add(~pos_np & ~neg_np & ~absent,
+                    lambda i: f"label {text[i]!r} is not a known value")
+        return np.where(absent, np.nan, pos_np).astype(np.float32)
+    values = _numbers(name or schema.label, col, reasons, label=True)
+    if not missing:
+        reasons.add(np.isnan(values), lambda i: "missing label")
     with np.errstate(invalid="ignore"):
-        return (values > 0).astype(np.float32)
+        return np.where(np.isnan(values), np.nan, values > 0).astype(np.float32)
+
+
+def _weights(name: str, col: pa.Array, reasons: _Reasons) -> np.ndarray:
+    """A sample weight column: a number >= 0 on every row (a missing or negative one rejects
+    the row)."""
+    values = _numbers(name, col, reasons)
+    reasons.add(np.isnan(values), lambda i: f"missing weight (column {name!r})")
+    with np.errstate(invalid="ignore"):
+        reasons.add(values < 0, lambda i: f"weight {values[i]!r} is negative (column "
+                                          f"{name!r})")
+    return values
+
+
+def _task_labels(schema: Schema, table: pa.Table, reasons: _Reasons) -> np.ndarray:
+    """``[rows, tasks]``: each label column's 0/1, NaN where missing (that task masked for the
+    row); a row without any label is rejected."""
+    out = np.stack([_labels(schema, table.column(name).combine_chunks(), reasons, name,
+                            missing=True) for name in schema.label_columns], axis=1)
+    reasons.add(np.isnan(out).all(axis=1),
+                lambda i: f"missing labels (none of {', '.join(schema.label_columns)})")
+    return out
 
 
 def _parse_timestamp(text: str) -> int | None:
@@ -269,9 +307,10 @@ def _timestamps(col: pa.Array, reasons: _Reasons) -> np.ndarray:
 
 
 def check_columns(schema: Schema, columns: list[str], where: str) -> None:
-    wanted = ([("label", schema.label)] if schema.label else []) \
+    wanted = [("label", name) for name in schema.label_columns] \
         + [("dense", c) for c in schema.dense] + [("sparse", c) for c in schema.sparse] \
-        + ([("timestamp", schema.timestamp)] if schema.timestamp else [])
+        + ([("timestamp", schema.timestamp)] if schema.timestamp else []) \
+        + ([("weight", schema.weight)] if schema.weight else [])
     for kind, name in wanted:
         if name not in columns:
             hint = _header_hint(columns)   # with one: the columns matter less, shown shorter
@@ -401,13 +440,19 @@ def _block(schema: Schema, table: pa.Table, rows_read: int, lines: Callable[[], 
     each row of ``table``, asked only when a row is rejected."""
     n = table.num_rows
     reasons = _Reasons(n)
-    labels = _labels(schema, table.column(schema.label).combine_chunks(), reasons) \
-        if schema.label else np.full(n, np.nan, dtype=np.float32)
+    if schema.more_labels:
+        labels = _task_labels(schema, table, reasons)
+    elif schema.label:
+        labels = _labels(schema, table.column(schema.label).combine_chunks(), reasons)
+    else:
+        labels = np.full(n, np.nan, dtype=np.float32)
     dense = np.empty((n, len(schema.dense)), dtype=np.float64)
     for j, name in enumerate(schema.dense):
         dense[:, j] = _numbers(name, table.column(name).combine_chunks(), reasons)
     stamps = _timestamps(table.column(schema.timestamp).combine_chunks(), reasons) \
         if schema.timestamp else None
+    weights = _weights(schema.weight, table.column(schema.weight).combine_chunks(), reasons) \
+        if schema.weight else None
     lists = {name: _list_column(name, table.column(name).combine_chunks(), schema.lists[name],
                                 reasons) for name in schema.sparse if name in schema.lists}
     bad = reasons.bad()
@@ -421,9 +466,10 @@ def _block(schema: Schema, table: pa.Table, rows_read: int, lines: Callable[[], 
         lists = {name: col.take(pa.array(keep)) for name, col in lists.items()}
         labels, dense = labels[keep], dense[keep]
         stamps = None if stamps is None else stamps[keep]
+        weights = None if weights is None else weights[keep]
     sparse = [lists[name] if name in lists else table.column(name)   # as parsed, chunked
               for name in schema.sparse]
-    return RawBlock(labels, dense, sparse, stamps, rows_read, rejected, nbytes)
+    return RawBlock(labels, dense, sparse, stamps, rows_read, rejected, nbytes, weights)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -565,11 +611,12 @@ class _ChunkParser:
         self.parse_options = dict(delimiter="," if fmt == "csv" else "\t",
                                   quote_char='"' if fmt == "csv" else False)
         label_type = pa.string() if schema.positive else pa.float64()
-        self.typed = {**({schema.label: label_type} if schema.label else {}),
+        self.typed = {**dict.fromkeys(schema.label_columns, label_type),
                       **dict.fromkeys(schema.dense, pa.float64()),
                       **{name: CATEGORICAL if name in schema.lists else TEXT
                          for name in schema.sparse},
-                      **({schema.timestamp: pa.string()} if schema.timestamp else {})}
+                      **({schema.timestamp: pa.string()} if schema.timestamp else {}),
+                      **({schema.weight: pa.float64()} if schema.weight else {})}
         self.texts = {**dict.fromkeys(self.wanted, pa.string()),
                       **dict.fromkeys(schema.sparse, CATEGORICAL)}
 
@@ -629,7 +676,8 @@ def _out_of_range(col: pa.ChunkedArray) -> bool:
 
 def _numeric(schema: Schema) -> list[str]:
     """The columns parsed as numbers on the fast path."""
-    return [*([] if schema.positive or not schema.label else [schema.label]), *schema.dense]
+    return [*([] if schema.positive else schema.label_columns), *schema.dense,
+            *([schema.weight] if schema.weight else [])]
 
 
 def _rows_of(chunks: _TextChunks, before: int, chunk: bytes) -> list[tuple[int, str]]:

@@ -59,10 +59,13 @@ class DataSource:
         self.job = job
         self.fmt = data.format
         self.synthetic = data.source == "synthetic"
-        self.schema = Schema(label=data.label if with_label and not self.synthetic else "",
+        labelled = with_label and not self.synthetic
+        self.schema = Schema(label=data.tasks[0] if labelled else "",
                              dense=job.dense_fields, sparse=job.sparse_fields,
                              positive=tuple(data.positive), negative=tuple(data.negative),
-                             timestamp=data.timestamp, lists=job.list_fields)
+                             timestamp=data.timestamp, lists=job.list_fields,
+                             more_labels=tuple(data.tasks[1:]) if labelled else (),
+                             weight=data.weight if labelled else "")
         self.cache_dir = Path(os.environ.get("ZBUS_CACHE_DIR") or data.cache_dir).expanduser()
         self.generator: Generator | None = None
         self.files: list[FileIndex] = []

@@ -26,7 +26,7 @@ from roles.data.compiled import AVAILABLE
 from roles.data.hashing import hash_into, hash_lists
 from roles.data.readers import RawBlock
 from roles.data.transforms import DenseTransform
-from roles.data.weighting import weigh
+from roles.data.weighting import negatives_kept, weigh
 from roles.job.fields import FieldLayout
 from roles.job.settings import DECAY_UNITS, Job
 
@@ -35,7 +35,7 @@ from roles.job.settings import DECAY_UNITS, Job
 class Samples:
     keys: np.ndarray      # int64 [n, slots] (roles.job.fields)
     dense: np.ndarray     # float32 [n, dense]
-    labels: np.ndarray    # float32 [n]
+    labels: np.ndarray    # float32 [n]; [n, tasks] with several labels (NaN: masked)
     weights: np.ndarray   # float32 [n]
 
     def __len__(self) -> int:
@@ -45,9 +45,10 @@ class Samples:
         return Samples(self.keys[rows], self.dense[rows], self.labels[rows], self.weights[rows])
 
     @classmethod
-    def empty(cls, slots: int, dense: int) -> Samples:
+    def empty(cls, slots: int, dense: int, tasks: int = 1) -> Samples:
         return cls(np.zeros((0, slots), np.int64), np.zeros((0, dense), np.float32),
-                   np.zeros(0, np.float32), np.zeros(0, np.float32))
+                   np.zeros((0, tasks) if tasks > 1 else 0, np.float32),
+                   np.zeros(0, np.float32))
 
     @classmethod
     def join(cls, parts: list[Samples]) -> Samples:
@@ -62,6 +63,8 @@ class Weighting:
     drop_below: float
     merge: bool
     newest: int | None   # the training data's newest time bucket
+    negative_rate: float = 1.0   # the share of negatives kept ([data] negative_rate)
+    seed: int = 0
 
 
 @dataclass
@@ -107,10 +110,10 @@ class Parsed:
     keys: np.ndarray   # int64 [rows, slots]
 
     @staticmethod
-    def row_bytes(slots: int, dense: int) -> int:
+    def row_bytes(slots: int, dense: int, tasks: int = 1, weight: bool = False) -> int:
         """About what a row holds (``freeze`` counts it exactly): a key a slot, a dense value
-        as read (float64), a label, a timestamp."""
-        return 8 * (slots + dense) + 4 + 8
+        as read (float64), a label a task, a timestamp, a weight."""
+        return 8 * (slots + dense) + 4 * tasks + 8 + 8 * weight
 
     @classmethod
     def of(cls, layout: FieldLayout, block: RawBlock) -> Parsed:
@@ -119,8 +122,9 @@ class Parsed:
     def freeze(self) -> int:
         """Made read-only (held for later passes, it must not change); its bytes."""
         arrays = [self.keys, self.raw.labels, self.raw.dense]
-        if self.raw.timestamps is not None:
-            arrays.append(self.raw.timestamps)
+        for more in (self.raw.timestamps, self.raw.weights):
+            if more is not None:
+                arrays.append(more)
         for a in arrays:
             a.flags.writeable = False
         return sum(a.nbytes for a in arrays) + sum(100 + len(r.text) for r in self.raw.rejected)
@@ -142,7 +146,8 @@ class Preparer:
         unit = DECAY_UNITS[d.decay_unit]
         return cls(job.layout(), transform,
                    Weighting(d.decay_base, unit, d.drop_below, d.merge,
-                             None if newest is None else newest // unit))
+                             None if newest is None else newest // unit, d.negative_rate,
+                             job.train.seed))
 
     def keys(self, block: RawBlock) -> np.ndarray:
         """The block's keys in the layout's slots (``slot_keys``)."""
@@ -161,8 +166,16 @@ class Preparer:
         if not train or w is None:
             samples = Samples(keys, dense, labels, np.ones(len(labels), dtype=np.float32))
         else:
-            got = weigh(keys, dense, labels, block.timestamps, base=w.base, unit_s=w.unit_s,
-                        drop_below=w.drop_below, merge=w.merge, newest=w.newest)
+            stamps, own = block.timestamps, block.weights
+            if w.negative_rate < 1.0:   # the negatives not kept go before anything else
+                kept = np.flatnonzero(negatives_kept(keys, labels, w.negative_rate, w.seed))
+                tally.dropped += len(labels) - len(kept)
+                keys, dense, labels = keys[kept], dense[kept], labels[kept]
+                stamps = None if stamps is None else stamps[kept]
+                own = None if own is None else own[kept]
+            got = weigh(keys, dense, labels, stamps, base=w.base, unit_s=w.unit_s,
+                        drop_below=w.drop_below, merge=w.merge, newest=w.newest,
+                        row_weights=own)
             tally.dropped += got.dropped
             tally.merged += got.merged
             samples = Samples(keys, dense, labels, np.ones(len(labels), np.float32)).take(
@@ -199,7 +212,8 @@ class ShuffleBuffer:
             size = max(need, self.capacity + len(samples))
             grown = Samples(np.empty((size, samples.keys.shape[1]), np.int64),
                             np.empty((size, samples.dense.shape[1]), np.float32),
-                            np.empty(size, np.float32), np.empty(size, np.float32))
+                            np.empty((size, *samples.labels.shape[1:]), np.float32),
+                            np.empty(size, np.float32))
             if self.rows is not None:
                 for k in ("keys", "dense", "labels", "weights"):
                     getattr(grown, k)[:self.n] = getattr(self.rows, k)[:self.n]

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from roles.data.keyspace import splitmix64
+
 
 @dataclass(frozen=True)
 class Weighted:
@@ -55,7 +57,7 @@ def identical_groups(keys: np.ndarray, dense: np.ndarray, labels: np.ndarray,
     n = len(labels)
     parts = [np.ascontiguousarray(keys, dtype=np.int64).reshape(n, -1).view(np.uint8),
              np.ascontiguousarray(dense, dtype=np.float32).reshape(n, -1).view(np.uint8),
-             np.ascontiguousarray(labels, dtype=np.float32).reshape(n, 1).view(np.uint8),
+             np.ascontiguousarray(labels, dtype=np.float32).reshape(n, -1).view(np.uint8),
              np.ascontiguousarray(buckets, dtype=np.int64).reshape(n, 1).view(np.uint8)]
     rows = np.ascontiguousarray(np.concatenate(parts, axis=1))
     as_void = rows.view(np.dtype((np.void, rows.shape[1]))).reshape(n)
@@ -67,19 +69,39 @@ def identical_groups(keys: np.ndarray, dense: np.ndarray, labels: np.ndarray,
     return first[order], rank[inverse.reshape(-1)]
 
 
+def negatives_kept(keys: np.ndarray, labels: np.ndarray, rate: float,
+                   seed: int) -> np.ndarray:
+    """Negative down-sampling: which rows stay, every row but the negatives (first label 0)
+    whose hash of their keys (and ``seed``) falls above ``rate``: the same rows whichever
+    feeder reads them, and in every epoch, and a part read again after a restart makes the
+    same batches."""
+    first = labels if labels.ndim == 1 else labels[:, 0]
+    h = np.full(len(first), np.uint64(seed) ^ np.uint64(0x4E45_4741_5449_5645), np.uint64)
+    for column in np.asarray(keys, dtype=np.int64).reshape(len(first), -1).T:
+        h = splitmix64(h ^ column.astype(np.uint64))
+    uniform = (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    return np.asarray(~(first == 0) | (uniform < rate))
+
+
 def weigh(keys: np.ndarray, dense: np.ndarray, labels: np.ndarray,
           timestamps: np.ndarray | None, *, base: float, unit_s: int, drop_below: float,
-          merge: bool, newest: int | None = None) -> Weighted:
-    """``newest``: the newest time bucket of the training data (else the rows' own newest)."""
+          merge: bool, newest: int | None = None,
+          row_weights: np.ndarray | None = None) -> Weighted:
+    """``newest``: the newest time bucket of the training data (else the rows' own newest);
+    ``row_weights``: each row's own weight ([data] weight), times its decay (merged rows: the
+    sum of theirs)."""
     n = len(labels)
     buckets = buckets_of(timestamps, unit_s, n)
     decay = decay_weights(buckets, base, newest) if base > 1.0 else np.ones(n)
     if merge:
         rows, group = identical_groups(keys, dense, labels, buckets)
         counts = np.bincount(group, minlength=len(rows)).astype(np.int64)
+        own = counts if row_weights is None else \
+            np.bincount(group, weights=row_weights, minlength=len(rows))
     else:
         rows, counts = np.arange(n), np.ones(n, dtype=np.int64)
-    weights = decay[rows] * counts
+        own = counts if row_weights is None else row_weights
+    weights = decay[rows] * own
     keep = weights >= drop_below
     return Weighted(rows=rows[keep], weights=weights[keep].astype(np.float32),
                     counts=counts[keep], dropped=int(counts[~keep].sum()),

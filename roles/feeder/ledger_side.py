@@ -72,6 +72,9 @@ class LedgerSide:
         self.stored: StoredAcks | None = None   # its copy in the checkpoint store, if any
         self.reclaim = Reclaim(self.ledger)
         self.rolled_back = False     # the whole job went back to a checkpoint: its log is it
+        layout, group_by = job.layout(), job.metrics.group_by   # the GAUC's groups: a slot
+        self.group_slot = layout.slot_range(layout.fields.index(group_by)).start \
+            if group_by else None
 
     def in_flight_limit(self, workers: int) -> int:
         return max_in_flight(workers, self.job.train.prefetch)
@@ -224,7 +227,7 @@ class LedgerSide:
         reclaimed = self.reclaim.reclaimable(plan, ack.batch_id) if sent is None else None
         sent = sent or reclaimed
         if sent is not None and (ack.samples != len(sent.batch)
-                                 or (sent.eval and ack.preds.shape != (len(sent.batch),))):
+                                 or (sent.eval and ack.preds.shape != (sent.batch.labels.size,))):
             # rejected before the ledger forgets the batch: a bad ack must not lose it
             raise ProtocolError("inconsistent", f"ack of batch {ack.batch_id} does not match "
                                                 f"the batch sent ({len(sent.batch)} samples)")
@@ -234,7 +237,9 @@ class LedgerSide:
         if entry is None:
             return False
         if entry.eval:
-            self.tally.eval_acked(entry.batch.labels, ack.preds)
+            self.tally.eval_acked(entry.batch.labels, ack.preds.reshape(entry.batch.labels.shape),
+                                  None if self.group_slot is None
+                                  else entry.batch.keys[:, self.group_slot])
         else:
             acks = self.log()
             acks.append(ack.batch_id, ack.samples, ack.loss_sum, ack.weight_sum,

@@ -114,7 +114,8 @@ class Loading:
         d, layout = self.job.data, self.job.layout()
         if self.job.train.epochs < 2 or d.hold_mb <= 0:
             return None
-        return HeldParts(d.hold_mb, Parsed.row_bytes(layout.slots, len(self.job.dense_fields)))
+        return HeldParts(d.hold_mb, Parsed.row_bytes(layout.slots, len(self.job.dense_fields),
+                                                     len(self.job.tasks), bool(d.weight)))
 
     def hold_ahead(self, parts: list[Part]) -> None:
         """Begin reading these parts now, to hold them, before a pass needs them (those that

@@ -93,13 +93,14 @@ class Feeder(Node):
                                  sndhwm=1,
                                  kernel_buffer=sample_batch_bytes(
                                      t.batch_size, len(job.dense_fields),
-                                     len(job.layout().list_fields)))
+                                     len(job.layout().list_fields), len(job.tasks)))
         self.acks = self.bind(zmq.ROUTER, c.endpoint(c.feeder_endpoint_name("ledger", index)),
                               self.on_worker)
         self.shards = [self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"), sndhwm=0)
                        for i in range(c.shards)]  # bounded by the ledger, never blocks
         self.sync = sync_modes.for_mode(job)
-        self.tally = FeederTally()
+        self.tally = FeederTally(len(job.tasks), job.metrics.group_rows
+                                 if job.metrics.group_by else 0)
         self.loading = Loading(job, index, self.keep_alive, self.report, self.to_control,
                                self.set_state)
         self.exports = ExportAnswers(self.loading.export_part, self.report)
@@ -359,7 +360,7 @@ class Feeder(Node):
         self.send(self.samples, SampleBatch(
             batch_id=batch_id, epoch=self.passes.epoch, eval=eval,
             min_round=self.passes.eval_round if eval else 0, round=round_, dense=batch.dense,
-            labels=batch.labels, weights=batch.weights, lengths=lengths))
+            labels=batch.labels.reshape(-1), weights=batch.weights, lengths=lengths))
         return keys, owner
 
     # -- takes and acknowledgements --------------------------------------------------------

@@ -30,7 +30,8 @@ from roles.job.stream_settings import StreamConfig
 from roles.job.sync_rules import SYNC_MODES, cluster_refusal
 from roles.protocol.topology import ClusterConfig
 
-NETWORKS = ("mlp", "dlrm", "dcn", "deepfm", "wide_deep", "din")
+NETWORKS = ("mlp", "dlrm", "dcn", "deepfm", "wide_deep", "din", "shared_bottom", "mmoe", "ple",
+            "esmm")
 POOLINGS = ("mean", "sum", "none")
 MAX_LEN = 50   # a list field's ids kept by default (the newest)
 DECAY_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
@@ -107,10 +108,24 @@ class DataConfig:
             "I1–I13, C1–C26, tab-separated), one record per line; or `parquet` (columns by "
             "name)")})
     label: str = field(default="label", metadata={"doc": "label column"})
+    labels: list[str] = _list(doc=(
+        "several label columns in place of `label`, one task each (multi-task: "
+        "docs/models.md#several-labels); a row's missing value masks that task for the row, "
+        "a row with none is rejected; the first is the primary task (the summary's `auc`)"))
     positive: list[str] = _list(doc=(
         "label values that mean 1; empty: the label is a number, positive when > 0"))
     negative: list[str] = _list(doc=(
         "label values that mean 0; when given, any other label value is rejected"))
+    weight: str = field(default="", metadata={"doc": (
+        "optional column of sample weights (a number >= 0 on every row; a missing or negative "
+        "one rejects the row): a training sample's weight is this times its decay weight; the "
+        "eval rows' (`eval_path`'s files too need the column) are read, not used: they are "
+        "scored unweighted")})
+    negative_rate: float = field(default=1.0, metadata={"min": 1e-6, "max": 1.0, "doc": (
+        "negative down-sampling: keep this share of the training rows whose (first) label is "
+        "0, the same rows every epoch (by a hash of the row's keys); every probability that "
+        "leaves zbus (eval, zbus-predict, zbus-serve) is corrected for it, p / (p + (1 − p) / "
+        "rate); 1: keep all")})
     timestamp: str = field(default="", metadata={"doc": (
         "optional column of unix seconds or ISO 8601 dates/times (rows without a valid one "
         "are rejected)")})
@@ -178,21 +193,31 @@ class DataConfig:
             raise ValueError("[data] decay_base > 1 needs a timestamp column ([data] timestamp)")
         if self.format != "criteo" and not self.sparse:
             raise ValueError("[data] sparse must name at least one categorical column")
-        names = [self.label, *self.dense, *self.sparse] + ([self.timestamp]
-                                                            if self.timestamp else [])
+        if self.labels and self.label != "label":
+            raise ValueError("[data] label and labels: name the label columns in one of them")
+        if self.labels and self.format == "criteo":
+            raise ValueError("[data] labels: the criteo format has one label column")
+        names = [*self.tasks, *self.dense, *self.sparse] + \
+            ([self.timestamp] if self.timestamp else []) + ([self.weight] if self.weight else [])
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup and self.format != "criteo":
             raise ValueError(f"[data] column(s) {', '.join(dup)} used twice")
         if self.format == "criteo" and self.lists:
             raise ValueError("[data] lists: the criteo format has no list fields")
 
+    @property
+    def tasks(self) -> list[str]:
+        """The label columns, one per task (``labels``, else ``label`` alone)."""
+        return list(self.labels) if self.labels else [self.label]
+
 
 @dataclass(frozen=True)
 class ModelConfig:
     network: str = field(default="mlp", metadata={"choices": NETWORKS, "doc": (
         "a built-in network: `mlp` (embeddings and dense features concatenated into an MLP), "
-        "`dlrm`, `dcn` (DCN-v2), `deepfm`, `wide_deep` or `din` (docs/models.md); "
-        "exclusive with `module`")})
+        "`dlrm`, `dcn` (DCN-v2), `deepfm`, `wide_deep` or `din` (docs/models.md); for several "
+        "labels (`[data] labels`) also `shared_bottom`, `mmoe`, `ple` or `esmm` "
+        "(docs/models.md#several-labels); exclusive with `module`")})
     module: str = field(default="", metadata={"doc": (
         "your own network instead: `path/to/file.py:factory` (relative to the job file) or "
         "`package.module:factory`, meeting the contract of docs/models.md")})
@@ -207,6 +232,10 @@ class ModelConfig:
         "[batch, max_len, dim], zero padded, and its lengths)")})
     max_len: dict[str, int] = field(default_factory=dict, metadata={"doc": (
         f"per list field: keep the newest (last) N ids (default {MAX_LEN})")})
+    tasks: dict[str, float] = field(default_factory=dict, metadata={"doc": (
+        "the loss weight of each label of `[data] labels` (default 1 each): the loss is the "
+        "sum over tasks of weight × the task's sample-weighted BCE over the rows it is present "
+        "in")})
     options: dict[str, Any] = field(default_factory=dict, metadata={"doc": (
         "passed to the network's factory as they are (numbers, strings, booleans or lists; "
         "the built-ins' options: docs/models.md)")})
@@ -505,6 +534,21 @@ class MonitoringConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """The eval figures beyond AUC, log loss, NE and calibration (``roles.algorithms.shared.
+    metrics``)."""
+
+    group_by: str = field(default="", metadata={"doc": (
+        "a sparse field (a user id, say): each task's GAUC over the eval rows, the AUC of "
+        "each of its values weighted by its rows, values with one class skipped; empty: no "
+        "GAUC")})
+    group_rows: int = field(default=2_000_000, metadata={"min": 1000, "doc": (
+        "eval rows a feeder holds for the GAUC at most: beyond it, the GAUC is that of a "
+        "random half of the groups (then a quarter, ...; every feeder keeps the same groups, "
+        "exact within them), and the summary says which share")})
+
+
+@dataclass(frozen=True)
 class ServingConfig:
     """What the training roles publish for serving processes that follow the job
     (``zbus-serve --follow``: ``roles.protocol.serving``, docs/serving.md)."""
@@ -546,6 +590,8 @@ class Job:
         "whole-job checkpoints and exports: where, how often, how many kept")})
     monitoring: MonitoringConfig = field(default_factory=MonitoringConfig, metadata={"doc": (
         "Prometheus metrics and TensorBoard events")})
+    metrics: MetricsConfig = field(default_factory=MetricsConfig, metadata={"doc": (
+        "the eval figures beyond AUC and log loss: GAUC")})
     serving: ServingConfig = field(default_factory=ServingConfig, metadata={"doc": (
         "live parameters for serving processes that follow the job (`zbus-serve --follow`)")})
     origin: str = field(default="", metadata={"internal": True})  # where the job was read
@@ -565,6 +611,7 @@ class Job:
             raise ValueError(f"[train] precision = \"{self.train.precision}\" is not supported "
                              f"with model parallelism ([cluster] parts = "
                              f"{self.cluster.parts}): use \"fp32\"")
+        self.check_tasks()
         try:
             self.layout()
         except LayoutError as exc:
@@ -579,6 +626,54 @@ class Job:
                 "run directory would leave each part on its node's disk; set [checkpoint] "
                 "export_dir or dir to an s3:// prefix (or export_dir to a directory every node "
                 "shares), or export = false")
+
+    @property
+    def tasks(self) -> list[str]:
+        """The labels, one per task: the network returns one logit per row for one, ``[rows,
+        tasks]`` for several (docs/models.md)."""
+        return self.data.tasks if self.data.source == "file" else ["label"]
+
+    def check_tasks(self) -> None:
+        if self.streaming and (self.data.weight or self.data.negative_rate < 1.0):
+            raise ValueError("[data] weight and negative_rate are for jobs that read files "
+                             "(docs/limits.md)")
+        if self.data.source != "file" and (self.data.weight or self.data.negative_rate < 1.0):
+            raise ValueError("[data] weight and negative_rate read the rows of files ([data] "
+                             "source = \"file\")")
+        group_by = self.metrics.group_by
+        if group_by and group_by not in self.sparse_fields:
+            raise ValueError(f"[metrics] group_by = {group_by!r} is not a sparse field "
+                             f"({', '.join(self.sparse_fields)})")
+        if group_by and group_by in self.list_fields:
+            raise ValueError(f"[metrics] group_by = {group_by!r} is a list field: a row's "
+                             "group is one value")
+        tasks = self.tasks
+        unknown = sorted(set(self.model.tasks) - set(tasks))
+        if unknown:
+            raise ValueError(f"[model.tasks] {unknown[0]} is not a label of [data] labels "
+                             f"({', '.join(tasks)})")
+        for name, weight in self.model.tasks.items():
+            if not 0.0 < weight < float("inf"):
+                raise ValueError(f"[model.tasks] {name} must be a weight > 0, got {weight}")
+        if len(tasks) == 1:
+            return
+        if len(set(tasks)) != len(tasks):
+            raise ValueError(f"[data] labels names a column twice: {tasks}")
+        if self.data.source != "file":
+            raise ValueError("[data] labels: several labels are read from files ([data] "
+                             "source = \"file\")")
+        if self.streaming:
+            raise ValueError("[data] labels: a stream job trains one label (docs/limits.md)")
+        if self.train.batch_by_label:
+            raise ValueError("[train] batch_by_label sorts batches by one label: not with "
+                             "several ([data] labels)")
+        if self.cluster.parts > 1:
+            raise ValueError("[data] labels: model-parallel groups ([cluster] parts > 1) train "
+                             "one label (docs/limits.md)")
+
+    def task_weights(self) -> list[float]:
+        """Each task's loss weight, in ``tasks`` order."""
+        return [float(self.model.tasks.get(t, 1.0)) for t in self.tasks]
 
     @property
     def streaming(self) -> bool:

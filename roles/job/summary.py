@@ -37,11 +37,25 @@ class Outcome(TypedDict):
     resume_from: int | None
 
 
+class TaskFigures(TypedDict):
+    """One task's figures over the eval rows that have its label
+    (``roles.algorithms.shared.metrics``)."""
+
+    auc: float | None           # None (NaN) when the rows hold one class only
+    logloss: float | None
+    ne: float | None            # the log loss over the entropy of the rows' base rate
+    calibration: float | None   # mean predicted / observed positive rate
+    gauc: float | None          # the group AUC ([metrics] group_by; None without)
+    gauc_groups: int | None     # the groups it averages (with both classes)
+
+
 class Results(TypedDict):
     """The model's quality: the last evaluated epoch's, and every epoch's (``per_epoch``)."""
 
-    auc: float | None
+    auc: float | None      # the first task's ([data] labels), as ``tasks`` has it
     logloss: float | None
+    tasks: dict[str, TaskFigures]   # by label; empty before the first evaluation
+    gauc_share: float | None    # the share of the groups the GAUCs are over (1: all)
     oracle_auc: float | None    # synthetic data: the best AUC any model reaches
     epochs: int                 # evaluated
     epochs_planned: int

@@ -21,7 +21,7 @@ import torch
 
 from roles.algorithms.worker.pulled import PulledBatch
 from roles.job.fields import FieldLayout
-from roles.model.network import network_logits, weighted_loss_sum
+from roles.model.network import network_logits, scored, weighted_loss_sum
 from roles.model.networks import input_names
 from roles.model.row_sums import RowSums
 from roles.model.sparse_input import SparseInputs
@@ -83,11 +83,18 @@ class GroupBatch:
 
 class BatchCompute:
     def __init__(self, layout: FieldLayout, device: torch.device, precision: str = "fp32",
-                 score_training: bool = False):
+                 score_training: bool = False, task_weights: list[float] | None = None,
+                 logit_shift: float = 0.0):
         """``score_training``: a training batch's probabilities, from the forward pass that
         trains on it (the model before the batch: a stream job's progressive validation),
-        come back with its loss."""
+        come back with its loss. ``task_weights``: each label's loss weight, with several
+        (``Job.task_weights``); ``logit_shift``: what an evaluation adds to the first label's
+        logit (``roles.model.network.logit_shift``: negative down-sampling undone)."""
+        self.logit_shift = logit_shift
         self.score_training = score_training
+        self.tasks = 1 if task_weights is None else len(task_weights)
+        self.task_weights = None if task_weights is None or len(task_weights) < 2 else \
+            torch.tensor(task_weights, dtype=torch.float32, device=device)
         self.layout, self.device, self.precision = layout, device, precision
         self.dim = layout.row_dim
         self.sparse = SparseInputs(layout, device)
@@ -119,7 +126,7 @@ class BatchCompute:
         dense, _, _ = self.tensors(s)
         flat = self.grid(self.gathered(s, *arrived(batch)))
         with torch.no_grad():
-            return torch.sigmoid(self.logits(model, flat, s, dense)).cpu().numpy()
+            return scored(self.logits(model, flat, s, dense), self.logit_shift).cpu().numpy()
 
     def warm_up(self, net: torch.nn.Module, samples: int, dense: int) -> None:
         """One forward and backward of a batch of zeros, its gradients dropped and no step
@@ -139,7 +146,7 @@ class BatchCompute:
     def _zeros_through(self, net: torch.nn.Module, samples: int, dense: int) -> None:
         s = SampleBatch(batch_id=0, epoch=0, eval=False, min_round=0, round=0,
                         dense=np.zeros((samples, dense), np.float32),
-                        labels=np.zeros(samples, np.float32),
+                        labels=np.zeros(samples * self.tasks, np.float32),
                         weights=np.ones(samples, np.float32),
                         lengths=np.ones((samples, len(self.layout.list_fields)), np.int32))
         flat = torch.zeros((self.sparse.grid_size(samples, s.lengths), self.dim),
@@ -150,7 +157,7 @@ class BatchCompute:
     def gathered(self, s: SampleBatch, replies: list[Embeddings],
                  positions: list[np.ndarray]) -> GatheredRows:
         """Every shard's rows in one array and each grid position's row in it."""
-        size = self.sparse.grid_size(len(s.labels), s.lengths)
+        size = self.sparse.grid_size(len(s.weights), s.lengths)
         starts = np.cumsum([0, *(len(e.rows) for e in replies)])
         covered = sum(len(where) for where in positions) == size
         parts = [e.rows for e in replies]
@@ -160,7 +167,7 @@ class BatchCompute:
         index = np.full(size, starts[-1], dtype=np.int64)
         for e, where, start in zip(replies, positions, starts, strict=False):
             index[where] = e.inverse + start
-        return GatheredRows(rows, self.sparse.sample_order(index, len(s.labels)),
+        return GatheredRows(rows, self.sparse.sample_order(index, len(s.weights)),
                             starts.tolist())
 
     def grid(self, rows: GatheredRows) -> torch.Tensor:
@@ -171,12 +178,12 @@ class BatchCompute:
     def tensors(self, s: SampleBatch) -> tuple[torch.Tensor, ...]:
         """The batch's dense features, labels and weights."""
         return tuple(torch.from_numpy(np.array(a)).to(self.device)
-                     for a in (s.dense, s.labels, s.weights))
+                     for a in (s.dense, s.task_labels(), s.weights))
 
     def logits(self, model: torch.nn.Module, flat: torch.Tensor, s: SampleBatch,
                dense: torch.Tensor) -> torch.Tensor:
         """The network's logits for the batch, on the worker's own network."""
-        sparse, lengths = self.sparse.inputs(flat, len(s.labels), s.lengths)
+        sparse, lengths = self.sparse.inputs(flat, len(s.weights), s.lengths)
         return network_logits(model, sparse, dense, lengths, self.precision)
 
     def forward_backward(self, model: torch.nn.Module, flat: torch.Tensor, s: SampleBatch,
@@ -185,7 +192,7 @@ class BatchCompute:
         """Loss sum of the batch and its logits; the gradients land in flat.grad and
         ``model``'s parameters."""
         logits = self.logits(model, flat, s, dense)
-        loss_sum = weighted_loss_sum(logits, labels, weights)
+        loss_sum = weighted_loss_sum(logits, labels, weights, self.task_weights)
         model.zero_grad(set_to_none=True)
         (loss_sum / max(weight_sum, 1e-12)).backward()
         return loss_sum, logits
@@ -200,7 +207,7 @@ class BatchCompute:
             grid.requires_grad_(True)
         dense, labels, weights = self.tensors(s)
         with torch.set_grad_enabled(train):
-            sparse, lengths = self.sparse.inputs(grid, len(s.labels), s.lengths)
+            sparse, lengths = self.sparse.inputs(grid, len(s.weights), s.lengths)
         return GroupBatch(rows, grid, labels, weights, float(weights.sum()),
                           placeholders(sparse, dense, lengths, self.fields, self.sequences))
 
@@ -208,7 +215,7 @@ class BatchCompute:
         """The loss of the group's output (kept in ``b``) and its gradient, from which the
         group's backward starts."""
         leaf = logits.detach().requires_grad_(True)
-        b.loss_sum = weighted_loss_sum(leaf, b.labels, b.weights)
+        b.loss_sum = weighted_loss_sum(leaf, b.labels, b.weights, self.task_weights)
         (b.loss_sum / max(b.weight_sum, 1e-12)).backward()
         return gradient(leaf)
 
@@ -222,7 +229,7 @@ class BatchCompute:
     def group_scores(self, logits: torch.Tensor) -> np.ndarray:
         """The predicted probabilities from the group's output of an evaluation batch."""
         with torch.no_grad():
-            return torch.sigmoid(logits).cpu().numpy()
+            return scored(logits, self.logit_shift).cpu().numpy()
 
     def shard_grads(self, flat_grad: torch.Tensor, rows: GatheredRows) -> list[np.ndarray]:
         """Per shard, the gradient of each row it sent (rows used twice add up): one sum over

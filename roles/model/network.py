@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections.abc import Collection
@@ -24,18 +25,23 @@ from zbus.endpoints import tcp_host
 def build_network(job: Job) -> nn.Module:
     """The job's network, with the same initial weights in every process that builds it (seeded
     with ``[train] seed``, built on the CPU), checked on a sample batch of the job's shapes; a
-    network that cannot be loaded, built or run is one ``NetworkError`` line."""
+    network that cannot be loaded, built or run is one ``NetworkError`` line. A job of several
+    labels (``Job.tasks``) gives the factory ``options["tasks"]``, the labels in order, and
+    the network must return ``[B, T]``."""
     layout = job.layout()
     factory, source_file = load_factory(job)
     label = network_label(job, source_file)
     dense_count = len(job.dense_fields)
     options = {"hidden": list(job.model.hidden), **job.model.options}
+    tasks = job.tasks
+    if len(tasks) > 1:   # one logit per label; a job of one label gives no "tasks" (as before)
+        options["tasks"] = list(tasks)
     if not job.model.module and job.model.network in LAYOUT_DEFAULTS:
         options = {**LAYOUT_DEFAULTS[job.model.network](layout, options), **options}
     torch.manual_seed(job.train.seed)
     net = call_factory(factory, layout, dense_count, options, label, source_file,
                        builtin=not job.model.module)
-    check_network(net, layout, dense_count, label, source_file)
+    check_network(net, layout, dense_count, label, source_file, tasks=len(tasks))
     return net
 
 
@@ -60,11 +66,45 @@ def bf16_is_native(device: torch.device) -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def weighted_loss_sum(logits: torch.Tensor, labels: torch.Tensor,
-                      weights: torch.Tensor) -> torch.Tensor:
-    """Sum over samples of weight x binary cross-entropy."""
-    losses = nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="none")
-    return (losses * weights).sum()
+def logit_shift(job: Job) -> float:
+    """What negative down-sampling (``[data] negative_rate`` = r) adds to the first label's
+    logit to undo it: log r, so that sigmoid gives p / (p + (1 − p) / r); 0 without it."""
+    rate = job.data.negative_rate
+    return math.log(rate) if rate < 1.0 else 0.0
+
+
+def scored(logits: torch.Tensor, shift: float) -> torch.Tensor:
+    """Probabilities of the network's logits (``[B]`` or ``[B, T]``), the first label's
+    corrected by ``shift`` (``logit_shift``)."""
+    if shift and logits.dim() == 1:
+        logits = logits + shift
+    elif shift:
+        logits = torch.cat([logits[:, :1] + shift, logits[:, 1:]], dim=1)
+    return torch.sigmoid(logits)
+
+
+def task_weights(job: Job) -> torch.Tensor | None:
+    """The tasks' loss weights (``[model.tasks]``) for ``weighted_loss_sum``; None for one."""
+    weights = job.task_weights()
+    return torch.tensor(weights, dtype=torch.float32) if len(weights) > 1 else None
+
+
+def weighted_loss_sum(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                      task_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Sum over samples of weight x binary cross-entropy. With several labels (``[B, T]``):
+    summed over the tasks too, each times its ``task_weights`` (``[model.tasks]``), a NaN
+    label masking that task for its sample."""
+    if labels.dim() == 1:
+        losses = nn.functional.binary_cross_entropy_with_logits(logits, labels,
+                                                                reduction="none")
+        return (losses * weights).sum()
+    present = ~torch.isnan(labels)
+    losses = nn.functional.binary_cross_entropy_with_logits(
+        logits, torch.where(present, labels, torch.zeros_like(labels)), reduction="none")
+    scale = weights.unsqueeze(1) * present
+    if task_weights is not None:
+        scale = scale * task_weights.unsqueeze(0)
+    return (losses * scale).sum()
 
 
 def pick_device(setting: str) -> torch.device:

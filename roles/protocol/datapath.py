@@ -37,10 +37,13 @@ def split_batch_id(batch_id: int) -> tuple[int, int, int]:
 
 # Flow control, shared by the feeder (its ledger's bound, its sample queue's buffers) and the
 # worker (the acks it keeps per feeder, its sample queue's buffers).
-def sample_batch_bytes(batch_size: int, dense: int, lists: int = 0) -> int:
+MAX_TASKS = 64   # labels per sample ([data] labels)
+
+
+def sample_batch_bytes(batch_size: int, dense: int, lists: int = 0, tasks: int = 1) -> int:
     """About the size of one SampleBatch on the wire: the sample queue's kernel buffers are
     sized to it, so that a worker cannot hold more than a batch or two it has not pulled."""
-    return batch_size * (dense + 2 + lists) * 4 + 1024
+    return batch_size * (dense + 1 + tasks + lists) * 4 + 1024
 
 
 def max_in_flight(workers: int, prefetch: int) -> int:
@@ -362,7 +365,8 @@ class SampleBatch(Message):
     without list fields). No sparse keys: the worker gets the batch's embeddings from the
     shards by ``batch_id``, and ``lengths`` tell it where each sample's ids sit in their grid
     (``roles.job.fields``). Evaluation batches (``eval``) must be scored with weights of round
-    ``min_round`` or later."""
+    ``min_round`` or later. With several labels (``[data] labels``) ``labels`` holds each
+    sample's, row by row (``[samples, tasks]`` flattened; NaN: that task masked)."""
 
     batch_id: int
     epoch: int
@@ -376,12 +380,22 @@ class SampleBatch(Message):
 
     def check(self) -> None:
         n = self.dense.shape[0]
-        require(self.labels.shape == (n,) and self.weights.shape == (n,)
-                and self.lengths.shape[0] == n,
+        require(self.weights.shape == (n,) and self.lengths.shape[0] == n
+                and (self.labels.size == n or n > 0 and self.labels.size % n == 0
+                     and self.labels.size // n <= MAX_TASKS),
                 "dense, labels, weights and lengths differ in length")
         require(not self.lengths.size or int(self.lengths.min()) >= 0, "negative lengths")
         # dense and weights finite: the worker's check before it takes the batch (not here:
         # the codec reads no large payload, see zbus.codec)
+
+    @property
+    def tasks(self) -> int:
+        """Labels per sample."""
+        return self.labels.size // self.dense.shape[0] if self.dense.shape[0] else 1
+
+    def task_labels(self) -> np.ndarray:
+        """``[samples]`` for one label, ``[samples, tasks]`` for several."""
+        return self.labels if self.tasks == 1 else self.labels.reshape(-1, self.tasks)
 
     def require_finite(self) -> None:
         """The consumer's check: ProtocolError (inconsistent) if a feature or weight is NaN
@@ -443,7 +457,8 @@ class Grant(Message):
 
 @message("acks")
 class Ack(Message):
-    """A worker finished a batch: training batches carry the loss, eval batches the scores."""
+    """A worker finished a batch: training batches carry the loss, eval batches the scores
+    (each sample's probability of each task, row by row, as SampleBatch's labels)."""
 
     batch_id: int
     samples: int

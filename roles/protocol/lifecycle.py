@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from zbus.codec import Message, array, message, require
+from roles.protocol.datapath import MAX_TASKS
+from zbus.codec import Message, array, finite, message, require
 
 
 @message()
@@ -56,21 +57,37 @@ class EpochTrained(Message):
 
 @message()
 class EvalReport(Message):
-    """A feeder scored the eval rows of ``parts`` for ``epoch``: their scores as a histogram
-    of negatives and positives per score bin and the summed log loss
-    (``roles.algorithms.shared.metrics.ScoreHistogram``; control adds every feeder's up into the
-    epoch's AUC and logloss), and the rows read and rejected."""
+    """A feeder scored the eval rows of ``parts`` for ``epoch``: per task (``[data] labels``),
+    their scores as a histogram of negatives and positives per score bin, the summed log loss
+    and the summed probabilities (``roles.algorithms.shared.metrics.TaskScores``; control adds
+    every feeder's up into the epoch's figures), and the rows read and rejected. ``counts``
+    stacks the tasks' ``[2, bins]``. With ``[metrics] group_by``: the rows of the groups it
+    kept (``roles.algorithms.shared.grouped``: the share ``0.5 ** group_level`` of them),
+    their groups, labels and probabilities (``[rows, tasks]`` flattened); else none."""
 
     epoch: int
     parts: list[int]
-    loss_sum: float
     rows_read: int
     rejected: int
+    group_level: int
     counts: np.ndarray = array("int64", 2)
+    loss_sums: np.ndarray = array("float64", 1)
+    prob_sums: np.ndarray = array("float64", 1)
+    groups: np.ndarray = array("int64", 1)
+    group_labels: np.ndarray = array("float32", 1)
+    group_probs: np.ndarray = array("float32", 1)
 
     def check(self) -> None:
-        require(self.counts.ndim == 2 and self.counts.shape[0] == 2, "counts must be 2 x bins")
+        tasks = len(self.loss_sums)
+        require(1 <= tasks <= MAX_TASKS and self.prob_sums.shape == (tasks,),
+                "one loss and one probability sum per task")
+        require(self.counts.ndim == 2 and self.counts.shape[0] == 2 * tasks,
+                "counts must be 2 x bins per task")
         require(not self.counts.size or int(self.counts.min()) >= 0, "negative counts")
+        require(finite(self.loss_sums) and finite(self.prob_sums), "non-finite sums")
+        require(0 <= self.group_level <= 63, "group_level out of range")
+        require(self.group_labels.size == self.group_probs.size == self.groups.size * tasks,
+                "one label and one probability per group row and task")
 
 
 @message()

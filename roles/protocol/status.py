@@ -103,6 +103,7 @@ class EpochFigures(TypedDict):
     train_loss: float | None
     auc: float | None
     logloss: float | None
+    tasks: dict[str, dict[str, float | None]]   # each label's figures (summary's ``tasks``)
 
 
 class TrainingView(TypedDict):

@@ -8,7 +8,9 @@ field's ids in one string, with the field's separator, as in the data), a number
 ``[n, 1]``), one value per row, ``null`` for a missing value (an empty field of a file). The
 values are hashed and transformed exactly as in training (``roles.data.readers``: the same
 checks, so a value a data file could not hold is refused with the same words). The output is
-``probability``, one per row.
+``probability``, one per row (``[n]``); for a job of several labels (``[data] labels``), one
+per row and label (``[n, labels]``, row-major as the protocol flattens it; the output's
+``parameters`` name the labels in order).
 
 Anything wrong with a request raises ``InferError`` with the protocol's status and its error
 body's text: a missing or unknown input, a wrong type or shape, an unknown model, malformed
@@ -54,11 +56,20 @@ class Signature:
     dense: tuple[str, ...]
     sparse: tuple[str, ...]
     lists: dict[str, str]
+    tasks: tuple[str, ...] = ("label",)   # the labels, a probability each
 
     @classmethod
     def of(cls, job: Job) -> Signature:
         return cls(job.name, tuple(job.dense_fields), tuple(job.sparse_fields),
-                   dict(job.list_fields))
+                   dict(job.list_fields), tuple(job.tasks))
+
+    def output(self, rows: int) -> dict[str, Any]:
+        """The output's name, type and shape (``rows`` -1: any), and the labels with
+        several."""
+        if len(self.tasks) == 1:
+            return {"name": OUTPUT, "datatype": "FP32", "shape": [rows]}
+        return {"name": OUTPUT, "datatype": "FP32", "shape": [rows, len(self.tasks)],
+                "parameters": {"labels": ",".join(self.tasks)}}
 
     def schema(self) -> Schema:
         return Schema(label="", dense=list(self.dense), sparse=list(self.sparse),
@@ -77,7 +88,7 @@ class Signature:
                   for f in self.sparse]
         return {"name": self.name, "versions": [version] if version else [],
                 "platform": "zbus", "inputs": inputs,
-                "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1]}]}
+                "outputs": [self.output(-1)]}
 
 
 @dataclass
@@ -192,10 +203,11 @@ def _row_text(given: dict[str, pa.Array], i: int) -> str:
 
 def response(sig: Signature, version: str, request_id: str | None,
              probabilities: np.ndarray) -> bytes:
-    """The infer response: one probability per row, with the version that computed them."""
+    """The infer response: one probability per row (and label), with the version that
+    computed them."""
     out: dict[str, Any] = {"model_name": sig.name, "model_version": version}
     if request_id is not None:
         out["id"] = request_id
-    out["outputs"] = [{"name": OUTPUT, "datatype": "FP32", "shape": [len(probabilities)],
-                       "data": probabilities.astype(np.float64).tolist()}]
+    out["outputs"] = [{**sig.output(len(probabilities)),
+                       "data": probabilities.astype(np.float64).reshape(-1).tolist()}]
     return orjson.dumps(out)

@@ -33,7 +33,7 @@ from roles.data.hashing import KEY_HASH
 from roles.data.transforms import DenseTransform
 from roles.job.fields import field_of
 from roles.job.settings import Job, JobError, parse_job
-from roles.model.network import build_network
+from roles.model.network import build_network, logit_shift, scored
 from roles.model.sparse_input import SparseInputs
 from roles.storage.fs import is_uri
 from roles.storage.store import Store, basename, parent
@@ -151,13 +151,15 @@ class ExportedModel:
 
     def score(self, keys: np.ndarray, dense: np.ndarray, net: torch.nn.Module | None = None,
               find: Finder | None = None, defaults: np.ndarray | None = None) -> np.ndarray:
-        """Click probabilities; ``net``, ``find`` and ``defaults``: a live version's."""
+        """Click probabilities (``[rows]``; ``[rows, labels]`` with several; negative
+        down-sampling undone: ``roles.model.network.scored``); ``net``, ``find`` and
+        ``defaults``: a live version's."""
         with torch.no_grad():
             grid = self.inputs.sample_order(self.embeddings(keys, find, defaults), len(keys))
             sparse, lengths = self.inputs.inputs(torch.from_numpy(grid), len(keys),
                                                  self.layout.lengths(keys))
-            return torch.sigmoid((net or self.net)(sparse, torch.from_numpy(dense),
-                                                   lengths)).numpy()
+            return scored((net or self.net)(sparse, torch.from_numpy(dense), lengths),
+                          logit_shift(self.job)).numpy()
 
 
 def not_a_model(where: Path) -> str:

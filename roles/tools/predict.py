@@ -12,7 +12,9 @@ go through the exported transform, and the dense network gives the click probabi
 eval`` scores only the job's held-out split (the last ``eval_fraction`` of the rows), which
 reproduces the job's eval AUC. Writes ``score`` (and ``label``) per accepted row, in file order,
 as TSV to ``--out`` (or nowhere), and prints the figures in one line (``--json``: as one JSON
-object). On a terminal, a progress bar on stderr shows the rows scored, their rate and the time
+object). A job of several labels (``[data] labels``) scores each: ``score_<label>`` per label,
+then the labels, and each label's figures (AUC, log loss, NE, calibration, over the rows that
+have it). On a terminal, a progress bar on stderr shows the rows scored, their rate and the time
 left (``--quiet``: none).
 
 The model can also be a complete checkpoint of a job still running (a serving system following
@@ -28,14 +30,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import orjson
 
-from roles.algorithms.shared.metrics import ScoreHistogram
+from roles.algorithms.shared.metrics import TaskScores
 from roles.data.index import DataError, index_files, plan_parts, resolve_paths
 from roles.data.readers import Rejected, Schema, read_part
 from roles.data.stream import Preparer, Tally, eval_batches
@@ -49,11 +53,34 @@ REJECTED_SHOWN = 5
 
 
 def schema_of(job: Job, with_label: bool) -> Schema:
+    """The job's columns; with ``with_label``, every label's (``Job.tasks``)."""
     d = job.data
-    label = (d.label if d.source == "file" else "label") if with_label else ""
-    return Schema(label=label, dense=job.dense_fields, sparse=job.sparse_fields,
-                  lists=job.list_fields,
+    tasks = job.tasks if with_label else [""]
+    return Schema(label=tasks[0], more_labels=tuple(tasks[1:]), dense=job.dense_fields,
+                  sparse=job.sparse_fields, lists=job.list_fields,
                   positive=tuple(d.positive), negative=tuple(d.negative))
+
+
+def out_header(tasks: list[str], with_label: bool) -> str:
+    """``--out``'s columns: ``score`` (and ``label``) for one label; for several, a score per
+    label (``score_<label>``), then each label as read (empty where missing)."""
+    if len(tasks) == 1:
+        return "score\tlabel\n" if with_label else "score\n"
+    return "\t".join([f"score_{t}" for t in tasks] + (tasks if with_label else [])) + "\n"
+
+
+def out_lines(probs: np.ndarray, labels: np.ndarray, with_label: bool) -> str:
+    """``--out``'s rows of a batch (``out_header``)."""
+    if probs.ndim == 1:
+        return "".join(f"{s:.6f}\t{int(y)}\n" if with_label else f"{s:.6f}\n"
+                       for s, y in zip(probs.tolist(), labels.tolist(), strict=True))
+    rows = []
+    for p, y in zip(probs.tolist(), labels.tolist(), strict=True):
+        cells = [f"{s:.6f}" for s in p]
+        if with_label:
+            cells += ["" if math.isnan(v) else str(int(v)) for v in y]
+        rows.append("\t".join(cells) + "\n")
+    return "".join(rows)
 
 
 def predict(model: ExportedModel, data: str, fmt: str, split: str,
@@ -68,15 +95,15 @@ def predict(model: ExportedModel, data: str, fmt: str, split: str,
     if split != "all":
         parts = [p for p in parts if p.eval == (split == "eval")]
     columns = set(files[0].header) if files[0].header else None
-    with_label = columns is None or schema_of(job, True).label in columns
+    with_label = columns is None or all(t in columns for t in job.tasks)
     schema = schema_of(job, with_label)
     prepare = Preparer(job.layout(), model.transform, None)
-    tally, scores = Tally(), ScoreHistogram()
+    tally, scores = Tally(), TaskScores(len(job.tasks))
     shown: list[Rejected] = []
     total = sum(p.rows for p in parts)
     with open(out, "w") if out is not None else contextlib.nullcontext() as sink:
         if sink is not None:
-            sink.write("score\tlabel\n" if with_label else "score\n")
+            sink.write(out_header(job.tasks, with_label))
         for part in parts:
             blocks = read_part(files, part, fmt, schema)
             for batch in eval_batches(_keeping(blocks, shown), prepare, tally, CHUNK):
@@ -84,14 +111,13 @@ def predict(model: ExportedModel, data: str, fmt: str, split: str,
                 if with_label:
                     scores.add(batch.labels, probs)
                 if sink is not None:
-                    sink.write("".join(f"{s:.6f}\t{int(y)}\n" if with_label else f"{s:.6f}\n"
-                                       for s, y in zip(probs.tolist(), batch.labels.tolist(),
-                                                       strict=True)))
+                    sink.write(out_lines(probs, batch.labels, with_label))
                 progress(tally.rows_read, total)
+    figures = scores.record(job.tasks) if with_label and scores.samples else \
+        {"auc": None, "logloss": None, "tasks": {}}
     return {"rows_read": tally.rows_read, "rejected_rows": tally.rejected,
-            "rejected": shown, "scored": tally.samples,
-            "auc": scores.auc() if with_label and scores.samples else None,
-            "logloss": scores.logloss() if with_label and scores.samples else None}
+            "rejected": shown, "scored": tally.samples, "auc": figures["auc"],
+            "logloss": figures["logloss"], "tasks": figures["tasks"]}
 
 
 def _keeping(blocks, shown: list[Rejected]):
@@ -104,7 +130,12 @@ def _keeping(blocks, shown: list[Rejected]):
 def figures_line(figures: dict) -> str:
     text = (f"zbus predict: {figures['rows_read']:,} rows read, {figures['rejected_rows']:,} "
             f"rejected, {figures['scored']:,} scored")
-    if figures["auc"] is not None:
+    tasks = figures.get("tasks") or {}
+    if len(tasks) > 1:
+        text += ": " + "; ".join(f"{t} auc {f['auc']:.4f}, logloss {f['logloss']:.4f}, "
+                                 f"calibration {f['calibration']:.4f}"
+                                 for t, f in tasks.items())
+    elif figures["auc"] is not None:
         text += f": auc {figures['auc']:.4f}, logloss {figures['logloss']:.4f}"
     if figures.get("exported_auc") is not None:
         text += f" (the export's eval auc {figures['exported_auc']:.4f})"
@@ -145,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     for r in result["rejected"]:
         print(f"zbus predict: rejected {r.file}:{r.line}: {r.reason}", file=sys.stderr)
     figures = {k: result[k] for k in ("rows_read", "rejected_rows", "scored", "auc",
-                                      "logloss")}
+                                      "logloss", "tasks")}
     figures["exported_auc"] = model.manifest.get("auc")
     print(orjson.dumps(figures).decode() if args.json else figures_line(figures))
     sys.stdout.flush()

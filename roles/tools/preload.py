@@ -23,7 +23,7 @@ of ``batch_size`` rows sliced from it; the loss the weighted mean of the batch's
 (``weighted_loss_sum``). The network gets its inputs as a worker's does (``SparseInputs`` over
 the batch's grid of rows), so list fields, pooled or sequences, work.
 Eval: the eval rows in file order, ``eval_batch_size`` at a time (as the cluster), scored into a
-``ScoreHistogram`` (the cluster's AUC and log
+``TaskScores`` (the cluster's AUC and log
 loss). ``batch_by_label`` is refused (a permutation cannot keep one label per batch).
 
 Memory holds the whole data set (about 4 bytes a slot, 4 a dense value and 8 a row, plus the
@@ -46,7 +46,7 @@ import pyarrow as pa
 import torch
 
 from roles.algorithms.shared.dense_optimizer import dense_adam
-from roles.algorithms.shared.metrics import ScoreHistogram
+from roles.algorithms.shared.metrics import TaskScores
 from roles.data.compiled import AVAILABLE
 from roles.data.hashing import compiled_loop
 from roles.data.index import DataError, Part
@@ -54,7 +54,15 @@ from roles.data.source import DataSource
 from roles.data.stream import Parsed, Samples, Tally
 from roles.job.fields import PAD, FieldLayout
 from roles.job.settings import Job
-from roles.model.network import build_network, network_logits, set_threads, weighted_loss_sum
+from roles.model.network import (
+    build_network,
+    logit_shift,
+    network_logits,
+    scored,
+    set_threads,
+    task_weights,
+    weighted_loss_sum,
+)
 from roles.model.sparse_input import SparseInputs
 
 
@@ -174,6 +182,7 @@ class Trainer:
     def __init__(self, job: Job, keys: int):
         t = job.train
         self.job, self.layout = job, job.layout()
+        self.task_weights = task_weights(job)
         self.net = build_network(job)
         self.embedding = torch.nn.Embedding(keys, self.layout.row_dim, sparse=True)
         with torch.no_grad():   # the shards' initial rows' law, seeded with [train] seed
@@ -207,7 +216,8 @@ class Trainer:
     def train(self, rows: np.ndarray, dense: np.ndarray, labels: np.ndarray,
               weights: np.ndarray) -> tuple[float, float]:
         w = torch.from_numpy(weights)
-        loss = weighted_loss_sum(self.logits(rows, dense), torch.from_numpy(labels), w)
+        loss = weighted_loss_sum(self.logits(rows, dense), torch.from_numpy(labels), w,
+                                 self.task_weights)
         self.dense_opt.zero_grad()
         self.sparse_opt.zero_grad()
         (loss / w.sum().clamp_min(1e-12)).backward()
@@ -217,7 +227,7 @@ class Trainer:
 
     def score(self, rows: np.ndarray, dense: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            return torch.sigmoid(self.logits(rows, dense)).numpy()
+            return scored(self.logits(rows, dense), logit_shift(self.job)).numpy()
 
 
 def batches(order: np.ndarray, size: int) -> Iterator[np.ndarray]:
@@ -254,17 +264,17 @@ def train_preloaded(job: Job, threads: int = 0, started: float | None = None) ->
             weight_sum += weight
         train_s += time.perf_counter() - start
         start = time.perf_counter()
-        scores = ScoreHistogram()
+        scores = TaskScores(len(job.tasks))
         for lo in range(data.train, len(data.labels), t.eval_batch):
             hi = min(len(data.labels), lo + t.eval_batch)
             scores.add(data.labels[lo:hi], trainer.score(data.rows[lo:hi], data.dense[lo:hi]))
         eval_s += time.perf_counter() - start
         epochs.append({"epoch": epoch, "train_loss": loss_sum / weight_sum if weight_sum
-                       else None, "auc": scores.auc(), "logloss": scores.logloss(),
-                       "train_samples": data.train})
+                       else None, **scores.record(job.tasks), "train_samples": data.train})
     trained = data.train * t.epochs
     return {"auc": epochs[-1]["auc"] if epochs else None,
             "logloss": epochs[-1]["logloss"] if epochs else None,
+            "tasks": epochs[-1]["tasks"] if epochs else {},
             "samples_trained": trained, "eval_samples": len(data.labels) - data.train,
             "rows_rejected": data.tally.rejected, "keys": data.keys, "threads": threads,
             "load_s": load_s, "load_stages_s": data.stages, "train_s": train_s, "eval_s": eval_s,

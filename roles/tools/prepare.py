@@ -8,7 +8,9 @@ output file holds about ``--rows-per-file`` rows in row groups of ``--row-group`
 input's order, so the last ``eval_fraction`` of the rows stay the eval split. Columns: the
 label as 0/1 (or none without a label), each dense column as float64 (null where missing), each
 categorical column as text (null where missing), a list field (``[data] lists``) as a Parquet
-``list<string>`` column (read back with no separator), the timestamp as int64 unix seconds.
+``list<string>`` column (read back with no separator), the timestamp as int64 unix seconds
+(several labels, ``[data] labels``: each its own column, null where missing; a weight column
+as float64).
 ``DIR/prepared.json`` says what was written (files, rows, rejected rows, each dense column's
 count, mean and standard deviation) and the ``[data]`` section that reads it, which is printed
 at the end too, whole, to paste into a job file. A progress bar shows the rows converted, their
@@ -48,8 +50,10 @@ from zbus.files import atomic_write
 
 def table_of(schema: Schema, block: RawBlock) -> pa.Table:
     columns: dict[str, pa.Array] = {}
-    if schema.label:
-        columns[schema.label] = pa.array(block.labels.astype(np.float32))
+    labels = block.labels.reshape(len(block), -1)   # a column a label (NaN: missing)
+    for t, name in enumerate(schema.label_columns):
+        values = labels[:, t].astype(np.float32)
+        columns[name] = pa.array(values, mask=np.isnan(values))
     for j, name in enumerate(schema.dense):
         values = block.dense[:, j]
         columns[name] = pa.array(values, mask=np.isnan(values))
@@ -57,6 +61,8 @@ def table_of(schema: Schema, block: RawBlock) -> pa.Table:
         columns[name] = values.cast(LIST_TEXT if name in schema.lists else pa.string())
     if schema.timestamp and block.timestamps is not None:
         columns[schema.timestamp] = pa.array(block.timestamps)
+    if schema.weight and block.weights is not None:
+        columns[schema.weight] = pa.array(block.weights)
     return pa.table(columns)
 
 
@@ -95,7 +101,8 @@ def data_section(job: Job, out: Path) -> dict:
     are not their defaults (``eval_path``, text files, is left out)."""
     d = job.data
     section: dict = {"source": "file", "format": "parquet", "path": str(out.absolute()),
-                     "label": d.label, "positive": [], "negative": [], "dense": job.dense_fields,
+                     **({"labels": d.labels} if d.labels else {"label": d.label}),
+                     "positive": [], "negative": [], "dense": job.dense_fields,
                      "sparse": job.sparse_fields}
     if d.lists:   # written as Parquet lists: no separator
         section["lists"] = dict.fromkeys(d.lists, "")
@@ -141,9 +148,10 @@ def prepare(job: Job, out: Path, rows_per_file: int, row_group: int,
     d = job.data
     if reason := refusal(job):
         raise DataError(reason)
-    schema = Schema(label=d.label, dense=job.dense_fields, sparse=job.sparse_fields,
-                    positive=tuple(d.positive), negative=tuple(d.negative),
-                    timestamp=d.timestamp, lists=job.list_fields)
+    schema = Schema(label=d.tasks[0], more_labels=tuple(d.tasks[1:]), dense=job.dense_fields,
+                    sparse=job.sparse_fields, positive=tuple(d.positive),
+                    negative=tuple(d.negative), timestamp=d.timestamp, lists=job.list_fields,
+                    weight=d.weight)
     files = index_files(resolve_paths(d.path, d.format), d.format)
     parts, _ = plan_parts(files, d.eval_fraction, d.part_mb)
     out.mkdir(parents=True, exist_ok=True)

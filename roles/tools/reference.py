@@ -28,14 +28,22 @@ import torch
 from roles.algorithms.feeding.passes import FeedingPass
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.algorithms.shared.dense_optimizer import dense_adam
-from roles.algorithms.shared.metrics import ScoreHistogram, auc
+from roles.algorithms.shared.metrics import TaskScores, auc
 from roles.data.index import DataError, Part
 from roles.data.source import DataSource
 from roles.data.stream import Preparer, Samples, Tally, eval_batches
 from roles.feeder.streams import PartStreams
 from roles.job.cli import integer, load_job_or_exit
 from roles.job.settings import Job
-from roles.model.network import build_network, network_logits, set_threads, weighted_loss_sum
+from roles.model.network import (
+    build_network,
+    logit_shift,
+    network_logits,
+    scored,
+    set_threads,
+    task_weights,
+    weighted_loss_sum,
+)
 from roles.model.sparse_input import SparseInputs
 from roles.tools.preload import train_preloaded
 from zbus.heap import keep_heap
@@ -51,6 +59,7 @@ class Reference:
                                     t.seed)
         self.inputs = SparseInputs(self.layout, torch.device("cpu"))
         self.opt = dense_adam(list(self.net.parameters()), t.dense_lr)
+        self.task_weights = task_weights(job)
 
     def grid(self, batch: Samples) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """The batch's grid of rows (``roles.job.fields``), the table rows of its distinct
@@ -71,7 +80,8 @@ class Reference:
         flat, rows, inverse = self.grid(batch)
         flat.requires_grad_(True)
         w = torch.from_numpy(batch.weights)
-        loss = weighted_loss_sum(self.logits(batch, flat), torch.from_numpy(batch.labels), w)
+        loss = weighted_loss_sum(self.logits(batch, flat), torch.from_numpy(batch.labels), w,
+                                 self.task_weights)
         self.opt.zero_grad()
         (loss / w.sum().clamp_min(1e-12)).backward()
         self.opt.step()
@@ -85,7 +95,7 @@ class Reference:
     def score(self, batch: Samples) -> np.ndarray:
         with torch.no_grad():
             flat, _, _ = self.grid(batch)
-            return torch.sigmoid(self.logits(batch, flat)).numpy()
+            return scored(self.logits(batch, flat), logit_shift(self.job)).numpy()
 
 
 def train_reference(job: Job, threads: int = 0) -> dict:
@@ -103,6 +113,7 @@ def train_reference(job: Job, threads: int = 0) -> dict:
         streams.close()
     oracle = source.oracle_scores(parts)
     return {"auc": epochs[-1]["auc"], "logloss": epochs[-1]["logloss"],
+            "tasks": epochs[-1]["tasks"],
             "oracle_auc": None if oracle is None else auc(*oracle), "samples_trained": trained,
             "train_s": train_s, "samples_per_s": trained / train_s if train_s else None,
             "keys": len(ref.table), "per_epoch": epochs}
@@ -126,13 +137,12 @@ def train_epochs(job: Job, ref: Reference, prepare: Preparer, parts: list[Part],
             weight_sum += weight
         train_s += time.perf_counter() - start
         trained += tally.samples
-        scores = ScoreHistogram()
+        scores = TaskScores(len(job.tasks))
         for part in (p for p in parts if p.eval):
             for batch in eval_batches(streams.blocks(part), prepare, Tally(), t.eval_batch):
                 scores.add(batch.labels, ref.score(batch))
         epochs.append({"epoch": epoch, "train_loss": loss_sum / weight_sum if weight_sum
-                       else None, "auc": scores.auc(), "logloss": scores.logloss(),
-                       "train_samples": tally.samples})
+                       else None, **scores.record(job.tasks), "train_samples": tally.samples})
     return epochs, train_s, trained
 
 

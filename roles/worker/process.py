@@ -109,7 +109,7 @@ class Worker(Node):
                                self.on_sample, rcvhwm=1,
                                kernel_buffer=sample_batch_bytes(
                                    t.batch_size, len(job.dense_fields),
-                                   len(job.layout().list_fields)))
+                                   len(job.layout().list_fields), len(job.tasks)))
         self.feeders = FeederSide(
             job, self.node_id, self.pipeline, samples,
             [self.connect(zmq.DEALER, c.endpoint(c.feeder_endpoint_name("ledger", f)),

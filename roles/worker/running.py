@@ -23,7 +23,7 @@ import torch
 from roles.algorithms.worker.pulled import PulledBatch
 from roles.job.settings import Job
 from roles.model.compute import BatchCompute
-from roles.model.network import bf16_is_native
+from roles.model.network import bf16_is_native, logit_shift
 from roles.model.networks import device_error
 from roles.protocol.datapath import Ack, SampleBatch
 from roles.protocol.dense_sync import StepGrad, Weights
@@ -61,7 +61,9 @@ class Runner:
         self.n_dense = len(job.dense_fields)
         self.slowdown = max(1.0, slowdown)
         self.compute = BatchCompute(job.layout(), device, t.precision,
-                                    score_training=job.streaming)
+                                    score_training=job.streaming,
+                                    task_weights=job.task_weights(),
+                                    logit_shift=logit_shift(job))
         if t.precision == "bf16" and not bf16_is_native(device):
             log.warning("%s: [train] precision = \"bf16\" but %s has no bfloat16 arithmetic: "
                         "autocast emulates it, slower than fp32", name, device)
@@ -78,6 +80,9 @@ class Runner:
         if s.dense.shape[1] != self.n_dense:
             raise ProtocolError("bad_shape", f"batch with {s.dense.shape[1]} dense "
                                              f"features, model has {self.n_dense}")
+        if s.tasks != len(self.job.tasks):
+            raise ProtocolError("bad_shape", f"batch with {s.tasks} label(s) a sample, the job "
+                                             f"has {len(self.job.tasks)}")
         wrong = self.compute.sparse.check_lengths(s.lengths)
         if wrong is not None:
             raise ProtocolError("bad_shape", f"batch {s.batch_id}: {wrong}")
@@ -136,10 +141,10 @@ class Runner:
                      time.monotonic() - started)
 
     def scored(self, batch: PulledBatch, probs: np.ndarray, started: float) -> None:
-        self.counts["eval_samples"] += len(batch.sample.labels)
+        self.counts["eval_samples"] += len(batch.sample.weights)
         self.counts["batches_scored"] += 1
         self.set_state("evaluating")
-        self.release(Done(batch, 0.0, 0.0, probs=probs.astype(np.float32)),
+        self.release(Done(batch, 0.0, 0.0, probs=probs.astype(np.float32).reshape(-1)),
                      time.monotonic() - started)
 
     def release(self, done: Done, took: float) -> None:
@@ -171,7 +176,7 @@ class Runner:
             self.finish(done)
         else:
             s = done.batch.sample
-            self.ack(Ack(batch_id=s.batch_id, samples=len(s.labels), loss_sum=0.0,
+            self.ack(Ack(batch_id=s.batch_id, samples=len(s.weights), loss_sum=0.0,
                          weight_sum=0.0, preds=done.probs))
 
     def finish_step(self, w: Weights) -> None:
@@ -185,7 +190,7 @@ class Runner:
 
     def finish(self, done: Done) -> None:
         """A training batch is over: its ack, the replica's count, the mode's report."""
-        n = len(done.batch.sample.labels)
+        n = len(done.batch.sample.weights)
         self.ack(Ack(batch_id=done.batch.sample.batch_id, samples=n, loss_sum=done.loss,
                      weight_sum=done.weight_sum,
                      preds=np.zeros(0, dtype=np.float32) if done.train_probs is None

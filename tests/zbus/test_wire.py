@@ -99,7 +99,10 @@ def sample(cls: type) -> Message:
     if cls is DataStats:
         values.update(mean=np.zeros(2), std=np.ones(2))
     if cls is EvalReport:
-        values.update(counts=np.ones((2, 8), np.int64))
+        values.update(counts=np.ones((4, 8), np.int64), loss_sums=np.ones(2),
+                      prob_sums=np.ones(2), groups=np.arange(3, dtype=np.int64),
+                      group_labels=np.ones(6, np.float32),
+                      group_probs=np.ones(6, np.float32))
     if cls in (MemberCall, MemberReply):
         values.update(call="flat")
     if cls is FeederProgress:
@@ -344,8 +347,18 @@ def test_consistency_rules():
                 parts=np.array([[0, 0, 0, 5, 0, 9, 0]], i64), owners=np.array([99], i32)),
         DataStats(log1p=True, newest=-1, rows_read=1, rejected=0, mean=np.zeros(1),
                   std=np.zeros(1)),
-        EvalReport(epoch=0, parts=[0], loss_sum=0.0, rows_read=1, rejected=0,
-                   counts=np.full((2, 4), -1, np.int64)),
+        EvalReport(epoch=0, parts=[0], rows_read=1, rejected=0, group_level=0,
+                   counts=np.full((2, 4), -1, np.int64), loss_sums=np.zeros(1),
+                   prob_sums=np.zeros(1), groups=np.zeros(0, np.int64),
+                   group_labels=np.zeros(0, f32), group_probs=np.zeros(0, f32)),
+        EvalReport(epoch=0, parts=[0], rows_read=1, rejected=0, group_level=0,   # 2 tasks
+                   counts=np.zeros((2, 4), np.int64), loss_sums=np.zeros(2),
+                   prob_sums=np.zeros(2), groups=np.zeros(0, np.int64),
+                   group_labels=np.zeros(0, f32), group_probs=np.zeros(0, f32)),
+        EvalReport(epoch=0, parts=[0], rows_read=1, rejected=0, group_level=0,
+                   counts=np.zeros((2, 4), np.int64), loss_sums=np.zeros(1),
+                   prob_sums=np.zeros(1), groups=np.zeros(2, np.int64),
+                   group_labels=np.zeros(1, f32), group_probs=np.zeros(2, f32)),
         Contribution(round=1, coefficient=-1.0, samples=1, done=False, delta=np.zeros(2, f32)),
         Deliver(batch_id=1, worker=-1, train=True),
         Deliver(batch_id=-1, worker=0, train=True),

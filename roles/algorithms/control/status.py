@@ -169,7 +169,8 @@ class StatusBuilder:
                 "history": {"t": [p[0] for p in points], "loss": [p[1] for p in points],
                             "samples_per_s": [p[2] for p in points]},
                 "epochs": [{"epoch": int(e["epoch"]), "train_loss": e.get("train_loss"),
-                            "auc": e.get("auc"), "logloss": e.get("logloss")}
+                            "auc": e.get("auc"), "logloss": e.get("logloss"),
+                            "tasks": e.get("tasks", {})}
                            for e in epochs_done[-STATUS_EPOCHS:]]}
 
     def embeddings(self, nodes: dict[str, NodeState], skew: dict[str, Any] | None = None,

@@ -236,6 +236,7 @@ def results(job: Job, epochs: list[dict[str, Any]], data: dict[str, Any]) -> Res
     evaluated = [e for e in epochs if "auc" in e]
     last = evaluated[-1] if evaluated else {}
     return {"auc": last.get("auc"), "logloss": last.get("logloss"),
+            "tasks": last.get("tasks", {}), "gauc_share": last.get("gauc_share"),
             "oracle_auc": data.get("oracle_auc"), "epochs": len(evaluated),
             "epochs_planned": job.train.epochs, "per_epoch": epochs}
 

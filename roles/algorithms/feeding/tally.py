@@ -6,8 +6,8 @@ Over the training pass under way: its samples and loss (the EpochTrained report)
 batch's samples were trained (counted per batch: a part's batches hold each of its samples
 once), what the stream made of the rows (read, rejected, dropped, merged), and per part how far
 the pass has got (PartProgress; the FeederProgress control hears with every heartbeat, and
-hands a lost feeder's part on from). Over an evaluation pass: its scores, as a histogram
-(``roles.algorithms.shared.metrics.ScoreHistogram``), so the memory does not grow with the data.
+hands a lost feeder's part on from). Over an evaluation pass: its scores, as a histogram per task
+(``roles.algorithms.shared.metrics.TaskScores``), so the memory does not grow with the data.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import numpy as np
 
 from roles.algorithms.feeding.ledger import PartProgress
 from roles.algorithms.feeding.passes import Pass
-from roles.algorithms.shared.metrics import ScoreHistogram
+from roles.algorithms.shared.grouped import GroupScores
+from roles.algorithms.shared.metrics import TaskScores
 from roles.data.stream import Tally
 from roles.job.fields import FieldLayout
 from roles.protocol.datapath import FeederProgress, split_batch_id
@@ -70,7 +71,9 @@ class PassBatches:
 
 
 class FeederTally:
-    def __init__(self) -> None:
+    def __init__(self, tasks: int = 1, group_rows: int = 0) -> None:
+        """``group_rows``: the rows held for the GAUC ([metrics] group_by; 0: none)."""
+        self.tasks, self.group_rows = tasks, group_rows
         self.batches_acked = 0          # training and eval, over the job
         self.samples_acked = 0          # training, over the job
         self.train_loss_sum = 0.0
@@ -84,7 +87,8 @@ class FeederTally:
         self.batches = PassBatches()
         self.data = Tally()             # what the pass's streams made of the rows
         self.adopted: list[Tally] = []  # those of streams begun before the pass, their own
-        self.scores = ScoreHistogram()
+        self.scores = TaskScores(tasks)
+        self.grouped = GroupScores(tasks, group_rows) if group_rows else None
 
     def restore(self, done: dict[str, Any]) -> None:
         """The job-wide figures of a feeder's previous process (``AckLog.restart``)."""
@@ -118,7 +122,8 @@ class FeederTally:
         return progress.low + len(progress.above)
 
     def new_evaluation(self) -> None:
-        self.scores = ScoreHistogram()
+        self.scores = TaskScores(self.tasks)
+        self.grouped = GroupScores(self.tasks, self.group_rows) if self.group_rows else None
         self.data = Tally()
         self.adopted = []
 
@@ -134,9 +139,13 @@ class FeederTally:
             total.add(t)
         return total
 
-    def eval_acked(self, labels: np.ndarray, preds: np.ndarray) -> None:
+    def eval_acked(self, labels: np.ndarray, preds: np.ndarray,
+                   groups: np.ndarray | None = None) -> None:
+        """An eval batch's scores; ``groups``: each row's group (with the GAUC)."""
         self.batches_acked += 1
         self.scores.add(labels, preds)
+        if self.grouped is not None and groups is not None:
+            self.grouped.add(groups, labels, preds)
 
     def train_acked(self, worker: str, batch_id: int, samples: int, loss_sum: float,
                     weight_sum: float) -> None:
@@ -167,9 +176,14 @@ class FeederTally:
     def eval_report(self, pass_: Pass) -> EvalReport:
         """The scores of a finished evaluation pass."""
         d = self.made_of_rows()
-        return EvalReport(epoch=pass_.epoch, parts=pass_.parts,
-                          loss_sum=self.scores.loss_sum, rows_read=d.rows_read,
-                          rejected=d.rejected, counts=self.scores.counts)
+        g = self.grouped
+        groups, labels, probs = g.rows() if g is not None else \
+            (np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.float32))
+        return EvalReport(epoch=pass_.epoch, parts=pass_.parts, rows_read=d.rows_read,
+                          rejected=d.rejected, counts=self.scores.counts(),
+                          loss_sums=self.scores.loss_sums(), prob_sums=self.scores.prob_sums(),
+                          group_level=0 if g is None else g.level, groups=groups,
+                          group_labels=labels.reshape(-1), group_probs=probs.reshape(-1))
 
     def progress_report(self) -> FeederProgress:
         """How far the training pass has got on each part, for control."""

@@ -110,7 +110,7 @@ class Pipeline:
             return None
         s = batch.sample
         if e.rows.shape[1:] != (self.dim,) or \
-                e.grid != self.layout.bounds(len(s.labels), s.lengths)[-1]:
+                e.grid != self.layout.bounds(len(s.weights), s.lengths)[-1]:
             raise ProtocolError("bad_shape", f"embeddings of batch {e.batch_id} do not fit "
                                              "the batch")
         batch.positions[shard] = e.positions()

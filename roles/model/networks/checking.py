@@ -87,13 +87,15 @@ def _missing(exc: MissingField, layout: FieldLayout, label: str, source_file: Pa
 
 
 def check_network(net: Any, layout: FieldLayout, dense_count: int, label: str,
-                  source_file: Path | None = None) -> None:
+                  source_file: Path | None = None, *, tasks: int = 1) -> None:
     """Refuse (``NetworkError``, naming ``label``: the built-in or the user's file) a network
     that is no ``torch.nn.Module``, whose forward raises on the sample batch, asks for a field
-    the job lacks, or returns anything but finite float logits of shape ``[batch]``."""
+    the job lacks, or returns anything but finite float logits of shape ``[batch]`` (one task)
+    or ``[batch, tasks]`` (several, ``[data] labels``)."""
     if not isinstance(net, nn.Module):
         raise NetworkError(f"{label}: the factory returned {type(net).__name__}, not a "
                            "torch.nn.Module")
+    expected = "[batch]" if tasks == 1 else f"[batch, {tasks}]"
     sparse, dense, lengths = sample_batch(layout, dense_count)
     rows = len(dense)
     training = net.training
@@ -110,12 +112,16 @@ def check_network(net: Any, layout: FieldLayout, dense_count: int, label: str,
         net.train(training)
     if not isinstance(out, torch.Tensor):
         raise NetworkError(f"{label}: forward returns {type(out).__name__}, not a tensor of "
-                           "logits of shape [batch]")
+                           f"logits of shape {expected}")
     shape = list(out.shape)
-    if shape != [rows]:
+    if tasks == 1 and shape != [rows]:
         hint = " (e.g. .squeeze(1))" if shape == [rows, 1] else ""
         raise NetworkError(f"{label}: forward returns shape {shape} for a batch of {rows}; "
                            f"return logits of shape [batch]{hint}")
+    if tasks > 1 and shape != [rows, tasks]:
+        raise NetworkError(f"{label}: forward returns shape {shape} for a batch of {rows} and "
+                           f"{tasks} labels; return logits of shape [batch, {tasks}] (a column "
+                           "per label of [data] labels, in order)")
     if not out.dtype.is_floating_point:
         raise NetworkError(f"{label}: forward returns {out.dtype}; logits must be floating "
                            "point")

@@ -4,13 +4,14 @@ then a linear to 1) scores each position from [q, k, q - k, q * k]; positions pa
 length get no weight; the interest vector is sum(weight * k), unnormalised as in DIN (an empty
 sequence gives 0). The interest vector takes the sequence field's place among the field
 vectors (other sequence fields mean-pooled), and they and the dense features go through ReLU
-layers of ``hidden`` to one logit.
+layers of ``hidden`` to one logit per task (the attention unit's score stays one).
 
 Options: ``hidden`` (default ``[model] hidden``), ``attention_hidden`` (default ``[36]``),
 ``candidate`` (a single-valued or pooled field; default the first such field, and in a job the
 single-valued field of the sequence's table: ``layout_defaults``), ``sequence`` (a sequence
 field; default the first). The candidate and the sequence must have the same width (typically
-they share a table: ``[data.tables] item = ["item", "history"]``).
+they share a table: ``[data.tables] item = ["item", "history"]``). ``tasks``: the job's labels
+when it has several (one logit each, ``[B, T]``, from one linear head per task).
 """
 
 from __future__ import annotations
@@ -21,22 +22,31 @@ import torch
 from torch import nn
 
 from roles.job.fields import FieldLayout
-from roles.model.networks.layers import lengths_mask, logit_mlp, masked_mean, read_options, sizes
+from roles.model.networks.layers import (
+    lengths_mask,
+    logit_mlp,
+    masked_mean,
+    read_options,
+    sizes,
+    task_logits,
+    task_names,
+)
 
 DEFAULTS: dict[str, Any] = {"hidden": [128, 64], "attention_hidden": [36], "candidate": None,
-                            "sequence": None}
+                            "sequence": None, "tasks": []}
 
 
 class Din(nn.Module):
     def __init__(self, sparse_dims: dict[str, int], sequence_fields: list[str],
                  dense_count: int, candidate: str, sequence: str, attention_hidden: list[int],
-                 hidden: list[int]):
+                 hidden: list[int], tasks: int = 1):
         super().__init__()
         self.fields = list(sparse_dims)
         self.sequences = list(sequence_fields)
         self.candidate, self.sequence = candidate, sequence
+        self.several = tasks > 1
         self.attention = logit_mlp(4 * sparse_dims[sequence], attention_hidden)
-        self.mlp = logit_mlp(sum(sparse_dims.values()) + dense_count, hidden)
+        self.mlp = logit_mlp(sum(sparse_dims.values()) + dense_count, hidden, tasks)
 
     def interest(self, query: torch.Tensor, keys: torch.Tensor,
                  lengths: torch.Tensor) -> torch.Tensor:
@@ -57,7 +67,7 @@ class Din(nn.Module):
                 vectors.append(masked_mean(sparse[f], lengths[f]))
             else:
                 vectors.append(sparse[f])
-        return self.mlp(torch.cat([*vectors, dense], dim=1)).squeeze(1)
+        return task_logits(self.mlp(torch.cat([*vectors, dense], dim=1)), self.several)
 
 
 def layout_defaults(layout: FieldLayout, options: dict[str, Any]) -> dict[str, Any]:
@@ -99,4 +109,5 @@ def build(sparse_dims: dict[str, int], sequence_fields: list[str], dense_count: 
                          "one width (share a table, [data.tables])")
     return Din(sparse_dims, sequence_fields, dense_count, candidate, sequence,
                sizes("din", "attention_hidden", opts["attention_hidden"]),
-               sizes("din", "hidden", opts["hidden"]))
+               sizes("din", "hidden", opts["hidden"]),
+               max(1, len(task_names("din", opts["tasks"]))))

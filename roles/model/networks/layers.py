@@ -1,5 +1,6 @@
 """What the built-in networks share: ReLU towers, sequence masks and mean pooling (written
-without Python branching on tensor values, so that torch.fx traces them), and the reading of
+without Python branching on tensor values, so that torch.fx traces them), one logit per task
+(option ``tasks``: the job's labels when it has several, ``[data] labels``), and the reading of
 ``[model.options]`` (an unknown name or a value of the wrong kind is a ValueError that names
 the network, the option and what it takes)."""
 
@@ -25,10 +26,16 @@ def relu_layers(width: int, sizes: Sequence[int]) -> tuple[list[nn.Module], int]
     return layers, width
 
 
-def logit_mlp(width: int, hidden: Sequence[int]) -> nn.Sequential:
-    """The ``hidden`` ReLU layers, then a linear to one logit (``[B, 1]``)."""
+def logit_mlp(width: int, hidden: Sequence[int], outputs: int = 1) -> nn.Sequential:
+    """The ``hidden`` ReLU layers, then a linear to ``outputs`` logits (``[B, outputs]``)."""
     layers, width = relu_layers(width, hidden)
-    return nn.Sequential(*layers, nn.Linear(width, 1))
+    return nn.Sequential(*layers, nn.Linear(width, outputs))
+
+
+def task_logits(out: torch.Tensor, several: bool) -> torch.Tensor:
+    """The contract's logits from ``[B, T]``: as they are for several tasks, ``[B]`` for one.
+    ``several`` is fixed when the network is built (no branching on tensor values)."""
+    return out if several else out.squeeze(1)
 
 
 class JoinedFields(dict):
@@ -77,6 +84,34 @@ def mlp_over(mlp: nn.Sequential, x: torch.Tensor, dense: torch.Tensor,
     return h
 
 
+def field_input(sparse: Mapping[str, torch.Tensor], dense: torch.Tensor,
+                lengths: Mapping[str, torch.Tensor], fields: Sequence[str],
+                sequences: Sequence[str]) -> torch.Tensor:
+    """Every field's vector (a sequence field mean-pooled), then the dense features, side by
+    side: ``[B, sum of the widths + dense_count]``."""
+    return torch.cat([*field_vectors(sparse, lengths, fields, sequences), dense], dim=1)
+
+
+def over_fields(mlp: nn.Sequential, sparse: Mapping[str, torch.Tensor], dense: torch.Tensor,
+                lengths: Mapping[str, torch.Tensor], fields: Sequence[str],
+                sequences: Sequence[str], dense_count: int) -> torch.Tensor:
+    """``mlp`` (linears and ReLUs) over ``field_input``: on the worker's joined grid as it is
+    (``mlp_over``) where there is one and ``mlp`` begins with a linear, else on the
+    concatenation."""
+    x = None if sequences or not len(mlp) or not isinstance(mlp[0], nn.Linear) \
+        else joined_of(sparse, fields)
+    if x is not None:   # the worker's grid as it is: no copy in, none of the gradient out
+        return mlp_over(mlp, x, dense, dense_count)
+    return mlp(field_input(sparse, dense, lengths, fields, sequences))
+
+
+def gated_sum(gate: torch.Tensor, outputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The experts' ``outputs`` (each ``[B, d]``) weighted by the softmax of ``gate``'s logits
+    (``[B, len(outputs)]``) and summed: ``[B, d]`` (a mixture of experts' gate)."""
+    weights = torch.softmax(gate, dim=1).unsqueeze(1)                   # [B, 1, n]
+    return torch.bmm(weights, torch.stack(list(outputs), dim=1)).squeeze(1)
+
+
 def lengths_mask(lengths: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
     """``[B, L]`` in ``sequence``'s dtype: 1 where a position of ``sequence`` (``[B, L, dim]``)
     holds an id (position < its row's length), 0 past it. Float from the first step: in a
@@ -121,6 +156,21 @@ def sizes(network: str, name: str, value: Any) -> list[int]:
         raise ValueError(f"{network}: option {name} must be a list of layer sizes >= 1, "
                          f"got {value!r}")
     return list(value)
+
+
+def task_names(network: str, value: Any) -> list[str]:
+    """Option ``tasks``: the label names, one logit each (empty or one name: one task)."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{network}: option tasks must be a list of label names, got {value!r}")
+    return list(value)
+
+
+def several_tasks(network: str, value: Any) -> list[str]:
+    """Option ``tasks`` of a network that trains several labels: two names or more."""
+    tasks = task_names(network, value)
+    if len(tasks) < 2:
+        raise ValueError(f"{network} trains several labels: set [data] labels")
+    return tasks
 
 
 def count(network: str, name: str, value: Any, least: int) -> int:

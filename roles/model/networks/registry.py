@@ -10,7 +10,18 @@ from typing import Any
 from torch import nn
 
 from roles.job.fields import FieldLayout
-from roles.model.networks import dcn, deepfm, din, dlrm, mlp, wide_deep
+from roles.model.networks import (
+    dcn,
+    deepfm,
+    din,
+    dlrm,
+    esmm,
+    mlp,
+    mmoe,
+    ple,
+    shared_bottom,
+    wide_deep,
+)
 
 # factory(sparse_dims, sequence_fields, dense_count, options) -> the network
 Factory = Callable[[dict[str, int], list[str], int, dict[str, Any]], nn.Module]
@@ -22,7 +33,13 @@ BUILTINS: dict[str, Factory] = {
     "deepfm": deepfm.build,
     "wide_deep": wide_deep.build,
     "din": din.build,
+    "shared_bottom": shared_bottom.build,
+    "mmoe": mmoe.build,
+    "ple": ple.build,
+    "esmm": esmm.build,
 }
 
 LayoutDefaults = Callable[[FieldLayout, dict[str, Any]], dict[str, Any]]
 LAYOUT_DEFAULTS: dict[str, LayoutDefaults] = {"din": din.layout_defaults}
+
+SEVERAL_LABELS = ("shared_bottom", "mmoe", "ple", "esmm")   # they refuse a job of one label

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from roles.algorithms.control.membership import Members, Stalls
-from roles.algorithms.shared.metrics import ScoreHistogram
+from roles.algorithms.shared.metrics import TaskScores
 from roles.checkpoint.files import checkpoint_dir, read_manifest, store_of
 from roles.control.checkpoints import Checkpoints
 from roles.control.commands import Commands, ProgressClock
@@ -296,11 +296,22 @@ def test_feeding_assigns_parts_gathers_statistics_and_joins_the_parts_reports(me
     assert figures.rows == {"rows": 100, "rows_once": 100, "rows_repeated": 0,
                             "rows_missed": 0}
     assert (f.data["rows_read"], f.data["rejected_rows"]) == (102, 2)
-    scores = ScoreHistogram()
+    scores = TaskScores()
     scores.add(np.array([0, 1]), np.array([0.2, 0.9]))
-    report = EvalReport(epoch=0, parts=[2], loss_sum=scores.loss_sum, rows_read=2, rejected=0,
-                        counts=scores.counts)
-    assert f.evaluated(report, 3.0) == (1.0, pytest.approx(0.164, abs=1e-3), 2)
+    got = f.evaluated(eval_report(scores), 3.0)
+    assert got is not None and got[1] is None   # (no [metrics] group_by)
+    figures = got[0].record(["label"])
+    assert (figures["auc"], figures["logloss"], got[0].samples) == \
+        (1.0, pytest.approx(0.164, abs=1e-3), 2)
+    assert figures["tasks"]["label"]["calibration"] == pytest.approx(1.1)
+
+
+def eval_report(scores: TaskScores) -> EvalReport:
+    """Part 2's eval report of two rows (without the GAUC's rows)."""
+    return EvalReport(epoch=0, parts=[2], rows_read=2, rejected=0, group_level=0,
+                      counts=scores.counts(), loss_sums=scores.loss_sums(),
+                      prob_sums=scores.prob_sums(), groups=np.zeros(0, np.int64),
+                      group_labels=np.zeros(0, np.float32), group_probs=np.zeros(0, np.float32))
 
 
 def test_too_many_rejected_rows_stop_the_job_with_the_first_one(metrics):
@@ -475,10 +486,9 @@ def test_an_epoch_runs_its_course_to_the_export(tmp_path, metrics, export):
     course.sync_for_eval()
     (evaluate,) = bus.of(Evaluate)
     assert (evaluate.epoch, evaluate.round, course.phase) == (0, 1, "evaluating")
-    scores = ScoreHistogram()
+    scores = TaskScores()
     scores.add(np.array([0, 1]), np.array([0.3, 0.6]))
-    course.evaluated(EvalReport(epoch=0, parts=[2], loss_sum=scores.loss_sum, rows_read=2,
-                                rejected=0, counts=scores.counts), 4.0)
+    course.evaluated(eval_report(scores), 4.0)
     assert course.epochs[0]["auc"] == 1.0 and course.epochs[0]["train_samples"] == 100
     if export:
         assert course.phase == "exporting" and exports.current is not None

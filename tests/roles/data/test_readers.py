@@ -223,3 +223,51 @@ def test_a_plain_file_is_cut_into_parts_of_about_part_mb(tmp_path):
     assert n_train == 160_000 and len(training) >= int(0.8 * size / (0.25 * 2**20))
     assert all(p.end - p.start < 0.5 * 2**20 for p in parts)
     assert sum(p.rows for p in parts) == 200_000
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_several_labels_mask_a_missing_value_and_reject_a_row_with_none(tmp_path, fmt):
+    """[data] labels: one column per task; a missing value is NaN (that task masked for the
+    row), a row with no label at all is set aside with its line, a bad value too."""
+    text = ("click,buy,c,n\n"    # line 1
+            "1,1,a,1\n"          # 2 ok
+            "0,,a,2\n"           # 3 ok: buy unknown
+            ",0,b,3\n"           # 4 ok: click unknown
+            ",,b,4\n"            # 5 no label
+            "1,x,b,5\n")         # 6 bad value
+    schema = Schema(label="click", more_labels=("buy",), dense=["n"], sparse=["c"])
+    path = write(tmp_path / "a.csv", text)
+    if fmt == "parquet":
+        table = pa.table({"click": pa.array([1, 0, None, None], pa.float64()),
+                          "buy": pa.array([1, None, 0, None], pa.float64()),
+                          "c": ["a", "a", "b", "b"], "n": [1.0, 2.0, 3.0, 4.0]})
+        path = str(tmp_path / "a.parquet")
+        pq.write_table(table, path)
+    labels, dense, _, _, rows_read, rejected = read_all([path], fmt, schema)
+    assert labels.shape == (3, 2)
+    np.testing.assert_array_equal(labels, [[1, 1], [0, np.nan], [np.nan, 0]])
+    assert dense[:, 0].tolist() == [1.0, 2.0, 3.0]
+    lines = [(r.line, r.reason) for r in rejected]
+    assert lines[0] == (5 if fmt == "csv" else 4, "missing labels (none of click, buy)")
+    if fmt == "csv":
+        assert rows_read == 5 and lines[1][0] == 6 and "'x'" in lines[1][1]
+
+
+def test_a_weight_column_is_read_and_a_missing_or_negative_weight_set_aside(tmp_path):
+    text = ("y,w,c\n"     # line 1
+            "1,2,a\n"     # 2 ok
+            "0,0.5,a\n"   # 3 ok
+            "0,,b\n"      # 4 missing weight
+            "1,-1,b\n"    # 5 negative
+            "1,x,b\n"     # 6 not a number
+            "0,0,b\n")    # 7 ok: weight 0
+    schema = Schema(label="y", dense=[], sparse=["c"], weight="w")
+    files = index_files([write(tmp_path / "a.csv", text)], "csv")
+    parts, _ = plan_parts(files, 0.5, 64.0)
+    blocks = [b for p in parts for b in read_part(files, p, "csv", schema)]
+    weights = np.concatenate([b.weights for b in blocks])
+    assert weights.tolist() == [2.0, 0.5, 0.0]
+    rejected = [(r.line, r.reason) for b in blocks for r in b.rejected]
+    assert [line for line, _ in rejected] == [4, 5, 6]
+    assert rejected[0][1] == "missing weight (column 'w')"
+    assert "negative" in rejected[1][1] and "'x'" in rejected[2][1]

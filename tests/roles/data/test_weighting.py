@@ -101,3 +101,35 @@ def test_age_counts_from_the_newest_bucket_of_the_data_when_given():
     got = weigh(np.zeros((2, 1), np.int64), np.zeros((2, 0), np.float32), np.ones(2), stamps,
                 base=2.0, unit_s=DAY, drop_below=0.0, merge=False, newest=8)
     assert got.weights.tolist() == [0.125, 0.25]
+
+
+def test_a_weight_column_multiplies_the_decay_and_merged_rows_sum_theirs():
+    keys = np.array([[1, 2], [1, 2], [1, 3], [4, 4]])
+    dense = np.zeros((4, 0), np.float32)
+    labels = np.array([1, 1, 0, 0], np.float32)
+    stamps = np.array([DAY + 1, DAY + 2, DAY + 3, 5])   # the last: a day older
+    own = np.array([2.0, 3.0, 0.5, 4.0])
+    got = weigh(keys, dense, labels, stamps, base=2.0, unit_s=DAY, drop_below=0.0,
+                merge=False, row_weights=own)
+    assert got.weights.tolist() == [2.0, 3.0, 0.5, 2.0]
+    got = weigh(keys, dense, labels, stamps, base=2.0, unit_s=DAY, drop_below=0.6,
+                merge=True, row_weights=own)
+    assert got.rows.tolist() == [0, 3] and got.weights.tolist() == [5.0, 2.0]
+    assert got.dropped == 1 and got.merged == 1   # (the row of weight 0.5 below 0.6)
+
+
+def test_negative_down_sampling_keeps_every_positive_and_the_same_share_of_negatives():
+    from roles.data.weighting import negatives_kept
+    rng = np.random.default_rng(0)
+    keys = rng.integers(-2**62, 2**62, size=(200_000, 3))
+    labels = (rng.random(200_000) < 0.2).astype(np.float32)
+    kept = negatives_kept(keys, labels, 0.1, seed=7)
+    assert kept[labels == 1].all()
+    share = kept[labels == 0].mean()
+    assert abs(share - 0.1) < 0.005, share        # 160,000 negatives: sd 0.00075
+    again = negatives_kept(keys[::-1], labels[::-1], 0.1, seed=7)[::-1]
+    assert (again == kept).all()                  # by the row's keys: any order, any feeder
+    other = negatives_kept(keys, labels, 0.1, seed=8)
+    assert (other != kept).any()
+    two = np.stack([labels, np.full(len(labels), np.nan, np.float32)], axis=1)
+    assert (negatives_kept(keys, two, 0.1, seed=7) == kept).all()   # the first label's

@@ -105,7 +105,7 @@ def test_a_restarted_feeders_tally_starts_from_its_ack_log_and_scores_eval_rows(
     t.eval_acked(np.array([0, 1], np.float32), np.array([0.1, 0.9], dtype=np.float32))
     r = round_trip(t.eval_report(FeedingPass(0, True, [stream(4, [2, 2])])))
     assert r.parts == [4] and int(r.counts.sum()) == 4 and t.batches_acked == 5
-    assert t.scores.auc() == auc([0, 1, 0, 1], [0.3, 0.4, 0.1, 0.9])
+    assert t.scores.each[0].auc() == auc([0, 1, 0, 1], [0.3, 0.4, 0.1, 0.9])
 
 
 # -- key routing ---------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """The network contract (roles/model/networks, docs/models.md): every built-in runs forward and
 backward on the job's shapes, honours and checks its options, traces with torch.fx through
-FlatInputs; ``mlp`` is the old CtrNet to the bit; a user's module is loaded by path or package,
-and each way it can be wrong is one NetworkError line naming the file and the problem."""
+FlatInputs; ``mlp`` is the old CtrNet to the bit; a job of several labels gets a logit per label
+(``[B, T]``), from a head per task on the single-task built-ins or from the multi-task ones; a
+user's module is loaded by path or package, and each way it can be wrong is one NetworkError
+line naming the file and the problem."""
 
 from __future__ import annotations
 
@@ -23,12 +25,15 @@ from roles.model.networks import (
     BUILTINS,
     FlatInputs,
     NetworkError,
+    check_network,
     din,
     example_inputs,
     input_names,
     sample_batch,
 )
-from roles.model.networks.layers import JoinedFields
+from roles.model.networks.esmm import product_logit
+from roles.model.networks.layers import JoinedFields, field_input
+from roles.model.networks.registry import SEVERAL_LABELS
 from roles.model.sparse_input import SparseInputs
 
 ROOT = REPO   # the checkout
@@ -74,6 +79,43 @@ def make_job(model: str = "", more: str = "", origin: Path | None = None, items:
     return parse_job(text, origin=str(origin), base_dir=origin.parent, environ={})
 
 
+LABELS = """
+[data]
+source = "file"
+path = "rows.csv"
+labels = {labels}
+dense = ["d0", "d1", "d2", "d3"]
+sparse = ["c0", "c1", "item", "genres", "history"]
+lists = {{ genres = "|", history = "|" }}
+tables = {{ item = ["item", "history"] }}
+
+[model]
+{model}
+
+[model.pooling]
+history = "none"
+
+[model.max_len]
+history = 6
+genres = 3
+"""
+
+ONE_LABEL = sorted(set(BUILTINS) - set(SEVERAL_LABELS))
+
+
+def labels_job(model: str = "", labels: tuple[str, ...] = ("click", "buy")):
+    """A job of several labels (read from files; none is read here), with a pooled list field
+    (genres) and a sequence (history) beside single-valued fields."""
+    names = ", ".join(f'"{n}"' for n in labels)
+    return parse_job(LABELS.format(labels=f"[{names}]", model=model), environ={})
+
+
+def job_of(network: str, options: str = ""):
+    """The items job for a network of one label, a job of two labels for the others."""
+    model = f'network = "{network}"' + (f"\n[model.options]\n{options}" if options else "")
+    return labels_job(model) if network in SEVERAL_LABELS else make_job(model)
+
+
 def inputs_of(job, rows: int = 4, seed: int = 0, grad: bool = False):
     sparse, dense, lengths = sample_batch(job.layout(), len(job.dense_fields), rows, seed)
     if grad:
@@ -90,11 +132,12 @@ def test_the_built_ins_are_the_networks_the_job_may_name():
 
 @pytest.mark.parametrize("network", sorted(BUILTINS))
 def test_a_built_in_gives_logits_and_gradients_to_every_field_and_parameter(network):
-    job = make_job(f'network = "{network}"')
+    job = job_of(network)
     net = build_network(job)
     sparse, dense, lengths = inputs_of(job, rows=5, grad=True)
     out = net(sparse, dense, lengths)
-    assert out.shape == (5,) and out.dtype == torch.float32
+    assert out.shape == ((5,) if len(job.tasks) == 1 else (5, 2))
+    assert out.dtype == torch.float32
     out.sum().backward()
     assert job.layout().sequence_fields == ["history"]
     for f, t in sparse.items():
@@ -108,7 +151,7 @@ def test_a_built_in_under_bf16_gives_float32_logits_and_gradients_near_fp32s(net
     """``[train] precision = "bf16"`` (``network_logits``): the forward under autocast, the
     logits and every gradient leaving the network float32, within bfloat16's precision of the
     fp32 figures (three significant digits)."""
-    job = make_job(f'network = "{network}"')
+    job = job_of(network)
     net = build_network(job)
     got = {}
     for precision in ("fp32", "bf16"):
@@ -140,7 +183,7 @@ def test_bf16_is_native_answers_for_the_cpu():
 
 @pytest.mark.parametrize("network", sorted(BUILTINS))
 def test_a_built_in_refuses_an_option_it_does_not_know(network):
-    job = make_job(f'network = "{network}"\n[model.options]\nbogus = 1')
+    job = job_of(network, "bogus = 1")
     with pytest.raises(NetworkError, match=rf"^{network}: unknown option 'bogus' .*knows .*hidden"):
         build_network(job)
 
@@ -301,7 +344,7 @@ def test_building_is_seeded_and_leaves_the_random_state_as_seeding_does():
 
 # -- tracing -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("network", sorted(BUILTINS))
+@pytest.mark.parametrize("network", ONE_LABEL)
 def test_flat_inputs_trace_every_built_in(network):
     job = make_job(f'network = "{network}"')
     layout, dense_count = job.layout(), len(job.dense_fields)
@@ -340,6 +383,194 @@ def test_flat_inputs_without_sequence_fields_trace_too():
         [f"s{i}" for i in range(8)] + ["dense"]
     example = example_inputs(job.layout(), 4, 2)
     assert torch.equal(gm(*example), FlatInputs(net, job.sparse_fields, [])(*example))
+
+
+# -- several labels ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("network", ONE_LABEL)
+def test_a_single_task_built_in_gives_a_head_per_label(network):
+    """``tasks``: the same shared network, its last linear one logit wide per label; without
+    it, the very parameters of before (names and shapes)."""
+    one = build_network(labels_job(f'network = "{network}"', ("click",)))
+    job = labels_job(f'network = "{network}"', ("click", "buy", "view"))
+    net = build_network(job)
+    sparse, dense, lengths = inputs_of(job, rows=5, grad=True)
+    out = net(sparse, dense, lengths)
+    assert out.shape == (5, 3) and torch.isfinite(out).all()
+    out[:, 2].sum().backward()
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in sparse.values())
+    widened = {n: p.shape for n, p in net.named_parameters()}
+    before = {n: p.shape for n, p in one.named_parameters()}
+    assert list(widened) == list(before)   # the same layers, in the same order
+    changed = sorted(n for n in widened if widened[n][0] != before[n][0])
+    assert changed and all(widened[n][0] == 3 and before[n][0] == 1 for n in changed)
+
+
+def test_deepfm_adds_its_second_order_term_to_every_label():
+    job = labels_job('network = "deepfm"')
+    net = build_network(job)
+    sparse, dense, lengths = inputs_of(job, rows=6)
+    second = net(sparse, dense, lengths) - net.first_and_deep(sparse, dense, lengths)
+    assert second.shape == (6, 2)
+    torch.testing.assert_close(second[:, 0], second[:, 1])
+
+
+@pytest.mark.parametrize("network, labels", [
+    ("shared_bottom", 2), ("shared_bottom", 3), ("mmoe", 2), ("mmoe", 3), ("ple", 2),
+    ("ple", 3), ("esmm", 2),
+])
+def test_a_multi_task_network_gives_a_column_per_label(network, labels):
+    job = labels_job(f'network = "{network}"', tuple(f"l{i}" for i in range(labels)))
+    net = build_network(job)
+    sparse, dense, lengths = inputs_of(job, rows=7, seed=2, grad=True)
+    assert set(lengths) == {"history"} and sparse["genres"].shape == (7, 16)
+    out = net(sparse, dense, lengths)
+    assert out.shape == (7, labels) and out.dtype == torch.float32
+    assert torch.isfinite(out).all()
+    out.sum().backward()
+    for f, t in sparse.items():
+        assert t.grad is not None and t.grad.abs().sum() > 0, f"{network}: no gradient to {f}"
+    for name, p in net.named_parameters():
+        assert p.grad is not None, f"{network}: no gradient to {name}"
+    layout = job.layout()   # no branching on tensor values: torch.fx traces it
+    gm = fx.symbolic_trace(FlatInputs(net, layout.fields, layout.sequence_fields))
+    args = (*(sparse[f] for f in layout.fields), dense, lengths["history"])
+    assert torch.equal(gm(*args), out)
+
+
+@pytest.mark.parametrize("network", sorted(SEVERAL_LABELS))
+def test_a_multi_task_network_refuses_one_label(network):
+    with pytest.raises(NetworkError, match=rf"^{network} trains several labels: set \[data\] "
+                                           r"labels$"):
+        build_network(make_job(f'network = "{network}"'))
+
+
+def test_the_multi_task_options_are_honoured():
+    sb = build_network(labels_job('network = "shared_bottom"\n[model.options]\n'
+                                  'bottom = [12, 10]\ntower = [6]'))
+    assert [m.out_features for m in sb.bottom if isinstance(m, nn.Linear)] == [12, 10]
+    assert [[m.out_features for m in t if isinstance(m, nn.Linear)] for t in sb.towers] == \
+        [[6, 1], [6, 1]]
+    mmoe = build_network(labels_job('network = "mmoe"\n[model.options]\nexperts = 3\n'
+                                    'expert = [8]\ntower = []', ("a", "b", "c")))
+    assert len(mmoe.experts) == 3 and [g.out_features for g in mmoe.gates] == [3, 3, 3]
+    assert [t[0].in_features for t in mmoe.towers] == [8, 8, 8]
+    ple = build_network(labels_job('network = "ple"\n[model.options]\nlevels = 3\n'
+                                   'shared_experts = 1\ntask_experts = 2\nexpert = [8, 4]',
+                                   ("a", "b", "c")))
+    assert [level.shared_gate is None for level in ple.levels] == [False, False, True]
+    first = ple.levels[0]
+    assert len(first.task_experts) == 6 and len(first.shared_experts) == 1
+    assert [g.out_features for g in first.task_gates] == [3, 3, 3]
+    assert first.shared_gate.out_features == 7 and ple.levels[1].task_gates[0].in_features == 4
+
+
+@pytest.mark.parametrize("network, options, message", [
+    ("mmoe", "experts = 0", "mmoe: option experts must be an integer >= 1, got 0"),
+    ("mmoe", "expert = []", "mmoe: option expert must name at least one layer, got []"),
+    ("ple", "levels = 0", "ple: option levels must be an integer >= 1, got 0"),
+    ("ple", "task_experts = 0", "ple: option task_experts must be an integer >= 1, got 0"),
+    ("shared_bottom", "tower = [0]",
+     "shared_bottom: option tower must be a list of layer sizes >= 1, got [0]"),
+    ("esmm", 'chain = ["click", "view"]', "esmm: option chain must name the click's label then "
+     "the conversion's, a permutation of ['click', 'buy'], got ['click', 'view']"),
+    ("esmm", 'tower = [-1]', "esmm: option tower must be a list of layer sizes >= 1, got [-1]"),
+])
+def test_a_bad_multi_task_option_is_refused_by_name(network, options, message):
+    with pytest.raises(NetworkError, match="^" + re.escape(message) + "$"):
+        build_network(job_of(network, options))
+
+
+def test_esmm_takes_exactly_two_labels():
+    with pytest.raises(NetworkError, match=r"^esmm trains exactly two labels \(a click, then a "
+                                           r"conversion\), got 3: a, b, c$"):
+        build_network(labels_job('network = "esmm"', ("a", "b", "c")))
+
+
+@pytest.mark.parametrize("chain", [None, ["buy", "click"]])
+def test_esmm_gives_pctr_and_pctcvr_in_the_columns_of_its_chain(chain):
+    options = "" if chain is None else f'\n[model.options]\nchain = ["{chain[0]}", "{chain[1]}"]'
+    job = labels_job('network = "esmm"' + options)
+    net = build_network(job)
+    sparse, dense, lengths = inputs_of(job, rows=9, seed=4)
+    out = net(sparse, dense, lengths)
+    x = field_input(sparse, dense, lengths, net.fields, net.sequences)
+    ctr, cvr = net.ctr(x).squeeze(1), net.cvr(x).squeeze(1)
+    click, ctcvr = (0, 1) if chain is None else (1, 0)
+    assert torch.equal(out[:, click], ctr)
+    torch.testing.assert_close(torch.sigmoid(out[:, ctcvr]),
+                               torch.sigmoid(ctr) * torch.sigmoid(cvr), atol=1e-6, rtol=0)
+
+
+def test_esmm_product_logit_is_finite_and_exact_for_extreme_logits():
+    values = torch.tensor([-1e4, -200.0, -90.0, -30.0, -3.0, 0.0, 0.5, 3.0, 30.0, 90.0, 200.0,
+                           1e4])
+    a, b = (t.flatten().clone().requires_grad_(True) for t in torch.meshgrid(values, values,
+                                                                              indexing="ij"))
+    logit = product_logit(a, b)
+    assert torch.isfinite(logit).all()
+    expected = torch.sigmoid(a.double()) * torch.sigmoid(b.double())
+    torch.testing.assert_close(torch.sigmoid(logit.double()), expected, atol=1e-6, rtol=0)
+    logit.sum().backward()
+    assert torch.isfinite(a.grad).all() and torch.isfinite(b.grad).all()
+    assert logit.max() < 90 and logit.min() <= -2e4   # p rounds to 1: the clamp; to 0: exact
+
+
+def test_check_network_wants_a_column_per_label():
+    layout = make_job(items=False).layout()
+
+    class Net(nn.Module):
+        def __init__(self, width: int):
+            super().__init__()
+            self.linear = nn.Linear(4, width)
+
+        def forward(self, sparse, dense, lengths):
+            out = self.linear(dense)
+            return out.squeeze(1) if out.shape[1] == 1 else out
+
+    check_network(Net(1), layout, 4, "one")
+    check_network(Net(2), layout, 4, "two", tasks=2)
+    with pytest.raises(NetworkError, match=re.escape(
+            "one: forward returns shape [4] for a batch of 4 and 2 labels; return logits of "
+            "shape [batch, 2] (a column per label of [data] labels, in order)")):
+        check_network(Net(1), layout, 4, "one", tasks=2)
+    with pytest.raises(NetworkError, match=re.escape(
+            "two: forward returns shape [4, 2] for a batch of 4; return logits of shape "
+            "[batch]")):
+        check_network(Net(2), layout, 4, "two")
+    with pytest.raises(NetworkError, match=r"shape \[4, 3\] for a batch of 4 and 2 labels"):
+        check_network(Net(3), layout, 4, "three", tasks=2)
+
+
+def test_a_users_module_gets_the_labels_in_its_options(tmp_path):
+    (tmp_path / "net.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        SEEN = {}
+
+        class Net(nn.Module):
+            def __init__(self, dense_count, tasks):
+                super().__init__()
+                self.linear = nn.Linear(dense_count, tasks)
+
+            def forward(self, sparse, dense, lengths):
+                return self.linear(dense)
+
+        def build(sparse_dims, sequence_fields, dense_count, options):
+            SEEN.update(options)
+            return Net(dense_count, len(options.get("tasks", ["one"])))
+    """))
+    model = 'module = "net.py:build"\n[model.options]\nwidth = 3'
+    text = LABELS.format(labels='["click", "buy", "view"]', model=model)
+    (tmp_path / "job.toml").write_text(text)
+    job = parse_job(text, origin=str(tmp_path / "job.toml"), base_dir=tmp_path, environ={})
+    net = build_network(job)
+    assert sys.modules[type(net).__module__].SEEN == {
+        "hidden": [128, 64], "width": 3, "tasks": ["click", "buy", "view"]}
+    one = make_job('module = "net.py:build"', origin=tmp_path / "one.toml", items=False)
+    with pytest.raises(NetworkError, match=r"returns shape \[4, 1\] .*\(e\.g\. \.squeeze\(1\)\)$"):
+        build_network(one)   # no "tasks" for one label
 
 
 # -- a user's module ---------------------------------------------------------------------------
