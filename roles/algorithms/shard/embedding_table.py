@@ -51,6 +51,7 @@ from __future__ import annotations
 import numpy as np
 
 from roles.algorithms.shard import kernels
+from roles.algorithms.shard.growing import GrowingRows
 from roles.algorithms.shard.key_index import KeyIndex
 from roles.data.keyspace import splitmix64
 
@@ -80,9 +81,14 @@ class EmbeddingTable:
         self.index = KeyIndex(capacity, compiled)
         capacity = max(capacity, defaults, 1)
         self.index.reserve_rows(capacity)
-        self.weights = np.zeros((capacity, dim), dtype=np.float32)
-        self.accum = np.zeros((capacity, dim), dtype=np.float32)   # Adagrad sum of g^2
-        self.last_seen = np.full(capacity, FREE, dtype=np.int64)
+        # the rows' arrays grow in place (roles.algorithms.shard.growing): no second copy;
+        # so no caller may hold weights, accum or last_seen across a call that adds rows
+        self._grown = {"weights": GrowingRows(capacity, (dim,), np.float32),
+                       "accum": GrowingRows(capacity, (dim,), np.float32),  # Adagrad sum of g^2
+                       "last_seen": GrowingRows(capacity, (), np.int64, fill=FREE)}
+        self.weights = self._grown["weights"].array
+        self.accum = self._grown["accum"].array
+        self.last_seen = self._grown["last_seen"].array
         self.size = defaults          # row numbers in use: defaults, live and free
         self._free = np.empty(0, dtype=np.int64)   # a stack of free row numbers
         self._free_count = 0
@@ -166,9 +172,11 @@ class EmbeddingTable:
             return
         size = max(needed, 2 * len(self.weights))
         self.index.reserve_rows(size)
+        for name, rows in self._grown.items():
+            setattr(self, name, None)   # (its only view: the mapping grows in place)
+            setattr(self, name, rows.grow(size))
         followed = ("_marked",) if self._changed is not None else ()
-        for name, fill in (("weights", 0), ("accum", 0), ("last_seen", FREE), ("dirty", 0),
-                           *((n, 0) for n in followed)):
+        for name, fill in (("dirty", 0), *((n, 0) for n in followed)):
             old = getattr(self, name)
             grown = np.zeros((size, *old.shape[1:]), dtype=old.dtype) if fill == 0 else \
                 np.full(size, fill, dtype=old.dtype)
