@@ -107,7 +107,7 @@ class Feeding:
                      "eval_samples": int(evaluation[:, 3].sum()), "rows_read": None,
                      "rejected_rows": None, "dropped_rows": None, "merged_rows": None,
                      "parts": len(m.parts), "training_parts": len(train),
-                     "oracle_auc": None if m.oracle_auc < 0 else m.oracle_auc}
+                     "oracle_aucs": list(m.oracle_aucs)}
 
     def training_feeders(self) -> set[str] | None:
         """The feeders that own a training part (None before the part map): only they count

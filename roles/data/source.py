@@ -74,7 +74,8 @@ class DataSource:
             s = data.synthetic
             self.generator = Generator(s.rows, s.vocab, s.dense, s.zipf, s.signal, s.days,
                                        s.seed, items=s.items, history=s.history,
-                                       genres=s.genres, drift=s.drift)
+                                       genres=s.genres, drift=s.drift,
+                                       conversion=s.conversion)
 
     # -- the index (made by one feeder, told to the others through control) -------------------
     def index(self, advance: Advance | None = None) -> tuple[list[FileIndex], list[Part], int]:

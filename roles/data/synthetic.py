@@ -71,8 +71,9 @@ class SyntheticBlock:
     values: np.ndarray      # int64 [rows, fields]: value ids (0 .. vocab-1; -1: missing), then
     #                         the candidate item's id with items
     dense: np.ndarray       # float64 [rows, dense]: raw counts (NaN: missing)
-    labels: np.ndarray      # float32 [rows]
-    probs: np.ndarray       # float64 [rows]: the true click probability
+    labels: np.ndarray      # float32 [rows] ([rows, 2] with conversion: click, purchase)
+    probs: np.ndarray       # float64 [rows]: the true click probability ([rows, 2]: and the
+    #                         purchase's, p(click) · p(purchase | click))
     timestamps: np.ndarray  # int64 [rows]
     genres: np.ndarray      # int64 [rows, 3]: the candidate's genres, -1 after them ([rows, 0]
     #                         without items)
@@ -173,14 +174,18 @@ class Generator:
 
     def __init__(self, rows: int, vocab: list[int], dense: int, zipf: float, signal: float,
                  days: int, seed: int, missing: float = 0.0, items: int = 0, history: int = 20,
-                 genres: int = 40, affinity: float = AFFINITY, drift: float = 0.0):
+                 genres: int = 40, affinity: float = AFFINITY, drift: float = 0.0,
+                 conversion: bool = False, shared: float = 0.5, cvr_bias: float = -0.5):
         self.rows, self.vocab, self.n_dense = rows, list(vocab), dense
         self.zipf, self.signal, self.days, self.seed = zipf, signal, days, seed
         self.missing = missing
         self.items, self.max_history, self.n_genres = items, history, genres
         self.affinity = affinity
         self.drift = drift
+        self.conversion, self.shared, self.cvr_bias = conversion, shared, cvr_bias
         base = splitmix64(np.array([seed], dtype=np.uint64))[0]
+        self.cvr_seeds = splitmix64(np.uint64(seed) ^ np.arange(101, 101 + len(vocab),
+                                                                dtype=np.uint64))
         if items:
             self.item_stride = self._stride(items, len(vocab))
             self.item_law = ZipfLaw(items, zipf)
@@ -325,6 +330,11 @@ class Generator:
             gone = rng.random(counts.shape) < self.missing
             counts = np.where(gone, np.nan, counts)
             values = np.where(rng.random(values.shape) < self.missing, -1, values)
+        if self.conversion:   # drawn last: the clicks and the values are the same without it
+            p_cvr = self.purchase_given_click(values, logit + self.bias)
+            purchase = (labels == 1) & (rng.random(len(probs)) < p_cvr)
+            labels = np.stack([labels, purchase.astype(np.float32)], axis=1)
+            probs = np.stack([probs, probs * p_cvr], axis=1)
         if items is None:
             genres = np.zeros((BLOCK_ROWS, 0), np.int64)
             lengths, history = np.zeros(BLOCK_ROWS, np.int64), np.zeros(0, np.int64)
@@ -334,6 +344,14 @@ class Generator:
         return SyntheticBlock(values=values, dense=counts, labels=labels, probs=probs,
                               timestamps=stamps, genres=genres, history_lengths=lengths,
                               history=history).slice(0, n)
+
+    def purchase_given_click(self, values: np.ndarray, click_logit: np.ndarray) -> np.ndarray:
+        """The planted p(purchase | click): a weight per value of its own (``signal`` as the
+        click's; none for a missing value, -1), ``shared`` of the click's logit and
+        ``cvr_bias``."""
+        own = sum(hashed_normal(self.cvr_seeds[f], values[:, f]) * (values[:, f] >= 0)
+                  for f in range(len(self.vocab)))
+        return _sigmoid(self.signal * own + self.shared * click_logit + self.cvr_bias)
 
     def rows_between(self, start: int, stop: int) -> SyntheticBlock:
         """Rows [start, stop), from the blocks that hold them."""
@@ -346,8 +364,10 @@ class Generator:
             parts.append(block.slice(lo, hi))
         if not parts:
             fields = len(self.vocab) + (1 if self.items else 0)
+            tasks = (0, 2) if self.conversion else 0
             return SyntheticBlock(np.zeros((0, fields), np.int64), np.zeros((0, self.n_dense)),
-                                  np.zeros(0, np.float32), np.zeros(0), np.zeros(0, np.int64),
+                                  np.zeros(tasks, np.float32), np.zeros(tasks),
+                                  np.zeros(0, np.int64),
                                   np.zeros((0, MAX_GENRES if self.items else 0), np.int64),
                                   np.zeros(0, np.int64), np.zeros(0, np.int64))
         return SyntheticBlock.join(parts) if len(parts) > 1 else parts[0]

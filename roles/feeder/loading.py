@@ -24,7 +24,7 @@ import numpy as np
 
 from roles.algorithms.feeding.ledger import PartProgress
 from roles.algorithms.feeding.passes import Made, PartStream
-from roles.algorithms.shared.metrics import auc
+from roles.algorithms.shared.metrics import oracle_aucs
 from roles.algorithms.shared.progress import Every, Progress
 from roles.checkpoint.model_files import TRANSFORM, write_json
 from roles.data.held_parts import HeldParts
@@ -82,8 +82,8 @@ class Loading:
                 files, parts, n_train = source.index(self.indexing(source))
                 source.files = files
                 oracle = source.oracle_scores(parts)
-                self.report(DataIndex(n_train=n_train, oracle_auc=-1.0 if oracle is None
-                                      else auc(*oracle), body=PartMap.body_of(
+                self.report(DataIndex(n_train=n_train, oracle_aucs=[] if oracle is None
+                                      else oracle_aucs(*oracle), body=PartMap.body_of(
                                           DataSource.describe(files)),
                                       parts=np.array([p.as_list() for p in parts],
                                                      dtype=np.int64).reshape(-1, 7)))
@@ -106,7 +106,7 @@ class Loading:
         if self.index == 0:
             feeders = self.job.cluster.feeders
             parts = [Part(i, 0, 0, 0).as_list() for i in range(feeders)]
-            self.report(DataIndex(n_train=0, oracle_auc=-1.0, body=PartMap.body_of([]),
+            self.report(DataIndex(n_train=0, oracle_aucs=[], body=PartMap.body_of([]),
                                   parts=np.array(parts, dtype=np.int64).reshape(-1, 7)))
 
     def held_parts(self) -> HeldParts | None:

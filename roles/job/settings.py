@@ -34,6 +34,7 @@ NETWORKS = ("mlp", "dlrm", "dcn", "deepfm", "wide_deep", "din", "shared_bottom",
             "esmm")
 POOLINGS = ("mean", "sum", "none")
 MAX_LEN = 50   # a list field's ids kept by default (the newest)
+CHAIN = ("click", "purchase")   # the labels of [data.synthetic] conversion
 DECAY_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
 RESERVED_ENV = {"ZBUS_JOB", "ZBUS_RUN_DIR", "ZBUS_LOG_LEVEL", "ZBUS_VENV", "ZBUS_TORCH_SPEC",
                 "ZBUS_CACHE_DIR", "ZBUS_CLUSTER_FILE", "ZBUS_BIND_INTERFACE", "ZBUS_RESUME",
@@ -82,6 +83,11 @@ class SyntheticConfig:
         "radians a day the planted weights of the values (and items) turn with event time: "
         "two days k apart correlate cos(drift × k), so the best model changes and one that "
         "stops learning falls behind; 0: the same model throughout")})
+    conversion: bool = field(default=False, metadata={"doc": (
+        "two labels, a planted chain: `click` (the planted model above) and `purchase`, 1 only "
+        "on a clicked row, with a probability given the click from a second planted model "
+        "over the same values (and half the click's logit); the job's labels are then "
+        "`[\"click\", \"purchase\"]`, each with its oracle AUC")})
 
     def __post_init__(self) -> None:
         if not self.vocab or min(self.vocab) < 1:
@@ -631,7 +637,9 @@ class Job:
     def tasks(self) -> list[str]:
         """The labels, one per task: the network returns one logit per row for one, ``[rows,
         tasks]`` for several (docs/models.md)."""
-        return self.data.tasks if self.data.source == "file" else ["label"]
+        if self.data.source == "file":
+            return self.data.tasks
+        return list(CHAIN) if self.data.synthetic.conversion else ["label"]
 
     def check_tasks(self) -> None:
         if self.streaming and (self.data.weight or self.data.negative_rate < 1.0):
@@ -659,9 +667,9 @@ class Job:
             return
         if len(set(tasks)) != len(tasks):
             raise ValueError(f"[data] labels names a column twice: {tasks}")
-        if self.data.source != "file":
+        if self.data.source != "file" and not self.data.synthetic.conversion:
             raise ValueError("[data] labels: several labels are read from files ([data] "
-                             "source = \"file\")")
+                             "source = \"file\"), or made by [data.synthetic] conversion")
         if self.streaming:
             raise ValueError("[data] labels: a stream job trains one label (docs/limits.md)")
         if self.train.batch_by_label:

@@ -47,6 +47,7 @@ class TaskFigures(TypedDict):
     calibration: float | None   # mean predicted / observed positive rate
     gauc: float | None          # the group AUC ([metrics] group_by; None without)
     gauc_groups: int | None     # the groups it averages (with both classes)
+    oracle_auc: float | None    # synthetic data: the true probabilities' AUC
 
 
 class Results(TypedDict):

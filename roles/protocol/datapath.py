@@ -78,11 +78,11 @@ def _check_parts(parts: np.ndarray) -> None:
 class DataIndex(Message):
     """Feeder 0's index of the data: the files (``body``, JSON: one object per file, as
     ``roles.data.index.FileIndex``), the parts they are cut into (``parts``: one row of
-    PART_FIELDS integers per part), the training rows, and the oracle AUC of synthetic data
-    (-1 for other data)."""
+    PART_FIELDS integers per part), the training rows, and the oracle AUC of synthetic data,
+    one per label (none for other data)."""
 
     n_train: int
-    oracle_auc: float
+    oracle_aucs: list[float]
     body: np.ndarray = array("uint8", 1)
     parts: np.ndarray = array("int64", 2)
 

@@ -100,7 +100,7 @@ class SimNode:
                 self.welcomed = True
                 self.send(Ready(info={}))
                 if self.role == "feeder":
-                    self.send(DataIndex(n_train=1_000_000, oracle_auc=-1.0,
+                    self.send(DataIndex(n_train=1_000_000, oracle_aucs=[],
                                         body=PartMap.body_of([]), parts=PARTS))
             case Welcome(accepted=False, reason=reason):
                 raise SystemExit(f"sim_nodes: {self.node_id} refused: {reason}")

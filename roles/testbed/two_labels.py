@@ -1,12 +1,11 @@
-"""A CSV file of generated rows with two labels that form a chain, as impressions, clicks and
-purchases do: ``click`` follows the built-in generator's planted logistic model
-(``roles.data.synthetic``), and ``purchase`` is 1 only on a clicked row, with a probability
-given clicked from a second planted model over the same values (its own weight per id, and a
-share ``shared`` of the click's logit: the tasks are related, not the same). ``masked`` of the
-rows leave ``purchase`` empty (unknown: that task is masked for the row). Written block by
-block (bounded memory). ``write_two_labels`` returns each task's oracle AUC over the last
-``eval_fraction`` of the rows: the true probabilities' (click: p(click); purchase:
-p(click)·p(purchase | click), over every impression with a purchase value)."""
+"""A CSV file of the built-in generator's rows with two labels that form a chain, as
+impressions, clicks and purchases do (``roles.data.synthetic``'s ``conversion``: ``click`` from
+the planted model, ``purchase`` 1 only on a clicked row, with a probability given the click from
+a second planted model over the same values). ``masked`` of the rows leave ``purchase`` empty
+(unknown: that task is masked for the row). Written block by block (bounded memory).
+``write_two_labels`` returns each task's oracle AUC over the last ``eval_fraction`` of the rows:
+the true probabilities' (click: p(click); purchase: p(click)·p(purchase | click), over every
+impression with a purchase value)."""
 
 from __future__ import annotations
 
@@ -17,43 +16,32 @@ import pyarrow as pa
 import pyarrow.csv as csv
 
 from roles.algorithms.shared.metrics import auc
-from roles.data.synthetic import BLOCK_ROWS, Generator, hashed_normal, splitmix64
+from roles.data.synthetic import BLOCK_ROWS, Generator
 
 HEADER = ["click", "purchase"]
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
-
-
 def write_two_labels(out: Path | str, rows: int, *, seed: int = 1,
                      vocab: tuple[int, ...] = (1000, 300, 50, 20000), dense: int = 2,
-                     signal: float = 0.8, shared: float = 0.5, cvr_bias: float = -0.5,
-                     masked: float = 0.05, eval_fraction: float = 0.2) -> dict[str, float]:
+                     signal: float = 0.8, masked: float = 0.05,
+                     eval_fraction: float = 0.2) -> dict[str, float]:
     """``rows`` rows to ``out`` (columns ``click``, ``purchase``, ``c0``.., ``d0``..); each
     task's oracle AUC over the eval rows (the last ``eval_fraction``)."""
-    gen = Generator(rows, list(vocab), dense, 1.1, signal, 7, seed, missing=0.02)
-    cvr_seeds = splitmix64(np.uint64(seed) ^ np.arange(101, 101 + len(vocab),
-                                                       dtype=np.uint64))
+    gen = Generator(rows, list(vocab), dense, 1.1, signal, 7, seed, missing=0.02,
+                    conversion=True)
     rng = np.random.default_rng([seed, 2])
     first_eval = int(rows * (1 - eval_fraction))
-    oracle: dict[str, list[np.ndarray]] = {"click": [], "purchase": [], "p_click": [],
-                                           "p_purchase": []}
+    oracle: dict[str, list[np.ndarray]] = {k: [] for k in ("click", "purchase", "p_click",
+                                                          "p_purchase")}
     options = csv.WriteOptions(include_header=True)
     with open(out, "wb") as sink:
         writer = None
         for b in range(-(-rows // BLOCK_ROWS)):
             block = gen.block(b)
-            values = block.values
-            n = len(values)
-            logit_ctr = np.log(block.probs) - np.log1p(-block.probs)
-            own = sum(hashed_normal(cvr_seeds[f], values[:, f]) * (values[:, f] >= 0)
-                      for f in range(values.shape[1]))
-            p_cvr = _sigmoid(signal * own + shared * logit_ctr + cvr_bias)
-            click = block.labels.astype(np.int8)
-            purchase = (click == 1) & (rng.random(n) < p_cvr)
+            values, n = block.values, len(block.values)
+            click, purchase = block.labels[:, 0], block.labels[:, 1]
             hidden = rng.random(n) < masked
-            columns = {"click": pa.array(click),
+            columns = {"click": pa.array(click.astype(np.int8)),
                        "purchase": pa.array(purchase.astype(np.int8), mask=hidden)}
             for f in range(values.shape[1]):
                 ids = values[:, f]
@@ -68,10 +56,10 @@ def write_two_labels(out: Path | str, rows: int, *, seed: int = 1,
             writer.write_table(table)
             at = np.arange(b * BLOCK_ROWS, b * BLOCK_ROWS + n) >= first_eval
             oracle["click"].append(click[at])
-            oracle["p_click"].append(block.probs[at])
+            oracle["p_click"].append(block.probs[at, 0])
             known = at & ~hidden
             oracle["purchase"].append(purchase[known])
-            oracle["p_purchase"].append((block.probs * p_cvr)[known])
+            oracle["p_purchase"].append(block.probs[known, 1])
         if writer is not None:
             writer.close()
     joined = {k: np.concatenate(v) for k, v in oracle.items()}

@@ -28,7 +28,7 @@ import torch
 from roles.algorithms.feeding.passes import FeedingPass
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.algorithms.shared.dense_optimizer import dense_adam
-from roles.algorithms.shared.metrics import TaskScores, auc
+from roles.algorithms.shared.metrics import TaskScores, oracle_aucs
 from roles.data.index import DataError, Part
 from roles.data.source import DataSource
 from roles.data.stream import Preparer, Samples, Tally, eval_batches
@@ -114,7 +114,8 @@ def train_reference(job: Job, threads: int = 0) -> dict:
     oracle = source.oracle_scores(parts)
     return {"auc": epochs[-1]["auc"], "logloss": epochs[-1]["logloss"],
             "tasks": epochs[-1]["tasks"],
-            "oracle_auc": None if oracle is None else auc(*oracle), "samples_trained": trained,
+            "oracle_auc": None if oracle is None else oracle_aucs(*oracle)[0],
+            "samples_trained": trained,
             "train_s": train_s, "samples_per_s": trained / train_s if train_s else None,
             "keys": len(ref.table), "per_epoch": epochs}
 

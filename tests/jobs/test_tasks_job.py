@@ -181,3 +181,16 @@ def test_negative_down_sampling_is_undone_in_every_probability_that_leaves(clust
     np.testing.assert_allclose(corrected, raw / (raw + (1 - raw) / 0.1), rtol=0, atol=1e-6)
     uncorrected = click["calibration"] * raw.mean() / corrected.mean()   # (about: 2,000 rows)
     assert abs(click["calibration"] - 1) < abs(uncorrected - 1) / 5, (click, uncorrected)
+
+
+def test_the_generators_chain_trains_as_a_job_of_two_labels_with_their_oracles(cluster):
+    """``[data.synthetic] conversion``: a job of the built-in data's two labels, each with
+    its oracle AUC in the summary, esmm's purchase below its oracle."""
+    c = cluster(None, data__synthetic__conversion=True, data__synthetic__rows=40_000,
+                model__network="esmm", train__epochs=1, checkpoint__every_s=0)
+    assert c.run_job() == 0, c.logs()
+    s = c.summary()
+    assert list(s["tasks"]) == ["click", "purchase"]
+    for name, f in s["tasks"].items():
+        assert f["oracle_auc"] is not None and 0.5 < f["auc"] < f["oracle_auc"] + 0.01, (name, f)
+    assert s["oracle_auc"] == s["tasks"]["click"]["oracle_auc"]

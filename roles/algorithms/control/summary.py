@@ -20,6 +20,7 @@ from roles.job.summary import (
     Results,
     Shards,
     TableFigures,
+    TaskFigures,
     Throughput,
     Traffic,
     WorkerEmbeddingWaits,
@@ -235,9 +236,15 @@ def results(job: Job, epochs: list[dict[str, Any]], data: dict[str, Any]) -> Res
     """The last evaluated epoch's AUC and log loss, and every epoch's record."""
     evaluated = [e for e in epochs if "auc" in e]
     last = evaluated[-1] if evaluated else {}
+    oracles = dict(zip(job.tasks, data.get("oracle_aucs") or [], strict=False))
+    tasks: dict[str, TaskFigures] = {
+        name: TaskFigures(auc=f["auc"], logloss=f["logloss"], ne=f["ne"],
+                          calibration=f["calibration"], gauc=f["gauc"],
+                          gauc_groups=f["gauc_groups"], oracle_auc=oracles.get(name))
+        for name, f in last.get("tasks", {}).items()}
     return {"auc": last.get("auc"), "logloss": last.get("logloss"),
-            "tasks": last.get("tasks", {}), "gauc_share": last.get("gauc_share"),
-            "oracle_auc": data.get("oracle_auc"), "epochs": len(evaluated),
+            "tasks": tasks, "gauc_share": last.get("gauc_share"),
+            "oracle_auc": oracles.get(job.tasks[0]), "epochs": len(evaluated),
             "epochs_planned": job.train.epochs, "per_epoch": epochs}
 
 

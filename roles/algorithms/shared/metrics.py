@@ -89,6 +89,14 @@ def group_auc(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> tup
     return float((each * n[both]).sum() / n[both].sum()), int(both.sum())
 
 
+def oracle_aucs(labels: np.ndarray, probs: np.ndarray) -> list[float]:
+    """Each label's AUC of the true probabilities (``[n]`` for one label, ``[n, T]``)."""
+    y, p = np.asarray(labels), np.asarray(probs)
+    if y.ndim == 1:
+        return [auc(y, p)]
+    return [auc(y[:, t], p[:, t]) for t in range(y.shape[1])]
+
+
 class ScoreHistogram:
     """Scores of an evaluation pass in bounded memory: positives and negatives counted per bin
     of the score's logit (``BINS`` bins over [-LOGIT_MAX, LOGIT_MAX], the rest in the end bins),

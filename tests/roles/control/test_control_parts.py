@@ -260,7 +260,7 @@ PARTS = np.array([[0, 0, 0, 50, 0, 500, 0], [1, 0, 50, 50, 500, 1000, 0],
 
 def feeding_of(bus: Bus, metrics: MetricsLog, *nodes: str) -> Feeding:
     f = Feeding(job(), members(*nodes), bus.commands, metrics, ProgressClock(0.0))
-    f.indexed(DataIndex(n_train=100, oracle_auc=-1.0, body=PartMap.body_of([]), parts=PARTS))
+    f.indexed(DataIndex(n_train=100, oracle_aucs=[], body=PartMap.body_of([]), parts=PARTS))
     f.assign_parts()
     return f
 

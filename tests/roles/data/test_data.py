@@ -244,3 +244,21 @@ def test_with_drift_the_planted_model_turns_with_event_time_and_stays_as_strong(
     # a model of the first days (the true probabilities of day 0) on the last days' rows
     frozen = moving._weights(seed, b.values[last, 0], moving.angles(0, 1))
     assert auc(b.labels[last], frozen) < 0.5 < oracle[1]
+
+
+def test_the_generators_conversion_chain_keeps_its_clicks_and_buys_only_after_one():
+    """[data.synthetic] conversion: the same rows and clicks as without it (its draws come
+    last), a purchase only on a clicked row, p(purchase) = p(click) · p(purchase | click)."""
+    from roles.algorithms.shared.metrics import oracle_aucs
+    from roles.data.synthetic import Generator
+    plain = Generator(30_000, [100, 1000], 2, 1.1, 0.8, 7, 3, missing=0.05)
+    chain = Generator(30_000, [100, 1000], 2, 1.1, 0.8, 7, 3, missing=0.05, conversion=True)
+    a, b = plain.rows_between(0, 30_000), chain.rows_between(0, 30_000)
+    assert b.labels.shape == (30_000, 2) and b.probs.shape == (30_000, 2)
+    np.testing.assert_array_equal(a.values, b.values)
+    np.testing.assert_array_equal(a.labels, b.labels[:, 0])
+    np.testing.assert_array_equal(a.probs, b.probs[:, 0])
+    assert not (b.labels[:, 1] > b.labels[:, 0]).any() and b.labels[:, 1].sum() > 100
+    assert (b.probs[:, 1] <= b.probs[:, 0]).all()
+    click, purchase = oracle_aucs(b.labels, b.probs)
+    assert click == oracle_aucs(a.labels, a.probs)[0] and 0.7 < purchase < 1.0
