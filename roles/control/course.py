@@ -111,7 +111,7 @@ class Course:
         figures = scores.record(self.job.tasks, grouped)
         auc, logloss = figures["auc"], figures["logloss"]
         record = self.epochs[-1]
-        record.update(**figures, eval_samples=scores.samples)
+        record.update(**figures, eval_samples=scores.rows)
         self.metrics.write("epoch", **record)
         log.info("epoch %d: train loss %.4f, eval auc %.4f, logloss %.4f (%d samples in "
                  "%.1f s)", m.epoch + 1, record["train_loss"] or float("nan"), auc, logloss,

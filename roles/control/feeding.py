@@ -107,7 +107,7 @@ class Feeding:
                      "eval_samples": int(evaluation[:, 3].sum()), "rows_read": None,
                      "rejected_rows": None, "dropped_rows": None, "merged_rows": None,
                      "parts": len(m.parts), "training_parts": len(train),
-                     "oracle_aucs": list(m.oracle_aucs)}
+                     "oracle_aucs": [None if a < 0 else a for a in m.oracle_aucs]}
 
     def training_feeders(self) -> set[str] | None:
         """The feeders that own a training part (None before the part map): only they count
@@ -224,13 +224,13 @@ class Feeding:
         scores = TaskScores(tasks)
         grouped = GroupScores(tasks, 0) if self.job.metrics.group_by else None
         for r in reports:
-            scores.merge(TaskScores.of(r.counts, r.loss_sums, r.prob_sums))
+            scores.merge(TaskScores.of(r.counts, r.loss_sums, r.prob_sums, r.scored))
             if grouped is not None:
                 grouped.merge(GroupScores.of(tasks, 0, r.group_level, r.groups, r.group_labels,
                                              r.group_probs))
         if not self.data.get("eval_counted"):
             self.data["eval_counted"] = True
-            self.data["eval_samples"] = scores.samples
+            self.data["eval_samples"] = scores.rows
             self.data["rows_read"] = (self.data.get("rows_read") or 0) + \
                 sum(r.rows_read for r in reports)
             self.data["rejected_rows"] = (self.data.get("rejected_rows") or 0) + \

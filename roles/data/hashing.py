@@ -131,6 +131,11 @@ def _fixed_keys(seed: np.uint64, padded: np.ndarray, size: int,
     return keys
 
 
+def missing_key(table: str) -> int:
+    """The key a missing value (empty, ``?``, null) of a field of ``table`` hashes to."""
+    return int(np.uint64(_missing_key(field_seed(table))).view(np.int64))
+
+
 def _missing_key(seed: np.uint64) -> np.uint64:
     """The key of the empty value: an empty, ``?`` or null value's."""
     none = np.zeros(1, np.int64)

@@ -218,16 +218,15 @@ def _labels(schema: Schema, col: pa.Array, reasons: _Reasons, name: str = "",
     (one of several labels)."""
     if schema.positive:
         raw = pc.utf8_trim_whitespace(col.cast(pa.string()))
-        pos = pc.fill_null(pc.is_in(raw, pa.array(list(schema.positive))), False)
-        if schema.negative:
-            neg = pc.fill_null(pc.is_in(raw, pa.array(list(schema.negative))), False)
-        else:
-            neg = pc.invert(pc.fill_null(pc.is_in(raw, pa.array(NULLS)), True))
-        pos_np = pos.to_numpy(zero_copy_only=False)
-        neg_np = neg.to_numpy(zero_copy_only=False)
+        absent = pc.or_(pc.is_null(raw), pc.fill_null(pc.is_in(raw, pa.array(NULLS)), False)
+                        ).to_numpy(zero_copy_only=False)   # (a null is in no value set)
+        pos_np = pc.fill_null(pc.is_in(raw, pa.array(list(schema.positive))), False).to_numpy(
+            zero_copy_only=False)
+        neg_np = pc.fill_null(pc.is_in(raw, pa.array(list(schema.negative))), False).to_numpy(
+            zero_copy_only=False) if schema.negative else ~absent & ~pos_np
         text = _text(raw)
-        absent = pc.fill_null(pc.is_in(raw, pa.array(NULLS)), True).to_numpy(
-            zero_copy_only=False) if missing else np.zeros(len(pos_np), dtype=bool)
+        if not missing:
+            reasons.add(absent, lambda i: "missing label")
         reasons.add(~pos_np & ~neg_np & ~absent,
                     lambda i: f"label {text[i]!r} is not a known value")
         return np.where(absent, np.nan, pos_np).astype(np.float32)
@@ -244,7 +243,7 @@ def _weights(name: str, col: pa.Array, reasons: _Reasons) -> np.ndarray:
     values = _numbers(name, col, reasons)
     reasons.add(np.isnan(values), lambda i: f"missing weight (column {name!r})")
     with np.errstate(invalid="ignore"):
-        reasons.add(values < 0, lambda i: f"weight {values[i]!r} is negative (column "
+        reasons.add(values < 0, lambda i: f"weight {float(values[i])!r} is negative (column "
                                           f"{name!r})")
     return values
 

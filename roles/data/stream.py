@@ -168,7 +168,8 @@ class Preparer:
         else:
             stamps, own = block.timestamps, block.weights
             if w.negative_rate < 1.0:   # the negatives not kept go before anything else
-                kept = np.flatnonzero(negatives_kept(keys, labels, w.negative_rate, w.seed))
+                kept = np.flatnonzero(negatives_kept(keys, labels, w.negative_rate, w.seed,
+                                                     dense, stamps))
                 tally.dropped += len(labels) - len(kept)
                 keys, dense, labels = keys[kept], dense[kept], labels[kept]
                 stamps = None if stamps is None else stamps[kept]

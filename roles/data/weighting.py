@@ -69,16 +69,25 @@ def identical_groups(keys: np.ndarray, dense: np.ndarray, labels: np.ndarray,
     return first[order], rank[inverse.reshape(-1)]
 
 
-def negatives_kept(keys: np.ndarray, labels: np.ndarray, rate: float,
-                   seed: int) -> np.ndarray:
+def negatives_kept(keys: np.ndarray, labels: np.ndarray, rate: float, seed: int,
+                   dense: np.ndarray | None = None,
+                   timestamps: np.ndarray | None = None) -> np.ndarray:
     """Negative down-sampling: which rows stay, every row but the negatives (first label 0)
-    whose hash of their keys (and ``seed``) falls above ``rate``: the same rows whichever
-    feeder reads them, and in every epoch, and a part read again after a restart makes the
-    same batches."""
+    whose hash of their values (keys, dense values, timestamp) and ``seed`` falls above
+    ``rate``: the same rows whichever feeder reads them, and in every epoch, and a part read
+    again after a restart makes the same batches. (Rows of the very same values are kept or
+    dropped together.)"""
     first = labels if labels.ndim == 1 else labels[:, 0]
-    h = np.full(len(first), np.uint64(seed) ^ np.uint64(0x4E45_4741_5449_5645), np.uint64)
-    for column in np.asarray(keys, dtype=np.int64).reshape(len(first), -1).T:
-        h = splitmix64(h ^ column.astype(np.uint64))
+    n = len(first)
+    h = np.full(n, np.uint64(seed) ^ np.uint64(0x4E45_4741_5449_5645), np.uint64)
+    columns = [np.asarray(keys, dtype=np.int64).reshape(n, -1).view(np.uint64)]
+    if dense is not None and dense.size:
+        columns.append(np.ascontiguousarray(dense, dtype=np.float32).reshape(n, -1)
+                       .view(np.uint32).astype(np.uint64))
+    if timestamps is not None:
+        columns.append(np.asarray(timestamps, dtype=np.int64).reshape(n, 1).view(np.uint64))
+    for column in np.concatenate(columns, axis=1).T:
+        h = splitmix64(h ^ column)
     uniform = (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
     return np.asarray(~(first == 0) | (uniform < rate))
 
@@ -102,7 +111,9 @@ def weigh(keys: np.ndarray, dense: np.ndarray, labels: np.ndarray,
         rows, counts = np.arange(n), np.ones(n, dtype=np.int64)
         own = counts if row_weights is None else row_weights
     weights = decay[rows] * own
-    keep = weights >= drop_below
+    # drop_below weighs decay x the rows merged (not [data] weight's values); a weight of 0
+    # trains nothing: dropped too
+    keep = (decay[rows] * counts >= drop_below) & (weights > 0)
     return Weighted(rows=rows[keep], weights=weights[keep].astype(np.float32),
                     counts=counts[keep], dropped=int(counts[~keep].sum()),
                     merged=int((counts[keep] - 1).sum()))

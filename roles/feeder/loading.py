@@ -83,7 +83,8 @@ class Loading:
                 source.files = files
                 oracle = source.oracle_scores(parts)
                 self.report(DataIndex(n_train=n_train, oracle_aucs=[] if oracle is None
-                                      else oracle_aucs(*oracle), body=PartMap.body_of(
+                                      else [-1.0 if a != a else a for a in oracle_aucs(*oracle)],
+                                      body=PartMap.body_of(
                                           DataSource.describe(files)),
                                       parts=np.array([p.as_list() for p in parts],
                                                      dtype=np.int64).reshape(-1, 7)))

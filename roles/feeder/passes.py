@@ -310,7 +310,7 @@ class Passes:
         if plan.eval:
             self.enter("ready")
             log.info("epoch %d eval: %d samples scored", plan.epoch + 1,
-                     self.tally.scores.samples)
+                     self.tally.scores.rows)
             self.report(self.tally.eval_report(plan))
         else:
             seconds = time.monotonic() - self.epoch_started

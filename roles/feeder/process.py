@@ -41,7 +41,7 @@ from roles.checkpoint.files import checkpoint_store
 from roles.checkpoint.model_files import ExportAnswers
 from roles.checkpoint.stored_acks import StoredAcks
 from roles.data.compiled import AVAILABLE
-from roles.data.hashing import compiled_loop
+from roles.data.hashing import compiled_loop, missing_key
 from roles.data.index import DataError
 from roles.data.stream import Samples
 from roles.feeder.hold import CheckpointHold
@@ -99,8 +99,11 @@ class Feeder(Node):
         self.shards = [self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"), sndhwm=0)
                        for i in range(c.shards)]  # bounded by the ledger, never blocks
         self.sync = sync_modes.for_mode(job)
-        self.tally = FeederTally(len(job.tasks), job.metrics.group_rows
-                                 if job.metrics.group_by else 0)
+        group_by = job.metrics.group_by
+        self.tally = FeederTally(len(job.tasks), job.metrics.group_rows if group_by else 0,
+                                 missing_key(job.layout().tables[
+                                     job.layout().fields.index(group_by)])
+                                 if group_by else None)
         self.loading = Loading(job, index, self.keep_alive, self.report, self.to_control,
                                self.set_state)
         self.exports = ExportAnswers(self.loading.export_part, self.report)

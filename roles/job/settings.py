@@ -128,10 +128,10 @@ class DataConfig:
         "eval rows' (`eval_path`'s files too need the column) are read, not used: they are "
         "scored unweighted")})
     negative_rate: float = field(default=1.0, metadata={"min": 1e-6, "max": 1.0, "doc": (
-        "negative down-sampling: keep this share of the training rows whose (first) label is "
-        "0, the same rows every epoch (by a hash of the row's keys); every probability that "
+        "negative down-sampling: keep this share of the training rows whose label is 0, the "
+        "same rows every epoch (by a hash of the row's values); every probability that "
         "leaves zbus (eval, zbus-predict, zbus-serve) is corrected for it, p / (p + (1 − p) / "
-        "rate); 1: keep all")})
+        "rate); 1: keep all; one label only")})
     timestamp: str = field(default="", metadata={"doc": (
         "optional column of unix seconds or ISO 8601 dates/times (rows without a valid one "
         "are rejected)")})
@@ -655,7 +655,18 @@ class Job:
         if group_by and group_by in self.list_fields:
             raise ValueError(f"[metrics] group_by = {group_by!r} is a list field: a row's "
                              "group is one value")
+        if self.data.labels and self.data.source != "file":
+            raise ValueError("[data] labels name the label columns of files ([data] source = "
+                             "\"file\"); the generator's two labels: [data.synthetic] "
+                             "conversion = true")
         tasks = self.tasks
+        if group_by:   # every feeder's rows for the GAUC travel in its one EvalReport
+            report = self.metrics.group_rows * (8 + 8 * len(tasks)) + (1 << 20) * len(tasks)
+            if report > self.cluster.max_message_bytes:
+                raise ValueError(f"[metrics] group_rows = {self.metrics.group_rows} makes an "
+                                 f"eval report of about {report >> 20} MB, more than [cluster] "
+                                 f"max_message_mb = {self.cluster.max_message_mb:g}: lower it "
+                                 "or raise max_message_mb")
         unknown = sorted(set(self.model.tasks) - set(tasks))
         if unknown:
             raise ValueError(f"[model.tasks] {unknown[0]} is not a label of [data] labels "
@@ -675,6 +686,9 @@ class Job:
         if self.train.batch_by_label:
             raise ValueError("[train] batch_by_label sorts batches by one label: not with "
                              "several ([data] labels)")
+        if self.data.negative_rate < 1.0:
+            raise ValueError("[data] negative_rate corrects one label's probabilities: with "
+                             "several labels the others would stay biased (docs/limits.md)")
         if self.cluster.parts > 1:
             raise ValueError("[data] labels: model-parallel groups ([cluster] parts > 1) train "
                              "one label (docs/limits.md)")

@@ -79,7 +79,7 @@ class DataIndex(Message):
     """Feeder 0's index of the data: the files (``body``, JSON: one object per file, as
     ``roles.data.index.FileIndex``), the parts they are cut into (``parts``: one row of
     PART_FIELDS integers per part), the training rows, and the oracle AUC of synthetic data,
-    one per label (none for other data)."""
+    one per label (none for other data; -1 where the eval rows hold one class)."""
 
     n_train: int
     oracle_aucs: list[float]

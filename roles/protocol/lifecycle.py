@@ -69,6 +69,7 @@ class EvalReport(Message):
     parts: list[int]
     rows_read: int
     rejected: int
+    scored: int          # eval rows scored (a task's histogram counts those with its label)
     group_level: int
     counts: np.ndarray = array("int64", 2)
     loss_sums: np.ndarray = array("float64", 1)

@@ -52,13 +52,16 @@ CHUNK = 65_536
 REJECTED_SHOWN = 5
 
 
-def schema_of(job: Job, with_label: bool) -> Schema:
-    """The job's columns; with ``with_label``, every label's (``Job.tasks``)."""
+def schema_of(job: Job, with_label: bool, weight: bool = False) -> Schema:
+    """The job's columns; with ``with_label``, every label's (``Job.tasks``); with
+    ``weight``, its ``[data] weight`` column (read and checked as the job reads it, so that
+    the same rows are set aside)."""
     d = job.data
     tasks = job.tasks if with_label else [""]
     return Schema(label=tasks[0], more_labels=tuple(tasks[1:]), dense=job.dense_fields,
                   sparse=job.sparse_fields, lists=job.list_fields,
-                  positive=tuple(d.positive), negative=tuple(d.negative))
+                  positive=tuple(d.positive), negative=tuple(d.negative),
+                  weight=d.weight if weight else "")
 
 
 def out_header(tasks: list[str], with_label: bool) -> str:
@@ -96,7 +99,8 @@ def predict(model: ExportedModel, data: str, fmt: str, split: str,
         parts = [p for p in parts if p.eval == (split == "eval")]
     columns = set(files[0].header) if files[0].header else None
     with_label = columns is None or all(t in columns for t in job.tasks)
-    schema = schema_of(job, with_label)
+    weight = bool(job.data.weight) and (columns is None or job.data.weight in columns)
+    schema = schema_of(job, with_label, weight)
     prepare = Preparer(job.layout(), model.transform, None)
     tally, scores = Tally(), TaskScores(len(job.tasks))
     shown: list[Rejected] = []
@@ -113,7 +117,7 @@ def predict(model: ExportedModel, data: str, fmt: str, split: str,
                 if sink is not None:
                     sink.write(out_lines(probs, batch.labels, with_label))
                 progress(tally.rows_read, total)
-    figures = scores.record(job.tasks) if with_label and scores.samples else \
+    figures = scores.record(job.tasks) if with_label and scores.rows else \
         {"auc": None, "logloss": None, "tasks": {}}
     return {"rows_read": tally.rows_read, "rejected_rows": tally.rejected,
             "rejected": shown, "scored": tally.samples, "auc": figures["auc"],

@@ -347,15 +347,15 @@ def test_consistency_rules():
                 parts=np.array([[0, 0, 0, 5, 0, 9, 0]], i64), owners=np.array([99], i32)),
         DataStats(log1p=True, newest=-1, rows_read=1, rejected=0, mean=np.zeros(1),
                   std=np.zeros(1)),
-        EvalReport(epoch=0, parts=[0], rows_read=1, rejected=0, group_level=0,
+        EvalReport(epoch=0, parts=[0], rows_read=1, rejected=0, scored=1, group_level=0,
                    counts=np.full((2, 4), -1, np.int64), loss_sums=np.zeros(1),
                    prob_sums=np.zeros(1), groups=np.zeros(0, np.int64),
                    group_labels=np.zeros(0, f32), group_probs=np.zeros(0, f32)),
-        EvalReport(epoch=0, parts=[0], rows_read=1, rejected=0, group_level=0,   # 2 tasks
+        EvalReport(epoch=0, parts=[0], rows_read=1, rejected=0, scored=1, group_level=0,   # 2 tasks
                    counts=np.zeros((2, 4), np.int64), loss_sums=np.zeros(2),
                    prob_sums=np.zeros(2), groups=np.zeros(0, np.int64),
                    group_labels=np.zeros(0, f32), group_probs=np.zeros(0, f32)),
-        EvalReport(epoch=0, parts=[0], rows_read=1, rejected=0, group_level=0,
+        EvalReport(epoch=0, parts=[0], rows_read=1, rejected=0, scored=1, group_level=0,
                    counts=np.zeros((2, 4), np.int64), loss_sums=np.zeros(1),
                    prob_sums=np.zeros(1), groups=np.zeros(2, np.int64),
                    group_labels=np.zeros(1, f32), group_probs=np.zeros(2, f32)),

@@ -71,9 +71,11 @@ class PassBatches:
 
 
 class FeederTally:
-    def __init__(self, tasks: int = 1, group_rows: int = 0) -> None:
-        """``group_rows``: the rows held for the GAUC ([metrics] group_by; 0: none)."""
-        self.tasks, self.group_rows = tasks, group_rows
+    def __init__(self, tasks: int = 1, group_rows: int = 0,
+                 group_missing: int | None = None) -> None:
+        """``group_rows``: the rows held for the GAUC ([metrics] group_by; 0: none);
+        ``group_missing``: the key of its missing value (rows of no group)."""
+        self.tasks, self.group_rows, self.group_missing = tasks, group_rows, group_missing
         self.batches_acked = 0          # training and eval, over the job
         self.samples_acked = 0          # training, over the job
         self.train_loss_sum = 0.0
@@ -88,7 +90,11 @@ class FeederTally:
         self.data = Tally()             # what the pass's streams made of the rows
         self.adopted: list[Tally] = []  # those of streams begun before the pass, their own
         self.scores = TaskScores(tasks)
-        self.grouped = GroupScores(tasks, group_rows) if group_rows else None
+        self.grouped = self._grouped()
+
+    def _grouped(self) -> GroupScores | None:
+        return GroupScores(self.tasks, self.group_rows, missing=self.group_missing) \
+            if self.group_rows else None
 
     def restore(self, done: dict[str, Any]) -> None:
         """The job-wide figures of a feeder's previous process (``AckLog.restart``)."""
@@ -123,7 +129,7 @@ class FeederTally:
 
     def new_evaluation(self) -> None:
         self.scores = TaskScores(self.tasks)
-        self.grouped = GroupScores(self.tasks, self.group_rows) if self.group_rows else None
+        self.grouped = self._grouped()
         self.data = Tally()
         self.adopted = []
 
@@ -180,7 +186,8 @@ class FeederTally:
         groups, labels, probs = g.rows() if g is not None else \
             (np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.float32))
         return EvalReport(epoch=pass_.epoch, parts=pass_.parts, rows_read=d.rows_read,
-                          rejected=d.rejected, counts=self.scores.counts(),
+                          rejected=d.rejected, scored=self.scores.rows,
+                          counts=self.scores.counts(),
                           loss_sums=self.scores.loss_sums(), prob_sums=self.scores.prob_sums(),
                           group_level=0 if g is None else g.level, groups=groups,
                           group_labels=labels.reshape(-1), group_probs=probs.reshape(-1))

@@ -171,10 +171,15 @@ class EmbeddingTable:
         if needed <= len(self.weights):
             return
         size = max(needed, 2 * len(self.weights))
-        self.index.reserve_rows(size)
         for name, rows in self._grown.items():
             setattr(self, name, None)   # (its only view: the mapping grows in place)
-            setattr(self, name, rows.grow(size))
+            try:
+                setattr(self, name, rows.grow(size))
+            except BufferError:   # a view of it held elsewhere: the table as it was
+                for back, kept in self._grown.items():
+                    setattr(self, back, kept.array)
+                raise
+        self.index.reserve_rows(size)
         followed = ("_marked",) if self._changed is not None else ()
         for name, fill in (("dirty", 0), *((n, 0) for n in followed)):
             old = getattr(self, name)

@@ -3,7 +3,8 @@
 first every group is kept; past ``cap`` rows, only the groups whose hash's top bit is 0 (a
 random half), then top two bits (a quarter), and so on. Every feeder keeps by the same hash, so
 the groups kept hold all their rows, whichever feeder scored them, and the GAUC over them is
-exact; ``share`` says which share of the groups that is."""
+exact; ``share`` says which share of the groups that is. Rows whose group is ``missing`` (the
+key of a missing value) belong to no group: they are left out."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from roles.data.keyspace import splitmix64
 
 
 class GroupScores:
-    def __init__(self, tasks: int, cap: int, level: int = 0):
-        self.tasks, self.cap, self.level = tasks, cap, level
+    def __init__(self, tasks: int, cap: int, level: int = 0, missing: int | None = None):
+        self.tasks, self.cap, self.level, self.missing = tasks, cap, level, missing
         self.groups = np.zeros(0, dtype=np.int64)
         self.labels = np.zeros((0, tasks), dtype=np.float32)
         self.probs = np.zeros((0, tasks), dtype=np.float32)
@@ -37,6 +38,8 @@ class GroupScores:
     def add(self, groups: np.ndarray, labels: np.ndarray, probs: np.ndarray) -> None:
         """A batch's rows: ``labels`` and ``probs`` ``[n]`` for one task, ``[n, tasks]``."""
         keep = self.kept(groups)
+        if self.missing is not None:
+            keep &= np.asarray(groups) != self.missing
         rows = int(keep.sum())
         if not rows:
             return

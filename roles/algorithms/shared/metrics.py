@@ -174,11 +174,13 @@ class TaskScores:
 
     def __init__(self, tasks: int = 1):
         self.each = [ScoreHistogram() for _ in range(tasks)]
+        self.rows = 0   # scored, whichever labels they have
 
     @classmethod
-    def of(cls, counts: np.ndarray, loss_sums: np.ndarray,
-           prob_sums: np.ndarray) -> TaskScores:
+    def of(cls, counts: np.ndarray, loss_sums: np.ndarray, prob_sums: np.ndarray,
+           rows: int = 0) -> TaskScores:
         out = cls(0)
+        out.rows = rows
         counts = np.asarray(counts, dtype=np.int64).reshape(-1, 2, ScoreHistogram.BINS)
         out.each = [ScoreHistogram(c, float(lo), float(pr))
                     for c, lo, pr in zip(counts, loss_sums, prob_sums, strict=True)]
@@ -188,14 +190,10 @@ class TaskScores:
     def tasks(self) -> int:
         return len(self.each)
 
-    @property
-    def samples(self) -> int:
-        """The primary (first) task's."""
-        return self.each[0].samples
-
     def add(self, labels: np.ndarray, probs: np.ndarray) -> None:
         """``[n]`` of one task, or ``[n, tasks]``."""
         labels, probs = np.asarray(labels), np.asarray(probs)
+        self.rows += len(labels)
         if labels.ndim == 1:
             self.each[0].add(labels, probs)
             return
@@ -208,6 +206,7 @@ class TaskScores:
             raise ValueError(f"scores of {other.tasks} tasks merged into {self.tasks}")
         for mine, theirs in zip(self.each, other.each, strict=True):
             mine.merge(theirs)
+        self.rows += other.rows
 
     def counts(self) -> np.ndarray:
         return np.concatenate([s.counts for s in self.each])

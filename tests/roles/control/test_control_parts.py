@@ -301,14 +301,15 @@ def test_feeding_assigns_parts_gathers_statistics_and_joins_the_parts_reports(me
     got = f.evaluated(eval_report(scores), 3.0)
     assert got is not None and got[1] is None   # (no [metrics] group_by)
     figures = got[0].record(["label"])
-    assert (figures["auc"], figures["logloss"], got[0].samples) == \
+    assert (figures["auc"], figures["logloss"], got[0].rows) == \
         (1.0, pytest.approx(0.164, abs=1e-3), 2)
     assert figures["tasks"]["label"]["calibration"] == pytest.approx(1.1)
 
 
 def eval_report(scores: TaskScores) -> EvalReport:
     """Part 2's eval report of two rows (without the GAUC's rows)."""
-    return EvalReport(epoch=0, parts=[2], rows_read=2, rejected=0, group_level=0,
+    return EvalReport(epoch=0, parts=[2], rows_read=2, rejected=0, scored=scores.rows,
+                      group_level=0,
                       counts=scores.counts(), loss_sums=scores.loss_sums(),
                       prob_sums=scores.prob_sums(), groups=np.zeros(0, np.int64),
                       group_labels=np.zeros(0, np.float32), group_probs=np.zeros(0, np.float32))

@@ -271,3 +271,20 @@ def test_a_weight_column_is_read_and_a_missing_or_negative_weight_set_aside(tmp_
     assert [line for line, _ in rejected] == [4, 5, 6]
     assert rejected[0][1] == "missing weight (column 'w')"
     assert "negative" in rejected[1][1] and "'x'" in rejected[2][1]
+
+
+def test_a_missing_text_label_masks_its_task_or_rejects_a_single_labels_row(tmp_path):
+    """Text labels ([data] positive): an empty or '?' value is missing, never a negative:
+    masked with several labels, a rejected row ("missing label") with one."""
+    text = "click\tbuy\tc\nno\t\ta\n?\tyes\ta\nyes\tno\tb\n\tyes\tb\n"
+    path = write(tmp_path / "a.tsv", text)
+    several = Schema(label="click", more_labels=("buy",), dense=[], sparse=["c"],
+                     positive=("yes",))
+    labels, _, _, _, _, rejected = read_all([path], "tsv", several)
+    np.testing.assert_array_equal(labels, [[0, np.nan], [np.nan, 1], [1, 0], [np.nan, 1]])
+    assert rejected == []
+    one = Schema(label="click", dense=[], sparse=["c"], positive=("yes",))
+    labels, _, _, _, _, rejected = read_all([path], "tsv", one)
+    assert labels.tolist() == [0.0, 1.0]
+    assert [(r.line, r.reason) for r in rejected] == [(3, "missing label"),
+                                                      (5, "missing label")]

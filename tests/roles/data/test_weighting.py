@@ -114,8 +114,12 @@ def test_a_weight_column_multiplies_the_decay_and_merged_rows_sum_theirs():
     assert got.weights.tolist() == [2.0, 3.0, 0.5, 2.0]
     got = weigh(keys, dense, labels, stamps, base=2.0, unit_s=DAY, drop_below=0.6,
                 merge=True, row_weights=own)
-    assert got.rows.tolist() == [0, 3] and got.weights.tolist() == [5.0, 2.0]
-    assert got.dropped == 1 and got.merged == 1   # (the row of weight 0.5 below 0.6)
+    # drop_below is the decay's (the day-old row's 0.5), not the user's weight's (0.5 stays)
+    assert got.rows.tolist() == [0, 2] and got.weights.tolist() == [5.0, 0.5]
+    assert got.dropped == 1 and got.merged == 1
+    got = weigh(keys, dense, labels, stamps, base=1.0, unit_s=DAY, drop_below=0.001,
+                merge=False, row_weights=np.array([0.0005, 0.0, 1.0, 3.0]))
+    assert got.rows.tolist() == [0, 2, 3] and got.dropped == 1   # a weight of 0: dropped
 
 
 def test_negative_down_sampling_keeps_every_positive_and_the_same_share_of_negatives():
@@ -133,3 +137,8 @@ def test_negative_down_sampling_keeps_every_positive_and_the_same_share_of_negat
     assert (other != kept).any()
     two = np.stack([labels, np.full(len(labels), np.nan, np.float32)], axis=1)
     assert (negatives_kept(keys, two, 0.1, seed=7) == kept).all()   # the first label's
+    few = rng.integers(0, 10, size=(100_000, 1))   # ten values: by the rows' other values too
+    dense = rng.random((100_000, 2)).astype(np.float32)
+    kept = negatives_kept(few, np.zeros(100_000, np.float32), 0.1, 7, dense)
+    for value in range(10):
+        assert abs(kept[few[:, 0] == value].mean() - 0.1) < 0.015   # (about 10,000 each)

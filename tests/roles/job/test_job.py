@@ -54,6 +54,20 @@ def test_zbus_job_names_the_file_and_data_path_is_relative_to_it():
      "[train] precision = \"bf16\" is not supported with model parallelism ([cluster] parts "
      "= 2): use \"fp32\""),
     ("[train\n", "not valid TOML"),
+    ("[data]\nsource = 'synthetic'\nlabels = ['a', 'b']",
+     "[data] labels name the label columns of files"),
+    ("[data]\npath = 'x.csv'\nlabels = ['a', 'b']\nsparse = ['c']\nnegative_rate = 0.1",
+     "[data] negative_rate corrects one label's probabilities"),
+    ("[data]\npath = 'x.csv'\nlabels = ['a', 'a']\nsparse = ['c']", "used twice"),
+    ("[data]\npath = 'x.csv'\nlabel = 'y'\nlabels = ['a', 'b']\nsparse = ['c']",
+     "[data] label and labels: name the label columns in one of them"),
+    ("[data]\npath = 'x.csv'\nlabels = ['a', 'b']\nsparse = ['c']\n[model.tasks]\nz = 2.0",
+     "[model.tasks] z is not a label of [data] labels (a, b)"),
+    ("[data]\npath = 'x.csv'\nsparse = ['c']\n[metrics]\ngroup_by = 'u'",
+     "[metrics] group_by = 'u' is not a sparse field (c)"),
+    ("[data]\npath = 'x.csv'\nsparse = ['c']\n[metrics]\ngroup_by = 'c'\n"
+     "group_rows = 20000000", "makes an eval report of about 306 MB, more than [cluster] "
+                             "max_message_mb = 256"),
 ])
 def test_mistakes_are_named(text, needle):
     with pytest.raises(JobError) as err:

@@ -95,11 +95,11 @@ def test_task_scores_mask_missing_labels_per_task():
     scores = TaskScores(2)
     for lo in range(0, 4000, 1000):
         scores.add(labels[lo:lo + 1000], probs[lo:lo + 1000])
-    back = TaskScores.of(scores.counts(), scores.loss_sums(), scores.prob_sums())
+    back = TaskScores.of(scores.counts(), scores.loss_sums(), scores.prob_sums(), scores.rows)
     record = back.record(["click", "buy"])
     known = ~np.isnan(labels[:, 1])
     buy = record["tasks"]["buy"]
-    assert back.each[1].samples == int(known.sum()) and back.samples == 4000
+    assert back.each[1].samples == int(known.sum()) and back.rows == back.each[0].samples == 4000
     assert abs(buy["auc"] - roc_auc_score(labels[known, 1], probs[known, 1])) < 2e-4  # binned
     assert abs(buy["logloss"] - log_loss(labels[known, 1], probs[known, 1])) < 1e-6
     assert abs(buy["calibration"] - calibration(labels[known, 1], probs[known, 1])) < 1e-6
@@ -125,3 +125,12 @@ def test_group_scores_thinned_past_their_cap_stay_exact_within_the_groups_kept()
     assert merged.gauc(0) == group_auc(y[kept], p[kept], g[kept])
     known = kept & ~np.isnan(labels[:, 1])
     assert merged.gauc(1) == group_auc(y[known], p[known], g[known])
+
+
+def test_rows_of_a_missing_group_value_are_in_no_group():
+    y, p, g = scored_rows(5000, groups=50)
+    g[::4] = -7   # the missing value's key
+    held = GroupScores(1, cap=100_000, missing=-7)
+    held.add(g, y, p)
+    known = g != -7
+    assert held.gauc(0) == group_auc(y[known], p[known], g[known])
