@@ -50,6 +50,7 @@ from roles.control.state import (
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
 from roles.protocol.lifecycle import Membership
+from roles.protocol.operator import FeedingPaused
 
 log = logging.getLogger(__name__)
 STATEFUL_ROLES = ("feeder", "ps", "aggregator")
@@ -168,6 +169,7 @@ class Resumption:
             state, history = read_state(where, self.job)
         except ResumeError as exc:
             return f"cannot go back to checkpoint {number}: {exc}"
+        paused = p.course.paused   # the operator's latest word (this control's records)
         restore(p, state, history, now)
         m = p.members
         m.restart_all()   # every node joins anew, from the checkpoint
@@ -180,6 +182,11 @@ class Resumption:
                                         "at_s": round(time.time() - self.started_at, 1),
                                         "retrained_samples": 0})
         p.course.from_state(state.course, now)
+        # feeding paused or not as the operator last said, not as when the checkpoint was cut
+        # (a cut asked while paused would pause the job again after a crash, a "resume" sent
+        # before the nodes joined again answered "already running")
+        p.course.paused = paused
+        p.commands.publish(FeedingPaused(paused=paused), "feeding")
         self.progress.touch(now)
         self.metrics.write("rollback", checkpoint=number, round=manifest["round"],
                            epoch=state.course.epoch)

@@ -291,7 +291,9 @@ class LocalCluster:
         that needs checkpoints during a job asks for them instead of counting on
         ``every_s``. Its number once complete; a request refused or a cut abandoned (the job
         between epochs) is asked again until ``timeout``. (Control's state in it says feeding
-        was paused: a job resumed from it starts paused, as an operator's pause is kept.)"""
+        was paused: a job resumed from it with ``--resume`` starts paused, as an operator's
+        pause is kept; a job whose every process died and whose control went back to it keeps
+        what its control last had, feeding resumed here.)"""
         endpoint = self.job.cluster.endpoint("control_req")
         deadline = time.monotonic() + timeout
 
