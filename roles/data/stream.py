@@ -45,10 +45,9 @@ class Samples:
         return Samples(self.keys[rows], self.dense[rows], self.labels[rows], self.weights[rows])
 
     @classmethod
-    def empty(cls, slots: int, dense: int, tasks: int = 1) -> Samples:
+    def empty(cls, slots: int, dense: int) -> Samples:
         return cls(np.zeros((0, slots), np.int64), np.zeros((0, dense), np.float32),
-                   np.zeros((0, tasks) if tasks > 1 else 0, np.float32),
-                   np.zeros(0, np.float32))
+                   np.zeros(0, np.float32), np.zeros(0, np.float32))
 
     @classmethod
     def join(cls, parts: list[Samples]) -> Samples:

@@ -99,10 +99,9 @@ class Feeder(Node):
         self.shards = [self.connect(zmq.DEALER, c.endpoint(f"ps-{i}"), sndhwm=0)
                        for i in range(c.shards)]  # bounded by the ledger, never blocks
         self.sync = sync_modes.for_mode(job)
-        group_by = job.metrics.group_by
+        group_by, layout = job.metrics.group_by, job.layout()   # (the GAUC's groups)
         self.tally = FeederTally(len(job.tasks), job.metrics.group_rows if group_by else 0,
-                                 missing_key(job.layout().tables[
-                                     job.layout().fields.index(group_by)])
+                                 missing_key(layout.tables[layout.fields.index(group_by)])
                                  if group_by else None)
         self.loading = Loading(job, index, self.keep_alive, self.report, self.to_control,
                                self.set_state)

@@ -674,13 +674,8 @@ class Job:
         for name, weight in self.model.tasks.items():
             if not 0.0 < weight < float("inf"):
                 raise ValueError(f"[model.tasks] {name} must be a weight > 0, got {weight}")
-        if len(tasks) == 1:
+        if len(tasks) == 1:   # (a label named twice: DataConfig's "used twice")
             return
-        if len(set(tasks)) != len(tasks):
-            raise ValueError(f"[data] labels names a column twice: {tasks}")
-        if self.data.source != "file" and not self.data.synthetic.conversion:
-            raise ValueError("[data] labels: several labels are read from files ([data] "
-                             "source = \"file\"), or made by [data.synthetic] conversion")
         if self.streaming:
             raise ValueError("[data] labels: a stream job trains one label (docs/limits.md)")
         if self.train.batch_by_label:

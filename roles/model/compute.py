@@ -83,18 +83,18 @@ class GroupBatch:
 
 class BatchCompute:
     def __init__(self, layout: FieldLayout, device: torch.device, precision: str = "fp32",
-                 score_training: bool = False, task_weights: list[float] | None = None,
+                 score_training: bool = False, task_weights: torch.Tensor | None = None,
                  logit_shift: float = 0.0):
         """``score_training``: a training batch's probabilities, from the forward pass that
         trains on it (the model before the batch: a stream job's progressive validation),
         come back with its loss. ``task_weights``: each label's loss weight, with several
-        (``Job.task_weights``); ``logit_shift``: what an evaluation adds to the first label's
-        logit (``roles.model.network.logit_shift``: negative down-sampling undone)."""
+        (``roles.model.network.task_weights``; None for one label); ``logit_shift``: what an
+        evaluation adds to the logit (``roles.model.network.logit_shift``: negative
+        down-sampling undone)."""
         self.logit_shift = logit_shift
         self.score_training = score_training
         self.tasks = 1 if task_weights is None else len(task_weights)
-        self.task_weights = None if task_weights is None or len(task_weights) < 2 else \
-            torch.tensor(task_weights, dtype=torch.float32, device=device)
+        self.task_weights = None if task_weights is None else task_weights.to(device)
         self.layout, self.device, self.precision = layout, device, precision
         self.dim = layout.row_dim
         self.sparse = SparseInputs(layout, device)

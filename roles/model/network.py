@@ -67,20 +67,16 @@ def bf16_is_native(device: torch.device) -> bool:
 
 
 def logit_shift(job: Job) -> float:
-    """What negative down-sampling (``[data] negative_rate`` = r) adds to the first label's
+    """What negative down-sampling (``[data] negative_rate`` = r) adds to the label's
     logit to undo it: log r, so that sigmoid gives p / (p + (1 − p) / r); 0 without it."""
     rate = job.data.negative_rate
     return math.log(rate) if rate < 1.0 else 0.0
 
 
 def scored(logits: torch.Tensor, shift: float) -> torch.Tensor:
-    """Probabilities of the network's logits (``[B]`` or ``[B, T]``), the first label's
-    corrected by ``shift`` (``logit_shift``)."""
-    if shift and logits.dim() == 1:
-        logits = logits + shift
-    elif shift:
-        logits = torch.cat([logits[:, :1] + shift, logits[:, 1:]], dim=1)
-    return torch.sigmoid(logits)
+    """Probabilities of the network's logits (``[B]`` or ``[B, T]``), corrected by ``shift``
+    (``logit_shift``: a job of one label, the only one down-sampling is allowed in)."""
+    return torch.sigmoid(logits + shift if shift else logits)
 
 
 def task_weights(job: Job) -> torch.Tensor | None:

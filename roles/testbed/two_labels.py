@@ -18,8 +18,6 @@ import pyarrow.csv as csv
 from roles.algorithms.shared.metrics import auc
 from roles.data.synthetic import BLOCK_ROWS, Generator
 
-HEADER = ["click", "purchase"]
-
 
 def write_two_labels(out: Path | str, rows: int, *, seed: int = 1,
                      vocab: tuple[int, ...] = (1000, 300, 50, 20000), dense: int = 2,

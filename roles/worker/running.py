@@ -23,7 +23,7 @@ import torch
 from roles.algorithms.worker.pulled import PulledBatch
 from roles.job.settings import Job
 from roles.model.compute import BatchCompute
-from roles.model.network import bf16_is_native, logit_shift
+from roles.model.network import bf16_is_native, logit_shift, task_weights
 from roles.model.networks import device_error
 from roles.protocol.datapath import Ack, SampleBatch
 from roles.protocol.dense_sync import StepGrad, Weights
@@ -62,7 +62,7 @@ class Runner:
         self.slowdown = max(1.0, slowdown)
         self.compute = BatchCompute(job.layout(), device, t.precision,
                                     score_training=job.streaming,
-                                    task_weights=job.task_weights(),
+                                    task_weights=task_weights(job),
                                     logit_shift=logit_shift(job))
         if t.precision == "bf16" and not bf16_is_native(device):
             log.warning("%s: [train] precision = \"bf16\" but %s has no bfloat16 arithmetic: "

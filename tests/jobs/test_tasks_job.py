@@ -28,6 +28,13 @@ def two_labels(tmp_path_factory):
     return path, oracle
 
 
+def first_rows(path: Path, rows: int, out: Path) -> Path:
+    """The header and the first ``rows`` rows of the CSV file ``path``, as the file ``out``."""
+    with open(path) as src, open(out, "w") as sink:
+        sink.writelines(line for _, line in zip(range(rows + 1), src, strict=False))
+    return out
+
+
 def job_text(path, labels: list[str], network: str = "mlp", more: str = "") -> str:
     sparse, dense = columns()
     label = f"labels = {labels!r}" if len(labels) > 1 else f"label = {labels[0]!r}"
@@ -108,9 +115,7 @@ def test_zbus_serve_answers_each_label_as_zbus_predict_scores_it(cluster, two_la
     c = cluster(job, checkpoint__every_s=0, train__epochs=1)
     assert c.run_job() == 0, c.logs()
     model = ExportedModel(Path(c.summary()["export"]))
-    head = tmp_path / "head.csv"
-    with open(path) as src, open(head, "w") as out:
-        out.writelines(line for _, line in zip(range(201), src, strict=False))
+    head = first_rows(path, 200, tmp_path / "head.csv")
     expected = predicted(model, head)
     assert expected.shape == (200, 2)
     with open(head) as f:
@@ -172,9 +177,7 @@ def test_negative_down_sampling_is_undone_in_every_probability_that_leaves(clust
     click = s["tasks"]["click"]
     assert abs(figures["tasks"]["click"]["calibration"] - click["calibration"]) < 1e-3
     model = ExportedModel(Path(s["export"]))
-    head = tmp_path / "head.csv"
-    with open(path) as src, open(head, "w") as out:
-        out.writelines(line for _, line in zip(range(2001), src, strict=False))
+    head = first_rows(path, 2000, tmp_path / "head.csv")
     corrected = predicted(model, head)
     model.job = dataclasses.replace(model.job, data=dataclasses.replace(model.job.data,
                                                                         negative_rate=1.0))

@@ -82,20 +82,21 @@ class EmbeddingTable:
         capacity = max(capacity, defaults, 1)
         self.index.reserve_rows(capacity)
         # the rows' arrays grow in place (roles.algorithms.shard.growing): no second copy;
-        # so no caller may hold weights, accum or last_seen across a call that adds rows
+        # so no caller may hold weights, accum, last_seen or dirty across a call that adds rows
         self._grown = {"weights": GrowingRows(capacity, (dim,), np.float32),
                        "accum": GrowingRows(capacity, (dim,), np.float32),  # Adagrad sum of g^2
-                       "last_seen": GrowingRows(capacity, (), np.int64, fill=FREE)}
+                       "last_seen": GrowingRows(capacity, (), np.int64, fill=FREE),
+                       "dirty": GrowingRows(capacity, (), bool)}  # changed since a checkpoint
         self.weights = self._grown["weights"].array
         self.accum = self._grown["accum"].array
         self.last_seen = self._grown["last_seen"].array
+        self.dirty = self._grown["dirty"].array
         self.size = defaults          # row numbers in use: defaults, live and free
         self._free = np.empty(0, dtype=np.int64)   # a stack of free row numbers
         self._free_count = 0
         self.clock = 0
         self.created = 0              # keys given a row, ever
         self._dropped: list[np.ndarray] | None = None   # since the mark; None: not recording
-        self.dirty = np.zeros(capacity, dtype=bool)  # changed since the last checkpoint
         self.renumbered = False
         self._changed: list[np.ndarray] | None = None  # rows touched since changes(); None: off
         self._marked = np.zeros(0, dtype=bool)  # in _changed already (a row each once followed)
@@ -180,13 +181,10 @@ class EmbeddingTable:
                     setattr(self, back, kept.array)
                 raise
         self.index.reserve_rows(size)
-        followed = ("_marked",) if self._changed is not None else ()
-        for name, fill in (("dirty", 0), *((n, 0) for n in followed)):
-            old = getattr(self, name)
-            grown = np.zeros((size, *old.shape[1:]), dtype=old.dtype) if fill == 0 else \
-                np.full(size, fill, dtype=old.dtype)
-            grown[:self.size] = old[:self.size]
-            setattr(self, name, grown)
+        if self._changed is not None:   # rows followed for serving: a byte a row, copied
+            marked = np.zeros(size, dtype=bool)
+            marked[:self.size] = self._marked[:self.size]
+            self._marked = marked
 
     def adagrad(self, rows: np.ndarray, grads: np.ndarray) -> None:
         """One sparse Adagrad step on distinct rows: acc += g^2; w -= lr * g / (sqrt(acc)+eps).
