@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Static
 from console import format as fmt
 from console.charts import Chart, series
 from console.fill import FillBar
-from roles.protocol.status import StatusSnapshot
+from roles.protocol.status import SERVER_GONE_S, ServerRow, StatusSnapshot
 
 CLUSTER_POINTS = 300   # the Cluster tab's charts: one point per second of control's clock
 
@@ -35,6 +35,7 @@ class ClusterPanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(id="gauges")
         yield Static(id="cluster-facts")
+        yield Static(id="serving-table")
         with Horizontal(id="cluster-charts"):
             yield Chart("network utilisation", "s since start", id="net-plot", from_zero=True)
             yield Chart("failure rate", "s since start", id="failure-plot", from_zero=True)
@@ -117,7 +118,32 @@ class ClusterPanel(Vertical):
             facts.append("\nwaiting    ", style="bold yellow")
             facts.append(fmt.wait_line(w), style="bold yellow")
         self.query_one("#cluster-facts", Static).update(facts)
+        servers = snap.get("serving") or []
+        table = self.query_one("#serving-table", Static)
+        table.display = bool(servers)   # (a job no server follows: nothing)
+        if servers:
+            table.update(serving_table(servers))
         self.chart()
+
+
+def serving_table(rows: list[ServerRow]) -> Text:
+    """The serving processes that follow the job, one line each: the version served and how
+    old its parameters are, requests and rows per second, the infer latencies' p50 and p99;
+    in red one that is not ready or not heard from for ``SERVER_GONE_S``."""
+    text = Text("serving    server                          version        lag     req/s  "
+                "rows/s   p50 ms   p99 ms\n", style="bold")
+    for r in rows:
+        lag = fmt.DASH if r["version_lag_s"] is None else f"{r['version_lag_s']:.1f} s"
+        p50, p99 = (fmt.DASH if v is None else f"{v:.2f}" for v in (r["p50_ms"], r["p99_ms"]))
+        gone = r["age_s"] > SERVER_GONE_S
+        state = f"  gone {fmt.duration(r['age_s'])}" if gone else (
+            "" if r["ready"] else "  not ready")
+        text.append(f"           {r['server'][:30]:<30}  {r['version'][:12] or fmt.DASH:<12} "
+                    f"{lag:>8}  {r['requests_per_s']:>8.1f} {r['rows_per_s']:>7.1f}  "
+                    f"{p50:>7}  {p99:>7}",
+                    style="")
+        text.append(state + "\n", style="bold red" if state else "")
+    return text
 
 
 class TasksPanel(Vertical):

@@ -132,7 +132,8 @@ class Shard(Node):
         self.expiry = Expiry(e.expire_batches, e.expire_s, e.max_rows_per_shard,
                              time.monotonic())
         self.table = EmbeddingTable(job.layout().row_dim, t.embedding_init, t.embedding_lr,
-                                    seed=t.seed, defaults=self.admission.defaults)
+                                    seed=t.seed, defaults=self.admission.defaults,
+                                    rowwise=t.embedding_optimizer == "rowwise_adagrad")
         self.held: dict[int, HeldBatch] = {}
         self.waiting: OrderedDict[int, list[tuple[bytes, bool]]] = OrderedDict()
         self.early_grads: OrderedDict[int, EmbeddingGrads] = OrderedDict()  # before keys

@@ -3,6 +3,8 @@ fake control that admits single roles so that they can be driven over their real
 
 from __future__ import annotations
 
+import csv
+import gzip
 import subprocess
 import time
 from pathlib import Path
@@ -28,11 +30,18 @@ from zbus.codec import Message, decode
 from zbus.messages import Heartbeat, Hello, Probe, Welcome
 
 __all__ = ["ADULT_JOB", "ADULT_TEXT_EVAL_ROWS", "ADULT_TEXT_TRAIN_ROWS", "ADULT_TRAIN_ROWS",
-           "BIN", "REPO", "SLOW", "TEST_DATA", "Cluster", "FakeControl", "adult_text",
+           "BIN", "REPO", "SLOW", "TEST_DATA", "Cluster", "FakeControl", "adult_rows", "adult_text",
            "criteo_data", "dealer", "hosts_or_skip", "job_text", "recv_within", "reply",
            "text_split_rows"]
 
 TEST_DATA = Path(__file__).resolve().parent / "data"   # files the tests read
+
+
+def adult_rows(n: int) -> list[dict[str, str]]:
+    """The first ``n`` rows of the Adult file, as a serving request's raw values."""
+    with gzip.open(REPO / "data" / "adult.csv.gz", "rt") as f:
+        reader = csv.DictReader(f)
+        return [next(reader) for _ in range(n)]
 
 
 class Cluster(LocalCluster):

@@ -24,6 +24,7 @@ from roles.algorithms.shared import live
 from roles.control.commands import ProgressClock
 from roles.control.health import Health
 from roles.control.recovery import recovery_counts
+from roles.control.servers import Servers
 from roles.control.state import ControlComponents
 from roles.job.rundir import MetricsLog
 from roles.job.settings import Job
@@ -112,11 +113,14 @@ class StatusView:
     components."""
 
     def __init__(self, job: Job, parts: ControlComponents, builder: StatusBuilder,
-                 health: Health, model_plan: dict | None, supervised: bool = False):
+                 health: Health, model_plan: dict | None, servers: Servers,
+                 supervised: bool = False):
         """``builder``: the rates and rows of the heartbeats; ``health``: the network's
         utilisation and the failure rate; ``model_plan``: the network's partition (None:
-        none); ``supervised``: a supervisor starts every role (``started_by_supervisor``)."""
+        none); ``servers``: the serving processes that follow the job; ``supervised``: a
+        supervisor starts every role (``started_by_supervisor``)."""
         self.job = job
+        self.servers = servers
         self.layout = job.layout()
         self.supervised = supervised
         self.run_id = parts.exports.run_id
@@ -227,6 +231,7 @@ class StatusView:
             "final": self.final,
             "stream": None if self.stream is None else self.stream.view(
                 uptime_s, {n: st.counters for n, st in nodes.items() if st.role == "feeder"}),
+            "serving": self.servers.rows(now),
         }
 
 

@@ -80,6 +80,7 @@ from roles.control.placement import PlacementKeeper
 from roles.control.recovery import Recovery
 from roles.control.resuming import Resumption
 from roles.control.rounds import Rounds
+from roles.control.servers import Servers, follow_job
 from roles.control.serving_cuts import ServingCuts
 from roles.control.settings import LiveSettings
 from roles.control.state import (
@@ -116,6 +117,7 @@ from roles.protocol.lifecycle import (
 )
 from roles.protocol.operator import ControlReply, ControlRequest, Status
 from roles.protocol.placement import Drained, KeyCounts, Moved, WindowWork
+from roles.protocol.serving import FollowRequest, ServerReport
 from roles.protocol.stream import StreamScores
 from roles.storage.fs import StorageError
 from zbus import security, signals
@@ -226,7 +228,9 @@ class Control(Loop):
             self.model_plan = self.resumption.from_disk(time.monotonic())
         else:
             cannot_plan = self.start_run()
+        self.servers = Servers()   # the serving processes that follow the job
         self.view = StatusView(job, self.components, self.status, self.health, self.model_plan,
+                               self.servers,
                                started_by_supervisor(os.environ if environ is None else environ))
         self.waiting_log = Every(WAITING_LOG_S, self.started)
         self.tasks_log = Every(TASK_LOG_S, self.started)
@@ -447,6 +451,14 @@ class Control(Loop):
     # -- operators ---------------------------------------------------------------------------
     def on_request(self, identity: bytes | None, env: Envelope) -> None:
         match env.msg:
+            case FollowRequest(server=server):   # a serving process on another host
+                log.info("serving process %s follows the job", server)
+                self.send(self.requests, follow_job(self.job, self.run_id, self.run_dir),
+                          identity=identity)
+                return
+            case ServerReport() as report:   # unanswered
+                self.servers.report(report, time.monotonic())
+                return
             case ControlRequest(action=action) if self.closing is not None \
                     and action != "settings":  # the summary is written: nothing changes now
                 ok, message = False, f"the job has ended ({self.closing.stop.reason})"

@@ -91,8 +91,9 @@ class Handover(Message):
     accum: np.ndarray = array("float32", 2)
 
     def check(self) -> None:
-        require(self.weights.shape == self.accum.shape
-                and self.weights.shape[0] == self.keys.shape[0], "rows and keys differ")
+        require(self.weights.shape[0] == self.accum.shape[0] == self.keys.shape[0]
+                and self.accum.shape[1] in (1, self.weights.shape[1]),
+                "rows, keys and Adagrad state differ")
         require(finite(self.weights) and finite(self.accum),
                 "non-finite rows")
 

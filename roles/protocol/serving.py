@@ -13,9 +13,16 @@ A server that starts late, or that missed a message (each part names the cut bef
 ``previous``), loads the newest complete checkpoint and asks each shard for the rows changed
 since that checkpoint (``RowsSince`` on the shard's ROUTER, answered with ``RowsCaughtUp``) and
 the aggregator for its weights (``WeightsRequest``); the deltas after those answers follow.
+
+A serving process on another host asks control for the job (``FollowRequest`` ->
+``FollowJob``, on control's request endpoint: ``zbus-serve --follow tcp://host:port``), and
+every serving process that follows a job tells control what it serves (``ServerReport``), which
+the status lists for consoles.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -112,3 +119,48 @@ class RowsCaughtUp(Message):
 
     def require_finite(self) -> None:
         require(finite(self.rows) and finite(self.defaults), "non-finite rows")
+
+
+@message("serving")
+class FollowRequest(Message):
+    """A serving process -> control's request endpoint (``zbus-serve --follow tcp://...``):
+    the job it is to follow. ``server`` names the process (host:port/pid)."""
+
+    server: str
+
+
+@message("serving")
+class FollowJob(Message):
+    """Control's answer to FollowRequest: the run's effective job file (``config.toml``: the
+    job's endpoints, its ``[serving]`` and ``[checkpoint]``) and where its checkpoints are
+    (``[checkpoint] dir``, else the run directory's ``checkpoints`` on control's host)."""
+
+    run_id: str
+    job_text: str
+    checkpoints: str
+
+
+@message("serving")
+class ServerReport(Message):
+    """A serving process -> control's request endpoint, every ``REPORT_S`` while it follows a
+    job (unanswered): what the console lists. ``version``: the version served ("" none yet);
+    ``version_lag_s``: now minus when its parameters were trained (-1: none); the requests,
+    rows and infer latencies of the last interval (p50/p99 -1 with no request)."""
+
+    server: str
+    url: str
+    version: str
+    ready: bool
+    version_lag_s: float
+    requests_per_s: float
+    rows_per_s: float
+    p50_ms: float
+    p99_ms: float
+
+    def check(self) -> None:
+        require(bool(self.server) and len(self.server) <= 200 and len(self.url) <= 300
+                and len(self.version) <= 100, "bad server name, url or version")
+        require(all(math.isfinite(x) for x in (self.version_lag_s, self.requests_per_s,
+                                                self.rows_per_s, self.p50_ms, self.p99_ms)),
+                "non-finite figures")
+        require(self.requests_per_s >= 0 and self.rows_per_s >= 0, "negative rates")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any, NotRequired, TypedDict
 
-# 3: stream; 2: tasks, waiting, final, checkpoint
-STATUS_LAYOUT = 3
+# 4: serving; 3: stream; 2: tasks, waiting, final, checkpoint
+STATUS_LAYOUT = 4
 
 
 class TaskFigures(TypedDict):
@@ -223,6 +223,25 @@ class StreamView(TypedDict):
     #                                          window_auc, progressive_auc (lowest feeder's)
 
 
+SERVER_GONE_S = 10.0   # a serving process not heard from this long is listed as gone
+
+
+class ServerRow(TypedDict):
+    """A serving process that follows the job (``zbus-serve --follow``), from its last
+    ``ServerReport`` (``age_s`` ago; gone after ``SERVER_GONE_S``)."""
+
+    server: str
+    url: str
+    version: str
+    ready: bool
+    version_lag_s: float | None
+    requests_per_s: float
+    rows_per_s: float
+    p50_ms: float | None
+    p99_ms: float | None
+    age_s: float
+
+
 class Wait(TypedDict):
     """A node the job waits for (to join, to be restarted), the command that starts it ("" when
     it is not to be started by hand, or not yet: it runs, or a supervisor is starting it), how
@@ -275,3 +294,4 @@ class StatusSnapshot(TypedDict):
     waiting: list[Wait]
     final: Final | None
     stream: StreamView | None
+    serving: list[ServerRow]

@@ -70,7 +70,9 @@ class ServeApp:
         await send({"type": "http.response.body", "body": body})
         self.metrics.requests.labels(kind, str(status)).inc()
         if kind == "infer":
-            self.metrics.latency.observe(time.monotonic() - started)
+            took = time.monotonic() - started
+            self.metrics.latency.observe(took)
+            self.metrics.recent.request(took)
 
     async def lifespan(self, receive: Any, send: Any) -> None:
         while True:
@@ -137,6 +139,7 @@ class ServeApp:
         request = rows_of(body, served.signature, self.max_batch)
         scored = await self.batcher.infer(request)
         self.metrics.rows.inc(len(request))
+        self.metrics.recent.scored(len(request))
         return 200, response(served.signature, scored.version, request.id,
                              scored.probabilities), JSON
 

@@ -6,7 +6,12 @@ response comes from one checkpoint, never from a mix.
 
 ``RUN`` is a run directory or its checkpoints directory on this host, or a checkpoints prefix
 in an object store (``s3://bucket/prefix``): what ``LATEST`` names there is polled every
-``poll_s``.
+``poll_s``. Or control's request endpoint, ``tcp://host:port`` (``Remote``): control tells the
+job and where its checkpoints are (``roles.serving.reporting.ask_job``), then the job is
+followed as a run directory's would be.
+
+Whatever follows a job whose file it knows calls ``on_job(job, endpoint)`` once it does, with
+control's request endpoint: the server reports to control there (``Reporter``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from roles.checkpoint.files import LATEST
 from roles.checkpoint.serving import checkpoint_of
 from roles.job.settings import Job, JobError, parse_job
 from roles.serving.model import ExportError, read_model
+from roles.serving.reporting import ask_job
 from roles.serving.served import Served
 from roles.storage.fs import StorageError, is_uri
 from roles.storage.store import Store
@@ -42,26 +48,40 @@ def newest_checkpoint(where: str) -> str | None:
     return str(found) if found is not None else None
 
 
-def live_job(run: str) -> Job | None:
-    """The job of run directory ``run`` when it publishes live parameters (``[serving]
-    publish_ms``), else None (its checkpoints are followed)."""
+OnJob = Callable[[Job, str], None]
+
+
+def run_job(run: str) -> Job | None:
+    """The job of run directory ``run`` (None: ``run`` is no run directory with its job file
+    here)."""
     config = Path(run) / "config.toml"
     if is_uri(run) or not config.is_file():
         return None
     try:
-        job = parse_job(config.read_text(), str(config), None, {})
+        return parse_job(config.read_text(), str(config), None, {})
     except JobError as exc:
         raise ExportError(f"cannot read {config}: {exc}") from None
-    return job if job.serving.publish_ms > 0 else None
 
 
-def follower(run: str, replace: Callable[[Served], None], poll_s: float):
+def live_job(run: str) -> Job | None:
+    """The job of run directory ``run`` when it publishes live parameters (``[serving]
+    publish_ms``), else None (its checkpoints are followed)."""
+    job = run_job(run)
+    return job if job is not None and job.serving.publish_ms > 0 else None
+
+
+def follower(run: str, replace: Callable[[Served], None], poll_s: float,
+             on_job: OnJob | None = None, keys_dir: str | None = None):
     """What follows ``run``: its live parameters (``roles.serving.live``) when ``run`` is the
     run directory of a job that publishes them, else its checkpoints. A run directory that
-    holds neither its job (``config.toml``) nor a checkpoint yet is watched until one comes."""
+    holds neither its job (``config.toml``) nor a checkpoint yet is watched until one comes;
+    control's endpoint (``tcp://``) is asked for the job (``keys_dir``: the operator's CURVE
+    keys here)."""
+    if run.startswith("tcp://"):
+        return Remote(run, replace, poll_s, on_job, keys_dir)
     if is_uri(run) or decidable(run):
-        return chosen(run, replace, poll_s)
-    return Undecided(run, replace, poll_s)
+        return chosen(run, replace, poll_s, on_job)
+    return Undecided(run, replace, poll_s, on_job)
 
 
 def decidable(run: str) -> bool:
@@ -69,21 +89,76 @@ def decidable(run: str) -> bool:
     return (Path(run) / "config.toml").is_file() or newest_checkpoint(run) is not None
 
 
-def chosen(run: str, replace: Callable[[Served], None], poll_s: float):
-    job = live_job(run)
-    if job is None:
-        return Follower(run, replace, poll_s)
+def chosen(run: str, replace: Callable[[Served], None], poll_s: float,
+           on_job: OnJob | None = None):
+    job = run_job(run)
+    if job is not None and on_job is not None:
+        on_job(job, job.cluster.endpoint("control_req"))
+    store = (job.checkpoint.dir if job is not None else "") or str(Path(run) / "checkpoints")
+    return of_job(job, run if job is None or job.serving.publish_ms <= 0 else store, replace,
+                  poll_s)
+
+
+def of_job(job: Job | None, checkpoints: str, replace: Callable[[Served], None],
+           poll_s: float):
+    """What follows ``job`` (None: not known) whose checkpoints are at ``checkpoints``: its
+    live parameters when it publishes them, else its checkpoints."""
+    if job is None or job.serving.publish_ms <= 0:
+        return Follower(checkpoints, replace, poll_s)
     from roles.serving.live import LiveFollower
-    store = job.checkpoint.dir or str(Path(run) / "checkpoints")
-    return LiveFollower(job, lambda: newest_checkpoint(store), replace, poll_s)
+    return LiveFollower(job, lambda: newest_checkpoint(checkpoints), replace, poll_s)
+
+
+class Remote:
+    """``--follow tcp://host:port``: control there is asked for the job (until it answers),
+    which is then followed as a run directory's: its checkpoints where control says they are
+    (an object store, or a directory this host sees too), live when it publishes."""
+
+    def __init__(self, endpoint: str, replace: Callable[[Served], None], poll_s: float,
+                 on_job: OnJob | None, keys_dir: str | None):
+        self.endpoint, self.replace, self.poll_s = endpoint, replace, poll_s
+        self.on_job, self.keys_dir = on_job, keys_dir
+        self.inner: Follower | LiveFollower | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.wait, name="zbus-follow", daemon=True)
+
+    def start(self) -> Remote:
+        self.thread.start()
+        return self
+
+    def wait(self) -> None:
+        try:
+            asked = ask_job(self.endpoint, f"zbus-serve {self.endpoint}", self.keys_dir,
+                            self.stop)
+        except OSError as exc:   # no key pair
+            log.error("zbus-serve: cannot ask %s for its job: %s", self.endpoint, exc)
+            return
+        if asked is None:
+            return
+        job, got = asked
+        if not is_uri(got.checkpoints) and not Path(got.checkpoints).exists():
+            log.warning("zbus-serve: the job's checkpoints are at %s on control's host, not "
+                        "(yet) here: a server on another host follows a job whose [checkpoint] "
+                        "dir is an object store (s3://...); waiting for them", got.checkpoints)
+        if self.on_job is not None:
+            self.on_job(job, self.endpoint)
+        if not self.stop.is_set():
+            self.inner = of_job(job, got.checkpoints, self.replace, self.poll_s).start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        if self.inner is not None:
+            self.inner.close()
 
 
 class Undecided:
     """A run directory not started yet: the follower is chosen (``chosen``) once its job
     file or a checkpoint is there."""
 
-    def __init__(self, run: str, replace: Callable[[Served], None], poll_s: float):
-        self.run, self.replace, self.poll_s = run, replace, poll_s
+    def __init__(self, run: str, replace: Callable[[Served], None], poll_s: float,
+                 on_job: OnJob | None = None):
+        self.run, self.replace, self.poll_s, self.on_job = run, replace, poll_s, on_job
         self.inner: Follower | LiveFollower | None = None
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.wait, name="zbus-follow", daemon=True)
@@ -96,7 +171,8 @@ class Undecided:
         while not self.stop.wait(self.poll_s):
             if decidable(self.run):
                 try:
-                    self.inner = chosen(self.run, self.replace, self.poll_s).start()
+                    self.inner = chosen(self.run, self.replace, self.poll_s,
+                                        self.on_job).start()
                 except ExportError as exc:
                     log.error("zbus-serve: %s", exc)
                 return

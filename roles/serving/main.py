@@ -6,7 +6,11 @@ directory or its run directory (the newest complete checkpoint), local or ``s3:/
 ``--follow RUN`` the server follows a job as it trains: each newer complete checkpoint of RUN
 (a run directory, its checkpoints directory, or a checkpoints prefix in an object store) is
 loaded whole, then served (``roles.serving.following``); until the first one the server is
-live but not ready.
+live but not ready. RUN may be control's request endpoint, ``tcp://host:port``: control says
+which job and where its checkpoints are (a server on another host follows a job whose
+checkpoints are in an object store); ``--keys DIR`` holds the operator's CURVE keys when the
+job's bus is secured. A server that follows a job reports to its control every second (the
+version served, its lag, requests/s, p50/p99), which the console lists.
 
 Requests are scored in micro-batches: those that come while a batch is being scored go
 together in the next (``--max-batch`` rows at most); ``--max-wait-ms`` more makes a row wait
@@ -45,8 +49,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                              "directory (its newest complete checkpoint); local or s3://")
     parser.add_argument("--follow", metavar="RUN",
                         help="serve RUN's newest complete checkpoint, and each newer one as "
-                             "it completes (a run directory, its checkpoints directory, or "
-                             "an s3:// checkpoints prefix)")
+                             "it completes (a run directory, its checkpoints directory, an "
+                             "s3:// checkpoints prefix, or control's request endpoint "
+                             "tcp://host:port); live, when the job publishes its parameters")
+    parser.add_argument("--keys", metavar="DIR",
+                        help="--follow tcp://...: the directory of the operator's CURVE keys "
+                             "(console.key_secret, and control-0.key), when the job's bus is "
+                             "secured")
     parser.add_argument("--host", default="127.0.0.1", help="the address to bind "
                         "(default 127.0.0.1: this host only)")
     parser.add_argument("--port", type=int, default=8080, help="default 8080; 0: any free one")
@@ -67,9 +76,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if (args.model is None) == (args.follow is None):
         parser.error("give MODEL or --follow RUN (one of them)")
-    if args.follow and args.follow.startswith("tcp://"):
-        parser.error("--follow takes a run directory or a checkpoints prefix (s3://); "
-                     "following control's endpoint is not supported yet (docs/limits.md)")
+    if args.keys and not (args.follow or "").startswith("tcp://"):
+        parser.error("--keys goes with --follow tcp://host:port (a run directory's job file "
+                     "names its keys)")
     for name in ("workers", "max_batch"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -93,11 +102,14 @@ def serve(args: argparse.Namespace, sock: socket.socket, served, threads: int) -
     from roles.serving.app import Holder, ServeApp
     from roles.serving.following import follower
     from roles.serving.metrics import ServeMetrics
+    from roles.serving.reporting import Reporters
 
     torch.set_num_threads(threads)
     holder = Holder(served, ServeMetrics())
-    following = follower(args.follow, holder.replace, args.poll_ms / 1000).start() \
-        if args.follow else None
+    host, port = sock.getsockname()[:2]
+    reporters = Reporters(lambda: holder.served, holder.metrics.recent, args.keys, host, port)
+    following = follower(args.follow, holder.replace, args.poll_ms / 1000, reporters.on_job,
+                         args.keys).start() if args.follow else None
     app = ServeApp(holder, args.max_batch, args.max_wait_ms / 1000)
     config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False,
                             http="httptools", timeout_graceful_shutdown=5)
@@ -106,6 +118,7 @@ def serve(args: argparse.Namespace, sock: socket.socket, served, threads: int) -
     finally:
         if following is not None:
             following.close()
+        reporters.close()
 
 
 def bound(host: str, port: int, shared: bool = False, listen: bool = True) -> socket.socket:

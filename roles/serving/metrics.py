@@ -7,7 +7,9 @@ its figures where ``prometheus_client``'s multiprocess mode reads them
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections import deque
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -21,6 +23,47 @@ from prometheus_client import (
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 MULTIPROCESS = "PROMETHEUS_MULTIPROC_DIR"
+RECENT_LATENCIES = 20_000   # the infer latencies an interval's percentiles are read from, at most
+
+
+class Recent:
+    """This process's infer requests, rows and latencies since the last ``take`` (what it
+    reports to control: ``roles.serving.reporting``); thread-safe (the event loop adds, the
+    reporting thread takes)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests = self.rows = 0
+        self.latencies: deque[float] = deque(maxlen=RECENT_LATENCIES)
+        self.since = time.monotonic()
+
+    def request(self, latency_s: float) -> None:
+        """An infer request answered (whatever its status), after ``latency_s``."""
+        with self.lock:
+            self.requests += 1
+            self.latencies.append(latency_s)
+
+    def scored(self, rows: int) -> None:
+        with self.lock:
+            self.rows += rows
+
+    def take(self) -> tuple[float, float, float, float]:
+        """Requests/s and rows/s since the last take, and the p50 and p99 latency in ms of
+        its requests (the latest ``RECENT_LATENCIES``; -1 when none)."""
+        with self.lock:
+            now = time.monotonic()
+            elapsed = max(now - self.since, 1e-9)
+            requests, rows, latencies = self.requests, self.rows, sorted(self.latencies)
+            self.requests = self.rows = 0
+            self.latencies.clear()
+            self.since = now
+        if not latencies:
+            return requests / elapsed, rows / elapsed, -1.0, -1.0
+
+        def at(q: float) -> float:
+            return 1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))]
+
+        return requests / elapsed, rows / elapsed, at(0.5), at(0.99)
 
 
 class ServeMetrics:
@@ -42,6 +85,7 @@ class ServeMetrics:
                            "model's parameters were saved (Unix time)", registry=r,
                            multiprocess_mode="livemin")
         self.versions = Counter("zbus_serve_model_loads", "Model versions loaded", registry=r)
+        self.recent = Recent()
 
     def loaded(self, round_: int, saved_at: float | None) -> None:
         self.versions.inc()

@@ -20,21 +20,26 @@ from roles.serving.following import follower
 from roles.serving.main import bound
 from roles.serving.metrics import ServeMetrics
 from roles.serving.model import ExportedModel
+from roles.serving.reporting import Reporters
 from roles.serving.served import Served
 from roles.tools.predict import schema_of
 
 
 class ServerThread:
-    """Serves ``served`` (or follows ``follow``, a run directory) until ``close``."""
+    """Serves ``served`` (or follows ``follow``, a run directory or control's endpoint, and
+    reports to its control as ``zbus-serve`` does) until ``close``."""
 
     def __init__(self, served: Served | None = None, follow: str | None = None,
                  max_batch: int = 1024, max_wait_s: float = 0.0, poll_s: float = 0.1):
         self.holder = Holder(served, ServeMetrics())
-        self.follower = follower(follow, self.holder.replace, poll_s).start() if follow \
-            else None
-        self.app = ServeApp(self.holder, max_batch, max_wait_s)
         self.sock = bound("127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.reporters = Reporters(lambda: self.holder.served, self.holder.metrics.recent,
+                                   None, "127.0.0.1", port)
+        self.follower = follower(follow, self.holder.replace, poll_s,
+                                 self.reporters.on_job).start() if follow else None
+        self.app = ServeApp(self.holder, max_batch, max_wait_s)
         self.server = uvicorn.Server(uvicorn.Config(self.app, lifespan="on",
                                                     log_level="warning", access_log=False))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
@@ -50,6 +55,7 @@ class ServerThread:
     def close(self) -> None:
         if self.follower is not None:
             self.follower.close()
+        self.reporters.close()
         self.server.should_exit = True
         self.thread.join(timeout=10)
         self.sock.close()

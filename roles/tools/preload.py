@@ -17,7 +17,8 @@ padding).
 Train, on the CPU (``[train] device`` is not read): the job's network (``build_network``) with
 Adam at ``dense_lr``; the embeddings an ``nn.Embedding(sparse=True)`` trained with
 ``torch.optim.Adagrad`` at ``embedding_lr`` (its step is the shards' sparse Adagrad: the sum of
-squared gradients, eps 1e-10, no initial accumulator); each epoch a permutation of the
+squared gradients, eps 1e-10, no initial accumulator; ``RowwiseAdagrad`` with ``[train]
+embedding_optimizer = "rowwise_adagrad"``); each epoch a permutation of the
 training rows seeded by (seed, epoch) (file order with ``[train] shuffle = false``), batches
 of ``batch_size`` rows sliced from it; the loss the weighted mean of the batch's
 (``weighted_loss_sum``). The network gets its inputs as a worker's does (``SparseInputs`` over
@@ -27,7 +28,8 @@ Eval: the eval rows in file order, ``eval_batch_size`` at a time (as the cluster
 loss). ``batch_by_label`` is refused (a permutation cannot keep one label per batch).
 
 Memory holds the whole data set (about 4 bytes a slot, 4 a dense value and 8 a row, plus the
-embedding matrix and its Adagrad state at 8 x row_dim bytes a key, and the raw columns while
+embedding matrix and its Adagrad state at 8 x row_dim bytes a key, 4 x row_dim + 4 with
+``rowwise_adagrad``, and the raw columns while
 loading): it is the single process's limit, not the cluster's.
 """
 
@@ -176,6 +178,29 @@ def number_keys(layout: FieldLayout, keys: list[np.ndarray],
     return rows, total
 
 
+class RowwiseAdagrad:
+    """Row-wise Adagrad over a sparse embedding's gradient, as a shard steps
+    (``EmbeddingTable.adagrad`` with ``rowwise``): each row's sum of squared gradients gains the
+    mean of its gradient's squares; the row moves by lr × g / (sqrt(sum) + eps)."""
+
+    def __init__(self, weight: torch.Tensor, lr: float, eps: float = 1e-10):
+        self.weight, self.lr, self.eps = weight, lr, eps
+        self.sums = torch.zeros(weight.shape[0])
+
+    def zero_grad(self) -> None:
+        self.weight.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        if self.weight.grad is None:
+            return
+        grad = self.weight.grad.coalesce()
+        rows, values = grad.indices()[0], grad.values()
+        sums = self.sums[rows] + values.pow(2).mean(dim=1)
+        self.sums[rows] = sums
+        self.weight.index_add_(0, rows, values * (-self.lr / (sums.sqrt() + self.eps))[:, None])
+
+
 class Trainer:
     """The job's network over one embedding matrix, trained batch by batch from memory."""
 
@@ -190,8 +215,10 @@ class Trainer:
                                            generator=torch.Generator().manual_seed(t.seed))
         self.inputs = SparseInputs(self.layout, torch.device("cpu"))
         self.dense_opt = dense_adam(list(self.net.parameters()), t.dense_lr)
-        self.sparse_opt = torch.optim.Adagrad(self.embedding.parameters(), lr=t.embedding_lr,
-                                              eps=1e-10)
+        self.sparse_opt: torch.optim.Adagrad | RowwiseAdagrad = (
+            RowwiseAdagrad(self.embedding.weight, t.embedding_lr)
+            if t.embedding_optimizer == "rowwise_adagrad"
+            else torch.optim.Adagrad(self.embedding.parameters(), lr=t.embedding_lr, eps=1e-10))
         # Adagrad's sparse step builds its tensors from a coalesced gradient: torch's warning
         # that it does not check them is about nothing here
         warnings.filterwarnings("ignore", message="Sparse invariant checks")

@@ -56,7 +56,7 @@ class Reference:
         self.layout = job.layout()
         self.net = build_network(job)
         self.table = EmbeddingTable(self.layout.row_dim, t.embedding_init, t.embedding_lr,
-                                    t.seed)
+                                    t.seed, rowwise=t.embedding_optimizer == "rowwise_adagrad")
         self.inputs = SparseInputs(self.layout, torch.device("cpu"))
         self.opt = dense_adam(list(self.net.parameters()), t.dense_lr)
         self.task_weights = task_weights(job)

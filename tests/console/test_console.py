@@ -22,6 +22,8 @@ from console.bus import Endpoints
 from console.nodes import NodeTable
 from console.screens import ConfirmScreen, HelpScreen
 from console.settings_screen import SettingsScreen
+from roles.serving.metrics import Recent
+from roles.serving.reporting import Reporter
 from roles.testbed import sim_nodes
 from roles.testbed.in_process import IN_PROCESS
 from roles.tools.ctl import request
@@ -318,3 +320,45 @@ def test_a_checkpoint_then_a_shard_restart_waited_for_then_the_end_after_control
     asyncio.run(drive())
     assert c.wait(timeout=60) == 0, c.logs()
     assert c.summary()["status"] == "completed"
+
+
+@pytest.mark.inprocess
+def test_the_cluster_tab_lists_the_serving_processes_and_says_when_one_is_gone(cluster):
+    """A serving process's reports (``zbus-serve``'s Reporter, over control's request
+    endpoint) reach the console through control's status: its line with the version served
+    (none yet: not ready) and its requests, then 'gone' once it stops reporting."""
+    c = cluster(ADULT_JOB, train__stall_timeout_s=600)
+    c.start_role("control")
+    recent = Recent()
+    for _ in range(40):
+        recent.request(0.002)
+        recent.scored(3)
+    reporter = Reporter(c.job.cluster.endpoint("control_req"), c.job, None, "serve-host:8080/7",
+                        "http://serve-host:8080", lambda: None, recent).start()
+
+    def serving_text(app) -> str:
+        table = app.query_one("#serving-table")
+        return str(table.content) if table.display else ""
+
+    async def drive() -> None:
+        app = ZbusConsole(endpoints(c))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("1")   # the Cluster tab
+            line = await until(pilot, lambda: next((x for x in serving_text(app).splitlines()
+                                                    if "serve-host:8080/7" in x), ""),
+                               "the server's line")
+            assert "not ready" in line and "gone" not in line, line
+            assert any(r["server"] == "serve-host:8080/7" and r["requests_per_s"] > 0
+                       for r in app.snapshot["serving"]), app.snapshot["serving"]
+            reporter.close()
+            gone = await until(pilot, lambda: next((x for x in serving_text(app).splitlines()
+                                                    if "gone" in x), ""),
+                               "the server listed as gone", timeout=30)
+            assert "serve-host:8080/7" in gone
+
+    try:
+        asyncio.run(drive())
+    finally:
+        reporter.close()
+        c.procs["control-0"].terminate()
+        c.wait(timeout=30)

@@ -113,9 +113,12 @@ def test_whole_job_killed_with_expiry_on_resumes_and_no_dropped_key_comes_back(c
     assert np.array_equal(model.defaults[0], got.default_weights)
 
 
-def test_a_killed_shard_restarts_from_its_chain_with_expiry_on(cluster):
+@pytest.mark.parametrize("optimizer", ["adagrad", "rowwise_adagrad"])
+def test_a_killed_shard_restarts_from_its_chain_with_expiry_on(cluster, optimizer):
+    """Also with row-wise Adagrad: the chain holds one Adagrad sum a row, which the restarted
+    shard takes back (a table of the other kind refuses it)."""
     c = cluster(ADULT_JOB, train__epochs=2, checkpoint__every_s=0.5,
-                cluster__node_timeout_s=1.5, **BOUNDED)
+                cluster__node_timeout_s=1.5, train__embedding_optimizer=optimizer, **BOUNDED)
     c.start_all(slowdown={0: 10.0, 1: 10.0})
     c.wait_for_event(lambda e: e["event"] == "checkpoint" and e["status"] == "complete"
                      and e["number"] >= 2)
@@ -132,6 +135,9 @@ def test_a_killed_shard_restarts_from_its_chain_with_expiry_on(cluster):
     got = read_chain(checkpoints_dir(c.run_dir), files)
     assert keys == len(got.keys) == last_meta(c.run_dir, files)["keys"]
     assert got.default_weights.shape == (8, 16) and np.abs(got.default_weights).sum() > 0
+    width = 1 if optimizer == "rowwise_adagrad" else 16
+    assert got.accum.shape == (len(got.keys), width) and (got.accum > 0).any()
+    assert got.default_accum is not None and got.default_accum.shape == (8, width)
     assert s["samples_trained"] == 2 * ADULT_TRAIN_ROWS and s["auc"] >= 0.88, s["auc"]
     end = s["tables"]["shards"]["ps-1"]
     assert end["rows"] == s["shards"]["ps-1"]["keys"] == end["admitted"] - end["expired"]

@@ -3,13 +3,14 @@ be kept bounded (expiry, eviction: ``roles.algorithms.shard.expiry``; admission:
 ``roles.algorithms.shard.admission``). Every operation works on whole arrays of keys (no per-key
 Python loop); the key -> row map is a ``KeyIndex`` (``roles.algorithms.shard.key_index``).
 
-Rows. ``weights`` and ``accum`` (Adagrad's sum of squared gradients) have one row per row
-number below ``size``. Rows ``[0, defaults)`` are the *default rows*, one per sparse field
-(admission maps a key it has not admitted yet to its field's default row); they start at zero,
-are trained like any row, have no key and never expire. Every other row below ``size`` is live
-(a key maps to it) or free. A dropped key's row (expired, evicted) goes on a free list and is
-reused for a new key; rows are never renumbered while the table serves, so a row number a held
-batch keeps stays valid — except by ``release`` (a placement handover), which compacts the rows.
+Rows. ``weights`` and ``accum`` (Adagrad's sum of squared gradients: one per value, or one per
+row with ``rowwise``, ``accum`` then [rows, 1]) have one row per row number below ``size``. Rows
+``[0, defaults)`` are the *default rows*, one per sparse field (admission maps a key it has not
+admitted yet to its field's default row); they start at zero, are trained like any row, have no
+key and never expire. Every other row below ``size`` is live (a key maps to it) or free. A
+dropped key's row (expired, evicted) goes on a free list and is reused for a new key; rows are
+never renumbered while the table serves, so a row number a held batch keeps stays valid — except
+by ``release`` (a placement handover), which compacts the rows.
 
 A new key's row is a pure function of (key, seed): uniform in [-init, init], the same on any
 shard, after any restart, in any order of arrival (also when it comes back after expiry).
@@ -71,10 +72,13 @@ FREE = np.iinfo(np.int64).max   # the last-seen clock of a row that holds no key
 class EmbeddingTable:
     def __init__(self, dim: int, init_scale: float, lr: float, seed: int = 0,
                  eps: float = 1e-10, capacity: int = 1024, defaults: int = 0,
-                 compiled: bool = kernels.COMPILED):
+                 compiled: bool = kernels.COMPILED, rowwise: bool = False):
         """``compiled``: Adagrad, the initial rows and the key index run as compiled loops
-        (``kernels``; the same bits), else in numpy."""
+        (``kernels``; the same bits), else in numpy. ``rowwise``: row-wise Adagrad (one sum
+        of squared gradients per row, the mean over its values: ``[train]
+        embedding_optimizer``)."""
         self.dim, self.init_scale, self.lr, self.seed, self.eps = dim, init_scale, lr, seed, eps
+        self.rowwise = rowwise
         self._loops = kernels.loops() if compiled else None
         self._seed_mix = splitmix64(np.array([seed], dtype=np.uint64))[0]
         self.defaults = defaults
@@ -84,7 +88,8 @@ class EmbeddingTable:
         # the rows' arrays grow in place (roles.algorithms.shard.growing): no second copy;
         # so no caller may hold weights, accum, last_seen or dirty across a call that adds rows
         self._grown = {"weights": GrowingRows(capacity, (dim,), np.float32),
-                       "accum": GrowingRows(capacity, (dim,), np.float32),  # Adagrad sum of g^2
+                       # Adagrad's sum of g^2, per value or per row
+                       "accum": GrowingRows(capacity, (1 if rowwise else dim,), np.float32),
                        "last_seen": GrowingRows(capacity, (), np.int64, fill=FREE),
                        "dirty": GrowingRows(capacity, (), bool)}  # changed since a checkpoint
         self.weights = self._grown["weights"].array
@@ -189,14 +194,34 @@ class EmbeddingTable:
     def adagrad(self, rows: np.ndarray, grads: np.ndarray) -> None:
         """One sparse Adagrad step on distinct rows: acc += g^2; w -= lr * g / (sqrt(acc)+eps).
         (The same arithmetic in the same order as the formula, with two temporaries in place
-        of six: half the time of the plain expression. Compiled: one loop, the same bits.)"""
+        of six: half the time of the plain expression. Compiled: one loop, the same bits.)
+        Row-wise: acc += the row's mean g^2 (summed value by value, in order), one per row."""
         if self._loops is not None:
-            self._loops.adagrad(self.weights, self.accum, np.ascontiguousarray(rows, np.int64),
-                                np.ascontiguousarray(grads, np.float32), np.float32(self.lr),
-                                np.float32(self.eps))
-            self.dirty[rows] = True
-            self._touched(rows)
-            return
+            step = self._loops.rowwise_adagrad if self.rowwise else self._loops.adagrad
+            step(self.weights, self.accum, np.ascontiguousarray(rows, np.int64),
+                 np.ascontiguousarray(grads, np.float32), np.float32(self.lr),
+                 np.float32(self.eps))
+        elif self.rowwise:
+            self._rowwise_numpy(rows, grads)
+        else:
+            self._adagrad_numpy(rows, grads)
+        self.dirty[rows] = True
+        self._touched(rows)
+
+    def _rowwise_numpy(self, rows: np.ndarray, grads: np.ndarray) -> None:
+        grads = np.asarray(grads, dtype=np.float32)
+        total = grads[:, 0] * grads[:, 0]
+        for j in range(1, self.dim):   # value by value, as the compiled loop sums
+            total += grads[:, j] * grads[:, j]
+        acc = self.accum[rows, 0] + total / np.float32(self.dim)
+        self.accum[rows, 0] = acc
+        scale = np.sqrt(acc)
+        scale += np.float32(self.eps)
+        step = grads * np.float32(self.lr)
+        step /= scale[:, None]
+        self.weights[rows] = np.take(self.weights, rows, axis=0) - step
+
+    def _adagrad_numpy(self, rows: np.ndarray, grads: np.ndarray) -> None:
         acc = np.take(self.accum, rows, axis=0)
         step = np.multiply(grads, grads)
         acc += step
@@ -208,8 +233,6 @@ class EmbeddingTable:
         w = np.take(self.weights, rows, axis=0)
         w -= step
         self.weights[rows] = w
-        self.dirty[rows] = True
-        self._touched(rows)
 
     # -- dropping keys ------------------------------------------------------------------------
     def live(self) -> tuple[np.ndarray, np.ndarray]:
@@ -288,6 +311,7 @@ class EmbeddingTable:
         return self.weights[:d].copy(), self.accum[:d].copy()
 
     def restore_defaults(self, weights: np.ndarray, accum: np.ndarray) -> None:
+        self._check_state(weights, accum)
         n = min(self.defaults, len(weights))
         self.weights[:n] = weights[:n]
         self.accum[:n] = accum[:n]
@@ -296,12 +320,28 @@ class EmbeddingTable:
     def accept(self, keys: np.ndarray, weights: np.ndarray, accum: np.ndarray) -> None:
         """Take over distinct keys' rows and Adagrad state (a handover from another shard, a
         restore); a key already here is overwritten."""
+        self._check_state(weights, accum)
         if len(keys):
             rows = self.rows_for(np.asarray(keys, dtype=np.int64))
             self.weights[rows] = weights
             self.accum[rows] = accum
             self.dirty[rows] = True
             self._touched(rows)
+
+    def _check_state(self, weights: np.ndarray, accum: np.ndarray) -> None:
+        """Rows from elsewhere (a checkpoint, another shard) fit this table: the same width,
+        and Adagrad state of this table's kind (per value or per row)."""
+        if not len(weights):
+            return
+        if weights.ndim != 2 or weights.shape[1] != self.dim:
+            raise ValueError(f"rows of width {weights.shape[1:]} for a table of width "
+                             f"{self.dim}: a checkpoint of another job?")
+        if accum.shape != (len(weights), self.accum.shape[1]):
+            theirs = "row-wise" if accum.ndim == 2 and accum.shape[1] == 1 else "per value"
+            ours = "rowwise_adagrad" if self.rowwise else "adagrad"
+            raise ValueError(f"Adagrad state {theirs} for a table trained with {ours} "
+                             "([train] embedding_optimizer): the rows come from a job with "
+                             "another optimizer")
 
     def release(self, leaving: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Remove the keys whose rows are marked in ``leaving`` (bool per row); return their

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from harness import adult_rows
 
 from roles.protocol.serving import DenseDelta, RowDelta
 from roles.serving import live as live_module
@@ -226,15 +227,6 @@ def test_every_live_answer_is_the_parameters_of_the_cut_it_names(tmp_path, monke
     for version, got in answers + late_answers:
         np.testing.assert_allclose(got, expected[version], rtol=0, atol=1e-6)
     assert not np.allclose(expected[live[0]], expected[live[-1]])   # it did train meanwhile
-
-
-def adult_rows(n: int) -> list[dict[str, str]]:
-    import gzip
-
-    from roles.testbed.jobs import REPO
-    with gzip.open(REPO / "data" / "adult.csv.gz", "rt") as f:
-        reader = csv.DictReader(f)
-        return [next(reader) for _ in range(n)]
 
 
 def test_answers_while_a_shard_and_the_aggregator_are_killed_are_their_versions_own(

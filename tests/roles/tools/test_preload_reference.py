@@ -13,15 +13,17 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+import torch
 from harness import REPO
 
+from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.data.index import DataError
 from roles.data.source import DataSource
 from roles.data.stream import Samples, Tally, eval_batches
 from roles.job.fields import PAD
 from roles.job.settings import load_job
 from roles.testbed.local_cluster import clean_environ
-from roles.tools.preload import load, train_preloaded
+from roles.tools.preload import RowwiseAdagrad, load, train_preloaded
 from roles.tools.reference import train_reference
 
 BAD_ROWS = {100: "oops,Private,1,HS-grad,9,x,y,z,White,Male,0,0,40,US,<=50K",   # training
@@ -153,3 +155,27 @@ def test_the_command_prints_each_stage_and_the_end_to_end_time(adult_job):
                              cwd=REPO, timeout=300,
                              env={**env, "ZBUS_DATA__PATH": str(adult_job.parent / "no.csv")})
     assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr
+
+
+def test_the_preloaded_rowwise_step_is_the_shards():
+    """``embedding_optimizer = "rowwise_adagrad"``: the single process's step on a sparse
+    ``nn.Embedding`` moves each row as a shard's table does (to float32 rounding)."""
+    rng = np.random.default_rng(2)
+    table = EmbeddingTable(6, 0.1, 0.2, seed=1, rowwise=True)
+    rows = table.rows_for(np.arange(40, dtype=np.int64))
+    embedding = torch.nn.Embedding(40, 6, sparse=True)
+    with torch.no_grad():
+        embedding.weight.copy_(torch.from_numpy(table.weights[rows]))
+    step = RowwiseAdagrad(embedding.weight, 0.2)
+    for _ in range(3):
+        ids = rng.integers(0, 40, 64)   # repeated ids: their gradients sum, as a shard's do
+        upstream = rng.standard_normal((64, 6)).astype(np.float32)
+        step.zero_grad()
+        (embedding(torch.from_numpy(ids)) * torch.from_numpy(upstream)).sum().backward()
+        step.step()
+        distinct, inverse = np.unique(ids, return_inverse=True)
+        summed = np.zeros((len(distinct), 6), np.float32)
+        np.add.at(summed, inverse, upstream)
+        table.adagrad(rows[distinct], summed)
+    assert np.allclose(embedding.weight.detach().numpy(), table.weights[rows], atol=1e-6)
+    assert np.allclose(step.sums.numpy(), table.accum[rows, 0], rtol=1e-5)

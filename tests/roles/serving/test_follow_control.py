@@ -1,0 +1,116 @@
+"""A serving process that follows a job through its control (``zbus-serve --follow
+tcp://host:port``): control says which job and where its checkpoints are, the server follows
+it live, and every serving process that follows a job reports to control, whose status lists
+it (the console's serving table)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+from harness import adult_rows
+
+from roles.protocol.operator import Status
+from roles.protocol.serving import FollowJob, FollowRequest, ServerReport
+from roles.serving.client import Client, request_body
+from roles.testbed.jobs import ADULT_JOB
+from roles.testbed.local_cluster import LocalCluster
+from roles.testbed.serving import ServerThread
+from zbus.codec import decode
+
+pytestmark = pytest.mark.inprocess
+
+
+def serving_rows(endpoint: str, want, timeout_s: float = 60.0) -> list[dict]:
+    """The ``serving`` rows of the first status control publishes that ``want`` accepts."""
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if sub.poll(500):
+                msg = decode(sub.recv_multipart()).msg
+                if isinstance(msg, Status) and want(msg.snapshot()["serving"]):
+                    return msg.snapshot()["serving"]
+        raise AssertionError("no status listed the server as wanted")
+    finally:
+        sub.close(0)
+        ctx.term()
+
+
+def test_a_server_follows_control_live_and_control_lists_what_it_serves(tmp_path):
+    c = LocalCluster(tmp_path / "job", ADULT_JOB, in_process=True, transport="tcp",
+                     train__epochs=2, checkpoint__every_s=0, serving__publish_ms=50)
+    cl = c.job.cluster
+    table = adult_rows(8)
+    try:
+        c.start_all()
+        with ServerThread(follow=cl.endpoint("control_req"), poll_s=0.05) as server:
+            c.wait_for_event(lambda e: e["event"] == "epoch_start" and e["epoch"] == 0)
+            c.checkpoint()   # the base a live server joins on
+            with c.paused():
+                client, meta, versions = Client(server.url), None, set()
+                deadline = time.monotonic() + 60
+                live = set()
+                while len(live) < 3 and time.monotonic() < deadline:
+                    status, got = client.call("GET", "/v2/models/adult")
+                    if status != 200:
+                        time.sleep(0.05)
+                        continue
+                    meta = meta or got
+                    status, reply = client.infer("adult", request_body(meta, table))
+                    assert status == 200, reply
+                    versions.add(reply["model_version"])
+                    live = {v for v in versions if v.count(".") == 2}
+                # the checkpoint (round.checkpoint), then live cuts (round.checkpoint.cut)
+                assert len(live) >= 3, versions
+                rows = serving_rows(cl.endpoint("status"), lambda rows: any(
+                    r["url"] == server.url and r["ready"] and r["requests_per_s"] > 0
+                    for r in rows))
+                client.close()
+            (row,) = [r for r in rows if r["url"] == server.url]
+            assert row["version"].count(".") == 2 and row["p50_ms"] is not None
+            assert row["p99_ms"] >= row["p50_ms"] > 0 and row["rows_per_s"] > 0
+            assert row["version_lag_s"] is not None and row["age_s"] < 10
+            assert c.wait() == 0, c.logs()
+    finally:
+        c.close()
+
+
+def test_control_answers_a_follow_request_and_takes_reports_without_answering(tmp_path):
+    """On control's request endpoint: FollowRequest -> FollowJob (the run's job file and its
+    checkpoints' place); a ServerReport gets no answer, a malformed one is counted and
+    dropped, and the job goes on."""
+    c = LocalCluster(tmp_path / "job", ADULT_JOB, in_process=True, transport="tcp",
+                     train__epochs=1)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        c.start_all()
+        sock.connect(c.job.cluster.endpoint("control_req"))
+        sock.send_multipart(FollowRequest(server="probe").encode("probe", 1)[0])
+        assert sock.poll(20_000), "control did not answer the follow request"
+        got = decode(sock.recv_multipart()).msg
+        assert isinstance(got, FollowJob) and got.run_id == c.run_dir.name
+        assert got.job_text == (c.run_dir / "config.toml").read_text()
+        assert got.checkpoints == str(c.run_dir / "checkpoints")
+        bad = ServerReport(server="probe", url="http://x", version="", ready=False,
+                           version_lag_s=-1.0, requests_per_s=-5.0, rows_per_s=0.0,
+                           p50_ms=-1.0, p99_ms=-1.0)
+        sock.send_multipart(bad.encode("probe", 2)[0])
+        good = ServerReport(server="probe", url="http://x", version="", ready=False,
+                            version_lag_s=-1.0, requests_per_s=0.0, rows_per_s=0.0,
+                            p50_ms=-1.0, p99_ms=-1.0)
+        sock.send_multipart(good.encode("probe", 3)[0])
+        rows = serving_rows(c.job.cluster.endpoint("status"), bool)
+        assert [r["server"] for r in rows] == ["probe"] and rows[0]["p50_ms"] is None
+        assert not sock.poll(500), "a report was answered"
+        assert c.wait() == 0, c.logs()
+        assert c.summary()["rejected_messages"], "the malformed report was not counted"
+    finally:
+        sock.close(0)
+        ctx.term()
+        c.close()
