@@ -153,7 +153,8 @@ class Shard(Node):
         self.applied_log: AppliedLog | None = None  # batches applied after each snapshot
         self.snapshot = 0    # the newest checkpoint snapshot taken (or restored)
         # live serving: the rows changed at each ServingCut, on a PUB of the shard's own
-        self.rows = RowPublisher(index, self.table) if job.serving.publish_ms else None
+        self.rows = RowPublisher(index, self.table, job.serving.row_bytes) \
+            if job.serving.publish_ms else None
         self.rows_pub = self.bind(zmq.PUB, c.endpoint(f"rows-{index}"), sndhwm=64) \
             if self.rows is not None else None
 

@@ -80,6 +80,7 @@ _DTYPES: dict[str, np.dtype[Any]] = {
     "int32": np.dtype("<i4"),
     "int64": np.dtype("<i8"),
     "uint8": np.dtype("u1"),
+    "int8": np.dtype("i1"),
 }
 
 

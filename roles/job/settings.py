@@ -572,6 +572,11 @@ class ServingConfig:
         "keys expired, evicted or moved) and the aggregator its dense weights when they "
         "changed; a following `zbus-serve` serves each cut once all its parts are in. 0: "
         "nothing is published (servers follow the checkpoints only)")})
+    row_bytes: int = field(default=4, metadata={"choices": (4, 1), "doc": (
+        "bytes a value of a published row: 4, float32 as trained; 1, int8 with a float32 "
+        "scale a row (its largest magnitude over 127): a row of width 16 is 20 bytes in "
+        "place of 64, served within half a scale of each trained value (checkpoints stay "
+        "float32; docs/serving.md)")})
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,38 @@ class ServingCut(Message):
     number: int
 
 
-def check_rows(keys: np.ndarray, rows: np.ndarray, defaults: np.ndarray) -> None:
-    require(rows.ndim == 2 and rows.shape[0] == keys.shape[0], "rows and keys differ")
-    require(defaults.ndim == 2 and (not len(defaults) or defaults.shape[1] == rows.shape[1]),
+INT8_MAX = 127   # an int8 row's values are in [-127, 127] times its scale
+
+
+def quantized(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows as int8 (``[serving] row_bytes = 1``): each row's scale is its largest magnitude
+    over 127 (0 for a row of zeros), each value the nearest multiple of it: the row comes back
+    (``dequantized``) within half a scale of each value."""
+    rows = np.asarray(rows, dtype=np.float32)
+    scales = (np.abs(rows).max(axis=1) / np.float32(INT8_MAX)).astype(np.float32) \
+        if rows.size else np.zeros(len(rows), np.float32)
+    safe = np.where(scales > 0, scales, np.float32(1.0))
+    q = np.clip(np.rint(rows / safe[:, None]), -INT8_MAX, INT8_MAX).astype(np.int8)
+    return q, scales
+
+
+def dequantized(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    out: np.ndarray = q.astype(np.float32) * scales[:, None]
+    return out
+
+
+def check_rows(keys: np.ndarray, rows: np.ndarray, qrows: np.ndarray, scales: np.ndarray,
+               defaults: np.ndarray) -> None:
+    """The keys' rows as float32 (``rows``) or as int8 with a scale each (``qrows``,
+    ``scales``): one of the two holds them, the other none."""
+    n = keys.shape[0]
+    require(rows.ndim == 2 and qrows.ndim == 2, "rows of another shape")
+    as_float = rows.shape[0] == n and qrows.shape[0] == 0 and scales.shape[0] == 0
+    as_int8 = n > 0 and rows.shape[0] == 0 and qrows.shape[0] == n and scales.shape[0] == n
+    require(as_float or as_int8, "rows and keys differ")
+    require(not (scales < 0).any(), "negative scales")
+    width = qrows.shape[1] if as_int8 else rows.shape[1]
+    require(defaults.ndim == 2 and (not len(defaults) or defaults.shape[1] == width),
             "default rows of another width")
 
 
@@ -60,13 +89,16 @@ class RowDelta(Message):
     rows: np.ndarray = array("float32", 2)
     dropped: np.ndarray = array("int64", 1)
     defaults: np.ndarray = array("float32", 2)
+    qrows: np.ndarray = array("int8", 2)      # [serving] row_bytes = 1: the rows as int8 ...
+    scales: np.ndarray = array("float32", 1)  # ... and each one's scale
 
     def check(self) -> None:
         require(self.shard >= 0 and self.cut > self.previous >= 0, "bad shard or cut numbers")
-        check_rows(self.keys, self.rows, self.defaults)
+        check_rows(self.keys, self.rows, self.qrows, self.scales, self.defaults)
 
     def require_finite(self) -> None:
-        require(finite(self.rows) and finite(self.defaults), "non-finite rows")
+        require(finite(self.rows) and finite(self.defaults) and finite(self.scales),
+                "non-finite rows")
 
 
 @message("serving")
@@ -112,13 +144,16 @@ class RowsCaughtUp(Message):
     rows: np.ndarray = array("float32", 2)
     dropped: np.ndarray = array("int64", 1)
     defaults: np.ndarray = array("float32", 2)
+    qrows: np.ndarray = array("int8", 2)      # [serving] row_bytes = 1: the rows as int8 ...
+    scales: np.ndarray = array("float32", 1)  # ... and each one's scale
 
     def check(self) -> None:
         require(self.shard >= 0 and self.cut >= 0, "bad shard or cut number")
-        check_rows(self.keys, self.rows, self.defaults)
+        check_rows(self.keys, self.rows, self.qrows, self.scales, self.defaults)
 
     def require_finite(self) -> None:
-        require(finite(self.rows) and finite(self.defaults), "non-finite rows")
+        require(finite(self.rows) and finite(self.defaults) and finite(self.scales),
+                "non-finite rows")
 
 
 @message("serving")
@@ -164,3 +199,11 @@ class ServerReport(Message):
                                                 self.rows_per_s, self.p50_ms, self.p99_ms)),
                 "non-finite figures")
         require(self.requests_per_s >= 0 and self.rows_per_s >= 0, "negative rates")
+
+
+def row_values(m: RowDelta | RowsCaughtUp) -> np.ndarray:
+    """The keys' rows of a RowDelta or RowsCaughtUp as float32 (``[keys, width]``), whichever
+    way they travelled (int8 rows scaled back)."""
+    if m.qrows.shape[0]:
+        return dequantized(m.qrows, m.scales)
+    return m.rows

@@ -32,7 +32,15 @@ import zmq
 
 from roles.job.settings import Job
 from roles.protocol.dense_sync import Weights, WeightsRequest
-from roles.protocol.serving import DenseDelta, RowDelta, RowsCaughtUp, RowsSince
+from roles.protocol.serving import (
+    DenseDelta,
+    RowDelta,
+    RowsCaughtUp,
+    RowsSince,
+    dequantized,
+    quantized,
+    row_values,
+)
 from roles.serving.model import ExportedModel, read_model
 from roles.serving.overlay import Overlay
 from roles.serving.served import Served
@@ -83,11 +91,19 @@ def merged(overlay: Overlay, parts: list[RowDelta] | list[RowsCaughtUp]) -> Over
     in one copy of it: their dropped keys first, then their rows."""
     dim = overlay.rows.shape[1]
     keys = np.concatenate([m.keys for m in parts])
-    rows = np.concatenate([m.rows.reshape(-1, dim) for m in parts])
+    rows = np.concatenate([row_values(m).reshape(-1, dim) for m in parts])
     # a key is one shard's at a cut; two catch-ups taken either side of a handover may both
     # hold it (the next cut's parts settle which): one of them
     keys, first = np.unique(keys, return_index=True)
     return overlay.merged(keys, rows[first], np.concatenate([m.dropped for m in parts]))
+
+
+def rounded_as_sent(model: ExportedModel, chunk: int = 1 << 16) -> None:
+    """A checkpoint's rows rounded as int8 rows travel (``[serving] row_bytes = 1``), in place:
+    a key's row is then what its last delta would give, whichever checkpoint a server joined
+    on, so that a live version's answers are the same from every server."""
+    for lo in range(0, len(model.rows), chunk):
+        model.rows[lo:lo + chunk] = dequantized(*quantized(model.rows[lo:lo + chunk]))
 
 
 def dense_key(round_: int, step: int, generation: int) -> tuple[int, int, int]:
@@ -266,10 +282,15 @@ class LiveFollower:
         if where is None or number_of(where) < self.wanted:
             return None   # (a shard has taken a newer snapshot: wait until it is complete)
         if self.loaded is None or self.loaded[0] != where:
-            self.loaded = (where, read_model(where))
+            model = read_model(where)
+            if self.job.serving.row_bytes == 1:
+                rounded_as_sent(model)
+            self.loaded = (where, model)
         base = self.loaded[1]
         number = number_of(where)
-        if self.state is None:   # the checkpoint alone is one consistent version
+        if self.state is None and self.job.serving.row_bytes == 4:
+            # the checkpoint alone is one consistent version (with int8 rows not: its rows
+            # are rounded as the deltas', the version a checkpoint's follower serves is not)
             self.replace(Served.of(base))
         for sock in self.askers:
             sock.close(0)

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from roles.algorithms.shard.embedding_table import EmbeddingTable
-from roles.protocol.serving import DenseDelta, RowDelta, RowsCaughtUp
+from roles.protocol.serving import DenseDelta, RowDelta, RowsCaughtUp, quantized
 
 
 def incarnation() -> str:
@@ -20,15 +20,29 @@ def incarnation() -> str:
 
 
 class RowPublisher:
-    """Shard ``shard``'s rows: from construction on, the table records what changes."""
+    """Shard ``shard``'s rows: from construction on, the table records what changes.
+    ``row_bytes`` (``[serving] row_bytes``): 4, the rows as float32; 1, as int8 with a scale
+    each (``roles.protocol.serving.quantized``)."""
 
-    def __init__(self, shard: int, table: EmbeddingTable):
-        self.shard, self.table = shard, table
+    def __init__(self, shard: int, table: EmbeddingTable, row_bytes: int = 4):
+        self.shard, self.table, self.row_bytes = shard, table, row_bytes
         self.incarnation = incarnation()
         self.previous = 0          # the last cut published
         self.published = 0
         self.rows_published = 0
+        self.row_bytes_published = 0   # the rows' bytes (values and scales)
         table.follow()
+
+    def encoded(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The rows as the job publishes them: ``rows``, or ``qrows`` and ``scales``."""
+        dim = self.table.dim
+        if self.row_bytes == 4 or not len(rows):
+            self.row_bytes_published += rows.nbytes
+            return {"rows": rows, "qrows": np.zeros((0, dim), np.int8),
+                    "scales": np.zeros(0, np.float32)}
+        q, scales = quantized(rows)
+        self.row_bytes_published += q.nbytes + scales.nbytes
+        return {"rows": np.zeros((0, dim), np.float32), "qrows": q, "scales": scales}
 
     def defaults(self) -> np.ndarray:
         t = self.table
@@ -41,8 +55,8 @@ class RowPublisher:
             return None
         keys, rows, dropped = self.table.changes()
         delta = RowDelta(shard=self.shard, cut=number, previous=self.previous,
-                         incarnation=self.incarnation, keys=keys, rows=rows, dropped=dropped,
-                         defaults=self.defaults())
+                         incarnation=self.incarnation, keys=keys, dropped=dropped,
+                         defaults=self.defaults(), **self.encoded(rows))
         self.previous = number
         self.published += 1
         self.rows_published += len(keys)
@@ -59,11 +73,12 @@ class RowPublisher:
             keys, rows, dropped = (np.zeros(0, np.int64), np.zeros((0, dim), np.float32),
                                    np.zeros(0, np.int64))
         return RowsCaughtUp(shard=self.shard, checkpoint=snapshot, cut=self.previous,
-                            incarnation=self.incarnation, keys=keys, rows=rows,
-                            dropped=dropped, defaults=self.defaults())
+                            incarnation=self.incarnation, keys=keys, dropped=dropped,
+                            defaults=self.defaults(), **self.encoded(rows))
 
     def counters(self) -> dict:
-        return {"serving_cuts": self.published, "serving_rows": self.rows_published}
+        return {"serving_cuts": self.published, "serving_rows": self.rows_published,
+                "serving_row_bytes": self.row_bytes_published}
 
 
 class DensePublisher:

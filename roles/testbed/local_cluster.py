@@ -277,14 +277,15 @@ class LocalCluster:
             yield
             return
         endpoint = self.job.cluster.endpoint("control_req")
-        assert request(endpoint, "pause", timeout_s=20).ok, "control refused to pause"
+        assert request(endpoint, "pause", timeout_s=20, cluster=self.job.cluster).ok, \
+            "control refused to pause"
         self._paused = True
         try:
             yield
         finally:
             self._paused = False
             if self.procs[self.watched].poll() is None:
-                request(endpoint, "resume", timeout_s=20)
+                request(endpoint, "resume", timeout_s=20, cluster=self.job.cluster)
 
     def checkpoint(self, timeout: float = 60.0) -> int:
         """A whole-job checkpoint taken now, feeding paused around it (``paused``): a test
@@ -304,7 +305,8 @@ class LocalCluster:
         with self.paused():
             while time.monotonic() < deadline:
                 before = ended()
-                if not request(endpoint, "checkpoint", timeout_s=20).ok:
+                if not request(endpoint, "checkpoint", timeout_s=20,
+                               cluster=self.job.cluster).ok:
                     time.sleep(0.1)   # not now (between epochs; another cut under way)
                     continue
                 while time.monotonic() < deadline:

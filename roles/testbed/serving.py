@@ -30,15 +30,16 @@ class ServerThread:
     reports to its control as ``zbus-serve`` does) until ``close``."""
 
     def __init__(self, served: Served | None = None, follow: str | None = None,
-                 max_batch: int = 1024, max_wait_s: float = 0.0, poll_s: float = 0.1):
+                 max_batch: int = 1024, max_wait_s: float = 0.0, poll_s: float = 0.1,
+                 keys_dir: str | None = None):
         self.holder = Holder(served, ServeMetrics())
         self.sock = bound("127.0.0.1", 0)
         port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         self.reporters = Reporters(lambda: self.holder.served, self.holder.metrics.recent,
-                                   None, "127.0.0.1", port)
-        self.follower = follower(follow, self.holder.replace, poll_s,
-                                 self.reporters.on_job).start() if follow else None
+                                   keys_dir, "127.0.0.1", port)
+        self.follower = follower(follow, self.holder.replace, poll_s, self.reporters.on_job,
+                                 keys_dir).start() if follow else None
         self.app = ServeApp(self.holder, max_batch, max_wait_s)
         self.server = uvicorn.Server(uvicorn.Config(self.app, lifespan="on",
                                                     log_level="warning", access_log=False))
@@ -67,14 +68,14 @@ class ServerThread:
         self.close()
 
 
-def predicted(model: ExportedModel, path: Path) -> np.ndarray:
+def predicted(model: ExportedModel, path: Path, fmt: str = "csv") -> np.ndarray:
     """What ``zbus-predict`` computes for the file's rows (``roles.tools.predict.predict``,
     at full precision: its output file rounds them)."""
-    files = index_files(resolve_paths(str(path), "csv", "DATA"), "csv")
+    files = index_files(resolve_paths(str(path), fmt, "DATA"), fmt)
     parts, _ = plan_parts(files, 0.0, model.job.data.part_mb)
     prepare = Preparer(model.job.layout(), model.transform, None)
     out = [model.score(b.keys, b.dense)
-           for p in parts for b in eval_batches(read_part(files, p, "csv",
+           for p in parts for b in eval_batches(read_part(files, p, fmt,
                                                           schema_of(model.job, True)),
                                                 prepare, Tally(), 65_536)]
     return np.concatenate(out)

@@ -733,7 +733,7 @@ def test_the_docs_never_change_the_readers_kube_context():
 # ---- zbus-serve: a Deployment and its Service (deploy/kubernetes/serving) -------------------
 
 @pytest.mark.integration
-def test_the_serving_deployment_is_valid_follows_the_s3_jobs_checkpoints_and_is_ready_on_a_model():
+def test_the_serving_deployment_is_valid_follows_the_job_through_control_and_is_ready_on_a_model():
     import kubernetes_validate
 
     from roles.serving.main import parse
@@ -748,7 +748,10 @@ def test_the_serving_deployment_is_valid_follows_the_s3_jobs_checkpoints_and_is_
     assert container["command"] == ["zbus-serve"]
     args = parse(container["args"])   # what zbus-serve makes of them: no error
     s3_job = job_of(render("overlays/criteo-s3"))
-    assert args.follow == s3_job.checkpoint.dir, "serving follows the job's checkpoints"
+    # it follows the job through its control (which names the checkpoints), with the
+    # operator's CURVE keys where the job's pods keep theirs
+    assert args.follow == s3_job.cluster.endpoint("control_req"), "serving follows control"
+    assert s3_job.cluster.curve_enabled() and args.keys == s3_job.cluster.keys_dir
     assert args.host == "0.0.0.0"   # the pod's address, not only its loopback
     port = container["ports"][0]
     assert port["containerPort"] == args.port and port["name"] == "http"
@@ -772,5 +775,7 @@ def test_the_serving_deployment_is_valid_follows_the_s3_jobs_checkpoints_and_is_
         assert ctx["readOnlyRootFilesystem"] is True and ctx["capabilities"]["drop"] == ["ALL"]
         assert ctx["allowPrivilegeEscalation"] is False
         assert "memory" in c["resources"]["limits"]
-    mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert {"/tmp", "/opt/zbus-numba"} <= mounts
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert {"/tmp", "/opt/zbus-numba", args.keys} <= mounts.keys()
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts[args.keys]]["secret"]["secretName"] == "zbus-keys"

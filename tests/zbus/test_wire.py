@@ -38,7 +38,7 @@ from roles.protocol.dense_sync import (
 from roles.protocol.lifecycle import EpochTrained, EvalReport
 from roles.protocol.model_parallel import MemberCall, MemberReply, MemberTensors
 from roles.protocol.placement import Handover, KeyCounts, Placement, WindowWork
-from roles.protocol.serving import DenseDelta, RowDelta
+from roles.protocol.serving import DenseDelta, RowDelta, RowsCaughtUp
 from roles.protocol.stream import StreamScores
 from zbus import sockets
 from zbus.codec import (
@@ -82,6 +82,8 @@ def sample(cls: type) -> Message:
         values.update(windows=np.array([0, 4, 5], np.int64), figures=np.ones((3, 4)))
     if cls in (RowDelta, DenseDelta):
         values.update(cut=9, previous=3)
+    if cls in (RowDelta, RowsCaughtUp):   # float32 rows, not int8 ones too
+        values.update(qrows=np.zeros((0, 3), np.int8), scales=np.zeros(0, np.float32))
     if cls is MemberTensors:
         values.update(phase="forward", names=["mlp_0"], values=np.zeros(3, np.float32))
     parts = np.array([[0, 0, 0, 5, 0, 90, 0], [1, 0, 5, 2, 90, 130, 1]], np.int64)

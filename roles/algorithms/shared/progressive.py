@@ -5,8 +5,10 @@ events are trained, give the job's lifetime AUC and log loss and those of each w
 (a batch that crosses a boundary is split there); at most ``keep`` closed windows are held
 (the newest), each with the event times it spans.
 
-Bounded memory: two score histograms (``ScoreHistogram``, the lifetime and the open window)
-and the windows kept, whatever the length of the stream.
+Bounded memory: two score histograms (``ScoreHistogram``, the closed windows' and the open
+window's; the lifetime's is their sum, made when read) and the windows kept, whatever the
+length of the stream. Each event is added to one histogram only (a stream feeder adds every
+event it trains: ``scripts/bench_metrics.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class Progressive:
         if window_events < 1:
             raise ValueError(f"[stream] window_events must be at least 1, got {window_events}")
         self.window_events, self.keep = window_events, keep
-        self.lifetime = ScoreHistogram()
+        self.before = ScoreHistogram()   # every closed window's scores
         self.open = ScoreHistogram()
         self.open_times = (np.inf, -np.inf)
         self.windows: deque[Window] = deque(maxlen=keep)
@@ -48,7 +50,16 @@ class Progressive:
 
     @property
     def events(self) -> int:
-        return self.lifetime.samples
+        return self.before.samples + self.open.samples
+
+    @property
+    def lifetime(self) -> ScoreHistogram:
+        """Every event's scores (a new histogram: the closed windows' and the open one's)."""
+        every = ScoreHistogram(self.before.counts + self.open.counts, self.before.loss_sum,
+                               self.before.prob_sum)
+        every.loss_sum += self.open.loss_sum
+        every.prob_sum += self.open.prob_sum
+        return every
 
     def add(self, labels: np.ndarray, probs: np.ndarray,
             times: np.ndarray | None = None) -> list[Window]:
@@ -63,7 +74,6 @@ class Progressive:
             room = self.window_events - self.open.samples
             part = slice(at, min(len(labels), at + room))
             self.open.add(labels[part], probs[part])
-            self.lifetime.add(labels[part], probs[part])
             if part.stop > part.start:
                 t = times[part]
                 self.open_times = (min(self.open_times[0], float(t.min())),
@@ -78,6 +88,7 @@ class Progressive:
                    int(self.open.counts[1].sum()), *self.open_times)
         self.windows.append(w)
         self.closed += 1
+        self.before.merge(self.open)
         self.open = ScoreHistogram()
         self.open_times = (np.inf, -np.inf)
         return w
@@ -85,7 +96,7 @@ class Progressive:
     def summary(self) -> dict[str, object]:
         """``progressive_auc``, ``progressive_logloss`` (lifetime), ``events_scored``,
         ``windows`` (those kept, oldest first) and ``windows_closed``."""
-        return {"progressive_auc": self.lifetime.auc(),
-                "progressive_logloss": self.lifetime.logloss(),
+        every = self.lifetime
+        return {"progressive_auc": every.auc(), "progressive_logloss": every.logloss(),
                 "events_scored": self.events, "windows_closed": self.closed,
                 "windows": [w.as_dict() for w in self.windows]}

@@ -17,16 +17,23 @@ from roles.serving.client import Client, request_body
 from roles.testbed.jobs import ADULT_JOB
 from roles.testbed.local_cluster import LocalCluster
 from roles.testbed.serving import ServerThread
+from roles.tools.keys import make_keys
+from zbus import security
 from zbus.codec import decode
 
 pytestmark = pytest.mark.inprocess
 
 
-def serving_rows(endpoint: str, want, timeout_s: float = 60.0) -> list[dict]:
-    """The ``serving`` rows of the first status control publishes that ``want`` accepts."""
+def serving_rows(endpoint: str, want, timeout_s: float = 60.0, cluster=None) -> list[dict]:
+    """The ``serving`` rows of the first status control publishes that ``want`` accepts
+    (``cluster``: its CURVE keys, the operator's)."""
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
+    curve = None if cluster is None else security.for_process(ctx, cluster, security.OPERATOR,
+                                                              authenticate=False)
+    if curve is not None:
+        curve.client(sub, endpoint)
     sub.connect(endpoint)
     try:
         deadline = time.monotonic() + timeout_s
@@ -41,14 +48,22 @@ def serving_rows(endpoint: str, want, timeout_s: float = 60.0) -> list[dict]:
         ctx.term()
 
 
-def test_a_server_follows_control_live_and_control_lists_what_it_serves(tmp_path):
+@pytest.mark.parametrize("curve", ["off", "on"])
+def test_a_server_follows_control_live_and_control_lists_what_it_serves(tmp_path, curve):
+    """With CURVE on, the server asks control and follows the shards with the operator's
+    keys from ``--keys``."""
+    keys = tmp_path / "keys"
     c = LocalCluster(tmp_path / "job", ADULT_JOB, in_process=True, transport="tcp",
-                     train__epochs=2, checkpoint__every_s=0, serving__publish_ms=50)
+                     train__epochs=2, checkpoint__every_s=0, serving__publish_ms=50,
+                     cluster__curve=curve, cluster__keys_dir=str(keys))
     cl = c.job.cluster
+    if curve == "on":
+        make_keys(keys, [*cl.expected_nodes(), "control-0", security.OPERATOR])
     table = adult_rows(8)
     try:
         c.start_all()
-        with ServerThread(follow=cl.endpoint("control_req"), poll_s=0.05) as server:
+        with ServerThread(follow=cl.endpoint("control_req"), poll_s=0.05,
+                          keys_dir=str(keys) if curve == "on" else None) as server:
             c.wait_for_event(lambda e: e["event"] == "epoch_start" and e["epoch"] == 0)
             c.checkpoint()   # the base a live server joins on
             with c.paused():
@@ -69,7 +84,7 @@ def test_a_server_follows_control_live_and_control_lists_what_it_serves(tmp_path
                 assert len(live) >= 3, versions
                 rows = serving_rows(cl.endpoint("status"), lambda rows: any(
                     r["url"] == server.url and r["ready"] and r["requests_per_s"] > 0
-                    for r in rows))
+                    for r in rows), cluster=cl if curve == "on" else None)
                 client.close()
             (row,) = [r for r in rows if r["url"] == server.url]
             assert row["version"].count(".") == 2 and row["p50_ms"] is not None

@@ -75,7 +75,10 @@ class Recorder:
                     break
                 for k in m.dropped.tolist():
                     table.pop(k, None)
-                for k, row in zip(m.keys.tolist(), m.rows, strict=True):
+                # as sent: float32 rows, or int8 ones times their row's scale
+                sent = m.qrows.astype(np.float32) * m.scales[:, None] if len(m.qrows) \
+                    else m.rows
+                for k, row in zip(m.keys.tolist(), sent, strict=True):
                     table[k] = row.copy()
         params = [m for m in self.dense if m.cut <= cut and len(m.params)][-1].params
         keys = np.array(sorted(table), dtype=np.int64)
@@ -171,7 +174,9 @@ def expected_answers(c: LocalCluster, recorder: Recorder, versions: set[str],
     return expected
 
 
-def test_every_live_answer_is_the_parameters_of_the_cut_it_names(tmp_path, monkeypatch):
+@pytest.mark.parametrize("row_bytes", [4, 1])
+def test_every_live_answer_is_the_parameters_of_the_cut_it_names(tmp_path, monkeypatch,
+                                                                  row_bytes):
     """A job trains with a cut every 50 ms while the server follows it and is asked the same
     rows over and over; a second server starts mid-job (it loads the newest checkpoint and
     asks the shards for the rows changed since). Each answer of either names
@@ -183,7 +188,8 @@ def test_every_live_answer_is_the_parameters_of_the_cut_it_names(tmp_path, monke
     however fast the host trains; the cuts go on while it is paused.)"""
     monkeypatch.setattr(live_module, "REBASE_ROWS", 0)
     c = LocalCluster(tmp_path / "job", ADULT_JOB, in_process=True, train__epochs=2,
-                     checkpoint__every_s=0, checkpoint__keep=1000, serving__publish_ms=50)
+                     checkpoint__every_s=0, checkpoint__keep=1000, serving__publish_ms=50,
+                     serving__row_bytes=row_bytes)
     recorder = Recorder(monkeypatch)
     table = adult_rows(8)
     asking = Asking(table)
@@ -227,6 +233,9 @@ def test_every_live_answer_is_the_parameters_of_the_cut_it_names(tmp_path, monke
     for version, got in answers + late_answers:
         np.testing.assert_allclose(got, expected[version], rtol=0, atol=1e-6)
     assert not np.allclose(expected[live[0]], expected[live[-1]])   # it did train meanwhile
+    sent = [m for m in recorder.rows if len(m.keys)]
+    quantized = [len(m.qrows) == len(m.keys) and not len(m.rows) for m in sent]
+    assert sent and all(quantized) if row_bytes == 1 else not any(quantized)
 
 
 def test_answers_while_a_shard_and_the_aggregator_are_killed_are_their_versions_own(

@@ -5,15 +5,18 @@ restarted shard a resync, weights not seen asked for again."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.protocol.dense_sync import Weights
-from roles.protocol.serving import DenseDelta, RowDelta, RowsCaughtUp
+from roles.protocol.serving import DenseDelta, RowDelta, RowsCaughtUp, row_values
 from roles.serving.live import LiveState, Resync
 from roles.serving.overlay import Overlay
 from roles.serving.publishing import DensePublisher, RowPublisher
+from zbus.codec import ProtocolError, decode
 
 DIM = 4
 
@@ -154,12 +157,17 @@ class Base:
         self.manifest = {"number": 3, "round": 1}
 
 
+def float_rows(dim: int) -> dict[str, np.ndarray]:
+    """No int8 rows: the rows travel as float32."""
+    return {"qrows": np.zeros((0, dim), np.int8), "scales": np.zeros(0, np.float32)}
+
+
 def delta(shard: int, cut: int, previous: int, keys=(), incarnation="a") -> RowDelta:
     k = np.array(keys, np.int64)
     dim = Base().layout.row_dim
     return RowDelta(shard=shard, cut=cut, previous=previous, incarnation=incarnation, keys=k,
                     rows=np.ones((len(k), dim), np.float32), dropped=np.zeros(0, np.int64),
-                    defaults=np.zeros((0, dim), np.float32))
+                    defaults=np.zeros((0, dim), np.float32), **float_rows(dim))
 
 
 def joined_state(monkeypatch) -> LiveState:
@@ -172,7 +180,8 @@ def joined_state(monkeypatch) -> LiveState:
                                         keys=np.zeros(0, np.int64),
                                         rows=np.zeros((0, dim), np.float32),
                                         dropped=np.zeros(0, np.int64),
-                                        defaults=np.zeros((0, dim), np.float32)))
+                                        defaults=np.zeros((0, dim), np.float32),
+                                        **float_rows(dim)))
     assert not s.joined and s.advance() is None     # no weights yet
     s.weights(Weights(round=4, step=0, generation=0, params=np.zeros(3, np.float32)))
     assert s.joined
@@ -205,7 +214,7 @@ def test_a_key_that_moved_between_shards_in_a_cut_stays_served(monkeypatch):
     moved_out = delta(1, 110, 100)
     s.add_rows(RowDelta(shard=1, cut=110, previous=100, incarnation="a", keys=moved_out.keys,
                         rows=moved_out.rows, dropped=np.array([7], np.int64),
-                        defaults=np.zeros((0, dim), np.float32)))
+                        defaults=np.zeros((0, dim), np.float32), **float_rows(dim)))
     s.add_dense(DensePublisher().cut(110, 4, 0, 0, np.zeros(3, np.float32)))
     assert s.advance() == "served 110"
     found, _, live = s.overlay.find(np.array([7], np.int64))
@@ -253,4 +262,38 @@ def test_an_answer_for_another_checkpoint_is_refused():
                                         keys=np.zeros(0, np.int64),
                                         rows=np.zeros((0, dim), np.float32),
                                         dropped=np.zeros(0, np.int64),
-                                        defaults=np.zeros((0, dim), np.float32)))
+                                        defaults=np.zeros((0, dim), np.float32),
+                                        **float_rows(dim)))
+
+
+def test_int8_rows_come_back_within_half_a_scale_and_travel_in_a_third_of_the_bytes():
+    """``[serving] row_bytes = 1``: each row as int8 with its scale (largest magnitude over
+    127); scaled back, every value within half a scale of the trained one, a row of zeros
+    exactly; a width-16 row is 20 bytes in place of 64. On the wire both kinds decode; a
+    message with both kinds of rows or a negative scale is refused, a NaN scale too."""
+    published = {}
+    for row_bytes in (4, 1):
+        t = EmbeddingTable(16, 0.1, 0.5, seed=2, capacity=64)
+        publisher = RowPublisher(0, t, row_bytes=row_bytes)
+        rows = t.rows_for(np.arange(40, dtype=np.int64))
+        t.adagrad(rows[:30], np.random.default_rng(4).normal(0, 1, (30, 16)).astype(np.float32))
+        t.weights[rows[35]] = 0.0
+        d = publisher.cut(5)
+        assert d is not None and len(d.keys) == 40
+        published[row_bytes] = (d, t.weights[t.index.find(d.keys)], publisher)
+    (f, want, exact), (q, _, int8) = published[4], published[1]
+    assert np.array_equal(row_values(f), want) and exact.row_bytes_published == 40 * 64
+    assert len(q.rows) == 0 and q.qrows.shape == (40, 16) and int8.row_bytes_published == 40 * 20
+    got = row_values(q)
+    assert (np.abs(got - want) <= q.scales[:, None] / 2 + 1e-7).all()
+    assert not np.array_equal(got, want)   # (quantized: not the same values)
+    assert np.array_equal(got[q.keys == 35], np.zeros((1, 16), np.float32))
+    for m in (f, q):
+        assert np.array_equal(row_values(decode(m.to_frames("ps-0", 1)).msg), row_values(m))
+    for bad in (dataclasses.replace(q, rows=np.ones((40, 16), np.float32)),
+                dataclasses.replace(q, scales=-q.scales - 1)):
+        with pytest.raises(ProtocolError):
+            decode(bad.to_frames("ps-0", 2))
+    nan = dataclasses.replace(q, scales=np.full(40, np.nan, np.float32))
+    with pytest.raises(ProtocolError):
+        decode(nan.to_frames("ps-0", 3)).msg.require_finite()
