@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 import orjson
 
-from roles.checkpoint.files import CHECKPOINTS, DENSE_PART, LATEST, MANIFEST, read_manifest
+from roles.checkpoint.files import (
+    CHECKPOINTS,
+    DENSE_PART,
+    LATEST,
+    MANIFEST,
+    read_manifest,
+    read_meta,
+)
 from roles.checkpoint.shard import read_chain
 
 
@@ -48,8 +55,36 @@ def checkpoint_of(where: Path) -> Path | None:
     return None
 
 
-def load_checkpoint_model(where: Path) -> CheckpointModel:
-    """The model of a complete checkpoint (ValueError when it is not one)."""
+def _shards(manifest: dict[str, Any]) -> list[tuple[int, list[str]]]:
+    return sorted((int(node[3:]), files) for node, files in manifest["parts"].items()
+                  if node.startswith("ps-"))
+
+
+def chains(where: Path, manifest: dict[str, Any]) -> list[list[Path]]:
+    """Each shard's chain of files (paths), in shard order."""
+    return [[where.parent / name for name in files] for _, files in _shards(manifest)]
+
+
+def chain_keys(chain: list[Path]) -> int:
+    """The keys a shard's chain of files leaves (its newest file's count)."""
+    with np.load(chain[-1]) as f:
+        return int(read_meta(f)["keys"])
+
+
+def chain_defaults(root: Path, files: list[str]) -> np.ndarray | None:
+    """A shard's default rows as its chain leaves them (the newest file that has them)."""
+    found = None
+    for name in files:
+        with np.load(root / name) as f:
+            if "default_weights" in f.files:
+                found = f["default_weights"]
+    return found
+
+
+def load_checkpoint_model(where: Path, rows: bool = True) -> CheckpointModel:
+    """The model of a complete checkpoint (ValueError when it is not one); without ``rows``,
+    its shards' rows are left out (``tables`` empty: ``chains`` says where they are), their
+    default rows read."""
     manifest = read_manifest(where)
     if manifest is None:
         raise ValueError(f"{where} is not a complete checkpoint (no manifest, or a file it "
@@ -58,9 +93,10 @@ def load_checkpoint_model(where: Path) -> CheckpointModel:
     with np.load(where / DENSE_PART) as f:
         dense = f["params"].astype(np.float32)
     tables, defaults = [], []
-    shards = sorted((int(node[3:]), files) for node, files in manifest["parts"].items()
-                    if node.startswith("ps-"))
-    for _, files in shards:
+    for _, files in _shards(manifest):
+        if not rows:
+            defaults.append(chain_defaults(root, files))
+            continue
         got = read_chain(root, files)
         tables.append((got.keys, got.weights))
         defaults.append(got.default_weights)

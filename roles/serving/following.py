@@ -71,17 +71,18 @@ def live_job(run: str) -> Job | None:
 
 
 def follower(run: str, replace: Callable[[Served], None], poll_s: float,
-             on_job: OnJob | None = None, keys_dir: str | None = None):
+             on_job: OnJob | None = None, keys_dir: str | None = None, max_rows: int = 0):
     """What follows ``run``: its live parameters (``roles.serving.live``) when ``run`` is the
     run directory of a job that publishes them, else its checkpoints. A run directory that
     holds neither its job (``config.toml``) nor a checkpoint yet is watched until one comes;
     control's endpoint (``tcp://``) is asked for the job (``keys_dir``: the operator's CURVE
-    keys here)."""
+    keys here). ``max_rows``: a checkpoint of more rows is served from disk
+    (``roles.serving.row_store``)."""
     if run.startswith("tcp://"):
-        return Remote(run, replace, poll_s, on_job, keys_dir)
+        return Remote(run, replace, poll_s, on_job, keys_dir, max_rows)
     if is_uri(run) or decidable(run):
-        return chosen(run, replace, poll_s, on_job)
-    return Undecided(run, replace, poll_s, on_job)
+        return chosen(run, replace, poll_s, on_job, max_rows)
+    return Undecided(run, replace, poll_s, on_job, max_rows)
 
 
 def decidable(run: str) -> bool:
@@ -90,23 +91,23 @@ def decidable(run: str) -> bool:
 
 
 def chosen(run: str, replace: Callable[[Served], None], poll_s: float,
-           on_job: OnJob | None = None):
+           on_job: OnJob | None = None, max_rows: int = 0):
     job = run_job(run)
     if job is not None and on_job is not None:
         on_job(job, job.cluster.endpoint("control_req"))
     store = (job.checkpoint.dir if job is not None else "") or str(Path(run) / "checkpoints")
     return of_job(job, run if job is None or job.serving.publish_ms <= 0 else store, replace,
-                  poll_s)
+                  poll_s, max_rows)
 
 
 def of_job(job: Job | None, checkpoints: str, replace: Callable[[Served], None],
-           poll_s: float):
+           poll_s: float, max_rows: int = 0):
     """What follows ``job`` (None: not known) whose checkpoints are at ``checkpoints``: its
     live parameters when it publishes them, else its checkpoints."""
     if job is None or job.serving.publish_ms <= 0:
-        return Follower(checkpoints, replace, poll_s)
+        return Follower(checkpoints, replace, poll_s, max_rows)
     from roles.serving.live import LiveFollower
-    return LiveFollower(job, lambda: newest_checkpoint(checkpoints), replace, poll_s)
+    return LiveFollower(job, lambda: newest_checkpoint(checkpoints), replace, poll_s, max_rows)
 
 
 class Remote:
@@ -115,9 +116,9 @@ class Remote:
     (an object store, or a directory this host sees too), live when it publishes."""
 
     def __init__(self, endpoint: str, replace: Callable[[Served], None], poll_s: float,
-                 on_job: OnJob | None, keys_dir: str | None):
+                 on_job: OnJob | None, keys_dir: str | None, max_rows: int = 0):
         self.endpoint, self.replace, self.poll_s = endpoint, replace, poll_s
-        self.on_job, self.keys_dir = on_job, keys_dir
+        self.on_job, self.keys_dir, self.max_rows = on_job, keys_dir, max_rows
         self.inner: Follower | LiveFollower | None = None
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.wait, name="zbus-follow", daemon=True)
@@ -143,7 +144,8 @@ class Remote:
         if self.on_job is not None:
             self.on_job(job, self.endpoint)
         if not self.stop.is_set():
-            self.inner = of_job(job, got.checkpoints, self.replace, self.poll_s).start()
+            self.inner = of_job(job, got.checkpoints, self.replace, self.poll_s,
+                                self.max_rows).start()
 
     def close(self) -> None:
         self.stop.set()
@@ -157,8 +159,9 @@ class Undecided:
     file or a checkpoint is there."""
 
     def __init__(self, run: str, replace: Callable[[Served], None], poll_s: float,
-                 on_job: OnJob | None = None):
+                 on_job: OnJob | None = None, max_rows: int = 0):
         self.run, self.replace, self.poll_s, self.on_job = run, replace, poll_s, on_job
+        self.max_rows = max_rows
         self.inner: Follower | LiveFollower | None = None
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.wait, name="zbus-follow", daemon=True)
@@ -171,8 +174,8 @@ class Undecided:
         while not self.stop.wait(self.poll_s):
             if decidable(self.run):
                 try:
-                    self.inner = chosen(self.run, self.replace, self.poll_s,
-                                        self.on_job).start()
+                    self.inner = chosen(self.run, self.replace, self.poll_s, self.on_job,
+                                        self.max_rows).start()
                 except ExportError as exc:
                     log.error("zbus-serve: %s", exc)
                 return
@@ -187,8 +190,9 @@ class Undecided:
 class Follower:
     """Polls ``where`` for its newest complete checkpoint; ``replace`` gets each one loaded."""
 
-    def __init__(self, where: str, replace: Callable[[Served], None], poll_s: float):
-        self.where, self.replace, self.poll_s = where, replace, poll_s
+    def __init__(self, where: str, replace: Callable[[Served], None], poll_s: float,
+                 max_rows: int = 0):
+        self.where, self.replace, self.poll_s, self.max_rows = where, replace, poll_s, max_rows
         self.loaded: str | None = None   # the checkpoint served (its path or URI)
         self.stop = threading.Event()
         self.failures = 0
@@ -206,7 +210,7 @@ class Follower:
         newest = self.newest()
         if newest is None or newest == self.loaded:
             return False
-        served = Served.of(read_model(newest))
+        served = Served.of(read_model(newest, self.max_rows))
         self.replace(served)
         self.loaded = newest
         log.info("zbus-serve: serving %s (round %s)", newest, served.version)

@@ -242,8 +242,9 @@ class LiveFollower:
     ``newest()`` says where its newest complete checkpoint is; ``replace`` gets each version."""
 
     def __init__(self, job: Job, newest: Callable[[], str | None],
-                 replace: Callable[[Served], None], poll_s: float):
+                 replace: Callable[[Served], None], poll_s: float, max_rows: int = 0):
         self.job, self.newest, self.replace, self.poll_s = job, newest, replace, poll_s
+        self.max_rows = max_rows   # a checkpoint of more rows is served from disk
         self.stop = threading.Event()
         self.state: LiveState | None = None
         self.served_cut = 0
@@ -282,7 +283,7 @@ class LiveFollower:
         if where is None or number_of(where) < self.wanted:
             return None   # (a shard has taken a newer snapshot: wait until it is complete)
         if self.loaded is None or self.loaded[0] != where:
-            model = read_model(where)
+            model = read_model(where, self.max_rows)
             if self.job.serving.row_bytes == 1:
                 rounded_as_sent(model)
             self.loaded = (where, model)

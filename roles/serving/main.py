@@ -71,6 +71,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--poll-ms", type=float, default=500.0,
                         help="--follow: how often the newest checkpoint is looked for "
                              "(default 500)")
+    parser.add_argument("--max-rows", type=int, default=0,
+                        help="a model of more embedding rows is served from disk: its rows "
+                             "copied to memory-mapped files (under $TMPDIR), read as requests "
+                             "need them (default 0: every row held in memory)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per process (default: the cores / --workers)")
     args = parser.parse_args(argv)
@@ -82,16 +86,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     for name in ("workers", "max_batch"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.max_rows < 0:
+        parser.error("--max-rows must be 0 (no bound) or more")
     if args.max_wait_ms < 0 or args.poll_ms <= 0:
         parser.error("--max-wait-ms must be 0 or more, --poll-ms more than 0")
     return args
 
 
-def load(model: str):
+def load(model: str, max_rows: int = 0):
     """The Served of MODEL (``ExportError`` and the like when it cannot be read)."""
     from roles.serving.model import read_model
     from roles.serving.served import Served
-    return Served.of(read_model(model))
+    return Served.of(read_model(model, max_rows))
 
 
 def serve(args: argparse.Namespace, sock: socket.socket, served, threads: int) -> None:
@@ -109,7 +115,7 @@ def serve(args: argparse.Namespace, sock: socket.socket, served, threads: int) -
     host, port = sock.getsockname()[:2]
     reporters = Reporters(lambda: holder.served, holder.metrics.recent, args.keys, host, port)
     following = follower(args.follow, holder.replace, args.poll_ms / 1000, reporters.on_job,
-                         args.keys).start() if args.follow else None
+                         args.keys, args.max_rows).start() if args.follow else None
     app = ServeApp(holder, args.max_batch, args.max_wait_ms / 1000)
     config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False,
                             http="httptools", timeout_graceful_shutdown=5)
@@ -199,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir.name
     from roles.storage.fs import StorageError
     try:
-        served = load(args.model) if args.model else None
+        served = load(args.model, args.max_rows) if args.model else None
         sock = bound(args.host, args.port, shared=args.workers > 1, listen=args.workers == 1)
     except (ExportError, OSError, KeyError, StorageError) as exc:
         print(f"zbus-serve: {exc}", file=sys.stderr)

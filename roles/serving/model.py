@@ -28,13 +28,14 @@ from roles.checkpoint.model_files import (
     load_embeddings,
     load_named,
 )
-from roles.checkpoint.serving import checkpoint_of, load_checkpoint_model
+from roles.checkpoint.serving import chain_keys, chains, checkpoint_of, load_checkpoint_model
 from roles.data.hashing import KEY_HASH
 from roles.data.transforms import DenseTransform
 from roles.job.fields import field_of
 from roles.job.settings import Job, JobError, parse_job
 from roles.model.network import build_network, logit_shift, scored
 from roles.model.sparse_input import SparseInputs
+from roles.serving.row_store import RowStore, keys_in
 from roles.storage.fs import is_uri
 from roles.storage.store import Store, basename, parent
 
@@ -48,9 +49,12 @@ class ExportError(ValueError):
 class ExportedModel:
     """An export (``runs/<run>/export``), or a complete checkpoint of a running or finished job
     (its directory, the run's ``checkpoints`` directory or the run directory: the newest one;
-    ``roles.checkpoint.serving``)."""
+    ``roles.checkpoint.serving``). ``max_rows`` (0: no bound): a model of more rows keeps them
+    in a ``RowStore`` on disk, memory-mapped (``roles.serving.row_store``), not in memory."""
 
-    def __init__(self, where: Path):
+    def __init__(self, where: Path, max_rows: int = 0):
+        self.max_rows = max_rows
+        self.store: RowStore | None = None
         checkpoint = checkpoint_of(where)
         if checkpoint is not None:
             self._from_checkpoint(checkpoint)
@@ -65,14 +69,39 @@ class ExportedModel:
         tensors = {k: torch.from_numpy(v) for k, v in load_named(where / DENSE).items()}
         self.net.load_state_dict(tensors)
         self.net.eval()
-        shards = range(self.manifest["shards"])
-        self._tables([load_embeddings(where / embeddings_file(i)) for i in shards],
-                     [load_default_rows(where / embeddings_file(i)) for i in shards])
+        files = [where / embeddings_file(i) for i in range(self.manifest["shards"])]
+        defaults = [load_default_rows(f) for f in files]
+        if self._on_disk(files, self.job, keys_in(files)):
+            for f in files:
+                self._stored().add_export(f)
+            self._tables([], defaults)
+            return
+        self._tables([load_embeddings(f) for f in files], defaults)
+
+    def _on_disk(self, files: list[Path], job: Job, held: int) -> bool:
+        """With ``max_rows``: the model holds more keys (``held``), and a store is made for
+        what the files hold."""
+        if not self.max_rows or held <= self.max_rows:
+            return False
+        self.store = RowStore(keys_in(files), job.layout().row_dim)
+        return True
+
+    def _stored(self) -> RowStore:
+        assert self.store is not None
+        return self.store
 
     def _from_checkpoint(self, where: Path) -> None:
         try:
-            c = load_checkpoint_model(where)
-        except (ValueError, KeyError) as exc:
+            manifest = read_manifest(where) if self.max_rows else None
+            chained = chains(where, manifest) if manifest is not None else []
+            on_disk = manifest is not None and self._on_disk(
+                [f for chain in chained for f in chain],
+                self._job((where / "job.toml").read_text(), where / "job.toml"),
+                sum(chain_keys(chain) for chain in chained))
+            c = load_checkpoint_model(where, rows=not on_disk)
+            for chain in chained if on_disk else []:
+                self._stored().add_chain(chain)
+        except (ValueError, KeyError, OSError) as exc:
             raise ExportError(str(exc)) from None
         self.manifest = c.manifest
         self._check_hash(where)
@@ -114,7 +143,11 @@ class ExportedModel:
         present = [d for d in defaults if d is not None and len(d)]
         self.defaults = np.stack(present) if defaults and len(present) == len(defaults) \
             else None
-        self.owners = KeyMap.hashed(len(parts), self.job.placement.buckets_per_shard)
+        self.owners = KeyMap.hashed(len(defaults), self.job.placement.buckets_per_shard)
+        if self.store is not None:   # the rows on disk (their keys and rows: views of it)
+            self.keys, self.rows = self.store.keys[:len(self.store)], \
+                self.store.rows[:len(self.store)]
+            return
         keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros(0, np.int64)
         rows = np.concatenate([r.reshape(-1, dim) for _, r in parts]) if parts \
             else np.zeros((0, dim), np.float32)
@@ -123,6 +156,8 @@ class ExportedModel:
 
     def find(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Whether each key has a row, and its row (zero where it has none)."""
+        if self.store is not None:
+            return self.store.find(flat)
         out = np.zeros((len(flat), self.layout.row_dim), dtype=np.float32)
         if not len(self.keys):
             return np.zeros(len(flat), dtype=bool), out
@@ -179,13 +214,14 @@ def not_a_model(where: Path) -> str:
             f"export not finished) nor a run or checkpoint directory: EXPORT is {expected}")
 
 
-def read_model(where: str) -> ExportedModel:
+def read_model(where: str, max_rows: int = 0) -> ExportedModel:
     """The model at ``where``: a local path, or an ``s3://`` URI copied to a temporary
-    directory first (removed once the model is read: it is held in memory)."""
+    directory first (removed once the model is read: its rows are held in memory, or copied
+    to a ``RowStore`` beyond ``max_rows``)."""
     if not is_uri(where):
-        return ExportedModel(Path(where).expanduser())
+        return ExportedModel(Path(where).expanduser(), max_rows)
     with tempfile.TemporaryDirectory(prefix="zbus-model-") as copy:
-        return ExportedModel(fetched(where, Path(copy)))
+        return ExportedModel(fetched(where, Path(copy)), max_rows)
 
 
 def fetched(where: str, into: Path) -> Path:

@@ -31,7 +31,7 @@ class ServerThread:
 
     def __init__(self, served: Served | None = None, follow: str | None = None,
                  max_batch: int = 1024, max_wait_s: float = 0.0, poll_s: float = 0.1,
-                 keys_dir: str | None = None):
+                 keys_dir: str | None = None, max_rows: int = 0):
         self.holder = Holder(served, ServeMetrics())
         self.sock = bound("127.0.0.1", 0)
         port = self.sock.getsockname()[1]
@@ -39,7 +39,7 @@ class ServerThread:
         self.reporters = Reporters(lambda: self.holder.served, self.holder.metrics.recent,
                                    keys_dir, "127.0.0.1", port)
         self.follower = follower(follow, self.holder.replace, poll_s, self.reporters.on_job,
-                                 keys_dir).start() if follow else None
+                                 keys_dir, max_rows).start() if follow else None
         self.app = ServeApp(self.holder, max_batch, max_wait_s)
         self.server = uvicorn.Server(uvicorn.Config(self.app, lifespan="on",
                                                     log_level="warning", access_log=False))

@@ -168,9 +168,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print the figures as one JSON object")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--max-rows", type=int, default=0,
+                        help="a model of more embedding rows is read from disk: its rows "
+                             "copied to memory-mapped files under $TMPDIR (default 0: every "
+                             "row held in memory)")
     args = parser.parse_args(argv)
+    if args.max_rows < 0:
+        parser.error("--max-rows must be 0 (no bound) or more")
     try:
-        model = read_model(args.export)
+        model = read_model(args.export, args.max_rows)
         with progress_bar(not args.quiet and sys.stderr.isatty()) as advance:
             result = predict(model, args.data, args.format or model.job.data.format,
                              args.split, Path(args.out) if args.out else None, advance)

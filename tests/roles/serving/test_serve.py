@@ -329,3 +329,24 @@ def test_every_answer_while_following_a_training_job_is_its_named_versions_own(
     expected = {v: predicted(ExportedModel(by_version[v]), path) for v in versions}
     for version, got in answers:
         np.testing.assert_allclose(got, expected[version], rtol=0, atol=1e-6)
+
+
+def test_a_model_over_max_rows_is_served_from_disk_as_from_memory(trained, rows):
+    """``--max-rows``: an export, and a checkpoint whose shards' chains hold a full file and an
+    incremental one, with more rows than the bound are read into a store on disk; every key's
+    row and every probability are those of the model held in memory, and a model within the
+    bound is held in memory."""
+    path, _ = rows
+    checkpoint = max((p for p in (trained / "checkpoints").iterdir() if p.name.isdigit()),
+                     key=lambda p: int(p.name))
+    chain = orjson.loads((checkpoint / "manifest.json").read_bytes())["parts"]["ps-0"]
+    assert len(chain) >= 2, chain   # a full file, then an incremental one
+    for where in (trained / "export", checkpoint):
+        memory, disk = ExportedModel(where), ExportedModel(where, max_rows=10)
+        assert memory.store is None and disk.store is not None
+        assert len(disk.keys) == len(memory.keys) > 10
+        found, got = disk.find(np.concatenate([memory.keys, [3, -3]]))
+        assert found.tolist() == [True] * len(memory.keys) + [False, False]
+        assert np.array_equal(got[:-2], memory.rows) and not got[-2:].any()
+        np.testing.assert_array_equal(predicted(disk, path), predicted(memory, path))
+        assert ExportedModel(where, max_rows=len(memory.keys)).store is None
