@@ -3,8 +3,6 @@ fake control that admits single roles so that they can be driven over their real
 
 from __future__ import annotations
 
-import csv
-import gzip
 import subprocess
 import time
 from pathlib import Path
@@ -19,6 +17,7 @@ from roles.testbed.jobs import (
     ADULT_TRAIN_ROWS,
     REPO,
     SLOW,
+    adult_rows,
     adult_text,
     criteo_data,
     job_text,
@@ -35,13 +34,6 @@ __all__ = ["ADULT_JOB", "ADULT_TEXT_EVAL_ROWS", "ADULT_TEXT_TRAIN_ROWS", "ADULT_
            "text_split_rows"]
 
 TEST_DATA = Path(__file__).resolve().parent / "data"   # files the tests read
-
-
-def adult_rows(n: int) -> list[dict[str, str]]:
-    """The first ``n`` rows of the Adult file, as a serving request's raw values."""
-    with gzip.open(REPO / "data" / "adult.csv.gz", "rt") as f:
-        reader = csv.DictReader(f)
-        return [next(reader) for _ in range(n)]
 
 
 class Cluster(LocalCluster):

@@ -457,7 +457,11 @@ class Control(Loop):
                           identity=identity)
                 return
             case ServerReport() as report:   # unanswered
-                self.servers.report(report, time.monotonic())
+                if report.run_id == self.run_id:
+                    self.servers.report(report, time.monotonic())
+                elif self.servers.stranger(report.server):
+                    log.warning("serving process %s follows run %s, not this one (%s): not "
+                                "listed", report.server, report.run_id, self.run_id)
                 return
             case ControlRequest(action=action) if self.closing is not None \
                     and action != "settings":  # the summary is written: nothing changes now

@@ -33,6 +33,14 @@ class _Heard:
 class Servers:
     def __init__(self) -> None:
         self.heard: dict[str, _Heard] = {}
+        self.strangers: set[str] = set()   # servers heard from that follow another run
+
+    def stranger(self, server: str) -> bool:
+        """A server that follows another run was heard from: whether for the first time."""
+        if server in self.strangers or len(self.strangers) >= MAX_SERVERS:
+            return False
+        self.strangers.add(server)
+        return True
 
     def report(self, r: ServerReport, now: float) -> None:
         self.heard.pop(r.server, None)

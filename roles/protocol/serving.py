@@ -178,11 +178,13 @@ class FollowJob(Message):
 @message("serving")
 class ServerReport(Message):
     """A serving process -> control's request endpoint, every ``REPORT_S`` while it follows a
-    job (unanswered): what the console lists. ``version``: the version served ("" none yet);
+    job (unanswered): what the console lists. ``run_id``: the run it follows (control lists
+    only its own run's servers); ``version``: the version served ("" none yet);
     ``version_lag_s``: now minus when its parameters were trained (-1: none); the requests,
     rows and infer latencies of the last interval (p50/p99 -1 with no request)."""
 
     server: str
+    run_id: str
     url: str
     version: str
     ready: bool

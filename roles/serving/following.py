@@ -10,8 +10,8 @@ in an object store (``s3://bucket/prefix``): what ``LATEST`` names there is poll
 job and where its checkpoints are (``roles.serving.reporting.ask_job``), then the job is
 followed as a run directory's would be.
 
-Whatever follows a job whose file it knows calls ``on_job(job, endpoint)`` once it does, with
-control's request endpoint: the server reports to control there (``Reporter``).
+Whatever follows a job whose file it knows calls ``on_job(job, endpoint, run_id)`` once it
+does, with control's request endpoint: the server reports to control there (``Reporter``).
 """
 
 from __future__ import annotations
@@ -22,9 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import zmq
+
 from roles.checkpoint.files import LATEST
 from roles.checkpoint.serving import checkpoint_of
 from roles.job.settings import Job, JobError, parse_job
+from roles.protocol.serving import FollowJob
 from roles.serving.model import ExportError, read_model
 from roles.serving.reporting import ask_job
 from roles.serving.served import Served
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
     from roles.serving.live import LiveFollower
 
 log = logging.getLogger("zbus.serve")
+RETRY_S = 5.0   # a follower that failed tries again after this
 
 
 def newest_checkpoint(where: str) -> str | None:
@@ -48,7 +52,7 @@ def newest_checkpoint(where: str) -> str | None:
     return str(found) if found is not None else None
 
 
-OnJob = Callable[[Job, str], None]
+OnJob = Callable[[Job, str, str], None]   # the job, control's request endpoint, the run id
 
 
 def run_job(run: str) -> Job | None:
@@ -94,7 +98,7 @@ def chosen(run: str, replace: Callable[[Served], None], poll_s: float,
            on_job: OnJob | None = None, max_rows: int = 0):
     job = run_job(run)
     if job is not None and on_job is not None:
-        on_job(job, job.cluster.endpoint("control_req"))
+        on_job(job, job.cluster.endpoint("control_req"), Path(run).name)
     store = (job.checkpoint.dir if job is not None else "") or str(Path(run) / "checkpoints")
     return of_job(job, run if job is None or job.serving.publish_ms <= 0 else store, replace,
                   poll_s, max_rows)
@@ -128,24 +132,34 @@ class Remote:
         return self
 
     def wait(self) -> None:
-        try:
-            asked = ask_job(self.endpoint, f"zbus-serve {self.endpoint}", self.keys_dir,
-                            self.stop)
-        except OSError as exc:   # no key pair
-            log.error("zbus-serve: cannot ask %s for its job: %s", self.endpoint, exc)
-            return
-        if asked is None:
-            return
-        job, got = asked
+        """Ask until control answers with a job this process can follow (a key pair missing,
+        a job it cannot read: said, then asked again after ``RETRY_S``: the operator may
+        mount the keys, a new job may start there)."""
+        while not self.stop.is_set():
+            try:
+                asked = ask_job(self.endpoint, f"zbus-serve {self.endpoint}", self.keys_dir,
+                                self.stop)
+                if asked is None:   # (stopped, or a job it cannot read: said)
+                    self.stop.wait(RETRY_S)
+                    continue
+                self.follow(*asked)
+                return
+            except (OSError, zmq.ZMQError, ExportError) as exc:
+                log.error("zbus-serve: cannot follow the job of %s: %s (again in %.0f s)",
+                          self.endpoint, exc, RETRY_S)
+                self.stop.wait(RETRY_S)
+
+    def follow(self, job: Job, got: FollowJob) -> None:
         if not is_uri(got.checkpoints) and not Path(got.checkpoints).exists():
             log.warning("zbus-serve: the job's checkpoints are at %s on control's host, not "
                         "(yet) here: a server on another host follows a job whose [checkpoint] "
                         "dir is an object store (s3://...); waiting for them", got.checkpoints)
+        if self.stop.is_set():
+            return
+        self.inner = of_job(job, got.checkpoints, self.replace, self.poll_s,
+                            self.max_rows).start()
         if self.on_job is not None:
-            self.on_job(job, self.endpoint)
-        if not self.stop.is_set():
-            self.inner = of_job(job, got.checkpoints, self.replace, self.poll_s,
-                                self.max_rows).start()
+            self.on_job(job, self.endpoint, got.run_id)
 
     def close(self) -> None:
         self.stop.set()

@@ -234,7 +234,7 @@ class LiveState:
         return Served(model, f"{self.round}.{self.checkpoint}.{n}", n / 1000.0)
 
     def wants_rebase(self) -> bool:
-        return len(self.overlay) > max(REBASE_ROWS, len(self.base.keys) // 4)
+        return len(self.overlay) > max(REBASE_ROWS, self.base.held // 4)
 
 
 class LiveFollower:
@@ -289,10 +289,8 @@ class LiveFollower:
             self.loaded = (where, model)
         base = self.loaded[1]
         number = number_of(where)
-        if self.state is None and self.job.serving.row_bytes == 4:
-            # the checkpoint alone is one consistent version (with int8 rows not: its rows
-            # are rounded as the deltas', the version a checkpoint's follower serves is not)
-            self.replace(Served.of(base))
+        if self.state is None:   # the checkpoint alone is one consistent version (with int8
+            self.replace(Served.of(base))   # rows: rounded as theirs, by every live server)
         for sock in self.askers:
             sock.close(0)
         c = self.job.cluster

@@ -27,11 +27,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
+import shutil
 import signal
 import socket
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from roles.serving.model import ExportError
 
@@ -80,6 +83,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if (args.model is None) == (args.follow is None):
         parser.error("give MODEL or --follow RUN (one of them)")
+    if (args.follow or "").startswith("tcp://") and \
+            not re.fullmatch(r"tcp://[^:/\s]+:\d{1,5}", args.follow):
+        parser.error(f"--follow {args.follow}: control's endpoint is tcp://host:port")
     if args.keys and not (args.follow or "").startswith("tcp://"):
         parser.error("--keys goes with --follow tcp://host:port (a run directory's job file "
                      "names its keys)")
@@ -160,6 +166,13 @@ def supervise(args: argparse.Namespace, sock: socket.socket, served, threads: in
         if pid == 0:   # the worker process
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            # its temporary files (a model's rows on disk, --max-rows) in a directory of its
+            # slot's, emptied first: what a killed predecessor left goes (it exits with
+            # os._exit, which runs no clean-up)
+            mine = Path(tempfile.gettempdir()) / f"worker-{slot}"
+            shutil.rmtree(mine, ignore_errors=True)
+            mine.mkdir()
+            tempfile.tempdir = str(mine)
             try:
                 host, port = sock.getsockname()[:2]
                 serve(args, bound(host, port, shared=True), served, threads)
@@ -203,12 +216,18 @@ def main(argv: list[str] | None = None) -> None:
     if args.workers > 1:   # before prometheus_client is imported: its values live in files
         metrics_dir = tempfile.TemporaryDirectory(prefix="zbus-serve-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir.name
+    # every temporary file of this process and its workers (a model copied from s3://, its
+    # rows on disk past --max-rows) under one directory, removed at the end
+    scratch = tempfile.TemporaryDirectory(prefix="zbus-serve-")
+    before, tempfile.tempdir = tempfile.tempdir, scratch.name
     from roles.storage.fs import StorageError
     try:
         served = load(args.model, args.max_rows) if args.model else None
         sock = bound(args.host, args.port, shared=args.workers > 1, listen=args.workers == 1)
     except (ExportError, OSError, KeyError, StorageError) as exc:
         print(f"zbus-serve: {exc}", file=sys.stderr)
+        tempfile.tempdir = before
+        scratch.cleanup()
         raise SystemExit(2) from None
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     host, port = sock.getsockname()[:2]
@@ -223,6 +242,8 @@ def main(argv: list[str] | None = None) -> None:
             supervise(args, sock, served, threads)
     finally:
         sock.close()
+        tempfile.tempdir = before
+        scratch.cleanup()
         if metrics_dir is not None:
             metrics_dir.cleanup()
 

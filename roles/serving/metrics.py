@@ -53,10 +53,11 @@ class Recent:
         with self.lock:
             now = time.monotonic()
             elapsed = max(now - self.since, 1e-9)
-            requests, rows, latencies = self.requests, self.rows, sorted(self.latencies)
+            requests, rows, taken = self.requests, self.rows, list(self.latencies)
             self.requests = self.rows = 0
             self.latencies.clear()
             self.since = now
+        latencies = sorted(taken)   # (outside the lock: the event loop adds meanwhile)
         if not latencies:
             return requests / elapsed, rows / elapsed, -1.0, -1.0
 

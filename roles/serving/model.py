@@ -144,7 +144,9 @@ class ExportedModel:
         self.defaults = np.stack(present) if defaults and len(present) == len(defaults) \
             else None
         self.owners = KeyMap.hashed(len(defaults), self.job.placement.buckets_per_shard)
-        if self.store is not None:   # the rows on disk (their keys and rows: views of it)
+        # with a store, the rows on disk: ``keys`` and ``rows`` are its files' (in the order
+        # written, a dropped key's row among them: ``find`` and ``held`` say which count)
+        if self.store is not None:
             self.keys, self.rows = self.store.keys[:len(self.store)], \
                 self.store.rows[:len(self.store)]
             return
@@ -153,6 +155,11 @@ class ExportedModel:
             else np.zeros((0, dim), np.float32)
         order = np.argsort(keys)
         self.keys, self.rows = keys[order], rows[order]
+
+    @property
+    def held(self) -> int:
+        """The keys that have a row."""
+        return self.store.held if self.store is not None else len(self.keys)
 
     def find(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Whether each key has a row, and its row (zero where it has none)."""

@@ -32,6 +32,7 @@ from zbus.sockets import make_socket
 log = logging.getLogger("zbus.serve")
 REPORT_S = 1.0        # a ServerReport this often
 ASK_AGAIN_S = 5.0     # a FollowRequest unanswered this long is sent again (control not up yet)
+UNANSWERED_WARN = 6   # asks unanswered before the log says so
 CONTROL = "control-0"
 
 
@@ -64,14 +65,22 @@ def ask_job(endpoint: str, server: str, keys_dir: str | None,
     """The job control at ``endpoint`` runs, asked until it answers (None: ``stop`` was set
     first). The job's keys directory is ``keys_dir`` here, when given."""
     ctx = zmq.Context()
-    sock = dealer(ctx, endpoint, keys_dir)
+    sock = None
     try:
-        asked = 0.0
+        sock = dealer(ctx, endpoint, keys_dir, sndhwm=1)
+        asked, times = 0.0, 0
         while not stop.is_set():
             now = time.monotonic()
             if now - asked >= ASK_AGAIN_S:
-                sock.send_multipart(FollowRequest(server=server).encode(server, 0)[0])
-                asked = now
+                try:   # (control away: the ask waits in the queue, one at most)
+                    sock.send_multipart(FollowRequest(server=server).encode(server, 0)[0],
+                                        flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+                asked, times = now, times + 1
+                if times == UNANSWERED_WARN:
+                    log.warning("zbus-serve: no answer from control at %s yet (is it up? with "
+                                "CURVE on, --keys names the operator's keys)", endpoint)
             if not sock.poll(200):
                 continue
             try:
@@ -93,7 +102,8 @@ def ask_job(endpoint: str, server: str, keys_dir: str | None,
             return job, got
         return None
     finally:
-        sock.close(0)
+        if sock is not None:
+            sock.close(0)
         ctx.term()
 
 
@@ -102,8 +112,8 @@ class Reporter:
     model ``current()`` gives and the requests ``recent`` counts."""
 
     def __init__(self, endpoint: str, job: Job, keys_dir: str | None, server: str, url: str,
-                 current: Callable[[], Served | None], recent: Recent):
-        self.endpoint, self.job, self.keys_dir = endpoint, job, keys_dir
+                 current: Callable[[], Served | None], recent: Recent, run_id: str):
+        self.endpoint, self.job, self.keys_dir, self.run_id = endpoint, job, keys_dir, run_id
         self.server, self.url, self.current, self.recent = server, url, current, recent
         self.stop = threading.Event()
         self.sent = 0
@@ -119,7 +129,7 @@ class Reporter:
         lag = -1.0
         if served is not None and served.trained_at is not None:
             lag = max(0.0, time.time() - served.trained_at)
-        return ServerReport(server=self.server, url=self.url,
+        return ServerReport(server=self.server, run_id=self.run_id, url=self.url,
                             version="" if served is None else served.version,
                             ready=served is not None, version_lag_s=lag,
                             requests_per_s=requests, rows_per_s=rows, p50_ms=p50, p99_ms=p99)
@@ -158,12 +168,14 @@ class Reporters:
     def __init__(self, current: Callable[[], Served | None], recent: Recent,
                  keys_dir: str | None, host: str, port: int):
         self.current, self.recent, self.keys_dir = current, recent, keys_dir
+        if host in ("0.0.0.0", "::", ""):   # every address (a pod's): its name says where
+            host = socket.gethostname()
         self.server, self.url = server_name(port), f"http://{host}:{port}"
         self.started: list[Reporter] = []
 
-    def on_job(self, job: Job, endpoint: str) -> None:
+    def on_job(self, job: Job, endpoint: str, run_id: str) -> None:
         self.started.append(Reporter(endpoint, job, self.keys_dir, self.server, self.url,
-                                     self.current, self.recent).start())
+                                     self.current, self.recent, run_id).start())
 
     def close(self) -> None:
         for reporter in self.started:

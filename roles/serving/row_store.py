@@ -78,11 +78,17 @@ class RowStore:
             self.slot_rows[part] = kernels.EMPTY
         self.keys = npy.open_memmap(self.dir / "keys.npy", "w+", np.int64, (capacity,))
         self.rows = npy.open_memmap(self.dir / "rows.npy", "w+", np.float32, (capacity, width))
-        self.size = 0
+        self.size = 0      # rows written (a key dropped keeps its row, unreachable)
+        self.dropped = 0   # keys dropped by a later file
         self._loops = kernels.loops()
 
     def __len__(self) -> int:
         return self.size
+
+    @property
+    def held(self) -> int:
+        """The keys that have a row."""
+        return self.size - self.dropped
 
     def upsert(self, keys: np.ndarray, rows: np.ndarray) -> None:
         """Distinct keys' rows: a key here already gets its new row, a new one a row of its
@@ -105,7 +111,9 @@ class RowStore:
         """These keys have no row any more (a key absent is ignored)."""
         slots = self._loops.probe(self.slot_rows, self.keys,
                                   np.ascontiguousarray(keys, dtype=np.int64), True)
-        self.slot_rows[slots[slots >= 0]] = TOMBSTONE
+        gone = slots[slots >= 0]
+        self.slot_rows[gone] = TOMBSTONE
+        self.dropped += len(gone)
 
     def find(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Whether each key has a row, and its row (zero where it has none)."""

@@ -3,6 +3,7 @@ the rows a small text file's split gives."""
 
 from __future__ import annotations
 
+import csv
 import gzip
 from pathlib import Path
 
@@ -51,3 +52,10 @@ def adult_text(directory: Path) -> str:
     if not path.exists():
         path.write_bytes(gzip.decompress((REPO / "data" / "adult.csv.gz").read_bytes()))
     return str(path)
+
+
+def adult_rows(n: int) -> list[dict[str, str]]:
+    """The first ``n`` rows of the Adult file, as a serving request's raw values."""
+    with gzip.open(REPO / "data" / "adult.csv.gz", "rt") as f:
+        reader = csv.DictReader(f)
+        return [next(reader) for _ in range(n)]

@@ -329,12 +329,17 @@ def test_the_cluster_tab_lists_the_serving_processes_and_says_when_one_is_gone(c
     (none yet: not ready) and its requests, then 'gone' once it stops reporting."""
     c = cluster(ADULT_JOB, train__stall_timeout_s=600)
     c.start_role("control")
-    recent = Recent()
-    for _ in range(40):
-        recent.request(0.002)
-        recent.scored(3)
+    recent, asking = Recent(), threading.Event()
+
+    def requests() -> None:   # a request every 10 ms while the test runs
+        while not asking.wait(0.01):
+            recent.request(0.002)
+            recent.scored(3)
+
+    feeding = threading.Thread(target=requests, daemon=True)
+    feeding.start()
     reporter = Reporter(c.job.cluster.endpoint("control_req"), c.job, None, "serve-host:8080/7",
-                        "http://serve-host:8080", lambda: None, recent).start()
+                        "http://serve-host:8080", lambda: None, recent, c.run_dir.name).start()
 
     def serving_text(app) -> str:
         table = app.query_one("#serving-table")
@@ -359,6 +364,8 @@ def test_the_cluster_tab_lists_the_serving_processes_and_says_when_one_is_gone(c
     try:
         asyncio.run(drive())
     finally:
+        asking.set()
+        feeding.join(5)
         reporter.close()
         c.procs["control-0"].terminate()
         c.wait(timeout=30)

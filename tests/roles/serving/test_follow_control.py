@@ -5,6 +5,7 @@ it (the console's serving table)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -15,6 +16,7 @@ from roles.protocol.operator import Status
 from roles.protocol.serving import FollowJob, FollowRequest, ServerReport
 from roles.serving.client import Client, request_body
 from roles.testbed.jobs import ADULT_JOB
+from roles.testbed.live_oracle import Asking
 from roles.testbed.local_cluster import LocalCluster
 from roles.testbed.serving import ServerThread
 from roles.tools.keys import make_keys
@@ -82,10 +84,15 @@ def test_a_server_follows_control_live_and_control_lists_what_it_serves(tmp_path
                     live = {v for v in versions if v.count(".") == 2}
                 # the checkpoint (round.checkpoint), then live cuts (round.checkpoint.cut)
                 assert len(live) >= 3, versions
-                rows = serving_rows(cl.endpoint("status"), lambda rows: any(
-                    r["url"] == server.url and r["ready"] and r["requests_per_s"] > 0
-                    for r in rows), cluster=cl if curve == "on" else None)
                 client.close()
+                asking = Asking(table)   # requests go on while control's status is read
+                asking.start(server.url)
+                try:
+                    rows = serving_rows(cl.endpoint("status"), lambda rows: any(
+                        r["url"] == server.url and r["ready"] and r["requests_per_s"] > 0
+                        for r in rows), cluster=cl if curve == "on" else None)
+                finally:
+                    asking.stop()
             (row,) = [r for r in rows if r["url"] == server.url]
             assert row["version"].count(".") == 2 and row["p50_ms"] is not None
             assert row["p99_ms"] >= row["p50_ms"] > 0 and row["rows_per_s"] > 0
@@ -98,7 +105,7 @@ def test_a_server_follows_control_live_and_control_lists_what_it_serves(tmp_path
 def test_control_answers_a_follow_request_and_takes_reports_without_answering(tmp_path):
     """On control's request endpoint: FollowRequest -> FollowJob (the run's job file and its
     checkpoints' place); a ServerReport gets no answer, a malformed one is counted and
-    dropped, and the job goes on."""
+    dropped, one of another run is not listed, and the job goes on."""
     c = LocalCluster(tmp_path / "job", ADULT_JOB, in_process=True, transport="tcp",
                      train__epochs=1)
     ctx = zmq.Context()
@@ -112,14 +119,15 @@ def test_control_answers_a_follow_request_and_takes_reports_without_answering(tm
         assert isinstance(got, FollowJob) and got.run_id == c.run_dir.name
         assert got.job_text == (c.run_dir / "config.toml").read_text()
         assert got.checkpoints == str(c.run_dir / "checkpoints")
-        bad = ServerReport(server="probe", url="http://x", version="", ready=False,
-                           version_lag_s=-1.0, requests_per_s=-5.0, rows_per_s=0.0,
-                           p50_ms=-1.0, p99_ms=-1.0)
+        good = ServerReport(server="probe", run_id=got.run_id, url="http://x", version="",
+                            ready=False, version_lag_s=-1.0, requests_per_s=0.0,
+                            rows_per_s=0.0, p50_ms=-1.0, p99_ms=-1.0)
+        bad = dataclasses.replace(good, requests_per_s=-5.0)
         sock.send_multipart(bad.encode("probe", 2)[0])
-        good = ServerReport(server="probe", url="http://x", version="", ready=False,
-                            version_lag_s=-1.0, requests_per_s=0.0, rows_per_s=0.0,
-                            p50_ms=-1.0, p99_ms=-1.0)
-        sock.send_multipart(good.encode("probe", 3)[0])
+        # a server of another run (an old run directory followed) is not listed
+        sock.send_multipart(dataclasses.replace(good, server="other", run_id="run-0").encode(
+            "other", 3)[0])
+        sock.send_multipart(good.encode("probe", 4)[0])
         rows = serving_rows(c.job.cluster.endpoint("status"), bool)
         assert [r["server"] for r in rows] == ["probe"] and rows[0]["p50_ms"] is None
         assert not sock.poll(500), "a report was answered"

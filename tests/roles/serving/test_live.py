@@ -6,172 +6,18 @@ and the aggregator are killed and started again."""
 
 from __future__ import annotations
 
-import csv
-import threading
-import time
-from pathlib import Path
-
 import numpy as np
 import pytest
-import torch
 from harness import adult_rows
 
-from roles.protocol.serving import DenseDelta, RowDelta
 from roles.serving import live as live_module
-from roles.serving.client import Client, request_body
 from roles.serving.model import ExportedModel
-from roles.serving.publishing import DensePublisher, RowPublisher
-from roles.serving.served import version_of
 from roles.testbed.jobs import ADULT_JOB
+from roles.testbed.live_oracle import Asking, Recorder, expected_answers, more_versions
 from roles.testbed.local_cluster import LocalCluster
-from roles.testbed.serving import ServerThread, predicted
+from roles.testbed.serving import ServerThread
 
 pytestmark = pytest.mark.inprocess
-
-
-class Recorder:
-    """Every RowDelta and DenseDelta the job's shards and aggregator publish, taken where they
-    are made (the roles run in this process: ``RowPublisher.cut`` and ``DensePublisher.cut``
-    wrapped), so that nothing a socket may drop (a SUB reconnecting to a restarted shard) is
-    missing from the oracle."""
-
-    def __init__(self, monkeypatch):
-        self.rows: list[RowDelta] = []
-        self.dense: list[DenseDelta] = []
-        for cls, into in ((RowPublisher, self.rows), (DensePublisher, self.dense)):
-            made = cls.cut
-
-            def cut(publisher, *args, made=made, into=into):
-                delta = made(publisher, *args)
-                if delta is not None:
-                    into.append(delta)
-                return delta
-            monkeypatch.setattr(cls, "cut", cut)
-
-    def incarnations(self, shard: int) -> list[str]:
-        """Shard ``shard``'s processes, in the order they published."""
-        return list(dict.fromkeys(m.incarnation for m in self.rows if m.shard == shard))
-
-    def version(self, model: ExportedModel, cut: int,
-                bases: dict[str, dict[int, np.ndarray]] | None = None) -> ExportedModel:
-        """``model`` (the job's export: its network and transform) with the rows and dense
-        weights of cut ``cut``, rebuilt from every delta up to it; ``bases``: the rows a
-        restarted shard's process restored, by its incarnation (its deltas are the changes
-        since)."""
-        table: dict[int, np.ndarray] = {}
-        by_shard: dict[int, list[RowDelta]] = {}
-        for m in self.rows:
-            by_shard.setdefault(m.shard, []).append(m)
-        for shard, deltas in by_shard.items():
-            # the process that published this shard's part of the cut: its chain, whole from
-            # its first cut, on the rows it restored
-            (mine,) = [m.incarnation for m in deltas if m.cut == cut]
-            table.update((bases or {}).get(mine, {}))
-            previous = 0
-            for m in [m for m in deltas if m.incarnation == mine]:
-                assert m.previous == previous, (shard, m.cut, m.previous, previous)
-                previous = m.cut
-                if m.cut > cut:
-                    break
-                for k in m.dropped.tolist():
-                    table.pop(k, None)
-                # as sent: float32 rows, or int8 ones times their row's scale
-                sent = m.qrows.astype(np.float32) * m.scales[:, None] if len(m.qrows) \
-                    else m.rows
-                for k, row in zip(m.keys.tolist(), sent, strict=True):
-                    table[k] = row.copy()
-        params = [m for m in self.dense if m.cut <= cut and len(m.params)][-1].params
-        keys = np.array(sorted(table), dtype=np.int64)
-        model.keys = keys
-        model.rows = np.stack([table[k] for k in keys.tolist()]).astype(np.float32)
-        torch.nn.utils.vector_to_parameters(torch.from_numpy(params.copy()),
-                                            model.net.parameters())
-        return model
-
-
-def scored(model: ExportedModel, table: list[dict[str, str]], path: Path) -> np.ndarray:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(table[0]))
-        w.writeheader()
-        w.writerows(table)
-    return predicted(model, path)
-
-
-def ask(client: Client, meta: dict | None,
-        table: list[dict[str, str]]) -> tuple[dict | None, tuple[str, list[float]] | None]:
-    """One request of ``table`` (until a model is served, its metadata instead): the metadata,
-    and the version and probabilities answered."""
-    if meta is None:
-        status, got = client.call("GET", "/v2/models/adult")
-        return (got if status == 200 else None), None
-    status, reply = client.infer("adult", request_body(meta, table))
-    assert status == 200, reply
-    return meta, (reply["model_version"], reply["outputs"][0]["data"])
-
-
-class Asking:
-    """Threads that ask a server the same rows over and over until ``stop``, each server's
-    answers (version, probabilities) in a list of its own (``start``'s)."""
-
-    def __init__(self, table: list[dict[str, str]]):
-        self.table = table
-        self.done = threading.Event()
-        self.threads: list[threading.Thread] = []
-
-    def start(self, url: str) -> list[tuple[str, list[float]]]:
-        answers: list[tuple[str, list[float]]] = []
-        self.threads.append(threading.Thread(target=self._ask, args=(url, answers),
-                                             daemon=True))
-        self.threads[-1].start()
-        return answers
-
-    def _ask(self, url: str, into: list) -> None:
-        client, meta = Client(url), None
-        while not self.done.is_set():
-            meta, answer = ask(client, meta, self.table)
-            if answer is not None:
-                into.append(answer)
-        client.close()
-
-    def stop(self) -> None:
-        self.done.set()
-        for t in self.threads:
-            t.join(timeout=30)
-
-
-def live_versions(answers: list) -> int:
-    return len({v for v, _ in list(answers) if v.count(".") == 2})
-
-
-def more_versions(c: LocalCluster, answers: list, n: int, wait_s: float) -> None:
-    """Return once ``n`` more live versions are among ``answers`` (within ``wait_s``)."""
-    want = live_versions(answers) + n
-    for _ in range(int(wait_s / 0.05)):
-        if live_versions(answers) >= want:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"no {n} more versions served\n{c.logs()}")
-
-
-def expected_answers(c: LocalCluster, recorder: Recorder, versions: set[str],
-                     table: list[dict[str, str]], path: Path,
-                     bases: dict[str, dict[int, np.ndarray]] | None = None
-                     ) -> dict[str, np.ndarray]:
-    """What each version computes for ``table`` offline: a live one (``round.checkpoint.cut``)
-    rebuilt from the deltas into the job's export, a checkpoint (served before the first cut
-    was in) read from its files."""
-    checkpoints = {version_of(ExportedModel(p).manifest): p   # (complete ones: an abandoned
-                   for p in (c.run_dir / "checkpoints").iterdir()   # cut has no manifest)
-                   if p.name.isdigit() and (p / "manifest.json").is_file()}
-    expected = {}
-    for version in versions:
-        if version.count(".") == 2:
-            model = recorder.version(ExportedModel(c.run_dir / "export"),
-                                     int(version.split(".")[2]), bases)
-        else:
-            model = ExportedModel(checkpoints[version])
-        expected[version] = scored(model, table, path)
-    return expected
 
 
 @pytest.mark.parametrize("row_bytes", [4, 1])
@@ -190,7 +36,7 @@ def test_every_live_answer_is_the_parameters_of_the_cut_it_names(tmp_path, monke
     c = LocalCluster(tmp_path / "job", ADULT_JOB, in_process=True, train__epochs=2,
                      checkpoint__every_s=0, checkpoint__keep=1000, serving__publish_ms=50,
                      serving__row_bytes=row_bytes)
-    recorder = Recorder(monkeypatch)
+    recorder = Recorder(monkeypatch.setattr)
     table = adult_rows(8)
     asking = Asking(table)
     late_answers: list[tuple[str, list[float]]] = []
@@ -248,7 +94,7 @@ def test_answers_while_a_shard_and_the_aggregator_are_killed_are_their_versions_
     c = LocalCluster(tmp_path / "job", ADULT_JOB, in_process=True, train__epochs=3,
                      checkpoint__every_s=1.0, checkpoint__keep=1000, serving__publish_ms=50,
                      cluster__node_timeout_s=2.0)
-    recorder = Recorder(monkeypatch)
+    recorder = Recorder(monkeypatch.setattr)
     table = adult_rows(8)
     asking = Asking(table)
     try:
