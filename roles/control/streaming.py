@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import math
 
-from roles.algorithms.shared.metrics import ScoreHistogram
+import numpy as np
+
+from roles.algorithms.shared.metrics import ScoreHistogram, TaskScores
 from roles.control.commands import Commands
 from roles.job.settings import Job
 from roles.job.summary import StreamFigures
@@ -62,9 +64,18 @@ class StreamCourse:
             return None
         lifetime = ScoreHistogram()
         windows = []
+        each: TaskScores | None = None   # several labels: each one's lifetime
         for node_id, m in sorted(self.scores.items()):
             lifetime.merge(ScoreHistogram(m.histogram_counts(), m.loss_sum))
             windows += [{"feeder": node_id, **w} for w in m.windows]
+            got = m.task_histograms()
+            if got is not None:
+                counts, loss_sums, prob_sums = got
+                theirs = TaskScores.of(counts, np.array(loss_sums), np.array(prob_sums))
+                if each is None:
+                    each = theirs
+                else:
+                    each.merge(theirs)
         scores = list(self.scores.values())
         # every feeder's, or the lag is not known (a feeder that never reported its end)
         known = len(scores) == self.job.cluster.feeders and all(
@@ -81,6 +92,9 @@ class StreamCourse:
             progressive_auc=_finite(lifetime.auc()) if lifetime.samples else None,
             progressive_logloss=_finite(lifetime.logloss()) if lifetime.samples else None,
             windows=windows, ended_by=self.ended_by,
+            tasks=None if each is None else {
+                name: {k: _finite(v) for k, v in figures.items()}
+                for name, figures in each.figures(self.job.tasks).items()},
             join=_added([m.join for m in scores]) if self.job.stream.labels.topic else None)
 
 

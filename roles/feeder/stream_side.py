@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from roles.algorithms.feeding.event_batches import EventBatcher
 from roles.algorithms.feeding.stream_pass import StreamPass
-from roles.algorithms.shared.progressive import Progressive
+from roles.algorithms.shared.progressive import StreamProgress
 from roles.data.readers import RawBlock, Schema
 from roles.data.rejected import RejectedRows
 from roles.data.stats import Moments
@@ -101,7 +101,7 @@ class StreamSide:
         self.marks: dict[int, Watermark] = {}   # per partition: what is acknowledged
         self.skip: dict[tuple[int, int], int] = {}   # gone back to a checkpoint: trained then
                                                      # (a message's first events; -1: all)
-        self.progressive = Progressive(s.window_events)
+        self.progressive = StreamProgress(len(job.tasks), s.window_events)
         # labels on a topic of their own, joined here (roles.feeder.joining)
         self.labels = LabelSide(job, rejected) if s.labels.topic else None
         self.reader: EventReader | None = None
@@ -132,7 +132,10 @@ class StreamSide:
         again from its first position not done, leaving out what was trained then."""
         s, d = self.config, self.job.data
         positions = None if rewind is None else self.rewind(rewind)
-        schema = Schema(label="" if self.labels else d.label, dense=self.job.dense_fields,
+        tasks = self.job.tasks
+        schema = Schema(label="" if self.labels else tasks[0],
+                        more_labels=() if self.labels else tuple(tasks[1:]),
+                        dense=self.job.dense_fields,
                         sparse=self.job.sparse_fields, positive=tuple(d.positive),
                         negative=tuple(d.negative), timestamp=d.timestamp,
                         lists=self.job.list_fields)
@@ -429,7 +432,7 @@ class StreamSide:
         self.events_trained += n
         if len(batch.event_time_s):
             self.newest_trained_s = max(self.newest_trained_s, float(batch.event_time_s.max()))
-        if preds.shape == (n,):
+        if preds.size == batch.samples.labels.size:   # (several labels: [n, tasks] flattened)
             self.progressive.add(batch.samples.labels, preds, batch.event_time_s)
 
     def acknowledge(self, released: list[Delivery]) -> None:
@@ -448,8 +451,9 @@ class StreamSide:
         lag_messages = r.lag_messages if r is not None else None
         per_message = (r.events_read / r.messages_read) if r is not None and r.messages_read \
             else 1.0
-        lifetime = self.progressive.lifetime
-        last = self.progressive.windows[-1] if self.progressive.windows else None
+        lifetime = self.progressive.first.lifetime
+        windows = self.progressive.first.windows
+        last = windows[-1] if windows else None
         return {"stream": {
             "events_read": r.events_read if r is not None else 0,
             "messages_read": r.messages_read if r is not None else 0,
@@ -466,7 +470,7 @@ class StreamSide:
             "progressive_auc": finite(lifetime.auc()) if lifetime.samples else None,
             "progressive_logloss": finite(lifetime.logloss()) if lifetime.samples else None,
             "window_auc": finite(last.auc) if last is not None else None,
-            "windows_closed": self.progressive.closed, "ended": self.ended,
+            "windows_closed": self.progressive.first.closed, "ended": self.ended,
             "join": self.labels.counts() if self.labels is not None else None}}
 
     def final_lag(self) -> tuple[int, int, float]:
@@ -485,16 +489,23 @@ class StreamSide:
 
     def scores(self) -> StreamScores:
         """This feeder's scores and counts for control's summary (at the pass's end)."""
-        h = self.progressive.lifetime
+        h = self.progressive.first.lifetime
         bins = np.flatnonzero(h.counts.reshape(-1))
+        each = self.progressive.each
+        task_counts = each.counts().reshape(-1) if each is not None else np.zeros(0, np.int64)
+        task_bins = np.flatnonzero(task_counts)
         lag_messages, lag_events, lag_s = self.final_lag()
         return StreamScores(
             events_read=self.events_taken,
             events_trained=self.events_trained, events_rejected=self.events_rejected,
             messages_acked=self.messages_acked, lag_messages=lag_messages,
             lag_events=lag_events, lag_s=lag_s, loss_sum=h.loss_sum,
-            windows=[w.as_dict() for w in self.progressive.windows],
+            windows=[w.as_dict() for w in self.progressive.first.windows],
             bins=bins.astype(np.int64), counts=h.counts.reshape(-1)[bins].astype(np.int64),
+            task_loss_sums=[] if each is None else each.loss_sums().tolist(),
+            task_prob_sums=[] if each is None else each.prob_sums().tolist(),
+            task_bins=task_bins.astype(np.int64),
+            task_counts=task_counts[task_bins].astype(np.int64),
             join=self.labels.counts() if self.labels is not None else {})
 
     def close(self) -> None:

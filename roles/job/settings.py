@@ -688,8 +688,9 @@ class Job:
                 raise ValueError(f"[model.tasks] {name} must be a weight > 0, got {weight}")
         if len(tasks) == 1:   # (a label named twice: DataConfig's "used twice")
             return
-        if self.streaming:
-            raise ValueError("[data] labels: a stream job trains one label (docs/limits.md)")
+        if self.streaming and self.stream.labels.topic:
+            raise ValueError("[data] labels: labels on a topic of their own ([stream.labels]) "
+                             "are joined one label a row (docs/limits.md)")
         if self.train.batch_by_label:
             raise ValueError("[train] batch_by_label sorts batches by one label: not with "
                              "several ([data] labels)")

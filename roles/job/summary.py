@@ -194,6 +194,9 @@ class StreamFigures(TypedDict):
     progressive_logloss: float | None
     windows: list[dict[str, Any]]
     ended_by: str
+    # several labels ([data] labels): each one's lifetime auc, logloss, ne and calibration over
+    # the events that have it (None: one label, whose figures are progressive_auc/_logloss)
+    tasks: dict[str, dict[str, float | None]] | None
     join: dict[str, int] | None   # labels from a topic of their own (docs/streams.md): joined,
                                   # expired_negative, labels_late, labels_unmatched, ...; None:
                                   # the labels came with the events

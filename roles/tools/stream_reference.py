@@ -14,7 +14,9 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from roles.algorithms.shared.progressive import Progressive
+import numpy as np
+
+from roles.algorithms.shared.progressive import StreamProgress
 from roles.data.readers import RawBlock
 from roles.data.source import DataSource
 from roles.data.stats import Moments
@@ -83,18 +85,19 @@ def score_then_train(job: Job, path: str, threads: int = 0,
     transform = warmup_transform(job, source)
     prepare = partial(event_samples, Preparer(fjob.layout(), transform, None))  # no decay
     ref = Reference(fjob)
-    progressive = Progressive(job.stream.window_events)
+    progressive = StreamProgress(len(job.tasks), job.stream.window_events)
     started = time.perf_counter()
     events = 0
     for batch in batches(event_blocks(source), prepare, job.train.batch_size):
-        progressive.add(batch.labels, ref.score(batch))
+        progressive.add(batch.labels, ref.score(batch), np.zeros(len(batch)))
         if freeze_after is None or events < freeze_after:
             ref.train(batch)
         events += len(batch)
     seconds = time.perf_counter() - started
-    summary = progressive.summary()
+    summary = progressive.first.summary()
     return {"events": events, "seconds": seconds, "frozen_after": freeze_after,
             "events_per_s": events / seconds if seconds else None,
             "progressive_auc": summary["progressive_auc"],
             "progressive_logloss": summary["progressive_logloss"],
-            "windows": summary["windows"]}
+            "windows": summary["windows"],
+            "tasks": progressive.tasks(job.tasks) if len(job.tasks) > 1 else None}

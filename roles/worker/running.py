@@ -137,7 +137,8 @@ class Runner:
                 grads: list[np.ndarray], probs: np.ndarray | None, started: float) -> None:
         step = self.dense.sync.after_backward(self.dense.replica, weight_sum)
         self.release(Done(batch, loss, weight_sum, grads=grads, step=step,
-                          train_probs=None if probs is None else probs.astype(np.float32)),
+                          train_probs=None if probs is None
+                          else probs.astype(np.float32).reshape(-1)),
                      time.monotonic() - started)
 
     def scored(self, batch: PulledBatch, probs: np.ndarray, started: float) -> None:

@@ -14,6 +14,7 @@ from harness import REPO
 
 from roles.events.publish import open_publisher
 from roles.job.settings import load_job
+from roles.testbed.two_labels import columns, write_two_labels
 from roles.tools.replay import replay
 from roles.tools.stream_reference import score_then_train
 
@@ -248,3 +249,42 @@ def test_a_kafka_stream_trains_every_event_once_over_its_partitions(cluster, kaf
     assert st["lag_events"] == 0, st
     aucs = [w["auc"] for w in st["windows"]]
     assert len(aucs) == 3 and aucs[-1] > aucs[0] + 0.2 and aucs[-1] > 0.85, aucs   # it learns
+
+
+@pytest.mark.integration   # the broker is a process
+@pytest.mark.inprocess      # the roles run in this one
+def test_a_stream_of_two_labels_is_validated_progressively_label_by_label(
+        cluster, nats, tmp_path):
+    """``[data] labels`` on a stream: each event's labels (a purchase missing on some: masked)
+    trained together, every event once; each label's progressive figures in the summary
+    (``stream.tasks``), the first label's also as the job's progressive AUC, within 0.01 of
+    one process training the same events test-then-train."""
+    data = tmp_path / "two.csv"
+    write_two_labels(data, 100_000, seed=3, vocab=(100, 30, 10, 500))
+    out = open_publisher(nats.url, "two.events")
+    try:
+        events, _, _ = replay(data, out, per_message=100)
+    finally:
+        out.close()
+    sparse, dense = columns()
+    job = tmp_path / "two.toml"
+    job.write_text(f'name = "two-stream"\n[data]\nformat = "csv"\n'
+                   f'labels = ["click", "purchase"]\nsparse = {sparse}\ndense = {dense}\n'
+                   f'[stream]\nurl = "{nats.url}"\ntopic = "two.events"\nwindow_events = 5000\n'
+                   "warmup_events = 2000\n[model]\nembedding_dim = 8\nhidden = [64, 32]\n"
+                   "[train]\nbatch_size = 256\n[cluster]\nworkers = 2\nshards = 2\n"
+                   .replace("'", '"'))
+    c = cluster(str(job), train__until_events=events)
+    assert c.run_job() == 0, c.logs()
+    st = c.summary()["stream"]
+    assert st is not None and st["events_trained"] == events == 100_000, st
+    assert st["events_trained_twice"] == 0 and st["lag_events"] == 0, st
+    tasks = st["tasks"]
+    assert tasks is not None and set(tasks) == {"click", "purchase"}, st
+    assert tasks["click"]["auc"] == pytest.approx(st["progressive_auc"], abs=1e-12)
+    assert all(f["auc"] > 0.7 and f["ne"] > 0 and f["calibration"] > 0
+               for f in tasks.values()), tasks
+    alone = score_then_train(load_job(str(job), environ={}), str(data))
+    for name, figures in tasks.items():
+        assert abs(figures["auc"] - alone["tasks"][name]["auc"]) <= 0.01, (name, tasks, alone)
+        assert abs(figures["logloss"] - alone["tasks"][name]["logloss"]) <= 0.02, name

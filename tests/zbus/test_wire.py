@@ -74,8 +74,11 @@ def sample(cls: type) -> Message:
     if cls is Placement:
         values.update(phase="move", keys=np.array([-5, 9], np.int64),
                       owners=np.array([1, 0], np.int64))
-    if cls is StreamScores:
-        values.update(bins=np.array([1, 70_000], np.int64), counts=np.array([2, 1], np.int64))
+    if cls is StreamScores:   # (and two labels' histograms)
+        values.update(bins=np.array([1, 70_000], np.int64), counts=np.array([2, 1], np.int64),
+                      task_loss_sums=[0.5, 0.25], task_prob_sums=[3.0, 1.0],
+                      task_bins=np.array([5, 200_000], np.int64),
+                      task_counts=np.array([1, 4], np.int64))
     if cls is KeyCounts:
         values.update(counts=np.array([4, 2, 1], np.int64), errors=np.array([1, 0, 0], np.int64))
     if cls is WindowWork:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from roles.algorithms.shared.metrics import ScoreHistogram
+from roles.algorithms.shared.metrics import ScoreHistogram, TaskScores
 
 
 @dataclass(frozen=True)
@@ -100,3 +100,34 @@ class Progressive:
         return {"progressive_auc": every.auc(), "progressive_logloss": every.logloss(),
                 "events_scored": self.events, "windows_closed": self.closed,
                 "windows": [w.as_dict() for w in self.windows]}
+
+
+class StreamProgress:
+    """A stream job's progressive validation of ``tasks`` labels: the first label's windows
+    and lifetime (``first``: the job's ``progressive_auc``, its windows and the console's
+    chart), and with several labels every label's lifetime figures (``each``: AUC, log loss,
+    NE, calibration) over the events that have it; a missing label (NaN) masks its task for
+    the event, the first's too."""
+
+    def __init__(self, tasks: int, window_events: int):
+        self.first = Progressive(window_events)
+        self.each = TaskScores(tasks) if tasks > 1 else None
+
+    def add(self, labels: np.ndarray, probs: np.ndarray, times: np.ndarray) -> None:
+        """The scores of a batch's events (``[n]``, or ``[n, tasks]`` flattened or not)."""
+        if self.each is None:
+            self.first.add(labels, probs, times)
+            return
+        tasks = self.each.tasks
+        labels = np.asarray(labels, dtype=np.float32).reshape(-1, tasks)
+        probs = np.asarray(probs, dtype=np.float32).reshape(-1, tasks)
+        present = ~np.isnan(labels[:, 0])
+        self.first.add(labels[present, 0], probs[present, 0],
+                       np.asarray(times, dtype=np.float64)[present])
+        self.each.add(labels, probs)
+
+    def tasks(self, names: list[str]) -> dict[str, dict[str, float]]:
+        """Each label's lifetime figures by name (one label: the first's)."""
+        if self.each is None:
+            return {names[0]: self.first.lifetime.figures()}
+        return self.each.figures(names)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from roles.algorithms.shared.metrics import auc, logloss
-from roles.algorithms.shared.progressive import Progressive
+from roles.algorithms.shared.metrics import TaskScores, auc, logloss
+from roles.algorithms.shared.progressive import Progressive, StreamProgress
 
 
 def stream(n: int, seed: int = 0):
@@ -51,3 +51,28 @@ def test_only_the_newest_windows_are_kept():
     assert [w["window"] for w in s["windows"]] == list(range(43, 50))
     with pytest.raises(ValueError, match="window_events must be at least 1"):
         Progressive(window_events=0)
+
+
+def test_several_labels_each_one_over_the_events_that_have_it():
+    """``StreamProgress``: the first label's windows and lifetime over the events that have
+    it (a NaN masks it), and each label's lifetime as a ``TaskScores`` of the same scores."""
+    rng = np.random.default_rng(8)
+    n = 3000
+    labels = (rng.random((n, 2)) < [0.3, 0.1]).astype(np.float32)
+    labels[rng.random(n) < 0.1, 0] = np.nan
+    labels[rng.random(n) < 0.2, 1] = np.nan
+    probs = rng.random((n, 2)).astype(np.float32)
+    p = StreamProgress(2, window_events=500)
+    for lo in range(0, n, 256):   # as batches come, flattened as acks carry them
+        p.add(labels[lo:lo + 256].reshape(-1), probs[lo:lo + 256].reshape(-1),
+              np.arange(lo, min(n, lo + 256), dtype=np.float64))
+    present = ~np.isnan(labels[:, 0])
+    assert p.first.events == present.sum() and p.first.closed == present.sum() // 500
+    direct = TaskScores(2)
+    direct.add(labels, probs)
+    got = p.tasks(["a", "b"])
+    assert got == direct.figures(["a", "b"])
+    assert got["a"]["auc"] == p.first.lifetime.auc()
+    one = StreamProgress(1, window_events=500)   # one label: the first's figures, no copy
+    one.add(labels[present, 0], probs[present, 0], np.zeros(present.sum()))
+    assert one.each is None and one.tasks(["a"])["a"] == one.first.lifetime.figures()
