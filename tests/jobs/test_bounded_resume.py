@@ -100,6 +100,17 @@ def test_whole_job_killed_with_expiry_on_resumes_and_no_dropped_key_comes_back(c
     # the cut had dropped keys on some shard (with_drops), so some shard had expired keys;
     # a shard holding only frequent keys may have expired none yet
     assert sum(expired.values()) > 0, expired
+    # served from disk (zbus-serve --max-rows), the chains' drops applied: every key's row
+    # as the checkpoint read into memory has it, a dropped key none
+    at = checkpoint_dir(c.run_dir, number)
+    memory, disk = ExportedModel(at), ExportedModel(at, max_rows=1)
+    assert disk.store is not None and disk.held == len(memory.keys)
+    dropped = set().union(*(dropped_after_full(c.run_dir, f) for f in chains.values()))
+    gone = np.array(sorted(dropped - set(memory.keys.tolist())), np.int64)
+    assert len(gone), "no key dropped for good by the chains"
+    found, rows = disk.find(np.concatenate([memory.keys, gone]))
+    assert found.tolist() == [True] * len(memory.keys) + [False] * len(gone)
+    assert np.array_equal(rows[:len(memory.keys)], memory.rows)
     every_row_once(s, ADULT_TRAIN_ROWS, 4)
     assert s["auc"] >= 0.88, s["auc"]
     assert s["duplicates_refused"]["embedding_updates"] == 0
