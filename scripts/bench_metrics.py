@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_tasks import TASKS, cpu, job_file, split
+from bench_serve import cpu_name  # (scripts/ is the script's own directory)
+from bench_tasks import TASKS, job_file, split
 
 from roles.algorithms.shared.grouped import GroupScores
 from roles.algorithms.shared.metrics import TaskScores
@@ -86,7 +87,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    print(f"CPU: {cpu()}; {args.rows:,} rows, {args.epochs} epoch(s), medians of "
+    print(f"CPU: {cpu_name()}; {args.rows:,} rows, {args.epochs} epoch(s), medians of "
           f"{args.repeats}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-metrics-") as tmp:
         where = Path(tmp)

@@ -17,11 +17,11 @@ probabilities over every row of the file.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import tempfile
 from pathlib import Path
 
 import numpy as np
+from bench_serve import cpu_name  # (scripts/ is the script's own directory)
 
 from roles.serving.live import rounded_as_sent
 from roles.serving.model import ExportedModel
@@ -29,12 +29,6 @@ from roles.testbed.jobs import REPO
 from roles.testbed.local_cluster import LocalCluster
 from roles.testbed.serving import predicted
 from roles.tools.predict import predict
-
-
-def cpu() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines()
-                 if line.startswith("Model name")), "unknown CPU")
 
 
 def criteo_job(where: Path, data: Path) -> Path:
@@ -72,7 +66,7 @@ def main() -> None:
         rounded_as_sent(model)
         int8_auc, int8 = scores(model)
     gap = np.abs(int8 - exact)
-    print(f"CPU: {cpu()}; {job.name}: {keys:,} keys of width {width}, {len(exact):,} rows")
+    print(f"CPU: {cpu_name()}; {job.name}: {keys:,} keys of width {width}, {len(exact):,} rows")
     print(f"a published row: float32 {4 * width} bytes, int8 {width + 4} bytes "
           f"({4 * width / (width + 4):.2f}x fewer)")
     print(f"AUC: float32 {exact_auc:.6f}, int8 {int8_auc:.6f} ({int8_auc - exact_auc:+.6f})")

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_serve import cpu_name  # (scripts/ is the script's own directory)
 
 from roles.checkpoint.model_files import embeddings_file, load_default_rows, load_embeddings
 from roles.checkpoint.npz_stream import Entry, whole, write_npz
@@ -32,12 +33,6 @@ from roles.testbed.jobs import ADULT_JOB, REPO
 from roles.testbed.local_cluster import LocalCluster
 
 PIECE = 1 << 20
-
-
-def cpu() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines()
-                 if line.startswith("Model name")), "unknown CPU")
 
 
 def grow(export: Path, extra: int, seed: int = 7) -> None:
@@ -122,7 +117,7 @@ def main() -> None:
             export = c.run_dir / "export"
         started = time.perf_counter()
         grow(export, args.keys)
-        print(f"CPU: {cpu()}; the Adult export grown by {args.keys:,} keys in "
+        print(f"CPU: {cpu_name()}; the Adult export grown by {args.keys:,} keys in "
               f"{time.perf_counter() - started:.1f} s", flush=True)
         data = REPO / "data" / "adult.csv.gz"
         runs = {"in memory": measure(export, data, 0, args.repeats, where / "memory.npy"),

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -34,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as csv
+from bench_serve import cpu_name  # (scripts/ is the script's own directory)
 
 from roles.job.settings import load_job
 from roles.testbed.local_cluster import LocalCluster
@@ -41,12 +41,6 @@ from roles.testbed.two_labels import columns, write_two_labels
 from roles.tools.reference import train_reference
 
 TASKS = ["click", "purchase"]
-
-
-def cpu() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines()
-                 if line.startswith("Model name")), "unknown CPU")
 
 
 def job_file(where: Path, name: str, train: Path, eval_: Path, labels: list[str],
@@ -114,7 +108,7 @@ def main() -> None:
     ap.add_argument("--no-tasks", action="store_true", help="neither the alone nor the "
                     "multi-task jobs")
     args = ap.parse_args()
-    print(f"CPU: {cpu()}; {args.rows:,} rows, {args.epochs} epoch(s), medians of "
+    print(f"CPU: {cpu_name()}; {args.rows:,} rows, {args.epochs} epoch(s), medians of "
           f"{args.repeats}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-tasks-") as tmp:
         where = Path(tmp)

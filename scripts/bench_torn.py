@@ -18,24 +18,18 @@ server's joins and resyncs.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from bench_serve import cpu_name  # (scripts/ is the script's own directory)
 
 from roles.serving.model import ExportedModel
 from roles.testbed.jobs import ADULT_JOB, adult_rows
 from roles.testbed.live_oracle import Asking, Patches, Recorder, expected_answers
 from roles.testbed.local_cluster import LocalCluster
 from roles.testbed.serving import ServerThread
-
-
-def cpu() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines()
-                 if line.startswith("Model name")), "unknown CPU")
 
 
 def until(answers: list[list], count: int, c: LocalCluster, timeout_s: float = 1800) -> None:
@@ -102,7 +96,7 @@ def main() -> None:
             c.close()
             patches.undo()
     live = sum(v.count(".") == 2 for v in versions)
-    print(f"CPU: {cpu()}; Adult, cuts every {args.publish_ms} ms, {args.clients} clients")
+    print(f"CPU: {cpu_name()}; Adult, cuts every {args.publish_ms} ms, {args.clients} clients")
     print(f"{len(every):,} probes in {probed_s:.0f} s ({len(every) / probed_s:,.0f}/s), naming "
           f"{len(versions):,} versions ({live:,} live cuts), checked in {checked_s:.0f} s")
     print(f"ps-1 and the aggregator killed and started again; the server joined {joins} "

@@ -29,9 +29,9 @@ from zbus.codec import Message, decode
 from zbus.messages import Heartbeat, Hello, Probe, Welcome
 
 __all__ = ["ADULT_JOB", "ADULT_TEXT_EVAL_ROWS", "ADULT_TEXT_TRAIN_ROWS", "ADULT_TRAIN_ROWS",
-           "BIN", "REPO", "SLOW", "TEST_DATA", "Cluster", "FakeControl", "adult_rows", "adult_text",
-           "criteo_data", "dealer", "hosts_or_skip", "job_text", "recv_within", "reply",
-           "text_split_rows"]
+           "BIN", "REPO", "SLOW", "TEST_DATA", "Cluster", "FakeControl", "adult_rows",
+           "adult_text", "criteo_data", "dealer", "first_status", "hosts_or_skip", "job_text",
+           "recv_within", "reply", "text_split_rows"]
 
 TEST_DATA = Path(__file__).resolve().parent / "data"   # files the tests read
 
@@ -126,3 +126,28 @@ def hosts_or_skip(**kwargs: object) -> Hosts:
                     f"{(exc.stderr or b'').decode(errors='replace').strip()}")
     return hosts
 
+
+def first_status(endpoint: str, want, timeout_s: float = 60.0, cluster=None) -> dict:
+    """The first status snapshot control publishes on ``endpoint`` that ``want`` accepts
+    (``cluster``: the job's, for the operator's CURVE keys when it uses them)."""
+    from roles.protocol.operator import Status
+    from zbus import security
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    curve = None if cluster is None else security.for_process(ctx, cluster, security.OPERATOR,
+                                                              authenticate=False)
+    if curve is not None:
+        curve.client(sub, endpoint)
+    sub.connect(endpoint)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if sub.poll(500):
+                msg = decode(sub.recv_multipart()).msg
+                if isinstance(msg, Status) and want(msg.snapshot()):
+                    return msg.snapshot()
+        raise AssertionError(f"no status as wanted within {timeout_s} s")
+    finally:
+        sub.close(0)
+        ctx.term()

@@ -11,31 +11,15 @@ import time
 
 import orjson
 import pytest
-import zmq
-from harness import REPO
-
-from roles.protocol.operator import Status
-from zbus.codec import decode
+from harness import REPO, first_status
 
 MP_JOB = REPO / "jobs" / "adult_mp.toml"   # workers = 1, parts = 2
 
 
 def model_status(endpoint: str, timeout_s: float = 120.0) -> dict:
     """partition.model of the first Status control publishes with one."""
-    ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(endpoint)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if sub.poll(500):
-                msg = decode(sub.recv_multipart()).msg
-                if isinstance(msg, Status) and msg.snapshot()["partition"]["model"]:
-                    return msg.snapshot()["partition"]["model"]
-        raise AssertionError("no status with a model partition")
-    finally:
-        ctx.destroy(linger=0)
+    return first_status(endpoint, lambda snap: snap["partition"]["model"],
+                        timeout_s)["partition"]["model"]
 
 
 @pytest.mark.inprocess

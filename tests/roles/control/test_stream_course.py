@@ -3,9 +3,11 @@ summary's figures from the feeders' scores."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from roles.algorithms.shared.metrics import ScoreHistogram
+from roles.algorithms.shared.metrics import ScoreHistogram, TaskScores
 from roles.algorithms.shared.metrics import auc as exact_auc
 from roles.control.commands import Commands
 from roles.control.streaming import StreamCourse
@@ -40,7 +42,9 @@ def scores(labels: np.ndarray, probs: np.ndarray, trained: int) -> StreamScores:
     return StreamScores(events_read=trained, events_trained=trained, events_rejected=0,
                         messages_acked=trained // 10, lag_messages=0, lag_events=0, lag_s=0.0,
                         loss_sum=h.loss_sum, windows=[{"window": 0, "auc": 0.5}], join={},
-                        bins=bins.astype(np.int64), counts=flat[bins].astype(np.int64))
+                        bins=bins.astype(np.int64), counts=flat[bins].astype(np.int64),
+                        task_loss_sums=[], task_prob_sums=[],   # (one label)
+                        task_bins=np.zeros(0, np.int64), task_counts=np.zeros(0, np.int64))
 
 
 def test_the_wire_histogram_is_the_metrics_histogram():
@@ -105,3 +109,30 @@ def test_an_auc_of_one_class_only_is_none_not_nan():
 def test_a_job_that_reads_files_has_no_stream_figures():
     job = parse_job('[data]\npath = "x.csv"\nlabel = "y"\nsparse = ["c"]\n', environ={})
     assert StreamCourse(job, Commands(lambda m: None)).summary(0, False) is None
+
+
+def test_each_labels_figures_are_every_feeders_scores_together():
+    """Several labels: each label's lifetime figures from the feeders' histograms added up,
+    over the events that have it (a NaN label masked), as one ``TaskScores`` of them all."""
+    rng = np.random.default_rng(5)
+    labels = (rng.random((4000, 2)) < [0.3, 0.1]).astype(np.float32)
+    labels[rng.random(4000) < 0.2, 1] = np.nan
+    probs = rng.random((4000, 2)).astype(np.float32)
+    job = parse_job(JOB.replace('label = "y"', 'labels = ["y", "z"]'), environ={})
+    course = StreamCourse(job, Commands(lambda m: None))
+    for node, part in (("feeder-0", slice(0, 2500)), ("feeder-1", slice(2500, 4000))):
+        each = TaskScores(2)
+        each.add(labels[part], probs[part])
+        first = scores(labels[part, 0], probs[part, 0], part.stop - part.start)
+        task_counts = each.counts().reshape(-1)
+        task_bins = np.flatnonzero(task_counts)
+        course.scored(node, dataclasses.replace(
+            first, task_loss_sums=each.loss_sums().tolist(),
+            task_prob_sums=each.prob_sums().tolist(), task_bins=task_bins.astype(np.int64),
+            task_counts=task_counts[task_bins].astype(np.int64)))
+    s = course.summary(rows_repeated=0, feeder_restarted=False)
+    assert s is not None and s["tasks"] is not None
+    whole = TaskScores(2)
+    whole.add(labels, probs)
+    assert s["tasks"] == whole.figures(["y", "z"])
+    assert s["tasks"]["y"]["auc"] == s["progressive_auc"]

@@ -10,9 +10,8 @@ import time
 
 import pytest
 import zmq
-from harness import adult_rows
+from harness import adult_rows, first_status
 
-from roles.protocol.operator import Status
 from roles.protocol.serving import FollowJob, FollowRequest, ServerReport
 from roles.serving.client import Client, request_body
 from roles.testbed.jobs import ADULT_JOB
@@ -27,27 +26,9 @@ pytestmark = pytest.mark.inprocess
 
 
 def serving_rows(endpoint: str, want, timeout_s: float = 60.0, cluster=None) -> list[dict]:
-    """The ``serving`` rows of the first status control publishes that ``want`` accepts
-    (``cluster``: its CURVE keys, the operator's)."""
-    ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    curve = None if cluster is None else security.for_process(ctx, cluster, security.OPERATOR,
-                                                              authenticate=False)
-    if curve is not None:
-        curve.client(sub, endpoint)
-    sub.connect(endpoint)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if sub.poll(500):
-                msg = decode(sub.recv_multipart()).msg
-                if isinstance(msg, Status) and want(msg.snapshot()["serving"]):
-                    return msg.snapshot()["serving"]
-        raise AssertionError("no status listed the server as wanted")
-    finally:
-        sub.close(0)
-        ctx.term()
+    """The ``serving`` rows of the first status control publishes that ``want`` accepts."""
+    return first_status(endpoint, lambda snap: want(snap["serving"]), timeout_s,
+                        cluster)["serving"]
 
 
 @pytest.mark.parametrize("curve", ["off", "on"])
