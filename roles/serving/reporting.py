@@ -27,13 +27,13 @@ from roles.serving.metrics import Recent
 from roles.serving.served import Served
 from zbus import security
 from zbus.codec import ProtocolError, decode
+from zbus.endpoints import CONTROL_ID
 from zbus.sockets import make_socket
 
 log = logging.getLogger("zbus.serve")
 REPORT_S = 1.0        # a ServerReport this often
 ASK_AGAIN_S = 5.0     # a FollowRequest unanswered this long is sent again (control not up yet)
 UNANSWERED_WARN = 6   # asks unanswered before the log says so
-CONTROL = "control-0"
 
 
 def server_name(port: int) -> str:
@@ -49,7 +49,7 @@ def dealer(ctx: zmq.Context, endpoint: str, keys_dir: str | None, job: Job | Non
     if keys_dir or (job is not None and job.cluster.curve_enabled()):
         where = Path(keys_dir or job.cluster.keys_dir)   # type: ignore[union-attr]
         public, secret = security.load_pair(where, security.OPERATOR)
-        server = security.load_public(where, CONTROL)
+        server = security.load_public(where, CONTROL_ID)
 
         def secure(sock: zmq.Socket) -> None:
             sock.curve_publickey, sock.curve_secretkey = public, secret

@@ -136,8 +136,7 @@ class RowStore:
         file's live rows, then each later file's dropped keys and changed rows)."""
         for path in files:
             m = mapped(path)
-            with np.load(path) as f:
-                full = read_meta(f)["kind"] == "full"
+            full = read_meta(m)["kind"] == "full"   # (its meta: bytes, mapped as the rest)
             if not full:
                 for part in pieces(len(m["dropped"])):
                     self.drop(m["dropped"][part])

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from roles.checkpoint.files import read_manifest
 from roles.protocol.serving import DenseDelta, RowDelta
 from roles.serving.client import Client, request_body
 from roles.serving.live import rounded_as_sent
@@ -176,9 +177,11 @@ def expected_answers(c: LocalCluster, recorder: Recorder, versions: set[str],
     """What each version computes for ``table`` offline: a live one (``round.checkpoint.cut``)
     rebuilt from the deltas into the job's network, a checkpoint (served before the first cut
     was in) read from its files."""
-    checkpoints = {version_of(ExportedModel(p).manifest): p   # (complete ones: an abandoned
-                   for p in (c.run_dir / "checkpoints").iterdir()   # cut has no manifest)
-                   if p.name.isdigit() and (p / "manifest.json").is_file()}
+    manifests = {p: read_manifest(p)   # (complete ones: an abandoned cut has no manifest)
+                 for p in (c.run_dir / "checkpoints").iterdir()
+                 if p.name.isdigit() and (p / "manifest.json").is_file()}
+    assert all(m is not None for m in manifests.values()), "a checkpoint not complete"
+    checkpoints = {version_of(m): p for p, m in manifests.items() if m is not None}
     expected = {}
     live = {int(v.split(".")[2]): v for v in versions if v.count(".") == 2}
     if live:
