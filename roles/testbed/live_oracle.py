@@ -182,16 +182,23 @@ def expected_answers(c: LocalCluster, recorder: Recorder, versions: set[str],
                  if p.name.isdigit() and (p / "manifest.json").is_file()}
     assert all(m is not None for m in manifests.values()), "a checkpoint not complete"
     checkpoints = {version_of(m): p for p, m in manifests.items() if m is not None}
-    expected = {}
-    live = {int(v.split(".")[2]): v for v in versions if v.count(".") == 2}
+    expected: dict[str, np.ndarray] = {}
+    # the live versions by cut (servers joined on different checkpoints name one cut each
+    # their way: round.checkpoint.cut)
+    live: dict[int, list[str]] = {}
+    for v in versions:
+        if v.count(".") == 2:
+            live.setdefault(int(v.split(".")[2]), []).append(v)
     if live:
         # the job's network and transform: its export, or (a job stopped by a kill) its
         # newest checkpoint's
         export = c.run_dir / "export"
         model = ExportedModel(export if export.is_dir() else c.run_dir)
         for cut, rows, params in recorder.versions(sorted(live), bases):
-            expected[live[cut]] = scored(as_version(model, rows, params), table, path)
-    for version in versions - set(live.values()):   # (rounded as int8 rows travel, with
+            answer = scored(as_version(model, rows, params), table, path)
+            expected.update((v, answer) for v in live[cut])
+    named = {v for names in live.values() for v in names}
+    for version in versions - named:   # (rounded as int8 rows travel, with
         model = ExportedModel(checkpoints[version])   # [serving] row_bytes = 1)
         if c.job.serving.row_bytes == 1:
             rounded_as_sent(model)
