@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 
 import msgspec
 import numpy as np
@@ -150,14 +151,18 @@ def test_feeder_keeps_a_batch_whose_ack_is_malformed(cluster):
         queue.connect(c.job.cluster.endpoint("samples"))
         acks = dealer(ctx, c.job.cluster.endpoint("ledger"), "worker-0")
         index = ready = None  # feeder 0 indexes the data: every part is its
+        deadline = time.monotonic() + 60
         while index is None or ready is None:
+            assert time.monotonic() < deadline, (index, ready)
             _, *frames = recv_within(fake.router, 60)
             msg = decode(frames).msg
             index = msg if isinstance(msg, DataIndex) else index
             ready = msg if isinstance(msg, Ready) else ready
         parts = PartMap(version=0, n_train=index.n_train, resume={}, body=index.body,
                         parts=index.parts, owners=np.zeros(len(index.parts), np.int32))
+        deadline = time.monotonic() + 60
         while True:  # its statistics of the training parts
+            assert time.monotonic() < deadline, "the feeder sent no PartStats within 60 s"
             fake.pub.send_multipart(parts.to_frames("control-0"))
             _, *frames = recv_within(fake.router, 60)
             if isinstance(stats := decode(frames).msg, PartStats):

@@ -96,8 +96,9 @@ def feeder_under_limit(cluster, tmp_path, copies: int) -> tuple[int, int, Memory
     c.budgets["feeder-0"] = LIMIT
     c.start_all()
     feeder, cgroup = c.procs["feeder-0"], c.cgroups["feeder-0"]
-    peak = 0
+    peak, deadline = 0, time.monotonic() + 240
     while c.procs["control-0"].poll() is None:
+        assert time.monotonic() < deadline, f"the job still running after 240 s:\n{c.logs()}"
         if feeder.poll() not in (None, 0):   # 0: it ended with the job
             pytest.fail(f"the feeder ended with {feeder.poll()} under its limit of "
                         f"{LIMIT >> 20} MiB (killed for it {cgroup.kills()} time(s)); its "

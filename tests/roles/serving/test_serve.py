@@ -303,7 +303,9 @@ def test_every_answer_while_following_a_training_job_is_its_named_versions_own(
         with ServerThread(follow=str(c.run_dir), poll_s=0.02) as server:
             c.start_all()
             client, meta = Client(server.url), None
+            deadline = time.monotonic() + 240
             while c.procs["control-0"].poll() is None:
+                assert time.monotonic() < deadline, f"still training after 240 s:\n{c.logs()}"
                 if meta is None:
                     status, got = client.call("GET", "/v2/models/adult")
                     meta = got if status == 200 else None
