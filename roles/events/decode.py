@@ -30,9 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from roles.data.readers import RawBlock, Rejected, Schema, _block
 from roles.events import Delivery
+from roles.events.json_block import json_block, numeric_columns, origins
 from roles.job.stream_settings import FORMATS
 
 MAX_SHOWN = 500   # characters of a rejected event kept with its reason
@@ -74,6 +76,7 @@ class EventDecoder:
         self.wanted = self.schema_columns + ([id_field] if id_field and
                                        id_field not in self.schema_columns else [])
         self.id_at = self.wanted.index(id_field) if id_field else -1
+        self.numeric = numeric_columns(schema)
         if fmt != "json":
             missing = [c for c in self.wanted if c not in columns]
             if missing:
@@ -87,6 +90,47 @@ class EventDecoder:
         return message_name(self.topic, d)
 
     def decode(self, deliveries: Sequence[Delivery]) -> Decoded:
+        if self.fmt == "json":
+            fast = self._decode_table(deliveries)
+            if fast is not None:
+                return fast
+        return self._decode_rows(deliveries)
+
+    def _decode_table(self, deliveries: Sequence[Delivery]) -> Decoded | None:
+        """The whole batch parsed at once (``roles.events.json_block``), or None where that
+        path cannot give what ``_decode_rows`` would."""
+        payloads = [d.payload for d in deliveries]
+        counts = [len(_lines(p)) for p in payloads]
+        done = json_block(self.schema, self.wanted, self.numeric, payloads, counts,
+                          sum(map(len, payloads)))
+        if done is None:
+            return None
+        block, columns = done
+        ids = None
+        if self.id_at >= 0:
+            given = columns[self.id_at]
+            if given.null_count or pc.any(pc.equal(given, "")).as_py():
+                return None
+            try:
+                ids = given.cast(pa.int64()).to_numpy()
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                ids = np.fromiter(map(event_id, given.to_pylist()), dtype=np.int64,
+                                  count=len(given))
+        message, line = origins(counts)
+        block.rows_read = len(message)
+        return Decoded(block, message, line, self._event_time(block, deliveries, message),
+                       len(message), ids)
+
+    def _event_time(self, block: RawBlock, deliveries: Sequence[Delivery],
+                    message: np.ndarray) -> np.ndarray:
+        """Each event's time: its timestamp column, else its message's time at the broker."""
+        if block.timestamps is not None:
+            return block.timestamps.astype(np.float64)
+        times = np.array([d.time_s for d in deliveries], dtype=np.float64)
+        return times[message] if len(message) else np.zeros(0)
+
+    def _decode_rows(self, deliveries: Sequence[Delivery]) -> Decoded:
+        """Event by event: each malformed one named by its message and line."""
         rows: list[list[object]] = []
         raws: list[bytes] = []          # each accepted event's text, shown if _block rejects it
         origin: list[tuple[int, int]] = []
@@ -117,11 +161,7 @@ class EventDecoder:
                                             for r in block.rejected],
                                 key=lambda r: (r.file, r.line))
         where = np.asarray(origin, dtype=np.int64).reshape(-1, 2)[kept]
-        if block.timestamps is not None:
-            event_time = block.timestamps.astype(np.float64)
-        else:
-            times = np.array([d.time_s for d in deliveries], dtype=np.float64)
-            event_time = times[where[:, 0]] if len(where) else np.zeros(0)
+        event_time = self._event_time(block, deliveries, where[:, 0])
         block.rows_read = events
         ids = None
         if self.id_at >= 0:

@@ -3,6 +3,8 @@ the same rows read from a file, every malformed event set aside with its message
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import orjson
 import pyarrow as pa
@@ -38,7 +40,7 @@ def columns(block) -> dict[str, list]:
             "sparse": [pa.chunked_array([c]).combine_chunks().to_pylist()
                        if isinstance(c, pa.Array) else c.combine_chunks().to_pylist()
                        for c in block.sparse],
-            "timestamps": block.timestamps.tolist()}
+            "timestamps": None if block.timestamps is None else block.timestamps.tolist()}
 
 
 @pytest.mark.parametrize("fmt", ["json", "tsv", "csv"])
@@ -137,3 +139,136 @@ def test_whatever_the_messages_hold_every_event_is_kept_or_set_aside_never_raise
     assert len(got.message) == len(got.line) == len(got.event_time_s) == len(got.block)
     assert all(r.file.startswith("clicks[0]@") and r.line >= 1 and r.reason
                for r in got.rejected)
+
+
+# -- the whole batch at once (roles.events.json_block) gives what event by event gives --------
+def decoded(got) -> dict:
+    b = got.block
+    return {**columns(b), "labels": np.nan_to_num(b.labels, nan=-1).tolist(),
+            "timestamps": None if b.timestamps is None else b.timestamps.tolist(),
+            "weights": None if b.weights is None else b.weights.tolist(),
+            "rows_read": b.rows_read, "bytes": b.bytes_read, "events": got.events,
+            "rejected": [(r.file, r.line, r.reason, r.text) for r in got.rejected],
+            "message": got.message.tolist(), "line": got.line.tolist(),
+            "time": got.event_time_s.tolist(),
+            "ids": None if got.ids is None else got.ids.tolist()}
+
+
+TYPED = [{"y": int(r[0]), "age": int(r[1]) if r[1] else None,
+          "hours": float(r[2]) if r[2] not in ("", "?") else None, "city": r[3] or None,
+          "tags": r[4].split("|") if r[4] else [], "t": int(r[5])} for r in ROWS]
+
+
+@pytest.mark.parametrize("events", [[as_json(r) for r in ROWS], list(map(orjson.dumps, TYPED))],
+                         ids=["as-text", "typed"])
+def test_a_batch_of_well_formed_json_events_is_parsed_at_once_and_gives_the_same(events):
+    """Not a vacuous equality below: the events a publisher sends, as a file's text or typed
+    (numbers, nulls, lists as arrays), take the batch path."""
+    decoder = EventDecoder(SCHEMA, "json", "clicks")
+    deliveries = [message(3, *events[:3]), message(4, events[3], time_s=6.0)]
+    fast = decoder._decode_table(deliveries)
+    assert fast is not None
+    assert decoded(fast) == decoded(decoder._decode_rows(deliveries))
+    assert decoded(fast)["sparse"][1] == [["a", "b"], [], ["c"], ["a", "c", "d"]]
+
+
+ID_SCHEMA = Schema(label="y", dense=["age"], sparse=["city", "tags"], lists={"tags": "|"},
+                   weight="w", positive=("yes",))
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
+                    st.floats(allow_nan=False, allow_infinity=False), st.floats(),
+                    st.sampled_from(["", "?", "1", "0", "yes", "no", "1.0", "-3", " 7 ", "x|y",
+                                     "1e5", "nan", "2023-11-14T22:13:20", "é"]),
+                    st.text(max_size=5))
+VALUES = st.one_of(SCALARS, st.lists(st.one_of(st.text(max_size=3), st.integers(0, 10**20),
+                                               st.none()), max_size=3),
+                   st.dictionaries(st.just("k"), st.integers(), max_size=1))
+
+
+def dumps(event: dict) -> bytes:
+    """As publishers write it: numbers past 64 bits too, and NaN as Python's json does."""
+    return json.dumps(event, ensure_ascii=False).encode()
+
+
+def json_events(keys: list[str]):
+    row = st.dictionaries(st.sampled_from(keys), VALUES, max_size=len(keys))
+    # a column that keeps one type across the batch is what the batch path takes: lean on it
+    same = st.fixed_dictionaries({k: st.sampled_from(["1", 2, 2.5, "a|b", ["a", 3], True])
+                                  for k in keys})
+    line = st.one_of(row.map(dumps), same.map(dumps),
+                     st.sampled_from([b"[1]", b'{"y": NaN}', b"{", b'{"y": 1}\r', b"  ",
+                                      b'{"y": 1, "y": 0}', b'{"y": "\xff"}', b'"x"']))
+    return st.lists(st.lists(line, min_size=1, max_size=4), min_size=1, max_size=3)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(json_events(COLUMNS + ["zz"]))
+def test_the_batch_path_gives_what_event_by_event_gives_or_declines(messages):
+    decoder = EventDecoder(SCHEMA, "json", "clicks")
+    deliveries = [Delivery(1, i, b"\n".join(events), 2.0 + i) for i, events in enumerate(messages)]
+    fast = decoder._decode_table(deliveries)
+    slow = decoded(decoder._decode_rows(deliveries))
+    if fast is not None:
+        assert decoded(fast) == slow
+    assert decoded(decoder.decode(deliveries)) == slow
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(json_events(["y", "age", "city", "tags", "w", "id"]))
+def test_with_text_labels_weights_and_ids_too(messages):
+    decoder = EventDecoder(ID_SCHEMA, "json", "clicks", id_field="id")
+    deliveries = [Delivery(0, i, b"\n".join(events), 1.0) for i, events in enumerate(messages)]
+    fast = decoder._decode_table(deliveries)
+    slow = decoded(decoder._decode_rows(deliveries))
+    if fast is not None:
+        assert decoded(fast) == slow
+    assert decoded(decoder.decode(deliveries)) == slow
+
+
+
+KINDS = {"label": st.sampled_from([0, 1]), "flag": st.booleans(),
+         "yes": st.sampled_from(["yes", "no"]),
+         "int": st.integers(-2**63, 2**63 - 1), "small": st.integers(-5, 5),
+         "float": st.floats(-1e6, 1e6), "half": st.sampled_from([0.5, 0.0, 2.5]),
+         "number": st.sampled_from(["1", "-2", "3.5", " 7 ", "1e5", "?", ""]),
+         "text": st.text("ab|,é1", max_size=4),
+         "ids": st.lists(st.text("abé|", max_size=3), max_size=3),
+         "numbers": st.lists(st.integers(0, 2**63 - 1), max_size=3),
+         "time": st.integers(0, 4_000_000_000), "when": st.floats(0, 4e9)}
+# the kinds each column may take in one batch: each batch picks one a column
+PLAIN = {"y": ["label", "flag", "half", "number"], "age": ["small", "float", "number", "int"],
+         "hours": ["half", "float", "number"], "city": ["text", "int", "small", "flag", "float"],
+         "tags": ["ids", "numbers", "text"], "t": ["time", "when", "number"]}
+WITH_IDS = {"y": ["yes", "label"], "age": ["small", "float"], "city": ["text", "int"],
+            "tags": ["ids", "numbers", "text"], "w": ["half", "small", "number"],
+            "id": ["int", "text", "small"]}
+
+NEEDED = {"y", "t", "id", "w"}   # without one, the event is rejected
+
+
+def uniform_events(kinds: dict[str, list[str]]):
+    """Batches in which each column keeps one kind of value (or is missing or null): what
+    publishers send, and what the batch path takes."""
+    def batches(kind: dict[str, str]):
+        value = {k: KINDS[v] if k in NEEDED else st.one_of(st.none(), KINDS[v])
+                 for k, v in kind.items()}
+        event = st.fixed_dictionaries({k: v for k, v in value.items() if k in NEEDED},
+                                      optional={k: v for k, v in value.items()
+                                                if k not in NEEDED}).map(dumps)
+        return st.lists(st.lists(event, min_size=1, max_size=5), min_size=1, max_size=3)
+    return st.fixed_dictionaries({k: st.sampled_from(v) for k, v in kinds.items()}
+                                 ).flatmap(batches)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["plain", "ids"]).flatmap(
+    lambda s: st.tuples(st.just(s), uniform_events(PLAIN if s == "plain" else WITH_IDS))))
+def test_columns_of_one_kind_each_give_what_event_by_event_gives(case):
+    schema, messages = case
+    decoder = EventDecoder(SCHEMA, "json", "clicks") if schema == "plain" else \
+        EventDecoder(ID_SCHEMA, "json", "clicks", id_field="id")
+    deliveries = [Delivery(0, i, b"\n".join(events), 1.0) for i, events in enumerate(messages)]
+    fast = decoder._decode_table(deliveries)
+    slow = decoded(decoder._decode_rows(deliveries))
+    if fast is not None:
+        assert decoded(fast) == slow
+    assert decoded(decoder.decode(deliveries)) == slow
