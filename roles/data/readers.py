@@ -179,7 +179,8 @@ class _LazyText:
     decoding."""
 
     def __init__(self, col: pa.Array):
-        self.col, self.texts = col, None
+        self.col = col
+        self.texts: list[str] | None = None
 
     def __getitem__(self, i: int) -> str:
         if self.texts is None:
