@@ -241,19 +241,24 @@ class LedgerSide:
                                   None if self.group_slot is None
                                   else entry.batch.keys[:, self.group_slot])
         else:
-            acks = self.log()
-            acks.append(ack.batch_id, ack.samples, ack.loss_sum, ack.weight_sum,
-                        max(0, node_index(worker)))
-            if self.job.streaming and acks.appended % COMPACT_EVERY == 0:
-                acks.compact(split_batch_id(ack.batch_id)[0])   # (a stream's one epoch)
-            self.tally.train_acked(worker, ack.batch_id, ack.samples, ack.loss_sum,
-                                   ack.weight_sum)
-            self.sync.acked(ack.samples)
-            if not self.first_acked:
-                self.first_acked = True
-                log.info("first batch acknowledged: %.1f s after start",
-                         time.monotonic() - self.started)
+            self.count(worker, ack)
         return True
+
+    def count(self, worker: str, ack: Ack) -> None:
+        """A training batch acknowledged: logged, then counted. (Also a batch a dead process
+        of a stream feeder sent, which a worker trained: ``StreamSide.dead_acked``.)"""
+        acks = self.log()
+        acks.append(ack.batch_id, ack.samples, ack.loss_sum, ack.weight_sum,
+                    max(0, node_index(worker)))
+        if self.job.streaming and acks.appended % COMPACT_EVERY == 0:
+            acks.compact(split_batch_id(ack.batch_id)[0])   # (a stream's one epoch)
+        self.tally.train_acked(worker, ack.batch_id, ack.samples, ack.loss_sum,
+                               ack.weight_sum)
+        self.sync.acked(ack.samples)
+        if not self.first_acked:
+            self.first_acked = True
+            log.info("first batch acknowledged: %.1f s after start",
+                     time.monotonic() - self.started)
 
     # -- what goes out -----------------------------------------------------------------------
     def recovering(self) -> bool:

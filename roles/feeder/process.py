@@ -156,6 +156,8 @@ class Feeder(Node):
             if self.job.checkpoint.dir else None
         try:
             self.ledger.open_ack_log(feeders, self.node_id, rolled_back, stored)
+            if self.stream is not None:
+                self.stream.open_sent_log(feeders, self.node_id, rolled_back)
         except (OSError, ValueError, StorageError) as exc:   # started again, it tries again
             log.error("%s: cannot read or write its ack log in %s: %s", self.node_id,
                       self.job.checkpoint.dir, exc)
@@ -195,6 +197,9 @@ class Feeder(Node):
             case Export() as m:
                 self.exports.handle(m)
             case Membership(version=v, workers=workers) if self.ledger.newer_members(v):
+                if self.stream is not None:   # the dead processes' batches they held
+                    self.stream.workers_lost(self.ledger.members - set(workers),
+                                             time.monotonic())
                 self.ledger.membership(v, set(workers))
             case PartMap(version=v) as m if self.loading.opened() and self.passes.newer_map(v):
                 self.take_parts(m)
@@ -388,6 +393,8 @@ class Feeder(Node):
                 finally:  # answered even when the ack is refused (ProtocolError)
                     self.ledger.taking(identity, m.takes.tolist())
             case Holding(held=held):
+                if self.stream is not None:   # (its dead processes' batches, before the
+                    self.stream.held_by(worker, held.tolist())   # recovery can end)
                 self.ledger.holding(worker, held.tolist())
             case Idle():
                 self.ledger.idle()
@@ -395,6 +402,10 @@ class Feeder(Node):
                 self.unexpected(env, "ledger")
 
     def acked(self, worker: str, ack: Ack) -> None:
+        if self.stream is not None and self.stream.dead_acked(ack.batch_id, ack.samples):
+            self.ledger.count(worker, ack)   # a dead process's batch, trained by the worker
+            self.pump()
+            return
         if self.ledger.ack(worker, ack):
             if self.stream is not None:
                 self.stream.acked(ack.batch_id, ack.preds)
@@ -430,6 +441,8 @@ class Feeder(Node):
         stats = self.stream.statistics_due(now) if self.passes.has_map() else None
         if stats is not None:   # after control's part map, as a file's statistics are
             self.to_control(stats)
+        if not self.ledger.recovering():   # every worker has said what it holds
+            self.stream.recovered(now)
         if self.stream.poll(now) or self.stream.ready(now):
             self.pump()
         wake = self.stream.wake()

@@ -24,12 +24,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from roles.algorithms.feeding.dead_batches import DeadBatches
 from roles.algorithms.feeding.event_batches import EventBatcher
+from roles.algorithms.feeding.sent_log import SentLog
 from roles.algorithms.feeding.stream_pass import StreamPass
 from roles.algorithms.shared.progressive import StreamProgress
 from roles.data.readers import RawBlock, Schema
@@ -44,7 +47,7 @@ from roles.events.tracker import MessageTracker
 from roles.events.watermark import Watermark
 from roles.feeder.joining import LabelSide
 from roles.job.settings import DECAY_UNITS, Job
-from roles.protocol.datapath import PartStats
+from roles.protocol.datapath import PartStats, split_batch_id
 from roles.protocol.stream import StreamScores
 
 log = logging.getLogger(__name__)
@@ -64,11 +67,18 @@ class _Held:
     origin: np.ndarray   # int64 [n, 2]
     times: np.ndarray    # float64 [n]
     ids: np.ndarray | None   # int64 [n]: with labels on a topic of their own
+    lines: np.ndarray | None = None   # int64 [n]: each event's line in its message
 
 
 def finite(x: float) -> float | None:
     """A figure, None when it is not one (an AUC of one class only is NaN)."""
     return float(x) if np.isfinite(x) else None
+
+
+def origin_of(deliveries: list[Delivery], message: np.ndarray) -> np.ndarray:
+    """Each event's message as (partition, position), from its index in ``deliveries``."""
+    return np.array([(deliveries[i].partition, deliveries[i].position) for i in message],
+                    dtype=np.int64).reshape(-1, 2)
 
 
 def event_samples(preparer: Preparer, block: RawBlock,
@@ -123,6 +133,13 @@ class StreamSide:
         self.newest_trained_s = 0.0       # event time of the newest event trained
         self.newest_read_s = 0.0
         self.decay_newest = -np.inf      # decay counts from the newest event time seen
+        # a restarted feeder (roles.algorithms.feeding.dead_batches): the log of sent batches
+        self.sent_log: SentLog | None = None
+        self.dead: DeadBatches | None = None
+        self.dead_settled = False
+        self.dead_events_left_out = 0    # events the dead processes' acked batches trained
+        self.dead_batches_acked = 0      # dead processes' batches acknowledged to this one
+        self.rewound = False             # gone back to a checkpoint: its counts restored
         self.started_at = time.monotonic()
 
     # -- opening ---------------------------------------------------------------------------
@@ -169,7 +186,7 @@ class StreamSide:
         for p, position, trained in self.tracker.partly_trained():
             partitions.setdefault(str(p), {"floor": None, "done": [], "partial": []})[
                 "partial"].append([position, trained])
-        return {"partitions": partitions, "events_trained": self.events_trained,
+        return {"partitions": partitions, "events_trained": self.trained(),
                 "events_taken": self.events_taken, "events_rejected": self.events_rejected,
                 "messages_acked": self.messages_acked}
 
@@ -177,6 +194,7 @@ class StreamSide:
         """The counts and the events to leave out, as ``position`` gave them; the positions
         to read again from, by partition."""
         self.events_trained = int(at.get("events_trained", 0))
+        self.rewound = True
         self.events_taken = int(at.get("events_taken", 0))
         self.events_rejected = int(at.get("events_rejected", 0))
         self.messages_acked = int(at.get("messages_acked", 0))
@@ -223,7 +241,7 @@ class StreamSide:
         held, self.held = self.held, []
         now = time.monotonic()
         for h in held:
-            self.admit(self.prepare(h.block), h.origin, h.times, h.ids, now)
+            self.admit(self.prepare(h.block), h.origin, h.times, h.ids, now, h.lines)
 
     # -- reading ---------------------------------------------------------------------------
     def working_every(self) -> float:
@@ -279,6 +297,10 @@ class StreamSide:
         keep[fresh] = True            # delivered again while held: left out
         rows = keep[decoded.message]
         skipped = self.skipped(deliveries, fresh, decoded.message, rows)
+        parked = self.settle_dead(deliveries, fresh, decoded, rows)
+        counted = rows.copy()         # the events this process or a worker holding them trains
+        for at in parked.values():
+            counted[at] = True
         if not rows.all():
             kept = {message_name(self.config.topic, deliveries[i])
                     for i in fresh if i not in skipped}
@@ -290,38 +312,50 @@ class StreamSide:
         else:
             block, message, times = decoded.block, decoded.message, decoded.event_time_s
             ids = decoded.ids
-        self.events_taken += len(block) + len(rejected)
+        lines = decoded.line[rows]
+        self.events_taken += int(counted.sum()) + len(rejected)
         if rejected:
             self.rejected.append(rejected)
             self.events_rejected += len(rejected)
-        per_message = np.bincount(message, minlength=len(deliveries))
+        per_message = np.bincount(decoded.message[counted], minlength=len(deliveries))
         for i in fresh:
             self.tracker.events(deliveries[i], int(per_message[i]))
         released = self.tracker.done()   # messages whose every event was set aside
         if released:
             self.acknowledge(released)
+        for seq, at in parked.items():
+            assert self.dead is not None
+            self.dead.park(seq, _Held(select_rows(decoded.block, at),
+                                      origin_of(deliveries, decoded.message[at]),
+                                      decoded.event_time_s[at], None, decoded.line[at]))
         if not len(block):
-            return bool(rejected)
-        origin = np.array([(deliveries[i].partition, deliveries[i].position) for i in message],
-                          dtype=np.int64).reshape(-1, 2)
+            return bool(rejected) or bool(parked)
+        self.accept(block, origin_of(deliveries, message), times, ids, lines, len(rejected),
+                    now)
+        return True
+
+    def accept(self, block: RawBlock, origin: np.ndarray, times: np.ndarray,
+               ids: np.ndarray | None, lines: np.ndarray | None, rejected: int,
+               now: float) -> None:
+        """Events taken, to be trained by this process: held until the statistics are in
+        (summarised meanwhile), then prepared into the batcher."""
         self.last_event_at = now
         self.newest_read_s = max(self.newest_read_s, float(times.max()))
         if self.labels is not None:
             self.labels.saw(times, now)
         if self.preparer is None:   # before the statistics: summarised and held
-            self.summarise(block, len(rejected))
-            self.held.append(_Held(block, origin, times, ids))
+            self.summarise(block, rejected)
+            self.held.append(_Held(block, origin, times, ids, lines))
         else:
-            self.admit(self.prepare(block), origin, times, ids, now)
-        return True
+            self.admit(self.prepare(block), origin, times, ids, now, lines)
 
     def admit(self, samples: Samples, origin: np.ndarray, times: np.ndarray,
-              ids: np.ndarray | None, now: float) -> None:
+              ids: np.ndarray | None, now: float, lines: np.ndarray | None = None) -> None:
         """Prepared events to the batcher; with labels on a topic of their own, to the join
         first (what leaves it goes on to the batcher; a second impression of an id is done
         with, untrained)."""
         if self.labels is None or ids is None:
-            self.batcher.add(samples, origin, times, now)
+            self.batcher.add(samples, origin, times, now, lines=lines)
             return
         ready, duplicates = self.labels.impressions(samples, origin, times, ids, now)
         if len(duplicates):
@@ -350,6 +384,29 @@ class StreamSide:
             if k < 0:
                 whole.add(i)
         return whole
+
+    def settle_dead(self, deliveries: list[Delivery], fresh: list[int], decoded: Decoded,
+                    rows: np.ndarray) -> dict[int, np.ndarray]:
+        """A restarted feeder: of the events of ``fresh`` messages still in ``rows``, those its
+        dead processes' acknowledged batches trained are left out (in place), and those of
+        dead batches a worker may still train are left out too and returned, per dead batch
+        (to be parked under it)."""
+        parked: dict[int, list[np.ndarray]] = {}
+        if self.dead is None or not self.dead.runs:
+            return {}
+        for i in fresh:
+            mine = np.flatnonzero((decoded.message == i) & rows)
+            d = deliveries[i]
+            if not len(mine) or (d.partition, d.position) not in self.dead.runs:
+                continue
+            trained, held = self.dead.fates(self.dead.owners(d.partition, d.position,
+                                                             decoded.line[mine]))
+            rows[mine[trained]] = False
+            self.dead_events_left_out += int(trained.sum())
+            for seq, m in held.items():
+                rows[mine[m]] = False
+                parked.setdefault(seq, []).append(mine[m])
+        return {seq: np.concatenate(at) for seq, at in parked.items()}
 
     def summarise(self, block: RawBlock, rejected: int) -> None:
         values = block.dense
@@ -380,7 +437,80 @@ class StreamSide:
     # -- the pass --------------------------------------------------------------------------
     def begin(self, epoch: int) -> StreamPass:
         self.plan = StreamPass(epoch, self.index, self.batcher)
+        if self.sent_log is not None:
+            self.plan.record = self.sent_log.append
+            self.plan.restarted = self.restarted
         return self.plan
+
+    # -- a restarted feeder: its dead processes' batches (exactly once) --------------------------
+    def open_sent_log(self, directory: Path, node: str, rolled_back: bool) -> None:
+        """The log of sent batches, beside the ack log (not with labels on a topic of their
+        own: a joined event's line is not known to the batches; docs/limits.md)."""
+        if self.labels is not None:
+            return
+        self.sent_log = SentLog(directory, node)
+        if rolled_back:   # gone back to a checkpoint: nothing was in flight
+            self.sent_log.clear()
+
+    def restarted(self, low: int, above: frozenset[int]) -> None:
+        """The pass resumes on the ack log of dead processes (every seq below ``low`` and
+        those in ``above`` acknowledged): their sent batches, from the log, sort the events
+        the broker delivers again. Those not acknowledged are marked so in the log, for a
+        process that follows this one."""
+        assert self.sent_log is not None
+        records = self.sent_log.read()
+        if not len(records):
+            return
+        self.dead = DeadBatches(records, low, above)
+        unsettled = self.dead.unsettled()
+        self.sent_log.mark_unacked(unsettled)
+        log.warning("restarted: %d batch(es) its dead process(es) sent are in its log of sent "
+                    "batches, %d of them not acknowledged: their events are trained by the "
+                    "worker that holds them, or anew", len(self.dead), len(unsettled))
+
+    def dead_acked(self, batch_id: int, samples: int) -> bool:
+        """A worker's ack of a batch a dead process sent, not yet known trained: it is now
+        (True); its events parked here are done."""
+        if self.dead is None or self.plan is None:
+            return False
+        epoch, part, seq = split_batch_id(batch_id)
+        if epoch != self.plan.epoch or part != self.plan.part:
+            return False
+        parked = self.dead.acked(seq)
+        if parked is None:
+            return False
+        assert self.sent_log is not None
+        self.sent_log.mark_acked(seq)
+        for h in parked:
+            where, counts = np.unique(h.origin, axis=0, return_counts=True)
+            self.tracker.trained([(int(p), int(q)) for p, q in where], counts.tolist())
+        released = self.tracker.done()
+        if released:
+            self.acknowledge(released)
+        self.events_trained += samples
+        self.dead_batches_acked += 1
+        return True
+
+    def held_by(self, worker: str, batch_ids: list[int]) -> None:
+        """A worker's Holding: the dead processes' batches it will train."""
+        if self.dead is not None and self.plan is not None:
+            mine = [split_batch_id(b) for b in batch_ids]
+            self.dead.hold(worker, [seq for e, p, seq in mine
+                                    if e == self.plan.epoch and p == self.plan.part])
+
+    def workers_lost(self, workers: set[str], now: float) -> None:
+        if self.dead is not None:
+            self.release(self.dead.lost(workers), now)
+
+    def recovered(self, now: float) -> None:
+        """Every live worker has answered: the dead batches nobody holds are trained anew."""
+        if self.dead is not None and not self.dead_settled:
+            self.dead_settled = True
+            self.release(self.dead.recovered(), now)
+
+    def release(self, parked: list[_Held], now: float) -> None:
+        for h in parked:
+            self.accept(h.block, h.origin, h.times, h.ids, h.lines, 0, now)
 
     def end(self) -> None:
         """Control's word: no more events are taken (those read and not taken are left to
@@ -446,6 +576,12 @@ class StreamSide:
                 mark.done(d.position)
 
     # -- figures -----------------------------------------------------------------------------
+    def trained(self) -> int:
+        """Events trained in this pass: this process's, and a restarted one's dead processes'
+        (their acks in the ack log)."""
+        before = self.plan.trained_before if self.plan is not None and not self.rewound else 0
+        return self.events_trained + before
+
     def counters(self) -> dict[str, object]:
         r = self.reader
         lag_messages = r.lag_messages if r is not None else None
@@ -458,7 +594,7 @@ class StreamSide:
             "events_read": r.events_read if r is not None else 0,
             "messages_read": r.messages_read if r is not None else 0,
             "events_taken": self.events_taken,
-            "events_trained": self.events_trained, "events_rejected": self.events_rejected,
+            "events_trained": self.trained(), "events_rejected": self.events_rejected,
             "messages_acked": self.messages_acked, "messages_held": len(self.tracker),
             "duplicates_left_out": self.tracker.duplicates,
             "lag_messages": lag_messages,
@@ -471,6 +607,8 @@ class StreamSide:
             "progressive_logloss": finite(lifetime.logloss()) if lifetime.samples else None,
             "window_auc": finite(last.auc) if last is not None else None,
             "windows_closed": self.progressive.first.closed, "ended": self.ended,
+            "dead_batches_acked": self.dead_batches_acked,
+            "dead_events_left_out": self.dead_events_left_out,
             "join": self.labels.counts() if self.labels is not None else None}}
 
     def final_lag(self) -> tuple[int, int, float]:
@@ -497,7 +635,7 @@ class StreamSide:
         lag_messages, lag_events, lag_s = self.final_lag()
         return StreamScores(
             events_read=self.events_taken,
-            events_trained=self.events_trained, events_rejected=self.events_rejected,
+            events_trained=self.trained(), events_rejected=self.events_rejected,
             messages_acked=self.messages_acked, lag_messages=lag_messages,
             lag_events=lag_events, lag_s=lag_s, loss_sum=h.loss_sum,
             windows=[w.as_dict() for w in self.progressive.first.windows],
@@ -509,6 +647,8 @@ class StreamSide:
             join=self.labels.counts() if self.labels is not None else {})
 
     def close(self) -> None:
+        if self.sent_log is not None:
+            self.sent_log.close()
         if self.labels is not None:
             self.labels.close()
         if self.reader is not None:

@@ -65,7 +65,7 @@ def test_sigint_to_the_process_group_of_every_role_mid_epoch_then_resume(cluster
     number = interrupted_mid_epoch(c, lambda: os.killpg(group, signal.SIGINT), "control-0")
     assert "received SIGINT" in c.log("control-0")
     for name, proc in c.procs.items():  # every role ends on the interrupt, none killed
-        assert proc.wait(timeout=30) >= 0, name
+        assert proc.wait(timeout=30) >= 0, (name, c.log(name)[-3000:])
     c.start_all(resume=True, slowdown={0: SLOWED, 1: SLOWED})
     assert c.wait() == 0, c.logs()
     resumed_once_per_epoch(c, number)

@@ -29,6 +29,9 @@ class Batch:
     event_time_s: np.ndarray          # float64 [n]: each event's time
     label_messages: list[tuple[int, int]] = field(default_factory=list)   # the labels' messages
     label_counts: list[int] = field(default_factory=list)
+    # its events' lines in their messages, as runs of consecutive lines: (partition, position,
+    # first line, last line), what the feeder's log of sent batches records
+    runs: list[tuple[int, int, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -38,6 +41,7 @@ class _Chunk:
     times: np.ndarray    # float64 [n]
     label_origin: np.ndarray | None   # int64 [n, 2], -1 where the label came with the event
     arrived: float       # when it was added (the loop's clock)
+    lines: np.ndarray | None = None   # int64 [n]: each event's line in its message
     at: int = 0          # events of it already batched
 
 
@@ -53,18 +57,20 @@ class EventBatcher:
         return self._waiting
 
     def add(self, samples: Samples, origin: np.ndarray, times: np.ndarray, now: float,
-            label_origin: np.ndarray | None = None) -> None:
+            label_origin: np.ndarray | None = None, lines: np.ndarray | None = None) -> None:
         """Events read, in order: ``origin`` [n, 2] (partition, position), ``times`` their
-        event times, ``label_origin`` [n, 2] their labels' messages (-1: none)."""
+        event times, ``label_origin`` [n, 2] their labels' messages (-1: none), ``lines``
+        their lines in their messages (None: not known; the batches then say no ``runs``)."""
         if len(samples) != len(origin) or len(samples) != len(times) or \
-                (label_origin is not None and len(label_origin) != len(samples)):
+                (label_origin is not None and len(label_origin) != len(samples)) or \
+                (lines is not None and len(lines) != len(samples)):
             raise ValueError("one origin and one time per event")
         if len(samples):
             self._chunks.append(_Chunk(
                 samples, np.asarray(origin, np.int64).reshape(-1, 2),
                 np.asarray(times, np.float64),
                 None if label_origin is None else np.asarray(label_origin, np.int64).reshape(
-                    -1, 2), now))
+                    -1, 2), now, None if lines is None else np.asarray(lines, np.int64)))
             self._waiting += len(samples)
 
     def due(self) -> float | None:
@@ -79,7 +85,7 @@ class EventBatcher:
         if self._waiting < self.batch_size and not flush and due is not None and now < due:
             return None
         want = min(self.batch_size, self._waiting)
-        parts, origins, times, labelled = [], [], [], []
+        parts, origins, times, labelled, lined = [], [], [], [], []
         while want:
             chunk = self._chunks[0]
             n = min(want, len(chunk.samples) - chunk.at)
@@ -89,6 +95,7 @@ class EventBatcher:
             times.append(chunk.times[rows])
             if chunk.label_origin is not None:
                 labelled.append(chunk.label_origin[rows])
+            lined.append(None if chunk.lines is None else chunk.lines[rows])
             chunk.at += n
             want -= n
             if chunk.at == len(chunk.samples):
@@ -98,8 +105,23 @@ class EventBatcher:
         origin = np.concatenate(origins)
         where, counts = np.unique(origin, axis=0, return_counts=True)
         label_where, label_counts = _messages(np.concatenate(labelled)) if labelled else ([], [])
+        known = [x for x in lined if x is not None]
+        runs = _runs(origin, np.concatenate(known)) if len(known) == len(lined) else []
         return Batch(samples, [(int(p), int(q)) for p, q in where], counts.tolist(),
-                     np.concatenate(times), label_where, label_counts)
+                     np.concatenate(times), label_where, label_counts, runs)
+
+
+def _runs(origin: np.ndarray, lines: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """(partition, position, first, last) for each run of consecutive lines of one message
+    among these events."""
+    order = np.lexsort((lines, origin[:, 1], origin[:, 0]))
+    o, ln = origin[order], lines[order]
+    new = np.ones(len(ln), dtype=bool)
+    new[1:] = (o[1:] != o[:-1]).any(axis=1) | (ln[1:] != ln[:-1] + 1)
+    starts = np.flatnonzero(new)
+    ends = np.append(starts[1:], len(ln)) - 1
+    return [(int(o[a, 0]), int(o[a, 1]), int(ln[a]), int(ln[b])) for a, b in zip(starts, ends,
+                                                                                 strict=True)]
 
 
 def _messages(origin: np.ndarray) -> tuple[list[tuple[int, int]], list[int]]:

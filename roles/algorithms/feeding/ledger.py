@@ -129,7 +129,8 @@ class PartProgress:
     weight_sum: float = 0.0
 
     def acked(self, number: int, samples: int, loss_sum: float, weight_sum: float) -> None:
-        self.above.add(number)
+        if number >= self.low:   # (below: one counted done already, by ``skip_below``)
+            self.above.add(number)
         while self.low in self.above:
             self.above.discard(self.low)
             self.low += 1

@@ -13,10 +13,13 @@ one. Each batch's composition (its messages and
 their counts, ``Batch``) is kept until its ack (``acked``), for the tracker. A stream batch
 cannot be made again (its events are the broker's, not a file's): ``peek`` finds none, so a
 restarted feeder reclaims nothing by peeking; its dead process's messages come again from the
-broker, and the log of sent batches says which of their events were trained (docs/streams.md).
+broker, and the log of sent batches (``record``, before a batch goes) says which of their
+events were trained (``restarted``; ``roles.algorithms.feeding.dead_batches``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 from roles.algorithms.feeding.event_batches import Batch, EventBatcher
 from roles.algorithms.feeding.ledger import PartProgress
@@ -33,6 +36,12 @@ class StreamPass:
         self.ended = False
         self.now = 0.0                      # the loop's clock, set before each take
         self.sent: dict[int, Batch] = {}    # seq -> its composition, until acknowledged
+        self.trained_before = 0             # samples its dead processes' acked batches held
+        # the feeder's log of sent batches (each one's runs of lines), written before it goes
+        self.record: Callable[[int, Sequence[tuple[int, int, int, int]]], None] | None = None
+        # told, on a restart, which of its dead processes' batches were acknowledged: every
+        # seq below ``low`` and those in ``above`` (the ack log's progress of the pass)
+        self.restarted: Callable[[int, frozenset[int]], None] | None = None
 
     @property
     def parts(self) -> list[int]:
@@ -55,6 +64,9 @@ class StreamPass:
         this process (None: not a restart)."""
         if logged is None:
             return None
+        self.trained_before = logged.samples
+        if self.restarted is not None:   # (before the log's numbers below are skipped)
+            self.restarted(logged.low, frozenset(logged.above))
         highest = max([logged.low - 1, *logged.above])
         self.next_seq = max(self.next_seq, highest + 1 + in_flight)
         return self.next_seq
@@ -65,6 +77,8 @@ class StreamPass:
             return None
         seq = self.next_seq
         self.next_seq += 1
+        if self.record is not None and batch.runs:
+            self.record(seq, batch.runs)
         self.sent[seq] = batch
         return make_batch_id(self.epoch, self.part, seq), batch.samples
 

@@ -64,3 +64,17 @@ def test_flush_takes_what_waits_and_bad_input_is_refused():
     assert len(b.take(now=0.0, flush=True).samples) == 5
     with pytest.raises(ValueError, match="one origin and one time per event"):
         b.add(events(0, 2), origin(1, 3), np.zeros(2), now=0.0)
+
+
+def test_a_batch_names_its_events_lines_as_runs_of_consecutive_lines_per_message():
+    """What the log of sent batches records: a gap in a message's lines (a rejected line, a
+    line left out) starts a new run, so that a run holds no line of another batch."""
+    b = EventBatcher(batch_size=6, linger_s=1.0)
+    b.add(events(0, 4), origin(10, 4), np.zeros(4), now=0.0, lines=np.array([0, 1, 3, 4]))
+    b.add(events(4, 3), origin(11, 3, partition=2), np.zeros(3), now=0.0,
+          lines=np.array([7, 8, 9]))
+    first = b.take(now=0.0)
+    assert first.runs == [(0, 10, 0, 1), (0, 10, 3, 4), (2, 11, 7, 8)]
+    assert b.take(now=0.0, flush=True).runs == [(2, 11, 9, 9)]
+    b.add(events(0, 2), origin(12, 2), np.zeros(2), now=0.0)   # lines not known: no runs
+    assert b.take(now=0.0, flush=True).runs == []
