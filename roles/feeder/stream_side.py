@@ -395,9 +395,11 @@ class StreamSide:
         if self.dead is None or not self.dead.runs:
             return {}
         for i in fresh:
-            mine = np.flatnonzero((decoded.message == i) & rows)
             d = deliveries[i]
-            if not len(mine) or (d.partition, d.position) not in self.dead.runs:
+            if (d.partition, d.position) not in self.dead.runs:   # (most: cheap)
+                continue
+            mine = np.flatnonzero((decoded.message == i) & rows)
+            if not len(mine):
                 continue
             trained, held = self.dead.fates(self.dead.owners(d.partition, d.position,
                                                              decoded.line[mine]))

@@ -154,6 +154,16 @@ def decoded(got) -> dict:
             "ids": None if got.ids is None else got.ids.tolist()}
 
 
+def same_either_way(decoder: EventDecoder, deliveries: list[Delivery]) -> None:
+    """The batch path, where it does not decline, and ``decode`` give what event by event
+    gives."""
+    fast = decoder._decode_table(deliveries)
+    slow = decoded(decoder._decode_rows(deliveries))
+    if fast is not None:
+        assert decoded(fast) == slow
+    assert decoded(decoder.decode(deliveries)) == slow
+
+
 TYPED = [{"y": int(r[0]), "age": int(r[1]) if r[1] else None,
           "hours": float(r[2]) if r[2] not in ("", "?") else None, "city": r[3] or None,
           "tags": r[4].split("|") if r[4] else [], "t": int(r[5])} for r in ROWS]
@@ -205,11 +215,7 @@ def json_events(keys: list[str]):
 def test_the_batch_path_gives_what_event_by_event_gives_or_declines(messages):
     decoder = EventDecoder(SCHEMA, "json", "clicks")
     deliveries = [Delivery(1, i, b"\n".join(events), 2.0 + i) for i, events in enumerate(messages)]
-    fast = decoder._decode_table(deliveries)
-    slow = decoded(decoder._decode_rows(deliveries))
-    if fast is not None:
-        assert decoded(fast) == slow
-    assert decoded(decoder.decode(deliveries)) == slow
+    same_either_way(decoder, deliveries)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -217,11 +223,7 @@ def test_the_batch_path_gives_what_event_by_event_gives_or_declines(messages):
 def test_with_text_labels_weights_and_ids_too(messages):
     decoder = EventDecoder(ID_SCHEMA, "json", "clicks", id_field="id")
     deliveries = [Delivery(0, i, b"\n".join(events), 1.0) for i, events in enumerate(messages)]
-    fast = decoder._decode_table(deliveries)
-    slow = decoded(decoder._decode_rows(deliveries))
-    if fast is not None:
-        assert decoded(fast) == slow
-    assert decoded(decoder.decode(deliveries)) == slow
+    same_either_way(decoder, deliveries)
 
 
 
@@ -267,8 +269,4 @@ def test_columns_of_one_kind_each_give_what_event_by_event_gives(case):
     decoder = EventDecoder(SCHEMA, "json", "clicks") if schema == "plain" else \
         EventDecoder(ID_SCHEMA, "json", "clicks", id_field="id")
     deliveries = [Delivery(0, i, b"\n".join(events), 1.0) for i, events in enumerate(messages)]
-    fast = decoder._decode_table(deliveries)
-    slow = decoded(decoder._decode_rows(deliveries))
-    if fast is not None:
-        assert decoded(fast) == slow
-    assert decoded(decoder.decode(deliveries)) == slow
+    same_either_way(decoder, deliveries)
