@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import numpy as np
 
@@ -64,10 +65,13 @@ class StreamCourse:
             return None
         lifetime = ScoreHistogram()
         windows = []
+        task_windows: dict[str, list[dict[str, Any]]] = {name: [] for name in self.job.tasks}
         each: TaskScores | None = None   # several labels: each one's lifetime
         for node_id, m in sorted(self.scores.items()):
             lifetime.merge(ScoreHistogram(m.histogram_counts(), m.loss_sum))
             windows += [{"feeder": node_id, **w} for w in m.windows]
+            for name, closed in zip(self.job.tasks, m.task_windows, strict=False):
+                task_windows[name] += [{"feeder": node_id, **w} for w in closed]
             got = m.task_histograms()
             if got is not None:
                 counts, loss_sums, prob_sums = got
@@ -92,6 +96,7 @@ class StreamCourse:
             progressive_auc=_finite(lifetime.auc()) if lifetime.samples else None,
             progressive_logloss=_finite(lifetime.logloss()) if lifetime.samples else None,
             windows=windows, ended_by=self.ended_by,
+            task_windows=task_windows if len(self.job.tasks) > 1 else None,
             tasks=None if each is None else {
                 name: {k: _finite(v) for k, v in figures.items()}
                 for name, figures in each.figures(self.job.tasks).items()},

@@ -644,6 +644,7 @@ class StreamSide:
             bins=bins.astype(np.int64), counts=h.counts.reshape(-1)[bins].astype(np.int64),
             task_loss_sums=[] if each is None else each.loss_sums().tolist(),
             task_prob_sums=[] if each is None else each.prob_sums().tolist(),
+            task_windows=self.progressive.task_windows(),
             task_bins=task_bins.astype(np.int64),
             task_counts=task_counts[task_bins].astype(np.int64),
             join=self.labels.counts() if self.labels is not None else {})

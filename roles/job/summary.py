@@ -173,9 +173,9 @@ class ExactlyOnce(TypedDict):
 
 class StreamFigures(TypedDict):
     """A stream job's (docs/streams.md): events read (taken by the feeders), trained, trained
-    twice (the events of batches acknowledged twice: 0; None, not known, once a feeder was
-    restarted mid-stream: its dead process's trained events whose messages were not
-    acknowledged were delivered and trained again under new batches), set aside; the broker's
+    twice (the events of batches acknowledged twice: 0; None, not counted, once a feeder was
+    restarted mid-stream: repeated batch ids do not show across processes), set aside; the
+    broker's
     lag at the end (messages of the group not acknowledged, and in events at the mean events a
     message) and the seconds from the newest event trained to the job's end; progressive
     validation (each event scored by the model before it trained on it): the lifetime AUC and
@@ -197,6 +197,8 @@ class StreamFigures(TypedDict):
     # several labels ([data] labels): each one's lifetime auc, logloss, ne and calibration over
     # the events that have it (None: one label, whose figures are progressive_auc/_logloss)
     tasks: dict[str, dict[str, float | None]] | None
+    # several labels: each one's closed windows (as ``windows``, over the events that have it)
+    task_windows: dict[str, list[dict[str, Any]]] | None
     join: dict[str, int] | None   # labels from a topic of their own (docs/streams.md): joined,
                                   # expired_negative, labels_late, labels_unmatched, ...; None:
                                   # the labels came with the events

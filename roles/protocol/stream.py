@@ -31,7 +31,8 @@ class StreamScores(Message):
 as the pass ends (-1: the broker did not say), and with labels on a topic of their own the
 join's counts (``roles.feeder.joining``). With several labels (``[data] labels``) each label's
 lifetime histogram too: ``task_bins`` index the cells of every task's histogram stacked
-(``tasks × BINS``), with each task's summed log loss and probabilities (none: one label)."""
+(``tasks × BINS``), with each task's summed log loss and probabilities, and each task's closed
+windows, as ``windows`` (none: one label)."""
 
     events_read: int
     events_trained: int
@@ -45,6 +46,7 @@ lifetime histogram too: ``task_bins`` index the cells of every task's histogram 
     join: dict[str, Any]   # the label join's counts ({}: labels came with the events)
     task_loss_sums: list[float]
     task_prob_sums: list[float]
+    task_windows: list[list[dict[str, Any]]]
     bins: np.ndarray = array("int64", 1)
     counts: np.ndarray = array("int64", 1)
     task_bins: np.ndarray = array("int64", 1)
@@ -65,6 +67,10 @@ lifetime histogram too: ``task_bins`` index the cells of every task's histogram 
         require(isinstance(self.windows, list) and all(isinstance(w, dict)
                                                         for w in self.windows),
                 "windows must be a list of objects")
+        require(isinstance(self.task_windows, list) and len(self.task_windows) in (0, tasks)
+                and all(isinstance(ws, list) and all(isinstance(w, dict) for w in ws)
+                        for ws in self.task_windows),
+                "task_windows must be one list of objects per task")
         require(min(self.events_read, self.events_trained, self.events_rejected,
                     self.messages_acked) >= 0, "negative counts")
 

@@ -292,6 +292,11 @@ def test_a_stream_of_two_labels_is_validated_progressively_label_by_label(
     assert tasks["click"]["auc"] == pytest.approx(st["progressive_auc"], abs=1e-12)
     assert all(f["auc"] > 0.7 and f["ne"] > 0 and f["calibration"] > 0
                for f in tasks.values()), tasks
+    # each label's windows of 5,000 events that have it (the purchase is missing on some)
+    windows = st["task_windows"]
+    assert windows["click"] == st["windows"] and len(windows["click"]) == 20, st["windows"]
+    assert 0 < len(windows["purchase"]) < 20 and all(
+        w["events"] == 5000 and w["feeder"] == "feeder-0" for w in windows["purchase"])
     alone = score_then_train(load_job(str(job), environ={}), str(data))
     for name, figures in tasks.items():
         assert abs(figures["auc"] - alone["tasks"][name]["auc"]) <= 0.01, (name, tasks, alone)

@@ -64,7 +64,8 @@ def sample(cls: type) -> Message:
         values[f.name] = {int: 3, float: 0.5, str: "x", bool: True, dict[str, Any]: {"a": 1},
                           dict[str, int]: {"a": 1}, list[str]: ["worker-0"], list[int]: [7],
                           list[float]: [0.5], list[list[int]]: [[3]],
-                          list[dict[str, Any]]: [{"window": 0, "auc": 0.5}]}[t]
+                          list[dict[str, Any]]: [{"window": 0, "auc": 0.5}],
+                          list[list[dict[str, Any]]]: []}[t]
     if cls is BatchKeys:
         values.update(samples=2, bounds=[0, 2, 4], positions=np.array([0, 3], np.int32),
                       keys=np.array([-5, 2**62], np.int64))
@@ -77,6 +78,7 @@ def sample(cls: type) -> Message:
     if cls is StreamScores:   # (and two labels' histograms)
         values.update(bins=np.array([1, 70_000], np.int64), counts=np.array([2, 1], np.int64),
                       task_loss_sums=[0.5, 0.25], task_prob_sums=[3.0, 1.0],
+                      task_windows=[[{"window": 0, "auc": 0.75}], []],
                       task_bins=np.array([5, 200_000], np.int64),
                       task_counts=np.array([1, 4], np.int64))
     if cls is KeyCounts:

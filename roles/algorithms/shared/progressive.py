@@ -106,12 +106,13 @@ class StreamProgress:
     """A stream job's progressive validation of ``tasks`` labels: the first label's windows
     and lifetime (``first``: the job's ``progressive_auc``, its windows and the console's
     chart), and with several labels every label's lifetime figures (``each``: AUC, log loss,
-    NE, calibration) over the events that have it; a missing label (NaN) masks its task for
-    the event, the first's too."""
+    NE, calibration) and windows (``by_task``; the first's is ``first``), each over the events
+    that have that label; a missing label (NaN) masks its task for the event."""
 
     def __init__(self, tasks: int, window_events: int):
         self.first = Progressive(window_events)
         self.each = TaskScores(tasks) if tasks > 1 else None
+        self.by_task = [self.first, *(Progressive(window_events) for _ in range(tasks - 1))]
 
     def add(self, labels: np.ndarray, probs: np.ndarray, times: np.ndarray) -> None:
         """The scores of a batch's events (``[n]``, or ``[n, tasks]`` flattened or not)."""
@@ -121,10 +122,18 @@ class StreamProgress:
         tasks = self.each.tasks
         labels = np.asarray(labels, dtype=np.float32).reshape(-1, tasks)
         probs = np.asarray(probs, dtype=np.float32).reshape(-1, tasks)
-        present = ~np.isnan(labels[:, 0])
-        self.first.add(labels[present, 0], probs[present, 0],
-                       np.asarray(times, dtype=np.float64)[present])
+        times = np.asarray(times, dtype=np.float64)
+        for t, progressive in enumerate(self.by_task):
+            present = ~np.isnan(labels[:, t])
+            progressive.add(labels[present, t], probs[present, t], times[present])
         self.each.add(labels, probs)
+
+    def task_windows(self) -> list[list[dict[str, float | int]]]:
+        """With several labels, each one's closed windows (kept), in the tasks' order; none
+        with one label (its windows are ``first``'s)."""
+        if self.each is None:
+            return []
+        return [[w.as_dict() for w in p.windows] for p in self.by_task]
 
     def tasks(self, names: list[str]) -> dict[str, dict[str, float]]:
         """Each label's lifetime figures by name (one label: the first's)."""

@@ -43,7 +43,7 @@ def scores(labels: np.ndarray, probs: np.ndarray, trained: int) -> StreamScores:
                         messages_acked=trained // 10, lag_messages=0, lag_events=0, lag_s=0.0,
                         loss_sum=h.loss_sum, windows=[{"window": 0, "auc": 0.5}], join={},
                         bins=bins.astype(np.int64), counts=flat[bins].astype(np.int64),
-                        task_loss_sums=[], task_prob_sums=[],   # (one label)
+                        task_loss_sums=[], task_prob_sums=[], task_windows=[],   # (one label)
                         task_bins=np.zeros(0, np.int64), task_counts=np.zeros(0, np.int64))
 
 

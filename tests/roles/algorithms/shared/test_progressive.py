@@ -55,7 +55,8 @@ def test_only_the_newest_windows_are_kept():
 
 def test_several_labels_each_one_over_the_events_that_have_it():
     """``StreamProgress``: the first label's windows and lifetime over the events that have
-    it (a NaN masks it), and each label's lifetime as a ``TaskScores`` of the same scores."""
+    it (a NaN masks it), each label's lifetime as a ``TaskScores`` of the same scores, and
+    each label's windows over the events that have it."""
     rng = np.random.default_rng(8)
     n = 3000
     labels = (rng.random((n, 2)) < [0.3, 0.1]).astype(np.float32)
@@ -73,6 +74,16 @@ def test_several_labels_each_one_over_the_events_that_have_it():
     got = p.tasks(["a", "b"])
     assert got == direct.figures(["a", "b"])
     assert got["a"]["auc"] == p.first.lifetime.auc()
+    # each label's windows: those of one Progressive over the events that have that label
+    for t, windows in enumerate(p.task_windows()):
+        has = ~np.isnan(labels[:, t])
+        alone = Progressive(500)
+        alone.add(labels[has, t], probs[has, t], np.arange(n, dtype=np.float64)[has])
+        assert len(windows) == len(alone.windows) == has.sum() // 500
+        for got, want in zip(windows, alone.windows, strict=True):   # (summed batch by batch)
+            assert got == pytest.approx(want.as_dict(), rel=1e-12)
+    assert p.task_windows()[0] == [w.as_dict() for w in p.first.windows]
     one = StreamProgress(1, window_events=500)   # one label: the first's figures, no copy
     one.add(labels[present, 0], probs[present, 0], np.zeros(present.sum()))
     assert one.each is None and one.tasks(["a"])["a"] == one.first.lifetime.figures()
+    assert one.task_windows() == []
