@@ -12,10 +12,13 @@ again from the checkpoint's first offset not done (``rewind``, at the first assi
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from roles.events import BrokerError, Delivery
 from roles.events.watermark import Watermark
+
+log = logging.getLogger(__name__)
 
 OWN_SETTINGS = ("bootstrap.servers", "group.id", "enable.auto.commit", "auto.offset.reset")
 
@@ -113,7 +116,9 @@ class KafkaConsumer:
             from confluent_kafka import KafkaError
             if exc.args[0].code() in (KafkaError.REBALANCE_IN_PROGRESS,
                                       KafkaError.ILLEGAL_GENERATION,
-                                      KafkaError.UNKNOWN_MEMBER_ID):
+                                      KafkaError.UNKNOWN_MEMBER_ID,
+                                      KafkaError._DESTROY):   # (closing: what close
+                                                              # committed first stands)
                 # the group is rebalancing, or dropped this member and it joins again:
                 # committed at the revoke, or the next done (the new owner of a partition
                 # this member lost starts at the last commit: nothing is acked that was not)
@@ -145,6 +150,11 @@ class KafkaConsumer:
         return out
 
     def close(self) -> None:
-        """Leave the group (its partitions go to the other feeders); nothing is committed
+        """Leave the group (its partitions go to the other feeders), what is done committed
+        first (the revoke as the handle closes can no longer commit); nothing is committed
         that is not done."""
+        try:
+            self._commit(sorted(self._marks))
+        except BrokerError as exc:   # not committed: delivered again to the next owner
+            log.warning("%s", exc)
         self._consumer.close()
