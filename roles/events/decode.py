@@ -100,8 +100,9 @@ class EventDecoder:
         """The whole batch parsed at once (``roles.events.json_block``), or None where that
         path cannot give what ``_decode_rows`` would."""
         payloads = [d.payload for d in deliveries]
-        counts = [len(_lines(p)) for p in payloads]
-        done = json_block(self.schema, self.wanted, self.numeric, payloads, counts,
+        lines = [_lines(p) for p in payloads]
+        counts = [len(each) for each in lines]
+        done = json_block(self.schema, self.wanted, self.numeric, payloads, lines,
                           sum(map(len, payloads)))
         if done is None:
             return None

@@ -7,7 +7,9 @@ batch of messages at once in C++. It is taken only where it gives exactly what t
 event path gives, and it declines (``None``) everywhere else, so that the event-by-event path
 decides, with its rejections and their reasons, what it always decided:
 
-- the messages must be what both read alike: UTF-8, no CR (``_lines`` ends a line at LF only), no
+- every line must be an object (Arrow 26's reader crashes the process, a segmentation fault,
+  on a first line ``null``: a hypothesis test found it), and the messages what both read
+  alike: UTF-8, no CR (``_lines`` ends a line at LF only), no
   ``NaN`` or ``Infinity`` (Arrow reads them; they are not JSON), and Arrow must find one row
   per non-blank line (a line Arrow reads otherwise, or not at all, declines);
 - every wanted column must come out as text, a whole number, a boolean or missing; a fraction
@@ -46,12 +48,13 @@ def numeric_columns(schema: Schema) -> frozenset[str]:
 
 
 def json_block(schema: Schema, wanted: list[str], numeric: frozenset[str],
-               payloads: Sequence[bytes], counts: Sequence[int], nbytes: int
+               payloads: Sequence[bytes], lines: Sequence[Sequence[bytes]], nbytes: int
                ) -> tuple[RawBlock, list[pa.Array]] | None:
-    """The block of ``payloads`` (``counts``: each one's non-blank lines) and the ``wanted``
+    """The block of ``payloads`` (``lines``: each one's non-blank lines) and the ``wanted``
     columns as text, or None where this path declines (the module's docstring)."""
-    total = int(sum(counts))
-    if total == 0 or any(any(b in p for b in NOT_JSON) for p in payloads):
+    total = sum(map(len, lines))
+    if total == 0 or any(any(b in p for b in NOT_JSON) for p in payloads) or \
+            not all(line[:1] == b"{" for each in lines for line in each):
         return None
     try:   # (Arrow checks a string's UTF-8 only when its column is used, and raises then)
         for p in payloads:

@@ -270,3 +270,15 @@ def test_columns_of_one_kind_each_give_what_event_by_event_gives(case):
         EventDecoder(ID_SCHEMA, "json", "clicks", id_field="id")
     deliveries = [Delivery(0, i, b"\n".join(events), 1.0) for i, events in enumerate(messages)]
     same_either_way(decoder, deliveries)
+
+
+def test_a_first_line_that_is_not_an_object_never_reaches_arrow():
+    """Arrow 26's JSON reader crashes the process (a segmentation fault) on a first line
+    ``null``: the batch path declines any line that does not open an object, and the event
+    by event path names it (a hypothesis test above found the crash)."""
+    decoder = EventDecoder(SCHEMA, "json", "clicks")
+    deliveries = [message(1, b"null", b"null"), message(2, as_json(ROWS[0]))]
+    assert decoder._decode_table(deliveries) is None
+    got = decoder.decode(deliveries)
+    assert [(r.file, r.line) for r in got.rejected] == [("clicks[0]@1", 1), ("clicks[0]@1", 2)]
+    assert len(got.block) == 1
