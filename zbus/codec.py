@@ -62,9 +62,9 @@ import numpy as np
 import orjson
 import zmq
 
-# 13: FollowRequest, FollowJob, ServerReport, int8 rows (RowDelta, RowsCaughtUp); 12: several
-# labels (SampleBatch, Ack, EvalReport);
-PROTOCOL_VERSION = 14  # 14: StreamScores.task_windows; 11: Deciding, StreamEnd and StreamScores; 10: Hello.failed, NetworkWanted
+# 14: StreamScores.task_windows; 13: FollowRequest, FollowJob, ServerReport, int8 rows
+# (RowDelta, RowsCaughtUp); 12: several labels (SampleBatch, Ack, EvalReport);
+PROTOCOL_VERSION = 14  # 11: Deciding, StreamEnd and StreamScores; 10: Hello.failed, NetworkWanted
 # Below this many bytes a copy costs less than a zmq.Frame: a message this small is copied into
 # ZeroMQ when sent (``zbus.sockets.send``), and an array frame this small is read as bytes
 # when received (numpy makes an array over bytes faster than over a Frame, and bytes are
