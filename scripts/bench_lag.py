@@ -32,20 +32,20 @@ import orjson
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_drift import DENSE, VOCAB, block_table, job_text  # noqa: E402  (scripts/ beside it)
+from bench_drift import job_text  # noqa: E402  (scripts/ beside it)
 from bench_stream import TOPIC, run_job  # noqa: E402
 from soak import StatusReader  # noqa: E402
 
-from roles.data.synthetic import Generator  # noqa: E402
 from roles.events.publish import open_publisher  # noqa: E402
 from roles.testbed.local_cluster import LocalCluster  # noqa: E402
 from roles.testbed.nats_server import NatsServer  # noqa: E402
+from roles.tools.replay import synthetic_generator, synthetic_table  # noqa: E402
 
 
 def messages(per_message: int) -> list[bytes]:
     """One block of synthetic rows as JSON events of text values (as ``zbus-replay`` writes a
     text file's rows), ``per_message`` a message."""
-    table = block_table(Generator(65_536, VOCAB, DENSE, 1.1, 0.6, 30, 1).block(0))
+    table = synthetic_table(synthetic_generator(65_536).block(0))
     text = pa.table({name: table[name].cast(pa.string()) for name in table.column_names})
     events = [orjson.dumps(row) for row in text.to_pylist()]
     whole = len(events) - len(events) % per_message   # full messages only: counted as such
