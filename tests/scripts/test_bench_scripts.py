@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 
 import pytest
 from harness import REPO
@@ -75,3 +77,25 @@ def test_bench_precision_job_is_the_criteo_layout(tmp_path):
     layout = job.layout()
     assert len(layout.fields) == 26 and set(layout.dims) == {16}
     assert len(job.dense_fields) == 13 and job.model.hidden == [256, 128]
+
+
+@pytest.mark.integration   # a Python process of its own, with scripts/ on its path
+def test_every_script_imports():
+    """A benchmark whose import broke says so here, not when someone runs it (bench_lag's
+    had, for a helper moved out of bench_drift). One process: the scripts import each other
+    from ``scripts/``, as they do when run."""
+    code = """
+import importlib, pathlib, sys
+root = pathlib.Path(sys.argv[1])
+sys.path.insert(0, str(root))
+bad = []
+for p in sorted(root.glob("*.py")):
+    try:
+        importlib.import_module(p.stem)
+    except BaseException as exc:
+        bad.append(f"{p.name}: {type(exc).__name__}: {exc}")
+print("\\n".join(bad))
+"""
+    done = subprocess.run([sys.executable, "-c", code, str(ROOT / "scripts")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
