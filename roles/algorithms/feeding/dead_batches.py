@@ -76,11 +76,10 @@ class DeadBatches:
         parked: dict[int, np.ndarray] = {}
         for seq in np.unique(owners[owners >= 0]).tolist():
             mine = owners == seq
-            match self.status[seq]:
-                case "trained":
-                    trained |= mine
-                case "held" | "open":
-                    parked[seq] = mine
+            if self.status[seq] == TRAINED:
+                trained |= mine
+            elif self.status[seq] in (HELD, OPEN):
+                parked[seq] = mine
         return trained, parked
 
     def park(self, seq: int, what: Any) -> None:

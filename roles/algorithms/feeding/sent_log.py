@@ -60,10 +60,9 @@ class SentLog:
     def append(self, seq: int, runs: Sequence[tuple[int, int, int, int]]) -> None:
         """Batch ``seq``'s runs (partition, position, first line, last line), before it is
         sent."""
-        if self.fd is None or self.batches >= self.per_segment:
+        if self.fd is not None and self.batches >= self.per_segment:
             self._next_segment()
-        records = np.array([(seq, *run) for run in runs], dtype=RECORD)
-        os.write(self.fd, records.tobytes())   # type: ignore[arg-type]
+        self.append_records(np.array([(seq, *run) for run in runs], dtype=RECORD))
         self.batches += 1
 
     def mark_unacked(self, seqs: Sequence[int]) -> None:
