@@ -143,6 +143,7 @@ def test_a_stream_feeder_killed_mid_stream_and_restarted_trains_every_event_once
     st = s["stream"]
     assert s["samples_trained"] == events == st["events_trained"], (s["samples_trained"], st)
     assert st["lag_events"] == 0 and st["events_rejected"] == 0, st
+    assert st["events_trained_twice"] is None   # repeated batch ids: not counted across processes
 
 
 def messages_of(events: list[dict], per_message: int = 100) -> list[bytes]:
