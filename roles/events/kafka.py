@@ -41,6 +41,7 @@ class KafkaConsumer:
         self.topic, self._servers, self._timeout_s = topic, servers, timeout_s
         self._rewind, self._start = rewind, start   # (rewind: at the first assignment)
         self._marks: dict[int, Watermark] = {}
+        self._starts: dict[int, int] = {}   # an assigned partition's first offset to read
         # commits the group refused in a rebalance: their messages are delivered again to the
         # partitions' next owner (Kafka's at-least-once: a member fenced out cannot commit)
         self.commits_refused = 0
@@ -56,17 +57,24 @@ class KafkaConsumer:
                                  on_lost=self._lost)
 
     def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
+        log.info("Kafka: partition(s) %s of %s assigned to this feeder",
+                 [tp.partition for tp in partitions], self.topic)
         for tp in partitions:
             self._marks[tp.partition] = Watermark()
+            self._starts.pop(tp.partition, None)
         if self._rewind is not None:   # a job gone back to a checkpoint: read from there
             from confluent_kafka import OFFSET_BEGINNING, OFFSET_END
             default = OFFSET_BEGINNING if self._start == "earliest" else OFFSET_END
             for tp in partitions:
                 tp.offset = int(self._rewind.get(tp.partition, default))
+                if tp.offset >= 0:
+                    self._starts[tp.partition] = tp.offset
             self._rewind = None
             consumer.assign(partitions)
 
     def _revoked(self, consumer: Any, partitions: list[Any]) -> None:
+        log.info("Kafka: partition(s) %s of %s revoked (%s)", [tp.partition for tp in partitions],
+                 self.topic, {p: (m.floor, m.pending()) for p, m in self._marks.items()})
         self._commit([tp.partition for tp in partitions])
         for tp in partitions:
             self._marks.pop(tp.partition, None)
@@ -145,9 +153,20 @@ class KafkaConsumer:
             if high < 0:
                 low, high = self._consumer.get_watermark_offsets(
                     tp, timeout=min(1.0, self._timeout_s))
-            floor = mark.floor if mark.floor is not None else low
+            floor = mark.floor if mark.floor is not None else self._start_of(p, low, high)
             out[p] = max(0, high - floor)
         return out
+
+    def _start_of(self, partition: int, low: int, high: int) -> int:
+        """Where this member reads ``partition`` from while nothing of it is delivered: its
+        committed offset (one round trip, once an assignment), else where ``start`` says."""
+        if partition not in self._starts:
+            from confluent_kafka import TopicPartition
+            (tp,) = self._consumer.committed([TopicPartition(self.topic, partition)],
+                                             timeout=min(1.0, self._timeout_s))
+            self._starts[partition] = tp.offset if tp.offset >= 0 else \
+                (low if self._start == "earliest" else high)
+        return self._starts[partition]
 
     def close(self) -> None:
         """Leave the group (its partitions go to the other feeders), what is done committed

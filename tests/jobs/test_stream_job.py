@@ -142,7 +142,7 @@ def test_a_stream_feeder_killed_mid_stream_and_restarted_trains_every_event_once
     assert found is not None and int(found[2]) > 0, again   # some were in flight
     st = s["stream"]
     assert s["samples_trained"] == events == st["events_trained"], (s["samples_trained"], st)
-    assert st["lag_events"] == 0 and st["events_rejected"] == 0, st
+    assert st["lag_events"] == 0 and st["events_rejected"] == 0, (st, again)
     assert st["events_trained_twice"] is None   # repeated batch ids: not counted across processes
 
 

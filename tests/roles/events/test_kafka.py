@@ -37,6 +37,28 @@ def test_a_commit_covers_only_the_done_prefix_and_the_next_consumer_goes_on_from
 
 
 @pytest.mark.integration
+def test_the_lag_of_a_partition_nothing_is_delivered_from_is_after_its_commit(kafka):
+    """A partition whose messages a consumer of the group trained and committed: the next
+    consumer has nothing of it delivered, and its lag there is none (not the partition from its
+    start); one with messages not committed counts them."""
+    kafka.produce("clicks", [f"{i}".encode() for i in range(6)], partition=0)
+    kafka.produce("clicks", [f"{i}".encode() for i in range(4)], partition=1)
+    first = open_consumer(kafka.url, "clicks", "job", options=QUICK)
+    got = drain(first, 10)
+    first.done([d for d in got if d.partition == 0] + [d for d in got if d.partition == 1][:1])
+    first.close()
+    second = open_consumer(kafka.url, "clicks", "job", options=QUICK)
+    try:
+        again = drain(second, 3)
+        assert sorted((d.partition, d.position) for d in again) == [(1, 1), (1, 2), (1, 3)]
+        assert second.lag() == {0: 0, 1: 3, 2: 0, 3: 0}   # (the topic has 4 partitions)
+        second.done(again)
+        assert second.lag() == {0: 0, 1: 0, 2: 0, 3: 0}
+    finally:
+        second.close()
+
+
+@pytest.mark.integration
 def test_the_partitions_of_a_consumer_that_leaves_go_to_the_one_left(kafka):
     kafka.produce("views", [b"x"] * 4)   # made with 4 partitions
     for partition in range(4):
