@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from roles.data.readers import RawBlock, Rejected, Schema, _block
 from roles.events import Delivery
-from roles.events.json_block import json_block, numeric_columns, origins
+from roles.events.json_block import JsonBlocks, origins
 from roles.job.stream_settings import FORMATS
 
 MAX_SHOWN = 500   # characters of a rejected event kept with its reason
@@ -76,7 +76,7 @@ class EventDecoder:
         self.wanted = self.schema_columns + ([id_field] if id_field and
                                        id_field not in self.schema_columns else [])
         self.id_at = self.wanted.index(id_field) if id_field else -1
-        self.numeric = numeric_columns(schema)
+        self.blocks = JsonBlocks(schema, self.wanted)
         if fmt != "json":
             missing = [c for c in self.wanted if c not in columns]
             if missing:
@@ -100,16 +100,15 @@ class EventDecoder:
         """The whole batch parsed at once (``roles.events.json_block``), or None where that
         path cannot give what ``_decode_rows`` would."""
         payloads = [d.payload for d in deliveries]
-        lines = [_lines(p) for p in payloads]
-        counts = [len(each) for each in lines]
-        done = json_block(self.schema, self.wanted, self.numeric, payloads, lines,
-                          sum(map(len, payloads)))
+        done = self.blocks.block(payloads, sum(map(len, payloads)))
         if done is None:
             return None
-        block, columns = done
+        block, columns, counts = done
         ids = None
         if self.id_at >= 0:
             given = columns[self.id_at]
+            if not pa.types.is_string(given.type):   # (a numeric column's, as Arrow read it)
+                given = given.cast(pa.string())
             if given.null_count or pc.any(pc.equal(given, "")).as_py():
                 return None
             try:

@@ -47,56 +47,120 @@ def numeric_columns(schema: Schema) -> frozenset[str]:
     return frozenset((*schema.dense, *labels, schema.weight, schema.timestamp)) - {""}
 
 
-def json_block(schema: Schema, wanted: list[str], numeric: frozenset[str],
-               payloads: Sequence[bytes], lines: Sequence[Sequence[bytes]], nbytes: int
-               ) -> tuple[RawBlock, list[pa.Array]] | None:
-    """The block of ``payloads`` (``lines``: each one's non-blank lines) and the ``wanted``
-    columns as text, or None where this path declines (the module's docstring)."""
-    total = sum(map(len, lines))
-    if total == 0 or any(any(b in p for b in NOT_JSON) for p in payloads) or \
-            not all(line[:1] == b"{" for each in lines for line in each):
-        return None
-    try:   # (Arrow checks a string's UTF-8 only when its column is used, and raises then)
-        for p in payloads:
-            if not p.isascii():
-                p.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    try:
-        table = pj.read_json(io.BytesIO(b"\n".join(payloads)), read_options=_READ)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
-    if table.num_rows != total:
-        return None
-    null_in_array = any(b"null" in p and NULL_IN_ARRAY.search(p) for p in payloads)
-    names = set(table.column_names)
-    columns = []
-    for name in wanted:
-        if name not in names:
-            columns.append(pa.nulls(total, pa.string()))
-            continue
-        try:   # (Arrow 26 may raise here on what it misread, e.g. [null, null])
-            column = _as_text(table.column(name).combine_chunks(), name in numeric,
-                              name in schema.lists and not null_in_array)
-        except pa.ArrowException:
+class JsonBlocks:
+    """``block``: a batch of messages as one Arrow table. What it learns as it goes: the types
+    of the wanted columns in the last batch it took, given to Arrow for the next one as an
+    explicit schema (no inference: about 1.8x the events a second on Adult's events, 309,263
+    against 555,123 on AMD EPYC); a batch they do not fit (a type changed) is read again with
+    inference, which then decides as it always did."""
+
+    def __init__(self, schema: Schema, wanted: list[str]):
+        self.schema, self.wanted = schema, wanted
+        self.numeric = numeric_columns(schema)
+        self._types: pa.Schema | None = None   # the last batch's wanted columns, typed
+
+    def block(self, payloads: Sequence[bytes], nbytes: int
+              ) -> tuple[RawBlock, list[pa.Array], list[int]] | None:
+        """The block of ``payloads``, the ``wanted`` columns as text (a numeric one as Arrow
+        read it) and the events in each message, or None where this path declines (the
+        module's docstring)."""
+        if any(any(b in p for b in NOT_JSON) for p in payloads):
             return None
-        if column is None:
+        counts = [object_lines(p) for p in payloads]
+        if None in counts:
             return None
-        columns.append(column)
-    kept = columns[:len(schema.columns())]
-    block = _block(schema, pa.table(kept, names=schema.columns()) if kept else pa.table({}),
-                   total, lambda: [(i, "") for i in range(total)], "", [], nbytes)
-    if block.rejected:   # (each named by the event-by-event path)
-        return None
-    return block, columns
+        total = sum(counts)   # type: ignore[arg-type]
+        if total == 0:
+            return None
+        try:   # (Arrow checks a string's UTF-8 only when its column is used, and raises then)
+            for p in payloads:
+                if not p.isascii():
+                    p.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        table = self._read(b"\n".join(payloads))
+        if table is None or table.num_rows != total:
+            return None
+        done = self._columns(table, payloads, total, nbytes)
+        if done is None:
+            return None
+        self._types = pa.schema([table.schema.field(name) for name in self.wanted
+                                 if name in table.column_names
+                                 and _kept(table.schema.field(name).type)])
+        block, columns = done
+        return block, columns, counts   # type: ignore[return-value]
+
+    def _read(self, data: bytes) -> pa.Table | None:
+        if self._types is not None:
+            try:
+                return pj.read_json(io.BytesIO(data), read_options=_READ,
+                                    parse_options=pj.ParseOptions(explicit_schema=self._types))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                self._types = None   # (a type changed: inferred again)
+        try:
+            return pj.read_json(io.BytesIO(data), read_options=_READ)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+
+    def _columns(self, table: pa.Table, payloads: Sequence[bytes], total: int, nbytes: int
+                 ) -> tuple[RawBlock, list[pa.Array]] | None:
+        schema = self.schema
+        null_in_array = any(b"null" in p and NULL_IN_ARRAY.search(p) for p in payloads)
+        names = set(table.column_names)
+        columns = []
+        for name in self.wanted:
+            try:   # (Arrow 26 may raise here on what it misread, e.g. [null, null])
+                column = table.column(name).combine_chunks() if name in names else None
+                if column is None or column.null_count == len(column):
+                    # missing, or null in every event, whatever type told: what inference
+                    # gives
+                    columns.append(pa.nulls(total, pa.string()))
+                    continue
+                column = _as_text(column, name in self.numeric,
+                                  name in schema.lists and not null_in_array)
+            except pa.ArrowException:
+                return None
+            if column is None:
+                return None
+            columns.append(column)
+        kept = columns[:len(schema.columns())]
+        block = _block(schema, pa.table(kept, names=schema.columns()) if kept else pa.table({}),
+                       total, lambda: [(i, "") for i in range(total)], "", [], nbytes)
+        if block.rejected:   # (each named by the event-by-event path)
+            return None
+        return block, columns
+
+
+def object_lines(payload: bytes) -> int | None:
+    """The events of a message whose every non-blank line opens a JSON object, or None. (One
+    count where every line does, as publishers write them, not a list of the lines.)"""
+    data = np.frombuffer(payload, np.uint8)
+    ends = np.flatnonzero(data == 10)   # (an array's look: twice as fast as counting "\n{")
+    ends = ends[:-1] if payload.endswith(b"\n") else ends
+    if payload[:1] == b"{" and (data[ends + 1] == 123).all():
+        return len(ends) + 1
+    lines = [line for line in payload.split(b"\n") if line.strip()]
+    return len(lines) if all(line[:1] == b"{" for line in lines) else None
+
+
+def _kept(kind: pa.DataType) -> bool:
+    """A type told to Arrow for the next batch: one the batch path takes (not null, which
+    any value changes)."""
+    if pa.types.is_list(kind):
+        return pa.types.is_string(kind.value_type) or pa.types.is_int64(kind.value_type)
+    return pa.types.is_string(kind) or pa.types.is_int64(kind) or \
+        pa.types.is_floating(kind) or pa.types.is_boolean(kind)
 
 
 def _as_text(column: pa.Array, numeric: bool, arrays: bool) -> pa.Array | None:
     """``column`` as the event-by-event path would give it (strings, or ``list<string>`` for a
-    list field's arrays), or None where it cannot say the same."""
+    list field's arrays; a ``numeric`` one's numbers as they are), or None where it cannot say
+    the same."""
     kind = column.type
-    if pa.types.is_string(kind):
-        return column
+    if pa.types.is_string(kind) or (numeric and pa.types.is_floating(kind)):
+        return column   # (a number is read as one from text or typed alike)
+    if numeric and pa.types.is_int64(kind):   # (past 2^53 rounded, as from its text)
+        return column.cast(pa.float64(), safe=False)
     if pa.types.is_null(kind):
         return pa.nulls(len(column), pa.string())
     if pa.types.is_int64(kind) or (numeric and pa.types.is_floating(kind)):

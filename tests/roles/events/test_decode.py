@@ -282,3 +282,16 @@ def test_a_first_line_that_is_not_an_object_never_reaches_arrow():
     got = decoder.decode(deliveries)
     assert [(r.file, r.line) for r in got.rejected] == [("clicks[0]@1", 1), ("clicks[0]@1", 2)]
     assert len(got.block) == 1
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(uniform_events(PLAIN), min_size=2, max_size=4))
+def test_one_decoder_across_batches_whose_kinds_change_gives_what_event_by_event_gives(batches):
+    """The batch path tells Arrow the types of the batch before: a batch whose columns changed
+    kind (a number where text was, a fraction where whole numbers were, a column gone) is read
+    again with inference, and every batch still gives what event by event gives."""
+    decoder = EventDecoder(SCHEMA, "json", "clicks")
+    for b, messages in enumerate(batches):
+        deliveries = [Delivery(0, 10 * b + i, b"\n".join(events), 1.0)
+                      for i, events in enumerate(messages)]
+        same_either_way(decoder, deliveries)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from roles.algorithms.feeding.event_batches import EventBatcher
+from roles.algorithms.feeding.event_batches import EventBatcher, _tally
 from roles.data.stream import Samples
 from roles.events import Delivery
 from roles.events.tracker import MessageTracker
@@ -78,3 +80,30 @@ def test_a_batch_names_its_events_lines_as_runs_of_consecutive_lines_per_message
     assert b.take(now=0.0, flush=True).runs == [(2, 11, 9, 9)]
     b.add(events(0, 2), origin(12, 2), np.zeros(2), now=0.0)   # lines not known: no runs
     assert b.take(now=0.0, flush=True).runs == []
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.integers(0, 6)),
+                max_size=40),
+       st.booleans(), st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_the_messages_counts_and_runs_are_what_a_sort_and_unique_give(rows, ordered, lined):
+    """The one-pass tally (events already in order) and its sorted fallback against the
+    definition: the distinct messages with their events (``np.unique``), and the runs of
+    consecutive lines of one message after a sort by message and line."""
+    rows = sorted(rows) if ordered else rows
+    got = np.array([r[:2] for r in rows], np.int64).reshape(-1, 2)
+    lines = np.array([r[2] for r in rows], np.int64) if lined else None
+    where, counts, runs = _tally(got, lines)
+    if rows:
+        want, n = np.unique(got, axis=0, return_counts=True)
+        assert where == [tuple(w) for w in want.tolist()] and counts == n.tolist()
+    else:
+        assert where == [] and counts == []
+    expected = []
+    for p, q, ln in sorted(rows) if lined else []:
+        last = expected[-1] if expected else None
+        if last is not None and last[:2] == (p, q) and last[3] + 1 == ln:
+            expected[-1] = (p, q, last[2], ln)
+        else:
+            expected.append((p, q, ln, ln))
+    assert runs == expected
