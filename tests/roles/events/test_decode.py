@@ -284,7 +284,7 @@ def test_a_first_line_that_is_not_an_object_never_reaches_arrow():
     assert len(got.block) == 1
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(uniform_events(PLAIN), min_size=2, max_size=4))
 def test_one_decoder_across_batches_whose_kinds_change_gives_what_event_by_event_gives(batches):
     """The batch path tells Arrow the types of the batch before: a batch whose columns changed
