@@ -83,6 +83,9 @@ def stream_line(stream: StreamView, phase: str) -> Text:
     aucs = [r["progressive_auc"] for r in stream["feeders"] if r["progressive_auc"] is not None]
     auc = f"{min(aucs):.4f}" if len(aucs) == 1 else (
         f"{min(aucs):.4f}–{max(aucs):.4f}" if aucs else fmt.DASH)
+    if stream["tasks"]:   # several labels: each one's (the lowest feeder's)
+        auc = ", ".join(f"{name} {_auc(f['progressive_auc'])}"
+                        for name, f in stream["tasks"].items())
     down = any(r["broker_down_since"] is not None for r in stream["feeders"])
     text = Text(f"stream   phase {phase}   {fmt.count(stream['events_trained'])} events "
                 "trained   ")
@@ -92,6 +95,10 @@ def stream_line(stream: StreamView, phase: str) -> Text:
         text.append("   broker unreachable", style="bold red")
     text.append(f"   progressive AUC {auc}")
     return text
+
+
+def _auc(value: float | None) -> str:
+    return fmt.DASH if value is None else f"{value:.4f}"
 
 
 class EpochsTable(Static):

@@ -197,6 +197,12 @@ def _stream(f: Families, job: dict[str, str], s: StreamView) -> None:
               "window", labels, r["window_auc"])
         f.add("zbus_stream_broker_down", "1 while the feeder cannot reach the broker", labels,
               r["broker_down_since"] is not None)
+        for task, figures in (r["tasks"] or {}).items():
+            f.add("zbus_stream_task_progressive_auc", "Several labels: a label's progressive "
+                  "AUC, over the feeder's events that have it", {**labels, "task": task},
+                  figures.get("progressive_auc"))
+            f.add("zbus_stream_task_window_auc", "Several labels: the AUC of a label's newest "
+                  "closed window", {**labels, "task": task}, figures.get("window_auc"))
         join = r.get("join")
         if join:
             for outcome in ("joined", "expired_negative", "labels_late", "labels_unmatched"):

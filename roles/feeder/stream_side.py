@@ -611,7 +611,21 @@ class StreamSide:
             "windows_closed": self.progressive.first.closed, "ended": self.ended,
             "dead_batches_acked": self.dead_batches_acked,
             "dead_events_left_out": self.dead_events_left_out,
-            "join": self.labels.counts() if self.labels is not None else None}}
+            "join": self.labels.counts() if self.labels is not None else None,
+            "tasks": self.task_figures()}}
+
+    def task_figures(self) -> dict[str, dict[str, float | None]] | None:
+        """With several labels, each one's progressive AUC (every event that has it) and its
+        newest closed window's, by label (None with one: the figures above are its)."""
+        if self.progressive.each is None:
+            return None
+        out = {}
+        for name, p in zip(self.job.tasks, self.progressive.by_task, strict=True):
+            last = p.windows[-1] if p.windows else None
+            out[name] = {"progressive_auc": finite(p.lifetime.auc()) if p.lifetime.samples
+                         else None,
+                         "window_auc": finite(last.auc) if last is not None else None}
+        return out
 
     def final_lag(self) -> tuple[int, int, float]:
         """The broker's lag as the pass ends (messages, events, seconds; -1: unknown), once

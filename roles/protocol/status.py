@@ -208,6 +208,8 @@ class StreamRow(TypedDict):
     window_auc: float | None
     broker_down_since: float | None
     join: dict[str, int] | None   # labels from a topic of their own (roles.feeder.joining)
+    # several labels: each one's progressive_auc and window_auc, by label (None: one label)
+    tasks: dict[str, dict[str, float | None]] | None
 
 
 class StreamView(TypedDict):
@@ -219,6 +221,8 @@ class StreamView(TypedDict):
     lag_events: int | None
     lag_s: float | None
     growing: bool
+    tasks: dict[str, dict[str, float | None]] | None   # several labels: each one's lowest
+    #                                                    progressive_auc and window_auc
     history: dict[str, list[float | None]]   # t, lag_events, lag_s, events_per_s,
     #                                          window_auc, progressive_auc (lowest feeder's)
 

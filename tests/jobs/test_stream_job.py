@@ -12,7 +12,7 @@ import time
 import numpy as np
 import orjson
 import pytest
-from harness import REPO
+from harness import REPO, first_status
 
 from roles.algorithms.feeding.ack_log import RECORD as ACK_RECORD
 from roles.events.publish import open_publisher
@@ -300,7 +300,14 @@ def test_a_stream_of_two_labels_is_validated_progressively_label_by_label(
                    "[train]\nbatch_size = 256\n[cluster]\nworkers = 2\nshards = 2\n"
                    .replace("'", '"'))
     c = cluster(str(job), train__until_events=events)
-    assert c.run_job() == 0, c.logs()
+    c.start_all()
+    # live: control's status has each label's progressive and window AUC (the console's line,
+    # Prometheus) once a window of each closed
+    live = first_status(c.job.cluster.endpoint("status"), lambda snap: snap["stream"] and (
+        snap["stream"]["tasks"] or {}).keys() == {"click", "purchase"} and all(
+        f["window_auc"] is not None for f in snap["stream"]["tasks"].values()))["stream"]
+    assert all(0.5 < f["progressive_auc"] < 1 for f in live["tasks"].values()), live["tasks"]
+    assert c.wait() == 0, c.logs()
     st = c.summary()["stream"]
     assert st is not None and st["events_trained"] == events == 100_000, st
     assert st["events_trained_twice"] == 0 and st["lag_events"] == 0, st

@@ -31,6 +31,30 @@ def _counts(value: Any) -> dict[str, int] | None:
     return {str(k): v for k, v in value.items() if _int(v) is not None}
 
 
+def _tasks(value: Any) -> dict[str, dict[str, float | None]] | None:
+    """A feeder's figures per label (None: one label)."""
+    if not isinstance(value, dict):
+        return None
+    return {str(name): {k: _float(figures.get(k)) for k in ("progressive_auc", "window_auc")}
+            for name, figures in value.items() if isinstance(figures, dict)}
+
+
+def lowest_by_task(rows: list[StreamRow]) -> dict[str, dict[str, float | None]] | None:
+    """Several labels: each one's lowest progressive and window AUC over the feeders that have
+    one (what an operator watches is the worst); None with one label."""
+    names = [name for r in rows for name in (r["tasks"] or {})]
+    if not names:
+        return None
+    out: dict[str, dict[str, float | None]] = {}
+    for name in dict.fromkeys(names):
+        out[name] = {}
+        for key in ("progressive_auc", "window_auc"):
+            values = [v for r in rows if (v := (r["tasks"] or {}).get(name, {}).get(key))
+                      is not None]
+            out[name][key] = min(values) if values else None
+    return out
+
+
 class StreamStatus:
     def __init__(self) -> None:
         self.history: deque[tuple[float, int | None, float | None, float | None,
@@ -53,7 +77,8 @@ class StreamStatus:
                          "progressive_auc": _float(st.get("progressive_auc")),
                          "window_auc": _float(st.get("window_auc")),
                          "broker_down_since": _float(st.get("broker_down_since")),
-                         "join": _counts(st.get("join"))})
+                         "join": _counts(st.get("join")),
+                         "tasks": _tasks(st.get("tasks"))})
         trained = sum(r["events_trained"] for r in rows)
         lags = [r["lag_events"] for r in rows]
         lag = None if not rows or any(v is None for v in lags) else sum(
@@ -76,7 +101,7 @@ class StreamStatus:
             for a, b in zip(recent, recent[1:], strict=False))
         points = list(self.history)
         return {"feeders": rows, "events_trained": trained, "lag_events": lag, "lag_s": lag_s,
-                "growing": growing,
+                "growing": growing, "tasks": lowest_by_task(rows),
                 "history": {"t": [p[0] for p in points],
                             "lag_events": [None if p[1] is None else float(p[1])
                                            for p in points],

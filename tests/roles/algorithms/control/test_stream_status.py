@@ -72,3 +72,28 @@ def test_a_label_join_s_counts_reach_the_status_and_prometheus():
     assert got == {"joined": 90, "expired_negative": 10, "labels_late": 2,
                    "labels_unmatched": 3}
     assert f.made["zbus_stream_join_waiting"].samples[0].value == 40
+
+
+def test_with_several_labels_each_ones_figures_reach_the_status_prometheus_and_the_line():
+    """Each label's progressive and window AUC per feeder (its heartbeat's ``tasks``); the
+    view keeps each label's lowest over the feeders, which the console's line shows; one
+    label: none of it."""
+    a, b = feeder(100, 7), feeder(90, 3)
+    a["stream"]["tasks"] = {"click": {"progressive_auc": 0.81, "window_auc": 0.80},
+                            "buy": {"progressive_auc": 0.70, "window_auc": None}}
+    b["stream"]["tasks"] = {"click": {"progressive_auc": 0.78, "window_auc": 0.83},
+                            "buy": {"progressive_auc": 0.74, "window_auc": 0.71}}
+    v = StreamStatus().view(1.0, {"feeder-0": a, "feeder-1": b})
+    assert v["tasks"] == {"click": {"progressive_auc": 0.78, "window_auc": 0.80},
+                          "buy": {"progressive_auc": 0.70, "window_auc": 0.71}}
+    f = Families()
+    _stream(f, {"job": "j"}, v)
+    got = {(s.labels["node"], s.labels["task"]): s.value
+           for s in f.made["zbus_stream_task_window_auc"].samples}
+    assert got[("feeder-1", "buy")] == 0.71 and got[("feeder-0", "click")] == 0.80
+    assert len(f.made["zbus_stream_task_progressive_auc"].samples) == 4
+    line = stream_line(v, "training").plain
+    assert "progressive AUC click 0.7800, buy 0.7000" in line, line
+    one = StreamStatus().view(1.0, {"feeder-0": feeder(100, 7)})
+    assert one["tasks"] is None and one["feeders"][0]["tasks"] is None
+    assert "progressive AUC 0.8000" in stream_line(one, "training").plain
