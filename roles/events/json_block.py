@@ -64,7 +64,8 @@ class JsonBlocks:
         """The block of ``payloads``, the ``wanted`` columns as text (a numeric one as Arrow
         read it) and the events in each message, or None where this path declines (the
         module's docstring)."""
-        if any(any(b in p for b in NOT_JSON) for p in payloads):
+        data = b"\n".join(payloads)
+        if any(b in data for b in NOT_JSON):
             return None
         counts = [object_lines(p) for p in payloads]
         if None in counts:
@@ -73,15 +74,14 @@ class JsonBlocks:
         if total == 0:
             return None
         try:   # (Arrow checks a string's UTF-8 only when its column is used, and raises then)
-            for p in payloads:
-                if not p.isascii():
-                    p.decode("utf-8")
+            if not data.isascii():
+                data.decode("utf-8")
         except UnicodeDecodeError:
             return None
-        table = self._read(b"\n".join(payloads))
+        table = self._read(data)
         if table is None or table.num_rows != total:
             return None
-        done = self._columns(table, payloads, total, nbytes)
+        done = self._columns(table, data, total, nbytes)
         if done is None:
             return None
         self._types = pa.schema([table.schema.field(name) for name in self.wanted
@@ -102,10 +102,10 @@ class JsonBlocks:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return None
 
-    def _columns(self, table: pa.Table, payloads: Sequence[bytes], total: int, nbytes: int
+    def _columns(self, table: pa.Table, data: bytes, total: int, nbytes: int
                  ) -> tuple[RawBlock, list[pa.Array]] | None:
         schema = self.schema
-        null_in_array = any(b"null" in p and NULL_IN_ARRAY.search(p) for p in payloads)
+        null_in_array = b"null" in data and NULL_IN_ARRAY.search(data) is not None
         names = set(table.column_names)
         columns = []
         for name in self.wanted:

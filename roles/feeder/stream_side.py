@@ -76,9 +76,10 @@ def finite(x: float) -> float | None:
 
 
 def origin_of(deliveries: list[Delivery], message: np.ndarray) -> np.ndarray:
-    """Each event's message as (partition, position), from its index in ``deliveries``."""
-    return np.array([(deliveries[i].partition, deliveries[i].position) for i in message],
-                    dtype=np.int64).reshape(-1, 2)
+    """Each event's message as (partition, position), from its index in ``deliveries`` (one
+    row a message, then indexed: a fetch's events come a hundred a message)."""
+    each = np.array([(d.partition, d.position) for d in deliveries], dtype=np.int64)
+    return each.reshape(-1, 2)[np.asarray(message, dtype=np.int64)]
 
 
 def event_samples(preparer: Preparer, block: RawBlock,
