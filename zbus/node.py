@@ -152,7 +152,7 @@ class Loop:
         if sock in self._handlers:
             self._handlers.pop(sock)
             self._set_events(sock, 0)
-        sock.close(0)
+        sock.close(sockets.CLOSE_LINGER_MS)
         log.info("%s: connecting anew to %s (now %s)", self.node_id, endpoint,
                  resolved(endpoint))
         return self.connect(kind, endpoint, handler, **options)
@@ -328,7 +328,7 @@ class Loop:
         """The loop's end: what the role still sends (its sockets' linger), then ``release``."""
         self._handlers.clear()
         self.release()
-        self.ctx.destroy(linger=0)
+        self.ctx.destroy(linger=sockets.CLOSE_LINGER_MS)   # (not 0: zbus.sockets says why)
 
 
 class Node(Loop):
