@@ -63,7 +63,10 @@ class TrainingPanel(Vertical):
                 title="stream lag, events" + ("  GROWING" if stream["growing"] else ""),
                 note="the broker has not said its lag yet", xlabel="s since start",
                 whole_x=False)
+            by_task = stream["task_history"]
             self.query_one("#progressive-plot", Chart).show(
+                [series(f"{name} window", sh["t"], values) for name, values in by_task.items()]
+                if by_task else
                 [series("window", sh["t"], sh.get("window_auc", [])),
                  series("every event", sh["t"], sh.get("progressive_auc", []))],
                 note="no window of events scored yet")

@@ -223,6 +223,8 @@ class StreamView(TypedDict):
     growing: bool
     tasks: dict[str, dict[str, float | None]] | None   # several labels: each one's lowest
     #                                                    progressive_auc and window_auc
+    task_history: dict[str, list[float | None]] | None   # and each one's lowest window_auc
+    #                                                      at each point of history["t"]
     history: dict[str, list[float | None]]   # t, lag_events, lag_s, events_per_s,
     #                                          window_auc, progressive_auc (lowest feeder's)
 

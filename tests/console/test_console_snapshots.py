@@ -265,11 +265,12 @@ def test_partition_with_bounded_tables(snap_compare):
                         run_before=bounded)
 
 
-def streaming(lag_growing: bool) -> dict:
+def streaming(lag_growing: bool, labels: bool = False) -> dict:
     """A stream job of two feeders: the captured status with its stream part made by control's
     own ``StreamStatus`` from 60 statuses of feeder counters (lag, events trained and the
     progressive AUC moving with the clock; the newest window's AUC drifting down and back, as
-    after a change in the stream), the lag rising at the end when ``lag_growing``."""
+    after a change in the stream), the lag rising at the end when ``lag_growing``; with
+    ``labels``, two labels (click and buy), each with its figures."""
     from roles.algorithms.control.stream_status import StreamStatus
 
     view = StreamStatus()
@@ -287,17 +288,25 @@ def streaming(lag_growing: bool) -> dict:
                 "window_auc": round(0.85 - 0.03 * math.exp(-((second - 30) / 8) ** 2)
                                     - 0.004 * i, 4),
                 "broker_down_since": None}}
+            if labels:
+                window = counters[f"feeder-{i}"]["stream"]["window_auc"]
+                counters[f"feeder-{i}"]["stream"]["tasks"] = {
+                    "click": {"progressive_auc": 0.84, "window_auc": window},
+                    "buy": {"progressive_auc": 0.77, "window_auc": round(window - 0.08, 4)}}
         s["stream"] = view.view(float(second * 2), counters)
     s.update(phase="training", epochs=1, epoch=0)
     return s
 
 
-@pytest.mark.parametrize("growing", [False, True], ids=["steady", "lag-growing"])
-def test_a_stream_jobs_training_tab_shows_its_lag_and_progressive_auc(snap_compare, growing):
+@pytest.mark.parametrize(("growing", "labels"), [(False, False), (True, False), (False, True)],
+                         ids=["steady", "lag-growing", "two-labels"])
+def test_a_stream_jobs_training_tab_shows_its_lag_and_progressive_auc(snap_compare, growing,
+                                                                       labels):
     """The stream line (the lag in red while it grows), the lag chart, and the progressive
-    AUC chart (the newest window's and every event's) in place of the epochs' table."""
+    AUC chart (the newest window's and every event's) in place of the epochs' table; with two
+    labels, each label's progressive AUC in the line and its window AUC in the chart."""
     async def stream(pilot) -> None:
-        await connected(pilot, streaming(growing), history=1)
+        await connected(pilot, streaming(growing, labels), history=1)
         await pilot.press("3")
 
     assert snap_compare(ZbusConsole(None), terminal_size=LARGE, run_before=stream)

@@ -60,6 +60,8 @@ class StreamStatus:
         self.history: deque[tuple[float, int | None, float | None, float | None,
                                   float | None, float | None]] = deque(maxlen=HISTORY_POINTS)
         self.last: tuple[float, int] | None = None   # (t, events trained) of the last point
+        # several labels: each label's lowest window AUC at each point of ``history``
+        self.task_points: deque[dict[str, float | None]] = deque(maxlen=HISTORY_POINTS)
 
     def view(self, t: float, counters: dict[str, dict[str, Any]]) -> StreamView:
         """``counters``: each feeder's last heartbeat counters, by node; ``t``: seconds since
@@ -90,10 +92,12 @@ class StreamStatus:
             rate = round(max(0.0, (trained - self.last[1]) / (t - self.last[0])), 1)
         windows = [r["window_auc"] for r in rows if r["window_auc"] is not None]
         lifetimes = [r["progressive_auc"] for r in rows if r["progressive_auc"] is not None]
+        tasks = lowest_by_task(rows)
         if self.last is None or t > self.last[0]:   # the lowest feeder's: what an operator
             self.history.append((round(t, 2), lag, lag_s, rate,   # watches is the worst
                                  min(windows) if windows else None,
                                  min(lifetimes) if lifetimes else None))
+            self.task_points.append({name: f["window_auc"] for name, f in (tasks or {}).items()})
             self.last = (t, trained)
         recent = [p[1] for p in list(self.history)[-GROWING_POINTS - 1:]]
         growing = len(recent) == GROWING_POINTS + 1 and all(
@@ -101,7 +105,9 @@ class StreamStatus:
             for a, b in zip(recent, recent[1:], strict=False))
         points = list(self.history)
         return {"feeders": rows, "events_trained": trained, "lag_events": lag, "lag_s": lag_s,
-                "growing": growing, "tasks": lowest_by_task(rows),
+                "growing": growing, "tasks": tasks,
+                "task_history": {name: [p.get(name) for p in self.task_points]
+                                 for name in tasks} if tasks else None,
                 "history": {"t": [p[0] for p in points],
                             "lag_events": [None if p[1] is None else float(p[1])
                                            for p in points],
