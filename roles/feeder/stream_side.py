@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,8 @@ from roles.algorithms.feeding.dead_batches import DeadBatches
 from roles.algorithms.feeding.event_batches import EventBatcher
 from roles.algorithms.feeding.sent_log import SentLog
 from roles.algorithms.feeding.stream_pass import StreamPass
-from roles.algorithms.shared.progressive import StreamProgress
+from roles.algorithms.shared.metrics import ScoreHistogram
+from roles.algorithms.shared.progressive import StreamProgress, Window
 from roles.data.readers import RawBlock, Schema
 from roles.data.rejected import RejectedRows
 from roles.data.stats import Moments
@@ -73,6 +75,13 @@ class _Held:
 def finite(x: float) -> float | None:
     """A figure, None when it is not one (an AUC of one class only is NaN)."""
     return float(x) if np.isfinite(x) else None
+
+
+def live_aucs(lifetime: ScoreHistogram, windows: Sequence[Window]) -> dict[str, float | None]:
+    """A progressive validation's AUC over every event (``lifetime``) and its newest closed
+    window's; None before any."""
+    return {"progressive_auc": finite(lifetime.auc()) if lifetime.samples else None,
+            "window_auc": finite(windows[-1].auc) if windows else None}
 
 
 def origin_of(deliveries: list[Delivery], message: np.ndarray) -> np.ndarray:
@@ -485,8 +494,7 @@ class StreamSide:
         assert self.sent_log is not None
         self.sent_log.mark_acked(seq)
         for h in parked:
-            where, counts = np.unique(h.origin, axis=0, return_counts=True)
-            self.tracker.trained([(int(p), int(q)) for p, q in where], counts.tolist())
+            self.tracker.trained_rows(h.origin)
         released = self.tracker.done()
         if released:
             self.acknowledge(released)
@@ -590,9 +598,8 @@ class StreamSide:
         lag_messages = r.lag_messages if r is not None else None
         per_message = (r.events_read / r.messages_read) if r is not None and r.messages_read \
             else 1.0
-        lifetime = self.progressive.first.lifetime
-        windows = self.progressive.first.windows
-        last = windows[-1] if windows else None
+        lifetime = self.progressive.first.lifetime   # (a histogram made anew: once)
+        first = live_aucs(lifetime, self.progressive.first.windows)
         return {"stream": {
             "events_read": r.events_read if r is not None else 0,
             "messages_read": r.messages_read if r is not None else 0,
@@ -606,27 +613,24 @@ class StreamSide:
                       round(max(0.0, time.time() - self.newest_trained_s), 3))
             if self.newest_trained_s and lag_messages is not None else None,
             "broker_down_since": r.broker_down_since if r is not None else None,
-            "progressive_auc": finite(lifetime.auc()) if lifetime.samples else None,
+            **first,
             "progressive_logloss": finite(lifetime.logloss()) if lifetime.samples else None,
-            "window_auc": finite(last.auc) if last is not None else None,
             "windows_closed": self.progressive.first.closed, "ended": self.ended,
             "dead_batches_acked": self.dead_batches_acked,
             "dead_events_left_out": self.dead_events_left_out,
             "join": self.labels.counts() if self.labels is not None else None,
-            "tasks": self.task_figures()}}
+            "tasks": self.task_figures(first)}}
 
-    def task_figures(self) -> dict[str, dict[str, float | None]] | None:
+    def task_figures(self, first: dict[str, float | None]
+                     ) -> dict[str, dict[str, float | None]] | None:
         """With several labels, each one's progressive AUC (every event that has it) and its
-        newest closed window's, by label (None with one: the figures above are its)."""
+        newest closed window's, by label (``first``: the first label's, worked out already;
+        None with one label: the job's figures are its)."""
         if self.progressive.each is None:
             return None
-        out = {}
-        for name, p in zip(self.job.tasks, self.progressive.by_task, strict=True):
-            last = p.windows[-1] if p.windows else None
-            out[name] = {"progressive_auc": finite(p.lifetime.auc()) if p.lifetime.samples
-                         else None,
-                         "window_auc": finite(last.auc) if last is not None else None}
-        return out
+        return {name: first if t == 0 else live_aucs(p.lifetime, p.windows)
+                for t, (name, p) in enumerate(zip(self.job.tasks, self.progressive.by_task,
+                                                  strict=True))}
 
     def final_lag(self) -> tuple[int, int, float]:
         """The broker's lag as the pass ends (messages, events, seconds; -1: unknown), once
