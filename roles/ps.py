@@ -127,7 +127,7 @@ class Shard(Node):
         self.sent_keys = 0
         self.moved_version = 0                # the last placement whose handover is complete
         t, e = job.train, job.embeddings
-        self.admission = Admission(e.min_count, e.sketch_mb, len(job.sparse_fields),
+        self.admission = Admission(e.min_count, e.sketch_mb, len(job.layout().fields),
                                    e.expire_batches, e.expire_s, time.monotonic())
         self.expiry = Expiry(e.expire_batches, e.expire_s, e.max_rows_per_shard,
                              time.monotonic())

@@ -14,7 +14,8 @@ beside it, that of the true logits less the history's planted term (the best wit
 
 Part B, "criteo": a Criteo-layout file (``scripts/make_criteo.py``, made once and kept) and the
 docs' Criteo job (bench_admission's: embedding dim 16, MLP 64-32, batch 1024, 1 epoch, sync
-every 16): each network but din (the layout has no sequence), reference then cluster.
+every 16): each network but din (the layout has no sequence), reference then cluster;
+wide_deep with the crosses of ``--crosses`` (default one, C1 x C2).
 
 Each run is a reference run then its cluster run, network after network, so that a noisy
 machine weighs on both alike; with ``--repeats`` the table gives medians, and the speed ratio
@@ -25,7 +26,7 @@ machine a second thread can be 20x slower; on a quiet one it can be 1.5x faster)
 
     .venv/bin/python scripts/bench_models.py [--rows 200000] [--criteo-rows 1000000]
         [--networks mlp,dlrm,dcn,deepfm,wide_deep,din] [--parts A,B] [--epochs 2]
-        [--repeats 1] [--threads 1,2] [--criteo-file /tmp/criteo-1m.tsv]
+        [--repeats 1] [--threads 1,2] [--criteo-file /tmp/criteo-1m.tsv] [--crosses C1*C2]
         [--dir /tmp/bench-models] [--out results.json]
 """
 
@@ -155,12 +156,14 @@ def items_job(network: str, tsv: Path, lists: bool, epochs: int, cache: Path) ->
                    "\n[cluster]\nworkers = 2\nshards = 2\nfeeders = 1\n")
 
 
-def criteo_job(network: str, path: Path, cache: Path) -> str:
+def criteo_job(network: str, path: Path, cache: Path, crosses: list[list[str]]) -> str:
     c = CRITEO
+    options = f"[model.options]\ncrosses = {toml_value(crosses)}\n" \
+        if network == "wide_deep" and crosses else ""
     return (f'name = "models-criteo-{network}"\n[data]\npath = "{path}"\nformat = "criteo"\n'
             f'cache_dir = "{cache}"\neval_fraction = 0.2\n'
             f'\n[model]\nnetwork = "{network}"\nembedding_dim = {c["dim"]}\n'
-            f'hidden = {toml_value(c["hidden"])}\n'
+            f'hidden = {toml_value(c["hidden"])}\n{options}'
             f'\n[train]\nepochs = {c["epochs"]}\nbatch_size = {c["batch"]}\nsync = "every"\n'
             f'sync_every = {c["sync_every"]}\n\n[cluster]\nworkers = 2\nshards = 2\nfeeders = 1\n')
 
@@ -256,15 +259,22 @@ def part_b(args, networks: list[str], work: Path) -> dict:
     runs: dict[str, list[dict]] = {n: [] for n in networks if n != "din"}
     for _ in range(args.repeats):
         for net in runs:
-            runs[net].append(pair(f"criteo-{net}", criteo_job(net, path, work / "cache"), work,
-                                  threads))
+            runs[net].append(pair(f"criteo-{net}", criteo_job(net, path, work / "cache",
+                                                              crosses_of(args.crosses)),
+                                  work, threads))
     rows = {}
     for net, got in runs.items():
         rows[net] = {side: {k: median(got, side, k) for k in ("auc", "samples_per_s", "wall_s")}
                      for side in ("cluster", "reference")}
         rows[net]["paired_ratio"] = paired_ratio(got)
         rows[net]["runs"] = got
-    return {"file": str(path), "rows": args.criteo_rows, **CRITEO, "networks": rows}
+    return {"file": str(path), "rows": args.criteo_rows, **CRITEO, "networks": rows,
+            "crosses": crosses_of(args.crosses)}
+
+
+def crosses_of(text: str) -> list[list[str]]:
+    """``--crosses C1*C2,C3*C4``: wide_deep's crossed columns in Part B."""
+    return [c.split("*") for c in text.split(",") if c]
 
 
 def print_tables(result: dict, repeats: int) -> None:
@@ -293,8 +303,10 @@ def print_tables(result: dict, repeats: int) -> None:
               f"(cluster): {len(better)} of {len(a['networks'])} ({', '.join(better) or 'none'})")
     if "criteo" in result:
         b = result["criteo"]
+        crossed = "; wide_deep's crosses " + ", ".join("*".join(c) for c in b["crosses"]) \
+            if b.get("crosses") else ""
         print(f"\nPart B: Criteo layout, {b['rows']:,} rows, embedding dim {b['dim']}, hidden "
-              f"{b['hidden']}, batch {b['batch']}, {b['epochs']} epoch, {of}")
+              f"{b['hidden']}, batch {b['batch']}, {b['epochs']} epoch, {of}{crossed}")
         print("| network | cluster AUC | reference AUC | cluster − reference | cluster "
               "samples/s | reference samples/s | cluster / reference (paired) | cluster wall "
               "(s) | reference wall (s) |")
@@ -317,6 +329,8 @@ def main() -> None:
     parser.add_argument("--networks", default=",".join(   # (its jobs have one label)
         n for n in NETWORKS if n not in SEVERAL_LABELS))
     parser.add_argument("--parts", default="A,B")
+    parser.add_argument("--crosses", default="C1*C2", help="Part B: wide_deep's crossed "
+                        "columns, e.g. C1*C2,C3*C4 (empty: none)")
     parser.add_argument("--epochs", type=int, default=2, help="Part A's epochs")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", default="1", help="the reference's torch threads; "

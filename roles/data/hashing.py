@@ -32,6 +32,12 @@ Tables: the name a key is hashed with is its field's *table* (``roles.job.fields
 no ``[data.tables]`` entry is its own table, named as the field, so its keys are the ones above;
 the fields of a shared table hash with the table's name, so that one id is one key in each.
 
+Weights per id (``roles.job.fields``'s derived fields, ``wide:<f>`` and ``cross:<a>*<b>``):
+their keys are made from the data fields' keys, not from text (``derived_keys``): h = seed of
+the derived field's name, then for each source key k, h = splitmix64(h xor k). So the same id
+(or tuple of ids) is the same key wherever it is made, and a ``wide:`` key differs from its
+field's own key. A list field's ``PAD`` stays ``PAD``; no derived key is ``PAD``.
+
 List fields: ``hash_lists`` hashes each id of a list as a single value of its table (trimmed,
 the same key), and lays a column of lists out as ``max_len`` slots a row, the newest (last)
 ``max_len`` ids in their order, left-aligned, the rest ``PAD``.
@@ -129,6 +135,20 @@ def _fixed_keys(seed: np.uint64, padded: np.ndarray, size: int,
     keys = np.full(len(lengths), _missing_key(seed))
     keys[filled] = h
     return keys
+
+
+def derived_keys(field: str, sources: list[np.ndarray]) -> np.ndarray:
+    """int64 keys of the derived field ``field`` from its data fields' keys (arrays of one
+    shape; a weight per id has one source, a cross several), as the module's text says."""
+    h = np.full(np.shape(sources[0]), field_seed(field), dtype=np.uint64)
+    for keys in sources:
+        h ^= np.asarray(keys).view(np.uint64)
+        mix_in_place(h)
+    out = h.view(np.int64)
+    out[out == PAD] = PAD + 1
+    if len(sources) == 1:
+        out[np.asarray(sources[0]) == PAD] = PAD
+    return out
 
 
 def missing_key(table: str) -> int:

@@ -15,12 +15,20 @@ Tables: a field in no ``[data.tables]`` entry has a table of its own, named as t
 fields of one table hash their ids with the table's name (``roles.data.hashing``), so the same
 id is the same key, and the same row, in each. A shard keeps every row at the widest table's
 width (``row_dim``); a field reads the first ``dims[f]`` columns of its rows.
+
+Weights per id (the wide part of ``wide_deep``, the first order of ``deepfm``): *derived*
+fields, after the data's, whose keys are made from the data fields' keys (``derived_keys``),
+not read. ``wide:<field>`` holds one weight per id of its field (a vector of one weight per
+task; a list field's is a list, summed) in a table of its own; ``cross:<a>*<b>`` one weight
+per pair (or tuple) of ids of single-valued fields, their keys hashed together (Cheng et al.
+2016's crossed columns). ``sources[f]`` names the data fields a derived field is made of
+(empty for a data field).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +36,17 @@ import numpy as np
 PAD = np.iinfo(np.int64).min   # an empty slot of a list field (no key hashes to it)
 DEFAULT_MAX_LEN = 50
 SYNTHETIC_ITEM_FIELDS = ("item", "genres", "history")
+WIDE, CROSS = "wide:", "cross:"   # the names of the derived fields begin so
+
+
+def wide_name(field: str) -> str:
+    """The derived field of one weight per id of ``field``."""
+    return f"{WIDE}{field}"
+
+
+def cross_name(fields: Sequence[str]) -> str:
+    """The derived field of one weight per tuple of ids of ``fields``."""
+    return CROSS + "*".join(fields)
 
 
 class LayoutError(ValueError):
@@ -42,12 +61,17 @@ class FieldLayout:
     widths: tuple[int, ...]        # slots per field: 1, or a list field's max_len
     pooling: tuple[str, ...]       # "" (one id), "mean", "sum" or "none" (a sequence)
     separators: tuple[str, ...]    # a list field's separator in text formats ("" otherwise)
+    sources: tuple[tuple[int, ...], ...] = ()   # a derived field's data fields; () for all data
 
     # -- made from the job's settings ----------------------------------------------------------
     @classmethod
     def of(cls, fields: list[str], lists: Mapping[str, str], tables: Mapping[str, list[str]],
            dim: int, dims: Mapping[str, int], pooling: Mapping[str, str],
-           max_len: Mapping[str, int]) -> FieldLayout:
+           max_len: Mapping[str, int], per_id: int = 0,
+           crosses: Sequence[Sequence[str]] = ()) -> FieldLayout:
+        """``per_id``: a weight-per-id field (``wide:<f>``) of that width for every data field
+        (0: none); ``crosses``: a ``cross:`` field of that width for each tuple of
+        single-valued fields."""
         names = set(fields)
         for name in lists:
             if name not in names:
@@ -77,18 +101,65 @@ class FieldLayout:
                 if name not in lists:
                     raise LayoutError(f"{what} names {name!r}, which is not a list field "
                                       "([data] lists)")
-        return cls(fields=tuple(fields), tables=tuple(own[f] for f in fields),
+        data = cls(fields=tuple(fields), tables=tuple(own[f] for f in fields),
                    dims=tuple(int(dims.get(own[f], dim)) for f in fields),
                    widths=tuple(int(max_len.get(f, DEFAULT_MAX_LEN)) if f in lists else 1
                                 for f in fields),
                    pooling=tuple(pooling.get(f, "mean") if f in lists else "" for f in fields),
                    separators=tuple(lists.get(f, "") for f in fields))
+        return data.with_derived(per_id, crosses) if per_id or crosses else data
+
+    def with_derived(self, width: int, crosses: Sequence[Sequence[str]]) -> FieldLayout:
+        """This layout of data fields and, after them, a ``wide:`` field per data field and a
+        ``cross:`` field per tuple of ``crosses``, each ``width`` wide in a table of its own."""
+        width = max(1, width)
+        for f in self.fields:
+            if f.startswith((WIDE, CROSS)):
+                raise LayoutError(f"sparse field {f!r}: names beginning {WIDE!r} or {CROSS!r} "
+                                  "are the weights per id's (wide_deep, deepfm)")
+        names = [wide_name(f) for f in self.fields]
+        sources: list[tuple[int, ...]] = [(f,) for f in range(len(self.fields))]
+        for cross in crosses:
+            if isinstance(cross, str) or len(cross) < 2 or len(set(cross)) != len(cross):
+                raise LayoutError(f"[model.options] crosses: each cross is a list of two or "
+                                  f"more different sparse fields, got {cross!r}")
+            at = []
+            for f in cross:
+                if f not in self.fields:
+                    raise LayoutError(f"[model.options] crosses names {f!r}, which is not a "
+                                      f"sparse field ({', '.join(self.fields)})")
+                if self.is_list(self.fields.index(f)):
+                    raise LayoutError(f"[model.options] crosses names {f!r}, a list field: "
+                                      "a cross is of single-valued fields")
+                at.append(self.fields.index(f))
+            if cross_name(cross) in names:
+                raise LayoutError(f"[model.options] crosses holds {list(cross)} twice")
+            names.append(cross_name(cross))
+            sources.append(tuple(at))
+        kept = [self.widths[s[0]] if len(s) == 1 else 1 for s in sources]
+        return FieldLayout(
+            fields=self.fields + tuple(names), tables=self.tables + tuple(names),
+            dims=self.dims + (width,) * len(names), widths=self.widths + tuple(kept),
+            pooling=self.pooling + tuple("sum" if len(s) == 1 and self.is_list(s[0]) else ""
+                                         for s in sources),
+            separators=self.separators + ("",) * len(names),
+            sources=((),) * len(self.fields) + tuple(sources))
 
     # -- what the fields are -------------------------------------------------------------------
     @property
     def row_dim(self) -> int:
         """The width a shard keeps every row at: the widest table's."""
         return max(self.dims)
+
+    @functools.cached_property
+    def data_fields(self) -> int:
+        """How many fields are read (the first ones); the others are derived."""
+        return len(self.fields) - sum(1 for s in self.sources if s)
+
+    @property
+    def derived_fields(self) -> list[str]:
+        """The weights per id's fields (``wide:``, ``cross:``), in order."""
+        return list(self.fields[self.data_fields:])
 
     @property
     def slots(self) -> int:

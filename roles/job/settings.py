@@ -33,6 +33,9 @@ from roles.protocol.topology import ClusterConfig
 NETWORKS = ("mlp", "dlrm", "dcn", "deepfm", "wide_deep", "din", "shared_bottom", "mmoe", "ple",
             "esmm")
 POOLINGS = ("mean", "sum", "none")
+# networks with a weight per id (the wide part, the first order): their layout has a ``wide:``
+# field for every sparse field (``roles.job.fields``), and wide_deep a ``cross:`` field per cross
+PER_ID_NETWORKS = ("wide_deep", "deepfm")
 MAX_LEN = 50   # a list field's ids kept by default (the newest)
 CHAIN = ("click", "purchase")   # the labels of [data.synthetic] conversion
 DECAY_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
@@ -773,9 +776,16 @@ class Job:
         s = self.data.synthetic
         implied = {"genres": 3, "history": s.history} if self.data.source == "synthetic" \
             and s.items else {}   # the synthetic lists' longest: no slot always empty
+        m = self.model
+        per_id = len(self.tasks) if not m.module and m.network in PER_ID_NETWORKS else 0
+        crosses = m.options.get("crosses", []) if not m.module and m.network == "wide_deep" \
+            else []
+        if not isinstance(crosses, list):
+            raise LayoutError(f"[model.options] crosses must be a list of lists of sparse "
+                              f"fields, got {crosses!r}")
         return FieldLayout.of(self.sparse_fields, self.list_fields, self.tables,
-                              self.model.embedding_dim, self.model.dims, self.model.pooling,
-                              {**implied, **self.model.max_len})
+                              m.embedding_dim, m.dims, m.pooling,
+                              {**implied, **m.max_len}, per_id=per_id, crosses=crosses)
 
     def fingerprint(self) -> str:
         """Same for every node that runs the same job; control refuses a node that differs."""
@@ -806,11 +816,13 @@ def _kind(t: Any) -> str:
 
 
 def _coerce(value: Any, t: Any, path: tuple[str, ...], meta: typing.Mapping) -> Any:
-    if t is Any:   # [model.options]: what TOML holds but tables
-        if isinstance(value, dict) or (isinstance(value, list)
-                                       and any(isinstance(v, (dict, list)) for v in value)):
+    if t is Any:   # [model.options]: what TOML holds but tables (lists of lists: crosses)
+        def plain(v: Any, depth: int) -> bool:
+            return not isinstance(v, dict) and (not isinstance(v, list) or depth < 2 and all(
+                plain(x, depth + 1) for x in v))
+        if not plain(value, 0):
             raise JobError(f"{_where(path)} must be a number, string, boolean or a list of "
-                           f"them, got {value!r}")
+                           f"them (or of lists of them), got {value!r}")
         return value
     origin = typing.get_origin(t) or t
     if isinstance(origin, type) and dataclasses.is_dataclass(origin):

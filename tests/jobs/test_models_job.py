@@ -7,6 +7,7 @@ often the batch's lists repeat it."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import signal
 import textwrap
@@ -19,12 +20,15 @@ import pyarrow.csv as pacsv
 import pytest
 import torch
 import zmq
-from harness import FakeControl, dealer, reply, text_split_rows
+from harness import ADULT_JOB, REPO, FakeControl, dealer, reply, text_split_rows
 from resumes import every_row_once, killed_and_resumed, trained_past_a_checkpoint
 from test_workers import assert_every_batch_trained_once
 
+from roles.checkpoint.model_files import embeddings_file, load_embeddings
 from roles.data.index import synthetic_parts
+from roles.data.readers import RawBlock
 from roles.data.source import DataSource
+from roles.data.stream import slot_keys
 from roles.job.settings import parse_job
 from roles.protocol.datapath import BatchKeys, Embeddings, Lookup
 from roles.tools import predict
@@ -278,3 +282,48 @@ def test_each_network_trains_list_fields_in_another_mode(cluster, items_tsv, tmp
     s = c.summary()
     assert_every_batch_trained_once(s, epochs=2)
     assert s["auc"] > 0.7, (network, s["auc"])
+
+
+@pytest.mark.parametrize("network", ["wide_deep", "deepfm"])
+def test_the_weights_per_id_are_the_training_rows_ids_and_crosses_and_predict_scores_them(
+        cluster, tmp_path, capsys, network):
+    """Wide & deep's wide part and DeepFM's first order as published: the shards hold a weight
+    per id of every field and (wide_deep) per crossed pair, made from the training rows alone,
+    exactly the keys of their ids and pairs; ``zbus-predict`` scores the export as the job
+    did."""
+    cross = '\n[model.options]\ncrosses = [["education", "occupation"]]\n' \
+        if network == "wide_deep" else "\n"
+    job = tmp_path / "wide.toml"
+    job.write_text(ADULT_JOB.read_text()
+                   .replace('path = "../data/adult.csv.gz"',
+                            f'path = "{REPO / "data" / "adult.csv.gz"}"')
+                   .replace("[model]\n", f'[model]\nnetwork = "{network}"\n')
+                   .replace("[train]\n", cross + "[train]\n"))
+    c = cluster(job, train__epochs=1, checkpoint__every_s=0)
+    assert c.run_job(timeout=300) == 0, c.logs()
+    s = c.summary()
+    assert s["samples_trained"] == 39074 and s["auc"] >= 0.89, s["auc"]
+    layout = c.job.layout()
+    # the training rows' keys, as a feeder makes them: the first 80 % of the rows in order
+    with gzip.open(REPO / "data" / "adult.csv.gz") as f:
+        rows = pacsv.read_csv(f).slice(0, 39074)
+    block = RawBlock(labels=np.zeros(rows.num_rows, np.float32),
+                     dense=np.zeros((rows.num_rows, 0)),
+                     sparse=[rows.column(n).cast(pa.string()) for n in c.job.sparse_fields],
+                     timestamps=None, rows_read=rows.num_rows)
+    keys = slot_keys(layout, block)
+    held = np.concatenate([load_embeddings(c.run_dir / "export" / embeddings_file(i))[0]
+                           for i in range(2)])
+    assert len(held) == len(np.unique(held))   # each key on one shard
+    derived = keys[:, layout.data_fields:]
+    assert set(held.tolist()) == set(keys.ravel().tolist())
+    wide = len(np.unique(derived))
+    assert wide == sum(len(np.unique(keys[:, f])) for f in range(layout.data_fields)) + (
+        len(np.unique(keys[:, -1])) if network == "wide_deep" else 0)
+    assert len(held) == len(np.unique(keys[:, :layout.data_fields])) + wide
+    capsys.readouterr()
+    predict.main([str(c.run_dir / "export"), str(REPO / "data" / "adult.csv.gz"), "--split",
+                  "eval", "--json"])
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["scored"] == s["eval_samples"]
+    assert abs(figures["auc"] - s["auc"]) <= 1e-4, (figures["auc"], s["auc"])

@@ -40,6 +40,8 @@ BUILTINS: dict[str, Factory] = {
 }
 
 LayoutDefaults = Callable[[FieldLayout, dict[str, Any]], dict[str, Any]]
-LAYOUT_DEFAULTS: dict[str, LayoutDefaults] = {"din": din.layout_defaults}
+LAYOUT_DEFAULTS: dict[str, LayoutDefaults] = {"din": din.layout_defaults,
+                                              "wide_deep": wide_deep.layout_defaults,
+                                              "deepfm": wide_deep.layout_defaults}
 
 SEVERAL_LABELS = ("shared_bottom", "mmoe", "ple", "esmm")   # they refuse a job of one label

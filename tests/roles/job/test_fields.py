@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
+from roles.data.hashing import derived_keys, hash_value
+from roles.data.readers import RawBlock
+from roles.data.stream import slot_keys
 from roles.job.fields import PAD, FieldLayout, LayoutError, field_of
 from roles.job.settings import JobError, parse_job
 from roles.model.sparse_input import SparseInputs
@@ -145,3 +149,81 @@ def test_a_layout_with_lists_or_narrow_fields_keeps_the_field_major_grid():
         inputs = SparseInputs(lay, torch.device("cpu"))
         grid = np.arange(12)
         assert not inputs.sample_major and inputs.sample_order(grid, 3) is grid
+
+
+# -- weights per id (wide_deep's wide part, deepfm's first order) ---------------------------------
+
+
+def test_a_layout_with_weights_per_id_has_a_field_per_data_field_and_per_cross_after_them():
+    lay = layout().with_derived(2, [["user", "movie"]])
+    assert lay.fields[:4] == ("user", "movie", "genres", "history") and lay.data_fields == 4
+    assert lay.derived_fields == ["wide:user", "wide:movie", "wide:genres", "wide:history",
+                                  "cross:user*movie"]
+    assert lay.tables[4:] == tuple(lay.derived_fields)   # a table each, none shared
+    assert lay.dims[4:] == (2,) * 5 and lay.row_dim == 2
+    # a list field's weights per id are a list (its slots), summed; a cross is one slot
+    assert lay.widths[4:] == (1, 1, 2, 3, 1) and lay.slots == 7 + 8
+    assert lay.pooling[4:] == ("", "", "sum", "sum", "")
+    assert lay.sources[4:] == ((0,), (1,), (2,), (3,), (0, 1)) and lay.sources[:4] == ((),) * 4
+    assert lay.sequence_fields == ["history"]   # the derived lists are pooled
+
+
+@pytest.mark.parametrize("crosses, said", [
+    ([["user", "genres"]], "'genres', a list field"),
+    ([["user", "nope"]], "names 'nope', which is not a sparse field"),
+    ([["user"]], "two or more different sparse fields"),
+    ([["user", "user"]], "two or more different sparse fields"),
+    (["user"], "two or more different sparse fields"),
+    ([["user", "movie"], ["user", "movie"]], "twice"),
+])
+def test_a_cross_that_cannot_be_made_is_refused_by_name(crosses, said):
+    with pytest.raises(LayoutError) as err:
+        layout().with_derived(1, crosses)
+    assert said in str(err.value)
+
+
+def test_a_job_gets_weights_per_id_from_wide_deep_and_deepfm_and_a_bad_cross_is_a_job_error():
+    def job(model: str):
+        return parse_job("[data]\nsource = 'synthetic'\n[model]\n" + model, environ={})
+
+    wide = job('network = "wide_deep"\n[model.options]\ncrosses = [["c0", "c1"]]\n').layout()
+    assert wide.derived_fields[-1] == "cross:c0*c1" and wide.data_fields == len(
+        wide.derived_fields) - 1
+    fm = job('network = "deepfm"\n').layout()
+    assert fm.derived_fields == [f"wide:{f}" for f in fm.fields[:fm.data_fields]]
+    assert job('network = "mlp"\n').layout().derived_fields == []
+    with pytest.raises(JobError, match="'c9', which is not a sparse field"):
+        job('network = "wide_deep"\n[model.options]\ncrosses = [["c0", "c9"]]\n')
+    with pytest.raises(JobError, match="crosses must be a list of lists"):
+        job('network = "wide_deep"\n[model.options]\ncrosses = "c0"\n')
+    with pytest.raises(JobError, match="or of lists of them"):   # options nest lists once
+        job('network = "wide_deep"\n[model.options]\ncrosses = [[["c0", "c1"]]]\n')
+
+
+def test_the_keys_of_the_weights_per_id_are_made_from_the_fields_keys():
+    lay = layout().with_derived(1, [["user", "movie"]])
+    users, movies = ["u1", "u2", "u1", "u1"], ["m1", "m1", "m2", "m1"]
+    genres, history = [["g1", "g2"], [], ["g1"], ["g1", "g2"]], [["m1"], ["m2", "m1"], [], ["m1"]]
+    block = RawBlock(labels=np.zeros(4, np.float32), dense=np.zeros((4, 0)),
+                     sparse=[pa.array(users), pa.array(movies), pa.array(genres),
+                             pa.array(history)], timestamps=None, rows_read=4)
+    keys = slot_keys(lay, block)
+    assert keys.shape == (4, lay.slots)
+    col = {f: keys[:, lay.slot_range(i)] for i, f in enumerate(lay.fields)}
+    wide_user = col["wide:user"][:, 0]
+    # one id, one weight: u1's rows share a key, unlike u2's, and unlike u1's own embedding key
+    assert wide_user[0] == wide_user[2] == wide_user[3] != wide_user[1]
+    assert wide_user[0] != hash_value("user", "u1")
+    assert wide_user[0] == derived_keys("wide:user", [np.array([hash_value("user", "u1")])])[0]
+    # a table shared by two fields: one key for m1 in each, but a weight per field
+    assert col["movie"][0, 0] == col["history"][0, 0]
+    assert col["wide:movie"][0, 0] != col["wide:history"][0, 0]
+    # the cross: a key per pair, (u1, m1) twice the same, (u1, m2) and (u2, m1) others
+    cross = col["cross:user*movie"][:, 0]
+    assert cross[0] == cross[3] and len({cross[0], cross[1], cross[2]}) == 3
+    assert not np.isin(cross, np.concatenate([wide_user, col["wide:movie"][:, 0]])).any()
+    # a list's weights per id: a key per id where the list has one, PAD where it has none
+    assert ((col["wide:genres"] == PAD) == (col["genres"] == PAD)).all()
+    assert ((col["wide:history"] == PAD) == (col["history"] == PAD)).all()
+    assert lay.lengths(keys)[:, 2:].tolist() == lay.lengths(keys)[:, :2].tolist()
+    assert col["wide:genres"][0, 0] == col["wide:genres"][2, 0] == col["wide:genres"][3, 0]

@@ -410,9 +410,47 @@ def test_deepfm_adds_its_second_order_term_to_every_label():
     job = labels_job('network = "deepfm"')
     net = build_network(job)
     sparse, dense, lengths = inputs_of(job, rows=6)
-    second = net(sparse, dense, lengths) - net.first_and_deep(sparse, dense, lengths)
+    deep = net.deep(field_input(sparse, dense, lengths, net.fields, net.sequences))
+    second = net(sparse, dense, lengths) - net.first(sparse, dense) - deep
     assert second.shape == (6, 2)
     torch.testing.assert_close(second[:, 0], second[:, 1])
+
+
+@pytest.mark.parametrize("network, labels", [
+    ("wide_deep", ("click",)), ("wide_deep", ("click", "buy")), ("deepfm", ("click",)),
+    ("deepfm", ("click", "buy")),
+])
+def test_the_wide_part_and_the_first_order_are_a_weight_per_id_as_published(network, labels):
+    """Cheng et al.'s wide part and Guo et al.'s first order: the sum of one weight per id (and
+    per crossed pair), a weight per dense feature and a bias; not a linear of the vectors."""
+    crosses = '\n[model.options]\ncrosses = [["c0", "c1"]]' if network == "wide_deep" else ""
+    job = labels_job(f'network = "{network}"{crosses}', labels)
+    layout, tasks = job.layout(), len(labels)
+    net = build_network(job)
+    linear = net.wide if network == "wide_deep" else net.first
+    wide = layout.derived_fields
+    assert wide == [f"wide:{f}" for f in job.sparse_fields] + (
+        ["cross:c0*c1"] if network == "wide_deep" else [])
+    assert linear.fields == wide and linear.dense.in_features == len(job.dense_fields)
+    assert net.fields == job.sparse_fields   # the deep part reads the vectors, not the weights
+    sparse, dense, lengths = inputs_of(job, rows=5, grad=True)
+    assert all(sparse[f].shape == (5, tasks) for f in wide)   # a weight per task (pooled)
+    with torch.no_grad():   # the deep part silenced: what is left is the linear model
+        net.deep[-1].weight.zero_()
+        net.deep[-1].bias.zero_()
+    out = net(sparse, dense, lengths)
+    expected = dense @ linear.dense.weight.T + linear.dense.bias + sum(sparse[f] for f in wide)
+    if network == "deepfm":   # and the second order, from the vectors alone
+        stacked = torch.stack([sparse[f] if f != "history" else
+                               sparse[f].sum(1) / lengths[f].clamp(min=1).unsqueeze(1)
+                               for f in net.fields], dim=1)
+        expected = expected + 0.5 * (stacked.sum(1).pow(2) - stacked.pow(2).sum(1)).sum(
+            1, keepdim=True)
+    torch.testing.assert_close(out, expected.squeeze(1) if tasks == 1 else expected)
+    out.sum().backward()
+    for f in wide:   # every weight per id is trained: its gradient is the loss's, one per task
+        assert sparse[f].grad is not None
+        torch.testing.assert_close(sparse[f].grad, torch.ones(5, tasks))
 
 
 @pytest.mark.parametrize("network, labels", [
