@@ -97,6 +97,8 @@ class HeldBatch:
                            # occurrences: sightings counted when the gradients are applied
     fresh: tuple[np.ndarray, np.ndarray] | None = None  # an eval batch's keys without a row:
                            # (indices into rows, their initial rows); rows there are stand-ins
+    widths: np.ndarray | None = None  # each row's table's width where tables are narrower
+                           # than the rows (row-wise Adagrad's mean: EmbeddingTable.adagrad)
 
     def table_rows(self) -> np.ndarray:
         """The table rows the batch uses (stand-ins left out)."""
@@ -131,7 +133,8 @@ class Shard(Node):
                                    e.expire_batches, e.expire_s, time.monotonic())
         self.expiry = Expiry(e.expire_batches, e.expire_s, e.max_rows_per_shard,
                              time.monotonic())
-        self.table = EmbeddingTable(job.layout().row_dim, t.embedding_init, t.embedding_lr,
+        self.layout = job.layout()
+        self.table = EmbeddingTable(self.layout.row_dim, t.embedding_init, t.embedding_lr,
                                     seed=t.seed, defaults=self.admission.defaults,
                                     rowwise=t.embedding_optimizer == "rowwise_adagrad")
         self.held: dict[int, HeldBatch] = {}
@@ -321,7 +324,12 @@ class Shard(Node):
         self._forget_old_epochs(split_batch_id(msg.batch_id)[0])
         mapping = self.admission.map_batch if msg.train else self.admission.map_eval
         mapped = mapping(self.table, msg.keys, msg.positions, msg.bounds)
-        self.held[msg.batch_id] = HeldBatch(rows=mapped.rows,
+        widths = None
+        at = self.layout.widths_at(msg.positions, msg.bounds) if msg.train else None
+        if at is not None:   # a key is one table's: any of its occurrences says its width
+            widths = np.empty(len(mapped.rows), np.float32)
+            widths[mapped.inverse] = at
+        self.held[msg.batch_id] = HeldBatch(rows=mapped.rows, widths=widths,
                                             mask=Embeddings.mask_of(msg.positions, msg.grid),
                                             grid=msg.grid,
                                             inverse=mapped.inverse, window=msg.window,
@@ -392,7 +400,7 @@ class Shard(Node):
         del self.held[msg.batch_id]
         if self.applied_log is not None:
             self.applied_log.append(msg.batch_id)
-        self.table.adagrad(held.rows, msg.grads)
+        self.table.adagrad(held.rows, msg.grads, held.widths)
         self.admission.trained(held.pending)
         self.applied.add(msg.batch_id)
         self.counts["updates"] += 1

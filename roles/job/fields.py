@@ -174,11 +174,25 @@ class FieldLayout:
         return any(self.pooling)
 
     @functools.cached_property
+    def one_width(self) -> bool:
+        """Every field is read at the full row width."""
+        return all(d == self.row_dim for d in self.dims)
+
+    @functools.cached_property
     def sample_major(self) -> bool:
         """Every field single-valued at the full row width: a worker lays its grid out sample
         by sample and hands the network the fields side by side (``roles.model.sparse_input``),
         each field's vectors a strided view of them."""
-        return not self.has_lists and all(d == self.row_dim for d in self.dims)
+        return not self.has_lists and self.one_width
+
+    def widths_at(self, positions: np.ndarray, bounds: list[int] | np.ndarray
+                  ) -> np.ndarray | None:
+        """float32: the width of the field (its table) at each grid position; None where
+        every field is read at the full row width (row-wise Adagrad's mean over a row's
+        values: ``EmbeddingTable.adagrad``)."""
+        if self.one_width:
+            return None
+        return np.asarray(self.dims, np.float32)[field_of(positions, bounds)]
 
     def slot_range(self, f: int) -> slice:
         return slice(self._starts[f], self._starts[f + 1])

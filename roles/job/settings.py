@@ -295,7 +295,7 @@ class TrainConfig:
     embedding_optimizer: str = field(default="rowwise_adagrad", metadata={
         "choices": ("adagrad", "rowwise_adagrad"), "doc": (
             "the embeddings' sparse optimizer: `rowwise_adagrad` keeps one sum of squared "
-            "gradients per row (the mean over the row's values, as FBGEMM's and TorchRec's "
+            "gradients per row (the mean over its table's values, as FBGEMM's and TorchRec's "
             "exact row-wise Adagrad), 4 bytes a key; `adagrad` one per value, 4 × the row's "
             "width: at width 16 a shard holds about 40% more a key for the same AUC on the "
             "Criteo layout (docs/benchmarks.md)")})

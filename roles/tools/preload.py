@@ -80,6 +80,8 @@ class Loaded:
     keys: int             # distinct keys: rows of the embedding matrix
     tally: Tally          # rows read and rejected (all), dropped and merged (training)
     stages: dict[str, float]   # seconds: index, read (parse, hash), prepare, number
+    widths: np.ndarray | None = None   # float32 [keys]: each row's table's width, where tables
+                                       # are narrower than the rows (row-wise Adagrad's mean)
 
 
 def load(job: Job, workers: int) -> Loaded:
@@ -128,16 +130,21 @@ def load(job: Job, workers: int) -> Loaded:
         keys = [s.keys for s in blocks]   # numbered block by block: never joined whole
         del blocks
         stage("prepare")
-        rows, count = number_keys(layout, keys, pool)
+        rows, counts = number_keys(layout, keys, pool)
         stage("number")
-    return Loaded(rows, dense, labels, weights, n_train, count, tally, stages)
+    widths = None
+    if not layout.one_width:
+        width = {t: d for t, d in zip(layout.tables, layout.dims, strict=True)}
+        widths = np.concatenate([np.full(n, width[t], np.float32) for t, n in counts.items()])
+    return Loaded(rows, dense, labels, weights, n_train, sum(counts.values()), tally, stages,
+                  widths)
 
 
 def number_keys(layout: FieldLayout, keys: list[np.ndarray],
-                pool: ThreadPoolExecutor) -> tuple[np.ndarray, int]:
+                pool: ThreadPoolExecutor) -> tuple[np.ndarray, dict[str, int]]:
     """Each slot's row of one embedding matrix (tables one after another, a table's keys in
-    sorted order; -1 for ``PAD``) for the rows of ``keys``' blocks one after another, and the
-    number of rows (distinct keys)."""
+    sorted order; -1 for ``PAD``) for the rows of ``keys``' blocks one after another, and each
+    table's number of rows (distinct keys), in the matrix's order."""
     tables = list(dict.fromkeys(layout.tables))
     columns = {table: np.concatenate([np.arange(layout.slot_range(f).start,
                                                 layout.slot_range(f).stop)
@@ -175,7 +182,7 @@ def number_keys(layout: FieldLayout, keys: list[np.ndarray],
                 mine += offset
             rows[:, columns[table]] = mine
         offset += count
-    return rows, total
+    return rows, dict(zip(tables, distinct, strict=True))
 
 
 class RowwiseAdagrad:
@@ -183,9 +190,13 @@ class RowwiseAdagrad:
     (``EmbeddingTable.adagrad`` with ``rowwise``): each row's sum of squared gradients gains the
     mean of its gradient's squares; the row moves by lr × g / (sqrt(sum) + eps)."""
 
-    def __init__(self, weight: torch.Tensor, lr: float, eps: float = 1e-10):
+    def __init__(self, weight: torch.Tensor, lr: float, eps: float = 1e-10,
+                 widths: np.ndarray | None = None):
+        """``widths``: each row's table's width where tables are narrower than the rows (the
+        mean is over the table's values), else None."""
         self.weight, self.lr, self.eps = weight, lr, eps
         self.sums = torch.zeros(weight.shape[0])
+        self.widths = None if widths is None else torch.from_numpy(widths)
 
     def zero_grad(self) -> None:
         self.weight.grad = None
@@ -196,7 +207,9 @@ class RowwiseAdagrad:
             return
         grad = self.weight.grad.coalesce()
         rows, values = grad.indices()[0], grad.values()
-        sums = self.sums[rows] + values.pow(2).mean(dim=1)
+        squares = values.pow(2)
+        sums = self.sums[rows] + (squares.mean(dim=1) if self.widths is None
+                                  else squares.sum(dim=1) / self.widths[rows])
         self.sums[rows] = sums
         self.weight.index_add_(0, rows, values * (-self.lr / (sums.sqrt() + self.eps))[:, None])
 
@@ -204,7 +217,7 @@ class RowwiseAdagrad:
 class Trainer:
     """The job's network over one embedding matrix, trained batch by batch from memory."""
 
-    def __init__(self, job: Job, keys: int):
+    def __init__(self, job: Job, keys: int, widths: np.ndarray | None = None):
         t = job.train
         self.job, self.layout = job, job.layout()
         self.task_weights = task_weights(job)
@@ -216,7 +229,7 @@ class Trainer:
         self.inputs = SparseInputs(self.layout, torch.device("cpu"))
         self.dense_opt = dense_adam(list(self.net.parameters()), t.dense_lr)
         self.sparse_opt: torch.optim.Adagrad | RowwiseAdagrad = (
-            RowwiseAdagrad(self.embedding.weight, t.embedding_lr)
+            RowwiseAdagrad(self.embedding.weight, t.embedding_lr, widths=widths)
             if t.embedding_optimizer == "rowwise_adagrad"
             else torch.optim.Adagrad(self.embedding.parameters(), lr=t.embedding_lr, eps=1e-10))
         # Adagrad's sparse step builds its tensors from a coalesced gradient: torch's warning
@@ -277,7 +290,7 @@ def train_preloaded(job: Job, threads: int = 0, started: float | None = None) ->
     start = time.perf_counter()
     data = load(job, threads)
     load_s = time.perf_counter() - start
-    trainer = Trainer(job, data.keys)
+    trainer = Trainer(job, data.keys, data.widths)
     epochs, train_s, eval_s = [], 0.0, 0.0
     for epoch in range(t.epochs):
         start = time.perf_counter()

@@ -61,15 +61,22 @@ class Reference:
         self.opt = dense_adam(list(self.net.parameters()), t.dense_lr)
         self.task_weights = task_weights(job)
 
-    def grid(self, batch: Samples) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    def grid(self, batch: Samples
+             ) -> tuple[torch.Tensor, np.ndarray, np.ndarray, np.ndarray | None]:
         """The batch's grid of rows (``roles.job.fields``), the table rows of its distinct
-        keys and each occurrence's index into them."""
-        flat, _ = self.layout.grid(batch.keys)
-        flat = self.inputs.sample_order(flat, len(batch))
+        keys, each occurrence's index into them, and each distinct key's table's width where
+        tables are narrower than the rows (else None)."""
+        flat, bounds = self.layout.grid(batch.keys)
+        at = self.layout.widths_at(np.arange(len(flat)), bounds)   # field-major, as the grid
+        flat = self.inputs.sample_order(flat, len(batch))         # is where widths differ
         uniq, inverse = np.unique(flat, return_inverse=True)
+        inverse = inverse.reshape(-1)
         rows = self.table.rows_for(uniq)
-        return torch.from_numpy(self.table.weights[rows][inverse.reshape(-1)]), rows, \
-            inverse.reshape(-1)
+        widths = None
+        if at is not None:   # a key is one table's: any of its occurrences says its width
+            widths = np.empty(len(rows), np.float32)
+            widths[inverse] = at
+        return torch.from_numpy(self.table.weights[rows][inverse]), rows, inverse, widths
 
     def logits(self, batch: Samples, flat: torch.Tensor) -> torch.Tensor:
         sparse, lengths = self.inputs.inputs(flat, len(batch), self.layout.lengths(batch.keys))
@@ -77,7 +84,7 @@ class Reference:
                               self.job.train.precision)
 
     def train(self, batch: Samples) -> tuple[float, float]:
-        flat, rows, inverse = self.grid(batch)
+        flat, rows, inverse, widths = self.grid(batch)
         flat.requires_grad_(True)
         w = torch.from_numpy(batch.weights)
         loss = weighted_loss_sum(self.logits(batch, flat), torch.from_numpy(batch.labels), w,
@@ -89,12 +96,12 @@ class Reference:
             raise RuntimeError("the backward pass left the embeddings no gradient")
         grads = np.zeros((len(rows), self.table.dim), dtype=np.float32)
         np.add.at(grads, inverse, flat.grad.numpy())
-        self.table.adagrad(rows, grads)
+        self.table.adagrad(rows, grads, widths)
         return float(loss.detach()), float(w.sum())
 
     def score(self, batch: Samples) -> np.ndarray:
         with torch.no_grad():
-            flat, _, _ = self.grid(batch)
+            flat, _, _, _ = self.grid(batch)
             return scored(self.logits(batch, flat), logit_shift(self.job)).numpy()
 
 

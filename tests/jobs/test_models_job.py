@@ -30,7 +30,7 @@ from roles.data.readers import RawBlock
 from roles.data.source import DataSource
 from roles.data.stream import slot_keys
 from roles.job.settings import parse_job
-from roles.protocol.datapath import BatchKeys, Embeddings, Lookup
+from roles.protocol.datapath import BatchKeys, EmbeddingGrads, Embeddings, Lookup
 from roles.tools import predict
 
 pytestmark = pytest.mark.inprocess
@@ -327,3 +327,47 @@ def test_the_weights_per_id_are_the_training_rows_ids_and_crosses_and_predict_sc
     figures = json.loads(capsys.readouterr().out)
     assert figures["scored"] == s["eval_samples"]
     assert abs(figures["auc"] - s["auc"]) <= 1e-4, (figures["auc"], s["auc"])
+
+
+def test_a_shard_steps_a_weight_per_id_by_its_own_width(cluster):
+    """Row-wise Adagrad (the default) on a weight per id, one wide in rows of the embedding
+    width: its sum of squared gradients is its one value's, not a mean over the row's values
+    (which would step it four times as far at width 16)."""
+    c = cluster(cluster__shards=1, cluster__workers=1, model__network="wide_deep")
+    layout, t = c.job.layout(), c.job.train
+    fields = len(layout.fields)
+    assert layout.row_dim == 16 and layout.derived_fields and not layout.has_lists
+    fake = FakeControl(c)
+    ctx = zmq.Context()
+    try:
+        c.start_role("ps", 0)
+        fake.admit({"ps-0"})
+        feeder = dealer(ctx, c.job.cluster.endpoint("ps-0"), "feeder-0")
+        worker = dealer(ctx, c.job.cluster.endpoint("ps-0"), "worker-0")
+        keys = np.arange(100, 100 + fields, dtype=np.int64)   # one sample, a key a field
+
+        def rows_of(batch_id: int) -> np.ndarray:
+            feeder.send_multipart(BatchKeys(
+                batch_id=batch_id, window=0, samples=1, bounds=list(range(fields + 1)),
+                positions=np.arange(fields, dtype=np.int32), keys=keys).to_frames())
+            worker.send_multipart(Lookup(batch_id=batch_id, train=True).to_frames())
+            got = reply(worker)
+            assert isinstance(got, Embeddings)
+            return got.rows[got.inverse]
+
+        before = rows_of(1)
+        grads = np.zeros((fields, 16), np.float32)
+        for f, dim in enumerate(layout.dims):   # a field's gradient: its width's values only
+            grads[f, :dim] = np.linspace(0.5, 1.0, dim) * (-1) ** f
+        worker.send_multipart(EmbeddingGrads(batch_id=1, grads=grads).to_frames())
+        after = rows_of(2)
+        lr = np.float32(t.embedding_lr)
+        for f, dim in enumerate(layout.dims):
+            mean = np.float32((grads[f, :dim] ** 2).sum() / dim)
+            expected = before[f, :dim] - grads[f, :dim] * lr / (np.sqrt(mean) + np.float32(1e-10))
+            np.testing.assert_allclose(after[f, :dim], expected, rtol=1e-6, atol=1e-7)
+            assert np.array_equal(after[f, dim:], before[f, dim:])   # never trained
+        wide = layout.data_fields   # the first weight per id: moved by the rate, not 4 times
+        assert abs(after[wide, 0] - before[wide, 0]) == pytest.approx(float(lr), rel=1e-5)
+    finally:
+        ctx.destroy(linger=0)

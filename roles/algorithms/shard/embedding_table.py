@@ -191,29 +191,42 @@ class EmbeddingTable:
             marked[:self.size] = self._marked[:self.size]
             self._marked = marked
 
-    def adagrad(self, rows: np.ndarray, grads: np.ndarray) -> None:
+    def adagrad(self, rows: np.ndarray, grads: np.ndarray,
+                widths: np.ndarray | None = None) -> None:
         """One sparse Adagrad step on distinct rows: acc += g^2; w -= lr * g / (sqrt(acc)+eps).
         (The same arithmetic in the same order as the formula, with two temporaries in place
         of six: half the time of the plain expression. Compiled: one loop, the same bits.)
-        Row-wise: acc += the row's mean g^2 (summed value by value, in order), one per row."""
+        Row-wise: acc += the mean of the row's g^2 over its table's width (summed value by
+        value, in order), one per row. ``widths`` (float32, one per row): each row's table's
+        width where tables are narrower than the rows (a narrower table's extra values get no
+        gradient, and a mean over them would step it as if its gradients were smaller);
+        None: every row's table is the rows' width."""
+        means = None   # row-wise: what each row's sum of g^2 is divided by
+        if self.rowwise:
+            means = np.full(len(rows), self.dim, np.float32) if widths is None \
+                else np.ascontiguousarray(widths, np.float32)
         if self._loops is not None:
-            step = self._loops.rowwise_adagrad if self.rowwise else self._loops.adagrad
-            step(self.weights, self.accum, np.ascontiguousarray(rows, np.int64),
-                 np.ascontiguousarray(grads, np.float32), np.float32(self.lr),
-                 np.float32(self.eps))
-        elif self.rowwise:
-            self._rowwise_numpy(rows, grads)
+            rows = np.ascontiguousarray(rows, np.int64)
+            grads = np.ascontiguousarray(grads, np.float32)
+            lr, eps = np.float32(self.lr), np.float32(self.eps)
+            if means is not None:
+                self._loops.rowwise_adagrad(self.weights, self.accum, rows, grads, lr, eps,
+                                            means)
+            else:
+                self._loops.adagrad(self.weights, self.accum, rows, grads, lr, eps)
+        elif means is not None:
+            self._rowwise_numpy(rows, grads, means)
         else:
             self._adagrad_numpy(rows, grads)
         self.dirty[rows] = True
         self._touched(rows)
 
-    def _rowwise_numpy(self, rows: np.ndarray, grads: np.ndarray) -> None:
+    def _rowwise_numpy(self, rows: np.ndarray, grads: np.ndarray, widths: np.ndarray) -> None:
         grads = np.asarray(grads, dtype=np.float32)
         total = grads[:, 0] * grads[:, 0]
         for j in range(1, self.dim):   # value by value, as the compiled loop sums
             total += grads[:, j] * grads[:, j]
-        acc = self.accum[rows, 0] + total / np.float32(self.dim)
+        acc = self.accum[rows, 0] + total / widths
         self.accum[rows, 0] = acc
         scale = np.sqrt(acc)
         scale += np.float32(self.eps)

@@ -116,17 +116,19 @@ def _adagrad(weights: np.ndarray, accum: np.ndarray, rows: np.ndarray, grads: np
 
 
 def _rowwise_adagrad(weights: np.ndarray, accum: np.ndarray, rows: np.ndarray,
-                     grads: np.ndarray, lr: np.float32, eps: np.float32) -> None:
+                     grads: np.ndarray, lr: np.float32, eps: np.float32,
+                     widths: np.ndarray) -> None:
     """Row-wise Adagrad on distinct rows (``accum`` [rows, 1]), in float32 and in the order of
-    the numpy code's operations (``EmbeddingTable.adagrad``): acc += mean_j(g_j * g_j);
-    w -= (g * lr) / (sqrt(acc) + eps), so the same bits."""
+    the numpy code's operations (``EmbeddingTable.adagrad``): acc += sum_j(g_j * g_j) / the
+    row's table's width (``widths[i]``: the mean over its values); w -= (g * lr) / (sqrt(acc)
+    + eps), so the same bits."""
     dim = weights.shape[1]
     for i in range(len(rows)):
         row = rows[i]
         total = np.float32(0.0)
         for j in range(dim):
             total += grads[i, j] * grads[i, j]
-        acc = accum[row, 0] + total / np.float32(dim)
+        acc = accum[row, 0] + total / widths[i]
         accum[row, 0] = acc
         scale = np.sqrt(acc) + eps
         for j in range(dim):
@@ -154,7 +156,7 @@ class Loops:
     adagrad: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.float32,
                        np.float32], None]
     rowwise_adagrad: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.float32,
-                               np.float32], None]
+                               np.float32, np.ndarray], None]
     initial: Callable[[np.ndarray, np.uint64, float, np.ndarray], None]
 
 
@@ -185,7 +187,8 @@ def loops() -> Loops:
         group=compiled([types.Tuple((i64, i64))(i64, i32)], _group),  # type: ignore[no-untyped-call]
         adagrad=compiled([types.void(f32, f32, i64, g, types.float32, types.float32)
                            for g in (f32, f32_in)], _adagrad),
-        rowwise_adagrad=compiled([types.void(f32, f32, i64, g, types.float32, types.float32)
+        rowwise_adagrad=compiled([types.void(f32, f32, i64, g, types.float32, types.float32,
+                                              types.Array(types.float32, 1, "C"))
                                    for g in (f32, f32_in)], _rowwise_adagrad),
         initial=compiled([types.void(keys, types.uint64, types.float64, f32)
                            for keys in (i64, i64_in)], _initial))

@@ -179,3 +179,39 @@ def test_the_preloaded_rowwise_step_is_the_shards():
         table.adagrad(rows[distinct], summed)
     assert np.allclose(embedding.weight.detach().numpy(), table.weights[rows], atol=1e-6)
     assert np.allclose(step.sums.numpy(), table.accum[rows, 0], rtol=1e-5)
+
+
+def test_the_rowwise_step_of_a_narrower_tables_row_is_its_own_widths_in_both():
+    """A table narrower than the rows (a weight per id, one wide, in rows of 6): row-wise
+    Adagrad takes the mean of its gradient's squares over its own width, not the row's (its
+    extra values get none), as a table of that width steps it; the preloaded process too."""
+    rng = np.random.default_rng(3)
+    narrow = EmbeddingTable(1, 0.1, 0.2, seed=1, rowwise=True)
+    for compiled in (True, False):
+        table = EmbeddingTable(6, 0.1, 0.2, seed=1, rowwise=True, compiled=compiled)
+        rows = table.rows_for(np.arange(40, dtype=np.int64))
+        own = narrow.rows_for(np.arange(40, dtype=np.int64))
+        embedding = torch.nn.Embedding(40, 6, sparse=True)
+        with torch.no_grad():
+            embedding.weight.copy_(torch.from_numpy(table.weights[rows]))
+        widths = np.where(np.arange(40) < 20, 6, 1).astype(np.float32)   # 20 rows of each
+        step = RowwiseAdagrad(embedding.weight, 0.2, widths=widths)
+        for _ in range(3):
+            ids = rng.integers(0, 40, 64)
+            upstream = rng.standard_normal((64, 6)).astype(np.float32)
+            upstream[ids >= 20, 1:] = 0.0   # the narrow rows' extra values: no gradient
+            step.zero_grad()
+            (embedding(torch.from_numpy(ids)) * torch.from_numpy(upstream)).sum().backward()
+            step.step()
+            distinct, inverse = np.unique(ids, return_inverse=True)
+            summed = np.zeros((len(distinct), 6), np.float32)
+            np.add.at(summed, inverse, upstream)
+            table.adagrad(rows[distinct], summed, widths[distinct])
+            if compiled:   # the narrow rows alone, in a table of their own width
+                mine = distinct >= 20
+                narrow.adagrad(own[distinct[mine]], summed[mine, :1])
+        if compiled:
+            assert np.array_equal(table.weights[rows[20:], :1], narrow.weights[own[20:]])
+            assert np.array_equal(table.accum[rows[20:]], narrow.accum[own[20:]])
+        assert np.allclose(embedding.weight.detach().numpy(), table.weights[rows], atol=1e-6)
+        assert np.allclose(step.sums.numpy(), table.accum[rows, 0], rtol=1e-5)
