@@ -225,6 +225,7 @@ class StreamView(TypedDict):
     #                                                    progressive_auc and window_auc
     task_history: dict[str, list[float | None]] | None   # and each one's lowest window_auc
     #                                                      at each point of history["t"]
+    task_progressive_history: dict[str, list[float | None]] | None   # its progressive_auc
     history: dict[str, list[float | None]]   # t, lag_events, lag_s, events_per_s,
     #                                          window_auc, progressive_auc (lowest feeder's)
 

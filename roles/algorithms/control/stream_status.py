@@ -60,8 +60,10 @@ class StreamStatus:
         self.history: deque[tuple[float, int | None, float | None, float | None,
                                   float | None, float | None]] = deque(maxlen=HISTORY_POINTS)
         self.last: tuple[float, int] | None = None   # (t, events trained) of the last point
-        # several labels: each label's lowest window AUC at each point of ``history``
-        self.task_points: deque[dict[str, float | None]] = deque(maxlen=HISTORY_POINTS)
+        # several labels: each label's lowest (window, every event's) AUC at each point of
+        # ``history``
+        self.task_points: deque[dict[str, tuple[float | None, float | None]]] = deque(
+            maxlen=HISTORY_POINTS)
 
     def view(self, t: float, counters: dict[str, dict[str, Any]]) -> StreamView:
         """``counters``: each feeder's last heartbeat counters, by node; ``t``: seconds since
@@ -97,7 +99,8 @@ class StreamStatus:
             self.history.append((round(t, 2), lag, lag_s, rate,   # watches is the worst
                                  min(windows) if windows else None,
                                  min(lifetimes) if lifetimes else None))
-            self.task_points.append({name: f["window_auc"] for name, f in (tasks or {}).items()})
+            self.task_points.append({name: (f["window_auc"], f["progressive_auc"])
+                                     for name, f in (tasks or {}).items()})
             self.last = (t, trained)
         recent = [p[1] for p in list(self.history)[-GROWING_POINTS - 1:]]
         growing = len(recent) == GROWING_POINTS + 1 and all(
@@ -106,8 +109,8 @@ class StreamStatus:
         points = list(self.history)
         return {"feeders": rows, "events_trained": trained, "lag_events": lag, "lag_s": lag_s,
                 "growing": growing, "tasks": tasks,
-                "task_history": {name: [p.get(name) for p in self.task_points]
-                                 for name in tasks} if tasks else None,
+                "task_history": self._task_history(tasks, 0),
+                "task_progressive_history": self._task_history(tasks, 1),
                 "history": {"t": [p[0] for p in points],
                             "lag_events": [None if p[1] is None else float(p[1])
                                            for p in points],
@@ -115,3 +118,11 @@ class StreamStatus:
                             "events_per_s": [p[3] for p in points],
                             "window_auc": [p[4] for p in points],
                             "progressive_auc": [p[5] for p in points]}}
+
+    def _task_history(self, tasks: dict[str, dict[str, float | None]] | None, which: int
+                      ) -> dict[str, list[float | None]] | None:
+        """Each label's window (``which`` 0) or every event's (1) AUC at each point."""
+        if not tasks:
+            return None
+        return {name: [p[name][which] if name in p else None for p in self.task_points]
+                for name in tasks}

@@ -98,8 +98,9 @@ def test_with_several_labels_each_ones_figures_reach_the_status_prometheus_and_t
     s.view(1.0, {"feeder-0": feeder(10, 1), "feeder-1": feeder(10, 1)})   # (no labels yet)
     later = s.view(2.0, {"feeder-0": a, "feeder-1": b})
     assert later["task_history"] == {"click": [None, 0.80], "buy": [None, 0.71]}
+    assert later["task_progressive_history"] == {"click": [None, 0.78], "buy": [None, 0.70]}
     assert len(later["history"]["t"]) == 2
     one = StreamStatus().view(1.0, {"feeder-0": feeder(100, 7)})
     assert one["tasks"] is None and one["feeders"][0]["tasks"] is None
-    assert one["task_history"] is None
+    assert one["task_history"] is None and one["task_progressive_history"] is None
     assert "progressive AUC 0.8000" in stream_line(one, "training").plain
