@@ -320,6 +320,9 @@ class Shard(Node):
         if msg.batch_id in self.held:
             self.counts["keys_repeated"] += 1
             return
+        if msg.fields > len(self.layout.fields):   # its fields' default rows and widths
+            raise ProtocolError("bad_fields", f"batch {msg.batch_id} has {msg.fields} fields' "
+                                              f"runs, the job {len(self.layout.fields)}")
         started = time.thread_time()
         self._forget_old_epochs(split_batch_id(msg.batch_id)[0])
         mapping = self.admission.map_batch if msg.train else self.admission.map_eval

@@ -101,6 +101,11 @@ def test_shard_and_aggregator_serve_after_garbage(cluster):
         shard = dealer(ctx, c.job.cluster.endpoint("ps-0"), "worker-0")
         for frames in GARBAGE:
             shard.send_multipart(frames)
+        fields = len(c.job.layout().fields)   # a batch of more fields than the job's
+        shard.send_multipart(BatchKeys(batch_id=6, window=0, samples=1,
+                                       bounds=list(range(fields + 2)),
+                                       positions=np.array([fields], np.int32),
+                                       keys=np.array([5], np.int64)).to_frames())
         keys = np.array([11, -4, 11, 2**60], dtype=np.int64)
         shard.send_multipart(BatchKeys(batch_id=7, window=0, samples=2, bounds=[0, 2, 4],
                                             positions=np.arange(4, dtype=np.int32),
@@ -119,7 +124,8 @@ def test_shard_and_aggregator_serve_after_garbage(cluster):
         beat = fake.heartbeat("ps-0", lambda k: k.get("updates") == 1
                               and k.get("duplicates_refused") == 1)
         rejected = beat.counters["rejected_messages"]
-        assert rejected["bad_shape"] == 1 and sum(rejected.values()) == len(GARBAGE) + 1
+        assert rejected["bad_shape"] == 1 and rejected["bad_fields"] == 1
+        assert sum(rejected.values()) == len(GARBAGE) + 2
 
         agg = dealer(ctx, c.job.cluster.endpoint("aggregator"), "worker-0")
         for frames in GARBAGE:
