@@ -40,8 +40,14 @@ def test_bench_models_jobs_are_what_it_says(tmp_path):
     assert dict(zip(layout.fields, layout.widths, strict=True))["history"] == 20
     plain = parse_job(bench.items_job("mlp", tsv, False, 2, cache), environ={})
     assert plain.layout().list_fields == [] and "history" not in plain.sparse_fields
-    criteo = parse_job(bench.criteo_job("dcn", tmp_path / "c.tsv", cache), environ={})
+    criteo = parse_job(bench.criteo_job("dcn", tmp_path / "c.tsv", cache, [["C1", "C2"]]),
+                       environ={})
     assert criteo.model.network == "dcn" and len(criteo.sparse_fields) == 26
+    assert criteo.layout().derived_fields == []   # the crosses are wide_deep's alone
+    wide = parse_job(bench.criteo_job("wide_deep", tmp_path / "c.tsv", cache,
+                                      bench.crosses_of("C1*C2")), environ={})
+    assert wide.layout().derived_fields[-1] == "cross:C1*C2"
+    assert len(wide.layout().derived_fields) == 26 + 1
 
 
 def test_bench_e2e_criteo_job_and_its_paired_ratios(tmp_path):
