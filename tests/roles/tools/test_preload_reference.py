@@ -157,25 +157,41 @@ def test_the_command_prints_each_stage_and_the_end_to_end_time(adult_job):
     assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr
 
 
+def matched(table: EmbeddingTable) -> tuple[np.ndarray, torch.nn.Embedding]:
+    """40 keys' rows of ``table``, and an ``nn.Embedding`` holding the same rows."""
+    rows = table.rows_for(np.arange(40, dtype=np.int64))
+    embedding = torch.nn.Embedding(40, table.dim, sparse=True)
+    with torch.no_grad():
+        embedding.weight.copy_(torch.from_numpy(table.weights[rows]))
+    return rows, embedding
+
+
+def preloaded_step(rng, embedding: torch.nn.Embedding, step,
+                   narrow_from: int = 40) -> tuple[np.ndarray, np.ndarray]:
+    """A batch of 64 ids (repeated ids' gradients sum, as a shard's do; ids from
+    ``narrow_from`` on get a gradient in their first value only) stepped by the preloaded
+    process's optimizer; the batch's distinct ids and their summed gradients."""
+    ids = rng.integers(0, 40, 64)
+    upstream = rng.standard_normal((64, embedding.embedding_dim)).astype(np.float32)
+    upstream[ids >= narrow_from, 1:] = 0.0
+    step.zero_grad()
+    (embedding(torch.from_numpy(ids)) * torch.from_numpy(upstream)).sum().backward()
+    step.step()
+    distinct, inverse = np.unique(ids, return_inverse=True)
+    summed = np.zeros((len(distinct), embedding.embedding_dim), np.float32)
+    np.add.at(summed, inverse, upstream)
+    return distinct, summed
+
+
 def test_the_preloaded_rowwise_step_is_the_shards():
     """``embedding_optimizer = "rowwise_adagrad"``: the single process's step on a sparse
     ``nn.Embedding`` moves each row as a shard's table does (to float32 rounding)."""
     rng = np.random.default_rng(2)
     table = EmbeddingTable(6, 0.1, 0.2, seed=1, rowwise=True)
-    rows = table.rows_for(np.arange(40, dtype=np.int64))
-    embedding = torch.nn.Embedding(40, 6, sparse=True)
-    with torch.no_grad():
-        embedding.weight.copy_(torch.from_numpy(table.weights[rows]))
+    rows, embedding = matched(table)
     step = RowwiseAdagrad(embedding.weight, 0.2)
     for _ in range(3):
-        ids = rng.integers(0, 40, 64)   # repeated ids: their gradients sum, as a shard's do
-        upstream = rng.standard_normal((64, 6)).astype(np.float32)
-        step.zero_grad()
-        (embedding(torch.from_numpy(ids)) * torch.from_numpy(upstream)).sum().backward()
-        step.step()
-        distinct, inverse = np.unique(ids, return_inverse=True)
-        summed = np.zeros((len(distinct), 6), np.float32)
-        np.add.at(summed, inverse, upstream)
+        distinct, summed = preloaded_step(rng, embedding, step)
         table.adagrad(rows[distinct], summed)
     assert np.allclose(embedding.weight.detach().numpy(), table.weights[rows], atol=1e-6)
     assert np.allclose(step.sums.numpy(), table.accum[rows, 0], rtol=1e-5)
@@ -187,25 +203,14 @@ def test_the_rowwise_step_of_a_narrower_tables_row_is_its_own_widths_in_both():
     extra values get none), as a table of that width steps it; the preloaded process too."""
     rng = np.random.default_rng(3)
     narrow = EmbeddingTable(1, 0.1, 0.2, seed=1, rowwise=True)
+    own = narrow.rows_for(np.arange(40, dtype=np.int64))
     for compiled in (True, False):
         table = EmbeddingTable(6, 0.1, 0.2, seed=1, rowwise=True, compiled=compiled)
-        rows = table.rows_for(np.arange(40, dtype=np.int64))
-        own = narrow.rows_for(np.arange(40, dtype=np.int64))
-        embedding = torch.nn.Embedding(40, 6, sparse=True)
-        with torch.no_grad():
-            embedding.weight.copy_(torch.from_numpy(table.weights[rows]))
+        rows, embedding = matched(table)
         widths = np.where(np.arange(40) < 20, 6, 1).astype(np.float32)   # 20 rows of each
         step = RowwiseAdagrad(embedding.weight, 0.2, widths=widths)
         for _ in range(3):
-            ids = rng.integers(0, 40, 64)
-            upstream = rng.standard_normal((64, 6)).astype(np.float32)
-            upstream[ids >= 20, 1:] = 0.0   # the narrow rows' extra values: no gradient
-            step.zero_grad()
-            (embedding(torch.from_numpy(ids)) * torch.from_numpy(upstream)).sum().backward()
-            step.step()
-            distinct, inverse = np.unique(ids, return_inverse=True)
-            summed = np.zeros((len(distinct), 6), np.float32)
-            np.add.at(summed, inverse, upstream)
+            distinct, summed = preloaded_step(rng, embedding, step, narrow_from=20)
             table.adagrad(rows[distinct], summed, widths[distinct])
             if compiled:   # the narrow rows alone, in a table of their own width
                 mine = distinct >= 20
