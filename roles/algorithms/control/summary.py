@@ -190,15 +190,22 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 def field_figures(layout: FieldLayout, feeder: dict[str, Any]) -> list[dict[str, Any]]:
     """Per sparse field: its kind, table and width, and for a list field the ids a sample held
     on average and the fraction of samples whose list was full (at ``max_len``: older ids may
-    have been dropped), over the batches the feeders sent."""
+    have been dropped), over the batches the feeders sent. A weight per id's field
+    (``wide:``, ``cross:``: kind ``weights per id`` or ``cross``) names the fields it is made
+    of (``of``)."""
     samples = _num(feeder.get("list_samples"))
     out = []
     for f, name in enumerate(layout.fields):
+        made_of = layout.sources[f] if f < len(layout.sources) else ()
         kind = "sequence" if layout.pooling[f] == "none" else \
             f"list ({layout.pooling[f]})" if layout.is_list(f) else "single"
+        if made_of:
+            kind = "cross" if len(made_of) > 1 else "weights per id"
         row: dict[str, Any] = {"field": name, "kind": kind, "table": layout.tables[f],
                                "dim": layout.dims[f]}
-        if layout.is_list(f):
+        if made_of:
+            row["of"] = [layout.fields[s] for s in made_of]
+        elif layout.is_list(f):
             row["max_len"] = layout.widths[f]
             row["ids_per_sample"] = round(_num(feeder.get(f"ids:{name}")) / samples, 2) \
                 if samples else None

@@ -156,3 +156,10 @@ def test_the_list_fields_ids_per_sample_show_under_the_tables_only_when_a_job_ha
                                          "history (sequence, table item) 10.5 ids, 50% at 20")
     singles = FieldLayout.of(["c0", "c1"], {}, {}, 8, {}, {}, {})
     assert lists_text(field_figures(singles, {})).plain == ""
+    wide = field_figures(layout.with_derived(1, [["c0", "item"]]), feeder)   # wide_deep's
+    assert [(f["field"], f["kind"], f.get("of")) for f in wide[4:]] == [
+        ("wide:c0", "weights per id", ["c0"]), ("wide:genres", "weights per id", ["genres"]),
+        ("wide:item", "weights per id", ["item"]),
+        ("wide:history", "weights per id", ["history"]),
+        ("cross:c0*item", "cross", ["c0", "item"])]
+    assert lists_text(wide).plain == lists_text(figures).plain   # the data's lists only
