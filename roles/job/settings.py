@@ -230,6 +230,11 @@ class ModelConfig:
     module: str = field(default="", metadata={"doc": (
         "your own network instead: `path/to/file.py:factory` (relative to the job file) or "
         "`package.module:factory`, meeting the contract of docs/models.md")})
+    weights_per_id: bool = field(default=False, metadata={"doc": (
+        "give the network a weight per id of every sparse field (`sparse[\"wide:<field>\"]`, "
+        "one per label) and per tuple of `[model.options] crosses` (`cross:<a>*<b>`): "
+        "memorisation, as a wide part (docs/models.md#weights-per-id); `wide_deep` and "
+        "`deepfm` always have them")})
     embedding_dim: int = field(default=16, metadata={"min": 1, "max": 4096, "doc": (
         "embedding width of every table that `dims` does not name")})
     hidden: list[int] = _list(128, 64, doc=(
@@ -777,9 +782,12 @@ class Job:
         implied = {"genres": 3, "history": s.history} if self.data.source == "synthetic" \
             and s.items else {}   # the synthetic lists' longest: no slot always empty
         m = self.model
-        per_id = len(self.tasks) if not m.module and m.network in PER_ID_NETWORKS else 0
-        crosses = m.options.get("crosses", []) if not m.module and m.network == "wide_deep" \
-            else []
+        per_id = len(self.tasks) if m.weights_per_id or (
+            not m.module and m.network in PER_ID_NETWORKS) else 0
+        # crosses for any network with weights per id but deepfm (a first order of ids only:
+        # its build refuses the option)
+        crosses = m.options.get("crosses", []) if per_id and (
+            m.module or m.network != "deepfm") else []
         if not isinstance(crosses, list):
             raise LayoutError(f"[model.options] crosses must be a list of lists of sparse "
                               f"fields, got {crosses!r}")

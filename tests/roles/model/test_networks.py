@@ -653,6 +653,29 @@ def test_a_good_module_gets_the_fields_in_order_and_the_options(tmp_path):
     assert seen["sequences"] == [] and seen["options"] == {"hidden": [5], "width": 3}
 
 
+def test_any_network_may_have_the_weights_per_id_and_a_users_module_gets_them(tmp_path):
+    """``[model] weights_per_id``: a user's module gets the weights' fields after the data's
+    (``wide:<f>``, one wide, and the crosses of its options, which it gets too); a built-in
+    other than wide_deep and deepfm reads them as fields; deepfm refuses crosses."""
+    job = make_job('module = "net.py:build"\nweights_per_id = true\n[model.options]\n'
+                   'crosses = [["c0", "c1"]]', origin=tmp_path / "job.toml", items=False)
+    (tmp_path / "net.py").write_text(GOOD)
+    seen = sys.modules[type(build_network(job)).__module__].SEEN
+    data = job.sparse_fields
+    assert list(seen["dims"]) == data + [f"wide:{f}" for f in data] + ["cross:c0*c1"]
+    assert all(seen["dims"][f] == 1 for f in list(seen["dims"])[len(data):])
+    assert seen["options"]["crosses"] == [["c0", "c1"]]
+    mlp = build_network(make_job('network = "mlp"\nweights_per_id = true\n[model.options]\n'
+                                 'crosses = [["c0", "c1"]]', items=False))
+    first = next(m for m in mlp.modules() if isinstance(m, nn.Linear))
+    assert first.in_features == 16 * len(data) + len(data) + 1 + 4   # vectors, weights, dense
+    with pytest.raises(NetworkError, match="deepfm: unknown option 'crosses'"):
+        build_network(make_job('network = "deepfm"\n[model.options]\ncrosses = [["c0", "c1"]]',
+                               items=False))
+    plain = make_job('network = "mlp"', items=False)
+    assert plain.layout().derived_fields == []
+
+
 def test_the_docs_example_module_runs_on_a_sequence_job(tmp_path):
     text = (ROOT / "docs" / "models.md").read_text()
     example = re.search(r"```python\n(.*?)```", text, re.S).group(1)
