@@ -44,6 +44,7 @@ from roles.model.network import (
     task_weights,
     weighted_loss_sum,
 )
+from roles.model.row_sums import RowSums
 from roles.model.sparse_input import SparseInputs
 from roles.tools.preload import train_preloaded
 from zbus.heap import keep_heap
@@ -58,6 +59,7 @@ class Reference:
         self.table = EmbeddingTable(self.layout.row_dim, t.embedding_init, t.embedding_lr,
                                     t.seed, rowwise=t.embedding_optimizer == "rowwise_adagrad")
         self.inputs = SparseInputs(self.layout, torch.device("cpu"))
+        self.row_sums = RowSums(torch.device("cpu"))   # as a worker sums a row's gradients
         self.opt = dense_adam(list(self.net.parameters()), t.dense_lr)
         self.task_weights = task_weights(job)
 
@@ -94,8 +96,9 @@ class Reference:
         self.opt.step()
         if flat.grad is None:
             raise RuntimeError("the backward pass left the embeddings no gradient")
-        grads = np.zeros((len(rows), self.table.dim), dtype=np.float32)
-        np.add.at(grads, inverse, flat.grad.numpy())
+        # each distinct key's gradient summed over its occurrences, in grid order (the same
+        # bits as np.add.at, which took 40 % of a wide_deep step on a Criteo batch)
+        grads = self.row_sums.sums(inverse, flat.grad, len(rows))
         self.table.adagrad(rows, grads, widths)
         return float(loss.detach()), float(w.sum())
 
