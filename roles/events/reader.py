@@ -74,10 +74,10 @@ class EventReader:
             try:
                 got = self.consumer.fetch(room, FETCH_WAIT_S)
             except Exception as exc:   # BrokerError, or a client's own on a reconnect
+                self.last_error = str(exc)   # first: whoever sees it down reads why
                 if self.broker_down_since is None:
                     self.broker_down_since = time.time()
                     log.warning("the stream's broker: %s (trying again)", exc)
-                self.last_error = str(exc)
                 self._stop.wait(self.retry_s)
                 continue
             if self.broker_down_since is not None:
