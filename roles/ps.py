@@ -129,11 +129,11 @@ class Shard(Node):
         self.sent_keys = 0
         self.moved_version = 0                # the last placement whose handover is complete
         t, e = job.train, job.embeddings
-        self.admission = Admission(e.min_count, e.sketch_mb, len(job.layout().fields),
+        self.layout = job.layout()
+        self.admission = Admission(e.min_count, e.sketch_mb, len(self.layout.fields),
                                    e.expire_batches, e.expire_s, time.monotonic())
         self.expiry = Expiry(e.expire_batches, e.expire_s, e.max_rows_per_shard,
                              time.monotonic())
-        self.layout = job.layout()
         self.table = EmbeddingTable(self.layout.row_dim, t.embedding_init, t.embedding_lr,
                                     seed=t.seed, defaults=self.admission.defaults,
                                     rowwise=t.embedding_optimizer == "rowwise_adagrad")

@@ -782,18 +782,29 @@ class Job:
         implied = {"genres": 3, "history": s.history} if self.data.source == "synthetic" \
             and s.items else {}   # the synthetic lists' longest: no slot always empty
         m = self.model
-        per_id = len(self.tasks) if m.weights_per_id or (
-            not m.module and m.network in PER_ID_NETWORKS) else 0
-        # crosses for any network with weights per id but deepfm (a first order of ids only:
-        # its build refuses the option)
-        crosses = m.options.get("crosses", []) if per_id and (
-            m.module or m.network != "deepfm") else []
+        per_id = len(self.tasks) if self.has_weights_per_id else 0
+        crosses = m.options.get("crosses", []) if self.layout_crosses else []
         if not isinstance(crosses, list):
             raise LayoutError(f"[model.options] crosses must be a list of lists of sparse "
                               f"fields, got {crosses!r}")
         return FieldLayout.of(self.sparse_fields, self.list_fields, self.tables,
                               m.embedding_dim, m.dims, m.pooling,
                               {**implied, **m.max_len}, per_id=per_id, crosses=crosses)
+
+    @property
+    def has_weights_per_id(self) -> bool:
+        """The layout has a weight per id of every field (``[model] weights_per_id``, or a
+        built-in that always has them)."""
+        m = self.model
+        return m.weights_per_id or (not m.module and m.network in PER_ID_NETWORKS)
+
+    @property
+    def layout_crosses(self) -> bool:
+        """``[model.options] crosses`` make the layout's ``cross:`` fields: for any network
+        with weights per id but deepfm (a first order of ids only: its build refuses the
+        option)."""
+        return self.has_weights_per_id and (bool(self.model.module)
+                                            or self.model.network != "deepfm")
 
     def fingerprint(self) -> str:
         """Same for every node that runs the same job; control refuses a node that differs."""

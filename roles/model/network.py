@@ -38,7 +38,7 @@ def build_network(job: Job) -> nn.Module:
         options["tasks"] = list(tasks)
     if not job.model.module and job.model.network in LAYOUT_DEFAULTS:
         options = {**LAYOUT_DEFAULTS[job.model.network](layout, options), **options}
-    if not job.model.module and layout.derived_fields and job.model.network != "deepfm":
+    if not job.model.module and job.layout_crosses:
         options.pop("crosses", None)   # the layout's (its cross: fields), not the built-in's
     torch.manual_seed(job.train.seed)
     net = call_factory(factory, layout, dense_count, options, label, source_file,

@@ -285,18 +285,17 @@ def test_each_network_trains_list_fields_in_another_mode(cluster, items_tsv, tmp
 
 
 def test_the_weights_per_id_are_the_training_rows_ids_and_crosses_and_predict_scores_them(
-        cluster, tmp_path, capsys, network="wide_deep"):
+        cluster, tmp_path, capsys):
     """Wide & deep's wide part as published (deepfm's first order is made the same way): the
     shards hold a weight per id of every field and per crossed pair, made from the training
     rows alone, exactly the keys of their ids and pairs; ``zbus-predict`` scores the export as
     the job did."""
-    cross = '\n[model.options]\ncrosses = [["education", "occupation"]]\n' \
-        if network == "wide_deep" else "\n"
+    cross = '\n[model.options]\ncrosses = [["education", "occupation"]]\n'
     job = tmp_path / "wide.toml"
     job.write_text(ADULT_JOB.read_text()
                    .replace('path = "../data/adult.csv.gz"',
                             f'path = "{REPO / "data" / "adult.csv.gz"}"')
-                   .replace("[model]\n", f'[model]\nnetwork = "{network}"\n')
+                   .replace("[model]\n", '[model]\nnetwork = "wide_deep"\n')
                    .replace("[train]\n", cross + "[train]\n"))
     c = cluster(job, train__epochs=1, checkpoint__every_s=0)
     assert c.run_job(timeout=300) == 0, c.logs()
@@ -318,7 +317,7 @@ def test_the_weights_per_id_are_the_training_rows_ids_and_crosses_and_predict_sc
     assert set(held.tolist()) == set(keys.ravel().tolist())
     wide = len(np.unique(derived))
     assert wide == sum(len(np.unique(keys[:, f])) for f in range(layout.data_fields)) + (
-        len(np.unique(keys[:, -1])) if network == "wide_deep" else 0)
+        len(np.unique(keys[:, -1])))
     assert len(held) == len(np.unique(keys[:, :layout.data_fields])) + wide
     capsys.readouterr()
     predict.main([str(c.run_dir / "export"), str(REPO / "data" / "adult.csv.gz"), "--split",
