@@ -128,10 +128,12 @@ def ask(client: Client, meta: dict | None,
 
 class Asking:
     """Threads that ask a server the same rows over and over until ``stop``, each server's
-    answers (version, probabilities) in a list of its own (``start``'s)."""
+    answers (version, probabilities) in a list of its own (``start``'s); ``pause_s`` between
+    one answer and the next request (0: back to back)."""
 
-    def __init__(self, table: list[dict[str, str]]):
+    def __init__(self, table: list[dict[str, str]], pause_s: float = 0.0):
         self.table = table
+        self.pause_s = pause_s
         self.done = threading.Event()
         self.threads: list[threading.Thread] = []
 
@@ -148,6 +150,7 @@ class Asking:
             meta, answer = ask(client, meta, self.table)
             if answer is not None:
                 into.append(answer)
+            self.done.wait(self.pause_s)
         client.close()
 
     def stop(self) -> None:

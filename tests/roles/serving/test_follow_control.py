@@ -66,7 +66,8 @@ def test_a_server_follows_control_live_and_control_lists_what_it_serves(tmp_path
                 # the checkpoint (round.checkpoint), then live cuts (round.checkpoint.cut)
                 assert len(live) >= 3, versions
                 client.close()
-                asking = Asking(table)   # requests go on while control's status is read
+                asking = Asking(table, pause_s=0.005)   # requests go on while control's status
+                # is read
                 asking.start(server.url)
                 try:
                     rows = serving_rows(cl.endpoint("status"), lambda rows: any(

@@ -24,21 +24,23 @@ pytestmark = pytest.mark.inprocess
 def test_every_live_answer_is_the_parameters_of_the_cut_it_names(tmp_path, monkeypatch,
                                                                   row_bytes):
     """A job trains with a cut every 50 ms while the server follows it and is asked the same
-    rows over and over; a second server starts mid-job (it loads the newest checkpoint and
-    asks the shards for the rows changed since). Each answer of either names
-    ``round.checkpoint.cut``; rebuilt from the deltas alone, that cut's rows and weights give
-    exactly the answer. The servers fold their overlays into each newer checkpoint (joining
-    again on it) as soon as it holds a quarter of the checkpoint's rows: on Adult's ~100
-    keys, every checkpoint, so the joins run again and again. (The checkpoints are asked for,
-    and the waits for versions hold feeding paused, so that the job lasts what the test needs
-    however fast the host trains; the cuts go on while it is paused.)"""
+    rows over and over, every 5 ms (back to back, the asking threads took two thirds of the
+    test's CPU from the job they follow; scripts/bench_torn.py asks back to back); a second
+    server starts mid-job (it loads the newest checkpoint and asks the shards for the rows
+    changed since). Each answer of either names ``round.checkpoint.cut``; rebuilt from the
+    deltas alone, that cut's rows and weights give exactly the answer. The servers fold their
+    overlays into each newer checkpoint (joining again on it) as soon as it holds a quarter of
+    the checkpoint's rows: on Adult's ~100 keys, every checkpoint, so the joins run again and
+    again. (The checkpoints are asked for, and the waits for versions hold feeding paused, so
+    that the job lasts what the test needs however fast the host trains; the cuts go on while
+    it is paused.)"""
     monkeypatch.setattr(live_module, "REBASE_ROWS", 0)
     c = LocalCluster(tmp_path / "job", ADULT_JOB, in_process=True, train__epochs=2,
                      checkpoint__every_s=0, checkpoint__keep=1000, serving__publish_ms=50,
                      serving__row_bytes=row_bytes)
     recorder = Recorder(monkeypatch.setattr)
     table = adult_rows(8)
-    asking = Asking(table)
+    asking = Asking(table, pause_s=0.005)
     late_answers: list[tuple[str, list[float]]] = []
     late = None
     try:
@@ -96,7 +98,7 @@ def test_answers_while_a_shard_and_the_aggregator_are_killed_are_their_versions_
                      cluster__node_timeout_s=2.0)
     recorder = Recorder(monkeypatch.setattr)
     table = adult_rows(8)
-    asking = Asking(table)
+    asking = Asking(table, pause_s=0.005)
     try:
         (c.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         with ServerThread(follow=str(c.run_dir), poll_s=0.05) as server:
