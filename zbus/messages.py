@@ -35,7 +35,10 @@ class Welcome(Message):
     """Control's answer to Hello: admitted or not, and the run directory to write into.
     ``restore``: a directory the node's state is to be restored from, if the role restores
     any ("": none; the application says what it holds); ``rollback``: the whole run goes back
-    to that state (every node restores from it), rather than this node alone."""
+    to that state (every node restores from it), rather than this node alone;
+    ``rollback_id``: that roll back's own name, the same in every node's Welcome of it and
+    another at the next (nodes that share an outside resource, a broker's consumer, tell by it
+    whether one of them has already wound that back)."""
 
     accepted: bool
     reason: str
@@ -43,6 +46,7 @@ class Welcome(Message):
     run_dir: str
     restore: str = ""
     rollback: bool = False
+    rollback_id: str = ""
 
 
 @message()

@@ -347,6 +347,7 @@ class Node(Loop):
         self.run_dir = ""
         self.restore_dir = ""   # Welcome: the checkpoint to restore from (the role says what)
         self.rollback = False   # Welcome: the whole run goes back to it
+        self.rollback_id = ""   # Welcome: that roll back's name
         self.welcomed = False
         self.load = LoadSampler()
         # who this node is to control beside its id: its host and process (a process that
@@ -446,6 +447,7 @@ class Node(Loop):
                     self.welcomed = True
                     self.run_id, self.run_dir = w.run_id, w.run_dir
                     self.restore_dir, self.rollback = w.restore, w.rollback
+                    self.rollback_id = w.rollback_id
                     if w.run_dir:
                         logs.to_run_dir(w.run_dir, self.node_id)  # its log there too
                     log.info("%s joined run %s", self.node_id, w.run_id)

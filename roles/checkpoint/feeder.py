@@ -9,7 +9,9 @@ dense transform (``<number>/transform.json``) that serving needs.
 
 When the whole job goes back to a checkpoint, the feeder's log is replaced by the copy before
 the feeder opens it: the batches acknowledged after the cut are fed and trained again; how many
-is said (``retrained``).
+is said (``retrained``). A stream job's feeders each read every feeder's position
+(``stream_records``): with several, the stream's place is theirs together
+(``roles.events.positions``).
 """
 
 from __future__ import annotations
@@ -96,3 +98,16 @@ class FeederCheckpoints:
         replace_files(log_dir, self.node_id, logged)
         after = AckLog(log_dir, self.node_id).restart() or {"samples": 0}
         return position, max(0, int(before["samples"]) - int(after["samples"]))
+
+
+def stream_records(root: Store, parts: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """Every feeder's record of the stream (its position's ``stream``: per partition) in a
+    checkpoint of ``root`` whose manifest lists ``parts`` (node -> its files)."""
+    records = []
+    for node, files in sorted(parts.items()):
+        for name in files:
+            if name.split("/", 1)[-1] == f"{node}/{POSITION}":
+                at = orjson.loads(root.read_bytes(name)).get("stream")
+                if at is not None:
+                    records.append(at.get("partitions", {}))
+    return records

@@ -101,7 +101,7 @@ class Admission:
             self.metrics.write("hello", node=node_id, host=hello.host, pid=hello.pid)
         welcome = Welcome(accepted=True, reason="", run_id=self.run_id,
                           run_dir=str(self.run_dir), restore=self.checkpoints.latest_dir,
-                          rollback=resuming.rolled_back)
+                          rollback=resuming.rolled_back, rollback_id=resuming.rollback_id)
         if hello.run_id:
             self.resumption.said_hello(node_id)
         if not (hello.run_id and hello.ready):

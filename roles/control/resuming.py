@@ -62,6 +62,7 @@ class Resuming:
         self.resumed = resumed       # started on a run's records (--resume), not anew
         self.pending = resumed       # a resumed control that has not decided yet
         self.rolled_back = False     # decided: the whole job went back to a checkpoint
+        self.rollback_id = ""        # that roll back's name (Welcome), once decided
         self.fresh: set[str] = set()
         self.checkpoint = 0          # the records came from this checkpoint: no rejoin
 
@@ -177,6 +178,7 @@ class Resumption:
         self.restarting = True
         p.commands.withdraw("checkpoint")
         p.commands.publish(Membership(version=m.version, workers=[]), "members")
+        self.decision.rollback_id = f"{self.run_id}:{number}:{time.time_ns()}"
         p.checkpoints.rollbacks.append({"checkpoint": number, "round": manifest["round"],
                                         "epoch": state.course.epoch,
                                         "at_s": round(time.time() - self.started_at, 1),

@@ -38,6 +38,10 @@ class Delivery:
 
 
 class Consumer(Protocol):
+    # a consumer shared by the group's feeders (JetStream's): every position below it is
+    # acknowledged by one of them (None: not known, or a partitioned consumer, Kafka's)
+    acked_below: int | None
+
     def fetch(self, max_messages: int, timeout_s: float) -> list[Delivery]: ...
 
     def done(self, deliveries: list[Delivery]) -> None: ...
@@ -53,13 +57,16 @@ class Consumer(Protocol):
 
 def open_consumer(url: str, topic: str, group: str, start: str = "earliest",
                   options: dict[str, object] | None = None,
-                  ack_wait_s: float = 30.0, rewind: dict[int, int] | None = None) -> Consumer:
+                  ack_wait_s: float = 30.0, rewind: dict[int, int] | None = None,
+                  rewind_id: str = "", rewind_leads: bool = True) -> Consumer:
     """A consumer of ``topic`` for ``group`` (a durable consumer, a consumer group) at
     ``url``: ``nats://host:port[,host:port...]`` or ``kafka://host:port[,...]``; ``start``
     (``earliest`` or ``latest``) where a new group begins; ``options`` the client's own
     settings (credentials, TLS); ``ack_wait_s`` JetStream's AckWait; ``rewind`` (a job gone
     back to a checkpoint): the group reads again from these positions, by partition (a
-    partition not named: from ``start``), whatever it acknowledged since."""
+    partition not named: from ``start``), whatever it acknowledged since; ``rewind_id`` names
+    that roll back, and of a JetStream group's feeders the one that ``rewind_leads`` makes its
+    consumer anew, the others wait for it (``nats_js``)."""
     if start not in ("earliest", "latest"):
         raise BrokerError(f"start must be 'earliest' or 'latest', got {start!r}")
     scheme, sep, hosts = url.partition("://")
@@ -68,8 +75,10 @@ def open_consumer(url: str, topic: str, group: str, start: str = "earliest",
     if scheme == "nats":
         from roles.events.nats_js import JetStreamConsumer
         return JetStreamConsumer(hosts.split(","), topic, group, start, options or {},
-                                 ack_wait_s=ack_wait_s, rewind=rewind)
+                                 ack_wait_s=ack_wait_s, rewind=rewind, rewind_id=rewind_id,
+                                 rewind_leads=rewind_leads)
     if scheme == "kafka":
         from roles.events.kafka import KafkaConsumer
-        return KafkaConsumer(hosts, topic, group, start, options or {}, rewind=rewind)
+        return KafkaConsumer(hosts, topic, group, start, options or {}, rewind=rewind,
+                             rewind_id=rewind_id)
     raise BrokerError(f"a stream url is nats:// or kafka://, got {scheme}://")

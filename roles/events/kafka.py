@@ -6,8 +6,15 @@ committed by hand (``enable.auto.commit`` off), synchronously, and only past the
 each partition (``watermark``): a commit says "everything before this offset is trained", so a
 message trained ahead of an earlier one waits for it. When a partition is taken away, what is
 done of it is committed first; what was delivered and is not done goes, with the partition, to
-its next owner, from the committed offset. A job gone back to a checkpoint reads each partition
-again from the checkpoint's first offset not done (``rewind``, at the first assignment).
+its next owner, from the committed offset.
+
+A job gone back to a checkpoint reads each partition again from the checkpoint's first offset
+not done (``rewind``), once: the feeder a partition is first assigned to in that roll back
+seeks it there and commits that offset at once, with the roll back's name as the commit's
+metadata (``rewind_id``; every later commit of the run carries it too). A feeder the partition
+goes to later (a rebalance: a second feeder joining, one leaving) finds its commit so named and
+reads on from it, rather than from the checkpoint again, which would train twice what the
+first owner trained since.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ OWN_SETTINGS = ("bootstrap.servers", "group.id", "enable.auto.commit", "auto.off
 class KafkaConsumer:
     def __init__(self, servers: str, topic: str, group: str, start: str,
                  options: dict[str, object], timeout_s: float = 10.0,
-                 rewind: dict[int, int] | None = None):
+                 rewind: dict[int, int] | None = None, rewind_id: str = ""):
         from confluent_kafka import Consumer, KafkaException
         ours = sorted(set(options) & set(OWN_SETTINGS))
         if ours:
@@ -39,8 +46,10 @@ class KafkaConsumer:
         except KafkaException as exc:
             raise BrokerError(f"Kafka at {servers}: {exc.args[0].str()}") from None
         self.topic, self._servers, self._timeout_s = topic, servers, timeout_s
-        self._rewind, self._start = rewind, start   # (rewind: at the first assignment)
+        self._rewind, self._start = rewind, start   # (rewind: the module's docstring)
+        self._tag = f"zbus: wound back ({rewind_id})" if rewind is not None else ""
         self._marks: dict[int, Watermark] = {}
+        self.acked_below: int | None = None   # (a JetStream group's floor: not Kafka's)
         self._starts: dict[int, int] = {}   # an assigned partition's first offset to read
         # commits the group refused in a rebalance: their messages are delivered again to the
         # partitions' next owner (Kafka's at-least-once: a member fenced out cannot commit)
@@ -63,14 +72,39 @@ class KafkaConsumer:
             self._marks[tp.partition] = Watermark()
             self._starts.pop(tp.partition, None)
         if self._rewind is not None:   # a job gone back to a checkpoint: read from there
-            from confluent_kafka import OFFSET_BEGINNING, OFFSET_END
-            default = OFFSET_BEGINNING if self._start == "earliest" else OFFSET_END
-            for tp in partitions:
-                tp.offset = int(self._rewind.get(tp.partition, default))
-                if tp.offset >= 0:
-                    self._starts[tp.partition] = tp.offset
-            self._rewind = None
+            self._wind_back(consumer, partitions)
             consumer.assign(partitions)
+
+    def _wind_back(self, consumer: Any, partitions: list[Any]) -> None:
+        """Set each partition's first offset to the checkpoint's, and commit it named after
+        the roll back, unless its commit is named so already (the module's docstring). A
+        partition the checkpoint does not name: from its start or its end, as ``start``
+        says."""
+        from confluent_kafka import KafkaException, TopicPartition
+        try:
+            committed = consumer.committed(
+                [TopicPartition(self.topic, tp.partition) for tp in partitions],
+                timeout=self._timeout_s)
+        except KafkaException as exc:
+            raise BrokerError(f"Kafka at {self._servers}: committed offsets: "
+                              f"{exc.args[0].str()}") from None
+        wound_by = {c.partition: c.metadata for c in committed}
+        wound = []
+        for tp in partitions:
+            if wound_by.get(tp.partition) == self._tag:
+                continue   # wound back in this roll back already: on from its commit
+            first = self._rewind.get(tp.partition) if self._rewind is not None else None
+            if first is None:
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, tp.partition), timeout=self._timeout_s)
+                first = low if self._start == "earliest" else high
+            tp.offset = self._starts[tp.partition] = int(first)
+            wound.append(TopicPartition(self.topic, tp.partition, tp.offset,
+                                        metadata=self._tag))
+        if wound:
+            log.info("Kafka: partition(s) %s read again from the checkpoint at %s",
+                     [tp.partition for tp in wound], [tp.offset for tp in wound])
+            consumer.commit(offsets=wound, asynchronous=False)
 
     def _revoked(self, consumer: Any, partitions: list[Any]) -> None:
         log.info("Kafka: partition(s) %s of %s revoked (%s)", [tp.partition for tp in partitions],
@@ -111,8 +145,9 @@ class KafkaConsumer:
     def _commit(self, partitions: list[int], asynchronous: bool = False) -> None:
         from confluent_kafka import KafkaException, TopicPartition
         floors = {p: self._marks[p].floor for p in partitions if p in self._marks}
-        offsets = [TopicPartition(self.topic, p, floor) for p, floor in floors.items()
-                   if floor is not None]
+        offsets = [TopicPartition(self.topic, p, floor, metadata=self._tag)
+                   if self._tag else TopicPartition(self.topic, p, floor)
+                   for p, floor in floors.items() if floor is not None]
         if not offsets:
             return
         try:

@@ -8,8 +8,19 @@ to whichever feeder pulls next. Acknowledgement is explicit, per message (``AckE
 with feeders sharing the consumer, ``AckAll`` would acknowledge another feeder's messages);
 ``done`` sends the acks and flushes the connection, so that they have reached the server when
 it returns. The client is asyncio's: it runs on a thread of its own, and this class's methods
-wait for it. A job gone back to a checkpoint makes the group's consumer anew, delivering from
-the checkpoint's first position not done (``rewind``): what was acknowledged since comes again.
+wait for it.
+
+A job gone back to a checkpoint makes the group's consumer anew, delivering from the
+checkpoint's first position not done (``rewind``): what was acknowledged since comes again.
+One feeder does it (``rewind_leads``: feeder 0), naming the roll back in the new consumer's
+description (``rewind_id``); the others wait until the group's consumer has that name, then
+pull from it: two feeders each making it anew would each deliver the stream again from there,
+and the first one's pulls would be from a consumer deleted under it. A feeder that finds the
+consumer named so already (started again within that roll back) does not make it again.
+
+``acked_below`` is the group's floor as the server keeps it: every position below it is
+acknowledged (by any feeder of the group); it is read when the consumer opens and at each
+``lag``. Several feeders' records of a checkpoint meet there (``roles.events.positions``).
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -24,6 +36,7 @@ from roles.events import BrokerError, Delivery
 
 ACK_WAIT_S = 30.0
 MAX_ACK_PENDING = 100_000   # messages delivered to the group and not acknowledged
+REWIND_WAIT_S = 120.0       # a feeder waits this long for feeder 0 to wind the group back
 
 
 class _Loop:
@@ -64,7 +77,8 @@ class _Loop:
 class JetStreamConsumer:
     def __init__(self, servers: list[str], subject: str, group: str, start: str,
                  options: dict[str, object], ack_wait_s: float = ACK_WAIT_S,
-                 connect_timeout_s: float = 10.0, rewind: dict[int, int] | None = None):
+                 connect_timeout_s: float = 10.0, rewind: dict[int, int] | None = None,
+                 rewind_id: str = "", rewind_leads: bool = True):
         import nats
         from nats.aio.client import Client
         known = set(inspect.signature(Client.connect).parameters) - {"self", "servers"}
@@ -75,14 +89,18 @@ class JetStreamConsumer:
         self.subject, self.group = subject, group
         self._urls = [f"nats://{s}" for s in servers]
         self._messages: dict[int, Any] = {}   # position -> its message, until done
+        self.acked_below: int | None = None    # the group's floor (the module's docstring)
         self._loop = _Loop(f"nats-{group}")
+        wait_s = REWIND_WAIT_S if rewind is not None and not rewind_leads else 0.0
         self._nc, self._sub = self._loop.open(   # (the client tries again as long as let)
-            self._open(nats, options, start, ack_wait_s, connect_timeout_s, rewind),
-            self._urls, connect_timeout_s * 2)
+            self._open(nats, options, start, ack_wait_s, connect_timeout_s, rewind,
+                       rewind_id, rewind_leads),
+            self._urls, connect_timeout_s * 2 + wait_s)
 
     async def _open(self, nats: Any, options: dict[str, object], start: str,
                     ack_wait_s: float, connect_timeout_s: float,
-                    rewind: dict[int, int] | None) -> tuple[Any, Any]:
+                    rewind: dict[int, int] | None, rewind_id: str,
+                    rewind_leads: bool) -> tuple[Any, Any]:
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
         from nats.js.errors import NotFoundError
         nc = await nats.connect(servers=self._urls, connect_timeout=connect_timeout_s,
@@ -95,21 +113,48 @@ class JetStreamConsumer:
             raise BrokerError(f"NATS at {','.join(self._urls)}: no JetStream stream holds "
                               f"the subject {self.subject!r}") from None
         policy = DeliverPolicy.ALL if start == "earliest" else DeliverPolicy.NEW
-        first = None
+        first, description = None, None
         if rewind is not None:   # read again from there: the group's consumer made anew
-            try:
-                await js.delete_consumer(stream, self.group)
-            except NotFoundError:
-                pass
+            description = f"zbus: wound back ({rewind_id})"
+            named = await self._description(js, stream)
+            if not rewind_leads:
+                await self._wound_back(nc, js, stream, description)
+            elif named != description:
+                try:
+                    await js.delete_consumer(stream, self.group)
+                except NotFoundError:
+                    pass
             if 0 in rewind:
                 policy, first = DeliverPolicy.BY_START_SEQUENCE, max(1, int(rewind[0]))
         config = ConsumerConfig(
-            durable_name=self.group, ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait_s,
-            deliver_policy=policy, opt_start_seq=first,
+            durable_name=self.group, description=description, ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=ack_wait_s, deliver_policy=policy, opt_start_seq=first,
             max_ack_pending=MAX_ACK_PENDING, filter_subject=self.subject)
         sub = await js.pull_subscribe(self.subject, durable=self.group, stream=stream,
                                       config=config)
+        self.acked_below = _floor(await sub.consumer_info())
         return nc, sub
+
+    async def _description(self, js: Any, stream: str) -> str | None:
+        """The group's consumer's description (None: there is no such consumer)."""
+        from nats.js.errors import NotFoundError
+        try:
+            info = await js.consumer_info(stream, self.group)
+        except NotFoundError:
+            return None
+        return info.config.description or ""
+
+    async def _wound_back(self, nc: Any, js: Any, stream: str, description: str) -> None:
+        """Wait until feeder 0 has made the group's consumer anew for this roll back."""
+        deadline = time.monotonic() + REWIND_WAIT_S
+        while await self._description(js, stream) != description:
+            if time.monotonic() > deadline:
+                await nc.close()
+                raise BrokerError(
+                    f"NATS at {','.join(self._urls)}: the group {self.group!r} was not read "
+                    f"again from the checkpoint within {REWIND_WAIT_S:g} s (feeder 0 makes "
+                    "its consumer anew: is it running?)")
+            await asyncio.sleep(0.1)
 
     def fetch(self, max_messages: int, timeout_s: float) -> list[Delivery]:
         """Up to ``max_messages`` messages, waiting at most ``timeout_s`` for the first."""
@@ -169,6 +214,7 @@ class JetStreamConsumer:
         """Messages the stream holds for the group and not acknowledged (pending delivery, and
         delivered but not acknowledged)."""
         info = self._loop.run(self._sub.consumer_info(), 30)
+        self.acked_below = _floor(info)
         return {0: int(info.num_pending) + int(info.num_ack_pending)}
 
     def close(self) -> None:
@@ -178,3 +224,9 @@ class JetStreamConsumer:
         except Exception:   # closing a connection that is already gone
             pass
         self._loop.close()
+
+
+def _floor(info: Any) -> int | None:
+    """The first stream position the group's acknowledgements have not all reached below."""
+    floor = getattr(getattr(info, "ack_floor", None), "stream_seq", None)
+    return None if floor is None else int(floor) + 1

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from roles.algorithms.sync.feeder import FeederSync
-from roles.checkpoint.feeder import FeederCheckpoints
+from roles.checkpoint.feeder import FeederCheckpoints, stream_records
 from roles.checkpoint.files import read_manifest
+from roles.events.positions import merge_records
 from roles.feeder.ledger_side import LedgerSide
 from roles.feeder.loading import Loading
 from roles.feeder.passes import Passes
@@ -62,9 +63,13 @@ class CheckpointHold:
         if manifest is None:
             raise ValueError("not a complete checkpoint")
         files = manifest["parts"].get(node_id, [])
-        position, retrained = self.files().roll_back(Store(parent(where)), files, feeders)
+        root = Store(parent(where))
+        position, retrained = self.files().roll_back(root, files, feeders)
         self.sync.restore(position)
         self.stream_at = position.get("stream")
+        if self.stream_at is not None:   # the stream's place: every feeder's records, one
+            self.stream_at = {**self.stream_at, "partitions": merge_records(
+                stream_records(root, manifest["parts"]))}
         log.warning("back to checkpoint %d: the %d samples acknowledged after it are trained "
                     "again", manifest["number"], retrained)
         return {"checkpoint": manifest["number"], "retrained_samples": retrained}

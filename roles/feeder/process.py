@@ -169,18 +169,12 @@ class Feeder(Node):
 
     def open_stream(self, run_dir: Path, rewind: dict[str, Any] | None) -> str | None:
         """A stream job's source; ``rewind``: where the stream stood at the checkpoint the
-        job went back to (one feeder only: several share the group's positions, which no
-        one feeder's part records; docs/limits.md)."""
+        job went back to, every feeder's records made one (``roles.events.positions``)."""
         self.loading.open_stream(run_dir, self.node_id)
         assert self.loading.rejected_rows is not None
         self.stream = StreamSide(self.job, self.index, self.loading.rejected_rows)
         self.hold.stream = self.stream
-        if rewind is not None and self.job.cluster.feeders > 1:
-            log.warning("back to a checkpoint with %d feeders: the stream is not read again "
-                        "from its positions (events acknowledged since are not trained "
-                        "again; docs/limits.md)", self.job.cluster.feeders)
-            rewind = None
-        failed = self.stream.open(rewind)
+        failed = self.stream.open(rewind, self.rollback_id)
         self.wake_at = time.monotonic()
         return failed
 

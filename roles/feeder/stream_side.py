@@ -44,6 +44,7 @@ from roles.data.stream import Preparer, Samples
 from roles.data.transforms import signed_log1p
 from roles.events import BrokerError, Delivery, open_consumer
 from roles.events.decode import Decoded, EventDecoder, message_name
+from roles.events.positions import GroupAcks
 from roles.events.reader import EventReader
 from roles.events.tracker import MessageTracker
 from roles.events.watermark import Watermark
@@ -119,6 +120,9 @@ class StreamSide:
         self.batcher = EventBatcher(job.train.batch_size, s.linger_ms / 1000.0)
         self.tracker = MessageTracker()
         self.marks: dict[int, Watermark] = {}   # per partition: what is acknowledged
+        # a consumer the feeders share (JetStream's): what this one acknowledged above the
+        # group's floor, its record of the stream at a checkpoint (roles.events.positions)
+        self.group_acks = GroupAcks() if s.url.startswith("nats://") else None
         self.skip: dict[tuple[int, int], int] = {}   # gone back to a checkpoint: trained then
                                                      # (a message's first events; -1: all)
         self.progressive = StreamProgress(len(job.tasks), s.window_events)
@@ -153,10 +157,11 @@ class StreamSide:
         self.started_at = time.monotonic()
 
     # -- opening ---------------------------------------------------------------------------
-    def open(self, rewind: dict[str, Any] | None = None) -> str | None:
+    def open(self, rewind: dict[str, Any] | None = None, rewind_id: str = "") -> str | None:
         """Connect to the broker and start reading; why not, in one line. ``rewind``: the
-        job went back to a checkpoint, where the stream stood as ``position`` gave it: read
-        again from its first position not done, leaving out what was trained then."""
+        job went back to a checkpoint (the roll back ``rewind_id``), where the stream stood as
+        every feeder's ``position`` gave it: read again from its first position not done,
+        leaving out what was trained then."""
         s, d = self.config, self.job.data
         positions = None if rewind is None else self.rewind(rewind)
         tasks = self.job.tasks
@@ -170,7 +175,8 @@ class StreamSide:
             decoder = EventDecoder(schema, s.format, s.topic, s.columns,
                                    s.labels.id_field if self.labels else "")
             consumer = open_consumer(s.url, s.topic, self.group, s.start,
-                                     dict(s.options) or None, s.ack_wait_s, positions)
+                                     dict(s.options) or None, s.ack_wait_s, positions,
+                                     rewind_id=rewind_id, rewind_leads=self.index == 0)
         except (BrokerError, ValueError) as exc:
             return f"cannot read the stream {s.url} {s.topic}: {exc}"
         self.reader = EventReader(consumer, decoder, max_messages=1000, fetch_messages=100,
@@ -190,9 +196,14 @@ class StreamSide:
         of order: not recorded, docs/limits.md)."""
         if self.labels is not None:
             return None
-        partitions: dict[str, dict[str, Any]] = {
-            str(p): {"floor": m.floor, "done": m.done_above(), "partial": []}
-            for p, m in self.marks.items()}
+        partitions: dict[str, dict[str, Any]]
+        if self.group_acks is not None:   # the group's floor, and what this feeder did above
+            if self.reader is not None:
+                self.group_acks.floor_at(self.reader.consumer.acked_below)
+            partitions = {"0": self.group_acks.record()}
+        else:
+            partitions = {str(p): {"floor": m.floor, "done": m.done_above(), "partial": []}
+                          for p, m in self.marks.items()}
         for p, position, trained in self.tracker.partly_trained():
             partitions.setdefault(str(p), {"floor": None, "done": [], "partial": []})[
                 "partial"].append([position, trained])
@@ -585,6 +596,11 @@ class StreamSide:
             mark = self.marks.get(d.partition)
             if mark is not None:
                 mark.done(d.position)
+        if self.group_acks is not None:
+            if self.reader is not None:
+                self.group_acks.floor_at(self.reader.consumer.acked_below)
+            for d in released:
+                self.group_acks.done(d.position)
 
     # -- figures -----------------------------------------------------------------------------
     def trained(self) -> int:

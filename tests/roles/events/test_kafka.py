@@ -115,3 +115,42 @@ def test_a_rewind_seeks_each_partition_back_whatever_was_committed(kafka):
         assert [(d.partition, d.position) for d in back] == [(0, i) for i in range(6, 10)]
     finally:
         again.close()
+
+
+@pytest.mark.integration
+def test_a_roll_back_winds_each_partition_back_once_whichever_feeder_gets_it(kafka):
+    """Two feeders of a job gone back to a checkpoint: the first takes every partition and
+    seeks each to the checkpoint's offset, trains and commits some of them; once it leaves,
+    the second gets them and reads on from the first one's commits (named after the roll
+    back), not from the checkpoint again, which would deliver twice what the first trained.
+    The next roll back winds them back again."""
+    for partition in range(2):
+        kafka.produce("views", [f"{partition}-{i}".encode() for i in range(10)], partition)
+    before = open_consumer(kafka.url, "views", "job", options=QUICK)
+    before.done(drain(before, 20))   # the run before the power cut: all committed
+    before.settle()
+    before.close()
+    rewind = {0: 4, 1: 7}
+    a = open_consumer(kafka.url, "views", "job", options=QUICK, rewind=rewind, rewind_id="r1")
+    got = drain(a, 9)
+    assert sorted((d.partition, d.position) for d in got) == \
+        [(0, i) for i in range(4, 10)] + [(1, i) for i in range(7, 10)]
+    a.done([d for d in got if d.partition == 0 and d.position < 7]
+           + [d for d in got if d.partition == 1])   # 0: 4-6 trained; 1: all
+    a.close()
+    b = open_consumer(kafka.url, "views", "job", options=QUICK, rewind=rewind, rewind_id="r1")
+    try:
+        rest = drain(b, 3)
+        assert sorted((d.partition, d.position) for d in rest) == [(0, 7), (0, 8), (0, 9)]
+        assert b.fetch(10, 1.0) == []
+        b.done(rest)
+    finally:
+        b.close()
+    c = open_consumer(kafka.url, "views", "job", options=QUICK, rewind={0: 8},
+                      rewind_id="r2")
+    try:   # a new roll back: back to its offsets; partition 1, not named, from its start
+        again = drain(c, 12)
+        assert sorted((d.partition, d.position) for d in again) == \
+            [(0, 8), (0, 9)] + [(1, i) for i in range(10)]
+    finally:
+        c.close()

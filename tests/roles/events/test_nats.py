@@ -109,3 +109,64 @@ def test_a_rewind_delivers_again_from_its_position_what_was_acknowledged(nats):
         again.done(got)
     finally:
         again.close()
+
+
+@pytest.mark.integration
+def test_a_roll_back_makes_the_groups_consumer_anew_once_whoever_opens_first(nats):
+    """A job gone back to a checkpoint with two feeders: feeder 1 (not leading) waits until
+    feeder 0 has made the group's consumer anew from the checkpoint's floor, then both pull
+    from it, each message to one; feeder 0 started again within that roll back finds it made
+    and goes on (nothing delivered again), and the next roll back makes it anew again. The
+    group's floor (``acked_below``) follows the acknowledgements."""
+    import threading
+    seqs = nats.publish("events", "clicks", [f"{i}".encode() for i in range(10)])
+    url = nats.url
+    before = open_consumer(url, "clicks", "job")
+    assert before.acked_below == 1
+    before.done(drain(before, 6))
+    before.lag()
+    assert before.acked_below == seqs[6]   # acknowledged after the cut: comes again below
+    before.close()
+    opened: list = []
+    follower = threading.Thread(target=lambda: opened.append(open_consumer(
+        url, "clicks", "job", rewind={0: seqs[2]}, rewind_id="r1", rewind_leads=False)))
+    follower.start()
+    follower.join(0.5)
+    assert follower.is_alive() and not opened   # waiting for feeder 0
+    leader = open_consumer(url, "clicks", "job", rewind={0: seqs[2]}, rewind_id="r1")
+    follower.join(30)
+    (second,) = opened
+    try:
+        assert leader.acked_below == second.acked_below == seqs[2]
+        got_a = leader.fetch(3, 1.0)
+        got_b = drain(second, 8 - len(got_a))
+        assert sorted(d.position for d in got_a + got_b) == seqs[2:]   # each once
+        leader.done(got_a)
+        second.done(got_b)
+        leader.lag()
+        assert leader.acked_below == seqs[-1] + 1
+    finally:
+        leader.close()
+        second.close()
+    again = open_consumer(url, "clicks", "job", rewind={0: seqs[2]}, rewind_id="r1")
+    try:
+        assert again.fetch(10, 0.3) == []   # the same roll back: not made anew
+    finally:
+        again.close()
+    later = open_consumer(url, "clicks", "job", rewind={0: seqs[4]}, rewind_id="r2")
+    try:
+        assert [d.position for d in drain(later, 6)] == seqs[4:]
+    finally:
+        later.close()
+
+
+@pytest.mark.integration
+def test_a_feeder_whose_group_is_never_wound_back_says_so_in_one_line(nats, monkeypatch):
+    from roles.events import nats_js
+    monkeypatch.setattr(nats_js, "REWIND_WAIT_S", 0.5)
+    nats.publish("events", "clicks", [b"0"])
+    with pytest.raises(BrokerError) as refused:
+        open_consumer(nats.url, "clicks", "job", rewind={0: 1}, rewind_id="r9",
+                      rewind_leads=False)
+    assert "was not read again from the checkpoint within 0.5 s (feeder 0" in str(refused.value)
+    assert "\n" not in str(refused.value)

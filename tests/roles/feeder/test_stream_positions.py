@@ -4,15 +4,33 @@ a broker, messages decoded by the real decoder."""
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
+
 import orjson
+import pytest
 
 from roles.events import Delivery
 from roles.feeder.stream_side import StreamSide
 
 
-def side(stream_job) -> StreamSide:
+def side(stream_job, broker: str = "nats") -> StreamSide:
     job, rejected = stream_job()
+    if broker == "kafka":
+        job = dataclasses.replace(job, stream=dataclasses.replace(
+            job.stream, url="kafka://127.0.0.1:9092"))
     return StreamSide(job, 0, rejected)
+
+
+class Reader:
+    """The reader a feeder acknowledges through, its consumer's group floor as a JetStream
+    server would say it (``acked_below``)."""
+
+    def __init__(self) -> None:
+        self.consumer = SimpleNamespace(acked_below=None)
+
+    def done(self, deliveries: list[Delivery]) -> None:
+        pass
 
 
 def messages(*positions: int, events: int = 10) -> list[Delivery]:
@@ -34,10 +52,16 @@ def trained(s: StreamSide, position: int, events: int) -> None:
     s.acknowledge(s.tracker.done())
 
 
-def test_the_position_says_what_was_trained_and_a_rewind_leaves_it_out(stream_job):
-    s = side(stream_job)
+@pytest.mark.parametrize("broker", ["kafka", "nats"])
+def test_the_position_says_what_was_trained_and_a_rewind_leaves_it_out(stream_job, broker):
+    """Kafka: the partition's done prefix, from this feeder's own deliveries; NATS: the
+    group's floor as the server says it, and what this feeder acknowledged above it."""
+    s = side(stream_job, broker)
+    s.reader = reader = Reader()   # (NATS: the server's floor, 7 until 7 is acknowledged)
+    reader.consumer.acked_below = 7 if broker == "nats" else None
     taken(s, messages(7, 8, 9, 10))
     trained(s, 7, 10)    # done: the floor moves past it
+    reader.consumer.acked_below = 8 if broker == "nats" else None
     trained(s, 9, 10)    # done above an open message
     trained(s, 8, 4)     # partly: its first 4 events
     at = s.position()
@@ -45,7 +69,9 @@ def test_the_position_says_what_was_trained_and_a_rewind_leaves_it_out(stream_jo
     assert at["partitions"] == {"0": {"floor": 8, "done": [9], "partial": [[8, 4]]}}
     assert at["events_trained"] == 24 and at["messages_acked"] == 2
     # the job went back there: read again from 8, 9 left out whole, 8's first 4 events too
-    again = side(stream_job)
+    again = side(stream_job, broker)
+    again.reader = Reader()
+    again.reader.consumer.acked_below = 8 if broker == "nats" else None
     assert again.rewind(orjson.loads(orjson.dumps(at))) == {0: 8}
     taken(again, messages(8, 9, 10))
     assert sum(len(h.block) for h in again.held) == 6 + 10   # 8's last 6, all of 10
