@@ -250,6 +250,8 @@ class Passes:
         self.epoch = pass_.epoch
         self.tally.new_epoch(pass_.epoch)
         logged = self.ledger.new_epoch(pass_.epoch).get(pass_.part)
+        if logged is None and pass_.sent_before:   # a dead process sent, none acknowledged:
+            logged = PartProgress(pass_.epoch)    # a restart all the same
         # a restarted feeder: its batches are numbered above any its dead process sent
         first = pass_.resume(logged, max_in_flight(MAX_WORKERS, self.job.train.prefetch))
         if logged is not None and first is not None:

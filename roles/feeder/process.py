@@ -439,6 +439,9 @@ class Feeder(Node):
             self.stream.recovered(now)
         if self.stream.poll(now) or self.stream.ready(now):
             self.pump()
+        if self.stream.drained():   # read on past the end for a dead process's messages
+            self.pump()
+            self.passes.maybe_pass_done()
         wake = self.stream.wake()
         if wake is not None:
             self.wake_at = wake if self.wake_at is None else min(self.wake_at, wake)

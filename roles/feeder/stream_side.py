@@ -59,6 +59,8 @@ WARMUP_IDLE_S = 1.0    # the statistics are made from fewer events once none cam
 WARMUP_EMPTY_S = 10.0  # ... or from none, when none came at all this long
 WORKING_EVERY_S = 5.0  # held messages older than this are said in progress (or a third of
                        # [stream] ack_wait_s, when that is less)
+DRAIN_SLACK_S = 5.0    # past ack_wait_s: how long an ended stream reads on for a dead process's
+                       # messages the broker is to deliver again
 HELD_BATCHES = 8       # events waiting in the batcher, in batches, before the loop takes more
 
 
@@ -106,7 +108,23 @@ def select_rows(block: RawBlock, rows: np.ndarray) -> RawBlock:
     at = pa.array(rows, type=pa.int64())
     return RawBlock(block.labels[rows], block.dense[rows], [c.take(at) for c in block.sparse],
                     None if block.timestamps is None else block.timestamps[rows],
-                    block.rows_read, block.rejected, block.bytes_read)
+                    block.rows_read, block.rejected, block.bytes_read,
+                    None if block.weights is None else block.weights[rows])
+
+
+def messages_only(deliveries: list[Delivery], decoded: Decoded, kept: list[int],
+                  topic: str) -> tuple[list[Delivery], Decoded]:
+    """Of messages read and decoded, those at ``kept`` (indices into ``deliveries``): their
+    events, and their rejected ones."""
+    index = np.full(len(deliveries), -1, dtype=np.int64)
+    index[kept] = np.arange(len(kept))
+    rows = np.flatnonzero(index[decoded.message] >= 0)
+    names = {message_name(topic, deliveries[i]) for i in kept}
+    block = select_rows(decoded.block, rows)
+    block.rejected = [r for r in block.rejected if r.file in names]
+    return [deliveries[i] for i in kept], Decoded(
+        block, index[decoded.message[rows]], decoded.line[rows], decoded.event_time_s[rows],
+        len(rows) + len(block.rejected), None if decoded.ids is None else decoded.ids[rows])
 
 
 class StreamSide:
@@ -154,6 +172,9 @@ class StreamSide:
         self.dead_events_left_out = 0    # events the dead processes' acked batches trained
         self.dead_batches_acked = 0      # dead processes' batches acknowledged to this one
         self.rewound = False             # gone back to a checkpoint: its counts restored
+        # the stream ended: reading on, until then, for the dead processes' messages the
+        # broker is to deliver again (``end``)
+        self.drain_until: float | None = None
         self.started_at = time.monotonic()
 
     # -- opening ---------------------------------------------------------------------------
@@ -290,7 +311,7 @@ class StreamSide:
                 self.batcher.add(ready.samples, ready.origin, ready.times, now,
                                  ready.label_origin)
                 came = True
-        if self.ended or self.full():
+        if (self.ended and self.drain_until is None) or self.full():
             return came
         for deliveries, decoded in self.reader.take():
             came |= self.take(deliveries, decoded, now)
@@ -307,6 +328,13 @@ class StreamSide:
             (self.labels is not None and self.labels.failed())
 
     def take(self, deliveries: list[Delivery], decoded: Decoded, now: float) -> bool:
+        if self.drain_until is not None:   # ended: only the dead processes' messages come in
+            assert self.dead is not None
+            theirs = [i for i, d in enumerate(deliveries)
+                      if (d.partition, d.position) in self.dead.runs]
+            if not theirs:
+                return False
+            deliveries, decoded = messages_only(deliveries, decoded, theirs, self.config.topic)
         fresh = self.tracker.add(deliveries, now)
         rejected = decoded.rejected
         if not fresh:   # every message delivered again while held
@@ -419,6 +447,7 @@ class StreamSide:
             d = deliveries[i]
             if (d.partition, d.position) not in self.dead.runs:   # (most: cheap)
                 continue
+            self.dead.came(d.partition, d.position)
             mine = np.flatnonzero((decoded.message == i) & rows)
             if not len(mine):
                 continue
@@ -463,6 +492,7 @@ class StreamSide:
         if self.sent_log is not None:
             self.plan.record = self.sent_log.append
             self.plan.restarted = self.restarted
+            self.plan.sent_before = bool(self.sent_log.segments())
         return self.plan
 
     # -- a restarted feeder: its dead processes' batches (exactly once) --------------------------
@@ -536,10 +566,41 @@ class StreamSide:
 
     def end(self) -> None:
         """Control's word: no more events are taken (those read and not taken are left to
-        the broker, unacknowledged); what waits goes out."""
+        the broker, unacknowledged); what waits goes out. A restarted feeder whose dead
+        processes' messages the broker has not delivered again yet (NATS waits ack_wait_s)
+        reads on for them first, taking those only (``drained``): their events trained then
+        are left out and the message acknowledged, where ending now would leave it to a
+        later run of the group to train again."""
         if self.ended:
             return
         self.ended = True
+        awaited = len(self.dead.awaited) if self.dead is not None else 0
+        if awaited and self.reader is not None:
+            wait_s = self.config.ack_wait_s + DRAIN_SLACK_S
+            self.drain_until = time.monotonic() + wait_s
+            log.info("the stream ends: first %d message(s) of its dead process(es), not "
+                     "acknowledged to the broker, are read again (up to %g s), to leave out "
+                     "what was trained of them and acknowledge it", awaited, wait_s)
+            return
+        self.finish()
+
+    def drained(self) -> bool:
+        """Reading on after the end (``end``) is over: every awaited message came, or the
+        time is up. True once, when the stream is then ended."""
+        if self.drain_until is None:
+            return False
+        left = len(self.dead.awaited) if self.dead is not None else 0
+        if left and time.monotonic() < self.drain_until:
+            return False
+        if left:
+            log.warning("%d message(s) of its dead process(es) did not come again: left "
+                        "unacknowledged (a later run of the group trains what was trained of "
+                        "them again)", left)
+        self.finish()
+        return True
+
+    def finish(self) -> None:
+        self.drain_until = None
         if self.plan is not None:
             self.plan.end()
         if self.reader is not None:
@@ -563,7 +624,8 @@ class StreamSide:
 
     def wake(self) -> float | None:
         """When the loop must look again (None: only on messages)."""
-        if self.reader is None or (self.ended and not len(self.batcher)):
+        if self.reader is None or (self.ended and self.drain_until is None
+                                   and not len(self.batcher)):
             return None
         return time.monotonic() + POLL_S
 
@@ -591,6 +653,8 @@ class StreamSide:
         """To the broker, by the reader's thread (the consumer's calls all on one thread)."""
         if self.reader is not None:
             self.reader.done(released)
+        if self.sent_log is not None:   # (a restart after this one does not wait for them)
+            self.sent_log.mark_messages_acked([(d.partition, d.position) for d in released])
         self.messages_acked += len(released)
         for d in released:
             mark = self.marks.get(d.partition)

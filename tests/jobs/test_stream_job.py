@@ -15,6 +15,7 @@ import pytest
 from harness import REPO, first_status
 
 from roles.algorithms.feeding.ack_log import RECORD as ACK_RECORD
+from roles.algorithms.feeding.sent_log import SentLog
 from roles.events.publish import open_publisher
 from roles.job.settings import load_job
 from roles.testbed.two_labels import columns, write_two_labels
@@ -144,6 +145,52 @@ def test_a_stream_feeder_killed_mid_stream_and_restarted_trains_every_event_once
     assert s["samples_trained"] == events == st["events_trained"], (s["samples_trained"], st)
     assert st["lag_events"] == 0 and st["events_rejected"] == 0, (st, again)
     assert st["events_trained_twice"] is None   # repeated batch ids: not counted across processes
+
+
+@pytest.mark.integration   # the broker is a process
+@pytest.mark.inprocess      # the roles run in this one
+def test_a_stream_that_ends_right_after_a_feeder_restart_acknowledges_its_dead_messages(
+        cluster, nats, tmp_path):
+    """The only feeder SIGKILLed once it has sent every event in batches that the slowed
+    workers hold (1,000 events: 4 batches, each worker pulling up to 3), then started again:
+    the workers' acks of those batches reach the job's ``until_events`` long before NATS
+    delivers the dead process's messages again (``ack_wait_s`` = 10). The feeder reads on past
+    the end for them, leaves out what was trained and acknowledges them: every message
+    acknowledged, lag 0, every event trained once. (Before, the job ended with them
+    unacknowledged, for a later run of the group to train again; and a feeder killed before
+    any of its batches was acknowledged was not taken for a restart at all: its batches were
+    numbered from 0 again, the dead process's numbers.)"""
+    lines = adult_csv(tmp_path).read_text().splitlines(keepends=True)
+    head = tmp_path / "head.csv"
+    head.write_text("".join(lines[:1_001]))
+    events = published(nats.url, head)[0]
+    assert events == 1_000
+    job = stream_job(tmp_path, nats.url, "adult.events", more="ack_wait_s = 10")
+    c = cluster(job, train__until_events=events)
+    c.start_all(slowdown={0: 400.0, 1: 400.0})   # (a batch: seconds)
+    sent = SentLog(c.run_dir / "feeders", "feeder-0")
+    deadline = time.monotonic() + 120
+    while True:   # every event sent in a batch
+        runs = sent.read()
+        runs = runs[(runs["seq"] >= 0) & (runs["partition"] >= 0)]
+        if int((runs["last"] - runs["first"] + 1).sum()) >= events:
+            break
+        assert time.monotonic() < deadline and c.procs["control-0"].poll() is None, c.logs()
+        time.sleep(0.01)
+    time.sleep(0.3)   # (the batches on their way into the workers' queues)
+    c.procs["feeder-0"].send_signal(signal.SIGKILL)
+    c.procs["feeder-0"].wait()
+    c.start_role("feeder", 0, name="feeder-0-again")
+    assert c.wait(timeout=240) == 0, c.logs()
+    again = c.log("feeder-0-again")
+    assert "restarted: the stream's batches go on from number" in again, again
+    assert re.search(r"the stream ends: first \d+ message\(s\) of its dead process", again), \
+        again
+    assert "did not come again" not in again, again
+    s = c.summary()
+    st = s["stream"]
+    assert s["samples_trained"] == events == st["events_trained"], (s["samples_trained"], st)
+    assert st["lag_events"] == 0, (st, again)   # every message acknowledged
 
 
 def messages_of(events: list[dict], per_message: int = 100) -> list[bytes]:

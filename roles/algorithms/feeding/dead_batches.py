@@ -17,6 +17,11 @@ of its messages, and the batches an earlier restart found not acknowledged) and 
 - ``FREE``: nobody trains it (every worker has answered and none holds it, or its holder was
   lost): its events are trained anew, under this process's batch numbers.
 
+The messages of dead batches the dead processes did not acknowledge to the broker (the log
+records those they did) come again; until they have (``came``), they are ``awaited``: a stream
+that ends meanwhile reads on for them, so that those already trained are acknowledged rather
+than left to train again in a later run.
+
 A line of a message may lie in runs of several dead batches (a message delivered again to a
 second process that died too): the newest batch (the highest seq: a restarted feeder numbers
 above its dead processes') decides, since a line is only batched again once every earlier batch
@@ -30,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from roles.algorithms.feeding.sent_log import ACKED, RECORD, UNACKED
+from roles.algorithms.feeding.sent_log import ACKED, MESSAGE_ACKED, RECORD, UNACKED
 
 TRAINED, HELD, OPEN, FREE = "trained", "held", "open", "free"
 
@@ -42,7 +47,8 @@ class DeadBatches:
         acknowledged when it started and not acknowledged to it after."""
         if records.dtype != RECORD:
             raise ValueError("records of the sent log expected")
-        marked = records["partition"] < 0
+        to_broker = records["seq"] == MESSAGE_ACKED
+        marked = (records["partition"] < 0) | to_broker
         unacked = set(records["seq"][records["partition"] == UNACKED].tolist()) - \
             set(records["seq"][records["partition"] == ACKED].tolist())
         self.status: dict[int, str] = {}
@@ -56,6 +62,10 @@ class DeadBatches:
                 (seq, int(r["first"]), int(r["last"])))
         for runs in self.runs.values():
             runs.sort()
+        to_broker_acked = set(zip(records["partition"][to_broker].tolist(),
+                                  records["position"][to_broker].tolist(), strict=True))
+        # their messages the broker has not had acknowledged: they come again
+        self.awaited: set[tuple[int, int]] = set(self.runs) - to_broker_acked
         self.parked: dict[int, list[Any]] = {}   # seq -> what the feeder parked of it
 
     def __len__(self) -> int:
@@ -81,6 +91,10 @@ class DeadBatches:
             elif self.status[seq] in (HELD, OPEN):
                 parked[seq] = mine
         return trained, parked
+
+    def came(self, partition: int, position: int) -> None:
+        """A message of theirs delivered again."""
+        self.awaited.discard((partition, position))
 
     def park(self, seq: int, what: Any) -> None:
         self.parked.setdefault(seq, []).append(what)

@@ -14,6 +14,10 @@ own (numbered on from the last one on disk). Only the newest batches can still b
 batch is acknowledged within the ledger's bound on batches in flight, and its messages to the
 broker within moments of that, so when a segment fills, the segments before the one before it
 are removed: the log's disk stays bounded (about 7 MB a segment of 65,536 batches).
+
+The messages acknowledged to the broker are recorded too (``mark_messages_acked``, a record of
+seq -1 each): a restarted feeder waits at the stream's end for those of its dead processes'
+messages the broker has not had acknowledged, to acknowledge them (docs/streams.md).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ RECORD = np.dtype([("seq", "<i8"), ("partition", "<i4"), ("position", "<i8"),
 PER_SEGMENT = 65_536   # batches a segment
 UNACKED, ACKED = -1, -2   # a record's partition: a mark (``mark_unacked``, ``mark_acked``),
                          # not a run
+MESSAGE_ACKED = -1       # a record's seq: a message acknowledged to the broker, not a run
 
 
 class SentLog:
@@ -77,6 +82,12 @@ class SentLog:
         """A dead batch a worker acknowledged to this process (the ack log counts it, but its
         number is below this process's first, all of which it counts done)."""
         self.append_records(np.array([(seq, ACKED, -1, 0, 0)], dtype=RECORD))
+
+    def mark_messages_acked(self, messages: Sequence[tuple[int, int]]) -> None:
+        """These messages (partition, position) are acknowledged to the broker."""
+        if messages:
+            self.append_records(np.array([(MESSAGE_ACKED, p, q, -1, -1) for p, q in messages],
+                                         dtype=RECORD))
 
     def append_records(self, records: np.ndarray) -> None:
         if self.fd is None:

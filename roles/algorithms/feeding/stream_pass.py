@@ -42,6 +42,9 @@ class StreamPass:
         # told, on a restart, which of its dead processes' batches were acknowledged: every
         # seq below ``low`` and those in ``above`` (the ack log's progress of the pass)
         self.restarted: Callable[[int, frozenset[int]], None] | None = None
+        # a dead process of this feeder sent batches (its log of sent batches is on disk):
+        # a restart, even with none of them acknowledged
+        self.sent_before = False
 
     @property
     def parts(self) -> list[int]:

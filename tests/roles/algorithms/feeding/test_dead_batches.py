@@ -90,3 +90,21 @@ def test_the_log_keeps_two_segments_and_a_torn_record_is_cut_off(tmp_path):
     assert restarted.segments() == [2, 3, 4]
     restarted.clear()
     assert restarted.segments() == [] and not len(restarted.read())
+
+
+def test_the_messages_awaited_are_those_not_acknowledged_to_the_broker(tmp_path):
+    """The log records the messages acknowledged to the broker: those of the dead batches it
+    does not name come again, and are awaited until they do (a stream that ends reads on for
+    them); a message acknowledged is not, whatever its batches."""
+    sent = SentLog(tmp_path, "feeder-0")
+    sent.append(0, [(0, 7, 0, 99)])
+    sent.append(1, [(0, 8, 0, 49)])
+    sent.mark_messages_acked([(0, 7)])   # every event of 7 trained, acknowledged to the broker
+    sent.append(2, [(0, 8, 50, 99), (1, 3, 0, 9)])
+    sent.close()
+    dead = DeadBatches(SentLog(tmp_path, "feeder-0").read(), low=2, above=set())
+    assert dead.status == {0: TRAINED, 1: TRAINED, 2: OPEN}   # (the mark is not a batch)
+    assert dead.awaited == {(0, 8), (1, 3)}
+    dead.came(0, 8)
+    dead.came(0, 9)   # (not theirs)
+    assert dead.awaited == {(1, 3)}
