@@ -8,7 +8,9 @@ request are here (in either order), and so are gradients that arrive before the 
 a restart, a worker's queued gradients can overtake the keys the feeder sends again; at most
 ``MAX_WAITING`` are kept).
 EmbeddingGrads are applied once per batch: the shard remembers applied batch ids (the current
-and the previous epoch), so a gradient sent twice is refused and counted. A batch sent
+and the previous epoch; per part its newest window of batch numbers exactly, every older one
+counted applied, so that a stream's pass of weeks holds a few KB: ``AppliedBatches``), so a
+gradient sent twice is refused and counted. A batch sent
 again (its worker died) brings its keys again: while the batch is held that is a no-op, after
 its gradients were applied the rows are held again for the new worker's look-up, and its
 gradients will be refused.
@@ -49,6 +51,7 @@ import numpy as np
 import zmq
 
 from roles.algorithms.shard.admission import Admission
+from roles.algorithms.shard.applied import AppliedBatches
 from roles.algorithms.shard.applied_log import AppliedLog
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.algorithms.shard.expiry import Expiry
@@ -140,7 +143,7 @@ class Shard(Node):
         self.held: dict[int, HeldBatch] = {}
         self.waiting: OrderedDict[int, list[tuple[bytes, bool]]] = OrderedDict()
         self.early_grads: OrderedDict[int, EmbeddingGrads] = OrderedDict()  # before keys
-        self.applied: set[int] = set()
+        self.applied = AppliedBatches()   # (bounded: roles.algorithms.shard.applied)
         self.answered_eval: OrderedDict[int, None] = OrderedDict()
         self.newest_epoch = 0
         self.counts = {"key_messages": 0, "lookups": 0, "rows_sent": 0, "updates": 0,
@@ -232,7 +235,7 @@ class Shard(Node):
         self.table.clear_dirty()
         self.table.forget_changes()   # servers join this process on the checkpoint
         self.checkpoints.restored(files)
-        self.applied = set(got.applied.tolist())
+        self.applied = AppliedBatches.restored(got.applied, got.applied_floors)
         meta = got.meta
         self.admission.restore_counts(meta.get("table", {}))
         self.expiry.restore_counts(meta.get("table", {}))
@@ -487,7 +490,7 @@ class Shard(Node):
     def _forget_old_epochs(self, epoch: int) -> None:
         if epoch > self.newest_epoch:
             self.newest_epoch = epoch
-            self.applied = {b for b in self.applied if split_batch_id(b)[0] >= epoch - 1}
+            self.applied.forget_epochs_before(epoch - 1)
             # keys of an applied batch are held (a part fed again by another feeder after its
             # feeder died trains it again; its gradients are then refused as duplicates), but
             # a straggler's copy, refused to its worker, gets none: its held keys would wait

@@ -6,13 +6,14 @@ fork. The child writes either
 
 - ``<number>/ps-<i>.npz``, the whole table: ``keys`` (int64, the key of each row), ``live``
   (bool: the row holds a key; default and free rows do not), ``weights`` and ``accum``
-  (float32 [rows, dim], written straight from the table, no copy), ``applied`` (the batch ids
-  whose gradients the rows hold) and ``meta``; or
+  (float32 [rows, dim], written straight from the table, no copy), ``applied`` and
+  ``applied_floors`` (the batch ids whose gradients the rows hold, as the shard keeps them:
+  ``roles.algorithms.shard.applied``) and ``meta``; or
 - ``<number>/ps-<i>.delta.npz``, what changed since the shard's previous file: the ``keys``,
   ``weights`` and ``accum`` of the live rows marked dirty (a row reused from the free list for
   a new key is dirty), the keys ``dropped`` since (expired, evicted, handed over:
-  ``EmbeddingTable.dropped_since_mark``, marked at each fork), ``applied`` and ``meta``
-  (``base``: the previous file).
+  ``EmbeddingTable.dropped_since_mark``, marked at each fork), ``applied``,
+  ``applied_floors`` and ``meta`` (``base``: the previous file).
 
 Both hold ``default_weights`` and ``default_accum``, the default rows (admission's, one per
 field; zero rows without admission): a few rows, written whole each time.
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from roles.algorithms.shard.applied import AppliedBatches
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.checkpoint.background import ForkedWrite, ThreadWrite
 from roles.checkpoint.files import meta_array, number_name, read_meta, save_npz, shard_part
@@ -52,6 +54,7 @@ class Restored:
     meta: dict
     default_weights: np.ndarray | None = None
     default_accum: np.ndarray | None = None
+    applied_floors: np.ndarray | None = None   # (None: a file written before they were kept)
 
 
 @dataclass
@@ -79,7 +82,8 @@ class ShardCheckpoints:
         """This shard's part files in any checkpoint, as globs relative to the store."""
         return [f"*/{shard_part(self.index, full)}" for full in (True, False)]
 
-    def begin(self, number: int, store: Store | Path, applied: set[int], meta: dict) -> float:
+    def begin(self, number: int, store: Store | Path, applied: AppliedBatches,
+              meta: dict) -> float:
         """Fork the writer of checkpoint ``number`` (into ``store``; a remote one's file is
         written in its local staging directory, and uploaded by this process: the child must
         not use the parent's S3 client); the seconds the fork took (this shard's pause)."""
@@ -93,18 +97,16 @@ class ShardCheckpoints:
 
         def write() -> None:  # in the child: its copy of the table, as it was at the fork
             by_row, live = t.key_of_row()
-            done = np.fromiter(applied, np.int64, len(applied))
+            done = {"applied": applied.ids(), "applied_floors": applied.floors()}
             d = t.defaults
             defaults = {"default_weights": t.weights[:d], "default_accum": t.accum[:d]}
             if full:
                 save_npz(path, keys=by_row, live=live, weights=t.weights[:t.size],
-                         accum=t.accum[:t.size], applied=done, meta=meta_array(meta),
-                         **defaults)
+                         accum=t.accum[:t.size], meta=meta_array(meta), **done, **defaults)
                 return
             rows = np.flatnonzero(t.dirty[:t.size] & live)
             save_npz(path, keys=by_row[rows], weights=t.weights[rows], accum=t.accum[rows],
-                     dropped=t.dropped_since_mark(), applied=done, meta=meta_array(meta),
-                     **defaults)
+                     dropped=t.dropped_since_mark(), meta=meta_array(meta), **done, **defaults)
 
         started = time.perf_counter()
         writer = ForkedWrite(write)
@@ -187,6 +189,7 @@ def read_chain(root: Path | Store, files: list[str]) -> Restored:
     keys = np.zeros(0, np.int64)
     weights = accum = np.zeros((0, 0), np.float32)
     applied = np.zeros(0, np.int64)
+    floors: np.ndarray | None = None
     meta: dict = {}
     default_weights = default_accum = None
     for i, name in enumerate(files):
@@ -205,6 +208,8 @@ def read_chain(root: Path | Store, files: list[str]) -> Restored:
                 weights = np.concatenate([weights[stay], f["weights"]])
                 accum = np.concatenate([accum[stay], f["accum"]])
             applied, meta = f["applied"], m
+            floors = f["applied_floors"] if "applied_floors" in f.files else None
             if "default_weights" in f.files:
                 default_weights, default_accum = f["default_weights"], f["default_accum"]
-    return Restored(keys, weights, accum, applied, meta, default_weights, default_accum)
+    return Restored(keys, weights, accum, applied, meta, default_weights, default_accum,
+                    floors)

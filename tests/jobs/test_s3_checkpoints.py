@@ -18,6 +18,7 @@ import pytest
 from harness import ADULT_JOB, ADULT_TRAIN_ROWS, REPO
 from resumes import every_row_once, trained_past_a_checkpoint
 
+from roles.algorithms.shard.applied import AppliedBatches
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.checkpoint.files import (
     LATEST,
@@ -116,8 +117,8 @@ def test_a_checkpoint_cut_off_between_its_files_and_its_manifest_is_never_used(a
     shard = ShardCheckpoints(0, table, full_every=8)
     parts = {}
     for number in (1, 2):
-        shard.begin(number, store, {number * 10}, {"updates": number, "newest_epoch": 0,
-                                                    "version": 0, "table": {}})
+        shard.begin(number, store, AppliedBatches.of([number * 10]),
+                    {"updates": number, "newest_epoch": 0, "version": 0, "table": {}})
         part = written(shard, store)
         assert part.ok, part.error
         parts[number] = part.files
@@ -139,7 +140,7 @@ def test_a_checkpoint_cut_off_between_its_files_and_its_manifest_is_never_used(a
     # pruning removes what no kept checkpoint reads, on S3 as on a disk
     for number in (3, 4):
         shard.force_full = True
-        shard.begin(number, store, set(), {"updates": 0, "newest_epoch": 0, "version": 0,
+        shard.begin(number, store, AppliedBatches(), {"updates": 0, "newest_epoch": 0, "version": 0,
                                             "table": {}})
         part = written(shard, store)
         write_manifest(store, number, {"parts": {"ps-0": part.files}, "round": number})

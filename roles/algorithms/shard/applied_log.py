@@ -19,6 +19,7 @@ goes back further); a restarted shard counts, then starts over with segment ``m`
 from __future__ import annotations
 
 import os
+from collections.abc import Container
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +58,7 @@ class AppliedLog:
             if number < below and number != self.number:
                 path.unlink(missing_ok=True)
 
-    def lost(self, restored: int, held: set[int]) -> list[int]:
+    def lost(self, restored: int, held: Container[int]) -> list[int]:
         """The batches applied after checkpoint ``restored``'s snapshot (0: from the start)
         that ``held`` (the restored applied ids) does not hold, in the order applied; a record
         torn by a crash is left out."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from roles.algorithms.shard.applied import AppliedBatches
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.algorithms.shard.expiry import Expiry
 from roles.checkpoint.files import checkpoints_dir
@@ -20,7 +21,7 @@ def seen(t: EmbeddingTable, keys) -> np.ndarray:
 
 
 def write(shard: ShardCheckpoints, root, number: int):
-    shard.begin(number, root, set(), META)
+    shard.begin(number, root, AppliedBatches(), META)
     shard.writing.writer.wait()
     part = shard.poll(root)
     assert part is not None and part.ok

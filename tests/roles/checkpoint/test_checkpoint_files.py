@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from roles.algorithms.feeding.ack_log import AckLog
+from roles.algorithms.shard.applied import AppliedBatches
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.checkpoint.background import ForkedWrite, ThreadWrite
 from roles.checkpoint.feeder import FeederCheckpoints
@@ -93,15 +94,16 @@ def test_a_shards_chain_of_full_and_incremental_files_reads_back_its_table(tmp_p
     t = table_with(range(100))
     shard = ShardCheckpoints(0, t, full_every=3)
     applied = {make_batch_id(0, 0, s) for s in range(5)}
-    shard.begin(1, root, applied, {"updates": 5, "newest_epoch": 0, "version": 0})
+    done = AppliedBatches.of(applied)
+    shard.begin(1, root, done, {"updates": 5, "newest_epoch": 0, "version": 0})
     t.adagrad(t.rows_for(np.arange(10, dtype=np.int64)), np.ones((10, 4), np.float32))
     first = wait_part(shard, root)
     assert first.ok and first.files == ["000001/ps-0.npz"] and first.info["kind"] == "full"
     assert t.dirty[:t.size].sum() == 10  # trained after the fork: marked for the next file
     # changed since: ten rows trained, five new keys
     t.rows_for(np.arange(100, 105, dtype=np.int64))
-    shard.begin(2, root, applied | {make_batch_id(0, 0, 5)}, {"updates": 6, "newest_epoch": 0,
-                                                              "version": 0})
+    shard.begin(2, root, AppliedBatches.of(applied | {make_batch_id(0, 0, 5)}),
+                {"updates": 6, "newest_epoch": 0, "version": 0})
     second = wait_part(shard, root)
     assert second.files == ["000001/ps-0.npz", "000002/ps-0.delta.npz"]
     assert second.info["kind"] == "delta"
@@ -114,12 +116,12 @@ def test_a_shards_chain_of_full_and_incremental_files_reads_back_its_table(tmp_p
     with np.load(root / second.files[1]) as f:
         assert len(f["keys"]) == 15
     # every third file is whole again; rows renumbered (a handover) force a whole one too
-    shard.begin(3, root, applied, {"updates": 6, "newest_epoch": 0, "version": 0})
+    shard.begin(3, root, done, {"updates": 6, "newest_epoch": 0, "version": 0})
     assert wait_part(shard, root).info["kind"] == "delta"
-    shard.begin(4, root, applied, {"updates": 6, "newest_epoch": 0, "version": 0})
+    shard.begin(4, root, done, {"updates": 6, "newest_epoch": 0, "version": 0})
     assert wait_part(shard, root).info["kind"] == "full"
     t.release(np.isin(np.arange(t.size), [0, 1]))
-    shard.begin(5, root, applied, {"updates": 6, "newest_epoch": 0, "version": 1})
+    shard.begin(5, root, done, {"updates": 6, "newest_epoch": 0, "version": 1})
     fifth = wait_part(shard, root)
     assert fifth.info["kind"] == "full" and len(read_chain(root, fifth.files).keys) == 103
 
@@ -135,9 +137,9 @@ def test_a_chain_out_of_order_is_refused(tmp_path):
     root = checkpoints_dir(tmp_path)
     t = table_with(range(10))
     shard = ShardCheckpoints(0, t, full_every=8)
-    shard.begin(1, root, set(), {"updates": 0, "newest_epoch": 0, "version": 0})
+    shard.begin(1, root, AppliedBatches(), {"updates": 0, "newest_epoch": 0, "version": 0})
     one = wait_part(shard, root)
-    shard.begin(2, root, set(), {"updates": 0, "newest_epoch": 0, "version": 0})
+    shard.begin(2, root, AppliedBatches(), {"updates": 0, "newest_epoch": 0, "version": 0})
     two = wait_part(shard, root)
     with pytest.raises(ValueError, match="does not follow"):
         read_chain(root, two.files[1:])
@@ -148,14 +150,14 @@ def test_a_failed_write_is_reported_and_the_next_file_is_whole(tmp_path):
     root = checkpoints_dir(tmp_path)
     t = table_with(range(10))
     shard = ShardCheckpoints(0, t, full_every=8)
-    shard.begin(1, root, set(), {"updates": 0, "newest_epoch": 0, "version": 0})
+    shard.begin(1, root, AppliedBatches(), {"updates": 0, "newest_epoch": 0, "version": 0})
     wait_part(shard, root)
     (root / "000002").write_text("a file where the directory should be")
-    shard.begin(2, root, set(), {"updates": 0, "newest_epoch": 0, "version": 0})
+    shard.begin(2, root, AppliedBatches(), {"updates": 0, "newest_epoch": 0, "version": 0})
     failed = wait_part(shard, root)
     assert not failed.ok and failed.files == [] and "Error" in failed.error
     (root / "000002").unlink()
-    shard.begin(3, root, set(), {"updates": 0, "newest_epoch": 0, "version": 0})
+    shard.begin(3, root, AppliedBatches(), {"updates": 0, "newest_epoch": 0, "version": 0})
     assert wait_part(shard, root).info["kind"] == "full"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -74,6 +75,13 @@ def test_a_waiter_follows_a_job_to_its_end_over_controls_status(cluster):
                                   cwd=c.workdir, env=c.env, stdout=out,
                                   stderr=subprocess.STDOUT)
     try:
+        # the job starts once the waiter listens (its first line): a job of seconds could
+        # otherwise end, control's final figures said and gone, while the waiter's Python
+        # still starts on a loaded host (a fresh clone's run once saw it wait on for ever)
+        deadline = time.monotonic() + 60
+        while b"waiting for job" not in said.read_bytes():
+            assert waiter.poll() is None and time.monotonic() < deadline, said.read_text()
+            time.sleep(0.05)
         assert c.run_job() == 0, c.logs()
         assert waiter.wait(timeout=60) == 0, said.read_text()
     finally:
