@@ -32,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from roles.algorithms.shard.applied import AppliedBatches
 from roles.algorithms.shard.embedding_table import EmbeddingTable  # noqa: E402
 from roles.checkpoint.files import save_npz  # noqa: E402
 from roles.checkpoint.shard import ShardCheckpoints  # noqa: E402
@@ -109,7 +110,8 @@ def main() -> None:
         for _ in range(args.repeat):
             number += 1
             shard.force_full = True
-            shard.begin(number, root, set(), {"updates": 0, "newest_epoch": 0, "version": 0})
+            shard.begin(number, root, AppliedBatches(), {"updates": 0, "newest_epoch": 0,
+                                                         "version": 0})
             during.append(train(table, 30, rng))
             assert shard.writing is not None
             shard.writing.writer.wait()

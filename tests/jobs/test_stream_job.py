@@ -154,7 +154,8 @@ def test_a_stream_that_ends_right_after_a_feeder_restart_acknowledges_its_dead_m
     """The only feeder SIGKILLed once it has sent every event in batches that the slowed
     workers hold (1,000 events: 4 batches, each worker pulling up to 3), then started again:
     the workers' acks of those batches reach the job's ``until_events`` long before NATS
-    delivers the dead process's messages again (``ack_wait_s`` = 10). The feeder reads on past
+    delivers the dead process's messages again (``ack_wait_s`` = 20: with 10, a loaded host's
+    workers once took that long and the messages came before the end). The feeder reads on past
     the end for them, leaves out what was trained and acknowledges them: every message
     acknowledged, lag 0, every event trained once. (Before, the job ended with them
     unacknowledged, for a later run of the group to train again; and a feeder killed before
@@ -165,19 +166,20 @@ def test_a_stream_that_ends_right_after_a_feeder_restart_acknowledges_its_dead_m
     head.write_text("".join(lines[:1_001]))
     events = published(nats.url, head)[0]
     assert events == 1_000
-    job = stream_job(tmp_path, nats.url, "adult.events", more="ack_wait_s = 10")
+    job = stream_job(tmp_path, nats.url, "adult.events", more="ack_wait_s = 20")
     c = cluster(job, train__until_events=events)
     c.start_all(slowdown={0: 400.0, 1: 400.0})   # (a batch: seconds)
     sent = SentLog(c.run_dir / "feeders", "feeder-0")
     deadline = time.monotonic() + 120
-    while True:   # every event sent in a batch
-        runs = sent.read()
-        runs = runs[(runs["seq"] >= 0) & (runs["partition"] >= 0)]
-        if int((runs["last"] - runs["first"] + 1).sum()) >= events:
+    while True:   # every event sent in a batch, and the first batch acknowledged: the workers
+        runs = sent.read()   # hold the others (a batch still in the feeder's socket when it
+        runs = runs[(runs["seq"] >= 0) & (runs["partition"] >= 0)]   # dies is trained anew)
+        acks = list((c.run_dir / "feeders").glob("feeder-0.e*.acks"))
+        if int((runs["last"] - runs["first"] + 1).sum()) >= events and acks \
+                and acks[0].stat().st_size >= ACK_RECORD.itemsize:
             break
         assert time.monotonic() < deadline and c.procs["control-0"].poll() is None, c.logs()
         time.sleep(0.01)
-    time.sleep(0.3)   # (the batches on their way into the workers' queues)
     c.procs["feeder-0"].send_signal(signal.SIGKILL)
     c.procs["feeder-0"].wait()
     c.start_role("feeder", 0, name="feeder-0-again")

@@ -18,6 +18,7 @@ import pytest
 import zmq
 from harness import REPO
 
+from roles.algorithms.shard.applied import AppliedBatches
 from roles.algorithms.shard.embedding_table import EmbeddingTable
 from roles.checkpoint import shard as shard_checkpoints
 from roles.checkpoint.background import ForkedWrite
@@ -255,7 +256,7 @@ def test_a_shard_that_exits_mid_write_ends_its_writer_and_removes_the_half_writt
     table.rows_for(np.arange(10, dtype=np.int64))
     root = checkpoints_dir(tmp_path)
     checkpoints = shard_checkpoints.ShardCheckpoints(0, table, full_every=3)
-    checkpoints.begin(1, root, set(), {"updates": 0, "newest_epoch": 0, "version": 0})
+    checkpoints.begin(1, root, AppliedBatches(), {"updates": 0, "newest_epoch": 0, "version": 0})
     assert checkpoints.writing is not None
     writer = checkpoints.writing.writer
     try:
