@@ -96,6 +96,9 @@ def stream_line(stream: StreamView, phase: str) -> Text:
                 style="bold red" if stream["growing"] or down else "")
     if down:
         text.append("   broker unreachable", style="bold red")
+    refused = sum(r.get("acks_refused", 0) for r in stream["feeders"])
+    if refused:   # their messages come again, and what was trained of them is trained twice
+        text.append(f"   {fmt.count(refused)} acks refused", style="yellow")
     text.append(f"   progressive AUC {auc}")
     return text
 

@@ -197,6 +197,9 @@ def _stream(f: Families, job: dict[str, str], s: StreamView) -> None:
               "window", labels, r["window_auc"])
         f.add("zbus_stream_broker_down", "1 while the feeder cannot reach the broker", labels,
               r["broker_down_since"] is not None)
+        f.add("zbus_stream_acks_refused", "Acknowledgements the broker did not take (Kafka: "
+              "commits refused mid-rebalance): their messages come again", labels,
+              r.get("acks_refused", 0), counter=True)
         for task, figures in (r["tasks"] or {}).items():
             f.add("zbus_stream_task_progressive_auc", "Several labels: a label's progressive "
                   "AUC, over the feeder's events that have it", {**labels, "task": task},

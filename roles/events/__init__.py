@@ -41,6 +41,9 @@ class Consumer(Protocol):
     # a consumer shared by the group's feeders (JetStream's): every position below it is
     # acknowledged by one of them (None: not known, or a partitioned consumer, Kafka's)
     acked_below: int | None
+    # acknowledgements the broker refused without an error raised (Kafka's commits in a
+    # rebalance); 0 where every refusal raises
+    commits_refused: int
 
     def fetch(self, max_messages: int, timeout_s: float) -> list[Delivery]: ...
 

@@ -90,6 +90,7 @@ class JetStreamConsumer:
         self._urls = [f"nats://{s}" for s in servers]
         self._messages: dict[int, Any] = {}   # position -> its message, until done
         self.acked_below: int | None = None    # the group's floor (the module's docstring)
+        self.commits_refused = 0   # (an ack that fails raises)
         self._loop = _Loop(f"nats-{group}")
         wait_s = REWIND_WAIT_S if rewind is not None and not rewind_leads else 0.0
         self._nc, self._sub = self._loop.open(   # (the client tries again as long as let)

@@ -46,6 +46,7 @@ class EventReader:
         self.messages_read = 0
         self.events_read = 0
         self.lag_messages: int | None = None   # the broker's, asked every LAG_EVERY_S
+        self.acks_failed = 0   # acknowledgements that failed: their messages come again
         self._lag_at = 0.0
         # the loop's calls on the consumer, made here: a Kafka consumer called from two
         # threads at once blocked (a commit behind a committed(), measured)
@@ -113,6 +114,8 @@ class EventReader:
                     self._final.put(sum(self.consumer.lag().values()))
             except Exception as exc:   # not acknowledged: the broker delivers it again
                 log.warning("the stream's broker: %s", exc)
+                if what == "done":
+                    self.acks_failed += 1
                 if what == "final":
                     self._final.put(None)
 
@@ -135,6 +138,13 @@ class EventReader:
     def alive(self) -> bool:
         """The thread runs (it ends only when closed)."""
         return self._thread.is_alive() or self._stop.is_set()
+
+    @property
+    def acks_refused(self) -> int:
+        """Acknowledgements the broker did not take (their messages come again, and what was
+        trained of them is trained again by whoever reads them next): those that failed, and
+        Kafka's commits the group refused mid-rebalance."""
+        return self.acks_failed + self.consumer.commits_refused
 
     def done(self, deliveries: list[Delivery]) -> None:
         """Acknowledge these messages to the broker (on this thread, within a fetch's wait)."""

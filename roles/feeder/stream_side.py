@@ -693,6 +693,7 @@ class StreamSide:
                       round(max(0.0, time.time() - self.newest_trained_s), 3))
             if self.newest_trained_s and lag_messages is not None else None,
             "broker_down_since": r.broker_down_since if r is not None else None,
+            "acks_refused": r.acks_refused if r is not None else 0,
             **first,
             "progressive_logloss": finite(lifetime.logloss()) if lifetime.samples else None,
             "windows_closed": self.progressive.first.closed, "ended": self.ended,

@@ -207,6 +207,9 @@ class StreamRow(TypedDict):
     progressive_auc: float | None
     window_auc: float | None
     broker_down_since: float | None
+    # acknowledgements the broker did not take (EventReader.acks_refused): messages trained
+    # that come again
+    acks_refused: int
     join: dict[str, int] | None   # labels from a topic of their own (roles.feeder.joining)
     # several labels: each one's progressive_auc and window_auc, by label (None: one label)
     tasks: dict[str, dict[str, float | None]] | None

@@ -81,6 +81,7 @@ class StreamStatus:
                          "progressive_auc": _float(st.get("progressive_auc")),
                          "window_auc": _float(st.get("window_auc")),
                          "broker_down_since": _float(st.get("broker_down_since")),
+                         "acks_refused": _int(st.get("acks_refused")) or 0,
                          "join": _counts(st.get("join")),
                          "tasks": _tasks(st.get("tasks"))})
         trained = sum(r["events_trained"] for r in rows)

@@ -53,6 +53,8 @@ def test_prometheus_has_the_lag_and_each_feeders_figures():
     _stream(f, {"job": "j"}, v)
     assert f.made["zbus_stream_lag_events"].samples[0].value == 7
     assert f.made["zbus_stream_broker_down"].samples[0].value == 1
+    assert f.made["zbus_stream_acks_refused"].samples[0].value == 0
+    assert "acks refused" not in stream_line(v, "training").plain
     assert f.made["zbus_stream_progressive_auc"].samples[0].labels == {"job": "j",
                                                                         "node": "feeder-0"}
     assert "broker unreachable" in stream_line(v, "training").plain
@@ -104,3 +106,17 @@ def test_with_several_labels_each_ones_figures_reach_the_status_prometheus_and_t
     assert one["tasks"] is None and one["feeders"][0]["tasks"] is None
     assert one["task_history"] is None and one["task_progressive_history"] is None
     assert "progressive AUC 0.8000" in stream_line(one, "training").plain
+
+
+def test_acknowledgements_the_broker_refused_are_counted_and_said():
+    """Kafka's commits refused mid-rebalance (and acks that failed): their messages come
+    again; the status, Prometheus and the console's line say how many."""
+    a, b = feeder(100, 0), feeder(100, 0)
+    a["stream"]["acks_refused"] = 3
+    b["stream"]["acks_refused"] = "x"   # (a malformed counter: none)
+    v = StreamStatus().view(1.0, {"feeder-0": a, "feeder-1": b})
+    assert [r["acks_refused"] for r in v["feeders"]] == [3, 0]
+    f = Families()
+    _stream(f, {"job": "j"}, v)
+    assert [s.value for s in f.made["zbus_stream_acks_refused"].samples] == [3, 0]
+    assert "3 acks refused" in stream_line(v, "training").plain
