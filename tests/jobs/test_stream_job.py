@@ -90,9 +90,11 @@ def test_a_nats_stream_trains_every_event_once_scored_before_it_is_trained(
 
 
 
-@pytest.mark.integration   # the broker is a process
 @pytest.mark.inprocess      # the roles run in this one
-@pytest.mark.parametrize(("broker", "rows"), [("nats", None), ("kafka", 12_000)])
+@pytest.mark.parametrize(("broker", "rows"), [
+    pytest.param("nats", None, marks=pytest.mark.integration),   # the broker is a process
+    ("kafka", 12_000),   # librdkafka's mock cluster: in this process too
+])
 def test_a_stream_feeder_killed_mid_stream_and_restarted_trains_every_event_once(
         cluster, request, tmp_path, broker, rows):
     """SIGKILL of the only feeder mid-stream, started again on its run: its dead process's
@@ -200,10 +202,9 @@ def messages_of(events: list[dict], per_message: int = 100) -> list[bytes]:
             for i in range(0, len(events), per_message)]
 
 
-@pytest.mark.integration   # the broker is a process (NATS), or librdkafka's mock cluster
 @pytest.mark.inprocess      # the roles run in this one
 @pytest.mark.parametrize(("broker", "n", "learnt"), [
-    ("nats", 20_000, 0.75),
+    pytest.param("nats", 20_000, 0.75, marks=pytest.mark.integration),   # NATS: a process
     ("kafka", 12_000, 0.65),   # (fewer events, a third of them the warm-up's window)
 ])
 def test_labels_from_their_own_topic_are_joined_and_every_impression_trained_once(
@@ -258,11 +259,11 @@ def test_labels_from_their_own_topic_are_joined_and_every_impression_trained_onc
     assert st["progressive_auc"] > learnt, st
 
 
-@pytest.mark.integration   # the broker is a process (NATS), or librdkafka's mock cluster
 @pytest.mark.inprocess      # the roles run in this one
 @pytest.mark.parametrize(("broker", "feeders", "rows"), [
-    ("nats", 1, None), ("nats", 2, None),
-    ("kafka", 2, 12_000),   # (the mock cluster keeps a few MB a partition)
+    pytest.param("nats", 1, None, marks=pytest.mark.integration),   # NATS: a process
+    pytest.param("nats", 2, None, marks=pytest.mark.integration),
+    ("kafka", 2, 12_000),   # (the mock cluster, in this process, keeps a few MB a partition)
 ])
 def test_a_stream_job_killed_whole_resumes_from_its_checkpoint_s_positions(
         cluster, request, tmp_path, broker, feeders, rows):

@@ -16,7 +16,7 @@ drain = partial(consuming.drain, wait_s=0.5)   # the mock's group coordinator an
 QUICK = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 
 
-@pytest.mark.integration
+@pytest.mark.inprocess   # the mock cluster runs in this process
 def test_a_commit_covers_only_the_done_prefix_and_the_next_consumer_goes_on_from_it(kafka):
     kafka.produce("clicks", [f"{i}".encode() for i in range(10)], partition=0)
     first = open_consumer(kafka.url, "clicks", "job", options=QUICK)
@@ -36,7 +36,7 @@ def test_a_commit_covers_only_the_done_prefix_and_the_next_consumer_goes_on_from
         second.close()
 
 
-@pytest.mark.integration
+@pytest.mark.inprocess   # the mock cluster runs in this process
 def test_the_lag_of_a_partition_nothing_is_delivered_from_is_after_its_commit(kafka):
     """A partition whose messages a consumer of the group trained and committed: the next
     consumer has nothing of it delivered, and its lag there is none (not the partition from its
@@ -58,7 +58,7 @@ def test_the_lag_of_a_partition_nothing_is_delivered_from_is_after_its_commit(ka
         second.close()
 
 
-@pytest.mark.integration
+@pytest.mark.inprocess   # the mock cluster runs in this process
 def test_the_partitions_of_a_consumer_that_leaves_go_to_the_one_left(kafka):
     kafka.produce("views", [b"x"] * 4)   # made with 4 partitions
     for partition in range(4):
@@ -90,7 +90,7 @@ def test_the_partitions_of_a_consumer_that_leaves_go_to_the_one_left(kafka):
         b.close()
 
 
-@pytest.mark.integration
+@pytest.mark.inprocess   # the mock cluster runs in this process
 def test_what_cannot_be_consumed_is_one_line(kafka):
     kafka.produce("clicks", [b"x"])
     with pytest.raises(BrokerError, match="no topic 'nowhere'"):
@@ -101,7 +101,7 @@ def test_what_cannot_be_consumed_is_one_line(kafka):
         open_consumer(kafka.url, "clicks", "job", options={"sasl.mechanismz": "PLAIN"})
 
 
-@pytest.mark.integration
+@pytest.mark.inprocess   # the mock cluster runs in this process
 def test_a_rewind_seeks_each_partition_back_whatever_was_committed(kafka):
     kafka.produce("clicks", [f"{i}".encode() for i in range(10)], partition=0)
     first = open_consumer(kafka.url, "clicks", "job", options=QUICK)
@@ -117,7 +117,7 @@ def test_a_rewind_seeks_each_partition_back_whatever_was_committed(kafka):
         again.close()
 
 
-@pytest.mark.integration
+@pytest.mark.inprocess   # the mock cluster runs in this process
 def test_a_roll_back_winds_each_partition_back_once_whichever_feeder_gets_it(kafka):
     """Two feeders of a job gone back to a checkpoint: the first takes every partition and
     seeks each to the checkpoint's offset, trains and commits some of them; once it leaves,
