@@ -79,15 +79,16 @@ class KafkaConsumer:
         """Set each partition's first offset to the checkpoint's, and commit it named after
         the roll back, unless its commit is named so already (the module's docstring). A
         partition the checkpoint does not name: from its start or its end, as ``start``
-        says."""
-        from confluent_kafka import KafkaException, TopicPartition
+        says. (In librdkafka's rebalance callback: a failure is said and the partition wound
+        back all the same, never raised.)"""
+        from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, TopicPartition
         try:
             committed = consumer.committed(
                 [TopicPartition(self.topic, tp.partition) for tp in partitions],
                 timeout=self._timeout_s)
-        except KafkaException as exc:
-            raise BrokerError(f"Kafka at {self._servers}: committed offsets: "
-                              f"{exc.args[0].str()}") from None
+        except KafkaException as exc:   # not known: wound back (what another feeder trained
+            log.warning("Kafka: committed offsets: %s", exc.args[0].str())   # since: again)
+            committed = []
         wound_by = {c.partition: c.metadata for c in committed}
         wound = []
         for tp in partitions:
@@ -95,16 +96,25 @@ class KafkaConsumer:
                 continue   # wound back in this roll back already: on from its commit
             first = self._rewind.get(tp.partition) if self._rewind is not None else None
             if first is None:
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, tp.partition), timeout=self._timeout_s)
-                first = low if self._start == "earliest" else high
+                try:
+                    low, high = consumer.get_watermark_offsets(
+                        TopicPartition(self.topic, tp.partition), timeout=self._timeout_s)
+                    first = low if self._start == "earliest" else high
+                except KafkaException:
+                    tp.offset = OFFSET_BEGINNING if self._start == "earliest" else OFFSET_END
+                    continue
             tp.offset = self._starts[tp.partition] = int(first)
             wound.append(TopicPartition(self.topic, tp.partition, tp.offset,
                                         metadata=self._tag))
         if wound:
             log.info("Kafka: partition(s) %s read again from the checkpoint at %s",
                      [tp.partition for tp in wound], [tp.offset for tp in wound])
-            consumer.commit(offsets=wound, asynchronous=False)
+            try:
+                consumer.commit(offsets=wound, asynchronous=False)
+            except KafkaException as exc:   # a later owner winds them back again
+                self.commits_refused += 1
+                log.warning("Kafka: the wound-back offsets not committed: %s",
+                            exc.args[0].str())
 
     def _revoked(self, consumer: Any, partitions: list[Any]) -> None:
         log.info("Kafka: partition(s) %s of %s revoked (%s)", [tp.partition for tp in partitions],
