@@ -59,11 +59,12 @@ def run_job(workdir: Path, job: Path, url: str, events: int, settings: dict) -> 
 
 
 def run_file_job(workdir: Path, job: Path, path: Path, settings: dict) -> dict:
-    """The same job over the same rows read from the file: one epoch, sync step as the stream
-    job's, the smallest eval split (1 %)."""
+    """The same job over the same rows read from the file: one epoch, the stream job's sync
+    mode (step unless ``--set train__sync=...``), the smallest eval split (1 %)."""
+    settings = {"train__sync": "step", **settings}   # (a stream job's default; a file's: every)
     with LocalCluster(workdir, job, transport="tcp", stream__url="", data__path=str(path),
                       data__eval_fraction=0.01, train__until_events=0, train__epochs=1,
-                      train__sync="step", **settings) as c:
+                      **settings) as c:
         if c.run_job(timeout=1800) != 0:
             raise SystemExit(f"the file job failed:\n{c.logs()}")
         s = c.summary()
