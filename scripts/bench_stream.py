@@ -82,10 +82,11 @@ def main() -> None:
     parser.add_argument("--labels", action="store_true",
                         help="labels on a subject of their own, joined by the feeder")
     parser.add_argument("--set", action="append", default=[], type=setting_pair,
-                        metavar="SECTION__KEY=VALUE", help="a job setting for the stream job")
+                        metavar="SECTION__KEY=VALUE", help="a job setting for the stream job "
+                        "(and the one process: the same network and learning rates)")
     args = parser.parse_args()
     settings = dict(args.set)
-    job = load_job(str(args.job), environ={})
+    job = load_job(str(args.job), environ={f"ZBUS_{k.upper()}": v for k, v in args.set})
     if args.labels:
         settings.update(stream__labels__topic=LABELS, stream__labels__window_s=10.0)
     cores = os.cpu_count() or 1
