@@ -38,8 +38,11 @@ class Delivery:
 
 
 class Consumer(Protocol):
-    # a consumer shared by the group's feeders (JetStream's): every position below it is
-    # acknowledged by one of them (None: not known, or a partitioned consumer, Kafka's)
+    # the group's feeders pull from one consumer, each message to one of them (JetStream's);
+    # else each partition has one owner at a time (Kafka's)
+    shared: bool
+    # a shared consumer's group floor: every position below it is acknowledged by one of
+    # the feeders (None: not known yet, or a partitioned consumer)
     acked_below: int | None
     # acknowledgements the broker refused without an error raised (Kafka's commits in a
     # rebalance); 0 where every refusal raises

@@ -31,6 +31,8 @@ OWN_SETTINGS = ("bootstrap.servers", "group.id", "enable.auto.commit", "auto.off
 
 
 class KafkaConsumer:
+    shared = False   # (each partition has one owner at a time)
+
     def __init__(self, servers: str, topic: str, group: str, start: str,
                  options: dict[str, object], timeout_s: float = 10.0,
                  rewind: dict[int, int] | None = None, rewind_id: str = ""):
@@ -72,10 +74,10 @@ class KafkaConsumer:
             self._marks[tp.partition] = Watermark()
             self._starts.pop(tp.partition, None)
         if self._rewind is not None:   # a job gone back to a checkpoint: read from there
-            self._wind_back(consumer, partitions)
+            self._wind_back(consumer, partitions, self._rewind)
             consumer.assign(partitions)
 
-    def _wind_back(self, consumer: Any, partitions: list[Any]) -> None:
+    def _wind_back(self, consumer: Any, partitions: list[Any], rewind: dict[int, int]) -> None:
         """Set each partition's first offset to the checkpoint's, and commit it named after
         the roll back, unless its commit is named so already (the module's docstring). A
         partition the checkpoint does not name: from its start or its end, as ``start``
@@ -94,7 +96,7 @@ class KafkaConsumer:
         for tp in partitions:
             if wound_by.get(tp.partition) == self._tag:
                 continue   # wound back in this roll back already: on from its commit
-            first = self._rewind.get(tp.partition) if self._rewind is not None else None
+            first = rewind.get(tp.partition)
             if first is None:
                 try:
                     low, high = consumer.get_watermark_offsets(

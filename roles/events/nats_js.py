@@ -75,6 +75,8 @@ class _Loop:
 
 
 class JetStreamConsumer:
+    shared = True   # (the module's docstring: one durable consumer for the group's feeders)
+
     def __init__(self, servers: list[str], subject: str, group: str, start: str,
                  options: dict[str, object], ack_wait_s: float = ACK_WAIT_S,
                  connect_timeout_s: float = 10.0, rewind: dict[int, int] | None = None,
@@ -117,10 +119,9 @@ class JetStreamConsumer:
         first, description = None, None
         if rewind is not None:   # read again from there: the group's consumer made anew
             description = f"zbus: wound back ({rewind_id})"
-            named = await self._description(js, stream)
             if not rewind_leads:
                 await self._wound_back(nc, js, stream, description)
-            elif named != description:
+            elif await self._description(js, stream) != description:
                 try:
                     await js.delete_consumer(stream, self.group)
                 except NotFoundError:

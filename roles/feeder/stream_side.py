@@ -139,8 +139,9 @@ class StreamSide:
         self.tracker = MessageTracker()
         self.marks: dict[int, Watermark] = {}   # per partition: what is acknowledged
         # a consumer the feeders share (JetStream's): what this one acknowledged above the
-        # group's floor, its record of the stream at a checkpoint (roles.events.positions)
-        self.group_acks = GroupAcks() if s.url.startswith("nats://") else None
+        # group's floor, its record of the stream at a checkpoint (roles.events.positions);
+        # made with the consumer
+        self.group_acks: GroupAcks | None = None
         self.skip: dict[tuple[int, int], int] = {}   # gone back to a checkpoint: trained then
                                                      # (a message's first events; -1: all)
         self.progressive = StreamProgress(len(job.tasks), s.window_events)
@@ -200,6 +201,7 @@ class StreamSide:
                                      rewind_id=rewind_id, rewind_leads=self.index == 0)
         except (BrokerError, ValueError) as exc:
             return f"cannot read the stream {s.url} {s.topic}: {exc}"
+        self.group_acks = GroupAcks() if consumer.shared else None
         self.reader = EventReader(consumer, decoder, max_messages=1000, fetch_messages=100,
                                   working_s=self.working_every())
         self.warm_started = time.monotonic()
@@ -219,8 +221,7 @@ class StreamSide:
             return None
         partitions: dict[str, dict[str, Any]]
         if self.group_acks is not None:   # the group's floor, and what this feeder did above
-            if self.reader is not None:
-                self.group_acks.floor_at(self.reader.consumer.acked_below)
+            self.group_acks.floor_at(self.acked_below())
             partitions = {"0": self.group_acks.record()}
         else:
             partitions = {str(p): {"floor": m.floor, "done": m.done_above(), "partial": []}
@@ -661,10 +662,13 @@ class StreamSide:
             if mark is not None:
                 mark.done(d.position)
         if self.group_acks is not None:
-            if self.reader is not None:
-                self.group_acks.floor_at(self.reader.consumer.acked_below)
+            self.group_acks.floor_at(self.acked_below())
             for d in released:
                 self.group_acks.done(d.position)
+
+    def acked_below(self) -> int | None:
+        """The shared consumer's group floor as its server last said it."""
+        return self.reader.consumer.acked_below if self.reader is not None else None
 
     # -- figures -----------------------------------------------------------------------------
     def trained(self) -> int:

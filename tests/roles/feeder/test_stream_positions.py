@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from roles.events import Delivery
+from roles.events.positions import GroupAcks
 from roles.feeder.stream_side import StreamSide
 
 
@@ -19,7 +20,10 @@ def side(stream_job, broker: str = "nats") -> StreamSide:
     if broker == "kafka":
         job = dataclasses.replace(job, stream=dataclasses.replace(
             job.stream, url="kafka://127.0.0.1:9092"))
-    return StreamSide(job, 0, rejected)
+    s = StreamSide(job, 0, rejected)
+    if broker == "nats":   # as ``open`` makes them for a shared consumer (JetStream's)
+        s.group_acks = GroupAcks()
+    return s
 
 
 class Reader:
@@ -78,6 +82,21 @@ def test_the_position_says_what_was_trained_and_a_rewind_leaves_it_out(stream_jo
     assert again.messages_acked == 2 + 1     # 9 acknowledged at once: trained before
     assert again.events_trained == 24 and not again.skip
     assert again.position()["partitions"]["0"]["floor"] == 8
+
+
+def test_a_shared_consumers_record_is_the_groups_floor_not_the_feeders_own_prefix(stream_job):
+    """NATS: another feeder of the group holds positions 5 and 6 (the server's floor stays
+    at 5); this one's record starts there, with what it did above, not at its own first
+    position not done (8), which would say 5 and 6 were trained."""
+    s = side(stream_job, "nats")
+    s.reader = reader = Reader()
+    reader.consumer.acked_below = 5
+    taken(s, messages(7, 8, 9, 10))
+    trained(s, 7, 10)
+    trained(s, 9, 10)
+    trained(s, 8, 4)
+    assert s.position()["partitions"] == {"0": {"floor": 5, "done": [7, 9],
+                                                "partial": [[8, 4]]}}
 
 
 def test_a_job_joining_labels_records_no_position(stream_job):
