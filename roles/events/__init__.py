@@ -15,6 +15,7 @@ its feeder dies comes again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,6 +48,12 @@ class Consumer(Protocol):
     # acknowledgements the broker refused without an error raised (Kafka's commits in a
     # rebalance); 0 where every refusal raises
     commits_refused: int
+    # set by whoever calls ``fetch`` (the reader): serves the loop's acknowledgements while a
+    # fetch waits for messages to be done (Kafka's revoke); False: stop waiting
+    serve: Callable[[], bool]
+    # (revokes so far, the partitions of the one under way): its messages read and not begun
+    # are set aside (``forget``), the revoke waits for the rest to be done (Kafka's)
+    revoking: tuple[int, frozenset[int]]
 
     def fetch(self, max_messages: int, timeout_s: float) -> list[Delivery]: ...
 
@@ -55,6 +62,8 @@ class Consumer(Protocol):
     def settle(self) -> None: ...
 
     def working(self, deliveries: list[Delivery]) -> None: ...
+
+    def forget(self, deliveries: list[Delivery]) -> None: ...
 
     def lag(self) -> dict[int, int]: ...
 
@@ -86,5 +95,5 @@ def open_consumer(url: str, topic: str, group: str, start: str = "earliest",
     if scheme == "kafka":
         from roles.events.kafka import KafkaConsumer
         return KafkaConsumer(hosts, topic, group, start, options or {}, rewind=rewind,
-                             rewind_id=rewind_id)
+                             rewind_id=rewind_id, settle_s=ack_wait_s)
     raise BrokerError(f"a stream url is nats:// or kafka://, got {scheme}://")

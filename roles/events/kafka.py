@@ -5,8 +5,14 @@ moves a partition to another feeder when its feeder leaves or dies (a rebalance)
 committed by hand (``enable.auto.commit`` off), synchronously, and only past the done prefix of
 each partition (``watermark``): a commit says "everything before this offset is trained", so a
 message trained ahead of an earlier one waits for it. When a partition is taken away, what is
-done of it is committed first; what was delivered and is not done goes, with the partition, to
-its next owner, from the committed offset.
+done of it is committed, once what was delivered of it is done: a revoke waits (up to
+``settle_s``, the stream's ``ack_wait_s``) while the feeder trains the partition's messages it
+has read, serving the feeder's acknowledgements meanwhile (``serve``, its reader's), so that the
+next owner reads on from an offset past everything trained here: a rebalance trains nothing
+twice.
+What is still not done after that wait goes, with the partition, to its next owner, from the
+committed offset, and is trained twice (counted with the refused commits). Leaving the group
+(``close``) waits for nothing: what is not done is not committed.
 
 A job gone back to a checkpoint reads each partition again from the checkpoint's first offset
 not done (``rewind``), once: the feeder a partition is first assigned to in that roll back
@@ -20,6 +26,8 @@ first owner trained since.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from roles.events import BrokerError, Delivery
@@ -35,7 +43,8 @@ class KafkaConsumer:
 
     def __init__(self, servers: str, topic: str, group: str, start: str,
                  options: dict[str, object], timeout_s: float = 10.0,
-                 rewind: dict[int, int] | None = None, rewind_id: str = ""):
+                 rewind: dict[int, int] | None = None, rewind_id: str = "",
+                 settle_s: float = 30.0):
         from confluent_kafka import Consumer, KafkaException
         ours = sorted(set(options) & set(OWN_SETTINGS))
         if ours:
@@ -53,9 +62,20 @@ class KafkaConsumer:
         self._marks: dict[int, Watermark] = {}
         self.acked_below: int | None = None   # (a JetStream group's floor: not Kafka's)
         self._starts: dict[int, int] = {}   # an assigned partition's first offset to read
+        # a revoked partition's floor here: everything below it is trained (its commit may
+        # have been refused mid-rebalance); if it comes back, read on from there at least
+        self._lapsed: dict[int, int] = {}
         # commits the group refused in a rebalance: their messages are delivered again to the
         # partitions' next owner (Kafka's at-least-once: a member fenced out cannot commit)
         self.commits_refused = 0
+        # a revoke waits this long for the partitions' delivered messages to be done,
+        # calling ``serve`` (the reader's: the loop's acknowledgements; False: stop waiting)
+        self.settle_s = settle_s
+        self.serve: Callable[[], bool] = lambda: False
+        # (revokes so far, the partitions of the one under way): the feeder sets aside what
+        # it read of them and has not begun to train (``forget``), the revoke waits for the rest
+        self.revoking: tuple[int, frozenset[int]] = (0, frozenset())
+        self._closing = False
         try:
             topics = self._consumer.list_topics(topic, timeout=timeout_s).topics
         except KafkaException as exc:
@@ -75,7 +95,42 @@ class KafkaConsumer:
             self._starts.pop(tp.partition, None)
         if self._rewind is not None:   # a job gone back to a checkpoint: read from there
             self._wind_back(consumer, partitions, self._rewind)
+        if self._rewind is not None or self._read_on(consumer, partitions):
             consumer.assign(partitions)
+
+    def _read_on(self, consumer: Any, partitions: list[Any]) -> bool:
+        """A partition back at this feeder after a revoke whose commit the group refused:
+        read on past what was trained here (its floor then), not from an older commit, and
+        commit that; whether any moved."""
+        from confluent_kafka import KafkaException, TopicPartition
+        lapsed = {tp.partition: self._lapsed.pop(tp.partition) for tp in partitions
+                  if tp.partition in self._lapsed}
+        if not lapsed:
+            return False
+        try:
+            committed = {c.partition: c.offset for c in consumer.committed(
+                [TopicPartition(self.topic, p) for p in lapsed], timeout=self._timeout_s)}
+        except KafkaException as exc:   # not known: from the commit (trained again)
+            log.warning("Kafka: committed offsets: %s", exc.args[0].str())
+            return False
+        moved = []
+        for tp in partitions:
+            at = lapsed.get(tp.partition)
+            start = tp.offset if tp.offset >= 0 else max(committed.get(tp.partition, 0), 0)
+            if at is not None and at > start:
+                tp.offset = self._starts[tp.partition] = at
+                moved.append(TopicPartition(self.topic, tp.partition, at, metadata=self._tag)
+                             if self._tag else TopicPartition(self.topic, tp.partition, at))
+        if moved:
+            log.info("Kafka: partition(s) %s back at this feeder: read on from %s, past what "
+                     "it trained", [tp.partition for tp in moved], [tp.offset for tp in moved])
+            try:
+                consumer.commit(offsets=moved, asynchronous=False)
+            except KafkaException as exc:
+                self.commits_refused += 1
+                log.warning("Kafka: the offsets read on from not committed: %s",
+                            exc.args[0].str())
+        return bool(moved)
 
     def _wind_back(self, consumer: Any, partitions: list[Any], rewind: dict[int, int]) -> None:
         """Set each partition's first offset to the checkpoint's, and commit it named after
@@ -119,11 +174,46 @@ class KafkaConsumer:
                             exc.args[0].str())
 
     def _revoked(self, consumer: Any, partitions: list[Any]) -> None:
-        log.info("Kafka: partition(s) %s of %s revoked (%s)", [tp.partition for tp in partitions],
-                 self.topic, {p: (m.floor, m.pending()) for p, m in self._marks.items()})
-        self._commit([tp.partition for tp in partitions])
+        revoked = [tp.partition for tp in partitions]
+        log.info("Kafka: partition(s) %s of %s revoked (%s)", revoked, self.topic,
+                 {p: (m.floor, m.pending()) for p, m in self._marks.items()})
+        count = self.revoking[0] + 1
+        self.revoking = (count, frozenset(revoked))
+        try:
+            left = self._settle(revoked)
+        finally:
+            self.revoking = (count, frozenset())
+        if left and not self._closing:   # (leaving: nothing not done is committed, as said)
+            self.commits_refused += 1
+            log.warning("Kafka: %d message(s) of partition(s) %s read by this feeder and not "
+                        "trained when their revoke ended (it waits up to %.0f s): their next "
+                        "owner reads them again (trained twice if this feeder trains them)",
+                        left, revoked, self.settle_s)
+        self._commit(revoked)
         for tp in partitions:
-            self._marks.pop(tp.partition, None)
+            mark = self._marks.pop(tp.partition, None)
+            if mark is not None and mark.floor is not None:
+                self._lapsed[tp.partition] = mark.floor
+
+    def _settle(self, partitions: list[int]) -> int:
+        """Wait (up to ``settle_s``) until every message of ``partitions`` delivered here is
+        done, serving the loop's acknowledgements; the messages still not done."""
+        def left() -> int:
+            return sum(self._marks[p].pending() for p in partitions if p in self._marks)
+        deadline = time.monotonic() + self.settle_s
+        while not self._closing and left() and time.monotonic() < deadline:
+            if not self.serve():
+                break
+            time.sleep(0.005)
+        return left()
+
+    def forget(self, deliveries: list[Delivery]) -> None:
+        """These messages were read and set aside untrained (their partition revoked): not
+        waited for; the partition's next owner reads them from the commit."""
+        for d in deliveries:
+            mark = self._marks.get(d.partition)
+            if mark is not None:
+                mark.forget([d.position])
 
     def _lost(self, consumer: Any, partitions: list[Any]) -> None:
         for tp in partitions:        # another feeder owns them already: commit nothing
@@ -218,7 +308,8 @@ class KafkaConsumer:
     def close(self) -> None:
         """Leave the group (its partitions go to the other feeders), what is done committed
         first (the revoke as the handle closes can no longer commit); nothing is committed
-        that is not done."""
+        that is not done, and nothing is waited for."""
+        self._closing = True
         try:
             self._commit(sorted(self._marks))
         except BrokerError as exc:   # not committed: delivered again to the next owner

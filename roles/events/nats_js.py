@@ -29,6 +29,7 @@ import asyncio
 import inspect
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -93,6 +94,8 @@ class JetStreamConsumer:
         self._messages: dict[int, Any] = {}   # position -> its message, until done
         self.acked_below: int | None = None    # the group's floor (the module's docstring)
         self.commits_refused = 0   # (an ack that fails raises)
+        self.serve: Callable[[], bool] = lambda: False   # (no fetch waits on acks here)
+        self.revoking: tuple[int, frozenset[int]] = (0, frozenset())   # (nothing is revoked)
         self._loop = _Loop(f"nats-{group}")
         wait_s = REWIND_WAIT_S if rewind is not None and not rewind_leads else 0.0
         self._nc, self._sub = self._loop.open(   # (the client tries again as long as let)
@@ -198,6 +201,9 @@ class JetStreamConsumer:
 
     def settle(self) -> None:
         """Nothing waits: ``done`` returns once the server has the acks."""
+
+    def forget(self, deliveries: list[Delivery]) -> None:
+        """(Nothing is revoked from a JetStream group's feeder: never asked.)"""
 
     def working(self, deliveries: list[Delivery]) -> None:
         """These messages are still being worked on: their ack wait starts again (an

@@ -54,6 +54,7 @@ class EventReader:
         self._fetching = True
         self._queued: list[tuple[float, list[Delivery]]] = []   # read, not taken: since when
         self._final: queue.Queue[int | None] = queue.Queue()
+        consumer.serve = self._serve_waiting
         self._thread = threading.Thread(target=self._run, name="event-reader", daemon=True)
         self._thread.start()
 
@@ -109,6 +110,8 @@ class EventReader:
                     self.consumer.done(deliveries)
                 elif what == "working":
                     self.consumer.working(deliveries)
+                elif what == "forget":
+                    self.consumer.forget(deliveries)
                 else:   # "final": every ack settled, then the lag
                     self.consumer.settle()
                     self._final.put(sum(self.consumer.lag().values()))
@@ -118,6 +121,15 @@ class EventReader:
                     self.acks_failed += 1
                 if what == "final":
                     self._final.put(None)
+
+    def _serve_waiting(self) -> bool:
+        """The consumer waits inside a fetch for messages to be done (a Kafka revoke): the
+        loop's acknowledgements are served meanwhile; False (stop waiting) once the reader
+        stops or reads no more (the stream has ended: what is held is not trained)."""
+        if self._stop.is_set() or not self._fetching:
+            return False
+        self._serve()
+        return True
 
     def _keep_queued(self) -> None:
         now = time.monotonic()
@@ -152,6 +164,15 @@ class EventReader:
 
     def working(self, deliveries: list[Delivery]) -> None:
         self._calls.put(("working", deliveries))
+
+    def revoking(self) -> tuple[int, frozenset[int]]:
+        """(Revokes so far, the partitions of the one under way: set aside what is read of
+        them and not begun, and ``forget`` it; the revoke waits for the rest.)"""
+        return self.consumer.revoking
+
+    def forget(self, deliveries: list[Delivery]) -> None:
+        """These messages were set aside untrained (their partition revoked)."""
+        self._calls.put(("forget", deliveries))
 
     def stop_fetching(self) -> None:
         """No more messages are read (those read and not taken are left unacknowledged);

@@ -90,6 +90,19 @@ class MessageTracker:
         self._ready.clear()
         return [self._held.pop(k).delivery for k in keys]
 
+    def forget(self, keys: list[tuple[int, int]]) -> list[Delivery]:
+        """Stop holding these messages (partition, position), none of whose events is
+        trained or on its way: set aside untrained (a revoked partition's); their
+        deliveries."""
+        out = []
+        for key in keys:
+            held = self._held.pop(key, None)
+            if held is not None:
+                self._ready.discard(key)
+                self.events_held -= max(held.left, 0)
+                out.append(held.delivery)
+        return out
+
     def overdue(self, now: float, after_s: float) -> list[Delivery]:
         """Held messages delivered (or said in progress) more than ``after_s`` ago; their
         clock starts again."""

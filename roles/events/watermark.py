@@ -16,12 +16,14 @@ class Watermark:
         self.floor = floor            # None: nothing delivered yet
         self._open: list[int] = []    # delivered, not done (a heap)
         self._done: set[int] = set()  # done above the lowest open position
+        self._aside: set[int] = set()  # open, set aside: never done here (``forget``)
 
     def delivered(self, position: int) -> None:
         if self.floor is None:
             self.floor = position
         if position < self.floor or position in self._done:
             return                    # a redelivery of what is done: nothing to track
+        self._aside.discard(position)
         heapq.heappush(self._open, position)
 
     def done(self, position: int) -> bool:
@@ -39,10 +41,16 @@ class Watermark:
             moved = True
         return moved
 
+    def forget(self, positions: list[int]) -> None:
+        """These positions were delivered and will not be done here (a revoked partition's
+        messages set aside untrained: its next owner reads them from the floor, which stops
+        at the first of them); no longer ``pending``."""
+        self._aside.update(q for q in positions if self.floor is not None and q >= self.floor)
+
     def done_above(self) -> list[int]:
         """The positions done above the floor (delivered out of order, done before it)."""
         return sorted(self._done)
 
     def pending(self) -> int:
-        """Delivered and not done."""
-        return len(set(self._open))
+        """Delivered and not done (nor set aside)."""
+        return len(set(self._open) - self._done - self._aside)

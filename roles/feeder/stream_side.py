@@ -177,6 +177,8 @@ class StreamSide:
         # broker is to deliver again (``end``)
         self.drain_until: float | None = None
         self.started_at = time.monotonic()
+        self.revokes_seen = 0            # the consumer's revokes this loop has answered
+        self.messages_set_aside = 0      # read, then revoked before any event was trained
 
     # -- opening ---------------------------------------------------------------------------
     def open(self, rewind: dict[str, Any] | None = None, rewind_id: str = "") -> str | None:
@@ -305,6 +307,7 @@ class StreamSide:
                 self.reader.working(overdue)
             if self.labels is not None:
                 self.labels.overdue(now, every)
+        self.answer_revoke()
         came = False
         if self.labels is not None and not self.ended:
             ready = self.labels.poll(now, running=self.preparer is not None)
@@ -317,6 +320,51 @@ class StreamSide:
         for deliveries, decoded in self.reader.take():
             came |= self.take(deliveries, decoded, now)
         return came
+
+    def answer_revoke(self) -> None:
+        """A rebalance revokes partitions (Kafka): what this feeder has read of them and not
+        begun to train (held for the statistics, waiting in the batcher, read and not taken)
+        is set aside untrained, and the consumer told to forget it: the partitions' next
+        owner reads it from their commit. What a batch has begun is trained here, the revoke
+        waiting for it (``roles.events.kafka``). Not with labels on a topic of their own
+        (one feeder: nothing moves)."""
+        assert self.reader is not None
+        count, partitions = self.reader.revoking()
+        if count == self.revokes_seen or not partitions or self.labels is not None:
+            return
+        self.revokes_seen = count
+        now = time.monotonic()
+        if not self.ended:   # (the reader waits in the revoke: this is all it read)
+            for deliveries, decoded in self.reader.take():
+                self.take(deliveries, decoded, now)
+        rows = [self.batcher.drop(set(partitions))]
+        kept = []
+        for h in self.held:
+            gone = np.isin(h.origin[:, 0], list(partitions))
+            if gone.any():
+                rows.append(h.origin[gone])
+                at = np.flatnonzero(~gone)
+                if not len(at):
+                    continue
+                h = _Held(select_rows(h.block, at), h.origin[at], h.times[at],
+                          None if h.ids is None else h.ids[at],
+                          None if h.lines is None else h.lines[at])
+            kept.append(h)
+        self.held = kept
+        origin = np.concatenate(rows)
+        if not len(origin):
+            return
+        self.events_taken -= len(origin)
+        messages = np.unique(origin, axis=0)
+        aside = self.tracker.forget([(int(p), int(q)) for p, q in messages])
+        for d in aside:
+            mark = self.marks.get(d.partition)
+            if mark is not None:
+                mark.forget([d.position])
+        self.reader.forget(aside)
+        self.messages_set_aside += len(aside)
+        log.info("partition(s) %s revoked: %d message(s) read and not begun set aside (%d "
+                 "event(s)), for their next owner", sorted(partitions), len(aside), len(origin))
 
     def full(self) -> bool:
         """Enough waits: before the statistics, the warm-up's events; after, 8 batches."""

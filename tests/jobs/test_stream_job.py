@@ -43,6 +43,10 @@ def stream_job(tmp_path, url: str, topic: str, more: str = "") -> str:
     return str(path)
 
 
+# (Kafka: a killed consumer leaves the group after 6 s of silence, not librdkafka's 45)
+QUICK_KAFKA = '[stream.options]\n"session.timeout.ms" = "6000"\n"heartbeat.interval.ms" = "500"'
+
+
 def adult_csv(tmp_path):
     path = tmp_path / "adult.csv"
     path.write_bytes(gzip.decompress((REPO / "data" / "adult.csv.gz").read_bytes()))
@@ -288,9 +292,8 @@ def test_a_stream_job_killed_whole_resumes_from_its_checkpoint_s_positions(
         part.write_text(lines[0] + "".join(lines[1 + cuts[k]:1 + cuts[k + 1]]))
         files.append(part)
     # (Kafka: a killed consumer leaves the group after 6 s of silence, not librdkafka's 45)
-    quick = '[stream.options]\n"session.timeout.ms" = "6000"\n"heartbeat.interval.ms" = "500"' \
-        if broker == "kafka" else ""
-    job = stream_job(tmp_path, url, "adult.events", more=quick)
+    job = stream_job(tmp_path, url, "adult.events",
+                     more=QUICK_KAFKA if broker == "kafka" else "")
     c = cluster(job, train__until_events=events, checkpoint__every_s=0,
                 cluster__feeders=feeders)
     published(url, files[0])
@@ -339,6 +342,41 @@ def test_a_kafka_stream_trains_every_event_once_over_its_partitions(cluster, kaf
     assert st["lag_events"] == 0, st
     aucs = [w["auc"] for w in st["windows"]]
     assert len(aucs) == 3 and aucs[-1] > aucs[0] + 0.2 and aucs[-1] > 0.85, aucs   # it learns
+
+
+@pytest.mark.inprocess      # the roles run in this one; the mock cluster too
+def test_a_feeder_joining_late_takes_partitions_whose_read_events_the_first_sets_aside(
+        cluster, kafka, tmp_path):
+    """Feeder 0 starts alone, reads events from every partition and holds them (the run
+    starts once every node has joined); feeder 1 joins, and the rebalance revokes feeder 0's
+    partitions: what it read and had not begun to train is set aside for whoever owns each
+    partition next, which reads it from the commit. Every event trained once. Before, feeder
+    0 trained what it held and the partitions' next owners read it again (the failure once
+    seen in the resume test's Kafka case, when its second feeder joined late)."""
+    lines = adult_csv(tmp_path).read_text().splitlines(keepends=True)
+    head = tmp_path / "head.csv"
+    head.write_text("".join(lines[:12_001]))
+    assert published(kafka.url, head) == (12_000, 120)
+    job = stream_job(tmp_path, kafka.url, "adult.events", more=QUICK_KAFKA)
+    c = cluster(job, train__until_events=12_000, cluster__feeders=2)
+    c.start_role("control")
+    c.start_role("feeder", 0)
+    deadline = time.monotonic() + 60
+    while "of adult.events assigned" not in c.log("feeder-0"):
+        assert time.monotonic() < deadline, c.logs()
+        time.sleep(0.1)
+    time.sleep(2.0)   # (it reads at once: what its reader holds, and its warm-up's events)
+    c.start_role("feeder", 1)
+    for role, count in (("ps", 2), ("worker", 2), ("aggregator", 1)):
+        for i in range(count):
+            c.start_role(role, i, *(["--slowdown", "1.0"] if role != "aggregator" else []))
+    assert c.wait(timeout=240) == 0, c.logs()
+    s = c.summary()
+    st = s["stream"]
+    assert st["events_trained"] == 12_000 and s["samples_trained"] == 12_000, st
+    assert st["events_trained_twice"] == 0 and st["messages_acked"] == 120, st
+    assert st["lag_events"] == 0, st   # every partition committed to its end
+    assert "read and not begun set aside" in c.log("feeder-0"), c.log("feeder-0")
 
 
 @pytest.mark.integration   # the broker is a process

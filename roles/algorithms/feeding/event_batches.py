@@ -73,6 +73,35 @@ class EventBatcher:
                     -1, 2), now, None if lines is None else np.asarray(lines, np.int64)))
             self._waiting += len(samples)
 
+    def drop(self, partitions: set[int]) -> np.ndarray:
+        """Set aside the waiting events of messages of ``partitions`` none of whose events
+        is in a batch yet (a message a batch has begun stays whole, to be trained); their
+        (partition, position) rows [n, 2], one per event."""
+        begun = None
+        if self._chunks and self._chunks[0].at:
+            head = self._chunks[0]
+            begun = head.origin[head.at - 1]
+        out: list[np.ndarray] = []
+        kept: deque[_Chunk] = deque()
+        for chunk in self._chunks:
+            left = np.arange(chunk.at, len(chunk.samples))
+            origin = chunk.origin[left]
+            gone = np.isin(origin[:, 0], list(partitions))
+            if begun is not None:
+                gone &= ~((origin[:, 0] == begun[0]) & (origin[:, 1] == begun[1]))
+            if gone.any():
+                out.append(origin[gone])
+                self._waiting -= int(gone.sum())
+                at = left[~gone]
+                if not len(at):
+                    continue
+                chunk = _Chunk(chunk.samples.take(at), chunk.origin[at], chunk.times[at],
+                               None if chunk.label_origin is None else chunk.label_origin[at],
+                               chunk.arrived, None if chunk.lines is None else chunk.lines[at])
+            kept.append(chunk)
+        self._chunks = kept
+        return np.concatenate(out) if out else np.zeros((0, 2), np.int64)
+
     def due(self) -> float | None:
         """When the waiting events' partial batch leaves (None: nothing waits)."""
         return self._chunks[0].arrived + self.linger_s if self._chunks else None

@@ -154,3 +154,73 @@ def test_a_roll_back_winds_each_partition_back_once_whichever_feeder_gets_it(kaf
             [(0, 8), (0, 9)] + [(1, i) for i in range(10)]
     finally:
         c.close()
+
+
+
+@pytest.mark.inprocess   # the mock cluster runs in this process
+def test_a_revoke_sets_aside_what_is_not_begun_and_waits_for_the_rest(kafka):
+    """A second feeder joins while the first holds every message it has read, some begun
+    (in batches), some not: the revoke asks the first to set aside what it has not begun
+    (``revoking``, ``forget``) and waits while it trains the rest (its acknowledgements
+    served through its reader meanwhile), so that neither reads again what the first
+    trained, and what was set aside goes to its partition's next owner. The mock cluster
+    refuses a commit mid-rebalance (a real broker takes it from the group's current
+    generation): a partition that comes back to the first feeder reads on past what it
+    trained all the same. Before, the revoke committed what was done by then and the
+    first feeder read its partitions again from there, training twice what it trained in
+    the meantime."""
+    import time
+
+    import orjson
+
+    from roles.data.readers import Schema
+    from roles.events.decode import EventDecoder
+    from roles.events.reader import EventReader
+
+    def message(i: int) -> bytes:
+        return orjson.dumps({"y": i % 2, "x": i, "c": "a"})
+
+    kafka.produce("views", [message(0)] * 4)   # (made with 4 partitions)
+    for partition in range(4):
+        kafka.produce("views", [message(i) for i in range(4)], partition)
+    ends = dict(enumerate(hi for _, hi in kafka.watermarks("views")))
+    # member ids begin with client.id: the range assignor gives a [0, 1], b [2, 3]
+    a = open_consumer(kafka.url, "views", "job", options={**QUICK, "client.id": "a"},
+                      ack_wait_s=60)
+    reader = EventReader(a, EventDecoder(Schema(label="y", dense=["x"], sparse=["c"]),
+                                         "json", "views"))
+    held: list = []
+    b = None
+    deadline = time.monotonic() + 60
+    try:
+        while len(held) < sum(ends.values()):   # every message read by a, none trained
+            assert time.monotonic() < deadline, len(held)
+            held += [d for deliveries, _ in reader.take() for d in deliveries]
+            time.sleep(0.05)
+        b = open_consumer(kafka.url, "views", "job", options={**QUICK, "client.id": "b"})
+        got_b = drain(b, 1, rounds=1)   # (joins: a's partitions are revoked; b waits)
+        while reader.revoking()[1] != {0, 1, 2, 3}:   # (b's join made a's revoke)
+            assert time.monotonic() < deadline
+            got_b += drain(b, 1, rounds=1)
+        begun = [d for d in held if d.partition in (0, 1)]
+        reader.forget([d for d in held if d.partition in (2, 3)])   # not begun: set aside
+        time.sleep(0.5)          # the revoke waits on the begun ones ...
+        assert reader.revoking()[1] == {0, 1, 2, 3}
+        reader.done(begun)       # ... trained now
+        rest = got_b + drain(b, ends[2] + ends[3])
+        again_a = []
+        while time.monotonic() < deadline and not again_a:
+            again_a = [d for deliveries, _ in reader.take() for d in deliveries]
+            if reader.revoking() == (1, frozenset()):
+                break
+            time.sleep(0.05)
+        time.sleep(1.0)
+        again_a += [d for deliveries, _ in reader.take() for d in deliveries]
+        # what a set aside, and only that, went to b; a read nothing of what it trained again
+        assert sorted((d.partition, d.position) for d in rest) == \
+            [(p, q) for p in (2, 3) for q in range(ends[p])]
+        assert again_a == [], [(d.partition, d.position) for d in again_a]
+    finally:
+        reader.shut("the first feeder's")
+        if b is not None:
+            b.close()

@@ -43,3 +43,15 @@ def test_held_messages_are_said_in_progress_before_their_ack_wait_passes():
     assert t.overdue(now=17.0, after_s=15.0) == []          # their clock started again
     assert [m.position for m in t.overdue(now=26.0, after_s=15.0)] == [3]
     assert t.oldest_time_s() == 1.0
+
+
+def test_messages_set_aside_are_no_longer_held_and_give_their_deliveries():
+    t = MessageTracker()
+    batch = [d(1), d(2), d(1, partition=1)]
+    t.add(batch, now=0.0)
+    for m in batch:
+        t.events(m, 2)
+    assert [m.position for m in t.forget([(0, 2), (1, 1), (0, 9)])] == [2, 1]
+    assert len(t) == 1 and t.events_held == 2
+    t.trained([(0, 1), (0, 2)], [2, 2])   # (a set-aside message's events: not counted)
+    assert [m.position for m in t.done()] == [1] and t.events_held == 0

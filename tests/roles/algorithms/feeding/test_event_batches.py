@@ -107,3 +107,23 @@ def test_the_messages_counts_and_runs_are_what_a_sort_and_unique_give(rows, orde
         else:
             expected.append((p, q, ln, ln))
     assert runs == expected
+
+
+def test_a_revoked_partition_s_messages_not_begun_are_set_aside_and_a_begun_one_stays():
+    """``drop``: the waiting events of a partition's messages none of whose events is in a
+    batch leave the batcher (their rows returned); a message a batch has begun stays whole
+    (it is trained here), as do the other partitions' events, in their order."""
+    b = EventBatcher(batch_size=4, linger_s=0.0)
+    b.add(events(0, 6), np.vstack([origin(10, 3, 1), origin(11, 3, 1)]), np.zeros(6),
+          now=0.0)
+    b.add(events(6, 4), np.vstack([origin(5, 2, 0), origin(12, 2, 1)]), np.zeros(4), now=0.0)
+    first = b.take(now=0.0)   # message 11 begun: one of its events in this batch
+    assert first.messages == [(1, 10), (1, 11)]
+    gone = b.drop({1})
+    assert gone.tolist() == [[1, 12], [1, 12]] and len(b) == 4
+    rest = b.take(now=0.0, flush=True)
+    assert rest.samples.keys[:, 0].tolist() == [4, 5, 6, 7]
+    assert (rest.messages, rest.counts) == ([(0, 5), (1, 11)], [2, 2])
+    assert b.drop({0, 1}).tolist() == [] and b.take(now=0.0, flush=True) is None
+    b.add(events(0, 2), origin(20, 2, 2), np.zeros(2), now=0.0)
+    assert b.drop({2}).tolist() == [[2, 20], [2, 20]] and len(b) == 0 and b.due() is None
