@@ -13,7 +13,7 @@ events test-then-train (``zbus-reference --events``), and the same again frozen 
 ``--freeze-after`` events (a model that stops learning). Prints each window's AUC for the four,
 and the medians, over the windows after the freeze, of each one's gap to the oracle.
 
-    .venv/bin/python scripts/bench_drift.py [--rows 200000] [--drift 0.1] [--days 30]
+    .venv/bin/python scripts/bench_drift.py [--rows 1000000] [--drift 0.1] [--days 30]
         [--window 10000] [--freeze-after 20000] [--per-message 100]
 
 The stream job's windows close in the order its batches are acknowledged (batches of two
@@ -113,7 +113,7 @@ shards = 2
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--drift", type=float, default=0.1, help="radians a day")
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--window", type=int, default=10_000)
