@@ -75,7 +75,12 @@ class KafkaConsumer:
         # (revokes so far, the partitions of the one under way): the feeder sets aside what
         # it read of them and has not begun to train (``forget``), the revoke waits for the rest
         self.revoking: tuple[int, frozenset[int]] = (0, frozenset())
+        self._answered = 0   # the last revoke the feeder has answered (``forget``)
         self._closing = False
+        # a cooperative assignor hands partitions over a few at a time: an assignment changed
+        # in its callback is made with incremental_assign
+        self._cooperative = "cooperative" in str(options.get("partition.assignment.strategy",
+                                                             ""))
         try:
             topics = self._consumer.list_topics(topic, timeout=timeout_s).topics
         except KafkaException as exc:
@@ -95,8 +100,12 @@ class KafkaConsumer:
             self._starts.pop(tp.partition, None)
         if self._rewind is not None:   # a job gone back to a checkpoint: read from there
             self._wind_back(consumer, partitions, self._rewind)
-        if self._rewind is not None or self._read_on(consumer, partitions):
-            consumer.assign(partitions)
+        moved = self._read_on(consumer, partitions)   # (after the wind back: past it too)
+        if self._rewind is not None or moved:
+            if self._cooperative:
+                consumer.incremental_assign(partitions)
+            else:
+                consumer.assign(partitions)
 
     def _read_on(self, consumer: Any, partitions: list[Any]) -> bool:
         """A partition back at this feeder after a revoke whose commit the group refused:
@@ -177,12 +186,7 @@ class KafkaConsumer:
         revoked = [tp.partition for tp in partitions]
         log.info("Kafka: partition(s) %s of %s revoked (%s)", revoked, self.topic,
                  {p: (m.floor, m.pending()) for p, m in self._marks.items()})
-        count = self.revoking[0] + 1
-        self.revoking = (count, frozenset(revoked))
-        try:
-            left = self._settle(revoked)
-        finally:
-            self.revoking = (count, frozenset())
+        left = self._settle(revoked)
         if left and not self._closing:   # (leaving: nothing not done is committed, as said)
             self.commits_refused += 1
             log.warning("Kafka: %d message(s) of partition(s) %s read by this feeder and not "
@@ -195,27 +199,45 @@ class KafkaConsumer:
             if mark is not None and mark.floor is not None:
                 self._lapsed[tp.partition] = mark.floor
 
-    def _settle(self, partitions: list[int]) -> int:
-        """Wait (up to ``settle_s``) until every message of ``partitions`` delivered here is
-        done, serving the loop's acknowledgements; the messages still not done."""
+    def _settle(self, partitions: list[int], done: bool = True) -> int:
+        """Say the revoke of ``partitions`` (``revoking``) and wait, up to ``settle_s``,
+        serving the loop's acknowledgements, until the feeder has answered it (set aside
+        what it has not begun: ``forget``) and, with ``done``, every other message of them
+        delivered here is done; the messages still not done."""
+        count = self.revoking[0] + 1
+        self.revoking = (count, frozenset(partitions))
+
         def left() -> int:
-            return sum(self._marks[p].pending() for p in partitions if p in self._marks)
+            return sum(self._marks[p].pending() for p in partitions if p in self._marks) \
+                if done else 0
         deadline = time.monotonic() + self.settle_s
-        while not self._closing and left() and time.monotonic() < deadline:
-            if not self.serve():
-                break
-            time.sleep(0.005)
+        try:
+            while not self._closing and (self._answered < count or left()) and \
+                    time.monotonic() < deadline:
+                if not self.serve():
+                    break
+                time.sleep(0.005)
+        finally:
+            self.revoking = (count, frozenset())
         return left()
 
-    def forget(self, deliveries: list[Delivery]) -> None:
-        """These messages were read and set aside untrained (their partition revoked): not
-        waited for; the partition's next owner reads them from the commit."""
+    def forget(self, deliveries: list[Delivery], revoke: int) -> None:
+        """The feeder's answer to the revoke numbered ``revoke``: these messages were read
+        and set aside untrained (their partition revoked): not waited for; the partition's
+        next owner reads them from the commit."""
         for d in deliveries:
             mark = self._marks.get(d.partition)
             if mark is not None:
                 mark.forget([d.position])
+        self._answered = max(self._answered, revoke)
 
     def _lost(self, consumer: Any, partitions: list[Any]) -> None:
+        """The group gave these partitions to another feeder (this one was fenced out): what
+        the feeder read of them and has not begun is set aside (the revoke's answer waited
+        for), nothing waited for nor committed."""
+        lost = [tp.partition for tp in partitions]
+        log.info("Kafka: partition(s) %s of %s lost to the group", lost, self.topic)
+        self._settle(lost, done=False)
         for tp in partitions:        # another feeder owns them already: commit nothing
             self._marks.pop(tp.partition, None)
 

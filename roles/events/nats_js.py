@@ -202,7 +202,7 @@ class JetStreamConsumer:
     def settle(self) -> None:
         """Nothing waits: ``done`` returns once the server has the acks."""
 
-    def forget(self, deliveries: list[Delivery]) -> None:
+    def forget(self, deliveries: list[Delivery], revoke: int) -> None:
         """(Nothing is revoked from a JetStream group's feeder: never asked.)"""
 
     def working(self, deliveries: list[Delivery]) -> None:

@@ -50,7 +50,7 @@ class EventReader:
         self._lag_at = 0.0
         # the loop's calls on the consumer, made here: a Kafka consumer called from two
         # threads at once blocked (a commit behind a committed(), measured)
-        self._calls: queue.Queue[tuple[str, list[Delivery]]] = queue.Queue()
+        self._calls: queue.Queue[tuple[str, list[Delivery], int]] = queue.Queue()
         self._fetching = True
         self._queued: list[tuple[float, list[Delivery]]] = []   # read, not taken: since when
         self._final: queue.Queue[int | None] = queue.Queue()
@@ -102,7 +102,7 @@ class EventReader:
         self._keep_queued()
         while True:
             try:
-                what, deliveries = self._calls.get_nowait()
+                what, deliveries, revoke = self._calls.get_nowait()
             except queue.Empty:
                 return
             try:
@@ -111,7 +111,7 @@ class EventReader:
                 elif what == "working":
                     self.consumer.working(deliveries)
                 elif what == "forget":
-                    self.consumer.forget(deliveries)
+                    self.consumer.forget(deliveries, revoke)
                 else:   # "final": every ack settled, then the lag
                     self.consumer.settle()
                     self._final.put(sum(self.consumer.lag().values()))
@@ -125,8 +125,8 @@ class EventReader:
     def _serve_waiting(self) -> bool:
         """The consumer waits inside a fetch for messages to be done (a Kafka revoke): the
         loop's acknowledgements are served meanwhile; False (stop waiting) once the reader
-        stops or reads no more (the stream has ended: what is held is not trained)."""
-        if self._stop.is_set() or not self._fetching:
+        stops (after the stream's end the batches already made are still trained)."""
+        if self._stop.is_set():
             return False
         self._serve()
         return True
@@ -160,19 +160,20 @@ class EventReader:
 
     def done(self, deliveries: list[Delivery]) -> None:
         """Acknowledge these messages to the broker (on this thread, within a fetch's wait)."""
-        self._calls.put(("done", deliveries))
+        self._calls.put(("done", deliveries, 0))
 
     def working(self, deliveries: list[Delivery]) -> None:
-        self._calls.put(("working", deliveries))
+        self._calls.put(("working", deliveries, 0))
 
     def revoking(self) -> tuple[int, frozenset[int]]:
         """(Revokes so far, the partitions of the one under way: set aside what is read of
         them and not begun, and ``forget`` it; the revoke waits for the rest.)"""
         return self.consumer.revoking
 
-    def forget(self, deliveries: list[Delivery]) -> None:
-        """These messages were set aside untrained (their partition revoked)."""
-        self._calls.put(("forget", deliveries))
+    def forget(self, deliveries: list[Delivery], revoke: int) -> None:
+        """The loop's answer to the revoke numbered ``revoke``: these messages were set aside
+        untrained (their partition revoked)."""
+        self._calls.put(("forget", deliveries, revoke))
 
     def stop_fetching(self) -> None:
         """No more messages are read (those read and not taken are left unacknowledged);
@@ -182,7 +183,7 @@ class EventReader:
     def final_lag(self, timeout_s: float = 30.0) -> int | None:
         """Once every acknowledgement asked for is settled with the broker: its lag (None: it
         did not say)."""
-        self._calls.put(("final", []))
+        self._calls.put(("final", [], 0))
         try:
             return self._final.get(timeout=timeout_s)
         except queue.Empty:

@@ -29,6 +29,7 @@ class _Held:
     total: int         # events to train (told by ``events``)
     since: float       # when it was delivered, or last said to be in progress
     order: int         # its place among the deliveries added
+    rejected: int = 0  # its events set aside as malformed
 
 
 class MessageTracker:
@@ -56,11 +57,13 @@ class MessageTracker:
             fresh.append(i)
         return fresh
 
-    def events(self, delivery: Delivery, trained: int) -> None:
-        """How many of ``delivery``'s events go to training (the rest were set aside)."""
+    def events(self, delivery: Delivery, trained: int, rejected: int = 0) -> None:
+        """How many of ``delivery``'s events go to training, and how many were set aside as
+        malformed."""
         key = (delivery.partition, delivery.position)
         held = self._held[key]
         held.left = held.total = trained
+        held.rejected = rejected
         self.events_held += trained
         if trained == 0:
             self._ready.add(key)
@@ -90,18 +93,22 @@ class MessageTracker:
         self._ready.clear()
         return [self._held.pop(k).delivery for k in keys]
 
-    def forget(self, keys: list[tuple[int, int]]) -> list[Delivery]:
+    def forget(self, keys: list[tuple[int, int]]) -> tuple[list[Delivery], int]:
         """Stop holding these messages (partition, position), none of whose events is
-        trained or on its way: set aside untrained (a revoked partition's); their
-        deliveries."""
-        out = []
+        trained or on its way: set aside untrained (a revoked partition's); their deliveries
+        and their malformed events."""
+        out, rejected = [], 0
         for key in keys:
             held = self._held.pop(key, None)
             if held is not None:
                 self._ready.discard(key)
                 self.events_held -= max(held.left, 0)
+                rejected += held.rejected
                 out.append(held.delivery)
-        return out
+        return out, rejected
+
+    def holds(self, partition: int, position: int) -> bool:
+        return (partition, position) in self._held
 
     def overdue(self, now: float, after_s: float) -> list[Delivery]:
         """Held messages delivered (or said in progress) more than ``after_s`` ago; their

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,6 +180,7 @@ class StreamSide:
         self.started_at = time.monotonic()
         self.revokes_seen = 0            # the consumer's revokes this loop has answered
         self.messages_set_aside = 0      # read, then revoked before any event was trained
+        self.moved: set[int] = set()     # partitions revoked: their record starts anew
 
     # -- opening ---------------------------------------------------------------------------
     def open(self, rewind: dict[str, Any] | None = None, rewind_id: str = "") -> str | None:
@@ -324,19 +326,27 @@ class StreamSide:
     def answer_revoke(self) -> None:
         """A rebalance revokes partitions (Kafka): what this feeder has read of them and not
         begun to train (held for the statistics, waiting in the batcher, read and not taken)
-        is set aside untrained, and the consumer told to forget it: the partitions' next
-        owner reads it from their commit. What a batch has begun is trained here, the revoke
-        waiting for it (``roles.events.kafka``). Not with labels on a topic of their own
-        (one feeder: nothing moves)."""
+        is set aside untrained, and the consumer told to forget it (the revoke's answer,
+        which it waits for): the partitions' next owner reads it from their commit. What a
+        batch has begun is trained here, the revoke waiting for it (``roles.events.kafka``).
+        This feeder's record of each of them starts anew once it comes back (from a commit).
+        With labels on a topic of their own (one feeder) nothing is set aside."""
         assert self.reader is not None
         count, partitions = self.reader.revoking()
-        if count == self.revokes_seen or not partitions or self.labels is not None:
+        if count == self.revokes_seen or not partitions:
             return
         self.revokes_seen = count
+        self.moved |= partitions
+        if self.labels is not None:
+            self.reader.forget([], count)
+            return
         now = time.monotonic()
-        if not self.ended:   # (the reader waits in the revoke: this is all it read)
-            for deliveries, decoded in self.reader.take():
+        untracked = []   # read, and not to be trained here (the stream ended)
+        for deliveries, decoded in self.reader.take():   # (all it read: it waits in the revoke)
+            if not self.ended or self.drain_until is not None:
                 self.take(deliveries, decoded, now)
+            untracked += [d for d in deliveries if d.partition in partitions and
+                          not self.tracker.holds(d.partition, d.position)]
         rows = [self.batcher.drop(set(partitions))]
         kept = []
         for h in self.held:
@@ -352,19 +362,23 @@ class StreamSide:
             kept.append(h)
         self.held = kept
         origin = np.concatenate(rows)
-        if not len(origin):
-            return
-        self.events_taken -= len(origin)
-        messages = np.unique(origin, axis=0)
-        aside = self.tracker.forget([(int(p), int(q)) for p, q in messages])
+        messages = np.unique(origin, axis=0) if len(origin) else origin
+        aside, malformed = self.tracker.forget([(int(p), int(q)) for p, q in messages])
+        self.events_taken -= len(origin) + malformed
+        self.events_rejected -= malformed   # (its next owner counts them: rejected.tsv has
+        if not self.stats_sent:             # them from each, as read)
+            self.warm_read -= len(origin) + malformed
+            self.warm_rejected -= malformed
         for d in aside:
             mark = self.marks.get(d.partition)
             if mark is not None:
                 mark.forget([d.position])
-        self.reader.forget(aside)
+        self.reader.forget(aside + untracked, count)
         self.messages_set_aside += len(aside)
-        log.info("partition(s) %s revoked: %d message(s) read and not begun set aside (%d "
-                 "event(s)), for their next owner", sorted(partitions), len(aside), len(origin))
+        if aside:
+            log.info("partition(s) %s revoked: %d message(s) read and not begun set aside "
+                     "(%d event(s)), for their next owner", sorted(partitions), len(aside),
+                     len(origin) + malformed)
 
     def full(self) -> bool:
         """Enough waits: before the statistics, the warm-up's events; after, 8 batches."""
@@ -390,6 +404,9 @@ class StreamSide:
             return False
         for i in fresh:
             d = deliveries[i]
+            if d.partition in self.moved:   # back after a revoke: from its commit on
+                self.moved.discard(d.partition)
+                self.marks[d.partition] = Watermark()
             self.marks.setdefault(d.partition, Watermark()).delivered(d.position)
         keep = np.zeros(len(deliveries), dtype=bool)
         keep[fresh] = True            # delivered again while held: left out
@@ -416,8 +433,10 @@ class StreamSide:
             self.rejected.append(rejected)
             self.events_rejected += len(rejected)
         per_message = np.bincount(decoded.message[counted], minlength=len(deliveries))
+        malformed = Counter(r.file for r in rejected) if rejected else None
         for i in fresh:
-            self.tracker.events(deliveries[i], int(per_message[i]))
+            self.tracker.events(deliveries[i], int(per_message[i]), 0 if malformed is None else
+                                malformed[message_name(self.config.topic, deliveries[i])])
         released = self.tracker.done()   # messages whose every event was set aside
         if released:
             self.acknowledge(released)
@@ -739,6 +758,7 @@ class StreamSide:
             "events_trained": self.trained(), "events_rejected": self.events_rejected,
             "messages_acked": self.messages_acked, "messages_held": len(self.tracker),
             "duplicates_left_out": self.tracker.duplicates,
+            "messages_set_aside": self.messages_set_aside,
             "lag_messages": lag_messages,
             "lag_events": None if lag_messages is None else round(lag_messages * per_message),
             "lag_s": (0.0 if not lag_messages else

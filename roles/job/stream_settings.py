@@ -48,10 +48,11 @@ class StreamConfig:
     ack_wait_s: float = field(default=30.0, metadata={"min": 1.0, "doc": (
         "NATS: a message not acknowledged this long after its delivery is delivered again "
         "(JetStream's AckWait: how soon a dead feeder's messages come back; a feeder says the "
-        "messages it holds are in progress every third of it). Kafka: how long a revoked "
-        "partition (a rebalance) waits for its messages this feeder has read to be trained "
-        "and committed before it goes to its next owner, which reads what is not from the "
-        "commit (a dead feeder's partitions go to the others when its session ends)")})
+        "messages it holds are in progress every third of it). Kafka: how long a revoke (a "
+        "rebalance) waits, holding up the group's rebalance, for the batches this feeder has "
+        "begun of the revoked partitions to be trained and committed (what it has read and "
+        "not begun is set aside for the next owner, which reads it from the commit); a dead "
+        "feeder's partitions go to the others when its session ends")})
     options: dict[str, str] = field(default_factory=dict, metadata={"doc": (
         "the client's own settings, passed on as they are: NATS `user_credentials`, `token`, "
         "`user`, `password`, ...; librdkafka's `sasl.*`, `ssl.*`, `security.protocol`, ...")})

@@ -92,12 +92,16 @@ class EventBatcher:
             if gone.any():
                 out.append(origin[gone])
                 self._waiting -= int(gone.sum())
-                at = left[~gone]
-                if not len(at):
+                if gone.all() and not chunk.at:
                     continue
+                # the rows batched already stay (``at`` says where the begun message is)
+                at = np.concatenate([np.arange(chunk.at), left[~gone]])
                 chunk = _Chunk(chunk.samples.take(at), chunk.origin[at], chunk.times[at],
                                None if chunk.label_origin is None else chunk.label_origin[at],
-                               chunk.arrived, None if chunk.lines is None else chunk.lines[at])
+                               chunk.arrived, None if chunk.lines is None else chunk.lines[at],
+                               chunk.at)
+                if chunk.at == len(chunk.samples):
+                    continue
             kept.append(chunk)
         self._chunks = kept
         return np.concatenate(out) if out else np.zeros((0, 2), np.int64)

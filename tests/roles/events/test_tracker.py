@@ -50,8 +50,9 @@ def test_messages_set_aside_are_no_longer_held_and_give_their_deliveries():
     batch = [d(1), d(2), d(1, partition=1)]
     t.add(batch, now=0.0)
     for m in batch:
-        t.events(m, 2)
-    assert [m.position for m in t.forget([(0, 2), (1, 1), (0, 9)])] == [2, 1]
-    assert len(t) == 1 and t.events_held == 2
+        t.events(m, 2, rejected=1)
+    aside, rejected = t.forget([(0, 2), (1, 1), (0, 9)])
+    assert [m.position for m in aside] == [2, 1] and rejected == 2
+    assert len(t) == 1 and t.events_held == 2 and t.holds(0, 1) and not t.holds(0, 2)
     t.trained([(0, 1), (0, 2)], [2, 2])   # (a set-aside message's events: not counted)
     assert [m.position for m in t.done()] == [1] and t.events_held == 0

@@ -127,3 +127,16 @@ def test_a_revoked_partition_s_messages_not_begun_are_set_aside_and_a_begun_one_
     assert b.drop({0, 1}).tolist() == [] and b.take(now=0.0, flush=True) is None
     b.add(events(0, 2), origin(20, 2, 2), np.zeros(2), now=0.0)
     assert b.drop({2}).tolist() == [[2, 20], [2, 20]] and len(b) == 0 and b.due() is None
+
+
+def test_a_begun_message_stays_begun_across_two_drops():
+    """After a drop rebuilt the head chunk, the message a batch has begun is still known as
+    begun: a second revoke leaves its rest to be trained too."""
+    b = EventBatcher(batch_size=2, linger_s=0.0)
+    b.add(events(0, 6), np.vstack([origin(10, 3, 1), origin(11, 3, 2)]), np.zeros(6),
+          now=0.0)
+    assert b.take(now=0.0).messages == [(1, 10)]   # message 10 begun
+    assert b.drop({2}).tolist() == [[2, 11]] * 3 and len(b) == 1
+    assert b.drop({1}).tolist() == [] and len(b) == 1
+    last = b.take(now=0.0, flush=True)
+    assert (last.messages, last.counts) == ([(1, 10)], [1])
