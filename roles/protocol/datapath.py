@@ -16,15 +16,28 @@ from zbus.codec import Message, ProtocolError, array, finite, message, require
 
 # A batch id is unique across the whole job: ``epoch << 51 | part << 27 | seq``, where part is
 # a part of the data (control's PartMap) and seq the batch's number in the part's pass; a
-# pass's batch ids are the same whichever feeder makes them (roles.data.stream).
+# pass's batch ids are the same whichever feeder makes them (roles.data.stream). A stream's
+# pass never ends: its feeder numbers its batches on past 2^27 (about 8 days at 50,000
+# events/s in batches of 256), and those ids carry the seq's high bits in the part field,
+# above a flag (``LONG``): ``epoch << 51 | (LONG | seq >> 27 << 4 | part) << 27 | seq % 2^27``
+# for a part below 16 (a stream's part is its feeder's index) and a seq below 2^46 (11,000
+# years at that rate). Every id of a seq below 2^27 is as it always was.
 MAX_EPOCHS = 1 << 12
 MAX_FIELDS = 1 << 12  # sparse fields of a job
-MAX_PARTS = 1 << 24
+MAX_PARTS = 1 << 23   # (the part field's top bit is LONG's)
 MAX_SEQ = 1 << 27
+LONG = 1 << 23
+LONG_PART_BITS = 4
+MAX_LONG_SEQ = 1 << (27 + 23 - LONG_PART_BITS)
 PART_FIELDS = 7   # a part as integers: number, file, first row, rows, start, end, eval
+assert MAX_FEEDERS <= 1 << LONG_PART_BITS   # (a stream's part is its feeder's index)
 
 
 def make_batch_id(epoch: int, part: int, seq: int) -> int:
+    if seq >= MAX_SEQ and 0 <= epoch < MAX_EPOCHS and 0 <= part < 1 << LONG_PART_BITS \
+            and seq < MAX_LONG_SEQ:
+        return epoch << 51 | (LONG | (seq >> 27) << LONG_PART_BITS | part) << 27 | \
+            seq & (MAX_SEQ - 1)
     if not (0 <= epoch < MAX_EPOCHS and 0 <= part < MAX_PARTS and 0 <= seq < MAX_SEQ):
         raise ValueError(f"batch id out of range: epoch {epoch}, part {part}, seq {seq}")
     return epoch << 51 | part << 27 | seq
@@ -32,7 +45,30 @@ def make_batch_id(epoch: int, part: int, seq: int) -> int:
 
 def split_batch_id(batch_id: int) -> tuple[int, int, int]:
     """(epoch, part, seq) of a batch id."""
-    return batch_id >> 51, (batch_id >> 27) & (MAX_PARTS - 1), batch_id & (MAX_SEQ - 1)
+    field, low = (batch_id >> 27) & (2 * LONG - 1), batch_id & (MAX_SEQ - 1)
+    if field & LONG:
+        return (batch_id >> 51, field & ((1 << LONG_PART_BITS) - 1),
+                (field & (LONG - 1)) >> LONG_PART_BITS << 27 | low)
+    return batch_id >> 51, field, low
+
+
+def make_batch_ids(epoch: int, part: int, seqs: np.ndarray) -> np.ndarray:
+    """``make_batch_id`` of each of ``seqs`` (int64)."""
+    seqs = np.asarray(seqs, np.int64)
+    base = np.int64(make_batch_id(epoch, part, 0))
+    if not len(seqs) or int(seqs.max()) < MAX_SEQ:
+        return base + seqs
+    return np.array([make_batch_id(epoch, part, int(q)) for q in seqs], np.int64)
+
+
+def split_batch_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``split_batch_id`` of each of ``ids`` (int64): epochs, parts, seqs."""
+    ids = np.asarray(ids, np.int64)
+    field, low = (ids >> 27) & (2 * LONG - 1), ids & (MAX_SEQ - 1)
+    long = (field & LONG) != 0
+    parts = np.where(long, field & ((1 << LONG_PART_BITS) - 1), field)
+    seqs = np.where(long, ((field & (LONG - 1)) >> LONG_PART_BITS) << 27 | low, low)
+    return ids >> 51, parts, seqs
 
 
 # Flow control, shared by the feeder (its ledger's bound, its sample queue's buffers) and the

@@ -379,6 +379,35 @@ def test_a_feeder_joining_late_takes_partitions_whose_read_events_the_first_sets
     assert "read and not begun set aside" in c.log("feeder-0"), c.log("feeder-0")
 
 
+@pytest.mark.inprocess      # the roles run in this one (so its passes can start late)
+def test_a_stream_s_batch_numbers_go_on_past_2_27(cluster, kafka, tmp_path, monkeypatch):
+    """A feeder whose stream pass has numbered 2^27 - 10 batches already (8 days at 50,000
+    events/s) numbers on past 2^27: the workers, the shards' duplicate check, the ack log
+    and the broker's commits all take its batches, every event trained once. Before, its
+    stream ended in an error there ("batch id out of range")."""
+    from roles.algorithms.feeding.stream_pass import StreamPass
+    from roles.protocol.datapath import MAX_SEQ
+    made = StreamPass.__init__
+
+    def late(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        self.next_seq = MAX_SEQ - 10
+    monkeypatch.setattr(StreamPass, "__init__", late)
+    lines = adult_csv(tmp_path).read_text().splitlines(keepends=True)
+    head = tmp_path / "head.csv"
+    head.write_text("".join(lines[:6_001]))
+    assert published(kafka.url, head) == (6_000, 60)
+    job = stream_job(tmp_path, kafka.url, "adult.events", more=QUICK_KAFKA)
+    c = cluster(job, train__until_events=6_000)
+    assert c.run_job(timeout=240) == 0, c.logs()
+    s = c.summary()
+    st = s["stream"]
+    assert st["events_trained"] == 6_000 and s["samples_trained"] == 6_000, st
+    assert st["events_trained_twice"] == 0 and st["messages_acked"] == 60, st
+    assert st["lag_events"] == 0, st
+    assert s["duplicates_refused"]["embedding_updates"] == 0, s["duplicates_refused"]
+
+
 @pytest.mark.integration   # the broker is a process
 @pytest.mark.inprocess      # the roles run in this one
 def test_a_stream_of_two_labels_is_validated_progressively_label_by_label(

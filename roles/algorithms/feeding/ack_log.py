@@ -39,7 +39,7 @@ import numpy as np
 import orjson
 
 from roles.algorithms.feeding.ledger import PartProgress
-from roles.protocol.datapath import MAX_PARTS, MAX_SEQ, split_batch_id
+from roles.protocol.datapath import split_batch_id, split_batch_ids
 from zbus.files import atomic_write
 
 SETTLE_EVERY = 1024   # records appended are taken into the compact form this many at a time
@@ -139,17 +139,14 @@ class AckLog:
         """Records into the compact form (the sums count every record, as folding does)."""
         if not len(r):
             return
-        ids = r["batch_id"]
-        keys = (ids >> 27).tolist()   # epoch and part
-        seqs = (ids & (MAX_SEQ - 1)).tolist()
-        at, p = -1, PartProgress(0)
-        for key, seq, samples, loss_sum, weight_sum in zip(
-                keys, seqs, r["samples"].tolist(), r["loss_sum"].tolist(),
-                r["weight_sum"].tolist(), strict=True):
-            if key != at:   # (consecutive acks are mostly of one part)
-                at, epoch = key, key >> 24
-                p = self.live.setdefault(epoch, {}).setdefault(key & (MAX_PARTS - 1),
-                                                               PartProgress(epoch))
+        epochs, parts, seqs = split_batch_ids(r["batch_id"])
+        at, p = (-1, -1), PartProgress(0)
+        for epoch, part, seq, samples, loss_sum, weight_sum in zip(
+                epochs.tolist(), parts.tolist(), seqs.tolist(), r["samples"].tolist(),
+                r["loss_sum"].tolist(), r["weight_sum"].tolist(), strict=True):
+            if (epoch, part) != at:   # (consecutive acks are mostly of one part)
+                at = (epoch, part)
+                p = self.live.setdefault(epoch, {}).setdefault(part, PartProgress(epoch))
             if seq == p.low and not p.above:   # in order: the common case
                 p.low += 1
                 p.samples += samples

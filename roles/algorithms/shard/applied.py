@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from roles.protocol.datapath import make_batch_id, split_batch_id
+from roles.protocol.datapath import make_batch_id, make_batch_ids, split_batch_id
 
 WINDOW = 1 << 18   # batch numbers of a part held exactly (32 KB): 22 minutes of batches at
                    # 200 a second, against a lost batch's copy that comes within seconds
@@ -98,7 +98,7 @@ class AppliedBatches:
 
     def ids(self) -> np.ndarray:
         """The batch ids held exactly, for a checkpoint (int64)."""
-        out = [make_batch_id(e, q, 0) + p.seqs() for (e, q), p in self._items() if p.count]
+        out = [make_batch_ids(e, q, p.seqs()) for (e, q), p in self._items() if p.count]
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
     def floors(self) -> np.ndarray:

@@ -11,7 +11,16 @@ from roles.algorithms.feeding.ledger import Ledger, PartProgress
 from roles.algorithms.feeding.parts import assign_parts
 from roles.algorithms.feeding.passes import FeedingPass, PartStream
 from roles.data.stream import Samples
-from roles.protocol.datapath import MAX_SEQ, make_batch_id, split_batch_id
+from roles.protocol.datapath import (
+    MAX_EPOCHS,
+    MAX_LONG_SEQ,
+    MAX_PARTS,
+    MAX_SEQ,
+    make_batch_id,
+    make_batch_ids,
+    split_batch_id,
+    split_batch_ids,
+)
 
 
 def batch(n: int, first: int = 0) -> Samples:
@@ -22,11 +31,35 @@ def batch(n: int, first: int = 0) -> Samples:
 
 def test_batch_ids_round_trip_and_reject_overflow():
     assert split_batch_id(make_batch_id(3, 70000, 12345)) == (3, 70000, 12345)
-    assert 0 < make_batch_id(4095, (1 << 24) - 1, MAX_SEQ - 1) < 2**63  # a signed int64
+    assert 0 < make_batch_id(4095, MAX_PARTS - 1, MAX_SEQ - 1) < 2**63  # a signed int64
     with pytest.raises(ValueError):
-        make_batch_id(1, 1 << 24, 0)
+        make_batch_id(1, MAX_PARTS, 0)
+    with pytest.raises(ValueError):   # past 2^27 only a stream's part (a feeder's index)
+        make_batch_id(1, 16, MAX_SEQ)
     with pytest.raises(ValueError):
-        make_batch_id(1, 0, MAX_SEQ)
+        make_batch_id(1, 0, MAX_LONG_SEQ)
+
+
+def test_a_stream_s_batch_numbers_go_on_past_2_27_as_ids_that_round_trip_in_order():
+    """A stream's pass never ends: its feeder's batch numbers go on past 2^27 (the ids
+    then carry the number's high bits in the part field), every id round trips, in order
+    within a part, a signed int64, and the ids below 2^27 are as they always were (a
+    checkpoint or an ack log written before reads the same)."""
+    assert make_batch_id(2, 5, MAX_SEQ - 1) == 2 << 51 | 5 << 27 | MAX_SEQ - 1
+    seqs = [0, 1, MAX_SEQ - 1, MAX_SEQ, MAX_SEQ + 1, 3 * MAX_SEQ + 7, 1 << 40,
+            MAX_LONG_SEQ - 1]
+    for epoch in (0, 1, MAX_EPOCHS - 1):
+        for part in (0, 3, 15):
+            ids = [make_batch_id(epoch, part, q) for q in seqs]
+            assert [split_batch_id(b) for b in ids] == [(epoch, part, q) for q in seqs]
+            assert ids == sorted(ids) and all(0 <= b < 2**63 for b in ids)
+            many = make_batch_ids(epoch, part, np.array(seqs))
+            assert many.tolist() == ids
+            e, p, q = split_batch_ids(many)
+            assert (e.tolist(), p.tolist(), q.tolist()) == ([epoch] * 8, [part] * 8, seqs)
+    files = np.array([make_batch_id(1, part, 9) for part in (16, 70000, MAX_PARTS - 1)])
+    assert [x.tolist() for x in split_batch_ids(files)] == \
+        [[1, 1, 1], [16, 70000, MAX_PARTS - 1], [9, 9, 9]]
 
 
 def test_parts_go_to_feeders_in_runs_of_about_as_many_rows():
@@ -172,6 +205,19 @@ def test_the_ack_log_folds_old_epochs_survives_a_torn_record_and_gives_the_progr
     last = AckLog(tmp_path, "feeder-0")
     assert len(last.records(1)) == 2 and last.progress(0) == {}
     assert last.restart()["batches"] == 5 and last.restart()["samples"] == 44
+
+
+def test_the_ack_log_counts_a_stream_s_batches_past_2_27(tmp_path):
+    log = AckLog(tmp_path, "feeder-0")
+    for seq in (MAX_SEQ - 2, MAX_SEQ - 1, MAX_SEQ, MAX_SEQ + 2):
+        log.append(make_batch_id(0, 1, seq), 10, 1.0, 10.0, 0)
+    log.close()
+    again = AckLog(tmp_path, "feeder-0")
+    assert again.restart()["batches"] == 4
+    (part, progress), = again.progress(0).items()
+    assert part == 1 and progress.samples == 40
+    assert progress.done(MAX_SEQ) and progress.done(MAX_SEQ + 2)
+    assert not progress.done(MAX_SEQ + 1) and not progress.done(3)
 
 
 def test_open_parts_are_taken_in_turn_and_the_next_joins_when_one_is_done():

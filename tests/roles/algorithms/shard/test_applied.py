@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from roles.algorithms.shard.applied import AppliedBatches
-from roles.protocol.datapath import make_batch_id
+from roles.protocol.datapath import MAX_SEQ, make_batch_id
 
 WINDOW = 1024
 
@@ -75,6 +75,18 @@ def test_a_checkpoint_reads_back_what_was_applied_and_the_floors():
     # a checkpoint written before the floors were kept: its ids, exact
     old = AppliedBatches.restored(np.array([make_batch_id(0, 0, 9)]), None, window=WINDOW)
     assert make_batch_id(0, 0, 9) in old and make_batch_id(0, 0, 8) not in old
+
+
+def test_a_stream_s_batches_past_2_27_are_held_and_read_back_from_a_checkpoint():
+    applied = AppliedBatches(WINDOW)
+    seqs = [*range(MAX_SEQ - 5, MAX_SEQ + 5), MAX_SEQ + 9]
+    for seq in seqs:
+        applied.add(make_batch_id(0, 3, seq))
+    back = AppliedBatches.restored(applied.ids(), applied.floors(), window=WINDOW)
+    probes = [make_batch_id(0, 3, s) for s in range(MAX_SEQ - 5, MAX_SEQ + 12)]
+    assert [b in back for b in probes] == [b in applied for b in probes]
+    assert [b in applied for b in probes] == \
+        [s in seqs for s in range(MAX_SEQ - 5, MAX_SEQ + 12)]
 
 
 def test_older_epochs_are_forgotten():
