@@ -55,10 +55,12 @@ def split_batch_id(batch_id: int) -> tuple[int, int, int]:
 def make_batch_ids(epoch: int, part: int, seqs: np.ndarray) -> np.ndarray:
     """``make_batch_id`` of each of ``seqs`` (int64)."""
     seqs = np.asarray(seqs, np.int64)
-    base = np.int64(make_batch_id(epoch, part, 0))
-    if not len(seqs) or int(seqs.max()) < MAX_SEQ:
-        return base + seqs
-    return np.array([make_batch_id(epoch, part, int(q)) for q in seqs], np.int64)
+    if not len(seqs):
+        return seqs
+    make_batch_id(epoch, part, int(seqs.min()))   # (the range checks, at both ends)
+    make_batch_id(epoch, part, int(seqs.max()))
+    long = (LONG | (seqs >> 27) << LONG_PART_BITS | part) << 27 | seqs & (MAX_SEQ - 1)
+    return np.int64(epoch) << 51 | np.where(seqs < MAX_SEQ, part << 27 | seqs, long)
 
 
 def split_batch_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

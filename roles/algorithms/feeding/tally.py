@@ -64,9 +64,10 @@ class PassBatches:
         if at >= 2 * self.window:   # fold what lies a window behind ``seq``
             drop = at - self.window + 1
             kept = min(drop, len(sizes))
-            self.folded += _rows_of(np.frombuffer(sizes, dtype=np.int32)[:kept],
-                                    np.frombuffer(bytes(acks[:kept]), dtype=np.uint8))
-            self.folded_count += drop
+            folding = np.array(sizes[:kept], dtype=np.int32)   # (a copy: sizes shrinks)
+            self.folded += _rows_of(folding, np.frombuffer(bytes(acks[:kept]), dtype=np.uint8))
+            self.folded_count += int(np.count_nonzero(folding))   # (numbers never made:
+            #                                                       a restart's gap, a jump)
             del sizes[:kept]
             del acks[:kept]
             self.first[part] = first = first + drop
@@ -93,7 +94,10 @@ class PassBatches:
 
     @property
     def count(self) -> int:
-        return self.folded_count + sum(len(v) for v in self.sizes.values())
+        """Batches made (a batch has samples: a number skipped, as a restarted stream
+        feeder skips its dead process's in-flight numbers, is none)."""
+        return self.folded_count + sum(int(np.count_nonzero(np.frombuffer(v, dtype=np.int32)))
+                                       for v in self.sizes.values())
 
     def rows(self) -> dict[str, int]:
         total = Counter({"rows": 0, "rows_once": 0, "rows_repeated": 0, "rows_missed": 0})

@@ -49,3 +49,17 @@ def test_a_long_stream_pass_keeps_at_most_two_windows_a_part():
     assert batches.count == 100_000
     assert batches.rows() == {"rows": 25_600_000, "rows_once": 25_600_000,
                               "rows_repeated": 0, "rows_missed": 0}
+
+
+def test_numbers_never_made_are_not_counted_batches():
+    """A restarted stream feeder numbers on past its dead process's in-flight numbers, and a
+    long stream's numbers start far up: only the batches made count (before, the count took
+    every number from 0, about 2^27 here)."""
+    batches = PassBatches(window=8)
+    start = (1 << 27) - 10
+    for seq in [*range(start, start + 20), *range(start + 40, start + 45)]:
+        batches.made(3, seq, 4, before=False)
+        batches.acked(3, seq)
+    assert batches.count == 25
+    assert batches.rows() == {"rows": 100, "rows_once": 100, "rows_repeated": 0,
+                              "rows_missed": 0}
