@@ -64,6 +64,25 @@ def published(url: str, data, first_id: int = 0) -> tuple[int, int]:
     return events, messages
 
 
+def kafka_events(tmp_path, kafka, n: int) -> None:
+    """The first ``n`` Adult rows as JSON events on ``adult.events`` of the mock cluster,
+    100 a message."""
+    lines = adult_csv(tmp_path).read_text().splitlines(keepends=True)
+    head = tmp_path / "head.csv"
+    head.write_text("".join(lines[:n + 1]))
+    assert published(kafka.url, head) == (n, -(-n // 100))
+
+
+def trained_once(s, n: int) -> dict:
+    """The summary's stream figures, once every one of ``n`` events (100 a message) was
+    trained once, every message acknowledged, lag 0."""
+    st = s["stream"]
+    assert st["events_trained"] == n and s["samples_trained"] == n, st
+    assert st["events_trained_twice"] == 0 and st["messages_acked"] == -(-n // 100), st
+    assert st["lag_events"] == 0, st
+    return st
+
+
 @pytest.mark.integration   # the broker is a process
 @pytest.mark.inprocess      # the roles run in this one
 def test_a_nats_stream_trains_every_event_once_scored_before_it_is_trained(
@@ -326,20 +345,13 @@ def test_a_kafka_stream_trains_every_event_once_over_its_partitions(cluster, kaf
     the mock cluster keeps a few MB a partition and drops the oldest messages beyond, which
     left a job of all 48,842 waiting for events that were gone: the "Kafka stream job stopped
     consuming" once noted in docs/limits.md.)"""
-    lines = adult_csv(tmp_path).read_text().splitlines(keepends=True)
-    head = tmp_path / "head.csv"
-    head.write_text("".join(lines[:15_001]))
-    assert published(kafka.url, head) == (15_000, 150)
+    kafka_events(tmp_path, kafka, 15_000)
     low_high = kafka.watermarks("adult.events")
     assert all(low == 0 for low, _ in low_high) and sum(h for _, h in low_high) == 150
     job = stream_job(tmp_path, kafka.url, "adult.events")
     c = cluster(job, train__until_events=15_000)
     assert c.run_job(timeout=240) == 0, c.logs()
-    s = c.summary()
-    st = s["stream"]
-    assert st["events_trained"] == 15_000 and s["samples_trained"] == 15_000, st
-    assert st["events_trained_twice"] == 0 and st["messages_acked"] == 150, st
-    assert st["lag_events"] == 0, st
+    st = trained_once(c.summary(), 15_000)
     aucs = [w["auc"] for w in st["windows"]]
     assert len(aucs) == 3 and aucs[-1] > aucs[0] + 0.2 and aucs[-1] > 0.85, aucs   # it learns
 
@@ -353,10 +365,7 @@ def test_a_feeder_joining_late_takes_partitions_whose_read_events_the_first_sets
     partition next, which reads it from the commit. Every event trained once. Before, feeder
     0 trained what it held and the partitions' next owners read it again (the failure once
     seen in the resume test's Kafka case, when its second feeder joined late)."""
-    lines = adult_csv(tmp_path).read_text().splitlines(keepends=True)
-    head = tmp_path / "head.csv"
-    head.write_text("".join(lines[:12_001]))
-    assert published(kafka.url, head) == (12_000, 120)
+    kafka_events(tmp_path, kafka, 12_000)
     job = stream_job(tmp_path, kafka.url, "adult.events", more=QUICK_KAFKA)
     c = cluster(job, train__until_events=12_000, cluster__feeders=2)
     c.start_role("control")
@@ -371,11 +380,7 @@ def test_a_feeder_joining_late_takes_partitions_whose_read_events_the_first_sets
         for i in range(count):
             c.start_role(role, i, *(["--slowdown", "1.0"] if role != "aggregator" else []))
     assert c.wait(timeout=240) == 0, c.logs()
-    s = c.summary()
-    st = s["stream"]
-    assert st["events_trained"] == 12_000 and s["samples_trained"] == 12_000, st
-    assert st["events_trained_twice"] == 0 and st["messages_acked"] == 120, st
-    assert st["lag_events"] == 0, st   # every partition committed to its end
+    trained_once(c.summary(), 12_000)   # (lag 0: every partition committed to its end)
     assert "read and not begun set aside" in c.log("feeder-0"), c.log("feeder-0")
 
 
@@ -393,18 +398,12 @@ def test_a_stream_s_batch_numbers_go_on_past_2_27(cluster, kafka, tmp_path, monk
         made(self, *args, **kwargs)
         self.next_seq = MAX_SEQ - 10
     monkeypatch.setattr(StreamPass, "__init__", late)
-    lines = adult_csv(tmp_path).read_text().splitlines(keepends=True)
-    head = tmp_path / "head.csv"
-    head.write_text("".join(lines[:6_001]))
-    assert published(kafka.url, head) == (6_000, 60)
+    kafka_events(tmp_path, kafka, 6_000)
     job = stream_job(tmp_path, kafka.url, "adult.events", more=QUICK_KAFKA)
     c = cluster(job, train__until_events=6_000)
     assert c.run_job(timeout=240) == 0, c.logs()
     s = c.summary()
-    st = s["stream"]
-    assert st["events_trained"] == 6_000 and s["samples_trained"] == 6_000, st
-    assert st["events_trained_twice"] == 0 and st["messages_acked"] == 60, st
-    assert st["lag_events"] == 0, st
+    trained_once(s, 6_000)
     assert s["duplicates_refused"]["embedding_updates"] == 0, s["duplicates_refused"]
 
 
