@@ -217,27 +217,23 @@ def test_a_revoke_sets_aside_what_is_not_begun_and_waits_for_the_rest(kafka, rew
         time.sleep(0.5)          # the revoke waits on the begun ones ...
         assert reader.revoking()[1] == {0, 1, 2, 3}
         reader.done(begun)       # ... trained now
-        owned_b: set[int] = set()
-        while not owned_b:   # (b's assignment, once the rebalance is over)
-            assert time.monotonic() < deadline
+        # every message set aside is read again, by whichever owns its partition now (the
+        # range assignor gives a [0, 1] and b [2, 3]; under load the mock has given b all
+        # four first, evicting a slow rejoin, and then split them): collected until all came
+        aside = {(p, q) for p in (2, 3) for q in range(firsts[p], ends[p])}
+        again_a: list = []
+        while not aside <= {(d.partition, d.position) for d in got_b + again_a}:
+            assert time.monotonic() < deadline, (got_b, again_a)
             got_b += drain(b, 100, rounds=1)
-            owned_b = set(b.lag())
-        time.sleep(1.0)      # (both have read what they will)
+            again_a += [d for deliveries, _ in reader.take() for d in deliveries]
+        time.sleep(1.0)
         got_b += drain(b, 100, rounds=2)
-        again_a = [d for deliveries, _ in reader.take() for d in deliveries]
-
-        def expected(owner: set[int]) -> list[tuple[int, int]]:
-            # what was set aside, from where a read it; nothing of what a trained
-            return [(p, q) for p in sorted(owner & {2, 3}) for q in range(firsts[p], ends[p])]
-        # (the range assignor gives a [0, 1] and b [2, 3], unless a slow rejoin had the mock
-        # give b all four first; then what a trained of 0 and 1 comes to b again from the
-        # commit the mock refused mid-rebalance, a real broker's commit: counted)
-        refused = a.commits_refused > 0
-        got = sorted((d.partition, d.position) for d in got_b)
-        assert [m for m in got if m[0] in (2, 3) or not refused] == expected(owned_b), \
-            (got, owned_b, refused)
-        assert sorted((d.partition, d.position) for d in again_a) == \
-            expected({0, 1, 2, 3} - owned_b), (again_a, owned_b)
+        again_a += [d for deliveries, _ in reader.take() for d in deliveries]
+        # nothing a trained comes back to a; to b only from a commit the mock refused
+        # mid-rebalance (a real broker takes it: counted)
+        assert [d for d in again_a if d.partition in (0, 1)] == [], again_a
+        if a.commits_refused == 0:
+            assert [d for d in got_b if d.partition in (0, 1)] == [], got_b
     finally:
         reader.shut("the first feeder's")
         if b is not None:
