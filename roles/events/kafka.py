@@ -5,14 +5,17 @@ moves a partition to another feeder when its feeder leaves or dies (a rebalance)
 committed by hand (``enable.auto.commit`` off), synchronously, and only past the done prefix of
 each partition (``watermark``): a commit says "everything before this offset is trained", so a
 message trained ahead of an earlier one waits for it. When a partition is taken away, what is
-done of it is committed, once what was delivered of it is done: a revoke waits (up to
-``settle_s``, the stream's ``ack_wait_s``) while the feeder trains the partition's messages it
-has read, serving the feeder's acknowledgements meanwhile (``serve``, its reader's), so that the
-next owner reads on from an offset past everything trained here: a rebalance trains nothing
-twice.
-What is still not done after that wait goes, with the partition, to its next owner, from the
-committed offset, and is trained twice (counted with the refused commits). Leaving the group
-(``close``) waits for nothing: what is not done is not committed.
+done of it is committed, once what was delivered of it is done or set aside: a revoke says
+which partitions go (``revoking``), the feeder sets aside untrained what it has read of them
+and not begun to train and says so (``forget``), and the revoke waits (up to ``settle_s``, the
+stream's ``ack_wait_s``) while the feeder trains what it has begun, serving the feeder's
+acknowledgements meanwhile (``serve``, its reader's), so that the next owner reads on from an
+offset past everything trained here and before everything set aside: a rebalance trains
+nothing twice. What is still not done when that wait times out goes, with the partition, to
+its next owner, from the committed offset, and is trained twice (counted with the refused
+commits). A partition that comes back to this feeder after a commit the group refused reads
+on from this feeder's own floor (``_read_on``). Leaving the group (``close``) waits for
+nothing: what is not done is not committed.
 
 A job gone back to a checkpoint reads each partition again from the checkpoint's first offset
 not done (``rewind``), once: the feeder a partition is first assigned to in that roll back
@@ -186,8 +189,8 @@ class KafkaConsumer:
         revoked = [tp.partition for tp in partitions]
         log.info("Kafka: partition(s) %s of %s revoked (%s)", revoked, self.topic,
                  {p: (m.floor, m.pending()) for p, m in self._marks.items()})
-        left = self._settle(revoked)
-        if left and not self._closing:   # (leaving: nothing not done is committed, as said)
+        left, timed_out = self._settle(revoked)
+        if left and timed_out:   # (a reader stopping, or none: nothing more is trained)
             self.commits_refused += 1
             log.warning("Kafka: %d message(s) of partition(s) %s read by this feeder and not "
                         "trained when their revoke ended (it waits up to %.0f s): their next "
@@ -199,11 +202,12 @@ class KafkaConsumer:
             if mark is not None and mark.floor is not None:
                 self._lapsed[tp.partition] = mark.floor
 
-    def _settle(self, partitions: list[int], done: bool = True) -> int:
+    def _settle(self, partitions: list[int], done: bool = True) -> tuple[int, bool]:
         """Say the revoke of ``partitions`` (``revoking``) and wait, up to ``settle_s``,
         serving the loop's acknowledgements, until the feeder has answered it (set aside
         what it has not begun: ``forget``) and, with ``done``, every other message of them
-        delivered here is done; the messages still not done."""
+        delivered here is done; the messages still not done, and whether the wait timed
+        out."""
         count = self.revoking[0] + 1
         self.revoking = (count, frozenset(partitions))
 
@@ -211,15 +215,18 @@ class KafkaConsumer:
             return sum(self._marks[p].pending() for p in partitions if p in self._marks) \
                 if done else 0
         deadline = time.monotonic() + self.settle_s
+        timed_out = False
         try:
-            while not self._closing and (self._answered < count or left()) and \
-                    time.monotonic() < deadline:
+            while not self._closing and (self._answered < count or left()):
+                if time.monotonic() >= deadline:
+                    timed_out = True
+                    break
                 if not self.serve():
                     break
                 time.sleep(0.005)
         finally:
             self.revoking = (count, frozenset())
-        return left()
+        return left(), timed_out
 
     def forget(self, deliveries: list[Delivery], revoke: int) -> None:
         """The feeder's answer to the revoke numbered ``revoke``: these messages were read

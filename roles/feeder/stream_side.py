@@ -336,8 +336,8 @@ class StreamSide:
         if count == self.revokes_seen or not partitions:
             return
         self.revokes_seen = count
-        self.moved |= partitions
         if self.labels is not None:
+            self.moved |= partitions
             self.reader.forget([], count)
             return
         now = time.monotonic()
@@ -347,6 +347,7 @@ class StreamSide:
                 self.take(deliveries, decoded, now)
             untracked += [d for d in deliveries if d.partition in partitions and
                           not self.tracker.holds(d.partition, d.position)]
+        self.moved |= partitions   # (after the take: those were delivered before the revoke)
         rows = [self.batcher.drop(set(partitions))]
         kept = []
         for h in self.held:
