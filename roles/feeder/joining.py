@@ -52,6 +52,7 @@ class Ready:
     origin: np.ndarray         # int64 [n, 2]
     times: np.ndarray          # float64 [n]
     label_origin: np.ndarray   # int64 [n, 2]
+    lines: np.ndarray | None = None   # int64 [n]: each impression's line in its message
 
 
 @dataclass
@@ -62,6 +63,7 @@ class _Block:
     times: np.ndarray
     ids: np.ndarray
     left: int             # its impressions still waiting
+    lines: np.ndarray | None = None   # each impression's line in its message (None: not known)
 
 
 class PendingImpressions:
@@ -79,26 +81,27 @@ class PendingImpressions:
         return self.held
 
     def add(self, samples: Samples, origin: np.ndarray, times: np.ndarray,
-            ids: np.ndarray) -> np.ndarray:
+            ids: np.ndarray, lines: np.ndarray | None = None) -> np.ndarray:
         n = len(samples)
         handles = np.arange(self.next, self.next + n, dtype=np.int64)
         if n:
-            self.blocks.append(_Block(self.next, samples, origin, times, ids, n))
+            self.blocks.append(_Block(self.next, samples, origin, times, ids, n, lines))
             self.next += n
             self.held += n
         return handles
 
     def take(self, joined: Joined) -> tuple[Samples, np.ndarray, np.ndarray, np.ndarray,
-                                            np.ndarray]:
+                                            np.ndarray, np.ndarray | None]:
         """The impressions ``joined`` names, labelled, in handle order: (samples, origin,
-        times, ids, the order of ``joined``'s entries they come in)."""
+        times, ids, the order of ``joined``'s entries they come in, their lines in their
+        messages, None where not known)."""
         order = np.argsort(joined.handles, kind="stable")
         handles, labels = joined.handles[order], joined.labels[order]
         firsts = np.fromiter((b.first for b in self.blocks), np.int64, len(self.blocks))
         at = np.searchsorted(firsts, handles, side="right") - 1
         if len(handles) and (at.min() < 0 or handles.max() >= self.next):
             raise ValueError("a handle the join was not given")
-        parts, origins, times, ids = [], [], [], []
+        parts, origins, times, ids, lines = [], [], [], [], []
         for k in np.unique(at).tolist():
             block = self.blocks[k]
             rows = handles[at == k] - block.first
@@ -106,17 +109,20 @@ class PendingImpressions:
             origins.append(block.origin[rows])
             times.append(block.times[rows])
             ids.append(block.ids[rows])
+            lines.append(None if block.lines is None else block.lines[rows])
             block.left -= len(rows)
         self.held -= len(handles)
         while self.blocks and self.blocks[0].left == 0:
             self.blocks.popleft()
         if not parts:
             return (Samples.empty(0, 0), np.zeros((0, 2), np.int64), np.zeros(0),
-                    np.zeros(0, np.int64), order)
+                    np.zeros(0, np.int64), order, np.zeros(0, np.int64))
         samples = parts[0] if len(parts) == 1 else Samples.join(parts)
         samples = dataclasses.replace(samples, labels=labels.astype(np.float32))
+        known = [x for x in lines if x is not None]
         return samples, np.concatenate(origins), np.concatenate(times), \
-            np.concatenate(ids), order
+            np.concatenate(ids), order, \
+            np.concatenate(known) if len(known) == len(lines) else None
 
 
 class LabelSide:
@@ -157,16 +163,18 @@ class LabelSide:
 
     # -- in ------------------------------------------------------------------------------------
     def impressions(self, samples: Samples, origin: np.ndarray, times: np.ndarray,
-                    ids: np.ndarray, now: float) -> tuple[Ready | None, np.ndarray]:
-        """Prepared impressions in: (what leaves the join now, the messages of duplicates
-        (int64 [d, 2]), whose events are done with)."""
+                    ids: np.ndarray, now: float, lines: np.ndarray | None = None
+                    ) -> tuple[Ready | None, np.ndarray]:
+        """Prepared impressions in (``lines``: each one's line in its message, for the log
+        of sent batches): (what leaves the join now, the messages of duplicates (int64
+        [d, 2]), whose events are done with)."""
         self.saw(times, now)
-        handles = self.pending.add(samples, origin, times, ids)
+        handles = self.pending.add(samples, origin, times, ids, lines)
         joined, duplicates = self.join.add_impressions(ids, times, handles)
         dup_origin = np.zeros((0, 2), np.int64)
         if len(duplicates):   # left out of the join: not trained
             gone = Joined(duplicates, np.zeros(len(duplicates), np.float32))
-            _, dup_origin, _, _, _ = self.pending.take(gone)
+            _, dup_origin, _, _, _, _ = self.pending.take(gone)
         return self._leaving(joined)[0], dup_origin
 
     def poll(self, now: float, running: bool) -> Ready | None:
@@ -232,7 +240,7 @@ class LabelSide:
         as a negative). Also: the ids joined with an arriving label."""
         if not len(joined):
             return None, set()
-        samples, origin, times, ids, _ = self.pending.take(joined)
+        samples, origin, times, ids, _, lines = self.pending.take(joined)
         label_origin = np.full((len(ids), 2), -1, dtype=np.int64)
         joined_now = set()
         for k, i in enumerate(ids.tolist()):
@@ -241,7 +249,7 @@ class LabelSide:
                 joined_now.add(i)
             if o is not None:
                 label_origin[k] = o
-        return Ready(samples, origin, times, label_origin), joined_now
+        return Ready(samples, origin, times, label_origin, lines), joined_now
 
     def saw(self, times: np.ndarray, now: float) -> None:
         """Events (of either topic) came now, of these event times."""
@@ -304,7 +312,9 @@ def _joined(parts: list[Ready]) -> Ready | None:
         return None
     if len(parts) == 1:
         return parts[0]
+    lines = [p.lines for p in parts if p.lines is not None]
     return Ready(Samples.join([p.samples for p in parts]),
                  np.concatenate([p.origin for p in parts]),
                  np.concatenate([p.times for p in parts]),
-                 np.concatenate([p.label_origin for p in parts]))
+                 np.concatenate([p.label_origin for p in parts]),
+                 np.concatenate(lines) if len(lines) == len(parts) else None)

@@ -315,7 +315,7 @@ class StreamSide:
             ready = self.labels.poll(now, running=self.preparer is not None)
             if ready is not None:
                 self.batcher.add(ready.samples, ready.origin, ready.times, now,
-                                 ready.label_origin)
+                                 ready.label_origin, ready.lines)
                 came = True
         if (self.ended and self.drain_until is None) or self.full():
             return came
@@ -445,7 +445,9 @@ class StreamSide:
             assert self.dead is not None
             self.dead.park(seq, _Held(select_rows(decoded.block, at),
                                       origin_of(deliveries, decoded.message[at]),
-                                      decoded.event_time_s[at], None, decoded.line[at]))
+                                      decoded.event_time_s[at],
+                                      None if decoded.ids is None else decoded.ids[at],
+                                      decoded.line[at]))
         if not len(block):
             return bool(rejected) or bool(parked)
         self.accept(block, origin_of(deliveries, message), times, ids, lines, len(rejected),
@@ -475,14 +477,15 @@ class StreamSide:
         if self.labels is None or ids is None:
             self.batcher.add(samples, origin, times, now, lines=lines)
             return
-        ready, duplicates = self.labels.impressions(samples, origin, times, ids, now)
+        ready, duplicates = self.labels.impressions(samples, origin, times, ids, now, lines)
         if len(duplicates):
             self.tracker.trained_rows(duplicates)
             released = self.tracker.done()
             if released:
                 self.acknowledge(released)
         if ready is not None:
-            self.batcher.add(ready.samples, ready.origin, ready.times, now, ready.label_origin)
+            self.batcher.add(ready.samples, ready.origin, ready.times, now, ready.label_origin,
+                             ready.lines)
 
     def skipped(self, deliveries: list[Delivery], fresh: list[int], message: np.ndarray,
                 rows: np.ndarray) -> set[int]:
@@ -566,10 +569,8 @@ class StreamSide:
 
     # -- a restarted feeder: its dead processes' batches (exactly once) --------------------------
     def open_sent_log(self, directory: Path, node: str, rolled_back: bool) -> None:
-        """The log of sent batches, beside the ack log (not with labels on a topic of their
-        own: a joined event's line is not known to the batches; docs/limits.md)."""
-        if self.labels is not None:
-            return
+        """The log of sent batches, beside the ack log (with labels on a topic of their own
+        too: a joined impression keeps its line through the join)."""
         self.sent_log = SentLog(directory, node)
         if rolled_back:   # gone back to a checkpoint: nothing was in flight
             self.sent_log.clear()

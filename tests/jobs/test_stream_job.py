@@ -64,6 +64,19 @@ def published(url: str, data, first_id: int = 0) -> tuple[int, int]:
     return events, messages
 
 
+def feeder_killed_in_flight(c) -> None:
+    """Once feeder 0's ack log has 20 batches trained (slowed workers hold more, and more are
+    sent and not taken), SIGKILL it and start it again on its run (``feeder-0-again``)."""
+    acks = c.run_dir / "feeders" / "feeder-0.e0.acks"
+    deadline = time.monotonic() + 120
+    while not acks.exists() or acks.stat().st_size < 20 * ACK_RECORD.itemsize:
+        assert time.monotonic() < deadline and c.procs["control-0"].poll() is None, c.logs()
+        time.sleep(0.01)
+    c.procs["feeder-0"].send_signal(signal.SIGKILL)
+    c.procs["feeder-0"].wait()
+    c.start_role("feeder", 0, name="feeder-0-again")
+
+
 def kafka_events(tmp_path, kafka, n: int) -> None:
     """The first ``n`` Adult rows as JSON events on ``adult.events`` of the mock cluster,
     100 a message."""
@@ -149,14 +162,7 @@ def test_a_stream_feeder_killed_mid_stream_and_restarted_trains_every_event_once
     # batches in flight, held by the workers or sent and not taken, however fast the host; and
     # the rest lasts past NATS's redelivery (ack_wait_s) of the dead process's messages
     c.start_all(slowdown={0: 60.0, 1: 60.0})
-    acks = c.run_dir / "feeders" / "feeder-0.e0.acks"   # (its ack log: 20 batches trained)
-    deadline = time.monotonic() + 120
-    while not acks.exists() or acks.stat().st_size < 20 * ACK_RECORD.itemsize:
-        assert time.monotonic() < deadline and c.procs["control-0"].poll() is None, c.logs()
-        time.sleep(0.01)
-    c.procs["feeder-0"].send_signal(signal.SIGKILL)
-    c.procs["feeder-0"].wait()
-    c.start_role("feeder", 0, name="feeder-0-again")
+    feeder_killed_in_flight(c)
     assert published(url, rest, first_id=8_000)[0] == events - 8_000
     assert c.wait(timeout=240) == 0, c.logs()
     s = c.summary()
@@ -282,6 +288,51 @@ def test_labels_from_their_own_topic_are_joined_and_every_impression_trained_onc
     assert st["progressive_auc"] > learnt, st
 
 
+@pytest.mark.inprocess      # the roles run in this one; the mock cluster too
+def test_a_feeder_joining_labels_killed_and_restarted_trains_every_impression_once(
+        cluster, kafka, tmp_path):
+    """The feeder that joins labels from their own topic, SIGKILLed with batches in flight
+    and started again: its log of sent batches now has each joined impression's line (it
+    went through the join without it), so its dead process's trained impressions are left
+    out when they come again, those a worker holds are parked (and go through the join
+    again if that worker is lost), the rest are joined and trained anew: every impression
+    trained once. Before, it trained again every impression of its dead process's
+    unacknowledged messages."""
+    n = 10_000
+    with gzip.open(REPO / "data" / "adult.csv.gz", "rt") as f:
+        rows = [r for _, r in zip(range(n), csv.DictReader(f), strict=False)]
+    impressions = [{**{k: v for k, v in r.items() if k != "income"}, "event_id": i}
+                   for i, r in enumerate(rows)]
+    labels = [{"event_id": i, "income": r["income"]} for i, r in enumerate(rows)]
+    job = stream_job(tmp_path, kafka.url, "adult.events",
+                     more='ack_wait_s = 2\n[stream.labels]\ntopic = "adult.labels"\n'
+                          f'window_s = 5\n{QUICK_KAFKA}')
+    c = cluster(job, train__until_events=n)
+    for topic, events in (("adult.labels", labels), ("adult.events", impressions[:8_000])):
+        out = open_publisher(kafka.url, topic)
+        try:
+            out.publish(messages_of(events))
+        finally:
+            out.close()
+    c.start_all(slowdown={0: 60.0, 1: 60.0})   # (batches in flight at the kill)
+    feeder_killed_in_flight(c)
+    out = open_publisher(kafka.url, "adult.events")
+    try:
+        out.publish(messages_of(impressions[8_000:]))
+    finally:
+        out.close()
+    assert c.wait(timeout=240) == 0, c.logs()
+    s = c.summary()
+    again = c.log("feeder-0-again")
+    found = re.search(r"restarted: (\d+) batch\(es\) its dead process\(es\) sent are in its "
+                      r"log of sent batches, (\d+) of them not acknowledged", again)
+    assert found is not None and int(found[2]) > 0, again   # some were in flight
+    st = s["stream"]
+    assert s["samples_trained"] == n == st["events_trained"], (s["samples_trained"], st)
+    assert st["lag_events"] == 0, (st, again)
+    assert s["duplicates_refused"]["embedding_updates"] == 0, s["duplicates_refused"]
+
+
 @pytest.mark.inprocess      # the roles run in this one
 @pytest.mark.parametrize(("broker", "feeders", "rows"), [
     pytest.param("nats", 1, None, marks=pytest.mark.integration),   # NATS: a process
@@ -370,18 +421,18 @@ def test_a_feeder_joining_late_takes_partitions_whose_read_events_the_first_sets
     c = cluster(job, train__until_events=12_000, cluster__feeders=2)
     c.start_role("control")
     c.start_role("feeder", 0)
-    deadline = time.monotonic() + 60
-    while "of adult.events assigned" not in c.log("feeder-0"):
-        assert time.monotonic() < deadline, c.logs()
-        time.sleep(0.1)
-    time.sleep(2.0)   # (it reads at once: what its reader holds, and its warm-up's events)
+    first_status(c.job.cluster.endpoint("status"), lambda snap: any(   # feeder 0 has read
+        f["events_read"] > 0 for f in (snap["stream"] or {}).get("feeders", [])))
     c.start_role("feeder", 1)
+    deadline = time.monotonic() + 120   # (no worker yet: feeder 0 cannot have begun any)
+    while "read and not begun set aside" not in c.log("feeder-0"):
+        assert time.monotonic() < deadline, c.log("feeder-0")
+        time.sleep(0.1)
     for role, count in (("ps", 2), ("worker", 2), ("aggregator", 1)):
         for i in range(count):
             c.start_role(role, i, *(["--slowdown", "1.0"] if role != "aggregator" else []))
     assert c.wait(timeout=240) == 0, c.logs()
     trained_once(c.summary(), 12_000)   # (lag 0: every partition committed to its end)
-    assert "read and not begun set aside" in c.log("feeder-0"), c.log("feeder-0")
 
 
 @pytest.mark.inprocess      # the roles run in this one (so its passes can start late)

@@ -29,16 +29,19 @@ def test_pending_impressions_are_taken_by_handle_in_any_order_and_blocks_let_go(
         n = 3 if first == 0 else 2
         origin = np.stack([np.zeros(n), np.arange(first, first + n) + 100], axis=1)
         h = p.add(samples(n, first), origin.astype(np.int64), np.arange(first, first + n) * 1.0,
-                  np.arange(first, first + n) + 1000)
+                  np.arange(first, first + n) + 1000, np.arange(n) + 10 * first)
         assert h.tolist() == list(range(first, first + n))
-    got, origin, times, ids, order = p.take(Joined(np.array([6, 1, 3]),
-                                                   np.array([1, 0, 1], np.float32)))
+    got, origin, times, ids, order, lines = p.take(Joined(np.array([6, 1, 3]),
+                                                          np.array([1, 0, 1], np.float32)))
     assert got.keys[:, 0].tolist() == [1, 3, 6] and ids.tolist() == [1001, 1003, 1006]
+    assert lines.tolist() == [1, 30, 51]   # (each impression's line in its message)
     assert got.labels.tolist() == [0.0, 1.0, 1.0] and order.tolist() == [1, 2, 0]
     assert origin[:, 1].tolist() == [101, 103, 106] and times.tolist() == [1.0, 3.0, 6.0]
     assert len(p) == 4 and len(p.blocks) == 3
     p.take(Joined(np.array([0, 2, 4]), np.zeros(3, np.float32)))
     assert len(p) == 1 and len(p.blocks) == 1   # the two first blocks are let go
+    p.add(samples(1, 7), np.array([[0, 107]]), np.array([7.0]), np.array([1007]))
+    assert p.take(Joined(np.array([5, 7]), np.ones(2, np.float32)))[5] is None   # (not known)
     with pytest.raises(ValueError, match="not given"):
         p.take(Joined(np.array([99]), np.zeros(1, np.float32)))
 
