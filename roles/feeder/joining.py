@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from roles.algorithms.feeding.event_batches import Batch
+from roles.algorithms.feeding.event_batches import Batch, lines_of
 from roles.algorithms.feeding.label_join import Joined, LabelJoin
 from roles.data.readers import Schema
 from roles.data.rejected import RejectedRows
@@ -119,10 +119,8 @@ class PendingImpressions:
                     np.zeros(0, np.int64), order, np.zeros(0, np.int64))
         samples = parts[0] if len(parts) == 1 else Samples.join(parts)
         samples = dataclasses.replace(samples, labels=labels.astype(np.float32))
-        known = [x for x in lines if x is not None]
         return samples, np.concatenate(origins), np.concatenate(times), \
-            np.concatenate(ids), order, \
-            np.concatenate(known) if len(known) == len(lines) else None
+            np.concatenate(ids), order, lines_of(lines)
 
 
 class LabelSide:
@@ -312,9 +310,8 @@ def _joined(parts: list[Ready]) -> Ready | None:
         return None
     if len(parts) == 1:
         return parts[0]
-    lines = [p.lines for p in parts if p.lines is not None]
     return Ready(Samples.join([p.samples for p in parts]),
                  np.concatenate([p.origin for p in parts]),
                  np.concatenate([p.times for p in parts]),
                  np.concatenate([p.label_origin for p in parts]),
-                 np.concatenate(lines) if len(lines) == len(parts) else None)
+                 lines_of([p.lines for p in parts]))

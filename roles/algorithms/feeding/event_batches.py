@@ -136,12 +136,18 @@ class EventBatcher:
         samples = parts[0] if len(parts) == 1 else Samples.join(parts)
         self._waiting -= len(samples)
         origin = np.concatenate(origins)
-        known = [x for x in lined if x is not None]
-        lines = np.concatenate(known) if len(known) == len(lined) else None
+        lines = lines_of(lined)
         where, counts, runs = _tally(origin, lines)
         label_where, label_counts = _messages(np.concatenate(labelled)) if labelled else ([], [])
         return Batch(samples, where, counts, np.concatenate(times), label_where, label_counts,
                      runs)
+
+
+def lines_of(parts: list[np.ndarray | None]) -> np.ndarray | None:
+    """The events' lines in their messages, part after part; None unless every part knows
+    its own (a batch then says no ``runs``)."""
+    known = [x for x in parts if x is not None]
+    return np.concatenate(known) if known and len(known) == len(parts) else None
 
 
 def _tally(origin: np.ndarray, lines: np.ndarray | None
