@@ -11,6 +11,7 @@ from harness import REPO
 
 from roles.checkpoint.files import latest_complete
 from roles.serving.model import ExportedModel
+from roles.tools.ctl import request
 from roles.tools.predict import predict
 
 
@@ -32,13 +33,34 @@ def trained_past_a_checkpoint(c, after_t: float) -> None:
     raise AssertionError("every checkpoint was followed by another within 0.5 s")
 
 
-def killed_and_resumed(c, slowdown: float) -> dict:
+def checkpointed_while_paused(c, after: int) -> None:
+    """In a resumed run just started: feeding paused, a checkpoint asked (again while control
+    refuses it, waiting for the nodes to join again) and waited for, numbered past ``after``,
+    then feeding again. The resumed run then checkpoints on whatever the host's speed (what is
+    left of an epoch after the cut can take less than ``every_s``)."""
+    endpoint = c.job.cluster.endpoint("control_req")
+    assert request(endpoint, "pause", timeout_s=20).ok
+    for _ in range(600):
+        answer = request(endpoint, "checkpoint", timeout_s=20)
+        if answer.ok:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"no checkpoint taken in the resumed run: {answer.message}")
+    c.wait_for_event(lambda e: is_complete(e, after + 1))
+    assert request(endpoint, "resume", timeout_s=20).ok
+
+
+def killed_and_resumed(c, slowdown: float, checkpoint_again: bool = False) -> dict:
     """Every process SIGKILLed, then the job resumed: its summary, once it went back to the
-    newest checkpoint complete at the kill and finished."""
+    newest checkpoint complete at the kill and finished. ``checkpoint_again``: the resumed run
+    takes a checkpoint (``checkpointed_while_paused``)."""
     c.kill_all()
     before = latest_complete(c.run_dir)
     assert before is not None, "no complete checkpoint at the kill"
     c.start_all(resume=True, slowdown={0: slowdown, 1: slowdown})
+    if checkpoint_again:
+        checkpointed_while_paused(c, before[0])
     assert c.wait() == 0, c.logs()
     s = c.summary()
     assert s["ok"], s["reason"]
