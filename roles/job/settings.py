@@ -321,7 +321,9 @@ class TrainConfig:
     embeddings: str = field(default="push", metadata={"choices": ("push", "pull"), "doc": (
         "`push`: the feeder's grant of a batch tells the shards which worker trains it, and "
         "they send it the rows unasked; `pull`: the worker asks every shard when it is about "
-        "to train the batch")})
+        "to train the batch; a stream job ([stream]) that does not set it gets `pull`: rows "
+        "pushed at the grant miss the updates of the batches trained meanwhile, which costs "
+        "test-then-train AUC (docs/streams.md)")})
     batch_by_label: bool = field(default=False, metadata={"doc": (
         "every training batch holds samples of one label, the labels' batches interleaved")})
     device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda"), "doc": (
@@ -962,7 +964,8 @@ def _env_overrides(table: dict, environ: typing.Mapping[str, str]) -> None:
 
 def _stream_defaults(table: dict) -> None:
     """A stream job's own defaults, where its file and the environment leave them: dense
-    synchronisation ``step`` (test-then-train as one process does it: docs/streams.md)."""
+    synchronisation ``step`` and embeddings ``pull`` (test-then-train as one process does it,
+    each batch read after every earlier batch's update: docs/streams.md)."""
     stream, train = table.get("stream"), table.get("train")
     if not isinstance(stream, dict) or not stream.get("url"):
         return
@@ -970,6 +973,7 @@ def _stream_defaults(table: dict) -> None:
         train = table["train"] = {}
     if isinstance(train, dict):
         train.setdefault("sync", "step")
+        train.setdefault("embeddings", "pull")
 
 
 def parse_job(text: str, origin: str = "<job>", base_dir: Path | None = None,

@@ -50,3 +50,20 @@ def test_labels_of_their_own_topic_are_joined_by_one_feeder(tmp_path):
     assert "joined by one feeder" in str(exc.value) and "\n" not in str(exc.value)
     path.write_text(path.read_text().replace("feeders = 2", "feeders = 1"))
     assert load_job(path, environ={}).stream.labels.topic == "clicks"
+
+
+@pytest.mark.parametrize(("written", "environ", "sync", "embeddings"), [
+    ("", {}, "step", "pull"),
+    ('[train]\nsync = "every"\n', {}, "every", "pull"),
+    ("", {"ZBUS_TRAIN__EMBEDDINGS": "push"}, "step", "push"),
+])
+def test_a_stream_job_trains_as_one_process_would_unless_told_otherwise(written, environ,
+                                                                        sync, embeddings):
+    from roles.job.settings import parse_job
+    base = 'name = "j"\n[data]\nlabel = "y"\nsparse = ["c"]\n'
+    stream = '[stream]\nurl = "nats://127.0.0.1:4222"\ntopic = "t"\n'
+    job = parse_job(base + stream + written, environ=environ)
+    assert (job.train.sync, job.train.embeddings) == (sync, embeddings)
+    # a file job keeps the general defaults
+    file_job = parse_job(base.replace('label = "y"', 'label = "y"\npath = "x.csv"'), environ={})
+    assert (file_job.train.sync, file_job.train.embeddings) == ("every", "push")
