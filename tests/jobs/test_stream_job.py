@@ -64,6 +64,24 @@ def published(url: str, data, first_id: int = 0) -> tuple[int, int]:
     return events, messages
 
 
+def topic_made(url: str, topic: str) -> None:
+    """A Kafka topic made, empty (the mock makes a topic asked for by name, 4 partitions)."""
+    from confluent_kafka import Producer
+    producer = Producer({"bootstrap.servers": url.partition("://")[2]})
+    assert len(producer.list_topics(topic, timeout=10).topics[topic].partitions) == 4
+    producer.flush(1)
+
+
+def settled(c, feeders: int) -> None:
+    """Every feeder of a Kafka job has had partitions assigned: the group's first rebalance,
+    with every member, is done."""
+    for _ in range(600):
+        if all("assigned to this feeder" in c.log(f"feeder-{k}") for k in range(feeders)):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the feeders were not all assigned partitions within 60 s\n{c.logs()}")
+
+
 def feeder_killed_in_flight(c) -> None:
     """Once feeder 0's ack log has 20 batches trained (slowed workers hold more, and more are
     sent and not taken), SIGKILL it and start it again on its run (``feeder-0-again``)."""
@@ -366,8 +384,18 @@ def test_a_stream_job_killed_whole_resumes_from_its_checkpoint_s_positions(
                      more=QUICK_KAFKA if broker == "kafka" else "")
     c = cluster(job, train__until_events=events, checkpoint__every_s=0,
                 cluster__feeders=feeders)
-    published(url, files[0])
-    c.start_all()
+    if broker == "kafka":
+        # the group settled before any event is there to read: a feeder that read messages
+        # before the second joined sets them aside at the revoke and commits what it trained,
+        # and librdkafka's mock refuses a commit mid-rebalance (so the next owner trains those
+        # again: counted, docs/streams.md), which a loaded host made happen before the cut
+        topic_made(url, "adult.events")
+        c.start_all()
+        settled(c, feeders)
+        published(url, files[0])
+    else:
+        published(url, files[0])
+        c.start_all()
     c.wait_for_event(lambda e: e["event"] == "throughput" and e["samples"] >= cuts[1] * 2 // 3)
     number = c.checkpoint()
     at_cut = next(e for e in c.events() if e["event"] == "checkpoint" and e["number"] == number)
