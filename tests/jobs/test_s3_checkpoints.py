@@ -83,7 +83,7 @@ def test_a_job_on_s3_killed_whole_resumes_from_s3_with_its_run_directory_gone(cl
     every_row_once(s, ADULT_TRAIN_ROWS, 3)
     assert s["duplicates_refused"]["embedding_updates"] == 0
     assert s["auc"] >= 0.9, s["auc"]
-    # its export is there too
+    # the resumed run checkpointed on to s3:// (the one asked above), its export is there too
     assert s["checkpoints"]["latest"] > back["checkpoint"]
     assert store.read_bytes(LATEST).decode() == f"{s['checkpoints']['latest']:06d}"
     export = f"{exports}/export"
