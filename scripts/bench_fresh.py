@@ -186,8 +186,9 @@ def owner_of(run: Path) -> tuple:
 def throughput(run: Path) -> list[float]:
     """Control's throughput records so far (``metrics.jsonl``: samples trained a second, every
     few seconds)."""
-    return [orjson.loads(line)["samples_per_s"]
-            for line in (run / "metrics.jsonl").read_bytes().splitlines()
+    data = (run / "metrics.jsonl").read_bytes()
+    whole = data[:data.rfind(b"\n") + 1]   # (a line control is writing now: next time)
+    return [orjson.loads(line)["samples_per_s"] for line in whole.splitlines()
             if b'"throughput"' in line]
 
 

@@ -242,7 +242,9 @@ class LocalCluster:
         path = self.run_dir / "metrics.jsonl"
         if not path.exists():
             return []
-        return [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
+        data = path.read_bytes()
+        whole = data[:data.rfind(b"\n") + 1]   # (a line control is writing now: next time)
+        return [orjson.loads(line) for line in whole.splitlines() if line]
 
     def wait_for_event(self, predicate, timeout: float = 120.0) -> dict:
         """The first metrics event satisfying ``predicate`` (control, or the process named
