@@ -93,11 +93,18 @@ class CheckpointHold:
             self.hold = m.number
         if m.phase == "drain":
             self.maybe_drained()
-        elif m.phase == "write" and not self.ledger.in_flight():
+        elif m.phase == "write" and not self.ledger.in_flight() and self.transform_known():
             pause = checkpoints.begin(m.number, self.ledger.log(), self.position(),
                                       self.loading.transform_json() if self.index == 0
                                       else None)
             self.report(Snapshotted(number=m.number, pause_s=round(pause, 6), waited_s=0.0))
+
+    def transform_known(self) -> bool:
+        """Feeder 0 writes the dense transform with its part: until control's statistics are
+        in (a resumed run's first moments) it takes no part, and the standing ``write``'s next
+        repeat finds it ready. (Before, a checkpoint asked then was complete without the
+        transform, and could be neither scored nor served.)"""
+        return self.index != 0 or self.loading.prepared()
 
     def maybe_drained(self) -> None:
         if self.hold > self.drained and not self.ledger.in_flight():
