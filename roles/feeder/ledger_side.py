@@ -308,6 +308,10 @@ class LedgerSide:
     def sent(self, batch_id: int, batch: Samples, eval: bool, round_: int) -> None:
         self.ledger.sent(batch_id, batch, eval, round_)
 
+    def unsent(self, batch_id: int) -> None:
+        """The sample queue did not take the batch: it goes again first."""
+        self.ledger.unsent(batch_id)
+
     # -- figures -----------------------------------------------------------------------------
     def counters(self) -> dict[str, int]:
         ledger = self.ledger

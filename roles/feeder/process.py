@@ -120,6 +120,7 @@ class Feeder(Node):
         self.batches_sent = 0
         self.lists = ListTally(self.layout)   # ids per list field, in the batches sent
         self.batches_resent = 0
+        self.samples_refused = 0     # sends the sample queue did not take (sent again)
         self.keys_again_sent = 0     # taken back from a dead process, keys sent again
         self.paused = False          # an operator paused feeding: no new batch goes out
 
@@ -298,7 +299,9 @@ class Feeder(Node):
             plan = self.passes.current()
             if again is not None:
                 batch_id, entry = again
-                self.send_batch(batch_id, entry.batch, entry.eval, entry.round)
+                if not self.send_batch(batch_id, entry.batch, entry.eval, entry.round)[2]:
+                    self.ledger.unsent(batch_id)
+                    break
                 self.batches_resent += 1
             elif plan is not None and self.may_send_new():
                 taken = plan.take()
@@ -306,7 +309,7 @@ class Feeder(Node):
                     break
                 batch_id, batch = taken
                 round_ = self.sync.round_of(plan.eval)
-                keys, owner = self.send_batch(batch_id, batch, plan.eval, round_)
+                keys, owner, queued = self.send_batch(batch_id, batch, plan.eval, round_)
                 last = not plan.eval and plan.exhausted()
                 if not plan.eval and (counts := self.routing.count(keys, owner, last)) \
                         is not None:
@@ -316,6 +319,9 @@ class Feeder(Node):
                 self.ledger.sent(batch_id, batch, plan.eval, round_)
                 self.batches_sent += 1
                 self.sync.sent(plan.eval)
+                if not queued:
+                    self.ledger.unsent(batch_id)
+                    break
             else:
                 break
         self.want_writable(self.samples, self.ledger.more_again() or self.may_send_new())
@@ -353,16 +359,27 @@ class Feeder(Node):
         return len(in_flight)
 
     def send_batch(self, batch_id: int, batch: Samples, eval: bool,
-                   round_: int) -> tuple[np.ndarray, np.ndarray]:
-        """Send one batch: its keys to their shards, its samples to the queue."""
+                   round_: int) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Send one batch: its keys to their shards, its samples to the queue; whether the
+        queue took them. Never blocking: a PUSH socket can say it takes a message (POLLOUT)
+        for a pipe that is going away (a worker closing one of its connections to the queue),
+        and a blocking send then waits for a worker to take, the feeder's loop stopped (and,
+        roles sharing one thread as in the tests' in-process cluster, every role). A batch
+        not taken is sent again first (``Ledger.unsent``); its keys, sent again then, are
+        taken once by each shard."""
         keys, owner = self.send_keys(batch_id, batch, range(len(self.shards)), eval)
         lengths = self.layout.lengths(batch.keys)
         self.lists.add(lengths)
-        self.send(self.samples, SampleBatch(
-            batch_id=batch_id, epoch=self.passes.epoch, eval=eval,
-            min_round=self.passes.eval_round if eval else 0, round=round_, dense=batch.dense,
-            labels=batch.labels.reshape(-1), weights=batch.weights, lengths=lengths))
-        return keys, owner
+        try:
+            self.send(self.samples, SampleBatch(
+                batch_id=batch_id, epoch=self.passes.epoch, eval=eval,
+                min_round=self.passes.eval_round if eval else 0, round=round_,
+                dense=batch.dense, labels=batch.labels.reshape(-1), weights=batch.weights,
+                lengths=lengths), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self.samples_refused += 1
+            return keys, owner, False
+        return keys, owner, True
 
     # -- takes and acknowledgements --------------------------------------------------------
     def to_worker(self, identity: bytes, msg: Message) -> None:
@@ -455,6 +472,7 @@ class Feeder(Node):
     def counters(self) -> dict[str, Any]:
         return {"epoch": self.passes.epoch, "batches_sent": self.batches_sent,
                 "batches_resent": self.batches_resent, "keys_again": self.keys_again_sent,
+                "samples_refused": self.samples_refused,
                 **self.tally.counters(),
                 "parts_begun_ahead": self.passes.begun_ahead, **self.loading.held_counters(),
                 "in_flight": self.ledger.in_flight(), "paused": self.paused,

@@ -93,6 +93,15 @@ class Ledger:
         self.requeued += count
         return count
 
+    def unsent(self, batch_id: int) -> None:
+        """The sample queue did not take the batch after all (its send would have blocked):
+        it is the first to send again, as if it had not been sent."""
+        entry = self.in_flight.get(batch_id)
+        if entry is not None and entry.state != TAKEN:
+            entry.state = QUEUED
+            entry.sends = max(0, entry.sends - 1)
+            self.resend.appendleft(batch_id)
+
     def next_resend(self) -> tuple[int, InFlight] | None:
         """The next batch to send again (marked sent), or None."""
         while self.resend:

@@ -160,6 +160,26 @@ def test_lost_workers_batches_and_untaken_ones_go_out_again_once():
     assert ledger.in_flight[4].sends == 2
 
 
+def test_a_batch_the_queue_did_not_take_goes_again_first_as_if_never_sent():
+    """The feeder's non-blocking send to the sample queue was refused (EAGAIN): the batch is
+    in flight, queued to go before any other resend, and still counts as sent once (its
+    straggler copy is still to come)."""
+    ledger = Ledger(max_in_flight=8)
+    for b in (1, 2, 3):
+        ledger.sent(b, batch(2), False)
+    ledger.take(1, "w")
+    ledger.requeue({"w"})                        # 1 (the lost worker's), 2, 3 to go again
+    ledger.sent(4, batch(2), False)
+    ledger.unsent(4)
+    assert [ledger.next_resend()[0] for _ in range(4)] == [4, 1, 2, 3]
+    assert ledger.in_flight[4].sends == 1 and len(ledger.in_flight) == 4
+    ledger.unsent(4)                             # refused again: first again
+    assert ledger.next_resend()[0] == 4 and ledger.next_resend() is None
+    ledger.take(4, "w2")
+    ledger.unsent(4)                             # (a taken batch stays its holder's)
+    assert ledger.next_resend() is None and ledger.holder(4) == "w2"
+
+
 def test_an_ack_from_a_lost_worker_still_counts_until_the_batch_is_retaken():
     ledger = Ledger(max_in_flight=8)
     ledger.sent(1, batch(2), False)
