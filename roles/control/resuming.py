@@ -110,6 +110,7 @@ class Resumption:
         self.run_before_s = 0.0        # resumed: how long the run had been going
         self.awaiting_rejoin: set[str] = set()  # resumed: nodes that have not said Hello
         self.restarting = False  # back at a checkpoint: no worker has joined since
+        self.rejoining = False   # back at a checkpoint: a node holding state is not back yet
         if resumed:   # its records' commands go out once it has decided (``decided``)
             parts.commands.hold()
 
@@ -176,6 +177,7 @@ class Resumption:
         m.restart_all()   # every node joins anew, from the checkpoint
         self.awaiting_rejoin = set()
         self.restarting = True
+        self.rejoining = True   # no checkpoint until every node holding state is back
         p.commands.withdraw("checkpoint")
         p.commands.publish(Membership(version=m.version, workers=[]), "members")
         self.decision.rollback_id = f"{self.run_id}:{number}:{time.time_ns()}"
