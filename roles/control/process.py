@@ -630,12 +630,8 @@ class Control(Loop):
         """Why a checkpoint cannot be cut now (None: it can)."""
         if self.resumption.waiting():
             return "a resumed control waits for the nodes to join again"
-        if self.resumption.rejoining:   # (a cut now would write what they have not restored)
-            away = [n for n in self.members.missing() if not n.startswith("worker-")]
-            if away:
-                return (f"the job went back to a checkpoint: {', '.join(away)} not restored "
-                        "yet")
-            self.resumption.rejoining = False
+        if away := self.resumption.not_restored(self.members.missing()):
+            return f"the job went back to a checkpoint: {', '.join(away)} not restored yet"
         if self.course.phase != "training":
             return f"the job is not training an epoch (phase {self.course.phase})"
         r = self.recovery

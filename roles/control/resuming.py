@@ -215,6 +215,18 @@ class Resumption:
         """Not every node of the run is known to be back yet (no checkpoint is cut)."""
         return self.decision.pending or bool(self.awaiting_rejoin)
 
+    def not_restored(self, missing: list[str]) -> list[str]:
+        """Back at a checkpoint: the nodes holding state (all but workers) of ``missing``
+        (the expected nodes not ready) that have not restored it yet, no checkpoint being cut
+        before them, as it would write what they hold; [] once every one is back, from then
+        on."""
+        if self.rejoining:
+            away = [n for n in missing if not n.startswith("worker-")]
+            if away:
+                return away
+            self.rejoining = False
+        return []
+
     def owes_hello(self, node_id: str) -> bool:
         """A node of the run that lived on and has not said Hello to this control yet."""
         return node_id in self.awaiting_rejoin

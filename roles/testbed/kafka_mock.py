@@ -20,6 +20,10 @@ class MockKafka:
         if self._producer.flush(30) != 0:
             raise RuntimeError("the mock cluster did not take every message")
 
+    def make_topic(self, topic: str) -> int:
+        """``topic`` made now, empty (asked for by name, as a first use): its partitions."""
+        return len(self._producer.list_topics(topic, timeout=10).topics[topic].partitions)
+
     def watermarks(self, topic: str, partitions: int = 4) -> list[tuple[int, int]]:
         """Each partition's (low, high) offsets: a low above 0 is messages the mock cluster
         dropped (it keeps a few MB a partition)."""

@@ -64,14 +64,6 @@ def published(url: str, data, first_id: int = 0) -> tuple[int, int]:
     return events, messages
 
 
-def topic_made(url: str, topic: str) -> None:
-    """A Kafka topic made, empty (the mock makes a topic asked for by name, 4 partitions)."""
-    from confluent_kafka import Producer
-    producer = Producer({"bootstrap.servers": url.partition("://")[2]})
-    assert len(producer.list_topics(topic, timeout=10).topics[topic].partitions) == 4
-    producer.flush(1)
-
-
 def settled(c, feeders: int) -> None:
     """Every feeder of a Kafka job has had partitions assigned: the group's first rebalance,
     with every member, is done."""
@@ -160,7 +152,8 @@ def test_a_stream_feeder_killed_mid_stream_and_restarted_trains_every_event_once
     feeder's batches carry ids its dead process never used: no shard refuses a new batch's
     gradients as one it applied. On Kafka (librdkafka's mock cluster, which keeps a few MB a
     partition) the first 12,000 rows: its messages come again from the committed offset."""
-    url = request.getfixturevalue(broker).url
+    server = request.getfixturevalue(broker)
+    url = server.url
     lines = adult_csv(tmp_path).read_text().splitlines(keepends=True)
     lines = lines[:rows + 1] if rows is not None else lines
     events = len(lines) - 1
@@ -369,7 +362,8 @@ def test_a_stream_job_killed_whole_resumes_from_its_checkpoint_s_positions(
     consumer anew and feeder 1 waits for it (before, with two, the stream was not read again
     at all). On Kafka the feeder a partition is first assigned to winds it back, naming the
     roll back in its commit, and a feeder it moves to later goes on from that commit."""
-    url = request.getfixturevalue(broker).url
+    server = request.getfixturevalue(broker)
+    url = server.url
     lines = adult_csv(tmp_path).read_text().splitlines(keepends=True)
     lines = lines[:rows + 1] if rows is not None else lines
     events = len(lines) - 1
@@ -389,7 +383,7 @@ def test_a_stream_job_killed_whole_resumes_from_its_checkpoint_s_positions(
         # before the second joined sets them aside at the revoke and commits what it trained,
         # and librdkafka's mock refuses a commit mid-rebalance (so the next owner trains those
         # again: counted, docs/streams.md), which a loaded host made happen before the cut
-        topic_made(url, "adult.events")
+        assert server.make_topic("adult.events") == 4
         c.start_all()
         settled(c, feeders)
         published(url, files[0])
