@@ -152,8 +152,7 @@ def test_a_stream_feeder_killed_mid_stream_and_restarted_trains_every_event_once
     feeder's batches carry ids its dead process never used: no shard refuses a new batch's
     gradients as one it applied. On Kafka (librdkafka's mock cluster, which keeps a few MB a
     partition) the first 12,000 rows: its messages come again from the committed offset."""
-    server = request.getfixturevalue(broker)
-    url = server.url
+    url = request.getfixturevalue(broker).url
     lines = adult_csv(tmp_path).read_text().splitlines(keepends=True)
     lines = lines[:rows + 1] if rows is not None else lines
     events = len(lines) - 1
