@@ -66,7 +66,7 @@ class _Loop:
             if isinstance(exc, BrokerError):
                 raise
             raise BrokerError(f"NATS at {','.join(urls)}: {type(exc).__name__}: "
-                              f"{exc or f'no answer within {timeout_s:g} s'}") from None
+                              f"{str(exc) or f'no answer within {timeout_s:g} s'}") from None
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)

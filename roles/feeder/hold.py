@@ -93,7 +93,8 @@ class CheckpointHold:
             self.hold = m.number
         if m.phase == "drain":
             self.maybe_drained()
-        elif m.phase == "write" and not self.ledger.in_flight() and self.transform_known():
+        elif m.phase == "write" and not self.ledger.in_flight() and self.transform_known() \
+                and self.stream_opened():
             pause = checkpoints.begin(m.number, self.ledger.log(), self.position(),
                                       self.loading.transform_json() if self.index == 0
                                       else None)
@@ -105,6 +106,12 @@ class CheckpointHold:
         repeat finds it ready. (Before, a checkpoint asked then was complete without the
         transform, and could be neither scored nor served.)"""
         return self.index != 0 or self.loading.prepared()
+
+    def stream_opened(self) -> bool:
+        """A stream job's feeder takes its part once its consumer is open (it connects off the
+        loop, ``roles.events.opening``): its position in the stream is known from then on (a
+        rewound one's, the checkpoint's it went back to)."""
+        return self.stream is None or self.stream.opening is None
 
     def maybe_drained(self) -> None:
         if self.hold > self.drained and not self.ledger.in_flight():

@@ -32,7 +32,7 @@ from roles.algorithms.feeding.label_join import Joined, LabelJoin
 from roles.data.readers import Schema
 from roles.data.rejected import RejectedRows
 from roles.data.stream import Samples
-from roles.events import BrokerError, Delivery, open_consumer
+from roles.events import BrokerError, Consumer, Delivery, open_consumer
 from roles.events.decode import EventDecoder, message_name
 from roles.events.reader import EventReader
 from roles.events.tracker import MessageTracker
@@ -140,24 +140,32 @@ class LabelSide:
         self.last_event_at = time.monotonic()     # on either topic
         self.event_clock_at = -np.inf             # the newest event time seen, on either
 
-    def open(self, group: str, working_s: float) -> str | None:
-        """Connect to the labels' topic and start reading; why not, in one line."""
-        s, d = self.job.stream, self.job.data
+    def decoder(self) -> EventDecoder:
+        """The labels' decoder (ValueError: the job's settings cannot make one)."""
+        d = self.job.data
         schema = Schema(label=d.label, dense=[], sparse=[], positive=tuple(d.positive),
                         negative=tuple(d.negative), timestamp=d.timestamp)
+        return EventDecoder(schema, "json", self.config.topic, id_field=self.config.id_field)
+
+    def connect(self, group: str) -> Consumer:
+        """The labels' consumer (run off the loop: ``roles.events.opening``); BrokerError in
+        one line when it cannot be opened."""
+        s = self.job.stream
         try:
-            decoder = EventDecoder(schema, "json", self.config.topic,
-                                   id_field=self.config.id_field)
-            consumer = open_consumer(s.url, self.config.topic, f"{group}-labels", s.start,
-                                     dict(s.options) or None, s.ack_wait_s)
+            return open_consumer(s.url, self.config.topic, f"{group}-labels", s.start,
+                                 dict(s.options) or None, s.ack_wait_s)
         except (BrokerError, ValueError) as exc:
-            return f"cannot read the labels {s.url} {self.config.topic}: {exc}"
+            raise BrokerError(f"cannot read the labels {s.url} {self.config.topic}: "
+                              f"{exc}") from None
+
+    def start(self, consumer: Consumer, decoder: EventDecoder, working_s: float) -> None:
+        """Reading the labels' topic, once its consumer is open."""
+        s = self.job.stream
         # a label is a message of its own, as clicks come: fetched a thousand at a time
         self.reader = EventReader(consumer, decoder, max_messages=10_000,
                                   fetch_messages=LABELS_FETCHED, working_s=working_s)
         log.info("joining labels from %s %s by %r within %g s of event time", s.url,
                  self.config.topic, self.config.id_field, self.config.window_s)
-        return None
 
     # -- in ------------------------------------------------------------------------------------
     def impressions(self, samples: Samples, origin: np.ndarray, times: np.ndarray,

@@ -77,6 +77,7 @@ from zbus.node import Node
 
 log = logging.getLogger(__name__)
 STORE_POLL_S = 0.02   # feeding waits for the ack log's copy in the store: looked at this often
+CONNECT_POLL_S = 0.02   # a stream job's feeder looks this often whether its broker answered
 
 
 class Feeder(Node):
@@ -446,6 +447,14 @@ class Feeder(Node):
         """A stream job: the statistics once its first events are in, then the events read
         into batches; the loop looks again in a few milliseconds."""
         assert self.stream is not None
+        if self.stream.opening is not None:   # the broker's consumer opens off the loop
+            done, failed = self.stream.opened()
+            if failed is not None:
+                self.fail(failed)
+                return
+            if not done:
+                self.wake_at = now + CONNECT_POLL_S
+                return
         if self.stream.reader_failed():
             self.fail("the stream's reader thread ended (its log says why)")
             return

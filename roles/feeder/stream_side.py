@@ -43,8 +43,9 @@ from roles.data.rejected import RejectedRows
 from roles.data.stats import Moments
 from roles.data.stream import Preparer, Samples
 from roles.data.transforms import signed_log1p
-from roles.events import BrokerError, Delivery, open_consumer
+from roles.events import BrokerError, Consumer, Delivery, open_consumer
 from roles.events.decode import Decoded, EventDecoder, message_name
+from roles.events.opening import Opening
 from roles.events.positions import GroupAcks
 from roles.events.reader import EventReader
 from roles.events.tracker import MessageTracker
@@ -86,6 +87,12 @@ def live_aucs(lifetime: ScoreHistogram, windows: Sequence[Window]) -> dict[str, 
     window's; None before any."""
     return {"progressive_auc": finite(lifetime.auc()) if lifetime.samples else None,
             "window_auc": finite(windows[-1].auc) if windows else None}
+
+
+def _close_both(consumers: tuple[Consumer, Consumer | None]) -> None:
+    for consumer in consumers:
+        if consumer is not None:
+            consumer.close()
 
 
 def origin_of(deliveries: list[Delivery], message: np.ndarray) -> np.ndarray:
@@ -148,7 +155,9 @@ class StreamSide:
         self.progressive = StreamProgress(len(job.tasks), s.window_events)
         # labels on a topic of their own, joined here (roles.feeder.joining)
         self.labels = LabelSide(job, rejected) if s.labels.topic else None
-        self.reader: EventReader | None = None
+        self.reader: EventReader | None = None   # once the consumer is open (``opened``)
+        self.opening: Opening[tuple[Consumer, Consumer | None]] | None = None
+        self.decoders: tuple[EventDecoder, EventDecoder | None] | None = None
         self.preparer: Preparer | None = None
         self.held: list[_Held] = []           # before the statistics
         self.moments = Moments.empty(len(job.dense_fields))
@@ -184,10 +193,11 @@ class StreamSide:
 
     # -- opening ---------------------------------------------------------------------------
     def open(self, rewind: dict[str, Any] | None = None, rewind_id: str = "") -> str | None:
-        """Connect to the broker and start reading; why not, in one line. ``rewind``: the
-        job went back to a checkpoint (the roll back ``rewind_id``), where the stream stood as
-        every feeder's ``position`` gave it: read again from its first position not done,
-        leaving out what was trained then."""
+        """Begin connecting to the broker, off the loop (``opened`` says when it has, and
+        reading begins then); why not, in one line, when the job's settings cannot make a
+        decoder. ``rewind``: the job went back to a checkpoint (the roll back
+        ``rewind_id``), where the stream stood as every feeder's ``position`` gave it: read
+        again from its first position not done, leaving out what was trained then."""
         s, d = self.config, self.job.data
         positions = None if rewind is None else self.rewind(rewind)
         tasks = self.job.tasks
@@ -197,14 +207,46 @@ class StreamSide:
                         sparse=self.job.sparse_fields, positive=tuple(d.positive),
                         negative=tuple(d.negative), timestamp=d.timestamp,
                         lists=self.job.list_fields)
+        labels = self.labels
         try:
             decoder = EventDecoder(schema, s.format, s.topic, s.columns,
-                                   s.labels.id_field if self.labels else "")
-            consumer = open_consumer(s.url, s.topic, self.group, s.start,
-                                     dict(s.options) or None, s.ack_wait_s, positions,
-                                     rewind_id=rewind_id, rewind_leads=self.index == 0)
-        except (BrokerError, ValueError) as exc:
+                                   s.labels.id_field if labels else "")
+            label_decoder = labels.decoder() if labels is not None else None
+        except ValueError as exc:
             return f"cannot read the stream {s.url} {s.topic}: {exc}"
+
+        def connect() -> tuple[Consumer, Consumer | None]:
+            try:
+                consumer = open_consumer(s.url, s.topic, self.group, s.start,
+                                         dict(s.options) or None, s.ack_wait_s, positions,
+                                         rewind_id=rewind_id, rewind_leads=self.index == 0)
+            except (BrokerError, ValueError) as exc:
+                raise BrokerError(f"cannot read the stream {s.url} {s.topic}: {exc}") from None
+            try:
+                return consumer, labels.connect(self.group) if labels is not None else None
+            except BaseException:
+                consumer.close()
+                raise
+
+        self.decoders = (decoder, label_decoder)
+        self.opening = Opening(connect, _close_both, "stream-open")
+        return None
+
+    def opened(self) -> tuple[bool, str | None]:
+        """Whether ``open``'s connecting is over, and why it failed (one line); reading
+        begins once it is."""
+        if self.opening is None:
+            return True, None
+        done, consumers, failed = self.opening.result()
+        if not done:
+            return False, None
+        self.opening = None
+        if consumers is None:
+            return True, failed or "the broker's consumer did not open"
+        consumer, label_consumer = consumers
+        assert self.decoders is not None
+        decoder, label_decoder = self.decoders
+        s = self.config
         self.group_acks = GroupAcks() if consumer.shared else None
         self.reader = EventReader(consumer, decoder, max_messages=1000, fetch_messages=100,
                                   working_s=self.working_every())
@@ -212,8 +254,9 @@ class StreamSide:
         log.info("reading %s %s as %s (%s), from %s", s.url, s.topic, self.group, s.format,
                  s.start)
         if self.labels is not None:
-            return self.labels.open(self.group, self.working_every())
-        return None
+            assert label_consumer is not None and label_decoder is not None
+            self.labels.start(label_consumer, label_decoder, self.working_every())
+        return True, None
 
     def position(self) -> dict[str, Any] | None:
         """Where the stream stands at a checkpoint's cut (nothing is in flight then): per
@@ -262,7 +305,7 @@ class StreamSide:
     def statistics_due(self, now: float) -> PartStats | None:
         """This feeder's PartStats once its first ``warmup_events`` events are read (or fewer,
         once none came for a while)."""
-        if self.stats_sent:
+        if self.stats_sent or self.reader is None:   # (none read before the consumer opens)
             return None
         enough = self.warm_read >= self.config.warmup_events
         idle = self.warm_read and now - self.last_event_at >= WARMUP_IDLE_S
@@ -824,6 +867,8 @@ class StreamSide:
             join=self.labels.counts() if self.labels is not None else {})
 
     def close(self) -> None:
+        if self.opening is not None:   # (what it opens, it closes)
+            self.opening.abandon()
         if self.sent_log is not None:
             self.sent_log.close()
         if self.labels is not None:

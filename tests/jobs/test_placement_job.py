@@ -46,7 +46,8 @@ def exported_rows(s: dict) -> dict[int, np.ndarray]:
 # process, the bar below 1.8). The hashed job, which only gives the rows and the quality to
 # compare with, runs in this process.
 @pytest.mark.integration
-def test_the_slow_shard_gets_half_the_load_and_nothing_is_lost(cluster):
+def test_the_slow_shard_gets_the_load_its_measured_speed_takes_and_nothing_is_lost(
+        cluster):
     job = ZIPF_JOB
     hashed = cluster(job, in_process=True, placement__mode="hash", train__epochs=EPOCHS)
     assert hashed.run_job(ps_slowdown=SLOW_SHARD) == 0, hashed.logs()
@@ -83,18 +84,29 @@ def test_the_slow_shard_gets_half_the_load_and_nothing_is_lost(cluster):
     caps = late[-1]["capacity"]
     # The learnt capacities are the shards' measured speeds: shard 1's time is its thread's CPU
     # time x 2 (--slowdown 2), so the ratio is 2 x what its keys cost per pair against shard
-    # 0's. At 1x that was 0.98-1.19 (hashed Zipf keys: shard 0 holds more of the heaviest,
-    # which cost least per pair), and it rises (up to 1.3x) once placement hands the slow
-    # shard fewer pairs per key: measured 2.28-3.04 in 22 runs (3.04 beside 3 busy loops).
+    # 0's. Before any key moved (the windows of version 0, hashed keys) that was 0.98-1.19 at
+    # 1x (shard 0 holds more of the heaviest Zipf keys, which cost least per pair): the ratio
+    # 1.96-2.38 on AMD EPYC, 1.77-2.20 on an Intel Xeon (4 runs, 2026-12-01). It rises once
+    # placement hands the slow shard fewer pairs per key, by how much the host's caches say:
+    # up to 1.3x on AMD EPYC (2.28-3.04 over the whole job in 22 runs, 3.04 beside 3 busy
+    # loops), 1.36-1.57x on the Intel Xeon (2.90-3.93 over the whole job; a bar of 3.2 set on
+    # AMD failed there in 3 of 5 runs). So the rise is checked against the same run's windows
+    # where both shards held hashed keys.
+    version = {e["window"]: e["version"] for e in skewed.events()
+               if e["event"] == "placement_window"}
+    before = [r for r in records if version.get(r.window) == 0]
+    hashed_ratio = seconds_per_pair(before, 1) / seconds_per_pair(before, 0)
+    assert hashed_ratio <= 2.6, (hashed_ratio, len(before))
     measured = seconds_per_pair(records, 1) / seconds_per_pair(records, 0)
-    assert 1.8 <= measured <= 3.2, (measured, late[-1])
+    assert 1.8 <= measured <= hashed_ratio * 1.8, (measured, hashed_ratio, late[-1])
     # ... and the predictor learnt them (0.985-1.019 of the measured ratio in 23 runs)
     assert 0.9 <= caps[0] / caps[1] / measured <= 1.1, (caps, measured)
-    # under the learnt placement the slow shard is assigned about half the fast one's load (hash
-    # placement gives both the same), in proportion to the capacities give or take what a
-    # window's keys happen to be (a window's ratio moves by 0.2 or more from one to the next)
+    # under the learnt placement the slow shard is assigned less than half the fast one's load
+    # (hash placement gives both the same keys), in proportion to the capacities give or take
+    # what a window's keys happen to be (a window's ratio moves by 0.2 or more from one to the
+    # next)
     ratio = np.median([w["assigned"][1] / w["assigned"][0] for w in late])
-    assert 0.3 <= ratio <= 0.7 and 0.65 <= ratio / (caps[1] / caps[0]) <= 1.35, (ratio, late)
+    assert ratio <= 0.7 and 0.65 <= ratio / (caps[1] / caps[0]) <= 1.35, (ratio, late)
 
     # the same rows as without migration: same keys, every value finite; quality unchanged
     rows_h, rows_s = exported_rows(h), exported_rows(s)

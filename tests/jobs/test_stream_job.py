@@ -106,6 +106,21 @@ def trained_once(s, n: int) -> dict:
     return st
 
 
+@pytest.mark.inprocess
+def test_a_stream_its_client_cannot_open_fails_the_job_in_the_feeder_s_line(cluster, tmp_path):
+    """The feeder connects off its loop (``roles.events.opening``); what the client refuses
+    (here a setting it does not know, before any connection) still fails the job at once,
+    in the feeder's one line naming the stream."""
+    job = stream_job(tmp_path, "nats://127.0.0.1:4222", "adult.events",
+                     more='[stream.options]\nno_such_setting = "x"')
+    c = cluster(job, cluster__feeders=1, cluster__workers=1, cluster__shards=1)
+    assert c.run_job(timeout=120) == 1
+    s = c.summary()
+    assert s["status"] == "failed" and "\n" not in s["reason"], s["reason"]
+    assert ("feeder-0: cannot read the stream nats://127.0.0.1:4222 adult.events: "
+            "[stream.options] no_such_setting: not options of the NATS client") in s["reason"]
+
+
 @pytest.mark.integration   # the broker is a process
 @pytest.mark.inprocess      # the roles run in this one
 def test_a_nats_stream_trains_every_event_once_scored_before_it_is_trained(
