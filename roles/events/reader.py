@@ -29,6 +29,21 @@ WORKING_S = 5.0      # messages read and not taken this long are said in progres
                      # ``working_s``, a third of a shorter ack wait)
 
 
+def coalesced(calls: list[tuple[str, list[Delivery], int]]
+              ) -> list[tuple[str, list[Delivery], int]]:
+    """The loop's calls in order, each run of acknowledgements one: a JetStream ``done``
+    flushes the connection, a round trip to the server, and one for every batch trained kept
+    the client's event-loop thread busy (Adult x 10, 488,420 events, Intel Xeon: that thread
+    1.11-1.19 s of CPU with a call a batch, 0.60-0.79 s with one a run)."""
+    out: list[tuple[str, list[Delivery], int]] = []
+    for what, deliveries, revoke in calls:
+        if what == "done" and out and out[-1][0] == "done":   # (a done's number: the calls)
+            out[-1] = ("done", out[-1][1] + deliveries, out[-1][2] + 1)
+        else:
+            out.append((what, list(deliveries), 1 if what == "done" else revoke))
+    return out
+
+
 class EventReader:
     def __init__(self, consumer: Consumer, decoder: EventDecoder, max_messages: int = 10_000,
                  fetch_messages: int = 500, retry_s: float = 1.0,
@@ -100,11 +115,13 @@ class EventReader:
         """The loop's acknowledgements, in-progress acks and its last question; messages read
         and not yet taken that have waited ``working_s`` are said in progress."""
         self._keep_queued()
+        calls = []
         while True:
             try:
-                what, deliveries, revoke = self._calls.get_nowait()
+                calls.append(self._calls.get_nowait())
             except queue.Empty:
-                return
+                break
+        for what, deliveries, revoke in coalesced(calls):
             try:
                 if what == "done":
                     self.consumer.done(deliveries)
@@ -117,8 +134,8 @@ class EventReader:
                     self._final.put(sum(self.consumer.lag().values()))
             except Exception as exc:   # not acknowledged: the broker delivers it again
                 log.warning("the stream's broker: %s", exc)
-                if what == "done":
-                    self.acks_failed += 1
+                if what == "done":   # (each acknowledgement asked that failed)
+                    self.acks_failed += revoke
                 if what == "final":
                     self._final.put(None)
 

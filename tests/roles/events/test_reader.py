@@ -1,6 +1,7 @@
 """A feeder's reading of a stream (``roles.events.reader``) against a real nats-server: every
 message read once and decoded, at most ``max_messages`` waiting for the loop, a broker that
-goes away retried and said to be down, then read from again when it is back."""
+goes away retried and said to be down, then read from again when it is back; the loop's calls
+on the consumer in their order, each run of acknowledgements one call."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import orjson
 import pytest
 
 from roles.data.readers import Schema
-from roles.events import open_consumer
+from roles.events import Delivery, open_consumer
 from roles.events.decode import EventDecoder
-from roles.events.reader import EventReader
+from roles.events.reader import EventReader, coalesced
 
 SCHEMA = Schema(label="y", dense=["x"], sparse=["c"])
 
@@ -70,3 +71,15 @@ def test_a_broker_that_goes_away_is_said_to_be_down_and_read_from_again_when_bac
     finally:
         reader.close()
         consumer.close()
+
+
+def test_a_run_of_acknowledgements_is_one_call_and_every_other_call_keeps_its_place():
+    d = [Delivery(0, p, b"", 0.0) for p in range(6)]
+    calls = [("done", [d[0]], 0), ("done", [d[1], d[2]], 0), ("working", [d[3]], 0),
+             ("done", [d[3]], 0), ("forget", [d[4]], 7), ("done", [d[5]], 0),
+             ("final", [], 0)]
+    assert coalesced(calls) == [("done", d[0:3], 2), ("working", [d[3]], 0),
+                                ("done", [d[3]], 1), ("forget", [d[4]], 7),
+                                ("done", [d[5]], 1), ("final", [], 0)]
+    assert coalesced([]) == []
+    assert calls[0] == ("done", [d[0]], 0)   # (the calls themselves unchanged)
