@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -288,3 +289,42 @@ def test_a_missing_text_label_masks_its_task_or_rejects_a_single_labels_row(tmp_
     assert labels.tolist() == [0.0, 1.0]
     assert [(r.line, r.reason) for r in rejected] == [(3, "missing label"),
                                                       (5, "missing label")]
+
+
+NUMERIC_TEXT = st.text(alphabet="0123456789+-.eEinfatyINFATY _x?\t", max_size=9)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.none(), NUMERIC_TEXT, st.floats().map(repr),
+                          st.integers().map(str)), min_size=1, max_size=6))
+def test_a_text_column_read_whole_gives_what_each_value_matched_and_trimmed_gives(values):
+    """The fast path of a text column of numbers (a stream's JSON events carry them as text):
+    taken only where every value is a number as written, and then the values and the reasons
+    are those of the path that trims each value and matches it against ``NUMBER``."""
+    from roles.data import readers
+    col = pa.array(values, pa.string())
+    fast = readers._read_whole(col)
+    if fast is None:
+        return
+    assert all(v is None or re.fullmatch(readers.NUMBER, v.strip()) for v in values)
+    whole, each = readers._Reasons(len(values)), readers._Reasons(len(values))
+    got = readers._numbers("x", col, whole)
+    real = readers._read_whole
+    try:   # the other path, as a column the fast path declines takes it
+        readers._read_whole = lambda c: None
+        want = readers._numbers("x", col, each)
+    finally:
+        readers._read_whole = real
+    assert np.array_equal(got, want, equal_nan=True)
+    assert list(whole.flags) == list(each.flags) and whole.why == each.why
+
+
+def test_a_nan_written_out_is_rejected_and_a_null_is_missing_on_the_fast_path():
+    from roles.data import readers
+    reasons = readers._Reasons(4)
+    col = pa.array(["1.5", "nan", None, "-inf"], pa.string())
+    assert readers._read_whole(col) is not None
+    values = readers._numbers("x", col, reasons)
+    assert values[0] == 1.5 and np.isnan(values[2])
+    assert list(reasons.flags) == [False, True, False, True]
+    assert "non-finite value 'nan'" in reasons.why[1] and "'-inf'" in reasons.why[3]
