@@ -111,7 +111,7 @@ class CheckpointHold:
         """A stream job's feeder takes its part once its consumer is open (it connects off the
         loop, ``roles.events.opening``): its position in the stream is known from then on (a
         rewound one's, the checkpoint's it went back to)."""
-        return self.stream is None or self.stream.opening is None
+        return self.stream is None or not self.stream.connecting()
 
     def maybe_drained(self) -> None:
         if self.hold > self.drained and not self.ledger.in_flight():

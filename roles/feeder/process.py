@@ -447,7 +447,7 @@ class Feeder(Node):
         """A stream job: the statistics once its first events are in, then the events read
         into batches; the loop looks again in a few milliseconds."""
         assert self.stream is not None
-        if self.stream.opening is not None:   # the broker's consumer opens off the loop
+        if self.stream.connecting():   # the broker's consumer opens off the loop
             done, failed = self.stream.opened()
             if failed is not None:
                 self.fail(failed)

@@ -232,6 +232,10 @@ class StreamSide:
         self.opening = Opening(connect, _close_both, "stream-open")
         return None
 
+    def connecting(self) -> bool:
+        """``open`` has begun and ``opened`` has not yet said it is over."""
+        return self.opening is not None
+
     def opened(self) -> tuple[bool, str | None]:
         """Whether ``open``'s connecting is over, and why it failed (one line); reading
         begins once it is."""
