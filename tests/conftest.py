@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import ordering  # noqa: E402
 from harness import Cluster  # noqa: E402
 
 
@@ -64,11 +65,18 @@ def _in_process(request: pytest.FixtureRequest) -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The integration tests first, then the in-process ones, the unit tests (each well under a
-    second) last: when the suite is spread over two processes (``scripts/test`` runs
-    pytest-xdist), the small ones then fill what the long ones leave at the end, rather than
-    one long test ending alone."""
+    second) last; under pytest-xdist (``scripts/test``), laid out for its workers by
+    ``tests/ordering.py``: each worker's share of the expected seconds about equal, its longest
+    tests first. ``ZBUS_TEST_LANES=N``: at most N integration tests at once."""
     items.sort(key=lambda item: (item.get_closest_marker("integration") is None,
                                  item.get_closest_marker("inprocess") is None))
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    if workers > 1:
+        durations = ordering.load()
+        items[:] = ordering.plan(
+            items, workers, lambda item: durations.get(item.nodeid),
+            lambda item: item.get_closest_marker("integration") is not None,
+            int(os.environ.get("ZBUS_TEST_LANES") or 0))
 
 
 @pytest.fixture(autouse=True)
